@@ -1,0 +1,68 @@
+"""asynctier: an async storage-tier runtime for LLM KV caches.
+
+Built-in tiers (``memory``, ``fs``, ``nvme``, ``obj``) are registered here by module path
+only; their modules and client libraries are imported when a tier of that type is first
+built.
+"""
+
+from __future__ import annotations
+
+from .chunked import AsyncChunkTier, BlockingChunkTier, ChunkTier
+from .contract import SecondaryTierManager
+from .errors import (
+    AsyncTierError,
+    BackpressureError,
+    CapacityError,
+    ChunkError,
+    ChunkNotFoundError,
+    ChunkTimeoutError,
+    IntegrityError,
+    TierClosedError,
+    TierConfigError,
+    TierNotOpenError,
+    TierStateError,
+    TierUnavailableError,
+)
+from .factory import ENTRY_POINT_GROUP, SecondaryTierFactory
+from .spec import OffloadingSpec
+from .stats import LatencySummary, TierStats, TransferFailedError, TransferResult
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AsyncChunkTier",
+    "AsyncTierError",
+    "BackpressureError",
+    "BlockingChunkTier",
+    "CapacityError",
+    "ChunkError",
+    "ChunkNotFoundError",
+    "ChunkTier",
+    "ChunkTimeoutError",
+    "ENTRY_POINT_GROUP",
+    "IntegrityError",
+    "LatencySummary",
+    "OffloadingSpec",
+    "SecondaryTierFactory",
+    "SecondaryTierManager",
+    "TierClosedError",
+    "TierConfigError",
+    "TierNotOpenError",
+    "TierStateError",
+    "TierStats",
+    "TierUnavailableError",
+    "TransferFailedError",
+    "TransferResult",
+    "__version__",
+]
+
+BUILTIN_TIERS = {
+    "memory": ("tiers.memory", "MemoryTier"),
+    "fs": ("tiers.fs", "FsTier"),
+    "nvme": ("tiers.nvme", "NvmeTier"),
+    "obj": ("tiers.obj", "ObjTier"),
+}
+
+for _type, (_module, _cls) in BUILTIN_TIERS.items():
+    SecondaryTierFactory.register_tier(_type, _module, _cls)
+del _type, _module, _cls

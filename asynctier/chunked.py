@@ -1,0 +1,668 @@
+"""Helper base classes for tier authors: write the per-chunk primitives, inherit the rest.
+
+:class:`BlockingChunkTier` — primitives are plain blocking functions (system calls, sync
+clients); they run on ``max_inflight`` worker threads. :class:`AsyncChunkTier` — primitives
+are coroutines (async clients); they run on ``max_inflight`` asyncio tasks.
+
+Either way the subclass writes four methods::
+
+    write_chunk(key, data)   # store one chunk from a read-only memoryview slice
+    read_chunk(key, out)     # fill `out` (a writable slice) or raise ChunkNotFoundError
+    chunk_exists(key)        # -> bool
+    delete_chunk(key)        # -> bool (was something deleted)
+
+and inherits argument validation, the in-flight bound shared by all callers, loads ahead of
+queued stores, store back-pressure (``wait`` or ``drop``), stats, capacity with LRU
+eviction (``uses_index = True``), removal of chunks that fail verification, and
+cancellation safety. Optional hooks: ``open_medium``/``close_medium`` (recovery, connections)
+and :meth:`ChunkTier.stored_size` (bytes a chunk occupies, for capacity accounting).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, ClassVar, Literal, TypeVar
+
+from . import engines
+from .contract import SecondaryTierManager
+from .engines import Engine, Job
+from .errors import (
+    BackpressureError,
+    ChunkNotFoundError,
+    ChunkTimeoutError,
+    IntegrityError,
+    TierClosedError,
+    TierConfigError,
+    TierNotOpenError,
+)
+from .lru import LRUIndex
+from .spec import OffloadingSpec
+from .stats import StatsRecorder, TierStats, TransferResult
+
+__all__ = ["AsyncChunkTier", "BlockingChunkTier", "ChunkTier", "MAX_KEY_BYTES"]
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+#: Longest key accepted (keys are prefix hashes; this leaves room for them in chunk headers).
+MAX_KEY_BYTES = 1024
+
+_NEW, _OPEN, _CLOSING, _CLOSED = "new", "open", "closing", "closed"
+
+
+def _positive_int(name: str, value: object, *, allow_none: bool = False) -> int | None:
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        accepted = "a positive int" + (" or None" if allow_none else "")
+        raise TierConfigError(f"{name} must be {accepted}; got {value!r}")
+    return value
+
+
+def _non_negative_float(name: str, value: object, *, allow_none: bool = False) -> float | None:
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+        accepted = "a number >= 0" + (" or None" if allow_none else "")
+        raise TierConfigError(f"{name} must be {accepted}; got {value!r}")
+    return float(value)
+
+
+def _is_not_found(exc: BaseException) -> bool:
+    return isinstance(exc, (ChunkNotFoundError, FileNotFoundError))
+
+
+class ChunkTier(SecondaryTierManager):
+    """Everything but the primitives; subclass :class:`BlockingChunkTier` or :class:`AsyncChunkTier`.
+
+    Args (the common knobs every built-in tier shares):
+        max_inflight: chunk I/Os running at once, across all callers (default 16).
+        store_backpressure: ``"wait"`` (stores wait for a free slot) or ``"drop"`` (a store
+            that gets no slot within ``backpressure_timeout_s`` fails with
+            :class:`~asynctier.errors.BackpressureError`). Loads are never dropped.
+        backpressure_timeout_s: how long a store may wait in ``"drop"`` mode (default 0.05).
+        capacity_bytes: bytes the tier may hold (None = unbounded); least recently used
+            chunks are evicted to make room. Needs a tier with ``uses_index = True``.
+        durability: ``"none"`` or ``"fsync"`` (tiers list what they support).
+        verify: verify checksums on load (default True).
+        timeout_s: deadline per chunk I/O (None = none); enforced by the engine for async
+            tiers, by the tier's client for blocking ones.
+    """
+
+    #: Durability modes this tier can honour.
+    supported_durability: ClassVar[tuple[str, ...]] = ("none",)
+    #: Keep an authoritative in-memory :class:`LRUIndex` of stored chunks (O(1) lookup,
+    #: capacity with LRU eviction, skip of chunks already present).
+    uses_index: ClassVar[bool] = False
+
+    def __init__(
+        self,
+        *,
+        offloading_spec: OffloadingSpec,
+        primary_kv_view: memoryview,
+        tier_type: str | None = None,
+        max_inflight: int = 16,
+        store_backpressure: Literal["wait", "drop"] = "wait",
+        backpressure_timeout_s: float = 0.05,
+        capacity_bytes: int | None = None,
+        durability: Literal["none", "fsync"] = "none",
+        verify: bool = True,
+        timeout_s: float | None = None,
+    ) -> None:
+        if not isinstance(offloading_spec, OffloadingSpec):
+            raise TypeError(f"offloading_spec must be an OffloadingSpec; got {type(offloading_spec).__name__}")
+        self.offloading_spec = offloading_spec
+        self.tier_type = tier_type or self.default_type or type(self).__name__
+        self._view = offloading_spec.check_view(primary_kv_view, writable=False)
+        self.max_inflight = _positive_int("max_inflight", max_inflight)
+        if store_backpressure not in ("wait", "drop"):
+            raise TierConfigError(f"store_backpressure must be 'wait' or 'drop'; got {store_backpressure!r}")
+        self.store_backpressure = store_backpressure
+        self.backpressure_timeout_s = _non_negative_float("backpressure_timeout_s", backpressure_timeout_s)
+        self.capacity_bytes = _positive_int("capacity_bytes", capacity_bytes, allow_none=True)
+        if durability not in self.supported_durability:
+            raise TierConfigError(
+                f"durability={durability!r} is not supported by the {self.tier_type!r} tier; "
+                f"accepted: {', '.join(map(repr, self.supported_durability))}"
+            )
+        self.durability = durability
+        if not isinstance(verify, bool):
+            raise TierConfigError(f"verify must be True or False; got {verify!r}")
+        self.verify = verify
+        self.timeout_s = _non_negative_float("timeout_s", timeout_s, allow_none=True)
+        if self.uses_index:
+            self.index: LRUIndex | None = LRUIndex(self.capacity_bytes)
+        else:
+            self.index = None
+        self._stats = StatsRecorder()
+        self._state = _NEW
+        self._engine: Engine | None = None
+        self._open_lock: asyncio.Lock | None = None
+        self._active = 0
+        self._idle: asyncio.Event | None = None
+
+    # -- hooks for subclasses --------------------------------------------------------------
+    def stored_size(self) -> int:
+        """Bytes one chunk occupies on the medium (capacity accounting); default: payload only."""
+        return self.offloading_spec.chunk_bytes
+
+    def _make_engine(self) -> Engine:
+        raise NotImplementedError
+
+    async def _open_medium(self) -> None:
+        raise NotImplementedError
+
+    async def _close_medium(self) -> None:
+        raise NotImplementedError
+
+    def _job_fn(self, op: str) -> Callable[..., Any]:
+        raise NotImplementedError
+
+    # -- lifecycle -------------------------------------------------------------------------
+    @property
+    def is_open(self) -> bool:
+        """True between a successful ``open()`` and ``aclose()``."""
+        return self._state == _OPEN
+
+    async def open(self) -> ChunkTier:
+        if self._state == _OPEN:
+            return self
+        if self._state in (_CLOSING, _CLOSED):
+            raise TierClosedError(f"{self!r} is closed; create a new tier instead of reopening")
+        if self._open_lock is None:
+            self._open_lock = asyncio.Lock()
+        async with self._open_lock:
+            if self._state == _OPEN:
+                return self
+            engine = self._make_engine()
+            engine.start()
+            try:
+                await self._open_medium()
+            except BaseException:
+                await engine.stop()
+                raise
+            self._engine = engine
+            self._idle = asyncio.Event()
+            self._idle.set()
+            self._state = _OPEN
+        return self
+
+    async def aclose(self) -> None:
+        if self._state == _NEW:
+            self._state = _CLOSED
+            return
+        if self._state != _OPEN:
+            if self._state == _CLOSING:
+                await self.drain()
+            return
+        self._state = _CLOSING
+        try:
+            await self.drain()
+            await self._close_medium()
+        finally:
+            if self._engine is not None:
+                await self._engine.stop()
+            self._state = _CLOSED
+
+    async def drain(self) -> None:
+        if self._idle is not None:
+            await self._idle.wait()
+
+    def _check_open(self) -> None:
+        if self._state == _OPEN:
+            return
+        if self._state == _NEW:
+            raise TierNotOpenError(f"{self!r} is not open: use 'async with tier:' or 'await tier.open()' first")
+        raise TierClosedError(f"{self!r} is closed")
+
+    # -- argument checks (before any I/O) --------------------------------------------------
+    @staticmethod
+    def _check_keys(keys: Sequence[bytes]) -> list[bytes]:
+        if isinstance(keys, (bytes, bytearray, memoryview, str)):
+            raise TypeError("keys must be a sequence of bytes keys (for example [key]), not a single key")
+        out = list(keys)
+        for k in out:
+            if type(k) is not bytes:
+                raise TypeError(f"each key must be bytes; got {type(k).__name__} {k!r:.60}")
+            if not k or len(k) > MAX_KEY_BYTES:
+                raise ValueError(f"each key must be 1..{MAX_KEY_BYTES} bytes long; got {len(k)} bytes")
+        if len(set(out)) != len(out):
+            raise ValueError("keys must be distinct within one call")
+        return out
+
+    def _check_pairs(
+        self, keys: Sequence[bytes], chunk_ids: Sequence[int], *, load: bool
+    ) -> tuple[list[bytes], list[int]]:
+        ks = self._check_keys(keys)
+        if isinstance(chunk_ids, (bytes, bytearray, str)):
+            raise TypeError("chunk_ids must be a sequence of ints")
+        ids = [self.offloading_spec.check_chunk_id(c) for c in chunk_ids]
+        if len(ks) != len(ids):
+            raise ValueError(f"got {len(ks)} keys but {len(ids)} chunk ids; they pair up one to one")
+        if load:
+            if self._view.readonly:
+                raise TypeError("primary_kv_view is read-only; load needs a writable buffer")
+            if len(set(ids)) != len(ids):
+                raise ValueError("chunk ids must be distinct within one load (two keys cannot fill one slot)")
+        return ks, ids
+
+    # -- the contract ----------------------------------------------------------------------
+    async def offload(self, keys: Sequence[bytes], chunk_ids: Sequence[int]) -> TransferResult:
+        ks, ids = self._check_pairs(keys, chunk_ids, load=False)
+        self._check_open()
+        return await self._run("offload", engines.PRIO_STORE, ks, ids)
+
+    async def load(self, keys: Sequence[bytes], chunk_ids: Sequence[int]) -> TransferResult:
+        ks, ids = self._check_pairs(keys, chunk_ids, load=True)
+        self._check_open()
+        return await self._run("load", engines.PRIO_LOAD, ks, ids)
+
+    async def remove(self, keys: Sequence[bytes]) -> TransferResult:
+        ks = self._check_keys(keys)
+        self._check_open()
+        return await self._run("remove", engines.PRIO_REMOVE, ks, [0] * len(ks))
+
+    async def lookup(self, keys: Sequence[bytes]) -> list[bool]:
+        ks = self._check_keys(keys)
+        self._check_open()
+        if self.index is not None:
+            idx = self.index
+            return [k in idx for k in ks]
+        res = await self._run("lookup", engines.PRIO_LOOKUP, ks, [0] * len(ks))
+        # an unreachable medium answers "not stored": lookup is a hint, load is the truth
+        return [k in res.succeeded for k in ks]
+
+    async def touch(self, keys: Sequence[bytes]) -> None:
+        ks = self._check_keys(keys)
+        self._check_open()
+        if self.index is not None:
+            self.index.touch(ks)
+
+    def stats(self) -> TierStats:
+        s = self._stats
+        eng = self._engine
+        idx = self.index
+        with s._lock:
+            failures = dict(s.failures)
+            extra = dict(s.extra)
+            counters = (s.offloaded, s.loaded, s.skipped, s.removed, s.bytes_written, s.bytes_read, s.evictions)
+        return TierStats(
+            tier_type=self.tier_type,
+            in_flight=eng.in_flight if eng else 0,
+            peak_in_flight=eng.peak_in_flight if eng else 0,
+            queued=eng.queued if eng else 0,
+            max_inflight=self.max_inflight or 0,
+            offloaded=counters[0],
+            loaded=counters[1],
+            skipped=counters[2],
+            removed=counters[3],
+            bytes_written=counters[4],
+            bytes_read=counters[5],
+            failures=failures,
+            evictions=counters[6],
+            stored_chunks=len(idx) if idx is not None else self._stored_chunks(),
+            used_bytes=idx.used_bytes if idx is not None else self._used_bytes(),
+            capacity_bytes=self.capacity_bytes,
+            offload_latency=s.latency("offload"),
+            load_latency=s.latency("load"),
+            extra=extra,
+        )
+
+    def _stored_chunks(self) -> int | None:
+        """Chunks held, for tiers without an index (None = unknown)."""
+        return None
+
+    def _used_bytes(self) -> int | None:
+        """Bytes held, for tiers without an index (None = unknown)."""
+        return None
+
+    # -- the scheduler ---------------------------------------------------------------------
+    async def _run(self, op: str, priority: int, keys: list[bytes], ids: list[int]) -> TransferResult:
+        if not keys:
+            return TransferResult("load" if op == "lookup" else op)  # type: ignore[arg-type]
+        loop = asyncio.get_running_loop()
+        t0 = time.perf_counter()
+        fn = self._job_fn(op)
+        jobs = [Job(priority, fn, (k, c, t0), loop) for k, c in zip(keys, ids)]
+        engine = self._engine
+        assert engine is not None and self._idle is not None
+        self._active += 1
+        self._idle.clear()
+        timer: asyncio.TimerHandle | None = None
+        try:
+            engine.submit(jobs)
+            if op == "offload" and self.store_backpressure == "drop":
+                timer = loop.call_later(self.backpressure_timeout_s or 0.0, self._drop_waiting, jobs)
+            await self._wait_all(engine, jobs)
+        finally:
+            if timer is not None:
+                timer.cancel()
+            self._active -= 1
+            if self._active == 0:
+                self._idle.set()
+        return self._result(op, keys, jobs, time.perf_counter() - t0)
+
+    @staticmethod
+    async def _wait_all(engine: Engine, jobs: list[Job]) -> None:
+        futs = [j.future for j in jobs]
+        try:
+            await asyncio.wait(futs)
+        except asyncio.CancelledError:
+            # No new I/O of this call starts; I/O already running touches the caller's
+            # buffer, so the caller hears of the cancellation only once it has finished.
+            for j in engine.cancel_pending(jobs):
+                j.future.cancel()
+            remaining = [f for f in futs if not f.done()]
+            while remaining:
+                try:
+                    await asyncio.wait(remaining)
+                except asyncio.CancelledError:
+                    pass
+                remaining = [f for f in remaining if not f.done()]
+            for f in futs:  # mark outcomes retrieved; the caller is not getting a result
+                if not f.cancelled():
+                    f.exception()
+            raise
+
+    def _drop_waiting(self, jobs: list[Job]) -> None:
+        assert self._engine is not None
+        for j in self._engine.cancel_pending(jobs):
+            key = j.args[0]
+            exc = BackpressureError(
+                f"store dropped: no I/O slot within {self.backpressure_timeout_s}s (max_inflight={self.max_inflight})",
+                key,
+            )
+            self._stats.record_failure(exc)
+            j.future.set_exception(exc)
+
+    def _result(self, op: str, keys: list[bytes], jobs: list[Job], elapsed: float) -> TransferResult:
+        if op == "lookup":
+            res = TransferResult("load")  # op is not user-visible for lookups
+            res.succeeded = [k for k, j in zip(keys, jobs) if j.future.exception() is None and j.future.result()]
+            return res
+        res = TransferResult(op)  # type: ignore[arg-type]
+        nbytes = 0
+        chunk = self.offloading_spec.chunk_bytes if op != "remove" else 0
+        for k, j in zip(keys, jobs):
+            exc = j.future.exception()
+            if exc is None:
+                res.succeeded.append(k)
+                nbytes += chunk
+            else:
+                res.failed[k] = exc
+        res.bytes_transferred = nbytes
+        res.elapsed_s = elapsed
+        return res
+
+    # -- bookkeeping shared by the blocking and async job bodies ---------------------------
+    def _chunk(self, cid: int) -> memoryview:
+        return self.offloading_spec.chunk_view(self._view, cid)
+
+    def _begin_store(self, key: bytes) -> list[bytes] | None:
+        """Reserve room; None means the key is already stored (skip the write)."""
+        if self.index is None:
+            return []
+        return self.index.reserve(key, self.stored_size())
+
+    def _end_store(self, key: bytes, t0: float, exc: BaseException | None, *, skipped: bool = False) -> None:
+        if exc is None:
+            if self.index is not None and not skipped:
+                self.index.commit(key)
+            self._stats.record_success(
+                "offload", self.offloading_spec.chunk_bytes, time.perf_counter() - t0, skipped=skipped
+            )
+        else:
+            if self.index is not None:
+                self.index.abort(key)
+            self._stats.record_failure(exc)
+
+    def _begin_load(self, key: bytes) -> None:
+        if self.index is not None and not self.index.pin(key):
+            raise ChunkNotFoundError(f"no chunk stored under key {key.hex()[:32]}", key)
+
+    def _end_load(self, key: bytes, t0: float, exc: BaseException | None) -> bool:
+        """Book a load; True if the stored copy must be deleted (it failed verification)."""
+        if self.index is not None:
+            self.index.unpin(key, touch=exc is None)
+            if exc is not None and (_is_not_found(exc) or isinstance(exc, IntegrityError)):
+                self.index.discard(key)
+        if exc is None:
+            self._stats.record_success("load", self.offloading_spec.chunk_bytes, time.perf_counter() - t0)
+            return False
+        self._stats.record_failure(exc)
+        return isinstance(exc, IntegrityError)
+
+    def _end_remove(self, key: bytes, t0: float, exc: BaseException | None) -> None:
+        if self.index is not None:
+            self.index.discard(key)
+        if exc is None:
+            self._stats.record_success("remove", 0, time.perf_counter() - t0)
+        else:
+            self._stats.record_failure(exc)
+
+    def _evicted(self, key: bytes, exc: BaseException | None) -> None:
+        self._stats.incr("evictions")
+        if exc is not None and not _is_not_found(exc):
+            log.warning("%s: evicting %s failed: %r", self.tier_type, key.hex()[:32], exc)
+
+
+class BlockingChunkTier(ChunkTier):
+    """A tier whose primitives block; they run on ``max_inflight`` worker threads.
+
+    Subclasses implement :meth:`write_chunk`, :meth:`read_chunk`, :meth:`chunk_exists`,
+    :meth:`delete_chunk`, and optionally :meth:`open_medium` / :meth:`close_medium`.
+    Primitives are called from several threads at once.
+    """
+
+    # -- primitives ------------------------------------------------------------------------
+    def write_chunk(self, key: bytes, data: memoryview) -> None:
+        """Store ``data`` (read-only, ``chunk_bytes`` long) under ``key``, atomically."""
+        raise NotImplementedError
+
+    def read_chunk(self, key: bytes, out: memoryview) -> None:
+        """Fill ``out`` with the chunk stored under ``key``.
+
+        Raise :class:`ChunkNotFoundError` (or ``FileNotFoundError``) when absent and
+        :class:`IntegrityError` when the stored copy is bad (the base class deletes it).
+        """
+        raise NotImplementedError
+
+    def chunk_exists(self, key: bytes) -> bool:
+        """Whether a chunk is stored under ``key``."""
+        raise NotImplementedError
+
+    def delete_chunk(self, key: bytes) -> bool:
+        """Delete the chunk stored under ``key``; return whether one was there."""
+        raise NotImplementedError
+
+    def open_medium(self) -> None:
+        """Blocking setup run once by ``open()`` in a worker thread (scan, connect, recover)."""
+
+    def close_medium(self) -> None:
+        """Blocking teardown run once by ``aclose()`` after draining."""
+
+    # -- wiring ----------------------------------------------------------------------------
+    def _make_engine(self) -> Engine:
+        return engines.ThreadEngine(self.max_inflight or 1, name=f"asynctier-{self.tier_type}")
+
+    async def _open_medium(self) -> None:
+        await asyncio.to_thread(self.open_medium)
+
+    async def _close_medium(self) -> None:
+        await asyncio.to_thread(self.close_medium)
+
+    def _job_fn(self, op: str) -> Callable[..., Any]:
+        return {
+            "offload": self._store_job,
+            "load": self._load_job,
+            "remove": self._remove_job,
+            "lookup": self._lookup_job,
+        }[op]
+
+    def _store_job(self, key: bytes, cid: int, t0: float) -> None:
+        try:
+            victims = self._begin_store(key)
+        except BaseException as e:
+            self._stats.record_failure(e)
+            raise
+        if victims is None:
+            self._end_store(key, t0, None, skipped=True)
+            return
+        try:
+            for v in victims:
+                self._evict(v)
+            self.write_chunk(key, self._chunk(cid))
+        except BaseException as e:
+            self._end_store(key, t0, e)
+            raise
+        self._end_store(key, t0, None)
+
+    def _evict(self, key: bytes) -> None:
+        try:
+            self.delete_chunk(key)
+        except Exception as e:
+            self._evicted(key, e)
+        else:
+            self._evicted(key, None)
+
+    def _load_job(self, key: bytes, cid: int, t0: float) -> None:
+        try:
+            self._begin_load(key)
+        except BaseException as e:
+            self._stats.record_failure(e)
+            raise
+        try:
+            self.read_chunk(key, self._chunk(cid))
+        except BaseException as e:
+            if self._end_load(key, t0, e):
+                try:
+                    self.delete_chunk(key)
+                except Exception as de:
+                    log.warning("%s: removing bad chunk %s failed: %r", self.tier_type, key.hex()[:32], de)
+            raise
+        self._end_load(key, t0, None)
+
+    def _remove_job(self, key: bytes, cid: int, t0: float) -> None:
+        try:
+            self.delete_chunk(key)
+        except BaseException as e:
+            if not _is_not_found(e):
+                self._end_remove(key, t0, e)
+                raise
+        self._end_remove(key, t0, None)
+
+    def _lookup_job(self, key: bytes, cid: int, t0: float) -> bool:
+        return self.chunk_exists(key)
+
+
+class AsyncChunkTier(ChunkTier):
+    """A tier whose primitives are coroutines; they run on ``max_inflight`` asyncio tasks.
+
+    Same primitives as :class:`BlockingChunkTier`, as ``async def``. ``timeout_s`` bounds each
+    chunk I/O (a late one fails with :class:`ChunkTimeoutError`). The tier is bound to the
+    event loop that opened it.
+    """
+
+    async def write_chunk(self, key: bytes, data: memoryview) -> None:
+        """Store ``data`` under ``key``, atomically."""
+        raise NotImplementedError
+
+    async def read_chunk(self, key: bytes, out: memoryview) -> None:
+        """Fill ``out`` with the chunk stored under ``key`` (see :meth:`BlockingChunkTier.read_chunk`)."""
+        raise NotImplementedError
+
+    async def chunk_exists(self, key: bytes) -> bool:
+        """Whether a chunk is stored under ``key``."""
+        raise NotImplementedError
+
+    async def delete_chunk(self, key: bytes) -> bool:
+        """Delete the chunk stored under ``key``; return whether one was there."""
+        raise NotImplementedError
+
+    async def open_medium(self) -> None:
+        """Setup run once by ``open()``."""
+
+    async def close_medium(self) -> None:
+        """Teardown run once by ``aclose()`` after draining."""
+
+    def _make_engine(self) -> Engine:
+        return engines.AsyncEngine(self.max_inflight or 1, name=f"asynctier-{self.tier_type}")
+
+    async def _deadline(self, coro: Awaitable[T]) -> T:
+        """Run one primitive under ``timeout_s``; on expiry it is cancelled (its I/O stops) first."""
+        if self.timeout_s is None:
+            return await coro
+        try:
+            return await asyncio.wait_for(coro, self.timeout_s)
+        except asyncio.TimeoutError:
+            raise ChunkTimeoutError(f"chunk I/O exceeded timeout_s={self.timeout_s}") from None
+
+    async def _open_medium(self) -> None:
+        await self.open_medium()
+
+    async def _close_medium(self) -> None:
+        await self.close_medium()
+
+    def _job_fn(self, op: str) -> Callable[..., Any]:
+        return {
+            "offload": self._store_job,
+            "load": self._load_job,
+            "remove": self._remove_job,
+            "lookup": self._lookup_job,
+        }[op]
+
+    async def _store_job(self, key: bytes, cid: int, t0: float) -> None:
+        try:
+            victims = self._begin_store(key)
+        except BaseException as e:
+            self._stats.record_failure(e)
+            raise
+        if victims is None:
+            self._end_store(key, t0, None, skipped=True)
+            return
+        try:
+            for v in victims:
+                try:
+                    await self._deadline(self.delete_chunk(v))
+                except Exception as e:
+                    self._evicted(v, e)
+                else:
+                    self._evicted(v, None)
+            await self._deadline(self.write_chunk(key, self._chunk(cid)))
+        except BaseException as e:
+            self._end_store(key, t0, e)
+            raise
+        self._end_store(key, t0, None)
+
+    async def _load_job(self, key: bytes, cid: int, t0: float) -> None:
+        try:
+            self._begin_load(key)
+        except BaseException as e:
+            self._stats.record_failure(e)
+            raise
+        try:
+            await self._deadline(self.read_chunk(key, self._chunk(cid)))
+        except BaseException as e:
+            if self._end_load(key, t0, e):
+                try:
+                    await self.delete_chunk(key)
+                except Exception as de:
+                    log.warning("%s: removing bad chunk %s failed: %r", self.tier_type, key.hex()[:32], de)
+            raise
+        self._end_load(key, t0, None)
+
+    async def _remove_job(self, key: bytes, cid: int, t0: float) -> None:
+        try:
+            await self._deadline(self.delete_chunk(key))
+        except BaseException as e:
+            if not _is_not_found(e):
+                self._end_remove(key, t0, e)
+                raise
+        self._end_remove(key, t0, None)
+
+    async def _lookup_job(self, key: bytes, cid: int, t0: float) -> bool:
+        return await self._deadline(self.chunk_exists(key))

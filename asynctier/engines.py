@@ -1,0 +1,303 @@
+"""The engines that run chunk I/O under a bound, loads first.
+
+A tier never starts chunk I/O from the event loop itself. It hands :class:`Job` objects to
+an engine, which owns exactly ``max_inflight`` workers pulling from one priority queue:
+
+* :class:`ThreadEngine` — OS threads for blocking primitives (``preadv``/``pwritev``, sync
+  clients). Workers pull the next job themselves, so a slot is refilled without a round trip
+  through the event loop (a trial here kept ~14 of 16 I/Os in flight this way against ~7 when
+  each I/O was started from the loop).
+* :class:`AsyncEngine` — asyncio tasks for primitives that are coroutines.
+
+The bound is the number of workers, so it holds for all callers together. Lower
+``priority`` runs first; loads use :data:`PRIO_LOAD` and jump ahead of queued stores.
+A job is ``PENDING`` until a worker claims it, then ``RUNNING``, then ``DONE``; a caller may
+take back pending jobs (:meth:`cancel_pending`) but never a running one — that is what lets
+cancellation wait for every I/O that touches the caller's buffer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+import logging
+import threading
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any, Protocol
+
+__all__ = [
+    "AsyncEngine",
+    "Engine",
+    "Job",
+    "PRIO_LOAD",
+    "PRIO_LOOKUP",
+    "PRIO_REMOVE",
+    "PRIO_STORE",
+    "ThreadEngine",
+]
+
+log = logging.getLogger(__name__)
+
+PRIO_LOAD = 0
+PRIO_LOOKUP = 1
+PRIO_STORE = 2
+PRIO_REMOVE = 3
+
+PENDING, RUNNING, DONE, CANCELLED = range(4)
+
+_seq = itertools.count()
+
+
+class Job:
+    """One chunk I/O: ``fn(*args)`` run by a worker, its outcome delivered to ``future``."""
+
+    __slots__ = ("args", "fn", "future", "loop", "priority", "seq", "state")
+
+    def __init__(
+        self,
+        priority: int,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...],
+        loop: asyncio.AbstractEventLoop,
+    ) -> None:
+        self.priority = priority
+        self.seq = next(_seq)  # FIFO within one priority
+        self.fn = fn
+        self.args = args
+        self.loop = loop
+        self.future: asyncio.Future[Any] = loop.create_future()
+        self.state = PENDING
+
+    def __lt__(self, other: Job) -> bool:
+        return (self.priority, self.seq) < (other.priority, other.seq)
+
+
+def _resolve(fut: asyncio.Future[Any], result: Any, exc: BaseException | None) -> None:
+    if fut.done():
+        return
+    if exc is not None:
+        fut.set_exception(exc)
+    else:
+        fut.set_result(result)
+
+
+class Engine(Protocol):
+    """What a tier needs from an engine."""
+
+    @property
+    def in_flight(self) -> int: ...
+    @property
+    def peak_in_flight(self) -> int: ...
+    @property
+    def queued(self) -> int: ...
+    @property
+    def workers(self) -> int: ...
+    def start(self) -> None: ...
+    def submit(self, jobs: Iterable[Job]) -> None: ...
+    def cancel_pending(self, jobs: Iterable[Job]) -> list[Job]: ...
+    async def stop(self) -> None: ...
+
+
+class ThreadEngine:
+    """``workers`` daemon threads running blocking callables, lowest priority first."""
+
+    def __init__(self, workers: int, name: str = "asynctier") -> None:
+        self._workers = workers
+        self._name = name
+        self._cv = threading.Condition(threading.Lock())
+        self._heap: list[Job] = []
+        self._threads: list[threading.Thread] = []
+        self._in_flight = 0
+        self._peak = 0
+        self._queued = 0
+        self._stopping = False
+
+    @property
+    def in_flight(self) -> int:
+        return self._in_flight
+
+    @property
+    def peak_in_flight(self) -> int:
+        return self._peak
+
+    @property
+    def queued(self) -> int:
+        return self._queued
+
+    @property
+    def workers(self) -> int:
+        return self._workers
+
+    def start(self) -> None:
+        for i in range(self._workers):
+            t = threading.Thread(target=self._run, name=f"{self._name}-io-{i}", daemon=True)
+            t.start()
+            self._threads.append(t)
+
+    def submit(self, jobs: Iterable[Job]) -> None:
+        with self._cv:
+            if self._stopping:
+                raise RuntimeError("engine is stopped")
+            n = 0
+            for job in jobs:
+                heapq.heappush(self._heap, job)
+                n += 1
+            self._queued += n
+            if n == 1:
+                self._cv.notify()
+            elif n:
+                self._cv.notify(min(n, self._workers))
+
+    def cancel_pending(self, jobs: Iterable[Job]) -> list[Job]:
+        taken = []
+        with self._cv:
+            for job in jobs:
+                if job.state == PENDING:
+                    job.state = CANCELLED
+                    taken.append(job)
+            self._queued -= len(taken)
+        return taken
+
+    def _run(self) -> None:
+        cv = self._cv
+        while True:
+            with cv:
+                while not self._heap and not self._stopping:
+                    cv.wait()
+                if not self._heap:
+                    return
+                job = heapq.heappop(self._heap)
+                if job.state != PENDING:
+                    continue
+                job.state = RUNNING
+                self._queued -= 1
+                self._in_flight += 1
+                if self._in_flight > self._peak:
+                    self._peak = self._in_flight
+            result: Any = None
+            exc: BaseException | None = None
+            try:
+                result = job.fn(*job.args)
+            except BaseException as e:  # delivered to the caller as that chunk's failure
+                exc = e
+            with cv:
+                self._in_flight -= 1
+                job.state = DONE
+            try:
+                job.loop.call_soon_threadsafe(_resolve, job.future, result, exc)
+            except RuntimeError:  # the caller's loop is closed: nobody is waiting any more
+                pass
+            del job, result, exc
+
+    async def stop(self) -> None:
+        """Let workers finish the queue, then join them (in a thread: joining blocks)."""
+        with self._cv:
+            self._stopping = True
+            self._cv.notify_all()
+        threads, self._threads = self._threads, []
+        if threads:
+
+            def join_all() -> None:
+                for t in threads:
+                    t.join()
+
+            await asyncio.to_thread(join_all)
+
+
+class AsyncEngine:
+    """``workers`` asyncio tasks awaiting coroutine callables, lowest priority first."""
+
+    def __init__(self, workers: int, name: str = "asynctier") -> None:
+        self._workers = workers
+        self._name = name
+        self._heap: list[Job] = []
+        # One release per pushed entry and one acquire per popped entry, so a worker is
+        # always awake for every entry in the heap.
+        self._ready: asyncio.Semaphore | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._in_flight = 0
+        self._peak = 0
+        self._queued = 0
+        self._stopping = False
+
+    @property
+    def in_flight(self) -> int:
+        return self._in_flight
+
+    @property
+    def peak_in_flight(self) -> int:
+        return self._peak
+
+    @property
+    def queued(self) -> int:
+        return self._queued
+
+    @property
+    def workers(self) -> int:
+        return self._workers
+
+    def start(self) -> None:
+        self._ready = asyncio.Semaphore(0)
+        loop = asyncio.get_running_loop()
+        self._tasks = [loop.create_task(self._run(), name=f"{self._name}-io-{i}") for i in range(self._workers)]
+
+    def submit(self, jobs: Iterable[Job]) -> None:
+        if self._stopping or self._ready is None:
+            raise RuntimeError("engine is not running")
+        for job in jobs:
+            heapq.heappush(self._heap, job)
+            self._queued += 1
+            self._ready.release()
+
+    def cancel_pending(self, jobs: Iterable[Job]) -> list[Job]:
+        taken = [j for j in jobs if j.state == PENDING]
+        for j in taken:
+            j.state = CANCELLED
+        self._queued -= len(taken)
+        return taken
+
+    async def _run(self) -> None:
+        assert self._ready is not None
+        ready = self._ready
+        while True:
+            await ready.acquire()
+            if not self._heap:
+                if self._stopping:
+                    return
+                continue
+            job = heapq.heappop(self._heap)
+            if job.state != PENDING:
+                continue
+            job.state = RUNNING
+            self._queued -= 1
+            self._in_flight += 1
+            self._peak = max(self._peak, self._in_flight)
+            result: Any = None
+            exc: BaseException | None = None
+            try:
+                coro: Awaitable[Any] = job.fn(*job.args)
+                result = await coro
+            except asyncio.CancelledError:
+                # Only stop() cancels workers, and only after draining; hand the job's
+                # caller a failure rather than leaving it waiting, then end this worker.
+                self._in_flight -= 1
+                job.state = DONE
+                _resolve(job.future, None, ConnectionAbortedError("tier engine stopped"))
+                raise
+            except Exception as e:
+                exc = e
+            self._in_flight -= 1
+            job.state = DONE
+            _resolve(job.future, result, exc)
+            del job, result, exc
+
+    async def stop(self) -> None:
+        """Let workers finish the queue, then end them."""
+        self._stopping = True
+        if self._ready is not None:
+            for _ in range(self._workers):
+                self._ready.release()
+        tasks, self._tasks = self._tasks, []
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)

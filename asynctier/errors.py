@@ -1,0 +1,116 @@
+"""The error hierarchy.
+
+Two families, kept apart on purpose:
+
+* **Programmer and configuration errors** are raised at once, before any I/O: bad
+  configuration is a :class:`TierConfigError` (a ``ValueError``, as in vLLM's factory),
+  bad call arguments are plain ``TypeError`` / ``ValueError`` / ``IndexError``, and using
+  a tier that is not open or already closed is a :class:`TierStateError`.
+* **Per-chunk failures** (:class:`ChunkError` and ``OSError``) are never raised by
+  ``offload``/``load``: they are returned in :attr:`TransferResult.failed`, keyed by the
+  chunk key, and counted in :class:`~asynctier.stats.TierStats` by :func:`failure_kind`.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "AsyncTierError",
+    "BackpressureError",
+    "CapacityError",
+    "ChunkError",
+    "ChunkNotFoundError",
+    "ChunkTimeoutError",
+    "IntegrityError",
+    "TierClosedError",
+    "TierConfigError",
+    "TierNotOpenError",
+    "TierStateError",
+    "TierUnavailableError",
+    "failure_kind",
+    "FAILURE_KINDS",
+]
+
+
+class AsyncTierError(Exception):
+    """Base class of every error asynctier defines."""
+
+
+class TierConfigError(AsyncTierError, ValueError):
+    """A tier configuration is wrong: unknown type, unknown or missing parameter, bad value."""
+
+
+class TierStateError(AsyncTierError, RuntimeError):
+    """The tier is in the wrong state for the call."""
+
+
+class TierNotOpenError(TierStateError):
+    """The tier was used before ``await tier.open()`` (or ``async with tier``)."""
+
+
+class TierClosedError(TierStateError):
+    """The tier was used after ``await tier.aclose()``."""
+
+
+class ChunkError(AsyncTierError):
+    """A failure of one chunk's transfer; returned in ``TransferResult.failed``, never raised."""
+
+    kind = "other"
+
+    def __init__(self, message: str, key: bytes | None = None) -> None:
+        super().__init__(message)
+        self.key = key
+
+
+class ChunkNotFoundError(ChunkError):
+    """The tier holds no chunk under this key."""
+
+    kind = "not_found"
+
+
+class IntegrityError(ChunkError):
+    """The stored chunk failed verification (checksum, header, length or layout digest).
+
+    The bad copy has been removed when this is reported.
+    """
+
+    kind = "checksum"
+
+
+class BackpressureError(ChunkError):
+    """A store was dropped because no I/O slot freed up in time (``store_backpressure="drop"``)."""
+
+    kind = "backpressure"
+
+
+class ChunkTimeoutError(ChunkError, TimeoutError):
+    """The chunk's I/O did not finish within its deadline (``timeout_s``)."""
+
+    kind = "timeout"
+
+
+class CapacityError(ChunkError):
+    """No room could be made for the chunk (everything evictable is in use)."""
+
+    kind = "capacity"
+
+
+class TierUnavailableError(ChunkError):
+    """The medium is unreachable (for example a circuit breaker is open after repeated failures)."""
+
+    kind = "unavailable"
+
+
+FAILURE_KINDS = ("io", "checksum", "not_found", "backpressure", "timeout", "capacity", "unavailable", "other")
+
+
+def failure_kind(exc: BaseException) -> str:
+    """Classify a per-chunk failure into one of :data:`FAILURE_KINDS` for stats."""
+    if isinstance(exc, ChunkError):
+        return exc.kind
+    if isinstance(exc, TimeoutError):
+        return "timeout"
+    if isinstance(exc, FileNotFoundError):
+        return "not_found"
+    if isinstance(exc, OSError):
+        return "io"
+    return "other"

@@ -1,0 +1,123 @@
+"""What travels with every stored chunk, and how keys become names.
+
+A :class:`ChunkHeader` carries the format version, the key, the payload length, an xxh3-64
+checksum of the payload, a sequence number and the layout digest, and is itself protected
+by a checksum, so a torn or foreign header is detected before its fields are trusted.
+Tiers place it wherever suits the medium: in front of the payload in a file or slot, or as
+object metadata.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import struct
+from dataclasses import dataclass
+
+import xxhash
+
+from .errors import IntegrityError
+from .spec import FORMAT_VERSION
+
+__all__ = ["ChunkHeader", "HEADER_MAGIC", "checksum", "key_token"]
+
+HEADER_MAGIC = b"ATKV"
+# magic, version, flags, key_len, payload_len, checksum, seq, digest, header_checksum
+_FIXED = struct.Struct("<4sHHIQQQ16s")
+_TAIL = struct.Struct("<Q")
+
+
+def checksum(data: memoryview | bytes | bytearray) -> int:
+    """xxh3-64 of ``data`` (the GIL is released while hashing, so threads hash in parallel)."""
+    return xxhash.xxh3_64_intdigest(data)
+
+
+def key_token(key: bytes) -> str:
+    """A file-name-safe, collision-free token for a key.
+
+    Keys up to 96 bytes are base32-encoded (lowercase, no padding: at most 154 characters,
+    safe on case-insensitive file systems); longer keys are hashed with BLAKE2b-256 — the
+    header still stores the full key, so a hash collision is caught on load.
+    """
+    if len(key) <= 96:
+        return base64.b32encode(key).decode("ascii").rstrip("=").lower()
+    return "h" + hashlib.blake2b(key, digest_size=32).hexdigest()
+
+
+@dataclass(frozen=True)
+class ChunkHeader:
+    """Metadata stored with a chunk; :meth:`pack` / :meth:`unpack` to and from bytes."""
+
+    key: bytes
+    payload_len: int
+    checksum: int
+    layout_digest: bytes
+    seq: int = 0
+    version: int = FORMAT_VERSION
+    flags: int = 0
+
+    @property
+    def size(self) -> int:
+        """Packed size in bytes."""
+        return _FIXED.size + len(self.key) + _TAIL.size
+
+    @staticmethod
+    def packed_size(key_len: int) -> int:
+        """Packed size of a header for a key of ``key_len`` bytes."""
+        return _FIXED.size + key_len + _TAIL.size
+
+    def pack(self) -> bytes:
+        """The header as bytes (see :attr:`size`)."""
+        fixed = _FIXED.pack(
+            HEADER_MAGIC,
+            self.version,
+            self.flags,
+            len(self.key),
+            self.payload_len,
+            self.checksum,
+            self.seq,
+            self.layout_digest,
+        )
+        body = fixed + self.key
+        return body + _TAIL.pack(xxhash.xxh3_64_intdigest(body))
+
+    @classmethod
+    def unpack(cls, buf: bytes | memoryview | bytearray, *, key: bytes | None = None) -> ChunkHeader:
+        """Parse a header from the start of ``buf``; raise :class:`IntegrityError` if it is bad.
+
+        With ``key``, also check that the header belongs to that key.
+        """
+        mv = memoryview(buf)
+        if mv.nbytes < _FIXED.size:
+            raise IntegrityError(f"truncated chunk header: {mv.nbytes} bytes", key)
+        magic, version, flags, key_len, payload_len, csum, seq, digest = _FIXED.unpack_from(mv)
+        if magic != HEADER_MAGIC:
+            raise IntegrityError("not a chunk header (bad magic)", key)
+        end = _FIXED.size + key_len
+        if mv.nbytes < end + _TAIL.size:
+            raise IntegrityError(f"truncated chunk header: {mv.nbytes} bytes, need {end + _TAIL.size}", key)
+        (hcsum,) = _TAIL.unpack_from(mv, end)
+        if xxhash.xxh3_64_intdigest(mv[:end]) != hcsum:
+            raise IntegrityError("chunk header checksum mismatch (torn or corrupted header)", key)
+        if version != FORMAT_VERSION:
+            raise IntegrityError(f"chunk format version {version}, expected {FORMAT_VERSION}", key)
+        stored_key = bytes(mv[_FIXED.size : end])
+        if key is not None and stored_key != key:
+            raise IntegrityError("chunk header holds another key", key)
+        return cls(stored_key, payload_len, csum, bytes(digest), seq, version, flags)
+
+    def verify(
+        self,
+        payload: memoryview | bytes | bytearray,
+        *,
+        layout_digest: bytes,
+        payload_len: int,
+        check_data: bool = True,
+    ) -> None:
+        """Check digest, length and (with ``check_data``) the payload checksum."""
+        if self.layout_digest != layout_digest:
+            raise IntegrityError("chunk belongs to another layout (namespace, chunk size or format)", self.key)
+        if self.payload_len != payload_len:
+            raise IntegrityError(f"chunk payload is {self.payload_len} bytes, expected {payload_len}", self.key)
+        if check_data and checksum(payload) != self.checksum:
+            raise IntegrityError("chunk payload checksum mismatch", self.key)

@@ -1,0 +1,200 @@
+"""A thread-safe in-memory index of stored chunks with LRU eviction under a byte capacity.
+
+Tiers that know what they hold (memory, fs) keep one; it answers ``lookup`` in O(1) and
+decides what to evict. Entries go through three stages: *reserved* (a write is in progress;
+invisible to lookups; its bytes already counted so the medium never exceeds capacity),
+*committed* (visible), and gone. Readers *pin* an entry so eviction never removes a chunk
+that is being read.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Iterable, Iterator
+
+from .errors import CapacityError
+
+__all__ = ["LRUIndex"]
+
+
+class _Entry:
+    __slots__ = ("committed", "nbytes", "pins", "writers")
+
+    def __init__(self, nbytes: int, committed: bool) -> None:
+        self.nbytes = nbytes
+        self.committed = committed
+        self.writers = 0
+        self.pins = 0
+
+
+class LRUIndex:
+    """Key -> stored size, least recently used first; ``capacity_bytes=None`` never evicts."""
+
+    def __init__(self, capacity_bytes: int | None = None) -> None:
+        self.capacity_bytes = capacity_bytes
+        self._lock = threading.Lock()
+        self._entries: OrderedDict[bytes, _Entry] = OrderedDict()
+        self._used = 0
+        self._committed = 0
+
+    # -- queries ---------------------------------------------------------------------------
+    def __contains__(self, key: object) -> bool:
+        e = self._entries.get(key)  # type: ignore[call-overload]
+        return e is not None and e.committed
+
+    def __len__(self) -> int:
+        """Number of committed (visible) entries."""
+        return self._committed
+
+    @property
+    def used_bytes(self) -> int:
+        """Bytes of committed and reserved entries."""
+        return self._used
+
+    def keys(self) -> list[bytes]:
+        """Committed keys, least recently used first."""
+        with self._lock:
+            return [k for k, e in self._entries.items() if e.committed]
+
+    def __iter__(self) -> Iterator[bytes]:
+        return iter(self.keys())
+
+    # -- writes ----------------------------------------------------------------------------
+    def reserve(self, key: bytes, nbytes: int) -> list[bytes] | None:
+        """Make room for a write of ``key`` and return the keys evicted to make it.
+
+        Returns ``None`` when ``key`` is already committed (the caller skips the write and
+        the entry becomes most recently used). Raises :class:`CapacityError` when
+        ``nbytes`` cannot fit even after evicting every unpinned entry. The caller must
+        delete the evicted keys from its medium *before* writing, then call :meth:`commit`
+        or :meth:`abort`.
+        """
+        with self._lock:
+            e = self._entries.get(key)
+            if e is not None:
+                if e.committed:
+                    self._entries.move_to_end(key)
+                    return None
+                e.writers += 1  # a concurrent write of the same key: both write, one entry
+                return []
+            victims = self._make_room(nbytes, key)
+            e = _Entry(nbytes, committed=False)
+            e.writers = 1
+            self._entries[key] = e
+            self._used += nbytes
+            return victims
+
+    def _make_room(self, nbytes: int, key: bytes) -> list[bytes]:
+        cap = self.capacity_bytes
+        if cap is None or self._used + nbytes <= cap:
+            return []
+        if nbytes > cap:
+            raise CapacityError(f"chunk of {nbytes} bytes exceeds capacity_bytes={cap}", key)
+        victims: list[bytes] = []
+        need = self._used + nbytes - cap
+        for k, e in self._entries.items():
+            if need <= 0:
+                break
+            if e.committed and e.pins == 0:
+                victims.append(k)
+                need -= e.nbytes
+        if need > 0:
+            raise CapacityError(
+                f"no room for {nbytes} bytes: capacity_bytes={cap}, everything evictable is in use", key
+            )
+        for k in victims:
+            v = self._entries.pop(k)
+            self._used -= v.nbytes
+            self._committed -= 1
+        return victims
+
+    def commit(self, key: bytes) -> None:
+        """The write of ``key`` succeeded: make it visible and most recently used."""
+        with self._lock:
+            e = self._entries.get(key)
+            if e is None:  # removed while being written; nothing to publish
+                return
+            e.writers = max(0, e.writers - 1)
+            if not e.committed:
+                e.committed = True
+                self._committed += 1
+            self._entries.move_to_end(key)
+
+    def abort(self, key: bytes) -> None:
+        """The write of ``key`` failed: release its reservation."""
+        with self._lock:
+            e = self._entries.get(key)
+            if e is None:
+                return
+            e.writers = max(0, e.writers - 1)
+            if not e.committed and e.writers == 0:
+                del self._entries[key]
+                self._used -= e.nbytes
+
+    def add(self, key: bytes, nbytes: int) -> None:
+        """Record a chunk found on the medium (recovery) as most recently used, without eviction."""
+        with self._lock:
+            old = self._entries.pop(key, None)
+            if old is not None:
+                self._used -= old.nbytes
+                self._committed -= old.committed
+            self._entries[key] = _Entry(nbytes, committed=True)
+            self._used += nbytes
+            self._committed += 1
+
+    def evict_over_capacity(self) -> list[bytes]:
+        """Drop least recently used unpinned entries until within capacity; return them."""
+        with self._lock:
+            cap = self.capacity_bytes
+            victims: list[bytes] = []
+            if cap is None or self._used <= cap:
+                return victims
+            for k, e in list(self._entries.items()):
+                if self._used <= cap:
+                    break
+                if e.committed and e.pins == 0:
+                    del self._entries[k]
+                    self._used -= e.nbytes
+                    self._committed -= 1
+                    victims.append(k)
+            return victims
+
+    # -- reads -----------------------------------------------------------------------------
+    def pin(self, key: bytes) -> bool:
+        """Protect a committed entry from eviction while it is read; False if absent."""
+        with self._lock:
+            e = self._entries.get(key)
+            if e is None or not e.committed:
+                return False
+            e.pins += 1
+            return True
+
+    def unpin(self, key: bytes, *, touch: bool = True) -> None:
+        """Release a :meth:`pin`; ``touch`` makes the entry most recently used."""
+        with self._lock:
+            e = self._entries.get(key)
+            if e is None:
+                return
+            e.pins = max(0, e.pins - 1)
+            if touch:
+                self._entries.move_to_end(key)
+
+    def touch(self, keys: Iterable[bytes]) -> None:
+        """Make the committed entries among ``keys`` most recently used."""
+        with self._lock:
+            for k in keys:
+                e = self._entries.get(k)
+                if e is not None and e.committed:
+                    self._entries.move_to_end(k)
+
+    def discard(self, key: bytes) -> bool:
+        """Forget ``key``; True if it was committed."""
+        with self._lock:
+            e = self._entries.pop(key, None)
+            if e is None:
+                return False
+            self._used -= e.nbytes
+            if e.committed:
+                self._committed -= 1
+            return e.committed

@@ -1,0 +1,44 @@
+"""Primary buffers as torch tensors, seen as memoryviews with no copy (extra ``torch``)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from .spec import OffloadingSpec
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["allocate_primary", "tensor_view"]
+
+
+def tensor_view(tensor: torch.Tensor) -> memoryview:
+    """A writable byte memoryview over a contiguous CPU tensor's storage, without copying.
+
+    The view keeps the tensor alive. Raises ``TypeError`` for a tensor on another device or
+    one that is not contiguous.
+    """
+    import torch
+
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"expected a torch.Tensor; got {type(tensor).__name__}")
+    if tensor.device.type != "cpu":
+        raise TypeError(f"tensor must live in CPU memory; it is on {tensor.device}")
+    if not tensor.is_contiguous():
+        raise TypeError("tensor must be contiguous; call .contiguous() first (that copies)")
+    flat = tensor.reshape(-1).view(torch.uint8)  # reinterpret, no copy (any dtype, bf16 too)
+    arr: Any = flat.numpy()  # shares storage; numpy keeps the tensor alive
+    return memoryview(arr).cast("B")
+
+
+def allocate_primary(spec: OffloadingSpec, *, pin_memory: bool | None = None) -> tuple[torch.Tensor, memoryview]:
+    """Allocate a primary buffer for ``spec`` as a uint8 tensor and its memoryview.
+
+    ``pin_memory=None`` pins (page-locks) the buffer when CUDA is available, so GPU copies
+    to and from it run asynchronously.
+    """
+    import torch
+
+    pin = torch.cuda.is_available() if pin_memory is None else pin_memory
+    t = torch.zeros(spec.total_bytes, dtype=torch.uint8, pin_memory=pin)
+    return t, tensor_view(t)

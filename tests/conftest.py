@@ -1,0 +1,33 @@
+"""Every async test runs on the stock asyncio loop and on uvloop."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from asynctier.testing import loop_factories
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = ROOT / "examples"
+
+
+def pytest_asyncio_loop_factories(config: Any, item: Any) -> Mapping[str, Callable[[], asyncio.AbstractEventLoop]]:
+    return loop_factories()
+
+
+@pytest.fixture
+def examples_on_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make the example out-of-tree tiers importable by ``module_path``."""
+    monkeypatch.syspath_prepend(str(EXAMPLES))
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _examples_importable() -> None:
+    # conformance classes build tiers by module_path from the examples directory
+    if str(EXAMPLES) not in sys.path:
+        sys.path.insert(0, str(EXAMPLES))

@@ -1,0 +1,1 @@
+"""Built-in asynctier tiers, one module each; registered lazily by module path in ``asynctier``."""
