@@ -1,0 +1,175 @@
+"""Measuring against the machine: fio as the physical limit, a naive aiofiles loop as the floor.
+
+Benchmarks in ``bench/`` and ``asynctier bench`` report a tier's throughput as ratios of
+these, measured in the same run, on the same file system, with the same block size and
+queue depth.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import time
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "FioResult",
+    "drop_page_cache",
+    "fio_available",
+    "naive_aiofiles",
+    "run_fio",
+    "ratio",
+]
+
+
+@dataclass
+class FioResult:
+    """One fio job's outcome: bytes/s, I/Os per second, completion latency percentiles (s)."""
+
+    rw: str
+    bs: int
+    iodepth: int
+    ioengine: str
+    direct: bool
+    bytes_per_s: float
+    iops: float
+    lat_p50_s: float
+    lat_p99_s: float
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def fio_available() -> bool:
+    """Whether the ``fio`` binary is on PATH."""
+    return shutil.which("fio") is not None
+
+
+def run_fio(
+    directory: str | os.PathLike[str],
+    *,
+    rw: str,
+    bs: int,
+    iodepth: int,
+    size: int,
+    ioengine: str = "io_uring",
+    direct: bool = True,
+    fsync_at_end: bool = True,
+    runtime_s: float | None = None,
+) -> FioResult:
+    """Run one fio job on a file in ``directory`` and return its figures.
+
+    ``rw`` is ``"write"`` or ``"read"`` (sequential) or ``"randwrite"``/``"randread"``. For
+    a synchronous engine (``psync``) the depth is reached with ``iodepth`` threads, as a
+    thread-pool tier does; for ``io_uring``/``libaio`` with one job at that queue depth. A
+    read job lays out its file first and drops it from the page cache.
+    """
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    sync_engine = ioengine in ("psync", "sync", "pvsync", "pvsync2")
+    numjobs = iodepth if sync_engine else 1
+    per_job = max(bs, (size // numjobs) // bs * bs)
+    args = [
+        "fio",
+        "--name=asynctier",
+        f"--directory={directory}",
+        f"--rw={rw}",
+        f"--bs={bs}",
+        f"--size={per_job}",
+        f"--ioengine={ioengine}",
+        f"--iodepth={1 if sync_engine else iodepth}",
+        f"--numjobs={numjobs}",
+        f"--direct={int(direct)}",
+        "--group_reporting=1",
+        "--output-format=json",
+        "--invalidate=1",
+    ]
+    if rw.endswith("write") and fsync_at_end:
+        args.append("--end_fsync=1")
+    if runtime_s is not None:
+        args += [f"--runtime={runtime_s}", "--time_based=0"]
+    out = subprocess.run(args, check=True, capture_output=True, text=True, timeout=600)
+    data = json.loads(out.stdout[out.stdout.index("{") :])
+    job = data["jobs"][0]
+    side = job["write"] if "write" in rw else job["read"]
+    pct = side.get("clat_ns", {}).get("percentile", {})
+    for f in directory.glob("asynctier.*"):
+        f.unlink(missing_ok=True)
+    return FioResult(
+        rw=rw,
+        bs=bs,
+        iodepth=iodepth,
+        ioengine=ioengine,
+        direct=direct,
+        bytes_per_s=float(side["bw_bytes"]),
+        iops=float(side["iops"]),
+        lat_p50_s=float(pct.get("50.000000", 0)) / 1e9,
+        lat_p99_s=float(pct.get("99.000000", 0)) / 1e9,
+        extra={"numjobs": numjobs},
+    )
+
+
+def drop_page_cache(paths: Iterable[str | os.PathLike[str]]) -> None:
+    """Evict files from the page cache (POSIX_FADV_DONTNEED) so the next read hits the medium."""
+    for p in paths:
+        try:
+            fd = os.open(p, os.O_RDONLY)
+        except OSError:
+            continue
+        try:
+            os.fdatasync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+async def naive_aiofiles(
+    directory: str | os.PathLike[str],
+    view: memoryview,
+    chunk_bytes: int,
+    n: int,
+    *,
+    depth: int,
+    mode: str,
+) -> float:
+    """The floor: aiofiles, one file per chunk, ``depth`` at a time; returns bytes/s.
+
+    ``mode="write"`` writes then fsyncs each file (bytes on disk, as the tiers are timed);
+    ``mode="read"`` reads the files back (drop them from the page cache first).
+    """
+    import asyncio
+
+    import aiofiles
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    sem = asyncio.Semaphore(depth)
+
+    async def one(i: int) -> None:
+        async with sem:
+            path = directory / f"naive-{i}"
+            slot = (i % (view.nbytes // chunk_bytes)) * chunk_bytes
+            if mode == "write":
+                async with aiofiles.open(path, "wb") as f:
+                    await f.write(bytes(view[slot : slot + chunk_bytes]))  # what naive code does
+                    await f.flush()
+                    await asyncio.to_thread(os.fsync, f.fileno())
+            else:
+                async with aiofiles.open(path, "rb") as f:
+                    data = await f.read()
+                view[slot : slot + len(data)] = data
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(one(i) for i in range(n)))
+    return n * chunk_bytes / (time.perf_counter() - t0)
+
+
+def ratio(value: float, reference: float) -> float | None:
+    """``value / reference``, or None when there is no reference."""
+    return value / reference if reference else None
