@@ -282,6 +282,27 @@ class ChunkTier(SecondaryTierManager):
         if self.index is not None:
             self.index.touch(ks)
 
+    async def stored_keys(self) -> list[bytes]:
+        """Every key the tier holds (from the index, else by listing the medium)."""
+        self._check_open()
+        if self.index is not None:
+            return self.index.keys()
+        return await self._list_chunks()
+
+    async def verify_chunks(self, keys: Sequence[bytes], *, remove_bad: bool = False) -> TransferResult:
+        """Read ``keys`` into scratch memory and check them (as ``fsck`` does).
+
+        The primary buffer is not touched. A chunk that fails verification is in ``failed``
+        with its :class:`IntegrityError`; it is deleted only with ``remove_bad=True``.
+        Checksums are checked when the tier was built with ``verify=True`` (the default).
+        """
+        ks = self._check_keys(keys)
+        self._check_open()
+        return await self._run("verify", engines.PRIO_REMOVE, ks, [int(remove_bad)] * len(ks))
+
+    async def _list_chunks(self) -> list[bytes]:
+        raise NotImplementedError
+
     def stats(self) -> TierStats:
         s = self._stats
         eng = self._engine
@@ -436,6 +457,16 @@ class ChunkTier(SecondaryTierManager):
         self._stats.record_failure(exc)
         return isinstance(exc, IntegrityError)
 
+    def _end_verify(self, key: bytes, exc: BaseException, remove_bad: bool) -> bool:
+        """Book a failed verification; True if the bad copy must be deleted now."""
+        self._stats.record_failure(exc)
+        bad = isinstance(exc, IntegrityError)
+        if bad:
+            self._stats.incr("bad_chunks_found")
+        if bad and remove_bad and self.index is not None:
+            self.index.discard(key)
+        return bad and remove_bad
+
     def _end_remove(self, key: bytes, t0: float, exc: BaseException | None) -> None:
         if self.index is not None:
             self.index.discard(key)
@@ -492,6 +523,9 @@ class BlockingChunkTier(ChunkTier):
     async def _open_medium(self) -> None:
         await asyncio.to_thread(self.open_medium)
 
+    async def _list_chunks(self) -> list[bytes]:
+        return await asyncio.to_thread(self.list_chunks)
+
     async def _close_medium(self) -> None:
         await asyncio.to_thread(self.close_medium)
 
@@ -501,7 +535,16 @@ class BlockingChunkTier(ChunkTier):
             "load": self._load_job,
             "remove": self._remove_job,
             "lookup": self._lookup_job,
+            "verify": self._verify_job,
         }[op]
+
+    def _verify_job(self, key: bytes, remove_bad: int, t0: float) -> None:
+        try:
+            self.read_chunk(key, memoryview(bytearray(self.offloading_spec.chunk_bytes)))
+        except BaseException as e:
+            if self._end_verify(key, e, bool(remove_bad)):
+                self.delete_chunk(key)
+            raise
 
     def _store_job(self, key: bytes, cid: int, t0: float) -> None:
         try:
@@ -604,6 +647,9 @@ class AsyncChunkTier(ChunkTier):
     async def _open_medium(self) -> None:
         await self.open_medium()
 
+    async def _list_chunks(self) -> list[bytes]:
+        return await self.list_chunks()
+
     async def _close_medium(self) -> None:
         await self.close_medium()
 
@@ -613,7 +659,16 @@ class AsyncChunkTier(ChunkTier):
             "load": self._load_job,
             "remove": self._remove_job,
             "lookup": self._lookup_job,
+            "verify": self._verify_job,
         }[op]
+
+    async def _verify_job(self, key: bytes, remove_bad: int, t0: float) -> None:
+        try:
+            await self._deadline(self.read_chunk(key, memoryview(bytearray(self.offloading_spec.chunk_bytes))))
+        except BaseException as e:
+            if self._end_verify(key, e, bool(remove_bad)):
+                await self._deadline(self.delete_chunk(key))
+            raise
 
     async def _store_job(self, key: bytes, cid: int, t0: float) -> None:
         try:

@@ -11,7 +11,7 @@ from .errors import FAILURE_KINDS, AsyncTierError, failure_kind
 
 __all__ = ["LatencySummary", "StatsRecorder", "TierStats", "TransferFailedError", "TransferResult"]
 
-Op = Literal["offload", "load", "remove"]
+Op = Literal["offload", "load", "remove", "verify"]
 
 
 class TransferFailedError(AsyncTierError):
