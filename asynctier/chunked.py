@@ -510,6 +510,10 @@ class BlockingChunkTier(ChunkTier):
         """Delete the chunk stored under ``key``; return whether one was there."""
         raise NotImplementedError
 
+    def list_chunks(self) -> list[bytes]:
+        """Every key stored on the medium (for ``fsck``); tiers with an index need not override."""
+        raise NotImplementedError(f"the {self.tier_type!r} tier cannot list its chunks")
+
     def open_medium(self) -> None:
         """Blocking setup run once by ``open()`` in a worker thread (scan, connect, recover)."""
 
@@ -625,6 +629,10 @@ class AsyncChunkTier(ChunkTier):
     async def delete_chunk(self, key: bytes) -> bool:
         """Delete the chunk stored under ``key``; return whether one was there."""
         raise NotImplementedError
+
+    async def list_chunks(self) -> list[bytes]:
+        """Every key stored on the medium (for ``fsck``); tiers with an index need not override."""
+        raise NotImplementedError(f"the {self.tier_type!r} tier cannot list its chunks")
 
     async def open_medium(self) -> None:
         """Setup run once by ``open()``."""
