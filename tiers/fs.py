@@ -1,0 +1,680 @@
+"""``fs``: one file per chunk on any POSIX file system (local disks, NFS, Lustre, ...).
+
+``{"type": "fs", "root": "/mnt/nvme/kv", "capacity_bytes": 500 << 30}``
+
+Layout::
+
+    ROOT/v1-<layout digest>/           one namespace per (namespace, chunk size, format)
+        LAYOUT                         what the digest stands for, for people
+        00/ .. ff/                     256 shards, by xxh3 of the key
+            <key token>                header block (4 KiB) + payload
+
+File names are :func:`~asynctier.integrity.key_token` encodings of the key, never the raw
+key. Each file starts with a :class:`~asynctier.integrity.ChunkHeader` (format version,
+key, payload length, xxh3 of the payload, layout digest) padded to one 4 KiB block, so the
+payload starts block-aligned and both halves move with O_DIRECT in a single ``pwritev`` /
+``preadv``: one system call for the data in each direction.
+
+Publication is atomic: a chunk is written to an anonymous ``O_TMPFILE`` inode in its shard
+and linked under its name only once complete (``linkat``; where the file system has no
+``O_TMPFILE``, a uniquely named temporary file and ``renameat``). No reader ever sees a
+partial chunk, and a crash mid-write leaves no debris with ``O_TMPFILE`` (the inode dies
+with its descriptor). Every path operation goes through a shard directory descriptor held
+open for the tier's lifetime (``openat``/``linkat``/``unlinkat``), and the hot path does no
+``stat``: a store is open + pwritev + linkat + close, a load open + preadv + close.
+
+Sharing a root between processes (two servers on one host): files are immutable once
+published, so readers never see torn data; a concurrent store of the same key finds the
+name taken (``EEXIST``) and keeps the other copy; an eviction by one process does not
+disturb a read in progress in another (the reader holds the inode). Capacity is accounted
+*per process*: each tier counts the chunks it wrote, found at ``open()``, or adopted on a
+hit with ``shared=True``, and evicts only those; give each process its share of the disk
+(for example ``capacity_bytes = disk / n``). A full file system (``ENOSPC``) from whatever
+cause evicts least recently used chunks and retries once, so the tier degrades, never
+crashes. See :class:`FsTier` for the parameters.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import errno
+import itertools
+import logging
+import os
+import re
+import stat
+import threading
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import xxhash
+
+from asynctier import BlockingChunkTier, ChunkNotFoundError, IntegrityError, TierConfigError
+from asynctier.integrity import ChunkHeader, checksum, key_token
+from asynctier.lru import LRUIndex, _Entry
+from asynctier.posix_io import O_DIRECT, aligned_buffer, buffer_address, logical_block_size
+from asynctier.spec import FORMAT_VERSION
+
+__all__ = ["FsTier", "HEADER_BLOCK", "N_SHARDS"]
+
+log = logging.getLogger(__name__)
+
+#: Bytes reserved in front of the payload for the header; the payload starts block-aligned.
+HEADER_BLOCK = 4096
+#: Shard directories per namespace (part of the on-disk format).
+N_SHARDS = 256
+
+_O_TMPFILE: int = getattr(os, "O_TMPFILE", 0)
+_O_DIRECTORY: int = getattr(os, "O_DIRECTORY", 0)
+_TMP_PREFIX = ".tmp~"
+_NOSPACE = (errno.ENOSPC, errno.EDQUOT)
+_HASHED_TOKEN = re.compile(r"h[0-9a-f]{64}")
+_SAFE_HOST = re.compile(r"[^A-Za-z0-9.-]")
+_instance_seq = itertools.count()
+
+
+def _shard_of(key: bytes) -> int:
+    return xxhash.xxh3_64_intdigest(key) & (N_SHARDS - 1)
+
+
+def _token_key(name: str) -> bytes | None:
+    """The key a base32 file name stands for; None for hashed tokens and foreign names."""
+    if not name or len(name) > 160 or _HASHED_TOKEN.fullmatch(name):
+        return None
+    try:
+        key = base64.b32decode(name.upper() + "=" * (-len(name) % 8))
+    except (binascii.Error, ValueError):
+        return None
+    return key if key and key_token(key) == name else None
+
+
+def _all_io(fn: Callable[[int, list[memoryview], int], int], fd: int, bufs: list[memoryview], offset: int) -> int:
+    """``preadv``/``pwritev`` all of ``bufs`` at ``offset``, looping on short transfers.
+
+    Returns the bytes moved; fewer than asked only for reads at end of file.
+    """
+    total = sum(b.nbytes for b in bufs)
+    done = fn(fd, bufs, offset)
+    while done < total:  # rare: rebuild the vector past what was transferred (slices, no copies)
+        rest: list[memoryview] = []
+        skip = done
+        for b in bufs:
+            if skip >= b.nbytes:
+                skip -= b.nbytes
+                continue
+            rest.append(b[skip:])
+            skip = 0
+        n = fn(fd, rest, offset + done)
+        if n <= 0:
+            if fn is os.pwritev:
+                raise OSError(errno.EIO, f"pwritev wrote {n} bytes at offset {offset + done}")
+            break
+        done += n
+    return done
+
+
+class _FsIndex(LRUIndex):
+    """The LRU index plus the operations recovery, sharing and ENOSPC need."""
+
+    def merge_older(self, found: list[tuple[int, bytes, int]], skip: set[bytes]) -> int:
+        """Add chunks found by a scan (``(mtime_ns, key, nbytes)``) as *older* than every entry
+        made meanwhile, oldest first; keys already present or in ``skip`` are left alone."""
+        added = 0
+        with self._lock:
+            for _, key, nbytes in sorted(found, reverse=True):  # newest first, each to the front
+                if key in self._entries or key in skip:
+                    continue
+                self._entries[key] = self._new_entry(nbytes)
+                self._entries.move_to_end(key, last=False)
+                self._used += nbytes
+                self._committed += 1
+                added += 1
+        return added
+
+    def adopt_pinned(self, key: bytes, nbytes: int) -> bool:
+        """Pin ``key``, adding it as a committed entry first if absent (a chunk another
+        process stored, found on disk). False if it is being written here right now."""
+        with self._lock:
+            e = self._entries.get(key)
+            if e is None:
+                e = self._new_entry(nbytes)
+                self._entries[key] = e
+                self._used += nbytes
+                self._committed += 1
+            elif not e.committed:
+                return False
+            e.pins += 1
+            return True
+
+    def pop_lru(self, nbytes: int) -> list[bytes]:
+        """Drop least recently used unpinned entries worth at least ``nbytes`` (capacity or not)."""
+        with self._lock:
+            victims: list[bytes] = []
+            for k, e in list(self._entries.items()):
+                if nbytes <= 0:
+                    break
+                if e.committed and e.pins == 0:
+                    del self._entries[k]
+                    self._used -= e.nbytes
+                    self._committed -= 1
+                    nbytes -= e.nbytes
+                    victims.append(k)
+            return victims
+
+    @staticmethod
+    def _new_entry(nbytes: int) -> _Entry:
+        return _Entry(nbytes, committed=True)
+
+
+class FsTier(BlockingChunkTier):
+    """One checksummed file per chunk under ``root``; atomic, capacity-bounded, restart-safe.
+
+    Args:
+        root: directory to keep chunks in (created if missing). The tier uses the
+            subdirectory named after the layout digest, so several models share a root.
+        direct_io: ``"auto"`` (default): O_DIRECT where the file system supports it and the
+            buffer address and length are block-aligned, buffered I/O otherwise;
+            ``True``: as auto, but ``open()`` fails if the file system refuses O_DIRECT;
+            ``False``: always buffered. Each chunk that wanted O_DIRECT but could not have it
+            (unaligned view) is counted in ``stats().extra["direct_io_fallbacks"]`` and the
+            first is logged.
+        publish: ``"auto"`` (``O_TMPFILE`` + ``linkat`` where available), ``"tmpfile"`` or
+            ``"rename"`` (temporary name + ``renameat``; needed on NFS).
+        shared: another process may store into the same root: on an index miss, ``lookup`` and
+            ``load`` look on disk and adopt what they find.
+        background_scan: ``"auto"`` (scan in the background when the namespace looks larger
+            than ``scan_sync_limit`` files), ``True`` or ``False``. While a scan runs, index
+            misses are checked on disk, so no answer is wrong meanwhile.
+        scan_sync_limit: estimated file count above which ``"auto"`` scans in the background.
+        lru_times: stamp each loaded file's times so a restart restores LRU order (one
+            ``futimens`` on the descriptor already open); touches are stamped at close.
+        stale_tmp_s: age after which another host's (or a live process's) temporary file is
+            removed at ``open()``; those of dead local processes go at once.
+        **kwargs: the common knobs (``max_inflight``, ``capacity_bytes``, ``durability`` in
+            ``"none"``/``"fsync"``, ``verify``, ...), see :class:`asynctier.ChunkTier`.
+    """
+
+    default_type = "fs"
+    supported_durability = ("none", "fsync")
+    uses_index = True
+
+    def __init__(
+        self,
+        *,
+        root: str | os.PathLike[str],
+        direct_io: bool | Literal["auto"] = "auto",
+        publish: Literal["auto", "tmpfile", "rename"] = "auto",
+        shared: bool = False,
+        background_scan: bool | Literal["auto"] = "auto",
+        scan_sync_limit: int = 50_000,
+        lru_times: bool = True,
+        stale_tmp_s: float = 3600.0,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        if not isinstance(root, (str, os.PathLike)) or not str(root):
+            raise TierConfigError(f"root must be a directory path; got {root!r}")
+        if direct_io not in ("auto", True, False):
+            raise TierConfigError(f"direct_io must be 'auto', True or False; got {direct_io!r}")
+        if publish not in ("auto", "tmpfile", "rename"):
+            raise TierConfigError(f"publish must be 'auto', 'tmpfile' or 'rename'; got {publish!r}")
+        if background_scan not in ("auto", True, False):
+            raise TierConfigError(f"background_scan must be 'auto', True or False; got {background_scan!r}")
+        for name, flag in (("shared", shared), ("lru_times", lru_times)):
+            if not isinstance(flag, bool):
+                raise TierConfigError(f"{name} must be True or False; got {flag!r}")
+        if isinstance(scan_sync_limit, bool) or not isinstance(scan_sync_limit, int) or scan_sync_limit < 0:
+            raise TierConfigError(f"scan_sync_limit must be an int >= 0; got {scan_sync_limit!r}")
+        if isinstance(stale_tmp_s, bool) or not isinstance(stale_tmp_s, (int, float)) or stale_tmp_s < 0:
+            raise TierConfigError(f"stale_tmp_s must be a number >= 0; got {stale_tmp_s!r}")
+        self.root = Path(root)
+        self.dir = self.root / f"v{FORMAT_VERSION}-{self.offloading_spec.layout_id}"
+        self.direct_io = direct_io
+        self.publish = publish
+        self.shared = shared
+        self.background_scan = background_scan
+        self.scan_sync_limit = scan_sync_limit
+        self.lru_times = lru_times
+        self.stale_tmp_s = float(stale_tmp_s)
+        self.index: _FsIndex = _FsIndex(self.capacity_bytes)
+        # set by open_medium
+        self._shard_fds: list[int] = []
+        self._use_direct = False
+        self._use_tmpfile = False
+        self._block = HEADER_BLOCK
+        self._chunk_size = HEADER_BLOCK + self.offloading_spec.chunk_bytes
+        self._tls = threading.local()
+        self._fallback_logged = False
+        self._host = _SAFE_HOST.sub("_", os.uname().nodename)[:64] or "host"
+        self._tmp_tag = f"{_TMP_PREFIX}{self._host}~{os.getpid()}~{next(_instance_seq)}~"
+        self._tmp_seq = itertools.count()
+        self._scanning = False
+        self._scan_thread: threading.Thread | None = None
+        self._scan_stop = threading.Event()
+        self._scan_lock = threading.Lock()
+        self._gone_during_scan: set[bytes] = set()
+        self._touched: set[bytes] = set()
+
+    # -- capacity ---------------------------------------------------------------------------
+    def stored_size(self) -> int:
+        """Header block plus payload, rounded up to the file system block."""
+        return self._chunk_size
+
+    # -- names -------------------------------------------------------------------------------
+    def _name(self, key: bytes) -> tuple[int, str]:
+        return self._shard_fds[_shard_of(key)], key_token(key)
+
+    def _header_buf(self) -> memoryview:
+        """This thread's block-aligned header buffer (O_DIRECT needs aligned memory)."""
+        hb: memoryview | None = getattr(self._tls, "hb", None)
+        if hb is None:
+            hb = aligned_buffer(HEADER_BLOCK)
+            self._tls.hb = hb
+            self._tls.hlen = 0
+        return hb
+
+    def _direct_for(self, view: memoryview) -> bool:
+        """O_DIRECT for this transfer? Counts (and logs once) the fallbacks."""
+        if not self._use_direct:
+            return False
+        blk = self._block
+        if view.nbytes % blk == 0 and buffer_address(view) % blk == 0:
+            return True
+        self._stats.incr("direct_io_fallbacks")
+        if not self._fallback_logged:
+            self._fallback_logged = True
+            log.warning(
+                "fs tier %s: buffer not aligned to the %d-byte block (address or length); using buffered "
+                "I/O for such chunks (counted in stats().extra['direct_io_fallbacks'])",
+                self.dir,
+                blk,
+            )
+        return False
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    def open_medium(self) -> None:
+        """Create/open the namespace, probe O_DIRECT and O_TMPFILE, rebuild the index."""
+        fds: list[int] = []
+        try:
+            if not self.dir.is_dir():
+                self.dir.mkdir(parents=True, exist_ok=True)
+            self._write_layout_note()
+            dfd = os.open(self.dir, os.O_RDONLY | _O_DIRECTORY)
+            try:
+                for i in range(N_SHARDS):
+                    name = f"{i:02x}"
+                    try:
+                        fds.append(os.open(name, os.O_RDONLY | _O_DIRECTORY, dir_fd=dfd))
+                    except FileNotFoundError:
+                        os.mkdir(name, dir_fd=dfd)
+                        fds.append(os.open(name, os.O_RDONLY | _O_DIRECTORY, dir_fd=dfd))
+            finally:
+                os.close(dfd)
+        except BaseException:
+            for fd in fds:
+                os.close(fd)
+            raise
+        self._shard_fds = fds
+        try:
+            self._block = max(512, logical_block_size(self.dir))
+            self._probe()
+            self._start_scan()
+        except BaseException:
+            self._close_fds()
+            raise
+
+    def _write_layout_note(self) -> None:
+        spec = self.offloading_spec
+        note = self.dir / "LAYOUT"
+        if note.exists():
+            return
+        text = (
+            f"asynctier fs tier, format v{FORMAT_VERSION}\nnamespace: {spec.namespace}\n"
+            f"chunk_bytes: {spec.chunk_bytes}\nheader_block: {HEADER_BLOCK}\nshards: {N_SHARDS}\n"
+        )
+        tmp = self.dir / f"{self._tmp_tag}layout"
+        try:
+            tmp.write_text(text)
+            os.replace(tmp, note)
+        except OSError as e:  # a read-only root still serves loads
+            log.debug("fs tier: cannot write %s: %r", note, e)
+            try:
+                tmp.unlink(missing_ok=True)
+            except OSError:
+                pass
+
+    def _probe(self) -> None:
+        """Which of O_TMPFILE+linkat and O_DIRECT to use. Both are re-checked lazily on first
+        use too (a read-only root cannot be probed by writing), see :meth:`_open_new`."""
+        fd0 = self._shard_fds[0]
+        tmpfile_ok = bool(_O_TMPFILE) and os.path.isdir("/proc/self/fd")  # linkat goes through /proc
+        if self.publish == "tmpfile" and not tmpfile_ok:
+            raise TierConfigError("publish='tmpfile' needs O_TMPFILE and /proc/self/fd")
+        self._use_tmpfile = tmpfile_ok and self.publish != "rename"
+        self._use_direct = bool(O_DIRECT) and self.direct_io is not False
+        if self.direct_io is True and not O_DIRECT:
+            raise TierConfigError("direct_io=True but this platform has no O_DIRECT")
+        if not (self._use_tmpfile or self._use_direct):
+            return
+        try:
+            fd, tmp = self._open_new(fd0, os.O_WRONLY | (O_DIRECT if self._use_direct else 0))
+        except OSError as e:
+            if e.errno in (errno.EROFS, errno.EACCES, errno.EPERM, *_NOSPACE):
+                return  # cannot write now; decided on first use
+            raise
+        os.close(fd)
+        if tmp is not None:
+            os.unlink(tmp, dir_fd=fd0)
+        if self.direct_io is True and not self._use_direct:
+            raise TierConfigError(f"direct_io=True but {self.dir} refuses O_DIRECT")
+        if self.publish == "tmpfile" and not self._use_tmpfile:
+            raise TierConfigError(f"publish='tmpfile' but {self.dir} does not support O_TMPFILE")
+
+    def _open_new(self, dfd: int, flags: int) -> tuple[int, str | None]:
+        """A new file to fill: (fd, None) for an unnamed O_TMPFILE inode, else (fd, temp name).
+
+        Turns O_TMPFILE or O_DIRECT off for good when the file system refuses them.
+        """
+        while True:
+            try:
+                if self._use_tmpfile:
+                    return os.open(".", _O_TMPFILE | flags, 0o644, dir_fd=dfd), None
+                tmp = f"{self._tmp_tag}{next(self._tmp_seq)}"
+                return os.open(tmp, os.O_CREAT | os.O_EXCL | flags, 0o644, dir_fd=dfd), tmp
+            except OSError as e:
+                if self._use_tmpfile and e.errno in (errno.EOPNOTSUPP, errno.EISDIR):
+                    log.info("fs tier %s: no O_TMPFILE here; publishing by rename", self.dir)
+                    self._use_tmpfile = False
+                elif flags & O_DIRECT and e.errno == errno.EINVAL:
+                    self._direct_refused()
+                    flags &= ~O_DIRECT
+                else:
+                    raise
+
+    def _direct_refused(self) -> None:
+        if self._use_direct:
+            self._use_direct = False
+            log.warning("fs tier %s: the file system refuses O_DIRECT; using buffered I/O", self.dir)
+
+    def close_medium(self) -> None:
+        """Stop a background scan, stamp touched files' times, release the shard descriptors."""
+        self._scan_stop.set()
+        t = self._scan_thread
+        if t is not None:
+            t.join()
+        if self.lru_times and self._touched:
+            touched, self._touched = self._touched, set()
+            for key in touched:
+                fd, name = self._name(key)
+                try:
+                    os.utime(name, dir_fd=fd)
+                except OSError:
+                    pass  # best effort: gone, or a read-only root
+        self._close_fds()
+
+    def _close_fds(self) -> None:
+        fds, self._shard_fds = self._shard_fds, []
+        for fd in fds:
+            os.close(fd)
+
+    # -- recovery ----------------------------------------------------------------------------
+    def _start_scan(self) -> None:
+        background = self.background_scan
+        if background == "auto":
+            try:
+                in_first = sum(1 for _ in os.scandir(self._shard_fds[0]))
+            except OSError:
+                in_first = 0
+            background = in_first * N_SHARDS > self.scan_sync_limit
+        self._scan_stop.clear()
+        if not background:
+            self._scan()
+            return
+        self._scanning = True
+        self._scan_thread = threading.Thread(target=self._scan_bg, name="asynctier-fs-scan", daemon=True)
+        self._scan_thread.start()
+
+    def _scan_bg(self) -> None:
+        try:
+            self._scan()
+        except Exception:
+            log.exception("fs tier %s: background index rebuild failed; index misses keep checking disk", self.dir)
+            self.shared = True  # never answer from an incomplete index as if it were complete
+
+    def _scan(self) -> None:
+        """Rebuild the index from the shards: oldest first, stale temporaries and bad files removed."""
+        found: list[tuple[int, bytes, int]] = []
+        now = time.time()
+        counts = dict.fromkeys(("scan_files", "scan_removed_tmp", "scan_removed_bad", "scan_foreign"), 0)
+        expect = self.stored_size()
+        for shard, fd in enumerate(self._shard_fds):
+            if self._scan_stop.is_set():
+                return
+            with os.scandir(fd) as it:
+                entries = list(it)
+            for ent in entries:
+                name = ent.name
+                try:
+                    st = ent.stat(follow_symlinks=False)
+                except FileNotFoundError:
+                    continue
+                if name.startswith(_TMP_PREFIX):
+                    if self._stale_tmp(name, st.st_mtime, now):
+                        self._unlink_quiet(name, fd, counts, "scan_removed_tmp")
+                    continue
+                key = _token_key(name)
+                if key is None and _HASHED_TOKEN.fullmatch(name):
+                    key = self._key_from_header(name, fd)
+                if key is None or _shard_of(key) != shard or not stat.S_ISREG(st.st_mode):
+                    counts["scan_foreign"] += 1
+                    continue
+                if st.st_size != expect:  # truncated or foreign: never serve it
+                    self._unlink_quiet(name, fd, counts, "scan_removed_bad")
+                    continue
+                found.append((st.st_mtime_ns, key, expect))
+                counts["scan_files"] += 1
+        with self._scan_lock:
+            self.index.merge_older(found, self._gone_during_scan)
+            self._gone_during_scan.clear()
+            self._scanning = False
+        for name, n in counts.items():
+            if n:
+                self._stats.incr(name, n)
+        for victim in self.index.evict_over_capacity():  # a smaller capacity than last time
+            self._evict(victim)
+
+    def _stale_tmp(self, name: str, mtime: float, now: float) -> bool:
+        parts = name[len(_TMP_PREFIX) :].split("~")
+        if now - mtime > self.stale_tmp_s:
+            return True
+        if len(parts) >= 2 and parts[0] == self._host and parts[1].isdigit():
+            pid = int(parts[1])
+            if pid == os.getpid():
+                return False  # another tier of this process may be writing it
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                return True
+            except PermissionError:
+                return False
+        return False
+
+    def _key_from_header(self, name: str, fd: int) -> bytes | None:
+        try:
+            dfd = os.open(name, os.O_RDONLY, dir_fd=fd)
+            try:
+                head = os.pread(dfd, HEADER_BLOCK, 0)
+            finally:
+                os.close(dfd)
+            key = ChunkHeader.unpack(head).key
+        except (OSError, IntegrityError):
+            return None
+        return key if key_token(key) == name else None
+
+    def _unlink_quiet(self, name: str, fd: int, counts: dict[str, int], what: str) -> None:
+        try:
+            os.unlink(name, dir_fd=fd)
+            counts[what] += 1
+        except OSError as e:
+            log.debug("fs tier: cannot remove %s: %r", name, e)
+
+    def _note_gone(self, key: bytes) -> None:
+        if self._scanning:
+            with self._scan_lock:
+                if self._scanning:
+                    self._gone_during_scan.add(key)
+
+    # -- disk fallback while the index is incomplete ---------------------------------------
+    def _on_disk(self, key: bytes) -> bool:
+        fd, name = self._name(key)
+        try:
+            os.stat(name, dir_fd=fd)
+        except OSError:
+            return False
+        return True
+
+    def _begin_load(self, key: bytes) -> None:
+        if self.index.pin(key):
+            return
+        if (self._scanning or self.shared) and self._on_disk(key) and self.index.adopt_pinned(key, self._chunk_size):
+            return
+        raise ChunkNotFoundError(f"no chunk stored under key {key.hex()[:32]}", key)
+
+    async def lookup(self, keys: Sequence[bytes]) -> list[bool]:
+        """Whether each key is stored: from the index; index misses are checked on disk while
+        a background scan runs or with ``shared=True``."""
+        hits = await super().lookup(keys)
+        if not (self._scanning or self.shared) or all(hits):
+            return hits
+        misses = [k for k, h in zip(keys, hits) if not h]
+        on_disk = await asyncio.to_thread(lambda: [self._on_disk(k) for k in misses])
+        found = iter(on_disk)
+        return [h or next(found) for h in hits]
+
+    async def touch(self, keys: Sequence[bytes]) -> None:
+        """Mark keys most recently used; their file times are stamped at close (``lru_times``)."""
+        await super().touch(keys)
+        if self.lru_times:
+            self._touched.update(keys)
+
+    async def stored_keys(self) -> list[bytes]:
+        """Every key in the index (after waiting for a background scan to finish)."""
+        t = self._scan_thread
+        if t is not None and t.is_alive():
+            await asyncio.to_thread(t.join)
+        return await super().stored_keys()
+
+    # -- the primitives ----------------------------------------------------------------------
+    def write_chunk(self, key: bytes, data: memoryview) -> None:
+        """Header + payload to an unnamed file in one pwritev, then link it in (atomic)."""
+        try:
+            self._write_once(key, data)
+        except OSError as e:
+            if e.errno not in _NOSPACE:
+                raise
+            # the file system is full (ours or others' data): make room from the LRU end, retry once
+            victims = self.index.pop_lru(8 * self._chunk_size)
+            if not victims:
+                raise
+            self._stats.incr("enospc_evictions", len(victims))
+            for v in victims:
+                self._evict(v)
+            self._write_once(key, data)
+
+    def _write_once(self, key: bytes, data: memoryview) -> None:
+        dfd, name = self._name(key)
+        hb = self._header_buf()
+        packed = ChunkHeader(key, data.nbytes, checksum(data), self.offloading_spec.layout_digest).pack()
+        n = len(packed)
+        hb[:n] = packed  # ~100 bytes of header, not chunk data
+        prev: int = self._tls.hlen
+        if prev > n:
+            hb[n:prev] = bytes(prev - n)
+        self._tls.hlen = n
+        flags = os.O_WRONLY | (O_DIRECT if self._direct_for(data) else 0)
+        sync = self.durability == "fsync"
+        fd, tmp = self._open_new(dfd, flags)
+        try:
+            try:
+                _all_io(os.pwritev, fd, [hb, data], 0)
+                if sync:
+                    os.fdatasync(fd)
+                if tmp is None:
+                    try:
+                        os.link(f"/proc/self/fd/{fd}", name, dst_dir_fd=dfd, follow_symlinks=True)
+                    except FileExistsError:
+                        self._stats.incr("publish_exists")  # another writer published this key first
+            finally:
+                os.close(fd)
+            if tmp is not None:
+                os.rename(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
+        except BaseException:
+            if tmp is not None:  # an O_TMPFILE inode vanishes with its descriptor; a named one must go
+                try:
+                    os.unlink(tmp, dir_fd=dfd)
+                except OSError:
+                    pass
+            raise
+        if sync:
+            os.fsync(dfd)  # the new name is durable too
+
+    def read_chunk(self, key: bytes, out: memoryview) -> None:
+        """Header + payload in one preadv, the payload straight into ``out``; then verify."""
+        dfd, name = self._name(key)
+        hb = self._header_buf()
+        flags = os.O_RDONLY | (O_DIRECT if self._direct_for(out) else 0)
+        try:
+            try:
+                fd = os.open(name, flags, dir_fd=dfd)
+            except OSError as e:
+                if not (flags & O_DIRECT and e.errno == errno.EINVAL):
+                    raise
+                self._direct_refused()
+                fd = os.open(name, os.O_RDONLY, dir_fd=dfd)
+        except FileNotFoundError:
+            raise ChunkNotFoundError(f"no chunk stored under key {key.hex()[:32]}", key) from None
+        try:
+            got = _all_io(os.preadv, fd, [hb, out], 0)
+            if self.lru_times:
+                try:
+                    os.utime(fd)  # last use, for LRU order after a restart
+                except OSError:
+                    pass
+        finally:
+            os.close(fd)
+        header = ChunkHeader.unpack(hb[: min(got, HEADER_BLOCK)], key=key)
+        if got < HEADER_BLOCK + out.nbytes:
+            raise IntegrityError(f"truncated chunk file: {got} bytes, expected {HEADER_BLOCK + out.nbytes}", key)
+        header.verify(
+            out, layout_digest=self.offloading_spec.layout_digest, payload_len=out.nbytes, check_data=self.verify
+        )
+
+    def chunk_exists(self, key: bytes) -> bool:
+        """Whether the chunk's file exists."""
+        return self._on_disk(key)
+
+    def delete_chunk(self, key: bytes) -> bool:
+        """Unlink the chunk's file (a reader holding it open still reads it whole)."""
+        self._note_gone(key)
+        fd, name = self._name(key)
+        try:
+            os.unlink(name, dir_fd=fd)
+        except FileNotFoundError:
+            return False
+        return True
+
+    def list_chunks(self) -> list[bytes]:
+        """Every key stored in the namespace on disk (for fsck)."""
+        keys: list[bytes] = []
+        for shard, fd in enumerate(self._shard_fds):
+            for ent in os.scandir(fd):
+                key = _token_key(ent.name)
+                if key is None and _HASHED_TOKEN.fullmatch(ent.name):
+                    key = self._key_from_header(ent.name, fd)
+                if key is not None and _shard_of(key) == shard:
+                    keys.append(key)
+        return keys
