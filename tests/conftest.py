@@ -20,12 +20,6 @@ def pytest_asyncio_loop_factories(config: Any, item: Any) -> Mapping[str, Callab
     return loop_factories()
 
 
-@pytest.fixture
-def examples_on_path(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Make the example out-of-tree tiers importable by ``module_path``."""
-    monkeypatch.syspath_prepend(str(EXAMPLES))
-
-
 @pytest.fixture(autouse=True, scope="session")
 def _examples_importable() -> None:
     # conformance classes build tiers by module_path from the examples directory

@@ -1,0 +1,92 @@
+"""Chunk headers, key tokens, and torch buffers seen as memoryviews."""
+
+from __future__ import annotations
+
+import pytest
+
+from asynctier import IntegrityError, OffloadingSpec, SecondaryTierFactory
+from asynctier.integrity import ChunkHeader, checksum, key_token
+
+DIGEST = OffloadingSpec(4096, 1).layout_digest
+
+
+def header(key: bytes = b"key", payload: bytes = b"x" * 100) -> ChunkHeader:
+    return ChunkHeader(key=key, payload_len=len(payload), checksum=checksum(payload), layout_digest=DIGEST, seq=7)
+
+
+def test_header_round_trip_and_verify() -> None:
+    h = header()
+    packed = h.pack()
+    assert len(packed) == h.size == ChunkHeader.packed_size(3)
+    back = ChunkHeader.unpack(packed + b"trailing payload", key=b"key")
+    assert back == h
+    back.verify(b"x" * 100, layout_digest=DIGEST, payload_len=100)
+
+
+@pytest.mark.parametrize("pos", [0, 5, 9, 20, 40, 53, 60])
+def test_any_flipped_header_byte_is_caught(pos: int) -> None:
+    packed = bytearray(header().pack())
+    packed[pos % len(packed)] ^= 0x01
+    with pytest.raises(IntegrityError):
+        ChunkHeader.unpack(packed, key=b"key")
+
+
+def test_truncated_foreign_and_mismatched_headers() -> None:
+    packed = header().pack()
+    with pytest.raises(IntegrityError, match="truncated"):
+        ChunkHeader.unpack(packed[:10])
+    with pytest.raises(IntegrityError, match="truncated"):
+        ChunkHeader.unpack(packed[:-3])
+    with pytest.raises(IntegrityError, match="another key"):
+        ChunkHeader.unpack(packed, key=b"other")
+    h = header()
+    with pytest.raises(IntegrityError, match="another layout"):
+        h.verify(b"x" * 100, layout_digest=bytes(16), payload_len=100)
+    with pytest.raises(IntegrityError, match="expected 99"):
+        h.verify(b"x" * 100, layout_digest=DIGEST, payload_len=99)
+    with pytest.raises(IntegrityError, match="checksum mismatch"):
+        h.verify(b"y" * 100, layout_digest=DIGEST, payload_len=100)
+
+
+def test_key_tokens_are_safe_names_and_distinct() -> None:
+    keys = [b"/", b"..", b"\x00", b"A", b"a", bytes(range(96)), bytes(range(97)), b"\xff" * 1024]
+    tokens = [key_token(k) for k in keys]
+    assert len(set(tokens)) == len(tokens)
+    for t in tokens:
+        assert t and len(t) <= 160 and "/" not in t and t not in (".", "..")
+        assert t == t.lower()  # safe on case-insensitive file systems
+    assert key_token(b"A") != key_token(b"a")
+
+
+def test_torch_buffer_is_shared_not_copied() -> None:
+    torch = pytest.importorskip("torch")
+    from asynctier.torch_interop import allocate_primary, tensor_view
+
+    spec = OffloadingSpec(1024, 4)
+    t, view = allocate_primary(spec, pin_memory=False)
+    assert view.nbytes == spec.total_bytes and not view.readonly
+    view[0:4] = b"\x01\x02\x03\x04"
+    assert t[:4].tolist() == [1, 2, 3, 4]
+    bf = torch.zeros(2, 512, dtype=torch.bfloat16)
+    bv = tensor_view(bf)
+    assert bv.nbytes == 2048
+    bv[0:2] = b"\x80\x3f"  # bf16 1.0, little-endian
+    assert bf[0, 0].item() == 1.0
+    with pytest.raises(TypeError, match="contiguous"):
+        tensor_view(torch.zeros(4, 4).t())
+
+
+async def test_torch_buffer_round_trip_through_a_tier() -> None:
+    pytest.importorskip("torch")
+    from asynctier.torch_interop import allocate_primary
+
+    spec = OffloadingSpec(4096, 8)
+    t, view = allocate_primary(spec)
+    t.random_(0, 256)
+    original = bytes(view)
+    async with SecondaryTierFactory.create_secondary_tier({"type": "memory"}, view, spec) as tier:
+        keys = [b"k%d" % i for i in range(8)]
+        assert (await tier.offload(keys, range(8))).ok
+        t.zero_()
+        assert (await tier.load(keys, list(range(8)))).ok
+    assert bytes(view) == original

@@ -1,0 +1,151 @@
+"""The memory tier: LRU eviction under capacity, verification, and the index behind it."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from asynctier import CapacityError, IntegrityError, OffloadingSpec, SecondaryTierFactory
+from asynctier.lru import LRUIndex
+from tiers.memory import MemoryTier
+
+SPEC = OffloadingSpec(1024, 8)
+
+
+def make(**cfg: object) -> tuple[MemoryTier, bytearray]:
+    buf = bytearray(SPEC.total_bytes)
+    for i in range(SPEC.num_chunks):
+        buf[i * 1024 : (i + 1) * 1024] = bytes([i + 1]) * 1024
+    tier = SecondaryTierFactory.create_secondary_tier({"type": "memory", **cfg}, memoryview(buf), SPEC)
+    assert isinstance(tier, MemoryTier)
+    return tier, buf
+
+
+async def test_lru_eviction_keeps_capacity_and_respects_touch_and_load() -> None:
+    tier, _ = make(capacity_bytes=3 * 1024)
+    async with tier:
+        assert (await tier.offload([b"a", b"b", b"c"], [0, 1, 2])).ok
+        await tier.touch([b"a"])
+        assert (await tier.load([b"b"], [7])).ok  # b is now most recent
+        assert (await tier.offload([b"d"], [3])).ok  # evicts c (least recent)
+        assert await tier.lookup([b"a", b"b", b"c", b"d"]) == [True, True, False, True]
+        s = tier.stats()
+        assert s.evictions == 1 and s.used_bytes == 3 * 1024 and s.stored_chunks == 3
+        assert s.capacity_bytes == 3 * 1024
+        res = await tier.load([b"c"], [6])
+        assert list(res.failed) == [b"c"]
+
+
+async def test_chunk_larger_than_capacity_fails_with_capacity_error() -> None:
+    tier, _ = make(capacity_bytes=512)
+    async with tier:
+        res = await tier.offload([b"a"], [0])
+        assert isinstance(res.failed[b"a"], CapacityError)
+        assert tier.stats().failures["capacity"] == 1
+
+
+async def test_corrupted_chunk_fails_verification_and_is_removed() -> None:
+    tier, _ = make()
+    async with tier:
+        assert (await tier.offload([b"a", b"b"], [0, 1])).ok
+        stored, _ = tier._chunks[b"a"]
+        stored[100] ^= 0xFF  # flip bits in the stored copy, as bad memory or a bug would
+        res = await tier.load([b"a", b"b"], [5, 6])
+        assert res.succeeded == [b"b"] and isinstance(res.failed[b"a"], IntegrityError)
+        assert await tier.lookup([b"a"]) == [False]
+        assert b"a" not in tier._chunks
+        assert tier.stats().failures["checksum"] == 1
+
+
+async def test_verify_chunks_reports_without_removing_unless_asked() -> None:
+    tier, buf = make()
+    async with tier:
+        assert (await tier.offload([b"a", b"b"], [0, 1])).ok
+        tier._chunks[b"b"][0][0] ^= 1
+        before = bytes(buf)
+        res = await tier.verify_chunks(await tier.stored_keys())
+        assert res.succeeded == [b"a"] and isinstance(res.failed[b"b"], IntegrityError)
+        assert bytes(buf) == before, "verify touched the primary buffer"
+        assert await tier.lookup([b"b"]) == [True]
+        res = await tier.verify_chunks([b"b"], remove_bad=True)
+        assert await tier.lookup([b"b"]) == [False]
+
+
+def test_pinned_entries_are_never_evicted() -> None:
+    idx = LRUIndex(capacity_bytes=2)
+    for k in (b"a", b"b"):
+        assert idx.reserve(k, 1) == []
+        idx.commit(k)
+    assert idx.pin(b"a")
+    assert idx.reserve(b"c", 1) == [b"b"]  # a is least recent but pinned
+    idx.commit(b"c")
+    assert idx.pin(b"c")
+    with pytest.raises(CapacityError):
+        idx.reserve(b"d", 1)  # everything evictable is in use
+    idx.unpin(b"a")
+    assert idx.reserve(b"d", 1) == [b"a"]
+
+
+def test_reserved_entries_are_invisible_until_commit() -> None:
+    idx = LRUIndex(capacity_bytes=10)
+    assert idx.reserve(b"a", 4) == []
+    assert b"a" not in idx and idx.used_bytes == 4 and len(idx) == 0
+    assert idx.reserve(b"a", 4) == []  # concurrent writer of the same key
+    idx.abort(b"a")
+    assert idx.used_bytes == 4  # the other writer still holds it
+    idx.commit(b"a")
+    assert b"a" in idx and idx.reserve(b"a", 4) is None  # present: skip
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.tuples(st.sampled_from(["put", "touch", "discard", "pin", "unpin"]), st.integers(0, 7)), max_size=60)
+)
+def test_index_matches_a_reference_model(ops: list[tuple[str, int]]) -> None:
+    """The index against a plain-list LRU model: same contents, same order, never over capacity."""
+    cap = 4
+    idx = LRUIndex(capacity_bytes=cap)
+    order: list[int] = []  # least recent first
+    pins: dict[int, int] = {}
+    for op, k in ops:
+        key = bytes([k])
+        if op == "put":
+            if k in order:
+                assert idx.reserve(key, 1) is None
+                order.remove(k)
+                order.append(k)
+                continue
+            evictable = [x for x in order if not pins.get(x)]
+            if len(order) + 1 > cap and not evictable:
+                with pytest.raises(CapacityError):
+                    idx.reserve(key, 1)
+                continue
+            victims = idx.reserve(key, 1)
+            expected = evictable[: max(0, len(order) + 1 - cap)]
+            assert victims == [bytes([x]) for x in expected]
+            for x in expected:
+                order.remove(x)
+            idx.commit(key)
+            order.append(k)
+        elif op == "touch":
+            idx.touch([key])
+            if k in order:
+                order.remove(k)
+                order.append(k)
+        elif op == "discard":
+            assert idx.discard(key) == (k in order)
+            if k in order:
+                order.remove(k)
+                pins.pop(k, None)
+        elif op == "pin":
+            assert idx.pin(key) == (k in order)
+            if k in order:
+                pins[k] = pins.get(k, 0) + 1
+        elif op == "unpin" and pins.get(k):
+            idx.unpin(key)
+            pins[k] -= 1
+            order.remove(k)
+            order.append(k)
+        assert idx.keys() == [bytes([x]) for x in order]
+        assert idx.used_bytes == len(order) <= cap

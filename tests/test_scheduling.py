@@ -1,0 +1,211 @@
+"""Bound, priority, back-pressure, cancellation and deadlines, made deterministic with gates.
+
+The tiers here block inside their primitives until the test opens a gate, so every
+ordering claim is checked exactly, with no timing involved.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import Any
+
+import pytest
+
+from asynctier import (
+    AsyncChunkTier,
+    BackpressureError,
+    BlockingChunkTier,
+    ChunkNotFoundError,
+    ChunkTimeoutError,
+    OffloadingSpec,
+)
+
+SPEC = OffloadingSpec(4096, 16)
+
+
+class GatedTier(BlockingChunkTier):
+    """Stores chunks in a dict; every primitive records itself, then waits for the gate."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.data: dict[bytes, bytes] = {}
+        self.log: list[tuple[str, bytes]] = []
+        self.gate = threading.Event()
+        self.gate.set()
+        self.barrier: threading.Barrier | None = None
+        self.lock = threading.Lock()
+
+    def _enter(self, op: str, key: bytes) -> None:
+        with self.lock:
+            self.log.append((op, key))
+        if self.barrier is not None:
+            self.barrier.wait()
+        assert self.gate.wait(30), "test gate never opened"
+
+    def write_chunk(self, key: bytes, data: memoryview) -> None:
+        self._enter("store", key)
+        self.data[key] = bytes(data)
+
+    def read_chunk(self, key: bytes, out: memoryview) -> None:
+        self._enter("load", key)
+        if key not in self.data:
+            raise ChunkNotFoundError("absent", key)
+        out[:] = self.data[key]
+
+    def chunk_exists(self, key: bytes) -> bool:
+        return key in self.data
+
+    def delete_chunk(self, key: bytes) -> bool:
+        return self.data.pop(key, None) is not None
+
+
+def make(**kw: Any) -> tuple[GatedTier, memoryview]:
+    view = memoryview(bytearray(SPEC.total_bytes))
+    return GatedTier(offloading_spec=SPEC, primary_kv_view=view, **kw), view
+
+
+async def wait_until(pred: Any) -> None:
+    for _ in range(5_000):
+        if pred():
+            return
+        await asyncio.sleep(0.001)
+    raise AssertionError("condition never became true")
+
+
+async def test_one_call_runs_up_to_the_bound_in_parallel() -> None:
+    tier, _ = make(max_inflight=4)
+    tier.barrier = threading.Barrier(4, timeout=20)  # breaks unless 4 chunks run at once
+    async with tier:
+        res = await tier.offload([b"k%d" % i for i in range(8)], list(range(8)))
+        assert res.ok, res.failed
+        s = tier.stats()
+        assert s.peak_in_flight == 4 and s.in_flight == 0
+
+
+async def test_loads_jump_ahead_of_queued_stores() -> None:
+    tier, _ = make(max_inflight=1)
+    async with tier:
+        assert (await tier.offload([b"hot"], [0])).ok
+        tier.log.clear()
+        tier.gate.clear()
+        stores = asyncio.ensure_future(tier.offload([b"s%d" % i for i in range(6)], list(range(6))))
+        await wait_until(lambda: len(tier.log) == 1)  # first store holds the only slot
+        assert tier.stats().queued == 5
+        load = asyncio.ensure_future(tier.load([b"hot"], [9]))
+        await wait_until(lambda: tier.stats().queued == 6)
+        tier.gate.set()
+        assert (await load).ok and (await stores).ok
+        assert [op for op, _ in tier.log] == ["store", "load"] + ["store"] * 5
+
+
+async def test_drop_policy_fails_stores_that_get_no_slot_and_never_drops_loads() -> None:
+    tier, _ = make(max_inflight=1, store_backpressure="drop", backpressure_timeout_s=0.01)
+    async with tier:
+        assert (await tier.offload([b"hot"], [0])).ok
+        tier.gate.clear()
+        call = asyncio.ensure_future(tier.offload([b"a", b"b", b"c"], [1, 2, 3]))
+        await wait_until(lambda: tier.stats().in_flight == 1)  # "a" holds the only slot
+        load = asyncio.ensure_future(tier.load([b"hot"], [4]))
+        await wait_until(lambda: tier.stats().failures["backpressure"] == 2)
+        tier.gate.set()
+        res = await call
+        assert res.succeeded == [b"a"]
+        assert set(res.failed) == {b"b", b"c"}
+        assert all(isinstance(e, BackpressureError) for e in res.failed.values())
+        assert (await load).ok, "a load was dropped"
+        assert await tier.lookup([b"a", b"b", b"c"]) == [True, False, False]
+
+
+async def test_cancel_waits_for_running_io_and_withdraws_queued_io() -> None:
+    tier, _ = make(max_inflight=2)
+    async with tier:
+        keys = [b"k%d" % i for i in range(6)]
+        assert (await tier.offload(keys, list(range(6)))).ok
+        tier.log.clear()
+        tier.gate.clear()
+        task = asyncio.ensure_future(tier.load(keys, list(range(10, 16))))
+        await wait_until(lambda: tier.stats().in_flight == 2)
+        task.cancel()
+        for _ in range(20):
+            await asyncio.sleep(0.001)
+        assert not task.done(), "the caller regained control while two reads were writing into its buffer"
+        assert tier.stats().queued == 0, "queued chunks of the cancelled call were not withdrawn"
+        tier.gate.set()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert tier.stats().in_flight == 0
+        assert len(tier.log) == 2, "a chunk I/O started after the cancellation"
+
+
+async def test_cancel_under_timeout_context_also_waits() -> None:
+    tier, _ = make(max_inflight=1)
+    async with tier:
+        tier.gate.clear()
+        releaser = asyncio.get_running_loop().call_later(0.05, tier.gate.set)
+        with pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(tier.offload([b"x", b"y"], [0, 1]), 0.01)
+        assert tier.gate.is_set(), "wait_for returned before the running store finished"
+        assert tier.stats().in_flight == 0
+        releaser.cancel()
+
+
+class SlowAsyncTier(AsyncChunkTier):
+    """Coroutine primitives that never finish, to exercise ``timeout_s``."""
+
+    async def write_chunk(self, key: bytes, data: memoryview) -> None:
+        await asyncio.Event().wait()
+
+    async def read_chunk(self, key: bytes, out: memoryview) -> None:
+        await asyncio.Event().wait()
+
+    async def chunk_exists(self, key: bytes) -> bool:
+        await asyncio.Event().wait()
+        return False
+
+    async def delete_chunk(self, key: bytes) -> bool:
+        return False
+
+
+async def test_async_tier_deadline_fails_the_chunk_with_timeout() -> None:
+    view = memoryview(bytearray(SPEC.total_bytes))
+    async with SlowAsyncTier(offloading_spec=SPEC, primary_kv_view=view, timeout_s=0.02, max_inflight=2) as tier:
+        res = await tier.offload([b"a", b"b", b"c"], [0, 1, 2])
+        assert set(res.failed) == {b"a", b"b", b"c"}
+        assert all(isinstance(e, ChunkTimeoutError) for e in res.failed.values())
+        assert tier.stats().failures["timeout"] == 3
+        assert await tier.lookup([b"a"]) == [False]  # an unreachable medium answers "not stored"
+
+
+async def test_primitive_exceptions_become_that_chunks_failure() -> None:
+    class Flaky(GatedTier):
+        def write_chunk(self, key: bytes, data: memoryview) -> None:
+            if key == b"bad":
+                raise OSError(28, "No space left on device")
+            super().write_chunk(key, data)
+
+    view = memoryview(bytearray(SPEC.total_bytes))
+    async with Flaky(offloading_spec=SPEC, primary_kv_view=view) as tier:
+        res = await tier.offload([b"ok", b"bad"], [0, 1])
+        assert res.succeeded == [b"ok"]
+        assert isinstance(res.failed[b"bad"], OSError) and res.failed[b"bad"].errno == 28
+        assert tier.stats().failures["io"] == 1
+        with pytest.raises(Exception, match="1 of 2 chunks failed"):
+            res.raise_for_failures()
+
+
+async def test_readonly_view_offloads_but_cannot_load() -> None:
+    view = memoryview(bytes(SPEC.total_bytes))
+    async with GatedTier(offloading_spec=SPEC, primary_kv_view=view) as tier:
+        assert (await tier.offload([b"a"], [0])).ok
+        with pytest.raises(TypeError, match="read-only"):
+            await tier.load([b"a"], [1])
+
+
+async def test_close_stops_worker_threads() -> None:
+    before = {t.name for t in threading.enumerate()}
+    tier, _ = make(max_inflight=3)
+    async with tier:
+        assert sum(t.name.startswith("asynctier-GatedTier-io") for t in threading.enumerate()) == 3
+    after = {t.name for t in threading.enumerate() if t.name.startswith("asynctier")} - before
+    assert not after, f"threads left running: {after}"
