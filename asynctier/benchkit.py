@@ -20,10 +20,15 @@ from typing import Any
 __all__ = [
     "FioResult",
     "drop_page_cache",
+    "drop_tree_cache",
     "fio_available",
+    "fio_version",
+    "files_under",
     "naive_aiofiles",
+    "percentile",
     "run_fio",
     "ratio",
+    "sync_tree",
 ]
 
 
@@ -49,6 +54,17 @@ class FioResult:
 def fio_available() -> bool:
     """Whether the ``fio`` binary is on PATH."""
     return shutil.which("fio") is not None
+
+
+def fio_version() -> str | None:
+    """``fio --version`` (for example ``"fio-3.33"``), or None when fio is missing."""
+    if not fio_available():
+        return None
+    try:
+        out = subprocess.run(["fio", "--version"], check=True, capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None
 
 
 def run_fio(
@@ -129,6 +145,84 @@ def drop_page_cache(paths: Iterable[str | os.PathLike[str]]) -> None:
             os.close(fd)
 
 
+def files_under(directory: str | os.PathLike[str]) -> list[str]:
+    """Every regular file below ``directory`` (recursively); empty when it does not exist."""
+    out: list[str] = []
+    for dirpath, _dirs, names in os.walk(directory):
+        out.extend(os.path.join(dirpath, n) for n in names)
+    return out
+
+
+def _syncfs(path: str | os.PathLike[str]) -> bool:
+    """syncfs(2) on the file system holding ``path``; False where it is not available."""
+    import ctypes
+    import ctypes.util
+
+    global _libc
+    if _libc is None:
+        try:
+            _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        except OSError:
+            _libc = False
+    if _libc is False or not hasattr(_libc, "syncfs"):
+        return False
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        return int(_libc.syncfs(fd)) == 0
+    finally:
+        os.close(fd)
+
+
+_libc: Any = None
+
+
+def sync_tree(directory: str | os.PathLike[str], *, per_file: bool = False) -> int:
+    """Make every file below ``directory`` durable; returns the file count.
+
+    Benchmarks time this after a buffered write phase so that a figure means "bytes on the
+    medium", as fio's ``end_fsync`` does. By default one ``syncfs`` call flushes the file
+    system (one journal commit: on ext4 here an fdatasync of each new file cost ~50-90 ms,
+    which would swamp the figure with per-file journal commits no tier needs); ``per_file``
+    (or a platform without syncfs) fdatasyncs each file and directory instead.
+    """
+    files = files_under(directory)
+    if not per_file and os.path.isdir(directory) and _syncfs(directory):
+        return len(files)
+    for p in files:
+        try:
+            fd = os.open(p, os.O_RDONLY)
+        except OSError:  # vanished (a temporary file renamed away): nothing to sync
+            continue
+        try:
+            os.fdatasync(fd)
+        finally:
+            os.close(fd)
+    for dirpath, _dirs, _names in os.walk(directory):
+        try:
+            fd = os.open(dirpath, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+        except OSError:
+            continue
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    return len(files)
+
+
+def drop_tree_cache(directory: str | os.PathLike[str]) -> int:
+    """:func:`drop_page_cache` for every file below ``directory``; returns the file count."""
+    files = files_under(directory)
+    drop_page_cache(files)
+    return len(files)
+
+
+def percentile(sorted_values: list[float], p: float) -> float:
+    """The ``p`` quantile (0..1) of an already sorted list, nearest rank; 0.0 when empty."""
+    if not sorted_values:
+        return 0.0
+    return sorted_values[min(len(sorted_values) - 1, int(p * len(sorted_values)))]
+
+
 async def naive_aiofiles(
     directory: str | os.PathLike[str],
     view: memoryview,
@@ -137,12 +231,18 @@ async def naive_aiofiles(
     *,
     depth: int,
     mode: str,
+    sync: str = "each",
+    latencies: list[float] | None = None,
 ) -> float:
     """The floor: aiofiles, one file per chunk, ``depth`` at a time; returns bytes/s.
 
-    ``mode="write"`` writes then fsyncs each file (bytes on disk, as the tiers are timed);
-    ``mode="read"`` reads the files back (drop them from the page cache first).
+    ``mode="write"`` writes each file, then with ``sync="each"`` fsyncs it (bytes on disk);
+    with ``sync="none"`` the caller syncs at the end (:func:`sync_tree`), as fio's
+    ``end_fsync`` and ``asynctier bench`` do. ``mode="read"`` reads the files back (drop them
+    from the page cache first). ``latencies``, when given, receives each chunk's time.
     """
+    if sync not in ("each", "none"):
+        raise ValueError(f"sync must be 'each' or 'none'; got {sync!r}")
     import asyncio
 
     import aiofiles
@@ -153,17 +253,21 @@ async def naive_aiofiles(
 
     async def one(i: int) -> None:
         async with sem:
+            t = time.perf_counter()
             path = directory / f"naive-{i}"
             slot = (i % (view.nbytes // chunk_bytes)) * chunk_bytes
             if mode == "write":
                 async with aiofiles.open(path, "wb") as f:
                     await f.write(bytes(view[slot : slot + chunk_bytes]))  # what naive code does
                     await f.flush()
-                    await asyncio.to_thread(os.fsync, f.fileno())
+                    if sync == "each":
+                        await asyncio.to_thread(os.fsync, f.fileno())
             else:
                 async with aiofiles.open(path, "rb") as f:
                     data = await f.read()
                 view[slot : slot + len(data)] = data
+            if latencies is not None:
+                latencies.append(time.perf_counter() - t)
 
     t0 = time.perf_counter()
     await asyncio.gather(*(one(i) for i in range(n)))

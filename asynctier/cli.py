@@ -8,6 +8,8 @@ import json
 import os
 import sys
 import time
+from dataclasses import asdict
+from pathlib import Path
 from typing import Any
 
 import click
@@ -122,6 +124,326 @@ def selfcheck(tier_type: str, chunk_bytes: int, num_chunks: int) -> None:
         f"offload {report['offload_GBps']:.2f} GB/s, load {report['load_GBps']:.2f} GB/s, "
         f"peak in flight {report['peak_in_flight']}, failures {report['failed']}"
     )
+
+
+def _csv(kind: str, parse: Any) -> Any:
+    """A click callback parsing a comma-separated list (sizes or ints)."""
+
+    def cb(ctx: click.Context, param: click.Parameter, value: str | None) -> list[Any] | None:
+        if value is None:
+            return None
+        try:
+            out = [parse(v) for v in value.split(",") if v.strip()]
+        except ValueError as e:
+            raise click.BadParameter(str(e)) from None
+        if not out or any(v <= 0 for v in out):
+            raise click.BadParameter(f"expected a comma-separated list of positive {kind}")
+        return out
+
+    return cb
+
+
+def _size(ctx: click.Context, param: click.Parameter, value: str | None) -> int | None:
+    if value is None:
+        return None
+    from .bench import parse_size
+
+    try:
+        return parse_size(value)
+    except ValueError as e:
+        raise click.BadParameter(str(e)) from None
+
+
+def _parse_size(v: str) -> int:
+    from .bench import parse_size
+
+    return parse_size(v)
+
+
+def _command_line(ctx: click.Context) -> str:
+    """The command as typed, rebuilt from the options given explicitly (for the report)."""
+    parts = ["asynctier", ctx.info_name or "bench"]
+    for param in ctx.command.params:
+        if not isinstance(param, click.Option) or param.name is None:
+            continue
+        if ctx.get_parameter_source(param.name) != click.core.ParameterSource.COMMANDLINE:
+            continue
+        raw = ctx.params[param.name]
+        flag = param.opts[0]
+        if param.is_flag:
+            parts.append(flag if raw else (param.secondary_opts or [flag])[0])
+        elif param.multiple:
+            parts += [f"{flag} {v}" for v in raw]
+        else:
+            original = raw
+            if param.name in ("chunk_sizes",):
+                from .bench import format_size
+
+                original = ",".join(format_size(v).replace(" ", "").replace("iB", "") for v in raw)
+            elif param.name == "depths":
+                original = ",".join(map(str, raw))
+            elif param.name == "data_size":
+                from .bench import format_size
+
+                original = format_size(raw).replace(" ", "").replace("iB", "")
+            parts.append(f"{flag} {original}")
+    return " ".join(parts)
+
+
+@main.command()
+@click.option(
+    "--tier",
+    "tier_names",
+    multiple=True,
+    metavar="NAME",
+    help="Tier to run (repeatable): a [tiers.NAME] of --config, or a tier type "
+    "(fs, nvme, obj, memory, an entry point). Default: every tier of --config, else fs, nvme and obj.",
+)
+@click.option(
+    "--root",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="Directory for the tiers' files, fio and the naive loop. Default: a temporary directory.",
+)
+@click.option(
+    "--config",
+    "config_path",
+    type=click.Path(exists=True, dir_okay=False),
+    default=None,
+    help="TOML tier file: [tiers.NAME] tables ('{dir}' = a fresh directory per point), optional [bench].",
+)
+@click.option(
+    "--chunk-sizes",
+    callback=_csv("sizes", _parse_size),
+    default=None,
+    metavar="LIST",
+    help="Chunk sizes to sweep.  [default: 256K,2M,16M]",
+)
+@click.option(
+    "--depths",
+    callback=_csv("ints", int),
+    default=None,
+    metavar="LIST",
+    help="Depths (chunk I/Os in flight) to sweep.  [default: 1,4,16]",
+)
+@click.option(
+    "--data-size",
+    callback=_size,
+    default=None,
+    metavar="SIZE",
+    help="Bytes moved per tier, chunk size and depth (at least 2 chunks per unit of depth).  [default: 128M]",
+)
+@click.option("--fio/--no-fio", "use_fio", default=True, help="Measure fio (when installed) in the same run.")
+@click.option(
+    "--fio-engines",
+    default="io_uring,psync",
+    show_default=True,
+    help="fio engines to try; each ratio is to the best of them.",
+)
+@click.option("--naive/--no-naive", default=True, help="Measure the naive aiofiles loop in the same run.")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None, help="Write every figure as JSON.")
+@click.option(
+    "--plot",
+    "plot_path",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Write a PNG plot (needs matplotlib: the 'bench' extra).",
+)
+@click.option(
+    "--markdown",
+    "md_path",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Write the results as markdown (command line, machine, tables).",
+)
+@click.option("-q", "--quiet", is_flag=True, help="No live progress.")
+def bench(
+    tier_names: tuple[str, ...],
+    root: str | None,
+    config_path: str | None,
+    chunk_sizes: list[int] | None,
+    depths: list[int] | None,
+    data_size: int | None,
+    use_fio: bool,
+    fio_engines: str,
+    naive: bool,
+    json_path: str | None,
+    plot_path: str | None,
+    md_path: str | None,
+    quiet: bool,
+) -> None:
+    """Offload, look up, load back and verify chunks through each tier; compare with fio and a naive loop.
+
+    With no arguments: an fs tier and an nvme slab in a temporary directory and an obj tier
+    on file://, 256K/2M/16M chunks at depths 1, 4 and 16. Exits non-zero when a chunk failed
+    or came back different, or when no tier could run.
+    """
+    from . import bench as B
+
+    ctx = click.get_current_context()
+    try:
+        tfile = B.load_tier_file(config_path) if config_path else None
+        defaults = tfile.bench if tfile else {}
+        unknown = sorted(set(defaults) - {"chunk_sizes", "depths", "data_size"})
+        if unknown:
+            raise click.BadParameter(f"[bench]: unknown keys {unknown}", param_hint="--config")
+        sizes = chunk_sizes or [B.parse_size(v) for v in defaults.get("chunk_sizes", B.DEFAULT_CHUNK_SIZES)]
+        deps = depths or [int(v) for v in defaults.get("depths", B.DEFAULT_DEPTHS)]
+        data = data_size or B.parse_size(defaults.get("data_size", B.DEFAULT_DATA_BYTES))
+    except ValueError as e:
+        raise click.UsageError(str(e)) from None
+    available = dict(tfile.tiers) if tfile else dict(B.DEFAULT_TIERS)
+    if tier_names:
+        tiers = {}
+        for n in tier_names:
+            if n in available:
+                tiers[n] = available[n]
+            else:  # a tier type: its embedded default config
+                tiers[n] = dict(B._TYPE_DEFAULTS.get(n, {"type": n}))
+    else:
+        tiers = available
+    opts = B.BenchOptions(
+        tiers=tiers,
+        chunk_sizes=sizes,
+        depths=deps,
+        data_bytes=data,
+        root=root,
+        fio=use_fio,
+        fio_engines=[e.strip() for e in fio_engines.split(",") if e.strip()],
+        naive=naive,
+        command=_command_line(ctx),
+    )
+    from rich.console import Console
+
+    console = Console()
+    if not console.is_terminal:  # a file or a pipe: do not squeeze the table into 80 columns
+        console = Console(width=200)
+    report = _run(_bench_with_progress(B, opts, quiet))
+    for r in B.render_tables(report):
+        console.print(r)
+    if json_path:
+        Path(json_path).write_text(json.dumps(report.as_dict(), indent=2) + "\n")
+        click.echo(f"wrote {json_path}")
+    if md_path:
+        Path(md_path).write_text(B.render_markdown(report))
+        click.echo(f"wrote {md_path}")
+    if plot_path:
+        try:
+            B.write_plot(report, plot_path)
+        except ImportError:
+            click.echo("--plot needs matplotlib: pip install 'asynctier[bench]'", err=True)
+            sys.exit(1)
+        click.echo(f"wrote {plot_path}")
+    if not report.points:
+        click.echo("no tier ran (see the skipped tiers above)", err=True)
+        sys.exit(1)
+    if not report.ok:
+        sys.exit(1)
+
+
+async def _bench_with_progress(B: Any, opts: Any, quiet: bool) -> Any:
+    if quiet:
+        return await B.run_bench(opts)
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    columns = (
+        SpinnerColumn(),
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+    )
+    with Progress(*columns, console=Console(stderr=True), transient=True) as progress:
+        task = progress.add_task("starting", total=B.total_steps(opts))
+
+        def step(desc: str, done: bool) -> None:
+            if done:
+                progress.advance(task)
+            else:
+                progress.update(task, description=desc)
+
+        return await B.run_bench(opts, step)
+
+
+@main.command()
+@click.option(
+    "--config",
+    "config_path",
+    type=click.Path(exists=True, dir_okay=False),
+    required=True,
+    help="TOML tier file: [spec] (chunk_bytes, namespace) and the tier(s) to check.",
+)
+@click.option("--tier", "tier_names", multiple=True, metavar="NAME", help="Check only these [tiers.NAME] (repeatable).")
+@click.option("--chunk-bytes", callback=_size, default=None, metavar="SIZE", help="Override [spec] chunk_bytes.")
+@click.option("--namespace", default=None, help="Override [spec] namespace.")
+@click.option("--remove", is_flag=True, help="Delete the chunks that fail verification.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
+def fsck(
+    config_path: str,
+    tier_names: tuple[str, ...],
+    chunk_bytes: int | None,
+    namespace: str | None,
+    remove: bool,
+    as_json: bool,
+) -> None:
+    """Verify every stored chunk of a tier (header, length, layout, checksum); report or remove bad ones.
+
+    Exit status: 0 when every chunk is good (or every bad one was removed), 1 when bad chunks
+    remain or chunks could not be read, 2 for a usage or configuration error.
+    """
+    from . import bench as B
+    from .errors import TierConfigError
+
+    try:
+        tfile = B.load_tier_file(config_path)
+        table = dict(tfile.spec)
+        if chunk_bytes is not None:
+            table["chunk_bytes"] = chunk_bytes
+        if namespace is not None:
+            table["namespace"] = namespace
+        spec = B.spec_from_table(table)
+        missing = [n for n in tier_names if n not in tfile.tiers]
+        if missing:
+            raise TierConfigError(f"no [tiers.{missing[0]}] in {config_path}; it has: {', '.join(tfile.tiers)}")
+        selected = {n: tfile.tiers[n] for n in (tier_names or tfile.tiers)}
+        for n, cfg in selected.items():
+            if B._uses_dir(cfg) or "{capacity}" in json.dumps(cfg):
+                raise TierConfigError(
+                    f"[tiers.{n}] uses bench placeholders ({{dir}}, {{capacity}}): fsck needs real paths"
+                )
+    except (TierConfigError, ValueError) as e:
+        raise click.UsageError(str(e)) from None
+
+    async def check_all() -> list[Any]:
+        out = []
+        for n, cfg in selected.items():
+            out.append(await B.fsck(n, cfg, spec, remove=remove))
+        return out
+
+    try:
+        reports = _run(check_all())
+    except TierConfigError as e:
+        raise click.UsageError(str(e)) from None
+    clean = all(r.clean for r in reports)
+    if as_json:
+        click.echo(json.dumps([{**asdict(r), "clean": r.clean} for r in reports], indent=2))
+    else:
+        for r in reports:
+            state = "clean" if r.clean else "NOT CLEAN"
+            click.echo(
+                f"{r.tier}: {r.checked} chunks checked, {r.ok} good, {len(r.bad)} bad"
+                f"{f', {r.removed} removed' if r.removed else ''}"
+                f"{f', {r.vanished} vanished while checking' if r.vanished else ''}"
+                f"{f', {len(r.errors)} unreadable' if r.errors else ''}: {state}"
+            )
+            for k, why in r.bad.items():
+                click.echo(f"  bad {k}: {why}{' (removed)' if remove else ''}")
+            for k, why in r.errors.items():
+                click.echo(f"  unreadable {k}: {why}")
+        if not clean and any(r.bad and not r.removed for r in reports):
+            click.echo("run again with --remove to delete the bad chunks", err=True)
+    sys.exit(0 if clean else 1)
 
 
 if __name__ == "__main__":  # pragma: no cover
