@@ -1,0 +1,250 @@
+"""Test helpers for the obj tier: a moto S3 server on loopback and a fault-injecting TCP proxy.
+
+Only loopback traffic: the server and the proxy listen on 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import struct
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+
+__all__ = ["FaultProxy", "MotoS3", "create_bucket"]
+
+CREDS = {"AWS_ACCESS_KEY_ID": "testing-akid", "AWS_SECRET_ACCESS_KEY": "testing-secret-do-not-log"}
+
+
+class MotoS3:
+    """moto's S3 in server mode, in this process, on an ephemeral 127.0.0.1 port."""
+
+    def __init__(self) -> None:
+        from moto.server import ThreadedMotoServer
+
+        self._server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+        self._server.start()
+        _host, self.port = self._server.get_host_and_port()
+        self.endpoint = f"http://127.0.0.1:{self.port}"
+
+    def stop(self) -> None:
+        self._server.stop()
+
+
+def create_bucket(endpoint: str, bucket: str) -> None:
+    """Create ``bucket`` with a plain HTTP PUT (moto accepts it unsigned)."""
+    req = urllib.request.Request(f"{endpoint}/{bucket}", method="PUT")
+    with urllib.request.urlopen(req, timeout=10) as resp:
+        assert resp.status == 200, resp.status
+
+
+def _rst_close(sock: socket.socket) -> None:
+    """Close with a TCP reset (SO_LINGER 0): what a killed server's peer sees."""
+    with contextlib.suppress(OSError):
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    with contextlib.suppress(OSError):
+        sock.close()
+
+
+class FaultProxy:
+    """A loopback TCP proxy in front of ``target_port`` whose faults the test switches live.
+
+    * ``delay_s``: sleep this long before forwarding each piece of a response (slow server).
+    * ``kill_after_bytes``: reset a connection once it has carried this many bytes in either
+      direction (server dying mid-transfer).
+    * ``inject_503``: answer the next N HTTP requests with ``503 Slow Down`` instead of
+      forwarding them (then forward again).
+    * :meth:`kill`: reset every connection and stop listening (connection refused);
+      :meth:`revive`: listen again on the same port.
+    """
+
+    def __init__(self, target_port: int) -> None:
+        self.target_port = target_port
+        self.delay_s = 0.0
+        self.kill_after_bytes: int | None = None
+        self.inject_503 = 0
+        self.injected_503 = 0
+        self.bytes_down = 0
+        self._lock = threading.Lock()
+        self._conns: set[socket.socket] = set()
+        self._listener: socket.socket | None = None
+        self.port = 0
+        self._listen()
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    def _listen(self) -> None:
+        ls = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        ls.bind(("127.0.0.1", self.port))
+        ls.listen(128)
+        self.port = ls.getsockname()[1]
+        self._listener = ls
+        threading.Thread(target=self._accept, args=(ls,), daemon=True, name="fault-proxy-accept").start()
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def drop_connections(self) -> None:
+        """Reset every open connection (the client reconnects, seeing the new fault settings)."""
+        with self._lock:
+            conns, self._conns = self._conns, set()
+        for c in conns:
+            _rst_close(c)
+
+    def kill(self) -> None:
+        """The server dies: connections reset, new ones refused."""
+        ls, self._listener = self._listener, None
+        if ls is not None:
+            with contextlib.suppress(OSError):
+                ls.shutdown(socket.SHUT_RDWR)
+            ls.close()
+        self.drop_connections()
+
+    def revive(self) -> None:
+        """The server is back, on the same port, with no faults."""
+        self.delay_s = 0.0
+        self.kill_after_bytes = None
+        self.inject_503 = 0
+        if self._listener is None:
+            for _ in range(100):  # the port may linger briefly after close
+                try:
+                    self._listen()
+                    return
+                except OSError:
+                    time.sleep(0.05)
+            raise RuntimeError(f"could not listen on 127.0.0.1:{self.port} again")
+
+    def close(self) -> None:
+        self.kill()
+
+    # -- plumbing ----------------------------------------------------------------------------
+    def _track(self, *socks: socket.socket) -> None:
+        with self._lock:
+            self._conns.update(socks)
+
+    def _accept(self, ls: socket.socket) -> None:
+        while True:
+            try:
+                client, _ = ls.accept()
+            except OSError:
+                return
+            if self._listener is not ls:
+                _rst_close(client)
+                return
+            self._track(client)
+            threading.Thread(target=self._serve, args=(client,), daemon=True, name="fault-proxy-conn").start()
+
+    def _serve(self, client: socket.socket) -> None:
+        pending = b""
+        try:
+            if self.inject_503 > 0:
+                pending = self._answer_503s(client)
+                if pending is None:
+                    return
+            upstream = socket.create_connection(("127.0.0.1", self.target_port))
+            self._track(upstream)
+            if pending:
+                upstream.sendall(pending)
+            threading.Thread(target=self._pump_up, args=(client, upstream), daemon=True).start()
+            self._pump_down(upstream, client)
+        except OSError:
+            _rst_close(client)
+
+    def _pump_up(self, client: socket.socket, upstream: socket.socket) -> None:
+        carried = 0
+        try:
+            while True:
+                data = client.recv(65536)
+                if not data:
+                    with contextlib.suppress(OSError):
+                        upstream.shutdown(socket.SHUT_WR)
+                    return
+                limit = self.kill_after_bytes
+                if limit is not None and carried + len(data) > limit:
+                    _rst_close(client)
+                    _rst_close(upstream)
+                    return
+                upstream.sendall(data)
+                carried += len(data)
+        except OSError:
+            _rst_close(upstream)
+            _rst_close(client)
+
+    def _pump_down(self, upstream: socket.socket, client: socket.socket) -> None:
+        carried = 0
+        try:
+            while True:
+                data = upstream.recv(65536)
+                if not data:
+                    with contextlib.suppress(OSError):
+                        client.shutdown(socket.SHUT_WR)
+                    return
+                if self.delay_s:
+                    time.sleep(self.delay_s)
+                limit = self.kill_after_bytes
+                if limit is not None and carried + len(data) > limit:
+                    client.sendall(data[: max(0, limit - carried)])
+                    _rst_close(client)
+                    _rst_close(upstream)
+                    return
+                client.sendall(data)
+                carried += len(data)
+                self.bytes_down += len(data)
+        except OSError:
+            _rst_close(upstream)
+            _rst_close(client)
+
+    def _answer_503s(self, client: socket.socket) -> bytes | None:
+        """Serve whole HTTP requests with 503 while ``inject_503`` lasts; return the unread rest."""
+        buf = b""
+        while True:
+            while b"\r\n\r\n" not in buf:
+                data = client.recv(65536)
+                if not data:
+                    client.close()
+                    return None
+                buf += data
+            head, _, rest = buf.partition(b"\r\n\r\n")
+            length = 0
+            for line in head.split(b"\r\n")[1:]:
+                name, _, value = line.partition(b":")
+                if name.strip().lower() == b"content-length":
+                    length = int(value.strip())
+            if self.inject_503 <= 0:
+                return buf  # forward this request and all later ones
+            while len(rest) < length:
+                data = client.recv(65536)
+                if not data:
+                    client.close()
+                    return None
+                rest += data
+            buf = rest[length:]
+            with self._lock:
+                self.inject_503 -= 1
+                self.injected_503 += 1
+            body = b"<Error><Code>SlowDown</Code><Message>injected by the test proxy</Message></Error>"
+            client.sendall(
+                b"HTTP/1.1 503 Slow Down\r\nContent-Type: application/xml\r\n"
+                + f"Content-Length: {len(body)}\r\n\r\n".encode()
+                + body
+            )
+
+
+@contextlib.contextmanager
+def env(**values: str) -> Iterator[None]:
+    """Set environment variables for the duration of a block."""
+    import os
+
+    old = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
