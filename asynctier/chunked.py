@@ -28,7 +28,7 @@ from typing import Any, ClassVar, Literal, TypeVar
 
 from . import engines
 from .contract import SecondaryTierManager
-from .engines import Engine, Job
+from .engines import CANCELLED, Batch, Engine, Job
 from .errors import (
     BackpressureError,
     ChunkNotFoundError,
@@ -348,7 +348,8 @@ class ChunkTier(SecondaryTierManager):
         loop = asyncio.get_running_loop()
         t0 = time.perf_counter()
         fn = self._job_fn(op)
-        jobs = [Job(priority, fn, (k, c, t0), loop) for k, c in zip(keys, ids)]
+        batch = Batch(loop, len(keys))
+        jobs = [Job(priority, fn, (k, c, t0), batch) for k, c in zip(keys, ids)]
         engine = self._engine
         assert engine is not None and self._idle is not None
         self._active += 1
@@ -358,7 +359,7 @@ class ChunkTier(SecondaryTierManager):
             engine.submit(jobs)
             if op == "offload" and self.store_backpressure == "drop":
                 timer = loop.call_later(self.backpressure_timeout_s or 0.0, self._drop_waiting, jobs)
-            await self._wait_all(engine, jobs)
+            await self._wait_all(engine, batch, jobs)
         finally:
             if timer is not None:
                 timer.cancel()
@@ -368,53 +369,45 @@ class ChunkTier(SecondaryTierManager):
         return self._result(op, keys, jobs, time.perf_counter() - t0)
 
     @staticmethod
-    async def _wait_all(engine: Engine, jobs: list[Job]) -> None:
-        futs = [j.future for j in jobs]
+    async def _wait_all(engine: Engine, batch: Batch, jobs: list[Job]) -> None:
         try:
-            await asyncio.wait(futs)
+            # shield: a cancelled caller must not cancel the batch future it still waits on
+            await asyncio.shield(batch.future)
         except asyncio.CancelledError:
             # No new I/O of this call starts; I/O already running touches the caller's
             # buffer, so the caller hears of the cancellation only once it has finished.
-            for j in engine.cancel_pending(jobs):
-                j.future.cancel()
-            remaining = [f for f in futs if not f.done()]
-            while remaining:
+            engine.cancel_pending(jobs)
+            while not batch.future.done():
                 try:
-                    await asyncio.wait(remaining)
+                    await asyncio.shield(batch.future)
                 except asyncio.CancelledError:
                     pass
-                remaining = [f for f in remaining if not f.done()]
-            for f in futs:  # mark outcomes retrieved; the caller is not getting a result
-                if not f.cancelled():
-                    f.exception()
             raise
 
     def _drop_waiting(self, jobs: list[Job]) -> None:
         assert self._engine is not None
         for j in self._engine.cancel_pending(jobs):
             key = j.args[0]
-            exc = BackpressureError(
+            j.exc = BackpressureError(
                 f"store dropped: no I/O slot within {self.backpressure_timeout_s}s (max_inflight={self.max_inflight})",
                 key,
             )
-            self._stats.record_failure(exc)
-            j.future.set_exception(exc)
+            self._stats.record_failure(j.exc)
 
     def _result(self, op: str, keys: list[bytes], jobs: list[Job], elapsed: float) -> TransferResult:
         if op == "lookup":
             res = TransferResult("load")  # op is not user-visible for lookups
-            res.succeeded = [k for k, j in zip(keys, jobs) if j.future.exception() is None and j.future.result()]
+            res.succeeded = [k for k, j in zip(keys, jobs) if j.exc is None and j.result]
             return res
         res = TransferResult(op)  # type: ignore[arg-type]
         nbytes = 0
         chunk = self.offloading_spec.chunk_bytes if op != "remove" else 0
         for k, j in zip(keys, jobs):
-            exc = j.future.exception()
-            if exc is None:
+            if j.exc is None and j.state != CANCELLED:
                 res.succeeded.append(k)
                 nbytes += chunk
             else:
-                res.failed[k] = exc
+                res.failed[k] = j.exc if j.exc is not None else asyncio.CancelledError()
         res.bytes_transferred = nbytes
         res.elapsed_s = elapsed
         return res

@@ -14,6 +14,10 @@ The bound is the number of workers, so it holds for all callers together. Lower
 A job is ``PENDING`` until a worker claims it, then ``RUNNING``, then ``DONE``; a caller may
 take back pending jobs (:meth:`cancel_pending`) but never a running one — that is what lets
 cancellation wait for every I/O that touches the caller's buffer.
+
+The jobs of one call share a :class:`Batch`: a job's outcome is kept on the job, and the
+event loop is woken once, when the last job of the call is done or taken back — not once per
+chunk, which keeps the loop free at tens of thousands of chunks per second.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from typing import Any, Protocol
 
 __all__ = [
     "AsyncEngine",
+    "Batch",
     "Engine",
     "Job",
     "PRIO_LOAD",
@@ -49,37 +54,39 @@ PENDING, RUNNING, DONE, CANCELLED = range(4)
 _seq = itertools.count()
 
 
+class Batch:
+    """The jobs of one call; :attr:`future` resolves when none is left pending or running."""
+
+    __slots__ = ("future", "loop", "remaining")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, size: int) -> None:
+        self.loop = loop
+        self.future: asyncio.Future[None] = loop.create_future()
+        self.remaining = size
+
+
+def _finish(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)
+
+
 class Job:
-    """One chunk I/O: ``fn(*args)`` run by a worker, its outcome delivered to ``future``."""
+    """One chunk I/O: ``fn(*args)`` run by a worker; its outcome lands in ``result``/``exc``."""
 
-    __slots__ = ("args", "fn", "future", "loop", "priority", "seq", "state")
+    __slots__ = ("args", "batch", "exc", "fn", "priority", "result", "seq", "state")
 
-    def __init__(
-        self,
-        priority: int,
-        fn: Callable[..., Any],
-        args: tuple[Any, ...],
-        loop: asyncio.AbstractEventLoop,
-    ) -> None:
+    def __init__(self, priority: int, fn: Callable[..., Any], args: tuple[Any, ...], batch: Batch) -> None:
         self.priority = priority
         self.seq = next(_seq)  # FIFO within one priority
         self.fn = fn
         self.args = args
-        self.loop = loop
-        self.future: asyncio.Future[Any] = loop.create_future()
+        self.batch = batch
         self.state = PENDING
+        self.result: Any = None
+        self.exc: BaseException | None = None
 
     def __lt__(self, other: Job) -> bool:
         return (self.priority, self.seq) < (other.priority, other.seq)
-
-
-def _resolve(fut: asyncio.Future[Any], result: Any, exc: BaseException | None) -> None:
-    if fut.done():
-        return
-    if exc is not None:
-        fut.set_exception(exc)
-    else:
-        fut.set_result(result)
 
 
 class Engine(Protocol):
@@ -151,12 +158,18 @@ class ThreadEngine:
 
     def cancel_pending(self, jobs: Iterable[Job]) -> list[Job]:
         taken = []
+        emptied = []
         with self._cv:
             for job in jobs:
                 if job.state == PENDING:
                     job.state = CANCELLED
                     taken.append(job)
+                    job.batch.remaining -= 1
+                    if job.batch.remaining == 0:
+                        emptied.append(job.batch)
             self._queued -= len(taken)
+        for b in emptied:
+            b.loop.call_soon_threadsafe(_finish, b.future)
         return taken
 
     def _run(self) -> None:
@@ -175,20 +188,22 @@ class ThreadEngine:
                 self._in_flight += 1
                 if self._in_flight > self._peak:
                     self._peak = self._in_flight
-            result: Any = None
-            exc: BaseException | None = None
             try:
-                result = job.fn(*job.args)
+                job.result = job.fn(*job.args)
             except BaseException as e:  # delivered to the caller as that chunk's failure
-                exc = e
+                job.exc = e
+            batch = job.batch
             with cv:
                 self._in_flight -= 1
                 job.state = DONE
-            try:
-                job.loop.call_soon_threadsafe(_resolve, job.future, result, exc)
-            except RuntimeError:  # the caller's loop is closed: nobody is waiting any more
-                pass
-            del job, result, exc
+                batch.remaining -= 1
+                last = batch.remaining == 0
+            if last:
+                try:
+                    batch.loop.call_soon_threadsafe(_finish, batch.future)
+                except RuntimeError:  # the caller's loop is closed: nobody is waiting any more
+                    pass
+            del job, batch
 
     async def stop(self) -> None:
         """Let workers finish the queue, then join them (in a thread: joining blocks)."""
@@ -254,6 +269,9 @@ class AsyncEngine:
         taken = [j for j in jobs if j.state == PENDING]
         for j in taken:
             j.state = CANCELLED
+            j.batch.remaining -= 1
+            if j.batch.remaining == 0:
+                _finish(j.batch.future)
         self._queued -= len(taken)
         return taken
 
@@ -273,24 +291,26 @@ class AsyncEngine:
             self._queued -= 1
             self._in_flight += 1
             self._peak = max(self._peak, self._in_flight)
-            result: Any = None
-            exc: BaseException | None = None
             try:
                 coro: Awaitable[Any] = job.fn(*job.args)
-                result = await coro
+                job.result = await coro
             except asyncio.CancelledError:
                 # Only stop() cancels workers, and only after draining; hand the job's
                 # caller a failure rather than leaving it waiting, then end this worker.
-                self._in_flight -= 1
-                job.state = DONE
-                _resolve(job.future, None, ConnectionAbortedError("tier engine stopped"))
+                job.exc = ConnectionAbortedError("tier engine stopped")
+                self._done(job)
                 raise
             except Exception as e:
-                exc = e
-            self._in_flight -= 1
-            job.state = DONE
-            _resolve(job.future, result, exc)
-            del job, result, exc
+                job.exc = e
+            self._done(job)
+            del job
+
+    def _done(self, job: Job) -> None:
+        self._in_flight -= 1
+        job.state = DONE
+        job.batch.remaining -= 1
+        if job.batch.remaining == 0:
+            _finish(job.batch.future)
 
     async def stop(self) -> None:
         """Let workers finish the queue, then end them."""
