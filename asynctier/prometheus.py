@@ -1,0 +1,69 @@
+"""Export tier stats as Prometheus metrics (extra ``prometheus``).
+
+::
+
+    from prometheus_client import REGISTRY, start_http_server
+    from asynctier.prometheus import TierCollector
+
+    REGISTRY.register(TierCollector({"kv-fs": fs_tier, "kv-s3": s3_tier}))
+    start_http_server(9400)
+
+Values are read from :meth:`SecondaryTierManager.stats` at scrape time, so nothing is
+recorded twice and the hot path pays nothing for metrics.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, SummaryMetricFamily
+from prometheus_client.registry import Collector
+
+from .contract import SecondaryTierManager
+
+__all__ = ["TierCollector"]
+
+
+class TierCollector(Collector):
+    """A Prometheus collector for named tiers (the name becomes the ``tier`` label)."""
+
+    def __init__(self, tiers: Mapping[str, SecondaryTierManager], prefix: str = "asynctier") -> None:
+        self._tiers = dict(tiers)
+        self._p = prefix
+
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily | SummaryMetricFamily]:
+        p = self._p
+        labels = ["tier", "type"]
+        chunks = CounterMetricFamily(f"{p}_chunks", "Chunks transferred", labels=[*labels, "op"])
+        nbytes = CounterMetricFamily(f"{p}_bytes", "Bytes transferred", labels=[*labels, "op"])
+        failures = CounterMetricFamily(f"{p}_failures", "Per-chunk failures by kind", labels=[*labels, "kind"])
+        evictions = CounterMetricFamily(f"{p}_evictions", "Chunks evicted to make room", labels=labels)
+        in_flight = GaugeMetricFamily(f"{p}_in_flight", "Chunk I/Os running now", labels=labels)
+        queued = GaugeMetricFamily(f"{p}_queued", "Chunk I/Os waiting for a slot", labels=labels)
+        used = GaugeMetricFamily(f"{p}_used_bytes", "Bytes held by the tier", labels=labels)
+        capacity = GaugeMetricFamily(f"{p}_capacity_bytes", "Capacity of the tier", labels=labels)
+        latency = GaugeMetricFamily(
+            f"{p}_latency_seconds", "Recent per-chunk latency quantiles", labels=[*labels, "op", "quantile"]
+        )
+        for name, tier in self._tiers.items():
+            s = tier.stats()
+            base = [name, s.tier_type]
+            chunks.add_metric([*base, "offload"], s.offloaded)
+            chunks.add_metric([*base, "load"], s.loaded)
+            chunks.add_metric([*base, "skip"], s.skipped)
+            chunks.add_metric([*base, "remove"], s.removed)
+            nbytes.add_metric([*base, "offload"], s.bytes_written)
+            nbytes.add_metric([*base, "load"], s.bytes_read)
+            for kind, n in s.failures.items():
+                failures.add_metric([*base, kind], n)
+            evictions.add_metric(base, s.evictions)
+            in_flight.add_metric(base, s.in_flight)
+            queued.add_metric(base, s.queued)
+            if s.used_bytes is not None:
+                used.add_metric(base, s.used_bytes)
+            if s.capacity_bytes is not None:
+                capacity.add_metric(base, s.capacity_bytes)
+            for op, lat in (("offload", s.offload_latency), ("load", s.load_latency)):
+                for q, v in (("0.5", lat.p50), ("0.9", lat.p90), ("0.99", lat.p99)):
+                    latency.add_metric([*base, op, q], v)
+        yield from (chunks, nbytes, failures, evictions, in_flight, queued, used, capacity, latency)
