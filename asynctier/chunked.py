@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import weakref
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, ClassVar, Literal, TypeVar
 
@@ -186,6 +187,8 @@ class ChunkTier(SecondaryTierManager):
                 await engine.stop()
                 raise
             self._engine = engine
+            # a tier dropped without aclose() must not leave its workers behind
+            weakref.finalize(self, engine.stop_nowait)
             self._idle = asyncio.Event()
             self._idle.set()
             self._state = _OPEN

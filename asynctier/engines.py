@@ -104,6 +104,7 @@ class Engine(Protocol):
     def submit(self, jobs: Iterable[Job]) -> None: ...
     def cancel_pending(self, jobs: Iterable[Job]) -> list[Job]: ...
     async def stop(self) -> None: ...
+    def stop_nowait(self) -> None: ...
 
 
 class ThreadEngine:
@@ -205,11 +206,15 @@ class ThreadEngine:
                     pass
             del job, batch
 
-    async def stop(self) -> None:
-        """Let workers finish the queue, then join them (in a thread: joining blocks)."""
+    def stop_nowait(self) -> None:
+        """Tell workers to end once the queue is empty, without waiting for them."""
         with self._cv:
             self._stopping = True
             self._cv.notify_all()
+
+    async def stop(self) -> None:
+        """Let workers finish the queue, then join them (in a thread: joining blocks)."""
+        self.stop_nowait()
         threads, self._threads = self._threads, []
         if threads:
 
@@ -312,12 +317,18 @@ class AsyncEngine:
         if job.batch.remaining == 0:
             _finish(job.batch.future)
 
-    async def stop(self) -> None:
-        """Let workers finish the queue, then end them."""
+    def stop_nowait(self) -> None:
+        """Tell workers to end once the queue is empty, without waiting for them."""
+        if self._stopping:
+            return
         self._stopping = True
         if self._ready is not None:
             for _ in range(self._workers):
                 self._ready.release()
+
+    async def stop(self) -> None:
+        """Let workers finish the queue, then end them."""
+        self.stop_nowait()
         tasks, self._tasks = self._tasks, []
         if tasks:
             await asyncio.gather(*tasks, return_exceptions=True)

@@ -209,3 +209,18 @@ async def test_close_stops_worker_threads() -> None:
         assert sum(t.name.startswith("asynctier-GatedTier-io") for t in threading.enumerate()) == 3
     after = {t.name for t in threading.enumerate() if t.name.startswith("asynctier")} - before
     assert not after, f"threads left running: {after}"
+
+
+async def test_a_tier_dropped_without_close_does_not_leak_threads() -> None:
+    import gc
+
+    tier, _ = make(max_inflight=3)
+    await tier.open()
+    assert (await tier.offload([b"a"], [0])).ok
+    threads = [t for t in threading.enumerate() if t.name.startswith("asynctier-GatedTier-io")]
+    assert len(threads) == 3
+    del tier
+    gc.collect()
+    for t in threads:
+        t.join(10)
+    assert not any(t.is_alive() for t in threads)
