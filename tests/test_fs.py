@@ -1,6 +1,527 @@
+"""The ``fs`` tier: the conformance suite, plus real faults on real files and file systems.
+
+Faults are made for real: bytes flipped and files cut short on disk, a read-only bind mount,
+a directory without write permission (seen by a process without CAP_DAC_OVERRIDE), a small
+tmpfs filled up, a second process storing into the same root. Checks that need ``mount`` or
+``setpriv`` skip with the reason where the machine does not allow them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import json
+import logging
+import os
+import random
+import shutil
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+import pytest
+
+from asynctier import (
+    IntegrityError,
+    OffloadingSpec,
+    SecondaryTierFactory,
+    TierConfigError,
+)
+from asynctier.errors import failure_kind
+from asynctier.integrity import key_token
+from asynctier.posix_io import aligned_buffer
 from asynctier.testing import TierConformance
-class TestFs(TierConformance):
+from tiers.fs import HEADER_BLOCK, FsTier
+
+REPO = Path(__file__).resolve().parent.parent
+CHUNK = 64 * 1024
+NCHUNKS = 16
+
+
+class TestFsConformance(TierConformance):
+    """Defaults: O_DIRECT where aligned (the suite's bytearray is not: buffered, counted)."""
+
     def tier_config(self, tmp_path: Path) -> dict[str, Any]:
         return {"type": "fs", "root": str(tmp_path / "kv")}
+
+
+# -- helpers ---------------------------------------------------------------------------------
+def make_tier(root: Path, view: memoryview | None = None, **config: Any) -> tuple[FsTier, memoryview]:
+    spec = OffloadingSpec(CHUNK, NCHUNKS, namespace="test/fs")
+    if view is None:
+        view = memoryview(bytearray(spec.total_bytes))
+    tier = SecondaryTierFactory.create_secondary_tier({"type": "fs", "root": str(root), **config}, view, spec)
+    assert isinstance(tier, FsTier)
+    return tier, view
+
+
+def fill(view: memoryview, seed: int) -> list[bytes]:
+    rnd = random.Random(seed)
+    out = []
+    for i in range(NCHUNKS):
+        data = rnd.randbytes(CHUNK)
+        view[i * CHUNK : (i + 1) * CHUNK] = data
+        out.append(data)
+    return out
+
+
+def chunk(view: memoryview, i: int) -> bytes:
+    return bytes(view[i * CHUNK : (i + 1) * CHUNK])
+
+
+def keys(n: int, tag: str = "k") -> list[bytes]:
+    return [f"{tag}-{i}".encode() for i in range(n)]
+
+
+def chunk_file(tier: FsTier, key: bytes) -> Path:
+    from tiers.fs import _shard_of
+
+    return tier.dir / f"{_shard_of(key):02x}" / key_token(key)
+
+
+def chunk_files(tier: FsTier) -> list[Path]:
+    return [p for p in tier.dir.glob("??/*") if p.is_file()]
+
+
+def sh(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(args, capture_output=True, text=True, timeout=30)
+
+
+@contextlib.contextmanager
+def mounted(target: Path, *args: str) -> Iterator[Path]:
+    target.mkdir(parents=True, exist_ok=True)
+    r = sh("mount", *args, str(target))
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount here ({r.stderr.strip()}); this check needs root and mount")
+    try:
+        yield target
+    finally:
+        for _ in range(50):  # a tier's descriptors may close a moment later
+            if sh("umount", str(target)).returncode == 0:
+                break
+            time.sleep(0.1)
+
+
+def fill_up(path: Path, step: int) -> None:
+    """Write zeros to ``path`` until the file system is full."""
+    with open(path, "wb", buffering=0) as f, contextlib.suppress(OSError):
+        while True:
+            f.write(b"\0" * step)
+
+
+def run_python(code: str, *prefix: str, timeout: float = 30) -> dict[str, Any]:
+    """Run ``code`` in a fresh interpreter (optionally under ``prefix``, e.g. setpriv); it prints JSON."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    r = subprocess.run(
+        [*prefix, sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+        cwd=REPO,
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    result: dict[str, Any] = json.loads(r.stdout.strip().splitlines()[-1])
+    return result
+
+
+# -- layout and integrity ----------------------------------------------------------------------
+async def test_layout_names_are_encoded_and_header_leads(tmp_path: Path) -> None:
+    tier, view = make_tier(tmp_path)
+    data = fill(view, 1)
+    raw = b"../../etc/passwd\x00/ \xff"
+    long_key = b"L" * 200
+    async with tier:
+        assert (await tier.offload([raw, long_key], [0, 1])).ok
+        names = [p.name for p in chunk_files(tier)]
+        assert sorted(names) == sorted([key_token(raw), key_token(long_key)])
+        assert all("/" not in n and "." not in n for n in names)
+        f = chunk_file(tier, raw)
+        assert f.stat().st_size == HEADER_BLOCK + CHUNK
+        assert f.read_bytes()[HEADER_BLOCK:] == data[0]
+        assert (tier.dir / "LAYOUT").read_text().startswith("asynctier fs tier")
+    # a restart finds both, the hashed name through its header
+    tier2, view2 = make_tier(tmp_path)
+    async with tier2:
+        assert sorted(await tier2.stored_keys()) == sorted([raw, long_key])
+        assert (await tier2.load([raw, long_key], [3, 4])).ok
+        assert chunk(view2, 3) == data[0] and chunk(view2, 4) == data[1]
+
+
+@pytest.mark.parametrize("damage", ["payload", "header", "truncate", "empty", "other_key"])
+async def test_bad_file_fails_only_its_key_and_is_removed(tmp_path: Path, damage: str) -> None:
+    tier, view = make_tier(tmp_path)
+    data = fill(view, 2)
+    k = keys(3)
+    async with tier:
+        assert (await tier.offload(k, [0, 1, 2])).ok
+        f = chunk_file(tier, k[1])
+        raw = bytearray(f.read_bytes())
+        if damage == "payload":
+            raw[HEADER_BLOCK + 1234] ^= 0x40
+        elif damage == "header":
+            raw[20] ^= 0x01
+        elif damage == "truncate":
+            raw = raw[: HEADER_BLOCK + CHUNK // 2]
+        elif damage == "empty":
+            raw = bytearray()
+        else:  # a valid chunk of another key under this key's name
+            raw = bytearray(chunk_file(tier, k[2]).read_bytes())
+        f.write_bytes(bytes(raw))
+        res = await tier.load(k, [5, 6, 7])
+        assert res.succeeded == [k[0], k[2]]
+        assert isinstance(res.failed[k[1]], IntegrityError), repr(res.failed[k[1]])
+        assert failure_kind(res.failed[k[1]]) == "checksum"
+        assert chunk(view, 5) == data[0] and chunk(view, 7) == data[2]
+        assert not f.exists(), "the bad copy was not removed"
+        assert await tier.lookup(k) == [True, False, True]
+        assert tier.stats().failures["checksum"] == 1
+        # the tier keeps working: store it again and load it
+        assert (await tier.offload([k[1]], [1])).ok
+        assert (await tier.load([k[1]], [8])).ok and chunk(view, 8) == data[1]
+
+
+async def test_verify_off_still_catches_truncation_and_header(tmp_path: Path) -> None:
+    tier, view = make_tier(tmp_path, verify=False)
+    fill(view, 3)
+    k = keys(2)
+    async with tier:
+        assert (await tier.offload(k, [0, 1])).ok
+        f0 = chunk_file(tier, k[0])
+        f0.write_bytes(f0.read_bytes()[:-1])
+        f1 = chunk_file(tier, k[1])
+        raw = bytearray(f1.read_bytes())
+        raw[HEADER_BLOCK + 10] ^= 1  # payload damage goes unseen without verify: that is the point of it
+        f1.write_bytes(bytes(raw))
+        res = await tier.load(k, [2, 3])
+        assert isinstance(res.failed[k[0]], IntegrityError)
+        assert res.succeeded == [k[1]]
+
+
+async def test_file_that_vanished_fails_its_key_not_found(tmp_path: Path) -> None:
+    tier, view = make_tier(tmp_path)
+    data = fill(view, 4)
+    k = keys(2)
+    async with tier:
+        assert (await tier.offload(k, [0, 1])).ok
+        chunk_file(tier, k[0]).unlink()
+        res = await tier.load(k, [2, 3])
+        assert failure_kind(res.failed[k[0]]) == "not_found"
+        assert res.succeeded == [k[1]] and chunk(view, 3) == data[1]
+        assert await tier.lookup(k) == [False, True]
+
+
+# -- capacity --------------------------------------------------------------------------------
+async def test_capacity_lru_eviction_keeps_disk_within_bound(tmp_path: Path) -> None:
+    per = HEADER_BLOCK + CHUNK
+    tier, view = make_tier(tmp_path, capacity_bytes=8 * per)
+    data = fill(view, 5)
+    k = keys(12)
+    async with tier:
+        for i in range(8):  # one at a time: LRU order is commit order
+            assert (await tier.offload([k[i]], [i])).ok
+        await tier.touch(k[:2])  # 0,1 become most recent: 2,3 are the oldest now
+        assert (await tier.load([k[4]], [12])).ok  # a load counts as use too
+        assert (await tier.offload(k[8:10], [8, 9])).ok
+        assert await tier.lookup(k[:10]) == [True, True, False, False] + [True] * 6
+        assert (await tier.offload(k[10:12], [10, 11])).ok  # next oldest: 5, 6
+        assert await tier.lookup([k[4], k[5], k[6], k[7]]) == [True, False, False, True]
+        s = tier.stats()
+        assert s.evictions == 4 and (s.used_bytes or 0) <= 8 * per and s.stored_chunks == 8
+        files = chunk_files(tier)
+        assert len(files) == 8
+        assert sum(f.stat().st_blocks * 512 for f in files) <= 8 * per, "bytes on disk exceed capacity"
+        res = await tier.load(k[8:12], [12, 13, 14, 15])
+        assert res.ok and [chunk(view, 12 + i) for i in range(4)] == data[8:12]
+
+
+async def test_eviction_never_deletes_a_chunk_being_read(tmp_path: Path) -> None:
+    per = HEADER_BLOCK + CHUNK
+    tier, view = make_tier(tmp_path, capacity_bytes=4 * per, max_inflight=8)
+    data = fill(view, 6)
+    async with tier:
+        for rnd in range(5):
+            old = keys(4, f"r{rnd}")
+            assert (await tier.offload(old, [0, 1, 2, 3])).ok
+            # loads of the old keys race stores that must evict them
+            load = asyncio.ensure_future(tier.load(old, [8, 9, 10, 11]))
+            store = asyncio.ensure_future(tier.offload(keys(4, f"n{rnd}"), [4, 5, 6, 7]))
+            lres, sres = await asyncio.gather(load, store)
+            for i, key in enumerate(old):
+                if key in lres.succeeded:
+                    assert chunk(view, 8 + i) == data[i], "a load returned bytes of an evicted file"
+                else:
+                    assert failure_kind(lres.failed[key]) == "not_found"
+            for exc in sres.failed.values():
+                assert failure_kind(exc) == "capacity", repr(exc)  # all four pinned: no room
+            assert len(chunk_files(tier)) <= 4
+
+
+# -- restart -----------------------------------------------------------------------------------
+@pytest.mark.parametrize("background", [False, True])
+async def test_restart_rebuilds_index_cleans_debris_restores_lru(tmp_path: Path, background: bool) -> None:
+    per = HEADER_BLOCK + CHUNK
+    tier, view = make_tier(tmp_path)
+    data = fill(view, 7)
+    k = keys(6)
+    async with tier:
+        assert (await tier.offload(k, list(range(6)))).ok
+    # LRU order from file times: make k[3] the oldest, then k[0], then the rest in order
+    base = time.time() - 1000
+    for rank, i in enumerate([3, 0, 1, 2, 4, 5]):
+        os.utime(chunk_file(tier, k[i]), (base + rank, base + rank))
+    shard = chunk_file(tier, k[0]).parent
+    dead = shard / f".tmp~{tier._host}~999999~0~1"  # a writer that died mid-write
+    dead.write_bytes(b"x" * 100)
+    live = shard / f".tmp~{tier._host}~{os.getpid()}~99~1"  # a live writer of this process: kept
+    live.write_bytes(b"x")
+    old_foreign = shard / ".tmp~otherhost~1~0~1"  # another host's, long abandoned
+    old_foreign.write_bytes(b"x")
+    os.utime(old_foreign, (base - 7200, base - 7200))
+    (shard / "not-a-chunk.txt").write_text("hello")  # foreign files are left alone
+    truncated = chunk_file(tier, b"cut")
+    truncated.write_bytes(b"\0" * 100)  # a truncated chunk: never served, removed
+
+    tier2, view2 = make_tier(tmp_path, capacity_bytes=6 * per, background_scan=background)
+    async with tier2:
+        # during a background scan, answers come from disk: none is wrong
+        assert await tier2.lookup([*k, b"cut", b"never"]) == [True] * 6 + [False, False]
+        res = await tier2.load([k[5]], [10])
+        assert res.ok and chunk(view2, 10) == data[5]
+        assert sorted(await tier2.stored_keys()) == sorted(k)  # waits for the scan
+        assert not dead.exists() and not old_foreign.exists() and not truncated.exists()
+        assert live.exists() and (shard / "not-a-chunk.txt").exists()
+        s = tier2.stats()
+        assert s.stored_chunks == 6 and s.used_bytes == 6 * per
+        assert s.extra["scan_removed_tmp"] == 2 and s.extra["scan_removed_bad"] == 1
+        # the oldest go first: k[3] then k[0]
+        assert (await tier2.offload([b"new1", b"new2"], [0, 1])).ok
+        assert await tier2.lookup(k) == [False, True, True, False, True, True]
+        res = await tier2.load([k[1], k[2]], [11, 12])
+        assert res.ok and chunk(view2, 11) == data[1] and chunk(view2, 12) == data[2]
+    live.unlink()
+
+
+async def test_restart_with_smaller_capacity_evicts_down(tmp_path: Path) -> None:
+    per = HEADER_BLOCK + CHUNK
+    tier, view = make_tier(tmp_path)
+    fill(view, 8)
+    async with tier:
+        assert (await tier.offload(keys(10), list(range(10)))).ok
+    tier2, _ = make_tier(tmp_path, capacity_bytes=4 * per)
+    async with tier2:
+        assert (tier2.stats().used_bytes or 0) <= 4 * per
+        assert len(chunk_files(tier2)) == 4
+
+
+# -- O_DIRECT ----------------------------------------------------------------------------------
+async def test_direct_io_aligned_has_no_fallbacks_unaligned_counts_and_logs_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    spec_bytes = CHUNK * NCHUNKS
+    aligned = aligned_buffer(spec_bytes)
+    try:
+        tier, view = make_tier(tmp_path / "a", aligned, direct_io=True)
+    except TierConfigError as e:  # pragma: no cover - depends on the file system under tmp_path
+        pytest.skip(str(e))
+    data = fill(view, 9)
+    try:
+        async with tier:
+            if not tier._use_direct:
+                pytest.skip("the file system under tmp_path refuses O_DIRECT")
+            assert (await tier.offload(keys(4), [0, 1, 2, 3])).ok
+            view[: 4 * CHUNK] = bytes(4 * CHUNK)
+            assert (await tier.load(keys(4), [0, 1, 2, 3])).ok
+            assert [chunk(view, i) for i in range(4)] == data[:4]
+            assert tier.stats().extra.get("direct_io_fallbacks", 0) == 0
+    finally:
+        view.release()
+
+    backing = bytearray(spec_bytes + 1)
+    unaligned = memoryview(backing)[1:]  # an odd address: O_DIRECT impossible
+    tier, view = make_tier(tmp_path / "u", unaligned, direct_io=True)
+    data = fill(view, 10)
+    caplog.set_level(logging.WARNING, logger="tiers.fs")
+    async with tier:
+        assert (await tier.offload(keys(4), [0, 1, 2, 3])).ok
+        res = await tier.load(keys(4), [4, 5, 6, 7])
+        assert res.ok and [chunk(view, 4 + i) for i in range(4)] == data[:4]
+        assert tier.stats().extra["direct_io_fallbacks"] == 8
+    assert len([r for r in caplog.records if "direct_io_fallbacks" in r.getMessage()]) == 1
+
+
+async def test_direct_io_off_and_bad_config(tmp_path: Path) -> None:
+    tier, view = make_tier(tmp_path, direct_io=False)
+    fill(view, 11)
+    async with tier:
+        assert (await tier.offload(keys(2), [0, 1])).ok
+        assert (await tier.load(keys(2), [2, 3])).ok
+        assert "direct_io_fallbacks" not in tier.stats().extra
+    for bad in ({"direct_io": "yes"}, {"publish": "copy"}, {"durability": "sync"}, {"shared": 1}, {"bogus": 1}):
+        with pytest.raises(TierConfigError):
+            make_tier(tmp_path, **bad)
+
+
+async def test_fsync_durability_and_rename_leave_no_temporaries(tmp_path: Path) -> None:
+    tier, view = make_tier(tmp_path, durability="fsync", publish="rename")
+    data = fill(view, 12)
+    async with tier:
+        assert (await tier.offload(keys(8), list(range(8)))).ok
+        assert not list(tier.dir.glob("??/.tmp*"))
+        assert (await tier.load(keys(8), list(range(8, 16)))).ok
+        assert [chunk(view, 8 + i) for i in range(8)] == data[:8]
+
+
+# -- faults of the file system -----------------------------------------------------------------
+async def test_full_filesystem_evicts_instead_of_failing(tmp_path: Path) -> None:
+    per = HEADER_BLOCK + CHUNK
+    with mounted(tmp_path / "small", "-t", "tmpfs", "-o", f"size={24 * per}", "tmpfs") as mnt:
+        tier, view = make_tier(mnt)  # no capacity_bytes: only the disk bounds it
+        data = fill(view, 13)
+        k = keys(80)
+        async with tier:
+            for i in range(0, 80, 8):  # 80 chunks into room for ~23
+                res = await tier.offload(k[i : i + 8], list(range(8)))
+                assert res.ok, {key: repr(e) for key, e in res.failed.items()}
+            s = tier.stats()
+            assert s.extra["enospc_evictions"] > 0 and s.evictions > 0
+            res = await tier.load(k[-8:], list(range(8, 16)))  # the newest survived
+            assert res.ok and [chunk(view, 8 + i) for i in range(8)] == data[:8]
+
+            # full of someone else's data, nothing of ours left to evict: that key fails, ENOSPC
+            assert (await tier.remove(await tier.stored_keys())).ok
+            ballast = mnt / "ballast"
+            fill_up(ballast, per)
+            res = await tier.offload([b"nospace"], [0])
+            assert isinstance(res.failed[b"nospace"], OSError)
+            assert res.failed[b"nospace"].errno == errno.ENOSPC  # type: ignore[attr-defined]
+            assert failure_kind(res.failed[b"nospace"]) == "io"
+            assert await tier.lookup([b"nospace"]) == [False]
+            ballast.unlink()  # the fault clears: the same tier works again
+            assert (await tier.offload([b"nospace"], [0])).ok
+            assert (await tier.load([b"nospace"], [1])).ok and chunk(view, 1) == data[0]
+
+
+async def test_read_only_mount_fails_stores_serves_loads_recovers(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    tier, view = make_tier(src)
+    data = fill(view, 14)
+    async with tier:
+        assert (await tier.offload(keys(4), [0, 1, 2, 3])).ok
+    with mounted(tmp_path / "ro", "--bind", str(src)) as mnt:
+        r = sh("mount", "-o", "remount,ro,bind", str(mnt))
+        if r.returncode != 0:
+            pytest.skip(f"cannot remount read-only: {r.stderr.strip()}")
+        tier, view = make_tier(mnt)
+        fill(view, 14)
+        async with tier:
+            res = await tier.offload([b"new"], [5])
+            assert failure_kind(res.failed[b"new"]) == "io"
+            assert res.failed[b"new"].errno == errno.EROFS  # type: ignore[attr-defined]
+            view[: 4 * CHUNK] = bytes(4 * CHUNK)
+            res = await tier.load(keys(4), [0, 1, 2, 3])
+            assert res.ok and [chunk(view, i) for i in range(4)] == data[:4]
+            assert (await tier.remove(keys(1))).failed  # cannot delete either
+            assert sh("mount", "-o", "remount,rw,bind", str(mnt)).returncode == 0
+            assert (await tier.offload([b"new"], [5])).ok  # fault cleared, same tier
+            assert (await tier.load([b"new"], [6])).ok and chunk(view, 6) == data[5]
+
+
+def test_permission_denied_directory(tmp_path: Path) -> None:
+    """EACCES for real: root without CAP_DAC_OVERRIDE obeys mode bits, so a 0555 directory refuses it."""
+    if os.geteuid() != 0 or shutil.which("setpriv") is None:
+        pytest.skip("needs root and setpriv to drop CAP_DAC_OVERRIDE")
+    root = tmp_path / "kv"
+    code = f"""
+        import asyncio, json, os, random
+        from pathlib import Path
+        from asynctier import OffloadingSpec, SecondaryTierFactory
+        from asynctier.errors import failure_kind
+
+        async def main():
+            spec = OffloadingSpec({CHUNK}, {NCHUNKS}, namespace="test/fs")
+            buf = bytearray(random.Random(1).randbytes(spec.total_bytes))
+            make = lambda: SecondaryTierFactory.create_secondary_tier(
+                {{"type": "fs", "root": {str(root)!r}}}, memoryview(buf), spec)
+            out = {{}}
+            async with make() as tier:
+                assert (await tier.offload([b"a", b"b"], [0, 1])).ok
+                dirs = [tier.dir, *tier.dir.glob("??")]
+            for d in dirs:
+                os.chmod(d, 0o555)
+            async with make() as tier:
+                res = await tier.offload([b"c"], [2])
+                e = res.failed[b"c"]
+                out["store"] = [type(e).__name__, getattr(e, "errno", None), failure_kind(e)]
+                out["load_ok"] = (await tier.load([b"a", b"b"], [5, 6])).ok
+                out["same"] = buf[5 * spec.chunk_bytes : 6 * spec.chunk_bytes] == buf[: spec.chunk_bytes]
+                for d in dirs:
+                    os.chmod(d, 0o755)  # the fault clears
+                out["after"] = (await tier.offload([b"c"], [2])).ok
+            print(json.dumps(out))
+
+        asyncio.run(main())
+    """
+    out = run_python(code, "setpriv", "--bounding-set", "-dac_override,-dac_read_search", "--")
+    assert out == {"store": ["PermissionError", errno.EACCES, "io"], "load_ok": True, "same": True, "after": True}
+
+
+# -- sharing -----------------------------------------------------------------------------------
+async def test_second_process_same_root_no_torn_reads(tmp_path: Path) -> None:
+    """Another process stores and removes the same keys over and over while this one loads them:
+    every load is the exact chunk or not found, never a mix; its new keys are found (shared=True)."""
+    root = tmp_path / "kv"
+    code = f"""
+        import asyncio, json, random
+        from asynctier import OffloadingSpec, SecondaryTierFactory
+
+        async def main():
+            spec = OffloadingSpec({CHUNK}, {NCHUNKS}, namespace="test/fs")
+            buf = bytearray(spec.total_bytes)
+            rnd = random.Random(77)
+            for i in range({NCHUNKS}):
+                buf[i * {CHUNK} : (i + 1) * {CHUNK}] = rnd.randbytes({CHUNK})
+            tier = SecondaryTierFactory.create_secondary_tier(
+                {{"type": "fs", "root": {str(root)!r}, "max_inflight": 4}}, memoryview(buf), spec)
+            hot = [f"hot-{{i}}".encode() for i in range(8)]
+            async with tier:
+                for rnd_ in range(60):
+                    assert (await tier.offload(hot, list(range(8)))).ok
+                    assert (await tier.remove(hot)).ok
+                assert (await tier.offload([b"theirs-1", b"theirs-2"], [8, 9])).ok
+                assert (await tier.offload(hot, list(range(8)))).ok
+            print(json.dumps({{"ok": True}}))
+
+        asyncio.run(main())
+    """
+    tier, view = make_tier(root, shared=True, max_inflight=4)
+    rnd = random.Random(77)
+    expect = [rnd.randbytes(CHUNK) for _ in range(NCHUNKS)]
+    hot = [f"hot-{i}".encode() for i in range(8)]
+    async with tier:
+        other = asyncio.ensure_future(asyncio.to_thread(run_python, code))
+        ok = torn = 0
+        while not other.done():
+            res = await tier.load(hot, list(range(8)))
+            for i, key in enumerate(hot):
+                if key in res.succeeded:
+                    ok += 1
+                    torn += chunk(view, i) != expect[i]
+                else:
+                    assert failure_kind(res.failed[key]) == "not_found", repr(res.failed[key])
+        assert (await other) == {"ok": True}
+        assert torn == 0
+        assert await tier.lookup([b"theirs-1", b"theirs-2", b"nobody"]) == [True, True, False]
+        res = await tier.load([b"theirs-1", b"theirs-2", *hot], list(range(10)))
+        assert res.ok, res.failed
+        assert [chunk(view, i) for i in range(10)] == [expect[8], expect[9], *expect[:8]]
+        # the same keys stored here too: one copy, nothing torn
+        fill(view, 77 + 1000)
+        view[: 8 * CHUNK] = b"".join(expect[:8])
+        assert (await tier.offload(hot, list(range(8)))).ok
+        assert len(chunk_files(tier)) == 10

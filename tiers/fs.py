@@ -530,12 +530,13 @@ class FsTier(BlockingChunkTier):
 
     # -- disk fallback while the index is incomplete ---------------------------------------
     def _on_disk(self, key: bytes) -> bool:
+        """A whole chunk file is published under ``key`` (a truncated one does not count)."""
         fd, name = self._name(key)
         try:
-            os.stat(name, dir_fd=fd)
+            st = os.stat(name, dir_fd=fd)
         except OSError:
             return False
-        return True
+        return st.st_size == self._chunk_size
 
     def _begin_load(self, key: bytes) -> None:
         if self.index.pin(key):
