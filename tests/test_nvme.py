@@ -2,10 +2,24 @@
 
 from __future__ import annotations
 
+import asyncio
+import mmap
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+
+from asynctier import OffloadingSpec, SecondaryTierFactory, TierConfigError
+from asynctier.errors import failure_kind
+from asynctier.posix_io import buffer_address
 from asynctier.testing import TierConformance
+from tiers.nvme import Checkpoint, NvmeTier, read_checkpoint, write_checkpoint
 
 
 class TestNvmeTier(TierConformance):
@@ -13,3 +27,434 @@ class TestNvmeTier(TierConformance):
 
     def tier_config(self, tmp_path: Path) -> dict[str, Any]:
         return {"type": "nvme", "path": str(tmp_path / "kv.slab"), "capacity_bytes": 2048 * 72 * 1024}
+
+
+# -- helpers ---------------------------------------------------------------------------------------
+CHUNK = 64 * 1024
+NS = "nvme/test"
+
+
+def _aligned(nbytes: int) -> memoryview:
+    return memoryview(mmap.mmap(-1, nbytes))
+
+
+def _misaligned(nbytes: int) -> memoryview:
+    """A view 512 bytes past a page boundary: never O_DIRECT-aligned for a 4 KiB block."""
+    raw = memoryview(bytearray(nbytes + 8192))
+    start = -buffer_address(raw) % 4096 + 512
+    return raw[start : start + nbytes]
+
+
+def _make(
+    path: Path | list[Path],
+    *,
+    chunk: int = CHUNK,
+    nchunks: int = 16,
+    slots: int | None = 64,
+    aligned: bool = True,
+    namespace: str = NS,
+    **cfg: Any,
+) -> tuple[NvmeTier, memoryview]:
+    spec = OffloadingSpec(chunk, nchunks, namespace=namespace)
+    view = _aligned(spec.total_bytes) if aligned else _misaligned(spec.total_bytes)
+    conf: dict[str, Any] = {"type": "nvme", **cfg}
+    if isinstance(path, list):
+        conf["paths"] = [str(p) for p in path]
+    else:
+        conf["path"] = str(path)
+    if slots is not None:
+        slot = 4096 + -(-chunk // 4096) * 4096
+        n = len(path) if isinstance(path, list) else 1
+        conf["capacity_bytes"] = n * (4096 + slot * (slots // n))
+    tier = SecondaryTierFactory.create_secondary_tier(conf, view, spec)
+    assert isinstance(tier, NvmeTier)
+    return tier, view
+
+
+def _fill(view: memoryview, chunk: int, seed: int) -> list[bytes]:
+    rnd = random.Random(seed)
+    out = []
+    for i in range(view.nbytes // chunk):
+        data = rnd.randbytes(chunk)
+        view[i * chunk : (i + 1) * chunk] = data
+        out.append(data)
+    return out
+
+
+def _chunk(view: memoryview, chunk: int, i: int) -> bytes:
+    return bytes(view[i * chunk : (i + 1) * chunk])
+
+
+# -- slot format and I/O paths -------------------------------------------------------------------------
+async def test_aligned_view_goes_direct_and_unaligned_bounces(tmp_path: Path) -> None:
+    for aligned in (True, False):
+        tier, view = _make(tmp_path / f"a{aligned}.slab", aligned=aligned)
+        async with tier:
+            data = _fill(view, CHUNK, 1)
+            keys = [b"k%d" % i for i in range(16)]
+            assert (await tier.offload(keys, list(range(16)))).ok
+            view[:] = bytes(view.nbytes)
+            assert (await tier.load(keys, list(range(15, -1, -1)))).ok
+            for i in range(16):
+                assert _chunk(view, CHUNK, 15 - i) == data[i]
+            bounces = tier.stats().extra.get("bounce_copies", 0)
+            assert (bounces == 0) if aligned else (bounces == 32)
+            assert tier.stats().extra.get("direct_io_fallbacks", 0) == 0
+
+
+async def test_chunk_size_not_a_block_multiple(tmp_path: Path) -> None:
+    tier, view = _make(tmp_path / "odd.slab", chunk=10_000, nchunks=8)
+    async with tier:
+        data = _fill(view, 10_000, 2)
+        keys = [b"odd%d" % i for i in range(8)]
+        assert (await tier.offload(keys, list(range(8)))).ok
+        view[:] = bytes(view.nbytes)
+        assert (await tier.load(keys, list(range(8)))).ok
+        assert [_chunk(view, 10_000, i) for i in range(8)] == data
+        assert tier.stats().extra["bounce_copies"] == 16
+
+
+async def test_slab_is_preallocated_and_slots_fixed(tmp_path: Path) -> None:
+    p = tmp_path / "pre.slab"
+    tier, _ = _make(p, slots=32)
+    async with tier:
+        assert tier.nslots == 32
+        assert tier.stored_size() == 4096 + CHUNK
+        assert os.stat(p).st_blocks * 512 >= os.stat(p).st_size  # fallocated, not sparse
+        assert tier.stats().used_bytes == 0
+
+
+# -- eviction -------------------------------------------------------------------------------------------
+async def test_lru_eviction_when_full(tmp_path: Path) -> None:
+    tier, view = _make(tmp_path / "lru.slab", slots=8, evict_batch=1)
+    async with tier:
+        data = _fill(view, CHUNK, 3)
+        keys = [b"e%d" % i for i in range(12)]
+        for i in range(8):  # one by one: the LRU order is the order of completion
+            assert (await tier.offload([keys[i]], [i])).ok
+        await tier.touch([keys[0]])
+        assert (await tier.load([keys[1]], [15])).ok  # a load also makes a key recent
+        assert (await tier.offload(keys[8:10], [8, 9])).ok
+        assert await tier.lookup(keys[:10]) == [True, True, False, False, True, True, True, True, True, True]
+        s = tier.stats()
+        assert s.evictions == 2 and s.stored_chunks == 8
+        view[:] = bytes(view.nbytes)
+        res = await tier.load([keys[0], keys[1], keys[8], keys[9]], [0, 1, 2, 3])
+        assert res.ok, res.failed
+        assert [_chunk(view, CHUNK, i) for i in range(4)] == [data[0], data[1], data[8], data[9]]
+
+
+# -- integrity -------------------------------------------------------------------------------------------
+def _flip(path: Path, offsets: list[int]) -> None:
+    with open(path, "r+b") as f:
+        for off in offsets:
+            f.seek(off)
+            b = f.read(1)
+            f.seek(off)
+            f.write(bytes([b[0] ^ 0xFF]))
+
+
+def _append(path: Path, data: bytes) -> None:
+    with open(path, "ab") as f:
+        f.write(data)
+
+
+def _find(path: Path, needle: bytes) -> int:
+    with open(path, "rb") as f:
+        blob = f.read()
+    pos = blob.find(needle)
+    assert pos >= 0
+    return pos
+
+
+async def test_corrupt_payload_or_header_is_a_miss_not_garbage(tmp_path: Path) -> None:
+    p = tmp_path / "bad.slab"
+    tier, view = _make(p)
+    data = _fill(view, CHUNK, 4)
+    keys = [b"c%d" % i for i in range(3)]
+    async with tier:
+        assert (await tier.offload(keys, [0, 1, 2])).ok
+    # flip a payload byte of chunk 0 and a header byte (the key) of chunk 1
+    pay = _find(p, data[0][:64]) + 1000
+    hdr_key = _find(p, OffloadingSpec(CHUNK, 1, namespace=NS).layout_digest + keys[1]) + 16
+    _flip(p, [pay, hdr_key])
+    tier, view = _make(p)
+    async with tier:
+        view[:] = bytes(view.nbytes)
+        res = await tier.load(keys, [5, 6, 7])
+        assert res.succeeded == [keys[2]] and _chunk(view, CHUNK, 7) == data[2]
+        assert {failure_kind(e) for e in res.failed.values()} == {"checksum"}
+        assert await tier.lookup(keys) == [False, False, True]
+        assert tier.stats().failures["checksum"] == 2
+
+
+async def test_overwritten_slot_is_never_served_for_an_old_mapping(tmp_path: Path) -> None:
+    """A checkpoint pointing at a slot rewritten later (a reused slot) yields a miss."""
+    p = tmp_path / "stale.slab"
+    tier, view = _make(p, slots=4, evict_batch=1)
+    data = _fill(view, CHUNK, 5)
+    async with tier:
+        assert (await tier.offload([b"old"], [0])).ok
+    ck_path = p.with_name(p.name + ".atidx.ckpt")
+    stale = ck_path.read_bytes()
+    tier, view = _make(p, slots=4, evict_batch=1)
+    async with tier:
+        assert (await tier.remove([b"old"])).ok
+        assert (await tier.offload([b"new"], [1])).ok  # reuses the freed slot
+    # roll the index back to the stale checkpoint and drop the journal: "old" -> reused slot
+    ck_path.write_bytes(stale)
+    for j in p.parent.glob(p.name + ".atidx.journal.*"):
+        j.unlink()
+    tier, view = _make(p, slots=4, evict_batch=1)
+    async with tier:
+        assert await tier.lookup([b"old"]) == [True]
+        view[:] = bytes(view.nbytes)
+        res = await tier.load([b"old"], [2])
+        assert not res.ok and failure_kind(res.failed[b"old"]) == "checksum"
+        assert _chunk(view, CHUNK, 2) != data[0] or True  # content unspecified, but not reported loaded
+        assert await tier.lookup([b"old"]) == [False]
+
+
+# -- recovery -------------------------------------------------------------------------------------------
+async def test_reopen_recovers_index_and_lru_order(tmp_path: Path) -> None:
+    p = tmp_path / "re.slab"
+    tier, view = _make(p, slots=8, evict_batch=1)
+    data = _fill(view, CHUNK, 6)
+    keys = [b"r%d" % i for i in range(8)]
+    async with tier:
+        assert (await tier.offload(keys, list(range(8)))).ok
+        await tier.touch([keys[0]])
+    tier, view = _make(p, slots=8, evict_batch=1)
+    async with tier:
+        assert tier.stats().extra["recovered_chunks"] == 8
+        assert await tier.lookup(keys) == [True] * 8
+        view[:] = bytes(view.nbytes)
+        assert (await tier.load(keys, list(range(8)))).ok
+        assert [_chunk(view, CHUNK, i) for i in range(8)] == data[:8]
+        # LRU order survived: key 1 (the oldest after the touch and the loads in order) goes first
+        assert (await tier.offload([b"x"], [9])).ok
+        assert await tier.lookup([keys[0], b"x"]) == [False, True]  # loads above touched in order 0..7
+
+
+async def test_journal_replay_and_torn_tail(tmp_path: Path) -> None:
+    """Records after the last checkpoint are replayed; a torn tail is cut, not hiding later records."""
+    p = tmp_path / "j.slab"
+    tier, view = _make(p, checkpoint_every=1 << 20)
+    data = _fill(view, CHUNK, 7)
+    await tier.open()
+    assert (await tier.offload([b"a", b"b"], [0, 1])).ok
+    # leave without the closing checkpoint, as a crash would
+    assert tier._journal is not None
+    tier._journal.close()
+    tier._close_fds()
+    journals = sorted(p.parent.glob(p.name + ".atidx.journal.*"))
+    assert journals
+    _append(journals[-1], b"\x01\x00\x05" + os.urandom(20))  # a torn record
+    tier, view = _make(p)
+    async with tier:
+        assert await tier.lookup([b"a", b"b"]) == [True, True]
+        view[:] = bytes(view.nbytes)
+        assert (await tier.load([b"a", b"b"], [0, 1])).ok
+        assert _chunk(view, CHUNK, 0) == data[0] and _chunk(view, CHUNK, 1) == data[1]
+        _fill(view, CHUNK, 8)
+        assert (await tier.offload([b"c"], [2])).ok
+        c = _chunk(view, CHUNK, 2)
+        assert tier._journal is not None
+        tier._journal.close()  # crash again: "c" lives only in the journal, after the cut
+        tier._close_fds()
+        tier._state = "closed"
+    tier, view = _make(p)
+    async with tier:
+        assert (await tier.load([b"c"], [3])).ok and _chunk(view, CHUNK, 3) == c
+
+
+async def test_checkpoint_rotates_journal(tmp_path: Path) -> None:
+    p = tmp_path / "ck.slab"
+    tier, view = _make(p, checkpoint_every=4)
+    _fill(view, CHUNK, 9)
+    keys = [b"ck%d" % i for i in range(16)]
+    async with tier:
+        for i in range(0, 16, 2):
+            assert (await tier.offload(keys[i : i + 2], [i, i + 1])).ok
+        await asyncio.sleep(0.05)
+    assert tier.stats().extra["checkpoints"] >= 2
+    assert len(list(p.parent.glob(p.name + ".atidx.journal.*"))) == 1
+    tier, view = _make(p)
+    async with tier:
+        assert await tier.lookup(keys) == [True] * 16
+
+
+async def test_other_layout_reformats(tmp_path: Path) -> None:
+    p = tmp_path / "lay.slab"
+    tier, view = _make(p)
+    _fill(view, CHUNK, 10)
+    async with tier:
+        assert (await tier.offload([b"z"], [0])).ok
+    tier, view = _make(p, namespace="another/model")
+    async with tier:
+        assert await tier.lookup([b"z"]) == [False]
+        assert tier.stats().stored_chunks == 0
+
+
+async def test_striping_across_paths(tmp_path: Path) -> None:
+    paths = [tmp_path / "s0.slab", tmp_path / "s1.slab", tmp_path / "s2.slab"]
+    tier, view = _make(paths, slots=30, nchunks=12)
+    data = _fill(view, CHUNK, 11)
+    keys = [b"s%d" % i for i in range(12)]
+    async with tier:
+        assert tier.nslots == 30
+        assert (await tier.offload(keys, list(range(12)))).ok
+    for p in paths:  # every stripe got its share of the chunks
+        assert p.read_bytes().count(b"ATKV") == 4
+    tier, view = _make(paths, slots=30, nchunks=12)
+    async with tier:
+        view[:] = bytes(view.nbytes)
+        assert (await tier.load(keys, list(range(12)))).ok
+        assert [_chunk(view, CHUNK, i) for i in range(12)] == data
+
+
+def test_config_errors(tmp_path: Path) -> None:
+    spec = OffloadingSpec(CHUNK, 4)
+    view = memoryview(bytearray(spec.total_bytes))
+    for bad in (
+        {},
+        {"path": "a", "paths": ["b"]},
+        {"paths": []},
+        {"paths": ["a", "a"]},
+        {"path": "a", "checkpoint_every": 0},
+        {"path": "a", "direct_io": "yes"},
+        {"path": "a", "durability": "fdatasync"},
+    ):
+        with pytest.raises(TierConfigError):
+            SecondaryTierFactory.create_secondary_tier({"type": "nvme", **bad}, view, spec)
+
+
+async def test_missing_capacity_for_new_slab(tmp_path: Path) -> None:
+    tier, _ = _make(tmp_path / "new.slab", slots=None)
+    with pytest.raises(TierConfigError):
+        await tier.open()
+
+
+# -- crash safety -------------------------------------------------------------------------------------
+CHILD = Path(__file__).with_name("nvme_crash_child.py")
+
+
+def test_sigkill_during_offload_stream_loses_nothing_acknowledged(tmp_path: Path) -> None:
+    """SIGKILL a child offloading with durability="fsync" at random points, 20 times.
+
+    After each kill: every key reported stored loads bit-identical; every key reported
+    removed is gone; anything served is a key the child tried to store, with its exact bytes.
+    """
+    sys.path.insert(0, str(CHILD.parent))
+    import nvme_crash_child as child
+
+    chunk = 16 * 1024
+    slab = tmp_path / "crash.slab"
+    capacity = 4096 + (4096 + chunk) * 6000  # no eviction: every acknowledged key must stay
+    rnd = random.Random(1234)
+    stored: set[bytes] = set()
+    doomed: set[bytes] = set()  # a removal started: present or absent are both right
+    removed: set[bytes] = set()  # a removal returned success: must be absent
+    start = 0
+    kills = 20
+    for run in range(kills):
+        proc = subprocess.Popen(
+            [sys.executable, str(CHILD), str(slab), str(capacity), str(chunk), str(start), str(run % 2)],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert proc.stdout is not None
+        assert proc.stdout.readline().strip() == "ready"
+        want = rnd.randrange(0, 60)
+        seen = 0
+        while seen < want:
+            line = proc.stdout.readline()
+            if not line:
+                break
+            seen += 1
+            _note(line, stored, doomed, removed)
+        time.sleep(rnd.random() * 0.01)
+        proc.send_signal(signal.SIGKILL)
+        rest = proc.stdout.read()  # lines printed before the kill still count
+        proc.wait()
+        for line in rest.splitlines():
+            _note(line, stored, doomed, removed)
+        start += 10_000
+        stored -= doomed
+        asyncio.run(_check_after_crash(slab, capacity, chunk, stored, removed, start, child))
+
+
+def _note(line: str, stored: set[bytes], doomed: set[bytes], removed: set[bytes]) -> None:
+    op, hexkey = line.split()
+    {"P": stored, "D": doomed, "R": removed}[op].add(bytes.fromhex(hexkey))
+
+
+async def _check_after_crash(
+    slab: Path, capacity: int, chunk: int, stored: set[bytes], removed: set[bytes], limit: int, child: Any
+) -> None:
+    spec = OffloadingSpec(chunk, 64, namespace="crash-test")
+    view = _aligned(spec.total_bytes)
+    tier = SecondaryTierFactory.create_secondary_tier(
+        {"type": "nvme", "path": str(slab), "capacity_bytes": capacity}, view, spec
+    )
+    async with tier:
+        held = await tier.stored_keys()
+        assert stored <= set(held), f"{len(stored - set(held))} acknowledged keys lost"
+        assert not removed & set(held), "a key reported removed came back"
+        for k in held:  # only keys the child tried to store
+            assert k.startswith(b"crash-key-") and int(k[10:]) < limit, k
+        for i in range(0, len(held), 64):
+            batch = held[i : i + 64]
+            res = await tier.load(batch, list(range(len(batch))))
+            for j, k in enumerate(batch):
+                if k in res.failed:
+                    assert k not in stored, f"acknowledged key failed to load: {res.failed[k]!r}"
+                else:
+                    assert _chunk(view, chunk, j) == child.chunk_data(k, chunk), "garbage served"
+
+
+# -- a million slots --------------------------------------------------------------------------------------
+def test_reopen_with_a_million_slots_indexed(tmp_path: Path) -> None:
+    """1M index entries (built as a checkpoint directly; offloading them would take minutes).
+
+    Real chunks in a few slots load bit-identical; a synthetic entry whose slot was never
+    written is a miss, not garbage. Reopen timing is in bench/bench_nvme.py. Runs on one
+    loop only: it is about the index, not the loop.
+    """
+    asyncio.run(_million(tmp_path))
+
+
+async def _million(tmp_path: Path) -> None:
+    n = 1 << 20
+    chunk = 4096
+    p = tmp_path / "big.slab"
+    spec = OffloadingSpec(chunk, 8, namespace=NS)
+    view = _aligned(spec.total_bytes)
+    cfg = {"type": "nvme", "path": str(p), "capacity_bytes": 4096 + 8192 * n, "preallocate": False, "evict_batch": 1}
+    tier = SecondaryTierFactory.create_secondary_tier(cfg, view, spec)
+    data = _fill(view, chunk, 12)
+    real = [b"real%d" % i for i in range(8)]
+    async with tier:
+        assert (await tier.offload(real, list(range(8)))).ok
+    ck_path = p.with_name(p.name + ".atidx.ckpt")
+    ck = read_checkpoint(ck_path)
+    assert ck is not None and ck.nslots == n
+    real_entries = ck.lru()
+    assert [k for k, _ in real_entries] == real or sorted(k for k, _ in real_entries) == sorted(real)
+    used = {s for _, s in real_entries}
+    synthetic = [(b"synthetic-%07d" % i, s) for i, s in enumerate(s for s in range(n) if s not in used)]
+    ck = Checkpoint.from_lru(ck.slab_id, ck.gen, n, synthetic + real_entries, ck.slot_seq, ck.slot_csum)
+    write_checkpoint(ck_path, ck)
+    tier = SecondaryTierFactory.create_secondary_tier(cfg, view, spec)
+    async with tier:
+        s = tier.stats()
+        assert s.stored_chunks == n and s.extra["recovered_chunks"] == n
+        assert await tier.lookup([b"synthetic-0000000", b"synthetic-%07d" % (n - 9), b"nope"]) == [True, True, False]
+        view[:] = bytes(view.nbytes)
+        assert (await tier.load(real, list(range(8)))).ok
+        assert [_chunk(view, chunk, i) for i in range(8)] == data
+        # full: a store evicts the least recently used entry
+        assert (await tier.offload([b"newest"], [1])).ok
+        assert await tier.lookup([b"synthetic-0000000", b"newest"]) == [False, True]
+        res = await tier.load([b"synthetic-0000001"], [0])
+        assert failure_kind(res.failed[b"synthetic-0000001"]) == "checksum"

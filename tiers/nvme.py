@@ -60,16 +60,16 @@ from __future__ import annotations
 
 import errno
 import logging
+import operator
 import os
 import stat
 import struct
 import threading
 import uuid as uuidlib
 from array import array
-from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from itertools import accumulate
+from dataclasses import dataclass
+from itertools import accumulate, compress
 from pathlib import Path
 from typing import Any
 
@@ -97,8 +97,8 @@ _VERSION = 1
 # stripe index, stripe count, slab-set id, layout digest, data offset
 _SB = struct.Struct("<8sIIQQQQII16s16sQ")
 # checkpoint header: magic, version, flags, journal generation to replay from, slab-set id,
-# total slots, entries, key bytes
-_CK = struct.Struct("<8sIIQ16sQQQ")
+# slots, LRU head, LRU tail, key bytes
+_CK = struct.Struct("<8sIIQ16sQqqQ")
 # journal file header: magic, version, pad, generation, slab-set id
 _JH = struct.Struct("<8sIIQ16s")
 # journal record: type, pad, key length, slot, seq, payload checksum (then key, then xxh3)
@@ -119,33 +119,87 @@ def _round_up(n: int, block: int) -> int:
 # -- checkpoint file --------------------------------------------------------------------------
 @dataclass
 class Checkpoint:
-    """The whole index as flat arrays: entries in LRU order (oldest first) and per-slot metadata.
+    """The whole index as per-slot arrays, so that reading it back is a few bulk copies.
 
-    ``gen`` is the first journal generation to replay on top of it.
+    ``slot_key[s]`` is the key stored in slot ``s`` (None: free); ``prev``/``nxt`` link the
+    used slots from least (``head``) to most (``tail``) recently used (-1 ends the list);
+    ``slot_seq``/``slot_csum`` are each slot's sequence number and payload checksum. ``gen``
+    is the first journal generation to replay on top of it.
     """
 
     slab_id: bytes
     gen: int
     nslots: int
-    keys: list[bytes] = field(default_factory=list)
-    slots: array[int] = field(default_factory=lambda: array("I"))
-    slot_seq: array[int] = field(default_factory=lambda: array("Q"))
-    slot_csum: array[int] = field(default_factory=lambda: array("Q"))
+    head: int
+    tail: int
+    slot_key: list[bytes | None]
+    prev: array[int]
+    nxt: array[int]
+    slot_seq: array[int]
+    slot_csum: array[int]
+
+    @classmethod
+    def from_lru(
+        cls,
+        slab_id: bytes,
+        gen: int,
+        nslots: int,
+        entries: Sequence[tuple[bytes, int]],
+        slot_seq: array[int] | None = None,
+        slot_csum: array[int] | None = None,
+    ) -> Checkpoint:
+        """Build a checkpoint from ``(key, slot)`` pairs, least recently used first."""
+        slot_key: list[bytes | None] = [None] * nslots
+        prev = array("i", [-1]) * nslots
+        nxt = array("i", [-1]) * nslots
+        last = -1
+        for k, s in entries:
+            slot_key[s] = k
+            prev[s] = last
+            if last >= 0:
+                nxt[last] = s
+            last = s
+        head = entries[0][1] if entries else -1
+        zeros = array("Q", bytes(8 * nslots))
+        return cls(
+            slab_id,
+            gen,
+            nslots,
+            head,
+            last,
+            slot_key,
+            prev,
+            nxt,
+            slot_seq if slot_seq is not None else zeros,
+            slot_csum if slot_csum is not None else array("Q", zeros),
+        )
+
+    def lru(self) -> list[tuple[bytes, int]]:
+        """``(key, slot)`` pairs, least recently used first."""
+        out: list[tuple[bytes, int]] = []
+        s = self.head
+        while s >= 0:
+            k = self.slot_key[s]
+            assert k is not None
+            out.append((k, s))
+            s = self.nxt[s]
+        return out
 
 
 def write_checkpoint(path: Path, ck: Checkpoint) -> None:
     """Write ``ck`` to ``path`` atomically and durably (temporary file, fsync, rename, fsync dir)."""
-    n = len(ck.keys)
-    if len(ck.slots) != n or len(ck.slot_seq) != ck.nslots or len(ck.slot_csum) != ck.nslots:
+    n = ck.nslots
+    if not (len(ck.slot_key) == len(ck.prev) == len(ck.nxt) == len(ck.slot_seq) == len(ck.slot_csum) == n):
         raise ValueError("inconsistent checkpoint arrays")
-    keylens = array("H", map(len, ck.keys))
-    blob = b"".join(ck.keys)
-    head = _CK.pack(_CK_MAGIC, _VERSION, 0, ck.gen, ck.slab_id, ck.nslots, n, len(blob))
+    keylens = array("H", [len(k) if k is not None else 0 for k in ck.slot_key])
+    blob = b"".join(filter(None, ck.slot_key))
+    head = _CK.pack(_CK_MAGIC, _VERSION, 0, ck.gen, ck.slab_id, n, ck.head, ck.tail, len(blob))
     parts: list[bytes | memoryview] = [
         head,
-        memoryview(ck.slots).cast("B"),
         memoryview(keylens).cast("B"),
         blob,
+        memoryview(ck.prev).cast("B"),
+        memoryview(ck.nxt).cast("B"),
         memoryview(ck.slot_seq).cast("B"),
         memoryview(ck.slot_csum).cast("B"),
     ]
@@ -177,26 +231,25 @@ def read_checkpoint(path: Path) -> Checkpoint | None:
     if _xxh(body) != _U64.unpack_from(data, len(data) - 8)[0]:
         log.warning("nvme: checkpoint %s fails its checksum; ignoring it", path)
         return None
-    magic, version, _flags, gen, slab_id, nslots, n, keys_len = _CK.unpack_from(data)
+    magic, version, _flags, gen, slab_id, n, head, tail, keys_len = _CK.unpack_from(data)
     if magic != _CK_MAGIC or version != _VERSION:
         return None
     off = _CK.size
-    slots = array("I")
-    slots.frombytes(body[off : off + 4 * n])
-    off += 4 * n
     keylens = array("H")
     keylens.frombytes(body[off : off + 2 * n])
     off += 2 * n
     blob = data[off : off + keys_len]
     off += keys_len
-    slot_seq = array("Q")
-    slot_seq.frombytes(body[off : off + 8 * nslots])
-    off += 8 * nslots
-    slot_csum = array("Q")
-    slot_csum.frombytes(body[off : off + 8 * nslots])
-    ends = list(accumulate(keylens))
-    keys = [blob[e - k : e] for e, k in zip(ends, keylens)]
-    return Checkpoint(slab_id, gen, nslots, keys, slots, slot_seq, slot_csum)
+    arrays: list[array[int]] = []
+    for code, size in (("i", 4), ("i", 4), ("Q", 8), ("Q", 8)):
+        a = array(code)
+        a.frombytes(body[off : off + size * n])
+        off += size * n
+        arrays.append(a)
+    if off != len(body):
+        return None
+    slot_key = [blob[e - k : e] if k else None for e, k in zip(accumulate(keylens), keylens)]
+    return Checkpoint(slab_id, gen, n, head, tail, slot_key, *arrays)
 
 
 def _write_all(fd: int, view: memoryview) -> None:
@@ -368,6 +421,7 @@ def _replay(path: Path, slab_id: bytes, nslots: int, index: _SlotIndex) -> int |
     entries = index.entries
     seqs = index.slot_seq
     csums = index.slot_csum
+    put = index.put
     while off + rs + 8 <= n:
         typ, _, klen, slot, seq, csum = _REC.unpack_from(data, off)
         end = off + rs + klen
@@ -377,20 +431,21 @@ def _replay(path: Path, slab_id: bytes, nslots: int, index: _SlotIndex) -> int |
             break
         key = data[off + rs : end]
         if typ == _PUBLISH:
-            entries.pop(key, None)
-            entries[key] = slot
+            put(key, slot)
             seqs[slot] = seq
             csums[slot] = csum
         elif entries.get(key) == slot and seqs[slot] == seq:
-            del entries[key]
+            index.drop(key)
         off = end + 8
     return off
 
 
 # -- the in-memory index and slot allocator -----------------------------------------------------
 class _SlotIndex:
-    """Key -> slot in LRU order, per-slot seq/checksum, free slots, pins. One lock guards it.
+    """Key -> slot, slots linked in LRU order, per-slot seq/checksum, free slots, pins.
 
+    The LRU list runs through two per-slot arrays (``prev``/``nxt``) rather than an
+    OrderedDict, so a checkpoint restores it with two bulk copies. One lock guards it all.
     A free slot carries the journal ticket that must be flushed before it may be rewritten
     (its ``EVICT`` record); slots being read are pinned and freed only when unpinned.
     """
@@ -398,7 +453,12 @@ class _SlotIndex:
     def __init__(self, nslots: int) -> None:
         self.nslots = nslots
         self.lock = threading.Lock()
-        self.entries: OrderedDict[bytes, int] = OrderedDict()
+        self.entries: dict[bytes, int] = {}
+        self.slot_key: list[bytes | None] = [None] * nslots
+        self.prev = array("i", [-1]) * nslots
+        self.nxt = array("i", [-1]) * nslots
+        self.head = -1  # least recently used
+        self.tail = -1  # most recently used
         self.slot_seq = array("Q", bytes(8 * nslots))
         self.slot_csum = array("Q", bytes(8 * nslots))
         self.free: list[int] = []
@@ -408,12 +468,106 @@ class _SlotIndex:
         self.writing: dict[bytes, int] = {}
         self.killed: set[bytes] = set()
 
+    def load(self, ck: Checkpoint) -> None:
+        """Adopt a checkpoint's arrays (bulk operations only: this is the reopen fast path)."""
+        entries: dict[Any, int] = dict(zip(ck.slot_key, range(ck.nslots)))
+        entries.pop(None, None)
+        self.entries = entries
+        self.slot_key = ck.slot_key
+        self.prev, self.nxt, self.head, self.tail = ck.prev, ck.nxt, ck.head, ck.tail
+        self.slot_seq, self.slot_csum = ck.slot_seq, ck.slot_csum
+
+    def snapshot(self, slab_id: bytes, gen: int) -> Checkpoint:
+        """A copy of the index as a checkpoint (call with the lock held)."""
+        return Checkpoint(
+            slab_id,
+            gen,
+            self.nslots,
+            self.head,
+            self.tail,
+            list(self.slot_key),
+            self.prev[:],
+            self.nxt[:],
+            self.slot_seq[:],
+            self.slot_csum[:],
+        )
+
+    def _unlink(self, s: int) -> None:
+        p, q = self.prev[s], self.nxt[s]
+        if p >= 0:
+            self.nxt[p] = q
+        else:
+            self.head = q
+        if q >= 0:
+            self.prev[q] = p
+        else:
+            self.tail = p
+        self.prev[s] = self.nxt[s] = -1
+
+    def _link_tail(self, s: int) -> None:
+        t = self.tail
+        self.prev[s] = t
+        self.nxt[s] = -1
+        if t >= 0:
+            self.nxt[t] = s
+        else:
+            self.head = s
+        self.tail = s
+
+    def touch_slot(self, s: int) -> None:
+        """Make slot ``s`` most recently used."""
+        if self.tail != s:
+            self._unlink(s)
+            self._link_tail(s)
+
+    def put(self, key: bytes, slot: int) -> int | None:
+        """Map ``key`` to ``slot`` as most recently used; return the slot it had before, if any."""
+        other = self.slot_key[slot]
+        if other is not None and other != key:  # only an inconsistent journal gets here
+            self.drop(other)
+        old = self.entries.get(key)
+        if old is not None:
+            self._unlink(old)
+            self.slot_key[old] = None
+        self.entries[key] = slot
+        self.slot_key[slot] = key
+        self._link_tail(slot)
+        return old if old != slot else None
+
+    def drop(self, key: bytes) -> int | None:
+        """Forget ``key``; return the slot it had."""
+        slot = self.entries.pop(key, None)
+        if slot is not None:
+            self._unlink(slot)
+            self.slot_key[slot] = None
+        return slot
+
+    def oldest_unpinned(self, n: int) -> list[int]:
+        """Up to ``n`` used slots, least recently used first, skipping pinned ones."""
+        out: list[int] = []
+        s = self.head
+        pins = self.pins
+        while s >= 0 and len(out) < n:
+            if not pins.get(s):
+                out.append(s)
+            s = self.nxt[s]
+        return out
+
+    def keys_lru(self) -> list[bytes]:
+        """Every key, least recently used first."""
+        out: list[bytes] = []
+        s = self.head
+        while s >= 0:
+            k = self.slot_key[s]
+            assert k is not None
+            out.append(k)
+            s = self.nxt[s]
+        return out
+
     def rebuild_free(self) -> None:
-        used = bytearray(self.nslots)
-        for s in self.entries.values():
-            used[s] = 1
-        # a stack popped from the end: low slots first, so consecutive stores rotate stripes
-        self.free = [s for s in range(self.nslots - 1, -1, -1) if not used[s]]
+        """Free = every slot without a key; a stack popped from the end, so low slots go first
+        and consecutive stores rotate across stripes."""
+        self.free = list(compress(range(self.nslots - 1, -1, -1), map(operator.not_, reversed(self.slot_key))))
 
     def release(self, slot: int, ticket: int) -> None:
         """Free ``slot`` once unpinned; it may be rewritten after journal ticket ``ticket``."""
@@ -722,9 +876,7 @@ class NvmeTier(BlockingChunkTier):
             ck = None
         start_gen = 1
         if ck is not None:
-            idx.entries = OrderedDict(zip(ck.keys, ck.slots))
-            idx.slot_seq = ck.slot_seq
-            idx.slot_csum = ck.slot_csum
+            idx.load(ck)
             start_gen = ck.gen
         elif not fresh and gens:
             start_gen = gens[0]
@@ -773,13 +925,9 @@ class NvmeTier(BlockingChunkTier):
         assert idx is not None and journal is not None and self._geo is not None
         with self._ckpt_lock:
             with idx.lock:
-                keys = list(idx.entries)
-                slots = array("I", idx.entries.values())
-                seqs = array("Q", idx.slot_seq)
-                csums = array("Q", idx.slot_csum)
                 old_gen = journal.gen
+                ck = idx.snapshot(self._slab_id, old_gen + 1)
                 journal.rotate(old_gen + 1)
-            ck = Checkpoint(self._slab_id, old_gen + 1, self._geo.nslots, keys, slots, seqs, csums)
             write_checkpoint(self._ckpt_path, ck)
             for g in range(old_gen, 0, -1):
                 p = journal.path(g)
@@ -823,9 +971,11 @@ class NvmeTier(BlockingChunkTier):
         with idx.lock:
             if not idx.free:
                 # evict a batch: one journal flush then covers the next few stores
-                victims = _oldest_unpinned(idx.entries.items(), idx.pins, self.evict_batch)
-                for k, s in victims:
-                    del idx.entries[k]
+                victims = idx.oldest_unpinned(self.evict_batch)
+                for s in victims:
+                    k = idx.slot_key[s]
+                    assert k is not None
+                    idx.drop(k)
                     t = journal.append(_pack_record(_EVICT, k, s, idx.slot_seq[s], 0))
                     idx.release(s, t)
                 if victims:
@@ -852,8 +1002,7 @@ class NvmeTier(BlockingChunkTier):
                 return 0
             idx.slot_csum[slot] = csum
             ticket = journal.append(_pack_record(_PUBLISH, key, slot, seq, csum))
-            old = idx.entries.pop(key, None)
-            idx.entries[key] = slot
+            old = idx.put(key, slot)
             if old is not None:  # a concurrent store of the same key won earlier: free its slot
                 idx.release(old, ticket)
             if journal.since_checkpoint >= self.checkpoint_every:
@@ -885,7 +1034,7 @@ class NvmeTier(BlockingChunkTier):
             cur = idx.entries.get(key)
             if cur is None or (slot is not None and cur != slot):
                 return 0
-            del idx.entries[key]
+            idx.drop(key)
             ticket = journal.append(_pack_record(_EVICT, key, cur, idx.slot_seq[cur], 0))
             idx.release(cur, ticket)
             return ticket
@@ -925,7 +1074,7 @@ class NvmeTier(BlockingChunkTier):
             slot = idx.entries.get(key)
             if slot is None:
                 raise ChunkNotFoundError(f"no chunk stored under key {key.hex()[:32]}", key)
-            idx.entries.move_to_end(key)
+            idx.touch_slot(slot)
             seq, csum = idx.slot_seq[slot], idx.slot_csum[slot]
             idx.pins[slot] = idx.pins.get(slot, 0) + 1
         try:
@@ -987,15 +1136,16 @@ class NvmeTier(BlockingChunkTier):
         idx = self._idx
         assert idx is not None
         with idx.lock:
-            return list(idx.entries)
+            return idx.keys_lru()
 
     # -- index-backed contract methods (O(1), no I/O) ----------------------------------------------
     def _begin_store(self, key: bytes) -> list[bytes] | None:
         idx = self._idx
         assert idx is not None
         with idx.lock:
-            if key in idx.entries:
-                idx.entries.move_to_end(key)
+            slot = idx.entries.get(key)
+            if slot is not None:
+                idx.touch_slot(slot)
                 return None  # already stored: skip the write
         return []
 
@@ -1016,25 +1166,15 @@ class NvmeTier(BlockingChunkTier):
         assert idx is not None
         with idx.lock:
             for k in ks:
-                if k in idx.entries:
-                    idx.entries.move_to_end(k)
+                slot = idx.entries.get(k)
+                if slot is not None:
+                    idx.touch_slot(slot)
 
     def _stored_chunks(self) -> int | None:
         return len(self._idx.entries) if self._idx is not None else 0
 
     def _used_bytes(self) -> int | None:
         return (len(self._idx.entries) * self.stored_size()) if self._idx is not None else 0
-
-
-def _oldest_unpinned(items: Any, pins: dict[int, int], n: int) -> list[tuple[bytes, int]]:
-    """The first ``n`` (key, slot) pairs whose slot is not pinned, oldest first."""
-    out: list[tuple[bytes, int]] = []
-    for k, s in items:
-        if len(out) >= n:
-            break
-        if not pins.get(s):
-            out.append((k, s))
-    return out
 
 
 def _pwritev_all(fd: int, bufs: list[memoryview], offset: int) -> None:
