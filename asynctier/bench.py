@@ -3,13 +3,16 @@
 ``asynctier bench`` fills a primary buffer (a torch tensor when torch is installed, pinned
 when CUDA is available) with random bytes, then for every tier, chunk size and depth:
 
-1. **offload**: ``depth`` callers, each awaiting one-chunk ``offload`` calls back to back
-   (as fio keeps ``iodepth`` I/Os outstanding), timed until the bytes are on the medium
-   (the files under the tier's directory are fdatasync'ed inside the timed window);
+1. **offload**: one ``offload`` call with every chunk of the point, the tier built with
+   ``max_inflight=depth`` (so ``depth`` chunk I/Os are in flight, as fio's ``iodepth``), timed
+   until the bytes are on the medium (a ``syncfs`` inside the timed window);
 2. **lookup**: one call with every stored key and one with as many absent keys;
-3. **load**: from a cold page cache, into *other* slots than the ones offloaded from, after
-   zeroing the buffer;
-4. **verify**: every byte loaded is compared with what was offloaded.
+3. **load**: one call, from a cold page cache, into *other* slots than the ones offloaded
+   from, after zeroing the buffer;
+4. **verify**: every byte loaded is compared with what was offloaded;
+5. **latency**: ``depth`` callers, each awaiting one-chunk ``offload`` (then ``load``) calls
+   back to back, on a few more chunks: the p50/p99 a caller waiting for one chunk sees.
+   These are loaded and verified too.
 
 In the same run and on the same file system it measures fio (same block size and depth,
 O_DIRECT) and a naive aiofiles loop (one file per chunk), and reports the tiers' throughput
@@ -74,6 +77,8 @@ DEFAULT_DEPTHS: tuple[int, ...] = (1, 4, 16)
 DEFAULT_DATA_BYTES = 128 * MiB
 #: At least this many chunks per point for each unit of depth, so every caller has work.
 CHUNKS_PER_DEPTH = 2
+#: One-chunk calls timed per point for the latency figures (at least ``depth``; at most the point's chunks).
+LATENCY_PROBE_CHUNKS = 16
 
 #: The embedded defaults: every point gets a fresh directory for ``{dir}``; ``"{capacity}"``
 #: becomes a byte count that holds the point's chunks twice over.
@@ -303,6 +308,8 @@ class PointResult:
     flush_s: float = 0.0
     load: Phase | None = None
     lookup_ops_per_s: float = 0.0
+    #: Chunks timed one call at a time for the latency percentiles (also verified).
+    probe_chunks: int = 0
     verified_bytes: int = 0
     failed_chunks: int = 0
     peak_in_flight: int = 0
@@ -491,6 +498,7 @@ async def _run_point(
     progress: Progress,
 ) -> PointResult:
     res = PointResult(tier=name, tier_type=str(config.get("type")), chunk_bytes=chunk, depth=depth, chunks=chunks)
+    res.probe_chunks = min(chunks, max(depth, LATENCY_PROBE_CHUNKS))
     nbytes = chunk * chunks
     pointdir = workdir / f"{name}-{chunk}-{depth}"
     pointdir.mkdir(parents=True, exist_ok=True)
@@ -501,23 +509,46 @@ async def _run_point(
     view = primary.view[:nbytes]
     keys = [_key(run_id, name, chunk, depth, i) for i in range(chunks)]
     absent = [_key(run_id, name, chunk, depth, i, "absent") for i in range(chunks)]
+    probe = res.probe_chunks
+    probe_keys = [_key(run_id, name, chunk, depth, i, "probe") for i in range(probe)]
     local = _uses_dir(config)
     label = f"{name} {format_size(chunk)} depth {depth}"
+
+    async def flush() -> float:
+        t = time.perf_counter()
+        if local:
+            await asyncio.to_thread(benchkit.sync_tree, pointdir)
+        return time.perf_counter() - t
+
+    async def cold() -> None:
+        if local:
+            await asyncio.to_thread(benchkit.drop_tree_cache, pointdir)
+
+    def check(op: str, failed: Mapping[bytes, BaseException]) -> None:
+        if failed:
+            res.failed_chunks += len(failed)
+            raise RuntimeError(f"{op}: {len(failed)} chunks failed; first: {next(iter(failed.values()))!r}")
+
+    def verify(n: int) -> None:
+        # key i was loaded into slot i+1: a tier that ignored the slot, or wrote nothing, fails here
+        bad = [i for i in range(n) if not primary.same(((i + 1) % n) * chunk, i * chunk, chunk)]
+        if bad:
+            raise RuntimeError(f"verify: {len(bad)} of {n} chunks came back different (first: chunk {bad[0]})")
+        res.verified_bytes += n * chunk
+
+    shifted = [(i + 1) % chunks for i in range(chunks)]
     try:
         tier = SecondaryTierFactory.create_secondary_tier(cfg, view, spec)
         async with tier:
             primary.restore()
+            # 1. throughput: one call with every chunk, the tier keeping `depth` chunk I/Os in flight
             progress(f"{label}: offload", False)
-            elapsed, lat, failed = await _closed_loop(chunks, depth, lambda i: tier.offload([keys[i]], [i]))
             t = time.perf_counter()
-            if local:
-                await asyncio.to_thread(benchkit.sync_tree, pointdir)
-            res.flush_s = time.perf_counter() - t
-            res.offload = Phase.of(elapsed + res.flush_s, nbytes, chunks, lat)
+            r = await tier.offload(keys, list(range(chunks)))
+            elapsed = time.perf_counter() - t
+            check("offload", r.failed)
+            res.flush_s = await flush()
             res.offload_returned_bytes_per_s = nbytes / max(elapsed, 1e-9)
-            if failed:
-                res.failed_chunks = len(failed)
-                raise RuntimeError(f"offload: {len(failed)} chunks failed; first: {next(iter(failed.values()))!r}")
 
             progress(f"{label}: lookup", False)
             t = time.perf_counter()
@@ -530,26 +561,36 @@ async def _run_point(
                 )
 
             progress(f"{label}: load", False)
-            if local:
-                await asyncio.to_thread(benchkit.drop_tree_cache, pointdir)
+            await cold()
             primary.zero(nbytes)
-            # load key i into slot i+1: a tier that ignored the slot, or wrote nothing, fails the check
-            elapsed, lat, failed = await _closed_loop(chunks, depth, lambda i: tier.load([keys[i]], [(i + 1) % chunks]))
-            res.load = Phase.of(elapsed, nbytes, chunks, lat)
-            if failed:
-                res.failed_chunks = len(failed)
-                raise RuntimeError(f"load: {len(failed)} chunks failed; first: {next(iter(failed.values()))!r}")
-
+            t = time.perf_counter()
+            r = await tier.load(keys, shifted)
+            load_s = time.perf_counter() - t
+            check("load", r.failed)
             progress(f"{label}: verify", False)
-            bad = [i for i in range(chunks) if not primary.same(((i + 1) % chunks) * chunk, i * chunk, chunk)]
-            if bad:
-                raise RuntimeError(f"verify: {len(bad)} of {chunks} chunks came back different (first: chunk {bad[0]})")
-            res.verified_bytes = nbytes
+            verify(chunks)
+
+            # 2. latency: `depth` callers awaiting one-chunk calls back to back (fio's iodepth)
+            progress(f"{label}: per-chunk latency", False)
+            primary.restore()
+            _, off_lat, failed = await _closed_loop(probe, depth, lambda i: tier.offload([probe_keys[i]], [i]))
+            check("offload", failed)
+            await flush()
+            await cold()
+            primary.zero(probe * chunk)
+            _, load_lat, failed = await _closed_loop(
+                probe, depth, lambda i: tier.load([probe_keys[i]], [(i + 1) % probe])
+            )
+            check("load", failed)
+            verify(probe)
+
+            res.offload = Phase.of(elapsed + res.flush_s, nbytes, chunks, off_lat)
+            res.load = Phase.of(load_s, nbytes, chunks, load_lat)
             stats = tier.stats()
             res.peak_in_flight = stats.peak_in_flight
             res.tier_extra = dict(stats.extra)
             with contextlib.suppress(Exception):  # cleanup only; a remote tier may refuse deletes
-                await tier.remove(keys)
+                await tier.remove(keys + probe_keys)
             res.ok = True
     except Exception as e:
         res.error = f"{type(e).__name__}: {e}"
@@ -897,8 +938,9 @@ def render_tables(report: BenchReport) -> list[Any]:
     m = report.machine
     t = Table(
         title=f"asynctier bench: {m['cpus']} CPUs, {m['root_fs']} at {m['root']}, {m['event_loop']}",
-        caption="offload timed until the bytes are on the medium; load from a cold page cache; "
-        "ratios: the tier over fio (O_DIRECT, same block size and depth) and over a naive aiofiles loop",
+        caption="GB/s and ops/s: one call with every chunk, depth = chunk I/Os in flight; offload timed until the "
+        "bytes are on the medium, load from a cold page cache. x fio / naive: the tier's GB/s over fio's (O_DIRECT, "
+        "same block size and depth) and over a naive aiofiles loop's. p50/p99: one-chunk calls, depth callers.",
         header_style="bold",
     )
     cols = (
