@@ -44,6 +44,10 @@ def _rst_close(sock: socket.socket) -> None:
     """Close with a TCP reset (SO_LINGER 0): what a killed server's peer sees."""
     with contextlib.suppress(OSError):
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    # shutdown first: close() alone leaves the socket open while another thread is blocked
+    # in recv() on it, and the peer would see nothing at all
+    with contextlib.suppress(OSError):
+        sock.shutdown(socket.SHUT_RDWR)
     with contextlib.suppress(OSError):
         sock.close()
 

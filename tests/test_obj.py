@@ -5,18 +5,23 @@ from __future__ import annotations
 
 import asyncio
 import os
+import subprocess
 import sys
+import textwrap
 import uuid
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from asynctier import OffloadingSpec, SecondaryTierFactory
+from asynctier.errors import failure_kind
 from asynctier.testing import TierConformance
 
 sys.path.insert(0, str(Path(__file__).parent))
-from s3_helpers import CREDS, MotoS3, create_bucket
+from s3_helpers import CREDS, FaultProxy, MotoS3, create_bucket, env
 
 BUCKET = "asynctier-test"
 _MOTO: MotoS3 | None = None
@@ -83,3 +88,410 @@ class TestObjS3Conformance(TierConformance):
     @pytest.mark.skipif(not SLOW, reason="1200 requests to moto (~10 s); set ASYNCTIER_SLOW_TESTS=1")
     def test_inflight_bound_under_1000_concurrent_calls(self, tmp_path: Path, loop_factory: Any) -> None:
         super().test_inflight_bound_under_1000_concurrent_calls(tmp_path, loop_factory)
+
+
+# -- helpers for the direct tests -----------------------------------------------------------------
+CHUNK = 64 * 1024
+
+
+class Rig:
+    """A spec, a primary buffer with random chunks, and tiers built on it."""
+
+    def __init__(self, chunk_bytes: int = CHUNK, num_chunks: int = 16, namespace: str = "obj/test") -> None:
+        self.spec = OffloadingSpec(chunk_bytes, num_chunks, namespace=namespace)
+        self.buf = bytearray(os.urandom(self.spec.total_bytes))
+        self.orig = bytes(self.buf)
+
+    def tier(self, config: dict[str, Any]) -> Any:
+        return SecondaryTierFactory.create_secondary_tier(dict(config), memoryview(self.buf), self.spec)
+
+    def chunk(self, cid: int) -> bytes:
+        c = self.spec.chunk_bytes
+        return bytes(self.buf[cid * c : (cid + 1) * c])
+
+    def orig_chunk(self, cid: int) -> bytes:
+        c = self.spec.chunk_bytes
+        return self.orig[cid * c : (cid + 1) * c]
+
+    def zero(self) -> None:
+        self.buf[:] = bytes(len(self.buf))
+
+
+def keys(n: int, tag: str = "k") -> list[bytes]:
+    salt = uuid.uuid4().hex[:8]
+    return [f"{tag}-{salt}-{i}".encode() for i in range(n)]
+
+
+def kinds(res: Any) -> set[str]:
+    return {failure_kind(e) for e in res.failed.values()}
+
+
+async def until_ok(make_call: Any, attempts: int = 100, pause: float = 0.1) -> Any:
+    """Retry a call until it fully succeeds (bounded attempts; no timing assertion)."""
+    res = None
+    for _ in range(attempts):
+        res = await make_call()
+        if res.ok:
+            return res
+        await asyncio.sleep(pause)
+    raise AssertionError(f"never recovered: {res.failed if res is not None else None}")
+
+
+@pytest.fixture
+def proxy() -> Iterator[FaultProxy]:
+    p = FaultProxy(moto().port)
+    yield p
+    p.close()
+
+
+FAST_FAULTS = {
+    "timeout_s": 1.0,
+    "connect_timeout_s": 0.5,
+    "max_retries": 2,
+    "retry_timeout_s": 1.0,
+    "retry_backoff_s": 0.02,
+    "retry_max_backoff_s": 0.1,
+    "breaker_threshold": 3,
+    "breaker_cooldown_s": 0.2,
+    "max_inflight": 4,
+}
+
+
+# -- sharing, integrity, large chunks, capacity, lookup cache -------------------------------------
+@pytest.mark.parametrize("where", ["s3", "file"])
+async def test_two_tiers_on_one_prefix_see_each_others_chunks(where: str, tmp_path: Path) -> None:
+    a_rig, b_rig = Rig(), Rig()
+    cfg = s3_config() if where == "s3" else {"type": "obj", "url": f"file://{tmp_path}/shared"}
+    a, b = a_rig.tier(cfg), b_rig.tier({**cfg, "lookup_negative_ttl_s": 0})
+    async with a, b:
+        ks = keys(4)
+        assert await b.lookup(ks) == [False] * 4
+        assert (await a.offload(ks, [0, 1, 2, 3])).ok
+        assert await b.lookup(ks) == [True] * 4  # no stale negative answer (TTL 0)
+        res = await b.load(ks, [8, 9, 10, 11])
+        assert res.ok, res.failed
+        for i in range(4):
+            assert b_rig.chunk(8 + i) == a_rig.orig_chunk(i)
+        assert (await b.remove(ks[:1])).ok
+        assert failure_kind((await a.load(ks[:1], [5])).failed[ks[0]]) == "not_found"
+        assert set(ks[1:]) <= set(await a.stored_keys())
+
+
+async def test_corrupt_truncated_and_foreign_objects_fail_their_key(tmp_path: Path) -> None:
+    rig = Rig()
+    root = tmp_path / "store"
+    tier = rig.tier({"type": "obj", "url": f"file://{root}"})
+    async with tier:
+        ks = keys(4)
+        assert (await tier.offload(ks, [0, 1, 2, 3])).ok
+        files = {p.name: p for p in root.rglob("*") if p.is_file()}
+        assert len(files) == 4
+        from asynctier.integrity import key_token
+
+        def path(k: bytes) -> Path:
+            return files[key_token(k)]
+
+        blob = bytearray(path(ks[0]).read_bytes())
+        blob[-10] ^= 0xFF  # payload bit flip
+        path(ks[0]).write_bytes(bytes(blob))
+        path(ks[1]).write_bytes(path(ks[1]).read_bytes()[:-100])  # truncated
+        path(ks[2]).write_bytes(path(ks[3]).read_bytes())  # another key's object
+        rig.zero()
+        res = await tier.load(ks, [4, 5, 6, 7])
+        assert res.succeeded == [ks[3]] and rig.chunk(7) == rig.orig_chunk(3)
+        assert set(res.failed) == set(ks[:3])
+        assert kinds(res) == {"checksum"}
+        assert await tier.lookup(ks) == [False, False, False, True]  # bad copies deleted
+        assert not path(ks[0]).exists()
+        assert tier.stats().failures["checksum"] == 3
+
+
+async def test_other_layout_never_collides(tmp_path: Path) -> None:
+    url = f"file://{tmp_path}/store"
+    r1, r2 = Rig(namespace="model-a"), Rig(namespace="model-b")
+    t1, t2 = r1.tier({"type": "obj", "url": url}), r2.tier({"type": "obj", "url": url})
+    async with t1, t2:
+        ks = keys(2)
+        assert (await t1.offload(ks, [0, 1])).ok
+        assert await t2.lookup(ks) == [False, False]
+        assert kinds(await t2.load(ks, [0, 1])) == {"not_found"}
+
+
+async def test_large_chunks_go_in_parallel_parts_and_ranges() -> None:
+    mib = 1 << 20
+    rig = Rig(chunk_bytes=11 * mib, num_chunks=3)
+    tier = rig.tier(s3_config(part_size=5 * mib, part_concurrency=3))
+    async with tier:
+        ks = keys(2)
+        res = await tier.offload(ks, [0, 1])
+        assert res.ok, res.failed
+        rig.zero()
+        res = await tier.load(ks, [2, 0])
+        assert res.ok, res.failed
+        assert rig.chunk(2) == rig.orig_chunk(0) and rig.chunk(0) == rig.orig_chunk(1)
+        extra = tier.stats().extra
+        assert extra["multipart_uploads"] == 2 and extra["ranged_downloads"] == 2
+
+
+async def test_capacity_evicts_least_recently_used_by_delete(tmp_path: Path) -> None:
+    rig = Rig()
+    url = f"file://{tmp_path}/store"
+    from asynctier.integrity import ChunkHeader
+
+    per = CHUNK + ChunkHeader.packed_size(len(keys(1)[0]))
+    tier = rig.tier({"type": "obj", "url": url, "capacity_bytes": 3 * per, "max_inflight": 1})
+    async with tier:
+        ks = keys(5)
+        assert (await tier.offload(ks[:3], [0, 1, 2])).ok
+        await tier.touch([ks[0]])  # ks[1] is now least recently used
+        assert (await tier.offload(ks[3:4], [3])).ok
+        assert await tier.lookup(ks[:4]) == [True, False, True, True]
+        assert (await tier.load([ks[2]], [9])).ok  # a load makes ks[2] recent: ks[0] goes next
+        assert (await tier.offload(ks[4:], [4])).ok
+        assert await tier.lookup(ks) == [False, False, True, True, True]
+        s = tier.stats()
+        assert s.evictions == 2 and s.stored_chunks == 3 and s.used_bytes == 3 * per
+    # a restarted server accounts what is already there, and evicts to fit a smaller bound
+    tier2 = Rig().tier({"type": "obj", "url": url, "capacity_bytes": 2 * per})
+    async with tier2:
+        s = tier2.stats()
+        assert s.stored_chunks == 2 and s.evictions == 1
+        assert sum(await tier2.lookup(ks)) == 2
+
+
+async def test_lookup_is_cached_and_batched() -> None:
+    rig = Rig()
+    tier = rig.tier(s3_config(lookup_ttl_s=60, lookup_negative_ttl_s=60, max_inflight=8))
+    async with tier:
+        present, absent = keys(8, "p"), keys(8, "a")
+        assert (await tier.offload(present, list(range(8)))).ok  # own stores prime the cache
+        assert await tier.lookup(present + absent) == [True] * 8 + [False] * 8
+        heads = tier.stats().extra["head_requests"]
+        assert heads == 8  # only the unknown keys went out, in one batch
+        assert tier.stats().peak_in_flight > 1
+        assert await tier.lookup(present + absent) == [True] * 8 + [False] * 8
+        assert tier.stats().extra["head_requests"] == heads  # all answered from the cache
+        assert (await tier.offload(absent[:1], [0])).ok  # own store fixes a negative entry
+        assert (await tier.remove(present[:1])).ok  # own remove fixes a positive one
+        assert (await tier.lookup([absent[0], present[0]])) == [True, False]
+        assert tier.stats().extra["head_requests"] == heads
+
+
+# -- configuration and secrets ----------------------------------------------------------------------
+async def test_standard_env_configuration_keeps_allow_http_with_client_options() -> None:
+    ep = moto().endpoint
+    secret = "env-secret-" + uuid.uuid4().hex
+    rig = Rig()
+    # obstore alone drops AWS_ALLOW_HTTP once client_options are given (the trap); the tier
+    # always passes client options (its deadline) and adds explicit ones here too
+    with env(
+        AWS_ENDPOINT=ep,
+        AWS_ACCESS_KEY_ID="env-akid",
+        AWS_SECRET_ACCESS_KEY=secret,
+        AWS_REGION="us-east-1",
+        AWS_ALLOW_HTTP="true",
+    ):
+        tier = rig.tier(
+            {"type": "obj", "url": f"s3://{BUCKET}/env-{uuid.uuid4().hex[:8]}", "client_options": {"user_agent": "t"}}
+        )
+        async with tier:
+            ks = keys(2)
+            assert (await tier.offload(ks, [0, 1])).ok
+            rig.zero()
+            assert (await tier.load(ks, [2, 3])).ok
+            assert rig.chunk(2) == rig.orig_chunk(0)
+            assert secret not in repr(tier) and secret not in str(tier.stats())
+
+
+async def test_credentials_never_in_reprs_errors_or_logs(caplog: pytest.LogCaptureFixture) -> None:
+    secret = "explicit-secret-" + uuid.uuid4().hex
+    rig = Rig()
+    cfg = s3_config(endpoint="http://127.0.0.1:9", **FAST_FAULTS)  # nothing listens on port 9
+    cfg["credentials"] = {"access_key_id": "akid-" + secret, "secret_access_key": secret}
+    cfg["url"] += "?sas=" + secret
+    caplog.set_level("DEBUG")
+    tier = rig.tier(cfg)
+    async with tier:
+        res = await tier.offload(keys(2), [0, 1])
+        assert not res.ok
+        text = " ".join(
+            [repr(tier), str(tier.stats()), *map(str, res.failed.values()), *map(repr, res.failed.values())]
+        )
+        text += caplog.text
+        assert secret not in text
+        assert kinds(res) == {"unavailable"}
+
+
+async def test_config_errors_raise_at_construction(tmp_path: Path) -> None:
+    from asynctier import TierConfigError
+
+    rig = Rig()
+    for bad in (
+        {"url": "ftp://host/x"},
+        {"url": "memory://", "part_size": 0},
+        {"url": "memory://", "timeout_s": -1},
+        {"url": "memory://", "client_options": "allow_http"},
+        {"url": "memory://", "durability": "fsync"},
+        {"url": "memory://", "nonsense": 1},
+    ):
+        with pytest.raises((TierConfigError, TypeError)):
+            rig.tier({"type": "obj", **bad})
+
+
+def test_import_asynctier_does_not_import_obstore() -> None:
+    code = "import asynctier, sys; assert 'obstore' not in sys.modules and 'tiers.obj' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).parent.parent)
+
+
+# -- faults through the loopback proxy -------------------------------------------------------------
+async def test_connection_refused_opens_breaker_then_recovers(proxy: FaultProxy) -> None:
+    rig = Rig()
+    tier = rig.tier(s3_config(endpoint=proxy.endpoint, **FAST_FAULTS))
+    async with tier:
+        ks = keys(8)
+        assert (await tier.offload(ks[:4], [0, 1, 2, 3])).ok
+        proxy.kill()
+        res = await tier.offload(ks[4:], [4, 5, 6, 7])
+        assert set(res.failed) == set(ks[4:]) and kinds(res) == {"unavailable"}
+        res = await tier.load(ks[:4], [8, 9, 10, 11])
+        assert set(res.failed) == set(ks[:4]) and kinds(res) == {"unavailable"}
+        s = tier.stats()
+        assert s.extra["breaker_opened"] >= 1 and s.extra["breaker_fast_failed"] >= 1
+        assert await tier.lookup(ks[4:]) == [False] * 4  # a dead store answers "not stored"
+        proxy.revive()
+        await until_ok(lambda: tier.offload(ks[4:], [4, 5, 6, 7]))
+        rig.zero()
+        await until_ok(lambda: tier.load(ks, list(range(8))))
+        assert all(rig.chunk(i) == rig.orig_chunk(i) for i in range(8))
+        assert tier.breaker_state == "closed"
+
+
+async def test_responses_slower_than_the_deadline_time_out(proxy: FaultProxy) -> None:
+    rig = Rig()
+    tier = rig.tier(s3_config(endpoint=proxy.endpoint, **{**FAST_FAULTS, "breaker_threshold": 100}))
+    async with tier:
+        ks = keys(4)
+        assert (await tier.offload(ks[:2], [0, 1])).ok
+        proxy.delay_s = 3.0  # every response piece waits longer than timeout_s=1
+        res = await tier.load(ks[:2], [8, 9])
+        assert set(res.failed) == set(ks[:2]) and kinds(res) == {"timeout"}
+        res = await tier.offload(ks[2:], [2, 3])
+        assert set(res.failed) == set(ks[2:]) and kinds(res) == {"timeout"}
+        assert tier.stats().failures["timeout"] == 4
+        proxy.delay_s = 0.0
+        proxy.drop_connections()
+        await until_ok(lambda: tier.offload(ks[2:], [2, 3]))
+        rig.zero()
+        await until_ok(lambda: tier.load(ks, [4, 5, 6, 7]))
+        assert [rig.chunk(4 + i) for i in range(4)] == [rig.orig_chunk(i) for i in range(4)]
+
+
+async def test_5xx_answers_are_retried_then_fail_then_recover(proxy: FaultProxy) -> None:
+    rig = Rig()
+    tier = rig.tier(s3_config(endpoint=proxy.endpoint, **{**FAST_FAULTS, "max_inflight": 1}))
+    async with tier:
+        ks = keys(6)
+        proxy.inject_503 = 2  # fewer than max_retries: obstore's retries absorb them
+        proxy.drop_connections()
+        res = await tier.offload(ks[:1], [0])
+        assert res.ok, res.failed
+        assert proxy.injected_503 == 2
+        proxy.inject_503 = 10_000  # a store that keeps answering 503
+        proxy.drop_connections()
+        res = await tier.offload(ks[1:4], [1, 2, 3])
+        assert set(res.failed) == set(ks[1:4]) and kinds(res) == {"unavailable"}
+        assert "503" in str(next(iter(res.failed.values()))) or tier.stats().extra["breaker_fast_failed"]
+        proxy.inject_503 = 0
+        proxy.drop_connections()
+        await until_ok(lambda: tier.offload(ks[1:], [1, 2, 3, 4, 5]))
+        rig.zero()
+        await until_ok(lambda: tier.load(ks, list(range(6))))
+        assert all(rig.chunk(i) == rig.orig_chunk(i) for i in range(6))
+
+
+async def test_server_killed_mid_transfer(proxy: FaultProxy) -> None:
+    rig = Rig(chunk_bytes=512 * 1024, num_chunks=8)
+    tier = rig.tier(s3_config(endpoint=proxy.endpoint, **FAST_FAULTS))
+    async with tier:
+        ks = keys(8)
+        assert (await tier.offload(ks[:4], [0, 1, 2, 3])).ok
+        # every connection dies after 100 KB: loads and stores of 512 KiB are cut mid-body
+        proxy.kill_after_bytes = 100_000
+        proxy.drop_connections()
+        res = await tier.load(ks[:4], [4, 5, 6, 7])
+        assert set(res.failed) == set(ks[:4]) and kinds(res) <= {"io", "unavailable"}, res.failed
+        res = await tier.offload(ks[4:], [4, 5, 6, 7])
+        assert set(res.failed) == set(ks[4:]) and kinds(res) <= {"io", "unavailable"}, res.failed
+        proxy.revive()
+        # now the server dies for good while a load is streaming slowly
+        proxy.delay_s = 0.05
+        task = asyncio.ensure_future(tier.load(ks[:4], [4, 5, 6, 7]))
+        while proxy.bytes_down < 200_000 and not task.done():  # noqa: ASYNC110 - waits for the transfer
+            await asyncio.sleep(0.01)
+        proxy.kill()
+        res = await task
+        assert res.failed and kinds(res) <= {"io", "unavailable", "timeout"}
+        proxy.revive()
+        await until_ok(lambda: tier.offload(ks[4:], [4, 5, 6, 7]))
+        rig.zero()
+        await until_ok(lambda: tier.load(ks, list(range(8))))
+        assert all(rig.chunk(i) == rig.orig_chunk(i) for i in range(8))
+
+
+# -- exit safety ---------------------------------------------------------------------------------
+CHILD = textwrap.dedent(
+    """
+    import asyncio, os, sys
+    from asynctier import OffloadingSpec, SecondaryTierFactory
+
+    url, mode = sys.argv[1], sys.argv[2]
+    spec = OffloadingSpec(256 * 1024, 16, namespace="exit-test")
+    buf = bytearray(os.urandom(spec.total_bytes))
+    cfg = {"type": "obj", "url": url, "max_inflight": 8}
+    if url.startswith("s3://"):
+        cfg.update(endpoint=os.environ["TEST_S3_ENDPOINT"], region="us-east-1", client_options={"allow_http": True},
+                   credentials={"access_key_id": "a", "secret_access_key": "b"})
+    tier = SecondaryTierFactory.create_secondary_tier(cfg, memoryview(buf), spec)
+    keys = [os.urandom(16) for _ in range(16)]
+
+    async def main():
+        await tier.open()
+        assert (await tier.offload(keys, list(range(16)))).ok
+        assert (await tier.load(keys[:8], list(range(8, 16)))).ok
+        assert await tier.lookup(keys[:2]) == [True, True]
+        if mode == "aclose":
+            await tier.aclose()
+
+    if mode == "inflight":
+        # leave stores running in the worker threads and exit without waiting for them
+        loop = asyncio.new_event_loop()
+        loop.run_until_complete(tier.open())
+        for i in range(4):
+            loop.create_task(tier.offload([os.urandom(8) for _ in range(16)], list(range(16))))
+        loop.run_until_complete(asyncio.sleep(0.005))
+    else:
+        asyncio.run(main())
+    print("done", flush=True)
+    """
+)
+
+
+def test_no_abort_at_exit_in_many_child_processes(tmp_path: Path) -> None:
+    script = tmp_path / "child.py"
+    script.write_text(CHILD)
+    runs = []
+    for i in range(30):
+        url = f"s3://{BUCKET}/exit-{i}" if i % 2 else f"file://{tmp_path}/exit-{i}"
+        runs.append((url, ("noclose", "aclose", "inflight")[i % 3]))
+    child_env = {**os.environ, "TEST_S3_ENDPOINT": moto().endpoint, "PYTHONPATH": str(Path(__file__).parent.parent)}
+
+    def run(arg: tuple[str, str]) -> tuple[str, str, int, str]:
+        p = subprocess.run(
+            [sys.executable, str(script), *arg], capture_output=True, text=True, timeout=60, env=child_env
+        )
+        return arg[0], arg[1], p.returncode, p.stdout + p.stderr[-500:]
+
+    with ThreadPoolExecutor(4) as ex:
+        results = list(ex.map(run, runs))
+    bad = [r for r in results if r[2] != 0 or "done" not in r[3]]
+    assert not bad, bad

@@ -109,6 +109,8 @@ __all__ = ["ObjTier", "ObjectStoreIOError"]
 log = logging.getLogger(__name__)
 
 _MIB = 1 << 20
+#: Longest the exit hook waits for object-store calls in progress.
+_EXIT_WAIT_CAP_S = 10.0
 #: obstore ClientConfig keys that may also come from ``<PREFIX><KEY>`` environment variables.
 _CLIENT_KEYS = (
     "allow_http",
@@ -316,7 +318,8 @@ def _redact_url(url: str) -> str:
     return f"{parts.scheme}://{host}{parts.path}"
 
 
-_TIMEOUT_RE = re.compile(r"timed? ?out|TimedOut|deadline has elapsed", re.IGNORECASE)
+# (not "retry_timeout", which every retry error's debug dump contains)
+_TIMEOUT_RE = re.compile(r"\bTimedOut\b|timed out|deadline has elapsed|kind: Timeout\b")
 _CONNECT_RE = re.compile(r"kind: Connect\b|ConnectionRefused|tcp connect error|dns error", re.IGNORECASE)
 _DROPPED_RE = re.compile(
     r"error sending request|connection (closed|reset|aborted)|ConnectionReset|BrokenPipe|IncompleteMessage|"
@@ -449,8 +452,9 @@ class ObjTier(BlockingChunkTier):
         self._store: ObjectStore | None = None
         self._prefix = self.offloading_spec.layout_id + "/"
         # Longest time a single chunk I/O can take, for the exit hook's bound.
+        # (capped: a stalled store must not hold up the exit for minutes)
         worst = (self.timeout_s or 30.0) + self.retry_timeout_s + self.retry_max_backoff_s + 1.0
-        _EXIT.max_wait_s = max(_EXIT.max_wait_s, worst)
+        _EXIT.max_wait_s = min(_EXIT_WAIT_CAP_S, max(_EXIT.max_wait_s, worst))
 
     # -- representation (never credentials) -----------------------------------------------
     def __repr__(self) -> str:
