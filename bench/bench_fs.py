@@ -1,0 +1,309 @@
+"""Benchmark of the ``fs`` tier against the machine: fio (the physical limit) and a naive loop (the floor).
+
+For each chunk size (256 KiB, 2 MiB) and depth (1, 4, 16), in one run and on one file system:
+
+* **fio**, same block size and depth, O_DIRECT, io_uring, sequential write then read of one
+  file (``end_fsync=1`` on the write; the read file dropped from the page cache);
+* **fs tier**: one ``offload`` call of every chunk with ``max_inflight=depth``, timed until
+  the bytes are on the medium (the call, then ``syncfs`` of the file system: fio's
+  ``end_fsync``); then the files are dropped from the page cache and one ``load`` call reads
+  every chunk back into *other* slots of the primary buffer (zeroed first), verified;
+* **naive**: :func:`asynctier.benchkit.naive_aiofiles`, one file per chunk, ``depth`` at a
+  time, synced and dropped the same way.
+
+Every measurement of a point is repeated ``--repeat`` times, interleaved (fio, tier, naive,
+fio, ...), and the median is reported, so drift on a shared machine hits all three alike.
+The primary buffer is page-aligned (as a pinned host buffer is), so the tier uses O_DIRECT.
+
+Run (from the repository root)::
+
+    .venv/bin/python bench/bench_fs.py --dir /var/tmp/asynctier-bench-fs
+
+Writes ``bench/results/fs.json`` and ``bench/results/fs.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import ctypes
+import datetime as dt
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from asynctier import OffloadingSpec, SecondaryTierFactory, benchkit  # noqa: E402
+from asynctier.posix_io import aligned_buffer  # noqa: E402
+
+KiB, MiB = 1 << 10, 1 << 20
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def syncfs(path: Path) -> None:
+    """Flush the whole file system holding ``path`` (one journal commit), as fio's end_fsync."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        if _libc.syncfs(fd) != 0:
+            os.sync()
+    finally:
+        os.close(fd)
+
+
+def drop_tree(path: Path) -> None:
+    """Evict every file under ``path`` from the page cache."""
+    benchkit.drop_page_cache([str(p) for p in path.rglob("*") if p.is_file()])
+
+
+def fresh(path: Path) -> Path:
+    shutil.rmtree(path, ignore_errors=True)
+    path.mkdir(parents=True)
+    return path
+
+
+def fill_random(view: memoryview) -> None:
+    """Random bytes, generated once in 64 MiB pieces (not compressible, not all equal)."""
+    step = 64 * MiB
+    block = os.urandom(min(step, view.nbytes))
+    for off in range(0, view.nbytes, step):
+        n = min(step, view.nbytes - off)
+        view[off : off + n] = block[:n]
+        block = block[1:] + block[:1]  # shift so pieces differ
+
+
+async def tier_point(
+    root: Path, view: memoryview, chunk: int, n: int, depth: int, config: dict[str, Any]
+) -> tuple[float, float, dict[str, Any]]:
+    """One offload + one cold load of ``n`` chunks; returns (write B/s, read B/s, stats extra)."""
+    spec = OffloadingSpec(chunk, 2 * n, namespace=f"bench/{chunk}")
+    tier = SecondaryTierFactory.create_secondary_tier(
+        {"type": "fs", "root": str(root), "max_inflight": depth, **config}, view, spec
+    )
+    keys = [f"bench-{chunk}-{depth}-{i}".encode() for i in range(n)]
+    async with tier:
+        t0 = time.perf_counter()
+        res = await tier.offload(keys, list(range(n)))
+        await asyncio.to_thread(syncfs, root)
+        wbps = n * chunk / (time.perf_counter() - t0)
+        if not res.ok:
+            raise RuntimeError(f"offload failed: {list(res.failed.items())[:2]}")
+        await asyncio.to_thread(drop_tree, root)
+        dst = view[n * chunk : 2 * n * chunk]
+        dst[:] = bytes(dst.nbytes)  # zero the target slots
+        t0 = time.perf_counter()
+        res = await tier.load(keys, list(range(n, 2 * n)))
+        rbps = n * chunk / (time.perf_counter() - t0)
+        if not res.ok:
+            raise RuntimeError(f"load failed: {list(res.failed.items())[:2]}")
+        if view[: n * chunk] != view[n * chunk : 2 * n * chunk]:
+            raise RuntimeError("loaded bytes differ from offloaded bytes")
+        extra = dict(tier.stats().extra)
+    return wbps, rbps, extra
+
+
+async def naive_point(root: Path, view: memoryview, chunk: int, n: int, depth: int) -> tuple[float, float]:
+    """The naive aiofiles loop, synced at the end and read back cold."""
+    t0 = time.perf_counter()
+    await benchkit.naive_aiofiles(root, view, chunk, n, depth=depth, mode="write", sync="none")
+    await asyncio.to_thread(syncfs, root)
+    wbps = n * chunk / (time.perf_counter() - t0)
+    await asyncio.to_thread(drop_tree, root)
+    rbps = await benchkit.naive_aiofiles(root, view[n * chunk :], chunk, n, depth=depth, mode="read")
+    return wbps, rbps
+
+
+def fio_point(root: Path, chunk: int, depth: int, size: int) -> tuple[float, float]:
+    w = benchkit.run_fio(root, rw="write", bs=chunk, iodepth=depth, size=size)
+    r = benchkit.run_fio(root, rw="read", bs=chunk, iodepth=depth, size=size)
+    return w.bytes_per_s, r.bytes_per_s
+
+
+def fs_type(path: Path) -> str:
+    """File system type and device of the mount holding ``path`` (from /proc/mounts)."""
+    best, kind = "", "?"
+    target = str(path.resolve())
+    try:
+        with open("/proc/mounts") as f:
+            for line in f:
+                dev, mnt, fstype = line.split()[:3]
+                if (target == mnt or target.startswith(mnt.rstrip("/") + "/")) and len(mnt) >= len(best):
+                    best, kind = mnt, f"{fstype} ({dev} on {mnt})"
+    except OSError:
+        pass
+    return kind
+
+
+def machine(base: Path) -> dict[str, Any]:
+    """What the figures were measured on (load average: the machine may be shared)."""
+    return {
+        "kernel": platform.release(),
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "fs_type": fs_type(base),
+        "dir": str(base),
+        "fio": subprocess.run(["fio", "--version"], capture_output=True, text=True).stdout.strip(),
+        "loadavg_at_end": os.getloadavg(),
+    }
+
+
+def med(values: list[float]) -> float:
+    return statistics.median(values) if values else 0.0
+
+
+async def run(args: argparse.Namespace) -> dict[str, Any]:
+    base = Path(args.dir)
+    sizes = [int(s) * KiB for s in args.sizes_kib.split(",")]
+    depths = [int(d) for d in args.depths.split(",")]
+    total = args.mib * MiB
+    view = aligned_buffer(2 * total)  # offload from the first half, load into the second
+    fill_random(view[:total])
+    points: list[dict[str, Any]] = []
+    variants: dict[str, dict[str, Any]] = {"fs": {}}
+    if args.variants:
+        variants["fs publish=rename"] = {"publish": "rename"}
+        variants["fs lru_times=False"] = {"lru_times": False}
+        variants["fs buffered"] = {"direct_io": False}
+    for chunk in sizes:
+        n = total // chunk
+        for depth in depths:
+            m: dict[str, list[float]] = {}
+
+            def add(name: str, value: float, m: dict[str, list[float]] = m) -> None:
+                m.setdefault(name, []).append(value)
+
+            extra: dict[str, Any] = {}
+            for _ in range(args.repeat):
+                fw, fr = fio_point(fresh(base / "fio"), chunk, depth, total)
+                add("fio_write", fw)
+                add("fio_read", fr)
+                for name, cfg in variants.items():
+                    if name != "fs" and not (chunk == sizes[0] and depth == depths[-1]):
+                        continue  # variants only at the small-chunk, deep point
+                    tw, tr, extra_v = await tier_point(fresh(base / "tier"), view, chunk, n, depth, cfg)
+                    add(f"{name}_write", tw)
+                    add(f"{name}_read", tr)
+                    if name == "fs":
+                        extra = extra_v
+                if not args.no_naive:
+                    nw, nr = await naive_point(fresh(base / "naive"), view, chunk, n, depth)
+                    add("naive_write", nw)
+                    add("naive_read", nr)
+            point: dict[str, Any] = {"chunk_bytes": chunk, "depth": depth, "chunks": n}
+            point.update({k: med(v) for k, v in m.items()})
+            point["samples"] = m
+            point["tier_extra"] = extra
+            for side in ("write", "read"):
+                ref = point[f"fio_{side}"]
+                for name in [*variants, "naive"]:
+                    if f"{name}_{side}" in point:
+                        point[f"{name}_{side}_x_fio"] = benchkit.ratio(point[f"{name}_{side}"], ref)
+            points.append(point)
+            print(
+                f"{chunk // KiB:>5} KiB d={depth:<2}  write {point['fs_write'] / 1e9:.2f} GB/s "
+                f"({point['fs_write_x_fio']:.2f}x fio)  read {point['fs_read'] / 1e9:.2f} GB/s "
+                f"({point['fs_read_x_fio']:.2f}x fio)",
+                flush=True,
+            )
+    shutil.rmtree(base / "fio", ignore_errors=True)
+    shutil.rmtree(base / "tier", ignore_errors=True)
+    shutil.rmtree(base / "naive", ignore_errors=True)
+    return {
+        "bench": "fs tier",
+        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "command": " ".join([".venv/bin/python", "bench/bench_fs.py", *sys.argv[1:]]),
+        "machine": machine(base),
+        "method": {
+            "bytes_per_point": total,
+            "repeat": args.repeat,
+            "statistic": "median",
+            "tier": "one offload call of all chunks, max_inflight=depth, durability='none', direct_io='auto', "
+            "verify=True; timed until syncfs returns; load from a cold page cache",
+            "fio": "io_uring, O_DIRECT, sequential, one file, end_fsync=1",
+            "naive": "benchkit.naive_aiofiles, sync at the end (syncfs), cold read",
+        },
+        "points": points,
+    }
+
+
+def markdown(report: dict[str, Any]) -> str:
+    def gb(v: float | None) -> str:
+        return f"{v / 1e9:.2f}" if v else "-"
+
+    def x(v: float | None) -> str:
+        return f"{v:.2f}x" if v is not None else "-"
+
+    lines = [
+        f"# fs tier vs fio and a naive loop — {report['date']}",
+        "",
+        f"`{report['command']}` — {report['machine']['fs_type']} at {report['machine']['dir']}, "
+        f"{report['machine']['cpus']} CPUs, kernel {report['machine']['kernel']}, {report['machine']['fio']}; "
+        f"median of {report['method']['repeat']} interleaved runs, "
+        f"{report['method']['bytes_per_point'] // MiB} MiB per point.",
+        "",
+        "| chunk | depth | fs write GB/s | fio write GB/s | **write x fio** | naive write x fio "
+        "| fs read GB/s | fio read GB/s | **read x fio** | naive read x fio |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for p in report["points"]:
+        lines.append(
+            f"| {p['chunk_bytes'] // KiB} KiB | {p['depth']} | {gb(p['fs_write'])} | {gb(p['fio_write'])} "
+            f"| **{x(p['fs_write_x_fio'])}** | {x(p.get('naive_write_x_fio'))} | {gb(p['fs_read'])} "
+            f"| {gb(p['fio_read'])} | **{x(p['fs_read_x_fio'])}** | {x(p.get('naive_read_x_fio'))} |"
+        )
+    extra = [p for p in report["points"] if any(k.startswith("fs ") for k in p)]
+    if extra:
+        lines += ["", "Variants at the small-chunk, deepest point (same run):", ""]
+        lines += ["| variant | write x fio | read x fio |", "| --- | --- | --- |"]
+        for p in extra:
+            for name in sorted({k.rsplit("_", 1)[0] for k in p if k.startswith("fs") and k.endswith("_write")}):
+                lines.append(f"| {name} | {x(p.get(f'{name}_write_x_fio'))} | {x(p.get(f'{name}_read_x_fio'))} |")
+    lines += [
+        "",
+        f"Method: tier — {report['method']['tier']}. fio — {report['method']['fio']}. "
+        f"naive — {report['method']['naive']}.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--dir", default="/var/tmp/asynctier-bench-fs", help="scratch directory on the file system to test")
+    ap.add_argument("--sizes-kib", default="256,2048", help="chunk sizes in KiB, comma-separated")
+    ap.add_argument("--depths", default="1,4,16", help="depths (max_inflight, fio iodepth), comma-separated")
+    ap.add_argument("--mib", type=int, default=256, help="MiB moved per measurement")
+    ap.add_argument("--repeat", type=int, default=3, help="interleaved repetitions per point (median reported)")
+    ap.add_argument("--variants", action="store_true", help="also measure publish=rename, lru_times=False, buffered")
+    ap.add_argument("--no-naive", action="store_true", help="skip the naive aiofiles loop")
+    ap.add_argument("--loop", choices=("asyncio", "uvloop"), default="asyncio")
+    ap.add_argument("--out", default=str(REPO / "bench" / "results"), help="directory for fs.json and fs.md")
+    ap.add_argument("--name", default="fs", help="base name of the result files")
+    args = ap.parse_args(argv)
+    if not benchkit.fio_available():
+        sys.exit("fio is not installed: the figures are ratios of fio")
+    Path(args.dir).mkdir(parents=True, exist_ok=True)
+    runner: Callable[..., dict[str, Any]] = asyncio.run
+    if args.loop == "uvloop":
+        import uvloop
+
+        runner = uvloop.run
+    report = runner(run(args))
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{args.name}.json").write_text(json.dumps(report, indent=1) + "\n")
+    (out / f"{args.name}.md").write_text(markdown(report))
+    print(markdown(report))
+
+
+if __name__ == "__main__":
+    main()
