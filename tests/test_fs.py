@@ -2,8 +2,9 @@
 
 Faults are made for real: bytes flipped and files cut short on disk, a read-only bind mount,
 a directory without write permission (seen by a process without CAP_DAC_OVERRIDE), a small
-tmpfs filled up, a second process storing into the same root. Checks that need ``mount`` or
-``setpriv`` skip with the reason where the machine does not allow them.
+tmpfs filled up, EIO from a loop device whose image lost its tail, a second process storing
+into the same root. Checks that need ``mount``, ``losetup`` or ``setpriv`` skip with the
+reason where the machine does not allow them.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import json
 import logging
 import os
 import random
+import re
 import shutil
 import subprocess
 import sys
@@ -32,6 +34,7 @@ from asynctier import (
     SecondaryTierFactory,
     TierConfigError,
 )
+from asynctier.benchkit import drop_page_cache
 from asynctier.errors import failure_kind
 from asynctier.integrity import key_token
 from asynctier.posix_io import aligned_buffer
@@ -430,6 +433,82 @@ async def test_read_only_mount_fails_stores_serves_loads_recovers(tmp_path: Path
             assert sh("mount", "-o", "remount,rw,bind", str(mnt)).returncode == 0
             assert (await tier.offload([b"new"], [5])).ok  # fault cleared, same tier
             assert (await tier.load([b"new"], [6])).ok and chunk(view, 6) == data[5]
+
+
+def physical_start(path: Path) -> int:
+    """Byte offset on the device of the first data block of ``path`` (filefrag -v)."""
+    out = sh("filefrag", "-v", str(path)).stdout
+    unit = int(re.search(r"blocks of (\d+) bytes", out).group(1))  # type: ignore[union-attr]
+    starts = [int(m.group(1)) for m in re.finditer(r"^\s*\d+:\s+\d+\.\.\s*\d+:\s+(\d+)\.\.", out, re.M)]
+    return min(starts) * unit
+
+
+def cut_image(img: Path, cut: int) -> bytes:
+    """Cut ``img`` short at ``cut``; return what was cut off."""
+    with open(img, "r+b") as f:
+        f.seek(cut)
+        tail = f.read()
+        f.truncate(cut)
+    return tail
+
+
+def restore_image(img: Path, cut: int, tail: bytes) -> None:
+    with open(img, "r+b") as f:
+        f.seek(cut)
+        f.write(tail)
+
+
+@contextlib.contextmanager
+def loop_ext4(tmp_path: Path, size: int) -> Iterator[tuple[Path, Path]]:
+    """An ext4 file system on a direct-I/O loop device over a sparse image: (image, mount point).
+
+    Reading device blocks past the end of the image fails with EIO (the loop driver's short
+    read), which is how a test makes real I/O errors without device-mapper.
+    """
+    if os.geteuid() != 0 or not all(shutil.which(t) for t in ("losetup", "mkfs.ext4", "filefrag")):
+        pytest.skip("needs root, losetup, mkfs.ext4 and filefrag")
+    img = tmp_path / "disk.img"
+    with open(img, "wb") as f:
+        f.truncate(size)
+    r = sh("losetup", "--direct-io=on", "-f", "--show", str(img))
+    if r.returncode != 0:
+        pytest.skip(f"no loop device: {r.stderr.strip()}")
+    dev = r.stdout.strip()
+    try:
+        if sh("mkfs.ext4", "-q", "-F", dev).returncode != 0:
+            pytest.skip("mkfs.ext4 failed")
+        with mounted(tmp_path / "mnt", dev) as mnt:
+            yield img, mnt
+    finally:
+        sh("losetup", "-d", dev)
+
+
+async def test_eio_fails_only_those_keys_and_clears(tmp_path: Path) -> None:
+    """Real EIO: chunk blocks cut off the end of a loop device's image; restored, they load again."""
+    with loop_ext4(tmp_path, 64 << 20) as (img, mnt):
+        tier, view = make_tier(mnt)
+        data = fill(view, 15)
+        k = keys(8)
+        async with tier:
+            assert (await tier.offload(k, list(range(8)))).ok
+            await asyncio.to_thread(os.sync)
+            files = [chunk_file(tier, key) for key in k]
+            cut = max(physical_start(f) for f in files)  # the chunk stored last on the device
+            victim = k[max(range(8), key=lambda i: physical_start(files[i]))]
+            tail = cut_image(img, cut)
+            drop_page_cache([str(f) for f in files])
+            res = await tier.load(k, list(range(8, 16)))
+            assert set(res.failed) == {victim}, {key: repr(e) for key, e in res.failed.items()}
+            exc = res.failed[victim]
+            assert isinstance(exc, OSError) and exc.errno == errno.EIO, repr(exc)
+            assert failure_kind(exc) == "io" and tier.stats().failures["io"] == 1
+            assert await tier.lookup([victim]) == [True], "an I/O error is not proof the chunk is bad"
+            restore_image(img, cut, tail)  # the fault clears
+            drop_page_cache([str(f) for f in files])
+            res = await tier.load(k, list(range(8, 16)))
+            assert res.ok, res.failed
+            assert [chunk(view, 8 + i) for i in range(8)] == data[:8]
+            assert (await tier.offload([b"after"], [0])).ok
 
 
 def test_permission_denied_directory(tmp_path: Path) -> None:
