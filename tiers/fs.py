@@ -71,10 +71,15 @@ N_SHARDS = 256
 _O_TMPFILE: int = getattr(os, "O_TMPFILE", 0)
 _O_DIRECTORY: int = getattr(os, "O_DIRECTORY", 0)
 _TMP_PREFIX = ".tmp~"
+_MAX_PENDING_TOUCHES = 1 << 16  # touched keys remembered for stamping at close (beyond: approximate)
 _NOSPACE = (errno.ENOSPC, errno.EDQUOT)
 _HASHED_TOKEN = re.compile(r"h[0-9a-f]{64}")
 _SAFE_HOST = re.compile(r"[^A-Za-z0-9.-]")
 _instance_seq = itertools.count()
+
+
+class _DirectRefused(Exception):
+    """An O_DIRECT transfer was refused (EINVAL): retry buffered."""
 
 
 def _shard_of(key: bytes) -> int:
@@ -320,7 +325,9 @@ class FsTier(BlockingChunkTier):
             raise
         self._shard_fds = fds
         try:
-            self._block = max(512, logical_block_size(self.dir))
+            # the alignment O_DIRECT needs; at most the header block (a larger f_bsize, as on
+            # Lustre, is a preference; a real refusal switches O_DIRECT off, see _direct_refused)
+            self._block = min(max(512, logical_block_size(self.dir)), HEADER_BLOCK)
             self._probe()
             self._start_scan()
         except BaseException:
@@ -559,7 +566,7 @@ class FsTier(BlockingChunkTier):
     async def touch(self, keys: Sequence[bytes]) -> None:
         """Mark keys most recently used; their file times are stamped at close (``lru_times``)."""
         await super().touch(keys)
-        if self.lru_times:
+        if self.lru_times and len(self._touched) < _MAX_PENDING_TOUCHES:
             self._touched.update(keys)
 
     async def stored_keys(self) -> list[bytes]:
@@ -573,7 +580,12 @@ class FsTier(BlockingChunkTier):
     def write_chunk(self, key: bytes, data: memoryview) -> None:
         """Header + payload to an unnamed file in one pwritev, then link it in (atomic)."""
         try:
-            self._write_once(key, data)
+            try:
+                self._write_once(key, data)
+            except _DirectRefused:
+                # the medium wants more alignment than its block size said: buffered from now on
+                self._direct_refused()
+                self._write_once(key, data)
         except OSError as e:
             if e.errno not in _NOSPACE:
                 raise
@@ -601,7 +613,12 @@ class FsTier(BlockingChunkTier):
         fd, tmp = self._open_new(dfd, flags)
         try:
             try:
-                _all_io(os.pwritev, fd, [hb, data], 0)
+                try:
+                    _all_io(os.pwritev, fd, [hb, data], 0)
+                except OSError as e:
+                    if flags & O_DIRECT and e.errno == errno.EINVAL:
+                        raise _DirectRefused from e
+                    raise
                 if sync:
                     os.fdatasync(fd)
                 if tmp is None:
@@ -639,7 +656,16 @@ class FsTier(BlockingChunkTier):
         except FileNotFoundError:
             raise ChunkNotFoundError(f"no chunk stored under key {key.hex()[:32]}", key) from None
         try:
-            got = _all_io(os.preadv, fd, [hb, out], 0)
+            try:
+                got = _all_io(os.preadv, fd, [hb, out], 0)
+            except OSError as e:
+                if not (flags & O_DIRECT and e.errno == errno.EINVAL):
+                    raise
+                # the medium wants more alignment than its block size said: buffered from now on
+                self._direct_refused()
+                os.close(fd)
+                fd = os.open(name, os.O_RDONLY, dir_fd=dfd)
+                got = _all_io(os.preadv, fd, [hb, out], 0)
             if self.lru_times:
                 try:
                     os.utime(fd)  # last use, for LRU order after a restart
