@@ -215,6 +215,22 @@ async def test_overwritten_slot_is_never_served_for_an_old_mapping(tmp_path: Pat
         assert await tier.lookup([b"old"]) == [False]
 
 
+async def test_remove_during_a_store_cancels_it_and_the_key_can_be_stored_again(tmp_path: Path) -> None:
+    tier, view = _make(tmp_path / "rw.slab")
+    data = _fill(view, CHUNK, 13)
+    async with tier:
+        # a store in flight, driven by hand: slot taken, not yet published
+        slot, seq, _ = tier._allocate(b"k")
+        assert (await tier.remove([b"k"])).ok
+        assert tier._publish(b"k", slot, seq, 0) == 0  # removed meanwhile: not published
+        assert await tier.lookup([b"k"]) == [False]
+        assert (await tier.offload([b"k"], [3])).ok  # a later store is a new one
+        assert await tier.lookup([b"k"]) == [True]
+        view[:] = bytes(view.nbytes)
+        assert (await tier.load([b"k"], [0])).ok and _chunk(view, CHUNK, 0) == data[3]
+        assert len(tier._idx.free) == tier.nslots - 1  # type: ignore[union-attr]
+
+
 # -- recovery -------------------------------------------------------------------------------------------
 async def test_reopen_recovers_index_and_lru_order(tmp_path: Path) -> None:
     p = tmp_path / "re.slab"

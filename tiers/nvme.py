@@ -996,8 +996,7 @@ class NvmeTier(BlockingChunkTier):
         idx, journal = self._idx, self._journal
         assert idx is not None and journal is not None
         with idx.lock:
-            self._done_writing(idx, key)
-            if key in idx.killed:  # removed while being written: nothing to publish
+            if self._done_writing(idx, key):  # removed while being written: nothing to publish
                 idx.release(slot, 0)
                 return 0
             idx.slot_csum[slot] = csum
@@ -1017,19 +1016,23 @@ class NvmeTier(BlockingChunkTier):
             idx.release(slot, 0)  # never published: no record to wait for
 
     @staticmethod
-    def _done_writing(idx: _SlotIndex, key: bytes) -> None:
+    def _done_writing(idx: _SlotIndex, key: bytes) -> bool:
+        """One write of ``key`` ended; True if ``key`` was removed while it ran."""
+        killed = key in idx.killed
         n = idx.writing.get(key, 0) - 1
         if n > 0:
             idx.writing[key] = n
         else:
             idx.writing.pop(key, None)
+            idx.killed.discard(key)  # a later store of this key is a new one
+        return killed
 
     def _forget(self, key: bytes, slot: int | None = None) -> int:
         """Drop ``key`` from the index (only if at ``slot`` when given); return a ticket or 0."""
         idx, journal = self._idx, self._journal
         assert idx is not None and journal is not None
         with idx.lock:
-            if key in idx.writing:
+            if slot is None and key in idx.writing:  # an explicit removal also cancels a store in flight
                 idx.killed.add(key)
             cur = idx.entries.get(key)
             if cur is None or (slot is not None and cur != slot):

@@ -1,0 +1,260 @@
+"""Benchmark the nvme tier against fio on the same file system, in one run.
+
+    .venv/bin/python bench/bench_nvme.py --dir /var/tmp/asynctier-bench
+
+Figures (all O_DIRECT, same block size and depth as the tier's chunk size and
+``max_inflight``):
+
+* 2 MiB chunks, depth 16 and depth 1: offload and load GB/s vs fio's best of io_uring and
+  psync (``write``/``read`` jobs, ``end_fsync=1`` on writes). The tier offloads with
+  ``durability="none"`` (then one fdatasync, as fio's end_fsync) and with ``"fsync"``
+  (every offload acknowledged durable; group commit).
+* 64 KiB chunks at depth 16: chunk operations per second vs fio's IOPS.
+* Reopen with 1M slots indexed: a 1M-entry checkpoint plus a full journal generation
+  (``checkpoint_every`` records) to replay.
+
+Writes ``bench/results/nvme.json`` and ``bench/results/nvme.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import mmap
+import os
+import platform
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from asynctier import OffloadingSpec, SecondaryTierFactory  # noqa: E402
+from asynctier.benchkit import fio_available, run_fio  # noqa: E402
+from tiers.nvme import _PUBLISH, Checkpoint, NvmeTier, _pack_record, read_checkpoint, write_checkpoint  # noqa: E402
+
+MiB = 1 << 20
+
+
+def _tier(
+    d: Path, chunk: int, nprimary: int, capacity: int, depth: int, **cfg: Any
+) -> tuple[NvmeTier, memoryview, OffloadingSpec]:
+    spec = OffloadingSpec(chunk, nprimary, namespace="bench/nvme")
+    view = memoryview(mmap.mmap(-1, spec.total_bytes))  # page-aligned, as pinned memory is
+    for i in range(0, spec.total_bytes, MiB):
+        view[i : i + 16] = os.urandom(16)  # touch the pages; content does not matter
+    conf = {"type": "nvme", "path": str(d / "bench.slab"), "capacity_bytes": capacity, "max_inflight": depth, **cfg}
+    tier = SecondaryTierFactory.create_secondary_tier(conf, view, spec)
+    assert isinstance(tier, NvmeTier)
+    return tier, view, spec
+
+
+async def _stream(
+    d: Path, chunk: int, depth: int, total: int, durability: str, nprimary: int = 256
+) -> dict[str, float]:
+    """Offload then load ``total`` bytes of ``chunk``-sized chunks at ``depth``; bytes/s and ops/s."""
+    n = total // chunk
+    _clean(d, "bench.slab")
+    tier, _view, _spec = _tier(d, chunk, nprimary, (n + 64) * (chunk + 4096) + 8192, depth, durability=durability)
+    keys = [b"bench-%09d" % i for i in range(n)]
+    async with tier:
+        # warm the slots once (fallocated extents are written for the first time otherwise,
+        # which costs an extent conversion fio's laid-out file does not pay)
+        await _offload_all(tier, [b"warm-%09d" % i for i in range(n)], nprimary)
+        await tier.remove([b"warm-%09d" % i for i in range(n)])
+        t0 = time.perf_counter()
+        await _offload_all(tier, keys, nprimary)
+        if durability == "none":
+            for fd in tier._fds:  # what fio's end_fsync does
+                os.fdatasync(fd)
+        t_off = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        calls = [
+            tier.load(keys[i : i + nprimary], list(range(len(keys[i : i + nprimary])))) for i in range(0, n, nprimary)
+        ]
+        # at most `depth` chunks run at once anyway; a few calls in flight keep the queue full
+        results = []
+        for i in range(0, len(calls), 4):
+            results += await asyncio.gather(*calls[i : i + 4])
+        t_load = time.perf_counter() - t0
+        assert all(r.ok for r in results), [r.failed for r in results if not r.ok][:1]
+        s = tier.stats()
+        assert s.extra.get("bounce_copies", 0) == 0
+    return {
+        "offload_Bps": n * chunk / t_off,
+        "load_Bps": n * chunk / t_load,
+        "offload_ops": n / t_off,
+        "load_ops": n / t_load,
+        "chunks": n,
+    }
+
+
+async def _offload_all(tier: NvmeTier, keys: list[bytes], nprimary: int) -> None:
+    calls = [
+        tier.offload(keys[i : i + nprimary], [j % nprimary for j in range(len(keys[i : i + nprimary]))])
+        for i in range(0, len(keys), nprimary)
+    ]
+    for i in range(0, len(calls), 4):
+        res = await asyncio.gather(*calls[i : i + 4])
+        assert all(r.ok for r in res), [r.failed for r in res if not r.ok][:1]
+
+
+async def _reopen(d: Path, nslots: int, replay: int) -> dict[str, float]:
+    """Reopen time with ``nslots`` entries in a checkpoint plus ``replay`` journal records."""
+    slab = d / "reopen.slab"
+    _clean(d, "reopen.slab")
+    chunk = 4096
+    spec = OffloadingSpec(chunk, 8, namespace="bench/nvme")
+    view = memoryview(mmap.mmap(-1, spec.total_bytes))
+    cfg = {"type": "nvme", "path": str(slab), "capacity_bytes": 4096 + 8192 * nslots, "preallocate": False}
+    tier = SecondaryTierFactory.create_secondary_tier(cfg, view, spec)
+    async with tier:
+        pass
+    ck_path = slab.with_name(slab.name + ".atidx.ckpt")
+    ck = read_checkpoint(ck_path)
+    assert ck is not None
+    entries = [(b"%032x" % i, i) for i in range(nslots)]  # 16-byte prefix hashes, as hex
+    ck = Checkpoint.from_lru(ck.slab_id, ck.gen, nslots, entries)
+    write_checkpoint(ck_path, ck)
+    # a full journal generation of republished keys to replay
+    _append_journal(d, b"".join(_pack_record(_PUBLISH, b"%032x" % i, i, 1, 0) for i in range(replay)))
+    tier = SecondaryTierFactory.create_secondary_tier(cfg, view, spec)
+    t0 = time.perf_counter()
+    await tier.open()
+    t_open = time.perf_counter() - t0
+    n = tier.stats().stored_chunks
+    t0 = time.perf_counter()
+    await tier.aclose()
+    t_close = time.perf_counter() - t0
+    assert n == nslots, n
+    return {"slots": nslots, "replayed_records": replay, "open_s": t_open, "close_checkpoint_s": t_close}
+
+
+def _clean(d: Path, name: str) -> None:
+    for p in d.glob(name + "*"):
+        p.unlink()
+
+
+def _append_journal(d: Path, data: bytes) -> None:
+    journal = sorted(d.glob("reopen.slab.atidx.journal.*"))[-1]
+    with open(journal, "ab") as f:
+        f.write(data)
+
+
+def _fio_best(d: Path, rw: str, bs: int, depth: int, size: int) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for engine in ("io_uring", "psync"):
+        try:
+            r = run_fio(d / "fio", rw=rw, bs=bs, iodepth=depth, size=size, ioengine=engine)
+        except Exception as e:  # an engine this kernel or fio lacks
+            out[engine] = {"error": repr(e)}
+            continue
+        out[engine] = {"Bps": r.bytes_per_s, "iops": r.iops}
+    ok = [(v["Bps"], k) for k, v in out.items() if "Bps" in v]
+    best = max(ok) if ok else (0.0, "none")
+    out["best_Bps"], out["best_engine"] = best
+    out["best_iops"] = out[best[1]]["iops"] if ok else 0.0
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--dir", default="/var/tmp/asynctier-bench", help="scratch directory (the file system tested)")
+    ap.add_argument("--gib", type=float, default=2.0, help="GiB moved per 2 MiB run")
+    ap.add_argument("--small-ops", type=int, default=20000, help="64 KiB chunks per small-chunk run")
+    ap.add_argument("--slots", type=int, default=1 << 20, help="slots indexed for the reopen figure")
+    ap.add_argument("--out", default=str(ROOT / "bench" / "results"))
+    args = ap.parse_args()
+    d = Path(args.dir)
+    d.mkdir(parents=True, exist_ok=True)
+    total = int(args.gib * (1 << 30))
+    results: dict[str, Any] = {
+        "machine": {"cpus": os.cpu_count(), "kernel": platform.release(), "python": platform.python_version()},
+        "dir": str(d),
+        "fio": fio_available(),
+    }
+    runs: list[dict[str, Any]] = []
+    for depth in (16, 1):
+        size = total if depth == 16 else total // 4
+        fio_w = _fio_best(d, "write", 2 * MiB, depth, size)
+        fio_r = _fio_best(d, "read", 2 * MiB, depth, size)
+        for durability in ("none", "fsync"):
+            t = asyncio.run(_stream(d, 2 * MiB, depth, size, durability, nprimary=64))
+            runs.append(
+                {"chunk": 2 * MiB, "depth": depth, "durability": durability, **t, "fio_write": fio_w, "fio_read": fio_r}
+            )
+            print(json.dumps(runs[-1]["offload_Bps"]), json.dumps(runs[-1]["load_Bps"]), flush=True)
+    small = 64 * 1024
+    fio_w = _fio_best(d, "write", small, 16, args.small_ops * small)
+    fio_r = _fio_best(d, "read", small, 16, args.small_ops * small)
+    for durability in ("none", "fsync"):
+        t = asyncio.run(_stream(d, small, 16, args.small_ops * small, durability, nprimary=256))
+        runs.append({"chunk": small, "depth": 16, "durability": durability, **t, "fio_write": fio_w, "fio_read": fio_r})
+    results["runs"] = runs
+    results["reopen"] = asyncio.run(_reopen(d, args.slots, 1 << 16))
+    shutil.rmtree(d / "fio", ignore_errors=True)
+    for p in d.glob("*.slab*"):
+        p.unlink()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "nvme.json").write_text(json.dumps(results, indent=2) + "\n")
+    (out / "nvme.md").write_text(_markdown(results))
+    print(_markdown(results))
+
+
+def _markdown(r: dict[str, Any]) -> str:
+    g = 1e9
+    lines = [
+        "# nvme tier vs fio (same file system, O_DIRECT, same block size and depth)",
+        "",
+        f"Directory `{r['dir']}`, {r['machine']['cpus']} CPUs, kernel {r['machine']['kernel']}, "
+        f"Python {r['machine']['python']}. Tier engine: preadv/pwritev on worker threads.",
+        "",
+        "| chunk | depth | durability | offload GB/s | fio write GB/s (engine) | ratio | load GB/s | "
+        "fio read GB/s (engine) | ratio | offload ops/s | load ops/s |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for x in r["runs"]:
+        fw, fr = x["fio_write"], x["fio_read"]
+        kb = x["chunk"] // 1024
+        size = f"{kb // 1024} MiB" if kb >= 1024 else f"{kb} KiB"
+        lines.append(
+            f"| {size} | {x['depth']} | {x['durability']} | {x['offload_Bps'] / g:.2f} | "
+            f"{fw['best_Bps'] / g:.2f} ({fw['best_engine']}) | {x['offload_Bps'] / fw['best_Bps']:.2f} | "
+            f"{x['load_Bps'] / g:.2f} | {fr['best_Bps'] / g:.2f} ({fr['best_engine']}) | "
+            f"{x['load_Bps'] / fr['best_Bps']:.2f} | {x['offload_ops']:,.0f} | {x['load_ops']:,.0f} |"
+        )
+    lines += [
+        "",
+        "fio per engine (GB/s):",
+        "",
+        "| chunk | depth | job | io_uring | psync |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    seen = set()
+    for x in r["runs"]:
+        for job in ("fio_write", "fio_read"):
+            key = (x["chunk"], x["depth"], job)
+            if key in seen:
+                continue
+            seen.add(key)
+            f = x[job]
+            cell = [f"{f[e]['Bps'] / g:.2f}" if "Bps" in f[e] else "n/a" for e in ("io_uring", "psync")]
+            lines.append(f"| {x['chunk'] // 1024} KiB | {x['depth']} | {job[4:]} | {cell[0]} | {cell[1]} |")
+    ro = r["reopen"]
+    lines += [
+        "",
+        f"Reopen with {ro['slots']:,} slots indexed (checkpoint) + {ro['replayed_records']:,} journal records "
+        f"replayed: **{ro['open_s']:.2f} s**; the closing checkpoint of that index took "
+        f"{ro['close_checkpoint_s']:.2f} s.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()
