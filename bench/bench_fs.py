@@ -203,10 +203,12 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             point["samples"] = m
             point["tier_extra"] = extra
             for side in ("write", "read"):
-                ref = point[f"fio_{side}"]
+                refs = m[f"fio_{side}"]
                 for name in [*variants, "naive"]:
                     if f"{name}_{side}" in point:
-                        point[f"{name}_{side}_x_fio"] = benchkit.ratio(point[f"{name}_{side}"], ref)
+                        # paired: each repeat's figure over the fio figure measured next to it
+                        pairs = [v / r for v, r in zip(m[f"{name}_{side}"], refs) if r]
+                        point[f"{name}_{side}_x_fio"] = med(pairs) if pairs else None
             points.append(point)
             print(
                 f"{chunk // KiB:>5} KiB d={depth:<2}  write {point['fs_write'] / 1e9:.2f} GB/s "
@@ -225,7 +227,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "method": {
             "bytes_per_point": total,
             "repeat": args.repeat,
-            "statistic": "median",
+            "statistic": "median of the repeats; ratios: median of per-repeat ratios (each figure over the "
+            "fio figure measured beside it)",
             "tier": "one offload call of all chunks, max_inflight=depth, durability='none', direct_io='auto', "
             "verify=True; timed until syncfs returns; load from a cold page cache",
             "fio": "io_uring, O_DIRECT, sequential, one file, end_fsync=1",
@@ -247,7 +250,7 @@ def markdown(report: dict[str, Any]) -> str:
         "",
         f"`{report['command']}` — {report['machine']['fs_type']} at {report['machine']['dir']}, "
         f"{report['machine']['cpus']} CPUs, kernel {report['machine']['kernel']}, {report['machine']['fio']}; "
-        f"median of {report['method']['repeat']} interleaved runs, "
+        f"median of {report['method']['repeat']} interleaved runs (ratios: median of paired ratios), "
         f"{report['method']['bytes_per_point'] // MiB} MiB per point.",
         "",
         "| chunk | depth | fs write GB/s | fio write GB/s | **write x fio** | naive write x fio "

@@ -604,3 +604,18 @@ async def test_second_process_same_root_no_torn_reads(tmp_path: Path) -> None:
         view[: 8 * CHUNK] = b"".join(expect[:8])
         assert (await tier.offload(hot, list(range(8)))).ok
         assert len(chunk_files(tier)) == 10
+
+
+async def test_dropped_without_aclose_releases_directory_descriptors(tmp_path: Path) -> None:
+    import gc
+
+    def open_fds() -> int:
+        return len(os.listdir("/proc/self/fd"))
+
+    before = open_fds()
+    tier, _ = make_tier(tmp_path)
+    await tier.open()
+    assert open_fds() >= before + 256
+    del tier
+    gc.collect()
+    assert open_fds() < before + 8

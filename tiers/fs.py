@@ -47,6 +47,7 @@ import re
 import stat
 import threading
 import time
+import weakref
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -76,6 +77,14 @@ _NOSPACE = (errno.ENOSPC, errno.EDQUOT)
 _HASHED_TOKEN = re.compile(r"h[0-9a-f]{64}")
 _SAFE_HOST = re.compile(r"[^A-Za-z0-9.-]")
 _instance_seq = itertools.count()
+
+
+def _close_all(fds: list[int]) -> None:
+    for fd in fds:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
 
 
 class _DirectRefused(Exception):
@@ -248,6 +257,7 @@ class FsTier(BlockingChunkTier):
         self.index: _FsIndex = _FsIndex(self.capacity_bytes)
         # set by open_medium
         self._shard_fds: list[int] = []
+        self._fd_finalizer: weakref.finalize[[list[int]], FsTier] | None = None
         self._use_direct = False
         self._use_tmpfile = False
         self._block = HEADER_BLOCK
@@ -324,6 +334,8 @@ class FsTier(BlockingChunkTier):
                 os.close(fd)
             raise
         self._shard_fds = fds
+        # a tier dropped without aclose() must not leak its directory descriptors
+        self._fd_finalizer = weakref.finalize(self, _close_all, fds)
         try:
             # the alignment O_DIRECT needs; at most the header block (a larger f_bsize, as on
             # Lustre, is a preference; a real refusal switches O_DIRECT off, see _direct_refused)
@@ -424,9 +436,10 @@ class FsTier(BlockingChunkTier):
         self._close_fds()
 
     def _close_fds(self) -> None:
-        fds, self._shard_fds = self._shard_fds, []
-        for fd in fds:
-            os.close(fd)
+        self._shard_fds = []
+        fin = self._fd_finalizer
+        if fin is not None:
+            fin()  # closes each descriptor once, whichever comes first: this or garbage collection
 
     # -- recovery ----------------------------------------------------------------------------
     def _start_scan(self) -> None:
