@@ -1114,8 +1114,11 @@ async def fsck(
             f"tier {name!r} ({cls.__module__}.{cls.__qualname__}) cannot be checked: fsck needs a ChunkTier "
             "(stored_keys and verify_chunks)"
         )
-    if "verify" in accepted_parameters(cls):
+    accepted = accepted_parameters(cls)
+    if "verify" in accepted:
         cfg["verify"] = True
+    if "background_scan" in accepted:
+        cfg["background_scan"] = False  # list every chunk: the index must be complete before stored_keys()
     scratch = aligned_buffer(spec.total_bytes)  # never touched by verify_chunks; the tier wants a view
     tier = SecondaryTierFactory.create_secondary_tier(cfg, scratch, spec)
     assert isinstance(tier, ChunkTier)

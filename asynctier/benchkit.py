@@ -29,6 +29,9 @@ __all__ = [
     "run_fio",
     "ratio",
     "sync_tree",
+    "machine_info",
+    "md_table",
+    "write_results",
 ]
 
 
@@ -277,3 +280,39 @@ async def naive_aiofiles(
 def ratio(value: float, reference: float) -> float | None:
     """``value / reference``, or None when there is no reference."""
     return value / reference if reference else None
+
+
+def md_table(columns: list[str], rows: list[list[str]]) -> str:
+    """A markdown table."""
+    out = ["| " + " | ".join(columns) + " |", "| " + " | ".join("---" for _ in columns) + " |"]
+    out += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(out)
+
+
+def machine_info() -> dict[str, Any]:
+    """CPUs, memory, platform, Python and fio version: the context every result file records."""
+    import platform
+
+    mem = 0
+    try:
+        mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (OSError, ValueError):
+        pass
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return {
+        "cpus": cpus,
+        "memory_bytes": mem,
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "fio": fio_version(),
+    }
+
+
+def write_results(directory: str | os.PathLike[str], name: str, data: dict[str, Any], markdown: str) -> list[Path]:
+    """Write ``NAME.json`` and ``NAME.md`` into ``directory`` (created); return their paths."""
+    d = Path(directory)
+    d.mkdir(parents=True, exist_ok=True)
+    js, md = d / f"{name}.json", d / f"{name}.md"
+    js.write_text(json.dumps(data, indent=2, default=str) + "\n")
+    md.write_text(markdown if markdown.endswith("\n") else markdown + "\n")
+    return [js, md]
