@@ -58,6 +58,7 @@ implemented; see ``bench/results/nvme.md`` for the psync-vs-io_uring fio figures
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import logging
 import operator
@@ -65,6 +66,7 @@ import os
 import stat
 import struct
 import threading
+import time
 import uuid as uuidlib
 from array import array
 from collections.abc import Sequence
@@ -75,10 +77,19 @@ from typing import Any
 
 import xxhash
 
-from asynctier import BlockingChunkTier, CapacityError, ChunkNotFoundError, IntegrityError, TierConfigError
+from asynctier import (
+    BackpressureError,
+    BlockingChunkTier,
+    CapacityError,
+    ChunkNotFoundError,
+    IntegrityError,
+    TierConfigError,
+)
 from asynctier.chunked import MAX_KEY_BYTES
+from asynctier.engines import Batch, Job
 from asynctier.integrity import ChunkHeader, checksum
 from asynctier.posix_io import O_DIRECT, aligned_buffer, buffer_address, fsync_dir, logical_block_size
+from asynctier.stats import TransferResult
 
 __all__ = [
     "Checkpoint",
@@ -602,6 +613,7 @@ class _Buffers(threading.local):
 
     hdr: memoryview | None = None
     bounce: memoryview | None = None
+    group: memoryview | None = None
 
 
 # -- the tier ------------------------------------------------------------------------------------
@@ -620,6 +632,9 @@ class NvmeTier(BlockingChunkTier):
             ``direct_io_fallbacks``, where the file system refuses it.
         checkpoint_every: journal records between checkpoints (bounds replay at open).
         evict_batch: LRU entries evicted at once when no slot is free (one journal flush).
+        coalesce_bytes: a call of many small chunks runs as jobs of up to this many slot
+            bytes (default 1 MiB; 0: one job per chunk); adjacent slots in a job move with
+            one ``pwritev``/``preadv``.
     """
 
     default_type = "nvme"
@@ -635,6 +650,7 @@ class NvmeTier(BlockingChunkTier):
         direct_io: bool = True,
         checkpoint_every: int = 1 << 16,
         evict_batch: int = 16,
+        coalesce_bytes: int = 1 << 20,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -660,6 +676,9 @@ class NvmeTier(BlockingChunkTier):
         self.direct_io = direct_io
         self.checkpoint_every = checkpoint_every
         self.evict_batch = evict_batch
+        if isinstance(coalesce_bytes, bool) or not isinstance(coalesce_bytes, int) or coalesce_bytes < 0:
+            raise TierConfigError(f"coalesce_bytes must be an int >= 0; got {coalesce_bytes!r}")
+        self.coalesce_bytes = coalesce_bytes
         self._fds: list[int] = []
         self._direct = False
         self._geo: _Geometry | None = None
@@ -1094,15 +1113,7 @@ class NvmeTier(BlockingChunkTier):
                 payload = bb[geo.hdr_area : geo.hdr_area + out.nbytes]
             if got < geo.hdr_area + out.nbytes:
                 raise IntegrityError(f"short read of slot {slot}: {got} bytes", key)
-            hdr = ChunkHeader.unpack(hb, key=key)
-            if hdr.seq != seq or hdr.checksum != csum:
-                raise IntegrityError(f"slot {slot} holds another write of this key (stale or reused)", key)
-            hdr.verify(
-                payload,
-                layout_digest=self.offloading_spec.layout_digest,
-                payload_len=out.nbytes,
-                check_data=self.verify,
-            )
+            self._check_slot(key, slot, seq, csum, hb, payload)
             if payload is not out:
                 out[:] = payload  # bounce copy (unaligned view)
                 self._stats.incr("bounce_copies")
@@ -1110,15 +1121,7 @@ class NvmeTier(BlockingChunkTier):
             self._forget(key, slot)  # the base class also asks delete_chunk; this keeps the slot exact
             raise
         finally:
-            with idx.lock:
-                n = idx.pins[slot] - 1
-                if n:
-                    idx.pins[slot] = n
-                else:
-                    del idx.pins[slot]
-                    t = idx.zombies.pop(slot, None)
-                    if t is not None:
-                        idx.release(slot, t)
+            self._unpin([slot])
 
     def chunk_exists(self, key: bytes) -> bool:
         """Whether ``key`` is indexed."""
@@ -1140,6 +1143,254 @@ class NvmeTier(BlockingChunkTier):
         assert idx is not None
         with idx.lock:
             return idx.keys_lru()
+
+    # -- coalesced batches: several chunks per job, contiguous slots in one I/O ----------------------
+    def _group_size(self, op: str, n: int) -> int:
+        """Chunks per job for a call of ``n`` chunks (1: one job per chunk, the base path)."""
+        if op not in ("offload", "load") or n < 2 or self._geo is None:
+            return 1
+        cmax = self.coalesce_bytes // self._geo.slot_size
+        if cmax < 2:
+            return 1
+        # keep at least one job per worker so the device still sees the full depth
+        return max(1, min(cmax, n // (self.max_inflight or 1)))
+
+    def _group_buf(self, g: int) -> memoryview:
+        assert self._geo is not None
+        need = g * self._geo.slot_size
+        b = self._bufs.group
+        if b is None or b.nbytes < need:
+            b = self._bufs.group = aligned_buffer(need)
+        return b
+
+    async def _run(self, op: str, priority: int, keys: list[bytes], ids: list[int]) -> TransferResult:
+        g = self._group_size(op, len(keys))
+        if g <= 1:
+            return await super()._run(op, priority, keys, ids)
+        # The base scheduler, with one job per group: same bound, priorities, back-pressure,
+        # cancellation (a running group finishes before the caller hears of it) and stats.
+        loop = asyncio.get_running_loop()
+        t0 = time.perf_counter()
+        fn = self._store_group if op == "offload" else self._load_group
+        groups = [(keys[i : i + g], ids[i : i + g]) for i in range(0, len(keys), g)]
+        batch = Batch(loop, len(groups))
+        jobs = [Job(priority, fn, (gk, gi, t0), batch) for gk, gi in groups]
+        engine = self._engine
+        assert engine is not None and self._idle is not None
+        self._active += 1
+        self._idle.clear()
+        timer: asyncio.TimerHandle | None = None
+        try:
+            engine.submit(jobs)
+            if op == "offload" and self.store_backpressure == "drop":
+                timer = loop.call_later(self.backpressure_timeout_s or 0.0, self._drop_groups, jobs)
+            await self._wait_all(engine, batch, jobs)
+        finally:
+            if timer is not None:
+                timer.cancel()
+            self._active -= 1
+            if self._active == 0:
+                self._idle.set()
+        res = TransferResult(op)  # type: ignore[arg-type]
+        chunk = self.offloading_spec.chunk_bytes
+        for (gk, _), j in zip(groups, jobs):
+            per: list[BaseException | None]
+            if j.exc is not None:
+                per = [j.exc] * len(gk)
+            elif j.result is not None:  # the group's outcomes (or its back-pressure drops)
+                per = j.result
+            else:  # cancelled before it ran; only a cancelled caller gets here, and it gets no result
+                per = [asyncio.CancelledError()] * len(gk)
+            for k, e in zip(gk, per):
+                if e is None:
+                    res.succeeded.append(k)
+                    res.bytes_transferred += chunk
+                else:
+                    res.failed[k] = e
+        res.elapsed_s = time.perf_counter() - t0
+        return res
+
+    def _drop_groups(self, jobs: list[Job]) -> None:
+        assert self._engine is not None
+        for j in self._engine.cancel_pending(jobs):
+            errs: list[BaseException | None] = []
+            for key in j.args[0]:
+                exc = BackpressureError(
+                    f"store dropped: no I/O slot within {self.backpressure_timeout_s}s "
+                    f"(max_inflight={self.max_inflight})",
+                    key,
+                )
+                self._stats.record_failure(exc)
+                errs.append(exc)
+            j.result = errs
+
+    def _runs(self, items: list[tuple[int, int]]) -> list[list[tuple[int, int, int, int]]]:
+        """Group ``(position, slot)`` pairs into runs adjacent on one stripe: (pos, slot, stripe, off)."""
+        geo = self._geo
+        assert geo is not None
+        located = sorted((*geo.locate(s), p, s) for p, s in items)
+        runs: list[list[tuple[int, int, int, int]]] = []
+        for stripe, off, p, s in located:
+            last = runs[-1][-1] if runs else None
+            if last is not None and last[2] == stripe and last[3] + geo.slot_size == off and len(runs[-1]) < 512:
+                runs[-1].append((p, s, stripe, off))
+            else:
+                runs.append([(p, s, stripe, off)])
+        return runs
+
+    def _store_group(self, keys: list[bytes], cids: list[int], t0: float) -> list[BaseException | None]:
+        """Store several chunks: allocate, write each run of adjacent slots with one ``pwritev``,
+        publish, one journal wait. Returns each key's failure (None: stored)."""
+        geo, journal = self._geo, self._journal
+        assert geo is not None and journal is not None
+        out: list[BaseException | None] = [None] * len(keys)
+        slots: dict[int, tuple[int, int]] = {}  # position -> (slot, seq)
+        wait = 0
+        for p, k in enumerate(keys):
+            try:
+                if self._begin_store(k) is None:
+                    self._end_store(k, t0, None, skipped=True)
+                    continue
+                slot, seq, ticket = self._allocate(k)
+            except BaseException as e:
+                out[p] = e
+                self._end_store(k, t0, e)
+                continue
+            slots[p] = (slot, seq)
+            wait = max(wait, ticket)
+        if not slots:
+            return out
+        try:
+            journal.wait(wait)  # EVICT records of reused slots first
+        except BaseException as e:
+            for p, (slot, _) in slots.items():
+                self._abort(keys[p], slot)
+                out[p] = e
+                self._end_store(keys[p], t0, e)
+            return out
+        S, H = geo.slot_size, geo.hdr_area
+        gbuf = self._group_buf(len(keys))
+        digest = self.offloading_spec.layout_digest
+        csums: dict[int, int] = {}
+        written: list[int] = []
+        for run in self._runs([(p, s) for p, (s, _) in slots.items()]):
+            iov: list[memoryview] = []
+            try:
+                for p, _slot, _, _ in run:
+                    data = self._chunk(cids[p])
+                    csum = csums[p] = checksum(data)
+                    head = ChunkHeader(keys[p], data.nbytes, csum, digest, slots[p][1]).pack()
+                    region = gbuf[p * S : (p + 1) * S]
+                    region[: len(head)] = head
+                    if self._zero_copy_ok(data):
+                        iov += [region[:H], data]
+                    else:
+                        region[H : H + data.nbytes] = data  # bounce copy (unaligned view)
+                        self._stats.incr("bounce_copies")
+                        iov.append(region)
+                _pwritev_all(self._fds[run[0][2]], iov, run[0][3])
+            except BaseException as e:
+                for p, slot, _, _ in run:
+                    self._abort(keys[p], slot)
+                    out[p] = e
+                    self._end_store(keys[p], t0, e)
+                continue
+            written += [p for p, _, _, _ in run]
+        tickets = [self._publish(keys[p], slots[p][0], slots[p][1], csums[p]) for p in written]
+        try:
+            journal.wait(max(tickets, default=0))
+        except BaseException as e:
+            for p in written:
+                out[p] = e
+                self._end_store(keys[p], t0, e)
+            return out
+        for p in written:
+            self._end_store(keys[p], t0, None)
+        return out
+
+    def _load_group(self, keys: list[bytes], cids: list[int], t0: float) -> list[BaseException | None]:
+        """Load several chunks: one ``preadv`` per run of adjacent slots, then verify each."""
+        geo, idx = self._geo, self._idx
+        assert geo is not None and idx is not None
+        out: list[BaseException | None] = [None] * len(keys)
+        found: dict[int, tuple[int, int, int]] = {}  # position -> (slot, seq, csum)
+        with idx.lock:
+            for p, k in enumerate(keys):
+                slot = idx.entries.get(k)
+                if slot is None:
+                    out[p] = ChunkNotFoundError(f"no chunk stored under key {k.hex()[:32]}", k)
+                    continue
+                idx.touch_slot(slot)
+                found[p] = (slot, idx.slot_seq[slot], idx.slot_csum[slot])
+                idx.pins[slot] = idx.pins.get(slot, 0) + 1
+        for p, missing in enumerate(out):
+            if missing is not None:
+                self._end_load(keys[p], t0, missing)
+        S, H = geo.slot_size, geo.hdr_area
+        gbuf = self._group_buf(len(keys))
+        try:
+            for run in self._runs([(p, s) for p, (s, _, _) in found.items()]):
+                iov: list[memoryview] = []
+                for p, _, _, _ in run:
+                    dst = self._chunk(cids[p])
+                    region = gbuf[p * S : (p + 1) * S]
+                    iov += [region[:H], dst] if self._zero_copy_ok(dst) else [region]
+                try:
+                    got = _preadv_all(self._fds[run[0][2]], iov, run[0][3])
+                except BaseException as e:
+                    for p, _, _, _ in run:
+                        out[p] = e
+                    continue
+                for i, (p, slot, _, _) in enumerate(run):
+                    if got < (i + 1) * S:
+                        out[p] = IntegrityError(f"short read of slot {slot}", keys[p])
+                        continue
+                    dst = self._chunk(cids[p])
+                    region = gbuf[p * S : (p + 1) * S]
+                    direct = self._zero_copy_ok(dst)
+                    payload = dst if direct else region[H : H + dst.nbytes]
+                    try:
+                        self._check_slot(keys[p], slot, found[p][1], found[p][2], region[:H], payload)
+                    except IntegrityError as e:
+                        out[p] = e
+                        continue
+                    if not direct:
+                        dst[:] = payload  # bounce copy (unaligned view)
+                        self._stats.incr("bounce_copies")
+        finally:
+            self._unpin([s for s, _, _ in found.values()])
+        for p in found:
+            outcome = out[p]
+            if isinstance(outcome, IntegrityError):
+                self._forget(keys[p], found[p][0])
+            self._end_load(keys[p], t0, outcome)
+        return out
+
+    def _check_slot(self, key: bytes, slot: int, seq: int, csum: int, hb: memoryview, payload: memoryview) -> None:
+        """Raise :class:`IntegrityError` unless the slot holds exactly the indexed write of ``key``."""
+        hdr = ChunkHeader.unpack(hb, key=key)
+        if hdr.seq != seq or hdr.checksum != csum:
+            raise IntegrityError(f"slot {slot} holds another write of this key (stale or reused)", key)
+        hdr.verify(
+            payload,
+            layout_digest=self.offloading_spec.layout_digest,
+            payload_len=payload.nbytes,
+            check_data=self.verify,
+        )
+
+    def _unpin(self, slots: list[int]) -> None:
+        idx = self._idx
+        assert idx is not None
+        with idx.lock:
+            for slot in slots:
+                n = idx.pins[slot] - 1
+                if n:
+                    idx.pins[slot] = n
+                else:
+                    del idx.pins[slot]
+                    t = idx.zombies.pop(slot, None)
+                    if t is not None:
+                        idx.release(slot, t)
 
     # -- index-backed contract methods (O(1), no I/O) ----------------------------------------------
     def _begin_store(self, key: bytes) -> list[bytes] | None:
