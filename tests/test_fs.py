@@ -310,6 +310,23 @@ async def test_restart_rebuilds_index_cleans_debris_restores_lru(tmp_path: Path,
     live.unlink()
 
 
+async def test_restart_restores_lru_order_of_loads_and_touches(tmp_path: Path) -> None:
+    per = HEADER_BLOCK + CHUNK
+    tier, view = make_tier(tmp_path)
+    fill(view, 16)
+    k = keys(4)
+    async with tier:
+        for i in range(4):
+            assert (await tier.offload([k[i]], [i])).ok
+            await asyncio.sleep(0.02)  # file times are coarse: keep the writes apart
+        assert (await tier.load([k[0]], [8])).ok
+        await tier.touch([k[1]])
+    tier2, _ = make_tier(tmp_path, capacity_bytes=4 * per)
+    async with tier2:
+        assert (await tier2.offload([b"n1", b"n2"], [4, 5])).ok
+        assert await tier2.lookup(k) == [True, True, False, False], "k2, k3 were the least recently used"
+
+
 async def test_restart_with_smaller_capacity_evicts_down(tmp_path: Path) -> None:
     per = HEADER_BLOCK + CHUNK
     tier, view = make_tier(tmp_path)

@@ -204,8 +204,10 @@ class FsTier(BlockingChunkTier):
             than ``scan_sync_limit`` files), ``True`` or ``False``. While a scan runs, index
             misses are checked on disk, so no answer is wrong meanwhile.
         scan_sync_limit: estimated file count above which ``"auto"`` scans in the background.
-        lru_times: stamp each loaded file's times so a restart restores LRU order (one
-            ``futimens`` on the descriptor already open); touches are stamped at close.
+        lru_times: at ``aclose()``, stamp each file loaded or touched since ``open()`` with
+            the time of its last use, so a restart (the scan sorts by mtime; a write stamps
+            its own) restores LRU order. Not done per load: a ``futimens`` dirties the inode
+            and can wait on the journal, on the latency path.
         stale_tmp_s: age after which another host's (or a live process's) temporary file is
             removed at ``open()``; those of dead local processes go at once.
         **kwargs: the common knobs (``max_inflight``, ``capacity_bytes``, ``durability`` in
@@ -272,7 +274,7 @@ class FsTier(BlockingChunkTier):
         self._scan_stop = threading.Event()
         self._scan_lock = threading.Lock()
         self._gone_during_scan: set[bytes] = set()
-        self._touched: set[bytes] = set()
+        self._touched: dict[bytes, int] = {}  # key -> time of last use (ns), stamped at close
 
     # -- capacity ---------------------------------------------------------------------------
     def stored_size(self) -> int:
@@ -426,11 +428,11 @@ class FsTier(BlockingChunkTier):
         if t is not None:
             t.join()
         if self.lru_times and self._touched:
-            touched, self._touched = self._touched, set()
-            for key in touched:
+            touched, self._touched = self._touched, {}
+            for key, used_ns in touched.items():
                 fd, name = self._name(key)
                 try:
-                    os.utime(name, dir_fd=fd)
+                    os.utime(name, ns=(used_ns, used_ns), dir_fd=fd)  # the time of last use, as a write stamps its own
                 except OSError:
                     pass  # best effort: gone, or a read-only root
         self._close_fds()
@@ -580,7 +582,8 @@ class FsTier(BlockingChunkTier):
         """Mark keys most recently used; their file times are stamped at close (``lru_times``)."""
         await super().touch(keys)
         if self.lru_times and len(self._touched) < _MAX_PENDING_TOUCHES:
-            self._touched.update(keys)
+            now = time.time_ns()
+            self._touched.update(dict.fromkeys(keys, now))
 
     async def stored_keys(self) -> list[bytes]:
         """Every key in the index (after waiting for a background scan to finish)."""
@@ -679,11 +682,6 @@ class FsTier(BlockingChunkTier):
                 os.close(fd)
                 fd = os.open(name, os.O_RDONLY, dir_fd=dfd)
                 got = _all_io(os.preadv, fd, [hb, out], 0)
-            if self.lru_times:
-                try:
-                    os.utime(fd)  # last use, for LRU order after a restart
-                except OSError:
-                    pass
         finally:
             os.close(fd)
         header = ChunkHeader.unpack(hb[: min(got, HEADER_BLOCK)], key=key)
@@ -692,6 +690,10 @@ class FsTier(BlockingChunkTier):
         header.verify(
             out, layout_digest=self.offloading_spec.layout_digest, payload_len=out.nbytes, check_data=self.verify
         )
+        if self.lru_times and len(self._touched) < _MAX_PENDING_TOUCHES:
+            # stamped at close, not here: a futimens per load dirties the inode and can wait
+            # on the journal, on the latency path
+            self._touched[key] = time.time_ns()
 
     def chunk_exists(self, key: bytes) -> bool:
         """Whether the chunk's file exists."""
