@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import subprocess
 import sys
@@ -137,6 +138,17 @@ async def until_ok(make_call: Any, attempts: int = 100, pause: float = 0.1) -> A
     raise AssertionError(f"never recovered: {res.failed if res is not None else None}")
 
 
+def on_asyncio_only(fn: Any) -> Any:
+    """Run an async test once, on the stock asyncio loop (not once per loop: these tests are
+    about the server, not the loop, and moto is slow)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> None:
+        asyncio.run(fn(*args, **kwargs))
+
+    return wrapper
+
+
 @pytest.fixture
 def proxy() -> Iterator[FaultProxy]:
     p = FaultProxy(moto().port)
@@ -217,6 +229,7 @@ async def test_other_layout_never_collides(tmp_path: Path) -> None:
         assert kinds(await t2.load(ks, [0, 1])) == {"not_found"}
 
 
+@on_asyncio_only
 async def test_large_chunks_go_in_parallel_parts_and_ranges() -> None:
     mib = 1 << 20
     rig = Rig(chunk_bytes=11 * mib, num_chunks=3)
@@ -259,6 +272,7 @@ async def test_capacity_evicts_least_recently_used_by_delete(tmp_path: Path) -> 
         assert sum(await tier2.lookup(ks)) == 2
 
 
+@on_asyncio_only
 async def test_lookup_is_cached_and_batched() -> None:
     rig = Rig()
     tier = rig.tier(s3_config(lookup_ttl_s=60, lookup_negative_ttl_s=60, max_inflight=8))
@@ -303,6 +317,7 @@ async def test_standard_env_configuration_keeps_allow_http_with_client_options()
             assert secret not in repr(tier) and secret not in str(tier.stats())
 
 
+@on_asyncio_only
 async def test_credentials_never_in_reprs_errors_or_logs(caplog: pytest.LogCaptureFixture) -> None:
     secret = "explicit-secret-" + uuid.uuid4().hex
     rig = Rig()
@@ -329,6 +344,7 @@ async def test_config_errors_raise_at_construction(tmp_path: Path) -> None:
     for bad in (
         {"url": "ftp://host/x"},
         {"url": "memory://", "part_size": 0},
+        {"url": "s3://bucket/prefix", "part_size": 1 << 20},
         {"url": "memory://", "timeout_s": -1},
         {"url": "memory://", "client_options": "allow_http"},
         {"url": "memory://", "durability": "fsync"},
@@ -344,6 +360,7 @@ def test_import_asynctier_does_not_import_obstore() -> None:
 
 
 # -- faults through the loopback proxy -------------------------------------------------------------
+@on_asyncio_only
 async def test_connection_refused_opens_breaker_then_recovers(proxy: FaultProxy) -> None:
     rig = Rig()
     tier = rig.tier(s3_config(endpoint=proxy.endpoint, **FAST_FAULTS))
@@ -366,6 +383,7 @@ async def test_connection_refused_opens_breaker_then_recovers(proxy: FaultProxy)
         assert tier.breaker_state == "closed"
 
 
+@on_asyncio_only
 async def test_responses_slower_than_the_deadline_time_out(proxy: FaultProxy) -> None:
     rig = Rig()
     tier = rig.tier(s3_config(endpoint=proxy.endpoint, **{**FAST_FAULTS, "breaker_threshold": 100}))
@@ -386,6 +404,7 @@ async def test_responses_slower_than_the_deadline_time_out(proxy: FaultProxy) ->
         assert [rig.chunk(4 + i) for i in range(4)] == [rig.orig_chunk(i) for i in range(4)]
 
 
+@on_asyncio_only
 async def test_5xx_answers_are_retried_then_fail_then_recover(proxy: FaultProxy) -> None:
     rig = Rig()
     tier = rig.tier(s3_config(endpoint=proxy.endpoint, **{**FAST_FAULTS, "max_inflight": 1}))
@@ -409,6 +428,7 @@ async def test_5xx_answers_are_retried_then_fail_then_recover(proxy: FaultProxy)
         assert all(rig.chunk(i) == rig.orig_chunk(i) for i in range(6))
 
 
+@on_asyncio_only
 async def test_server_killed_mid_transfer(proxy: FaultProxy) -> None:
     rig = Rig(chunk_bytes=512 * 1024, num_chunks=8)
     tier = rig.tier(s3_config(endpoint=proxy.endpoint, **FAST_FAULTS))

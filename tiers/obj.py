@@ -69,11 +69,14 @@ Sharing
     lookup miss and store goes to the store itself.
 
 Exit safety
-    obstore's *async* API resolves Python futures from its Rust runtime's threads; a process
-    can abort (SIGABRT, exit status 134) when such a thread re-enters Python while the
-    interpreter shuts down. This tier calls only the synchronous API, from its own Python
-    worker threads, and an ``atexit`` hook stops new requests and waits for those in progress
-    before the interpreter tears down, so no obstore call is running at shutdown.
+    obstore 0.12's *async* API resolves Python futures from its Rust runtime's threads
+    (``loop.call_soon_threadsafe``); when the interpreter finalizes while such a thread is in
+    that call, the thread is killed with ``pthread_exit`` through Rust frames and the process
+    aborts (SIGABRT, exit status 134; a gdb backtrace here showed exactly that). This tier
+    never uses the async API: chunk I/O calls the synchronous API from the tier's own Python
+    worker threads, so no Rust thread calls into Python to complete a request. As a second
+    line, an ``atexit`` hook refuses new object-store requests and waits (at most 10 s) for
+    those in progress, so none is mid-flight while the interpreter tears down.
 """
 
 from __future__ import annotations
@@ -155,10 +158,10 @@ class ObjectStoreIOError(ChunkError, ConnectionError):
 class _ExitGuard:
     """Counts obstore calls in progress; at interpreter exit, refuses new ones and waits.
 
-    obstore's Rust threads must not be inside a call for Python when the interpreter tears
-    down (a thread re-entering a finalizing interpreter is killed with ``pthread_exit``, which
-    cannot unwind through Rust frames: SIGABRT). Our workers are daemon threads, so without
-    this hook one could still be inside obstore when the main thread finishes.
+    The tier's workers are daemon threads: without this hook one could still be inside
+    obstore (holding views of the primary buffer, with Rust frames on its stack) while the
+    interpreter tears down. A thread that re-enters a finalizing interpreter is ended with
+    ``pthread_exit``, which must not unwind through Rust frames.
     """
 
     def __init__(self) -> None:
@@ -426,6 +429,10 @@ class ObjTier(BlockingChunkTier):
         self._client_options = dict(client_options or {})
         self._given_store = store
         self.part_size = _positive_integer("part_size", part_size)
+        if self._scheme in ("s3", "s3a") and self.part_size < 5 * _MIB:
+            raise TierConfigError(
+                f"part_size must be at least 5 MiB on S3 (its smallest multipart part); got {part_size}"
+            )
         self.part_concurrency = _positive_integer("part_concurrency", part_concurrency)
         self.max_retries = _positive_integer("max_retries", max_retries, minimum=0)
         default_rt = self.timeout_s if self.timeout_s else 30.0
