@@ -63,7 +63,11 @@ __all__ = [
     "parse_size",
     "render_markdown",
     "render_tables",
+    "resolve_tiers",
     "run_bench",
+    "spec_from_table",
+    "total_steps",
+    "uses_placeholders",
     "write_plot",
 ]
 
@@ -213,6 +217,21 @@ def _substitute(value: Any, mapping: Mapping[str, Any]) -> Any:
     if isinstance(value, list):
         return [_substitute(v, mapping) for v in value]
     return value
+
+
+def resolve_tiers(names: Sequence[str], tier_file: TierFile | None) -> dict[str, dict[str, Any]]:
+    """The tiers ``asynctier bench`` runs: ``names`` looked up in the tier file, else taken as
+    tier types with their embedded default config; no names: every tier of the file, else
+    :data:`DEFAULT_TIERS`."""
+    available = dict(tier_file.tiers) if tier_file else {k: dict(v) for k, v in DEFAULT_TIERS.items()}
+    if not names:
+        return available
+    return {n: dict(available[n]) if n in available else dict(_TYPE_DEFAULTS.get(n, {"type": n})) for n in names}
+
+
+def uses_placeholders(config: Mapping[str, Any]) -> bool:
+    """Whether a config holds bench placeholders (``{dir}``, ``"{capacity}"``)."""
+    return _uses_dir(dict(config)) or "{capacity}" in repr(dict(config))
 
 
 def _uses_dir(value: Any) -> bool:

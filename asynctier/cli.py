@@ -292,18 +292,8 @@ def bench(
         data = data_size or B.parse_size(defaults.get("data_size", B.DEFAULT_DATA_BYTES))
     except ValueError as e:
         raise click.UsageError(str(e)) from None
-    available = dict(tfile.tiers) if tfile else dict(B.DEFAULT_TIERS)
-    if tier_names:
-        tiers = {}
-        for n in tier_names:
-            if n in available:
-                tiers[n] = available[n]
-            else:  # a tier type: its embedded default config
-                tiers[n] = dict(B._TYPE_DEFAULTS.get(n, {"type": n}))
-    else:
-        tiers = available
     opts = B.BenchOptions(
-        tiers=tiers,
+        tiers=B.resolve_tiers(tier_names, tfile),
         chunk_sizes=sizes,
         depths=deps,
         data_bytes=data,
@@ -408,7 +398,7 @@ def fsck(
             raise TierConfigError(f"no [tiers.{missing[0]}] in {config_path}; it has: {', '.join(tfile.tiers)}")
         selected = {n: tfile.tiers[n] for n in (tier_names or tfile.tiers)}
         for n, cfg in selected.items():
-            if B._uses_dir(cfg) or "{capacity}" in json.dumps(cfg):
+            if B.uses_placeholders(cfg):
                 raise TierConfigError(
                     f"[tiers.{n}] uses bench placeholders ({{dir}}, {{capacity}}): fsck needs real paths"
                 )
