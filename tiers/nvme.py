@@ -132,7 +132,7 @@ def _round_up(n: int, block: int) -> int:
 class Checkpoint:
     """The whole index as per-slot arrays, so that reading it back is a few bulk copies.
 
-    ``slot_key[s]`` is the key stored in slot ``s`` (None: free); ``prev``/``nxt`` link the
+    ``slot_key[s]`` is the key stored in slot ``s`` (``b""``: free; keys are never empty); ``prev``/``nxt`` link the
     used slots from least (``head``) to most (``tail``) recently used (-1 ends the list);
     ``slot_seq``/``slot_csum`` are each slot's sequence number and payload checksum. ``gen``
     is the first journal generation to replay on top of it.
@@ -143,7 +143,7 @@ class Checkpoint:
     nslots: int
     head: int
     tail: int
-    slot_key: list[bytes | None]
+    slot_key: list[bytes]
     prev: array[int]
     nxt: array[int]
     slot_seq: array[int]
@@ -160,7 +160,7 @@ class Checkpoint:
         slot_csum: array[int] | None = None,
     ) -> Checkpoint:
         """Build a checkpoint from ``(key, slot)`` pairs, least recently used first."""
-        slot_key: list[bytes | None] = [None] * nslots
+        slot_key = [b""] * nslots
         prev = array("i", [-1]) * nslots
         nxt = array("i", [-1]) * nslots
         last = -1
@@ -190,9 +190,7 @@ class Checkpoint:
         out: list[tuple[bytes, int]] = []
         s = self.head
         while s >= 0:
-            k = self.slot_key[s]
-            assert k is not None
-            out.append((k, s))
+            out.append((self.slot_key[s], s))
             s = self.nxt[s]
         return out
 
@@ -202,8 +200,8 @@ def write_checkpoint(path: Path, ck: Checkpoint) -> None:
     n = ck.nslots
     if not (len(ck.slot_key) == len(ck.prev) == len(ck.nxt) == len(ck.slot_seq) == len(ck.slot_csum) == n):
         raise ValueError("inconsistent checkpoint arrays")
-    keylens = array("H", [len(k) if k is not None else 0 for k in ck.slot_key])
-    blob = b"".join(filter(None, ck.slot_key))
+    keylens = array("H", map(len, ck.slot_key))
+    blob = b"".join(ck.slot_key)
     head = _CK.pack(_CK_MAGIC, _VERSION, 0, ck.gen, ck.slab_id, n, ck.head, ck.tail, len(blob))
     parts: list[bytes | memoryview] = [
         head,
@@ -259,7 +257,9 @@ def read_checkpoint(path: Path) -> Checkpoint | None:
         arrays.append(a)
     if off != len(body):
         return None
-    slot_key = [blob[e - k : e] if k else None for e, k in zip(accumulate(keylens), keylens)]
+    # bulk slicing (map over slices runs in C): free slots come out as b""
+    ends = list(accumulate(keylens))
+    slot_key = list(map(blob.__getitem__, map(slice, [0, *ends[:-1]], ends)))
     return Checkpoint(slab_id, gen, n, head, tail, slot_key, *arrays)
 
 
@@ -465,7 +465,7 @@ class _SlotIndex:
         self.nslots = nslots
         self.lock = threading.Lock()
         self.entries: dict[bytes, int] = {}
-        self.slot_key: list[bytes | None] = [None] * nslots
+        self.slot_key = [b""] * nslots  # b"": free (keys are never empty)
         self.prev = array("i", [-1]) * nslots
         self.nxt = array("i", [-1]) * nslots
         self.head = -1  # least recently used
@@ -481,8 +481,8 @@ class _SlotIndex:
 
     def load(self, ck: Checkpoint) -> None:
         """Adopt a checkpoint's arrays (bulk operations only: this is the reopen fast path)."""
-        entries: dict[Any, int] = dict(zip(ck.slot_key, range(ck.nslots)))
-        entries.pop(None, None)
+        entries = dict(zip(ck.slot_key, range(ck.nslots)))
+        entries.pop(b"", None)
         self.entries = entries
         self.slot_key = ck.slot_key
         self.prev, self.nxt, self.head, self.tail = ck.prev, ck.nxt, ck.head, ck.tail
@@ -534,12 +534,12 @@ class _SlotIndex:
     def put(self, key: bytes, slot: int) -> int | None:
         """Map ``key`` to ``slot`` as most recently used; return the slot it had before, if any."""
         other = self.slot_key[slot]
-        if other is not None and other != key:  # only an inconsistent journal gets here
+        if other and other != key:  # only an inconsistent journal gets here
             self.drop(other)
         old = self.entries.get(key)
         if old is not None:
             self._unlink(old)
-            self.slot_key[old] = None
+            self.slot_key[old] = b""
         self.entries[key] = slot
         self.slot_key[slot] = key
         self._link_tail(slot)
@@ -550,7 +550,7 @@ class _SlotIndex:
         slot = self.entries.pop(key, None)
         if slot is not None:
             self._unlink(slot)
-            self.slot_key[slot] = None
+            self.slot_key[slot] = b""
         return slot
 
     def oldest_unpinned(self, n: int) -> list[int]:
@@ -570,7 +570,7 @@ class _SlotIndex:
         s = self.head
         while s >= 0:
             k = self.slot_key[s]
-            assert k is not None
+            assert k
             out.append(k)
             s = self.nxt[s]
         return out
@@ -993,7 +993,7 @@ class NvmeTier(BlockingChunkTier):
                 victims = idx.oldest_unpinned(self.evict_batch)
                 for s in victims:
                     k = idx.slot_key[s]
-                    assert k is not None
+                    assert k
                     idx.drop(k)
                     t = journal.append(_pack_record(_EVICT, k, s, idx.slot_seq[s], 0))
                     idx.release(s, t)
