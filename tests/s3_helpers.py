@@ -5,9 +5,12 @@ Only loopback traffic: the server and the proxy listen on 127.0.0.1.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import socket
 import struct
+import subprocess
+import sys
 import threading
 import time
 import urllib.request
@@ -19,18 +22,41 @@ CREDS = {"AWS_ACCESS_KEY_ID": "testing-akid", "AWS_SECRET_ACCESS_KEY": "testing-
 
 
 class MotoS3:
-    """moto's S3 in server mode, in this process, on an ephemeral 127.0.0.1 port."""
+    """moto's S3 in server mode (``moto_server``) in a child process on a free 127.0.0.1 port.
+
+    A child process rather than moto's in-process thread: the server then neither competes
+    for the test process's GIL nor shows up in its memory measurements.
+    """
 
     def __init__(self) -> None:
-        from moto.server import ThreadedMotoServer
-
-        self._server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-        self._server.start()
-        _host, self.port = self._server.get_host_and_port()
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
         self.endpoint = f"http://127.0.0.1:{self.port}"
+        self._proc = subprocess.Popen(
+            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        atexit.register(self.stop)
+        for _ in range(400):
+            try:
+                urllib.request.urlopen(f"{self.endpoint}/moto-api/", timeout=1).close()
+                return
+            except OSError:
+                if self._proc.poll() is not None:
+                    break
+                time.sleep(0.05)
+        self.stop()
+        raise RuntimeError("moto_server did not start")
 
     def stop(self) -> None:
-        self._server.stop()
+        if self._proc.poll() is None:
+            self._proc.terminate()
+            try:
+                self._proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
 
 
 def create_bucket(endpoint: str, bucket: str) -> None:

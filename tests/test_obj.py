@@ -291,6 +291,36 @@ async def test_lookup_is_cached_and_batched() -> None:
         assert tier.stats().extra["head_requests"] == heads
 
 
+@pytest.mark.parametrize("where", ["s3", "file"])
+@on_asyncio_only
+async def test_no_python_copy_of_chunks(where: str, tmp_path: Path) -> None:
+    """Python's allocator never holds a chunk-sized block while chunks go up and come back."""
+    import tracemalloc
+
+    rig = Rig(chunk_bytes=1 << 20, num_chunks=8)
+    cfg = s3_config() if where == "s3" else {"type": "obj", "url": f"file://{tmp_path}/store"}
+    tier = rig.tier(cfg)
+    async with tier:
+        ks = keys(8)
+        warm = keys(1, "warm")
+        assert (await tier.offload(warm, [0])).ok and (await tier.load(warm, [0])).ok  # warm up
+        peaks = []
+        for op in ("offload", "load"):
+            if op == "load":
+                rig.zero()
+            tracemalloc.start()
+            try:
+                if op == "offload":
+                    assert (await tier.offload(ks, list(range(8)))).ok
+                else:
+                    assert (await tier.load(ks, list(range(8))[::-1])).ok
+                peaks.append(tracemalloc.get_traced_memory()[1])
+            finally:
+                tracemalloc.stop()
+        assert max(peaks) < (1 << 20) // 2, f"Python allocated {peaks}-byte peaks moving 1 MiB chunks"
+        assert all(rig.chunk(7 - i) == rig.orig_chunk(i) for i in range(8))
+
+
 # -- configuration and secrets ----------------------------------------------------------------------
 async def test_standard_env_configuration_keeps_allow_http_with_client_options() -> None:
     ep = moto().endpoint

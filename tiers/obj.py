@@ -546,7 +546,12 @@ class ObjTier(BlockingChunkTier):
         except Exception as e:
             raise TierConfigError(f"obj tier {self.url}: cannot build the store: {self._scrub(str(e))}") from None
         if self._lru is not None:
-            self._recover_index()
+            try:
+                self._recover_index()
+            except ChunkError as e:
+                # a cache must come up even while its store is down; capacity then counts
+                # only what this instance stores from now on
+                log.warning("obj tier %s: could not list existing chunks for capacity accounting: %s", self.url, e)
 
     def _recover_index(self) -> None:
         """Account the chunks already under the prefix (oldest first) for capacity."""
@@ -779,7 +784,7 @@ class ObjTier(BlockingChunkTier):
                 head = obstore.get_range(self._st(), self._prefix + name, start=0, length=probe)
             return ChunkHeader.unpack(memoryview(head)).key
         except Exception as e:
-            log.warning("obj tier: skipping unreadable object %s: %r", name, e)
+            log.warning("obj tier %s: skipping unreadable object %s: %s", self.url, name, self._scrub(str(e)))
             return None
 
     # -- lookup: cache, then HEADs in parallel ----------------------------------------------
