@@ -369,23 +369,32 @@ CHILD = Path(__file__).with_name("nvme_crash_child.py")
 
 
 def test_sigkill_during_offload_stream_loses_nothing_acknowledged(tmp_path: Path) -> None:
-    """SIGKILL a child offloading with durability="fsync" at random points, 20 times.
+    """SIGKILL a child offloading with durability="fsync" at random points, 16 times.
 
-    After each kill: every key reported stored loads bit-identical; every key reported
-    removed is gone; anything served is a key the child tried to store, with its exact bytes.
+    Room for every key (no eviction; removals free slots that are reused at once). After
+    each kill: every key reported stored loads bit-identical; every key reported removed is
+    gone; anything served is a key the child tried to store, with its exact bytes.
     """
+    _crash_loop(tmp_path / "crash.slab", slots=6000, kills=16, seed=1234, keep_last=None)
+
+
+def test_sigkill_while_evicting(tmp_path: Path) -> None:
+    """The same with a 64-slot slab, so nearly every store evicts: the newest keys survive,
+    and nothing served is torn, stale or from a reused slot."""
+    _crash_loop(tmp_path / "small.slab", slots=64, kills=6, seed=99, keep_last=24)
+
+
+def _crash_loop(slab: Path, *, slots: int, kills: int, seed: int, keep_last: int | None) -> None:
     sys.path.insert(0, str(CHILD.parent))
     import nvme_crash_child as child
 
     chunk = 16 * 1024
-    slab = tmp_path / "crash.slab"
-    capacity = 4096 + (4096 + chunk) * 6000  # no eviction: every acknowledged key must stay
-    rnd = random.Random(1234)
-    stored: set[bytes] = set()
+    capacity = 4096 + (4096 + chunk) * slots
+    rnd = random.Random(seed)
+    stored: list[bytes] = []  # reported stored, in order
     doomed: set[bytes] = set()  # a removal started: present or absent are both right
     removed: set[bytes] = set()  # a removal returned success: must be absent
     start = 0
-    kills = 20
     for run in range(kills):
         proc = subprocess.Popen(
             [sys.executable, str(CHILD), str(slab), str(capacity), str(chunk), str(start), str(run % 2)],
@@ -409,13 +418,17 @@ def test_sigkill_during_offload_stream_loses_nothing_acknowledged(tmp_path: Path
         for line in rest.splitlines():
             _note(line, stored, doomed, removed)
         start += 10_000
-        stored -= doomed
-        asyncio.run(_check_after_crash(slab, capacity, chunk, stored, removed, start, child))
+        must = set(stored if keep_last is None else stored[-keep_last:]) - doomed
+        asyncio.run(_check_after_crash(slab, capacity, chunk, must, removed, start, child))
 
 
-def _note(line: str, stored: set[bytes], doomed: set[bytes], removed: set[bytes]) -> None:
+def _note(line: str, stored: list[bytes], doomed: set[bytes], removed: set[bytes]) -> None:
     op, hexkey = line.split()
-    {"P": stored, "D": doomed, "R": removed}[op].add(bytes.fromhex(hexkey))
+    key = bytes.fromhex(hexkey)
+    if op == "P":
+        stored.append(key)
+    else:
+        (doomed if op == "D" else removed).add(key)
 
 
 async def _check_after_crash(

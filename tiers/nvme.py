@@ -45,15 +45,21 @@ after a crash at any moment:
   to a new generation at the snapshot, so replay is "checkpoint + every journal of a
   generation >= the checkpoint's", whatever moment the crash hit.
 
-Recovery reads one checkpoint (flat arrays, one checksum) and replays at most
-``checkpoint_every`` records, so reopening with a million slots indexed takes well under a
-second or two (``bench/bench_nvme.py`` measures it).
+Recovery reads one checkpoint (per-slot arrays: keys, LRU links, seqs, checksums; one
+checksum; restored with bulk operations) and replays at most ``checkpoint_every`` records,
+so reopening with a million slots indexed takes about a second here
+(``bench/bench_nvme.py`` measures it). LRU order is exact while open (a linked list through
+the slots); after a crash, recency since the last checkpoint is approximated by the
+journal's publish order.
 
 Engine
 ------
 ``preadv``/``pwritev`` on ``max_inflight`` worker threads (the runtime's ThreadEngine, with
-its bound, priorities, back-pressure and cancellation). An io_uring engine is not
-implemented; see ``bench/results/nvme.md`` for the psync-vs-io_uring fio figures.
+its bound, priorities, back-pressure and cancellation). A call of many small chunks runs as
+*group* jobs of up to ``coalesce_bytes`` (default 1 MiB): each group writes every run of
+adjacent slots with one ``pwritev`` and waits for the journal once, which halves the CPU
+spent per 64 KiB chunk. There is no io_uring engine (see ``bench/results/nvme.md`` for
+fio's io_uring and psync figures on this machine).
 """
 
 from __future__ import annotations
