@@ -1098,6 +1098,8 @@ class FsckReport:
     ok: int = 0
     bad: dict[str, str] = field(default_factory=dict)  # key (hex) -> why
     removed: int = 0
+    #: Bad chunks the tier dropped by itself when they failed verification (without ``remove``).
+    dropped_by_tier: int = 0
     vanished: int = 0
     errors: dict[str, str] = field(default_factory=dict)  # key (hex) -> I/O error
 
@@ -1163,4 +1165,8 @@ async def fsck(
                     report.errors[k.hex()] = f"{type(exc).__name__}: {exc}"
             if progress:
                 progress(report.checked, total)
+        if report.bad and not remove:
+            # some tiers forget a chunk that failed a read at once; say so rather than claim it is still there
+            bad_keys = [bytes.fromhex(k) for k in report.bad]
+            report.dropped_by_tier = sum(1 for present in await tier.lookup(bad_keys) if not present)
     return report

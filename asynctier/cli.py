@@ -424,6 +424,7 @@ def fsck(
             click.echo(
                 f"{r.tier}: {r.checked} chunks checked, {r.ok} good, {len(r.bad)} bad"
                 f"{f', {r.removed} removed' if r.removed else ''}"
+                f"{f' ({r.dropped_by_tier} already dropped by the tier itself)' if r.dropped_by_tier else ''}"
                 f"{f', {r.vanished} vanished while checking' if r.vanished else ''}"
                 f"{f', {len(r.errors)} unreadable' if r.errors else ''}: {state}"
             )

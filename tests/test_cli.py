@@ -16,7 +16,6 @@ from asynctier import OffloadingSpec, SecondaryTierFactory
 from asynctier.cli import main
 
 HAS_FS = importlib.util.find_spec("tiers.fs") is not None
-needs_fs = pytest.mark.skipif(not HAS_FS, reason="tiers/fs.py has not landed")
 
 
 def invoke(*args: str) -> Any:
@@ -108,57 +107,80 @@ def test_bench_rejects_bad_sizes() -> None:
 # -- fsck ---------------------------------------------------------------------------------------
 
 CHUNK = 64 * 1024
+NAMESPACE = "cli-test/fsck"
 
 
-async def _fill_fs(root: Path, keys: list[bytes]) -> None:
-    spec = OffloadingSpec(CHUNK, len(keys), namespace="cli-test/fsck")
+def _tier_config(tier_type: str, root: Path) -> dict[str, Any]:
+    if tier_type == "fs":
+        return {"type": "fs", "root": str(root)}
+    if tier_type == "nvme":
+        return {"type": "nvme", "path": str(root / "kv.slab"), "capacity_bytes": 8 << 20}
+    return {"type": "obj", "url": f"file://{root}"}
+
+
+async def _fill(config: dict[str, Any], n: int) -> list[bytes]:
+    """Offload ``n`` random chunks; return their payloads."""
+    spec = OffloadingSpec(CHUNK, n, namespace=NAMESPACE)
     buf = bytearray(os.urandom(spec.total_bytes))
-    tier = SecondaryTierFactory.create_secondary_tier({"type": "fs", "root": str(root)}, memoryview(buf), spec)
+    tier = SecondaryTierFactory.create_secondary_tier(config, memoryview(buf), spec)
     async with tier:
-        (await tier.offload(keys, list(range(len(keys))))).raise_for_failures()
+        (await tier.offload([f"fsck-{i}".encode() for i in range(n)], list(range(n)))).raise_for_failures()
+    return [bytes(buf[i * CHUNK : (i + 1) * CHUNK]) for i in range(n)]
 
 
-def _chunk_files(root: Path) -> list[Path]:
-    return sorted(p for p in root.rglob("*") if p.is_file() and p.stat().st_size >= CHUNK)
+def _corrupt_on_medium(root: Path, payload: bytes) -> Path:
+    """Flip one byte of a stored chunk's payload wherever the tier put it (file, object, slab slot)."""
+    for path in sorted(p for p in root.rglob("*") if p.is_file()):
+        data = path.read_bytes()
+        at = data.find(payload)
+        if at >= 0:
+            with open(path, "r+b") as f:
+                f.seek(at + CHUNK // 2)
+                f.write(bytes([data[at + CHUNK // 2] ^ 0xFF]))
+            return path
+    raise AssertionError("the chunk's payload is nowhere under the tier's root")
 
 
-@needs_fs
-def test_fsck_finds_a_corrupted_chunk_and_removes_it_on_request(tmp_path: Path) -> None:
+TIERS = [
+    pytest.param(t, marks=pytest.mark.skipif(importlib.util.find_spec(f"tiers.{t}") is None, reason=f"no tiers/{t}.py"))
+    for t in ("fs", "nvme", "obj")
+]
+
+
+@pytest.mark.parametrize("tier_type", TIERS)
+def test_fsck_finds_a_corrupted_chunk_and_removes_it_on_request(tmp_path: Path, tier_type: str) -> None:
     root = tmp_path / "kv"
-    keys = [f"fsck-{i}".encode() for i in range(6)]
-    asyncio.run(_fill_fs(root, keys))
+    root.mkdir()
+    config = _tier_config(tier_type, root)
+    payloads = asyncio.run(_fill(config, 6))
     cfg = tmp_path / "tier.toml"
-    cfg.write_text(
-        f'[spec]\nchunk_bytes = "64K"\nnamespace = "cli-test/fsck"\n\n[tiers.kv]\ntype = "fs"\nroot = "{root}"\n'
-    )
+    body = "\n".join(f"{k} = {json.dumps(v)}" for k, v in config.items())
+    cfg.write_text(f'[spec]\nchunk_bytes = "64K"\nnamespace = "{NAMESPACE}"\n\n[tiers.kv]\n{body}\n')
 
     r = invoke("fsck", "--config", str(cfg))
     assert r.exit_code == 0, r.output
-    assert "6 chunks checked, 6 good, 0 bad" in r.output
+    assert "kv: 6 chunks checked, 6 good, 0 bad" in r.output
 
-    # flip one payload byte of one real chunk file, past its header
-    files = _chunk_files(root)
-    assert len(files) == 6, files
-    victim = files[2]
-    data = bytearray(victim.read_bytes())
-    data[-100] ^= 0xFF
-    victim.write_bytes(bytes(data))
-
+    victim = _corrupt_on_medium(root, payloads[2])
     r = invoke("fsck", "--config", str(cfg), "--json")
     assert r.exit_code == 1, r.output
     (rep,) = json.loads(r.output)
-    assert rep["checked"] == 6 and rep["ok"] == 5 and len(rep["bad"]) == 1 and not rep["clean"]
-    assert "checksum" in next(iter(rep["bad"].values()))
-    assert victim.exists(), "fsck without --remove must not delete anything"
+    assert rep["checked"] == 6 and rep["ok"] == 5 and not rep["clean"]
+    assert list(rep["bad"]) == [b"fsck-2".hex()]
+    assert "checksum" in rep["bad"][b"fsck-2".hex()]
+    if tier_type == "fs":
+        assert victim.exists(), "fsck without --remove must not delete anything"
 
     r = invoke("fsck", "--config", str(cfg), "--remove")
     assert r.exit_code == 0, r.output
-    assert "1 bad, 1 removed" in r.output
-    assert not victim.exists()
+    if rep["dropped_by_tier"] == 0:  # still stored: this run finds it again and removes it
+        assert "1 bad, 1 removed" in r.output
+    if tier_type == "fs":
+        assert not victim.exists()
 
     r = invoke("fsck", "--config", str(cfg))
     assert r.exit_code == 0, r.output
-    assert "5 chunks checked, 5 good, 0 bad" in r.output
+    assert "kv: 5 chunks checked, 5 good, 0 bad" in r.output
 
 
 def test_fsck_needs_the_layout(tmp_path: Path) -> None:
