@@ -202,7 +202,8 @@ class FsTier(BlockingChunkTier):
             ``load`` look on disk and adopt what they find.
         background_scan: ``"auto"`` (scan in the background when the namespace looks larger
             than ``scan_sync_limit`` files), ``True`` or ``False``. While a scan runs, index
-            misses are checked on disk, so no answer is wrong meanwhile.
+            misses are checked on disk, so no answer is wrong meanwhile; capacity counts only
+            the chunks known so far, and the scan evicts down to ``capacity_bytes`` when done.
         scan_sync_limit: estimated file count above which ``"auto"`` scans in the background.
         lru_times: at ``aclose()``, stamp each file loaded or touched since ``open()`` with
             the time of its last use, so a restart (the scan sorts by mtime; a write stamps
