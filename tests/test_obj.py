@@ -170,10 +170,17 @@ FAST_FAULTS = {
 
 
 # -- sharing, integrity, large chunks, capacity, lookup cache -------------------------------------
-@pytest.mark.parametrize("where", ["s3", "file"])
+@pytest.mark.parametrize("where", ["s3", "file", "memory-store"])
 async def test_two_tiers_on_one_prefix_see_each_others_chunks(where: str, tmp_path: Path) -> None:
+    from obstore.store import MemoryStore
+
     a_rig, b_rig = Rig(), Rig()
-    cfg = s3_config() if where == "s3" else {"type": "obj", "url": f"file://{tmp_path}/shared"}
+    if where == "s3":
+        cfg = s3_config()
+    elif where == "file":
+        cfg = {"type": "obj", "url": f"file://{tmp_path}/shared"}
+    else:  # one obstore store object handed to both tiers
+        cfg = {"type": "obj", "url": "memory://", "store": MemoryStore()}
     a, b = a_rig.tier(cfg), b_rig.tier({**cfg, "lookup_negative_ttl_s": 0})
     async with a, b:
         ks = keys(4)
