@@ -423,11 +423,12 @@ async def test_connection_refused_opens_breaker_then_recovers(proxy: FaultProxy)
 @on_asyncio_only
 async def test_responses_slower_than_the_deadline_time_out(proxy: FaultProxy) -> None:
     rig = Rig()
-    tier = rig.tier(s3_config(endpoint=proxy.endpoint, **{**FAST_FAULTS, "breaker_threshold": 100}))
+    deadline = {"timeout_s": 0.5, "retry_timeout_s": 0.5, "breaker_threshold": 100}
+    tier = rig.tier(s3_config(endpoint=proxy.endpoint, **{**FAST_FAULTS, **deadline}))
     async with tier:
         ks = keys(4)
         assert (await tier.offload(ks[:2], [0, 1])).ok
-        proxy.delay_s = 3.0  # every response piece waits longer than timeout_s=1
+        proxy.delay_s = 1.5  # every response piece waits longer than timeout_s=0.5
         res = await tier.load(ks[:2], [8, 9])
         assert set(res.failed) == set(ks[:2]) and kinds(res) == {"timeout"}
         res = await tier.offload(ks[2:], [2, 3])
@@ -537,7 +538,7 @@ def test_no_abort_at_exit_in_many_child_processes(tmp_path: Path) -> None:
     script = tmp_path / "child.py"
     script.write_text(CHILD)
     runs = []
-    for i in range(30):
+    for i in range(24):
         url = f"s3://{BUCKET}/exit-{i}" if i % 2 else f"file://{tmp_path}/exit-{i}"
         runs.append((url, ("noclose", "aclose", "inflight")[i % 3]))
     child_env = {**os.environ, "TEST_S3_ENDPOINT": moto().endpoint, "PYTHONPATH": str(Path(__file__).parent.parent)}
