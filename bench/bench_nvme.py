@@ -217,7 +217,9 @@ def main() -> None:
                 {"chunk": chunk, "depth": depth, "durability": durability, **t, "fio_write": fio_w, "fio_read": fio_r}
             )
     results["runs"] = runs
-    results["reopen"] = asyncio.run(_reopen(d, args.slots, 1 << 16))
+    reopens = [asyncio.run(_reopen(d, args.slots, 1 << 16)) for _ in range(args.reps)]
+    results["reopen"] = min(reopens, key=lambda r: r["open_s"])
+    results["reopen"]["open_s_all"] = [r["open_s"] for r in reopens]
     shutil.rmtree(d / "fio", ignore_errors=True)
     for p in d.glob("*.slab*"):
         p.unlink()
@@ -281,7 +283,8 @@ def _markdown(r: dict[str, Any]) -> str:
     lines += [
         "",
         f"Reopen with {ro['slots']:,} slots indexed (checkpoint) + {ro['replayed_records']:,} journal records "
-        f"replayed: **{ro['open_s']:.2f} s**; the closing checkpoint of that index took "
+        f"replayed: **{ro['open_s']:.2f} s** (best of {len(ro['open_s_all'])}: "
+        f"{', '.join(f'{x:.2f}' for x in ro['open_s_all'])}); the closing checkpoint of that index took "
         f"{ro['close_checkpoint_s']:.2f} s.",
         "",
     ]

@@ -342,6 +342,26 @@ async def test_striping_across_paths(tmp_path: Path) -> None:
         assert [_chunk(view, CHUNK, i) for i in range(12)] == data
 
 
+def test_tier_dropped_without_aclose_is_collected(tmp_path: Path) -> None:
+    """The checkpoint thread holds no strong reference: a forgotten tier releases its files."""
+    import gc
+    import weakref
+
+    async def use() -> weakref.ReferenceType[NvmeTier]:
+        tier, view = _make(tmp_path / "gc.slab")
+        await tier.open()
+        _fill(view, CHUNK, 15)
+        assert (await tier.offload([b"g"], [0])).ok
+        return weakref.ref(tier)
+
+    before = len(os.listdir("/proc/self/fd"))
+    ref = asyncio.run(use())
+    for _ in range(3):
+        gc.collect()
+    assert ref() is None
+    assert len(os.listdir("/proc/self/fd")) <= before
+
+
 def test_config_errors(tmp_path: Path) -> None:
     spec = OffloadingSpec(CHUNK, 4)
     view = memoryview(bytearray(spec.total_bytes))

@@ -74,6 +74,7 @@ import struct
 import threading
 import time
 import uuid as uuidlib
+import weakref
 from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -808,8 +809,14 @@ class NvmeTier(BlockingChunkTier):
             self._close_fds()
             raise
         self._ckpt_stop = False
-        self._ckpt_thread = threading.Thread(target=self._checkpointer, name="asynctier-nvme-ckpt", daemon=True)
+        # The thread holds only a weak reference, so a tier dropped without aclose() can
+        # still be collected; its finalizer then ends the thread and closes the files.
+        self._ckpt_thread = threading.Thread(
+            target=_checkpointer, args=(weakref.ref(self), self._ckpt_wake), name="asynctier-nvme-ckpt", daemon=True
+        )
         self._ckpt_thread.start()
+        assert self._journal is not None
+        weakref.finalize(self, _release, self._ckpt_wake, self._fds, self._journal)
 
     def _read_superblocks(self) -> bool:
         """True if every stripe carries a superblock of this geometry and layout (same slab set)."""
@@ -933,17 +940,6 @@ class NvmeTier(BlockingChunkTier):
         self._stats.incr("recovered_chunks", len(idx.entries))
         del replayed
 
-    def _checkpointer(self) -> None:
-        while True:
-            self._ckpt_wake.wait()
-            self._ckpt_wake.clear()
-            if self._ckpt_stop:
-                return
-            try:
-                self.checkpoint()
-            except Exception as e:  # the journal still holds everything; try again later
-                log.warning("nvme: checkpoint failed: %r", e)
-
     def checkpoint(self) -> None:
         """Write the whole index to a new checkpoint and start a new journal generation (blocking)."""
         idx, journal = self._idx, self._journal
@@ -977,9 +973,9 @@ class NvmeTier(BlockingChunkTier):
             self._close_fds()
 
     def _close_fds(self) -> None:
-        fds, self._fds = self._fds, []
-        for fd in fds:
-            os.close(fd)
+        fds = self._fds  # emptied in place: the journal and the finalizer share this list
+        while fds:
+            os.close(fds.pop())
 
     # -- allocation ---------------------------------------------------------------------------
     def _next_seq(self) -> int:
@@ -1435,6 +1431,29 @@ class NvmeTier(BlockingChunkTier):
 
     def _used_bytes(self) -> int | None:
         return (len(self._idx.entries) * self.stored_size()) if self._idx is not None else 0
+
+
+def _checkpointer(ref: weakref.ReferenceType[NvmeTier], wake: threading.Event) -> None:
+    """Body of a tier's checkpoint thread: a checkpoint each time the journal asks for one."""
+    while True:
+        wake.wait()
+        wake.clear()
+        tier = ref()
+        if tier is None or tier._ckpt_stop:
+            return
+        try:
+            tier.checkpoint()
+        except Exception as e:  # the journal still holds everything; try again later
+            log.warning("nvme: checkpoint failed: %r", e)
+        del tier
+
+
+def _release(wake: threading.Event, fds: list[int], journal: _Journal) -> None:
+    """Finalizer of a tier collected without ``aclose()``: end its thread, close its files."""
+    wake.set()
+    journal.close()
+    while fds:
+        os.close(fds.pop())
 
 
 def _pwritev_all(fd: int, bufs: list[memoryview], offset: int) -> None:
