@@ -173,6 +173,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         variants["fs publish=rename"] = {"publish": "rename"}
         variants["fs lru_times=False"] = {"lru_times": False}
         variants["fs buffered"] = {"direct_io": False}
+    load_at_start = os.getloadavg()
     for chunk in sizes:
         n = total // chunk
         for depth in depths:
@@ -201,6 +202,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             point: dict[str, Any] = {"chunk_bytes": chunk, "depth": depth, "chunks": n}
             point.update({k: med(v) for k, v in m.items()})
             point["samples"] = m
+            point["loadavg_1min"] = os.getloadavg()[0]  # the machine may be shared: say how busy it was
             point["tier_extra"] = extra
             for side in ("write", "read"):
                 refs = m[f"fio_{side}"]
@@ -223,7 +225,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "bench": "fs tier",
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "command": " ".join([".venv/bin/python", "bench/bench_fs.py", *sys.argv[1:]]),
-        "machine": machine(base),
+        "machine": {**machine(base), "loadavg_at_start": load_at_start},
         "method": {
             "bytes_per_point": total,
             "repeat": args.repeat,
@@ -254,14 +256,15 @@ def markdown(report: dict[str, Any]) -> str:
         f"{report['method']['bytes_per_point'] // MiB} MiB per point.",
         "",
         "| chunk | depth | fs write GB/s | fio write GB/s | **write x fio** | naive write x fio "
-        "| fs read GB/s | fio read GB/s | **read x fio** | naive read x fio |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| fs read GB/s | fio read GB/s | **read x fio** | naive read x fio | load avg |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for p in report["points"]:
         lines.append(
             f"| {p['chunk_bytes'] // KiB} KiB | {p['depth']} | {gb(p['fs_write'])} | {gb(p['fio_write'])} "
             f"| **{x(p['fs_write_x_fio'])}** | {x(p.get('naive_write_x_fio'))} | {gb(p['fs_read'])} "
-            f"| {gb(p['fio_read'])} | **{x(p['fs_read_x_fio'])}** | {x(p.get('naive_read_x_fio'))} |"
+            f"| {gb(p['fio_read'])} | **{x(p['fs_read_x_fio'])}** | {x(p.get('naive_read_x_fio'))} "
+            f"| {p.get('loadavg_1min', 0):.1f} |"
         )
     extra = [p for p in report["points"] if any(k.startswith("fs ") for k in p)]
     if extra:
