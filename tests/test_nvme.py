@@ -6,6 +6,7 @@ import asyncio
 import mmap
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -360,6 +361,40 @@ def test_tier_dropped_without_aclose_is_collected(tmp_path: Path) -> None:
         gc.collect()
     assert ref() is None
     assert len(os.listdir("/proc/self/fd")) <= before
+
+
+def test_block_device(tmp_path: Path) -> None:
+    """A real block device (a loop device over a sparse image): size from the device, index elsewhere."""
+    if os.geteuid() != 0 or not shutil.which("losetup"):
+        pytest.skip("needs root and losetup")
+    img = tmp_path / "disk.img"
+    with open(img, "wb") as f:
+        f.truncate(16 << 20)
+    r = subprocess.run(["losetup", "-f", "--show", str(img)], capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.skip(f"no loop device: {r.stderr.strip()}")
+    dev = r.stdout.strip()
+    try:
+        asyncio.run(_block_device(tmp_path, dev))
+    finally:
+        subprocess.run(["losetup", "-d", dev], capture_output=True)
+
+
+async def _block_device(tmp_path: Path, dev: str) -> None:
+    tier, _ = _make(Path(dev), slots=None)
+    with pytest.raises(TierConfigError, match="index_dir"):
+        await tier.open()
+    tier, view = _make(Path(dev), slots=None, index_dir=str(tmp_path / "idx"))
+    data = _fill(view, CHUNK, 16)
+    keys = [b"bd%d" % i for i in range(16)]
+    async with tier:
+        assert tier.nslots > 16
+        assert (await tier.offload(keys, list(range(16)))).ok
+    tier, view = _make(Path(dev), slots=None, index_dir=str(tmp_path / "idx"))
+    async with tier:
+        view[:] = bytes(view.nbytes)
+        assert (await tier.load(keys, list(range(16)))).ok
+        assert [_chunk(view, CHUNK, i) for i in range(16)] == data
 
 
 def test_config_errors(tmp_path: Path) -> None:

@@ -913,14 +913,11 @@ class NvmeTier(BlockingChunkTier):
         elif not fresh and gens:
             start_gen = gens[0]
         last_gen, last_end = 0, None
-        replayed = 0
         if not fresh:
             for g in gens:
                 if g < start_gen:
                     continue
-                before = idx.entries.__len__()
                 end = _replay(journal.path(g), self._slab_id, geo.nslots, idx)
-                replayed += abs(len(idx.entries) - before)
                 if end is not None:
                     last_gen, last_end = g, end
         # drop what recovery did not use: older generations, other slab sets
@@ -938,7 +935,6 @@ class NvmeTier(BlockingChunkTier):
         self._journal = journal
         self._ckpt_path = ck_path
         self._stats.incr("recovered_chunks", len(idx.entries))
-        del replayed
 
     def checkpoint(self) -> None:
         """Write the whole index to a new checkpoint and start a new journal generation (blocking)."""
