@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from asynctier import OffloadingSpec, SecondaryTierFactory
+from asynctier import BlockingChunkTier, ChunkNotFoundError, OffloadingSpec, SecondaryTierFactory
 from asynctier.cli import main
 
 HAS_FS = importlib.util.find_spec("tiers.fs") is not None
@@ -88,6 +88,40 @@ def test_bench_reports_a_tier_that_cannot_be_imported_as_skipped(tmp_path: Path)
     assert report["tiers"]["mem"]["status"] == "ok"
     assert {p["tier"] for p in report["points"]} == {"mem"}
     assert "ghost: skipped" in r.output
+
+
+class ForgetfulTier(BlockingChunkTier):
+    """A real tier that is broken on purpose: it remembers keys but never stores or returns bytes."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._keys: set[bytes] = set()
+
+    def write_chunk(self, key: bytes, data: memoryview) -> None:
+        self._keys.add(key)
+
+    def read_chunk(self, key: bytes, out: memoryview) -> None:
+        if key not in self._keys:
+            raise ChunkNotFoundError("not stored", key)
+
+    def chunk_exists(self, key: bytes) -> bool:
+        return key in self._keys
+
+    def delete_chunk(self, key: bytes) -> bool:
+        present = key in self._keys
+        self._keys.discard(key)
+        return present
+
+
+def test_bench_fails_when_bytes_come_back_different(tmp_path: Path) -> None:
+    cfg = tmp_path / "tiers.toml"
+    cfg.write_text('[tiers.broken]\ntype = "ForgetfulTier"\nmodule_path = "test_cli"\n')
+    r = invoke(*_bench_args(tmp_path), "--config", str(cfg), "--no-fio", "--no-naive")
+    assert r.exit_code == 1, r.output
+    report = json.loads((tmp_path / "bench.json").read_text())
+    assert report["ok"] is False
+    assert all(not p["ok"] and "came back different" in p["error"] for p in report["points"])
+    assert "FAILED" in r.output
 
 
 def test_bench_plot_writes_a_png(tmp_path: Path) -> None:
