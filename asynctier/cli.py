@@ -8,6 +8,7 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -126,10 +127,12 @@ def selfcheck(tier_type: str, chunk_bytes: int, num_chunks: int) -> None:
     )
 
 
-def _csv(kind: str, parse: Any) -> Any:
-    """A click callback parsing a comma-separated list (sizes or ints)."""
+def _csv(
+    kind: str, parse: Callable[[str], int]
+) -> Callable[[click.Context, click.Parameter, str | None], list[int] | None]:
+    """A click callback parsing a comma-separated list of positive ints (sizes or depths)."""
 
-    def cb(ctx: click.Context, param: click.Parameter, value: str | None) -> list[Any] | None:
+    def cb(ctx: click.Context, param: click.Parameter, value: str | None) -> list[int] | None:
         if value is None:
             return None
         try:
