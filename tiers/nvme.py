@@ -1115,10 +1115,8 @@ class NvmeTier(BlockingChunkTier):
             if payload is not out:
                 out[:] = payload  # bounce copy (unaligned view)
                 self._stats.incr("bounce_copies")
-        except IntegrityError:
-            self._forget(key, slot)  # the base class also asks delete_chunk; this keeps the slot exact
-            raise
         finally:
+            # a bad copy is dropped by the caller: a load deletes it, fsck only when asked to
             self._unpin([slot])
 
     def chunk_exists(self, key: bytes) -> bool:
