@@ -327,6 +327,22 @@ async def test_restart_restores_lru_order_of_loads_and_touches(tmp_path: Path) -
         assert await tier2.lookup(k) == [True, True, False, False], "k2, k3 were the least recently used"
 
 
+async def test_auto_scans_large_namespace_in_background(tmp_path: Path) -> None:
+    from tiers.fs import _shard_of
+
+    tier, view = make_tier(tmp_path)
+    data = fill(view, 17)
+    k = [key for key in keys(4000) if _shard_of(key) == 0][:2] + keys(6, "x")  # shard 00 is sampled
+    async with tier:
+        assert (await tier.offload(k, list(range(len(k))))).ok
+    tier2, view2 = make_tier(tmp_path, scan_sync_limit=100)  # 2 files in shard 00 -> ~512 estimated
+    async with tier2:
+        assert tier2._scan_thread is not None, "auto did not choose a background scan"
+        assert await tier2.lookup(k) == [True] * len(k)
+        assert (await tier2.load(k[:2], [10, 11])).ok and chunk(view2, 10) == data[0]
+        assert sorted(await tier2.stored_keys()) == sorted(k)
+
+
 async def test_restart_with_smaller_capacity_evicts_down(tmp_path: Path) -> None:
     per = HEADER_BLOCK + CHUNK
     tier, view = make_tier(tmp_path)
