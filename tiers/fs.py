@@ -28,10 +28,18 @@ published, so readers never see torn data; a concurrent store of the same key fi
 name taken (``EEXIST``) and keeps the other copy; an eviction by one process does not
 disturb a read in progress in another (the reader holds the inode). Capacity is accounted
 *per process*: each tier counts the chunks it wrote, found at ``open()``, or adopted on a
-hit with ``shared=True``, and evicts only those; give each process its share of the disk
-(for example ``capacity_bytes = disk / n``). A full file system (``ENOSPC``) from whatever
-cause evicts least recently used chunks and retries once, so the tier degrades, never
-crashes. See :class:`FsTier` for the parameters.
+hit with ``shared=True``, and evicts only those (a chunk two processes know may be evicted
+by either; the other then gets "not found" and forgets it); give each process its share of
+the disk (for example ``capacity_bytes = disk / n``). Without ``shared=True`` a process
+sees the other's new chunks only after its next ``open()``. A full file system
+(``ENOSPC``) from whatever cause evicts least recently used chunks and retries once, so the
+tier degrades, never crashes.
+
+Restart: ``open()`` rebuilds the index from the shards (in the background for large
+namespaces, answering index misses from disk meanwhile), removes temporary files of dead
+writers and files of the wrong size, and orders the LRU by file mtime: a write stamps it,
+and ``aclose()`` stamps each chunk loaded or touched with its time of last use. See
+:class:`FsTier` for the parameters.
 """
 
 from __future__ import annotations
