@@ -210,7 +210,7 @@ async def test_overwritten_slot_is_never_served_for_an_old_mapping(tmp_path: Pat
     """A checkpoint pointing at a slot rewritten later (a reused slot) yields a miss."""
     p = tmp_path / "stale.slab"
     tier, view = _make(p, slots=4, evict_batch=1)
-    data = _fill(view, CHUNK, 5)
+    _fill(view, CHUNK, 5)
     async with tier:
         assert (await tier.offload([b"old"], [0])).ok
     ck_path = p.with_name(p.name + ".atidx.ckpt")
@@ -229,7 +229,6 @@ async def test_overwritten_slot_is_never_served_for_an_old_mapping(tmp_path: Pat
         view[:] = bytes(view.nbytes)
         res = await tier.load([b"old"], [2])
         assert not res.ok and failure_kind(res.failed[b"old"]) == "checksum"
-        assert _chunk(view, CHUNK, 2) != data[0] or True  # content unspecified, but not reported loaded
         assert await tier.lookup([b"old"]) == [False]
 
 
