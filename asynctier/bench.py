@@ -947,6 +947,32 @@ def ref_rows(report: BenchReport) -> Iterator[list[str]]:
         ]
 
 
+SUMMARY_COLUMNS = (
+    "tier",
+    "points ok",
+    "best offload GB/s",
+    "best load GB/s",
+    "x fio write",
+    "x fio read",
+    "x naive write",
+    "x naive read",
+)
+
+
+def summary_rows(report: BenchReport) -> Iterator[list[str]]:
+    """One row per tier that ran: best GB/s and the geometric mean of each ratio over its points."""
+    for name, t in report.summary.get("tiers", {}).items():
+        if "points" not in t:
+            continue
+        yield [
+            name,
+            f"{t['points_ok']}/{t['points']}",
+            _gbps(t["best_offload_bytes_per_s"]),
+            _gbps(t["best_load_bytes_per_s"]),
+            *(_x(t.get(f"geomean_{r}")) for r in ("fio_write", "fio_read", "naive_write", "naive_read")),
+        ]
+
+
 def _skipped_lines(report: BenchReport) -> list[str]:
     return [f"{n}: skipped ({s.get('reason')})" for n, s in report.tiers.items() if s["status"] != "ok"]
 
@@ -987,6 +1013,13 @@ def render_tables(report: BenchReport) -> list[Any]:
             continue
         t.add_row(*row[:4], f"{row[4]} / {row[5]}", *row[6:9], f"{row[9]} / {row[10]}", *row[11:])
     out.append(t)
+    st = Table(title="per tier (ratios: geometric mean over its points)", header_style="bold")
+    for col in SUMMARY_COLUMNS:
+        st.add_column(col, justify="left" if col == "tier" else "right")
+    for row in summary_rows(report):
+        st.add_row(*row)
+    if st.row_count:
+        out.append(st)
     if report.references:
         rt = Table(title="references (same run, same file system)", header_style="bold")
         for col in REF_COLUMNS:
@@ -1025,6 +1058,12 @@ def render_markdown(report: BenchReport) -> str:
         "",
         f"Wall time {report.wall_s:.0f} s; {_decimal(sum(p.verified_bytes for p in report.points))} loaded back "
         f"and verified byte for byte; {sum(p.ok for p in report.points)}/{len(report.points)} points ok.",
+        "",
+        "Per tier (ratios: geometric means over its chunk sizes and depths):",
+        "",
+        _md_table(SUMMARY_COLUMNS, list(summary_rows(report))),
+        "",
+        "Every point:",
         "",
         _md_table(POINT_COLUMNS, list(point_rows(report))),
     ]
