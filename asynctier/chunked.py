@@ -163,6 +163,20 @@ class ChunkTier(SecondaryTierManager):
     def _job_fn(self, op: str) -> Callable[..., Any]:
         raise NotImplementedError
 
+    def _group_size(self, op: str, n: int) -> int:
+        """Chunks per job for a call of ``n`` chunks (default 1: one job per chunk).
+
+        A tier that can move several chunks in one I/O (adjacent slots, say) returns more
+        than 1 for ``"offload"``/``"load"`` and implements :meth:`_group_job_fn`. A group job
+        holds one in-flight slot, runs ahead of or behind others by the same priorities, is
+        dropped or withdrawn as a whole, and returns one outcome per chunk.
+        """
+        return 1
+
+    def _group_job_fn(self, op: str) -> Callable[[list[bytes], list[int], float], list[BaseException | None]]:
+        """The job body for a group: ``fn(keys, chunk_ids, t0)`` -> each chunk's failure or None."""
+        raise NotImplementedError
+
     # -- lifecycle -------------------------------------------------------------------------
     @property
     def is_open(self) -> bool:
@@ -350,9 +364,16 @@ class ChunkTier(SecondaryTierManager):
             return TransferResult("load" if op == "lookup" else op)  # type: ignore[arg-type]
         loop = asyncio.get_running_loop()
         t0 = time.perf_counter()
-        fn = self._job_fn(op)
-        batch = Batch(loop, len(keys))
-        jobs = [Job(priority, fn, (k, c, t0), batch) for k, c in zip(keys, ids)]
+        g = self._group_size(op, len(keys))
+        args: list[tuple[Any, ...]]
+        if g > 1:
+            fn: Callable[..., Any] = self._group_job_fn(op)
+            args = [(keys[i : i + g], ids[i : i + g], t0) for i in range(0, len(keys), g)]
+        else:
+            fn = self._job_fn(op)
+            args = [(k, c, t0) for k, c in zip(keys, ids)]
+        batch = Batch(loop, len(args))
+        jobs = [Job(priority, fn, a, batch) for a in args]
         engine = self._engine
         assert engine is not None and self._idle is not None
         self._active += 1
@@ -389,13 +410,16 @@ class ChunkTier(SecondaryTierManager):
 
     def _drop_waiting(self, jobs: list[Job]) -> None:
         assert self._engine is not None
+        msg = f"store dropped: no I/O slot within {self.backpressure_timeout_s}s (max_inflight={self.max_inflight})"
         for j in self._engine.cancel_pending(jobs):
-            key = j.args[0]
-            j.exc = BackpressureError(
-                f"store dropped: no I/O slot within {self.backpressure_timeout_s}s (max_inflight={self.max_inflight})",
-                key,
-            )
-            self._stats.record_failure(j.exc)
+            if isinstance(j.args[0], list):  # a group: one failure per chunk
+                errs: list[BaseException | None] = [BackpressureError(msg, k) for k in j.args[0]]
+                for e in errs:
+                    self._stats.record_failure(e)  # type: ignore[arg-type]
+                j.result = errs
+            else:
+                j.exc = BackpressureError(msg, j.args[0])
+                self._stats.record_failure(j.exc)
 
     def _result(self, op: str, keys: list[bytes], jobs: list[Job], elapsed: float) -> TransferResult:
         if op == "lookup":
@@ -405,12 +429,23 @@ class ChunkTier(SecondaryTierManager):
         res = TransferResult(op)  # type: ignore[arg-type]
         nbytes = 0
         chunk = self.offloading_spec.chunk_bytes if op != "remove" else 0
-        for k, j in zip(keys, jobs):
-            if j.exc is None and j.state != CANCELLED:
-                res.succeeded.append(k)
-                nbytes += chunk
+        for j in jobs:
+            gk = j.args[0] if isinstance(j.args[0], list) else [j.args[0]]
+            per: list[BaseException | None]
+            if j.exc is not None:
+                per = [j.exc] * len(gk)
+            elif j.state == CANCELLED and j.result is None:  # withdrawn; only a cancelled caller gets here
+                per = [asyncio.CancelledError()] * len(gk)
+            elif gk is j.args[0]:
+                per = j.result  # a group's outcomes (or its back-pressure drops)
             else:
-                res.failed[k] = j.exc if j.exc is not None else asyncio.CancelledError()
+                per = [None]
+            for k, e in zip(gk, per):
+                if e is None:
+                    res.succeeded.append(k)
+                    nbytes += chunk
+                else:
+                    res.failed[k] = e
         res.bytes_transferred = nbytes
         res.elapsed_s = elapsed
         return res

@@ -64,7 +64,6 @@ fio's io_uring and psync figures on this machine).
 
 from __future__ import annotations
 
-import asyncio
 import errno
 import logging
 import operator
@@ -72,11 +71,10 @@ import os
 import stat
 import struct
 import threading
-import time
 import uuid as uuidlib
 import weakref
 from array import array
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from itertools import accumulate, compress
 from pathlib import Path
@@ -85,7 +83,6 @@ from typing import Any
 import xxhash
 
 from asynctier import (
-    BackpressureError,
     BlockingChunkTier,
     CapacityError,
     ChunkNotFoundError,
@@ -93,10 +90,8 @@ from asynctier import (
     TierConfigError,
 )
 from asynctier.chunked import MAX_KEY_BYTES
-from asynctier.engines import Batch, Job
 from asynctier.integrity import ChunkHeader, checksum
 from asynctier.posix_io import O_DIRECT, aligned_buffer, buffer_address, fsync_dir, logical_block_size
-from asynctier.stats import TransferResult
 
 __all__ = [
     "Checkpoint",
@@ -1159,66 +1154,8 @@ class NvmeTier(BlockingChunkTier):
             b = self._bufs.group = aligned_buffer(need)
         return b
 
-    async def _run(self, op: str, priority: int, keys: list[bytes], ids: list[int]) -> TransferResult:
-        g = self._group_size(op, len(keys))
-        if g <= 1:
-            return await super()._run(op, priority, keys, ids)
-        # The base scheduler, with one job per group: same bound, priorities, back-pressure,
-        # cancellation (a running group finishes before the caller hears of it) and stats.
-        loop = asyncio.get_running_loop()
-        t0 = time.perf_counter()
-        fn = self._store_group if op == "offload" else self._load_group
-        groups = [(keys[i : i + g], ids[i : i + g]) for i in range(0, len(keys), g)]
-        batch = Batch(loop, len(groups))
-        jobs = [Job(priority, fn, (gk, gi, t0), batch) for gk, gi in groups]
-        engine = self._engine
-        assert engine is not None and self._idle is not None
-        self._active += 1
-        self._idle.clear()
-        timer: asyncio.TimerHandle | None = None
-        try:
-            engine.submit(jobs)
-            if op == "offload" and self.store_backpressure == "drop":
-                timer = loop.call_later(self.backpressure_timeout_s or 0.0, self._drop_groups, jobs)
-            await self._wait_all(engine, batch, jobs)
-        finally:
-            if timer is not None:
-                timer.cancel()
-            self._active -= 1
-            if self._active == 0:
-                self._idle.set()
-        res = TransferResult(op)  # type: ignore[arg-type]
-        chunk = self.offloading_spec.chunk_bytes
-        for (gk, _), j in zip(groups, jobs):
-            per: list[BaseException | None]
-            if j.exc is not None:
-                per = [j.exc] * len(gk)
-            elif j.result is not None:  # the group's outcomes (or its back-pressure drops)
-                per = j.result
-            else:  # cancelled before it ran; only a cancelled caller gets here, and it gets no result
-                per = [asyncio.CancelledError()] * len(gk)
-            for k, e in zip(gk, per):
-                if e is None:
-                    res.succeeded.append(k)
-                    res.bytes_transferred += chunk
-                else:
-                    res.failed[k] = e
-        res.elapsed_s = time.perf_counter() - t0
-        return res
-
-    def _drop_groups(self, jobs: list[Job]) -> None:
-        assert self._engine is not None
-        for j in self._engine.cancel_pending(jobs):
-            errs: list[BaseException | None] = []
-            for key in j.args[0]:
-                exc = BackpressureError(
-                    f"store dropped: no I/O slot within {self.backpressure_timeout_s}s "
-                    f"(max_inflight={self.max_inflight})",
-                    key,
-                )
-                self._stats.record_failure(exc)
-                errs.append(exc)
-            j.result = errs
+    def _group_job_fn(self, op: str) -> Callable[[list[bytes], list[int], float], list[BaseException | None]]:
+        return self._store_group if op == "offload" else self._load_group
 
     def _runs(self, items: list[tuple[int, int]]) -> list[list[tuple[int, int, int, int]]]:
         """Group ``(position, slot)`` pairs into runs adjacent on one stripe: (pos, slot, stripe, off)."""
