@@ -298,6 +298,8 @@ class RefResult:
     naive_write: Phase | None = None
     naive_read: Phase | None = None
     notes: list[str] = field(default_factory=list)
+    #: Runs these figures are the median of (``--repeat``).
+    repeats: int = 1
 
     def fio_bps(self, side: str) -> float:
         """Best fio bytes/s for ``"write"`` or ``"read"`` (0 when fio did not run)."""
@@ -334,6 +336,8 @@ class PointResult:
     peak_in_flight: int = 0
     tier_extra: dict[str, int] = field(default_factory=dict)
     ratios: dict[str, float | None] = field(default_factory=dict)
+    #: Runs this point's figures are the median of (``--repeat``); every run was verified.
+    repeats: int = 1
 
 
 @dataclass
@@ -381,6 +385,8 @@ class BenchOptions:
     fio: bool = True
     fio_engines: Sequence[str] = ("io_uring", "psync")
     naive: bool = True
+    #: Measure every point this many times, interleaved, and report the median run of each phase.
+    repeat: int = 1
     command: str = "asynctier bench"
 
     def chunks_for(self, chunk_bytes: int, depth: int) -> int:
@@ -764,6 +770,7 @@ async def run_bench(opts: BenchOptions, progress: Progress | None = None) -> Ben
             "fio": opts.fio and benchkit.fio_available(),
             "fio_engines": list(opts.fio_engines),
             "naive": opts.naive,
+            "repeat": opts.repeat,
         },
         tiers=status,
     )
@@ -776,18 +783,26 @@ async def run_bench(opts: BenchOptions, progress: Progress | None = None) -> Ben
     try:
         for chunk, depth in points:
             chunks = opts.chunks_for(chunk, depth)
-            if opts.fio or opts.naive:
-                ref = await _run_refs(opts, primary, chunk, depth, chunks, workdir, state, prog)
+            ref_runs: list[RefResult] = []
+            tier_runs: dict[str, list[PointResult]] = {n: [] for n in runnable}
+            # repeats are interleaved (references, then each tier, again): drift hits them all alike
+            for rep in range(opts.repeat):
+                tag = f" (run {rep + 1}/{opts.repeat})" if opts.repeat > 1 else ""
+                if opts.fio or opts.naive:
+                    ref_runs.append(await _run_refs(opts, primary, chunk, depth, chunks, workdir, state, prog))
+                    prog(f"reference {format_size(chunk)} depth {depth}{tag}", True)
+                for name in runnable:
+                    pr = await _run_point(name, opts.tiers[name], primary, chunk, depth, chunks, workdir, run_id, prog)
+                    tier_runs[name].append(pr)
+                    prog(f"{name} {format_size(chunk)} depth {depth}{tag}", True)
+            ref = _median_ref(ref_runs) if ref_runs else None
+            if ref is not None:
                 report.references.append(ref)
-                prog(f"reference {format_size(chunk)} depth {depth}", True)
-            else:
-                ref = None
             for name in runnable:
-                pr = await _run_point(name, opts.tiers[name], primary, chunk, depth, chunks, workdir, run_id, prog)
+                pr = _median_point(tier_runs[name])
                 if ref is not None:
                     pr.ratios = _ratios(pr, ref)
                 report.points.append(pr)
-                prog(f"{name} {format_size(chunk)} depth {depth}", True)
     finally:
         await asyncio.to_thread(shutil.rmtree, workdir, True)
         if own_root:
@@ -801,7 +816,59 @@ def total_steps(opts: BenchOptions) -> int:
     """Steps :func:`run_bench` reports as done (for a progress bar)."""
     runnable = sum(1 for s in _check_tiers(opts.tiers).values() if s["status"] == "ok")
     per = runnable + (1 if (opts.fio or opts.naive) else 0)
-    return len(opts.chunk_sizes) * len(opts.depths) * per
+    return len(opts.chunk_sizes) * len(opts.depths) * per * opts.repeat
+
+
+def _median_of(items: Sequence[Any], key: Callable[[Any], float]) -> Any:
+    """The item with the median ``key`` (the lower one of the middle two for an even count)."""
+    ranked = sorted(items, key=key)
+    return ranked[(len(ranked) - 1) // 2]
+
+
+def _median_ref(runs: list[RefResult]) -> RefResult:
+    """One reference per side from repeated runs: each side's median run (its latencies with it)."""
+    if len(runs) == 1:
+        return runs[0]
+    out = RefResult(chunk_bytes=runs[0].chunk_bytes, depth=runs[0].depth, chunks=runs[0].chunks)
+    for side in ("fio_write", "fio_read"):
+        vals = [getattr(r, side) for r in runs if getattr(r, side)]
+        setattr(out, side, _median_of(vals, lambda v: float(v["bytes_per_s"])) if vals else None)
+    for side in ("naive_write", "naive_read"):
+        phases = [getattr(r, side) for r in runs if getattr(r, side)]
+        setattr(out, side, _median_of(phases, lambda ph: ph.bytes_per_s) if phases else None)
+    out.notes = sorted({n for r in runs for n in r.notes})
+    out.repeats = len(runs)
+    return out
+
+
+def _median_point(runs: list[PointResult]) -> PointResult:
+    """One point from repeated runs: failed if any run failed; else each phase's median run."""
+    bad = [r for r in runs if not r.ok]
+    if len(runs) == 1 or bad:
+        out = bad[0] if bad else runs[0]
+        out.repeats = len(runs)
+        return out
+    off = _median_of(runs, lambda r: r.offload.bytes_per_s if r.offload else 0.0)
+    ld = _median_of(runs, lambda r: r.load.bytes_per_s if r.load else 0.0)
+    out = PointResult(
+        tier=off.tier,
+        tier_type=off.tier_type,
+        chunk_bytes=off.chunk_bytes,
+        depth=off.depth,
+        chunks=off.chunks,
+        ok=True,
+        offload=off.offload,
+        offload_returned_bytes_per_s=off.offload_returned_bytes_per_s,
+        flush_s=off.flush_s,
+        load=ld.load,
+        lookup_ops_per_s=_median_of(runs, lambda r: r.lookup_ops_per_s).lookup_ops_per_s,
+        probe_chunks=off.probe_chunks,
+        verified_bytes=sum(r.verified_bytes for r in runs),
+        peak_in_flight=max(r.peak_in_flight for r in runs),
+        tier_extra=off.tier_extra,
+        repeats=len(runs),
+    )
+    return out
 
 
 def _ratios(p: PointResult, ref: RefResult) -> dict[str, float | None]:

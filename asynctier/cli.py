@@ -244,6 +244,13 @@ def _command_line(ctx: click.Context) -> str:
     help="fio engines to try; each ratio is to the best of them.",
 )
 @click.option("--naive/--no-naive", default=True, help="Measure the naive aiofiles loop in the same run.")
+@click.option(
+    "--repeat",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="Measure every point this many times, interleaved, and report each phase's median run.",
+)
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None, help="Write every figure as JSON.")
 @click.option(
     "--plot",
@@ -270,6 +277,7 @@ def bench(
     use_fio: bool,
     fio_engines: str,
     naive: bool,
+    repeat: int,
     json_path: str | None,
     plot_path: str | None,
     md_path: str | None,
@@ -304,6 +312,7 @@ def bench(
         fio=use_fio,
         fio_engines=[e.strip() for e in fio_engines.split(",") if e.strip()],
         naive=naive,
+        repeat=repeat,
         command=_command_line(ctx),
     )
     from rich.console import Console

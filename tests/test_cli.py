@@ -90,6 +90,17 @@ def test_bench_reports_a_tier_that_cannot_be_imported_as_skipped(tmp_path: Path)
     assert "ghost: skipped" in r.output
 
 
+def test_bench_repeat_reports_the_median_of_verified_runs(tmp_path: Path) -> None:
+    r = invoke(*_bench_args(tmp_path, "memory"), "--no-fio", "--repeat", "3")
+    assert r.exit_code == 0, r.output
+    report = json.loads((tmp_path / "bench.json").read_text())
+    assert report["options"]["repeat"] == 3 and "--repeat 3" in report["command"]
+    for p in report["points"]:
+        assert p["ok"] and p["repeats"] == 3
+        assert p["verified_bytes"] == 3 * (16 + 16) * 64 * 1024  # every run loaded back and compared
+    assert all(ref["repeats"] == 3 and ref["naive_read"]["bytes_per_s"] > 0 for ref in report["references"])
+
+
 class ForgetfulTier(BlockingChunkTier):
     """A real tier that is broken on purpose: it remembers keys but never stores or returns bytes."""
 
