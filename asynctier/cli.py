@@ -164,7 +164,12 @@ def _parse_size(v: str) -> int:
 
 
 def _command_line(ctx: click.Context) -> str:
-    """The command as typed, rebuilt from the options given explicitly (for the report)."""
+    """The command as typed (for the report): the real argv when run as ``asynctier``, else
+    rebuilt from the options given explicitly (``bench/bench_throughput.py``, tests)."""
+    if os.path.basename(sys.argv[0]) == "asynctier" and ctx.info_name in sys.argv[1:]:
+        import shlex
+
+        return " ".join(["asynctier", *(shlex.quote(a) for a in sys.argv[1:])])
     parts = ["asynctier", ctx.info_name or "bench"]
     for param in ctx.command.params:
         if not isinstance(param, click.Option) or param.name is None:
