@@ -27,7 +27,6 @@ import datetime as _dt
 import hashlib
 import math
 import os
-import platform
 import re
 import shutil
 import statistics
@@ -624,7 +623,7 @@ async def _run_point(
     return res
 
 
-def _fio(opts: BenchOptions, state: dict[str, Any], directory: Path, rw: str, chunk: int, depth: int, size: int) -> Any:
+def _fio(state: dict[str, Any], directory: Path, rw: str, chunk: int, depth: int, size: int) -> dict[str, Any] | None:
     """Best of the configured fio engines (an engine that fails here is dropped for the run)."""
     best: benchkit.FioResult | None = None
     for engine in list(state["engines"]):
@@ -654,9 +653,9 @@ async def _run_refs(
     label = f"reference {format_size(chunk)} depth {depth}"
     if opts.fio and state["engines"]:
         progress(f"{label}: fio write", False)
-        ref.fio_write = await asyncio.to_thread(_fio, opts, state, workdir / "fio", "write", chunk, depth, size)
+        ref.fio_write = await asyncio.to_thread(_fio, state, workdir / "fio", "write", chunk, depth, size)
         progress(f"{label}: fio read", False)
-        ref.fio_read = await asyncio.to_thread(_fio, opts, state, workdir / "fio", "read", chunk, depth, size)
+        ref.fio_read = await asyncio.to_thread(_fio, state, workdir / "fio", "read", chunk, depth, size)
     if opts.naive:
         d = workdir / f"naive-{chunk}-{depth}"
         view = primary.view[:size]
@@ -697,17 +696,10 @@ def _fs_type(path: Path) -> str:
 
 
 def _machine(root: Path, loop_name: str, primary_kind: str) -> dict[str, Any]:
-    mem = 0
-    with contextlib.suppress(OSError, ValueError):
-        mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     return {
-        "cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
-        "memory_bytes": mem,
-        "platform": platform.platform(),
-        "python": platform.python_version(),
+        **benchkit.machine_info(),
         "event_loop": loop_name,
         "primary_buffer": primary_kind,
-        "fio": benchkit.fio_version(),
         "root": str(root),
         "root_fs": _fs_type(root),
     }
