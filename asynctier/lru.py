@@ -160,6 +160,52 @@ class LRUIndex:
                     victims.append(k)
             return victims
 
+    def merge_older(self, found: list[tuple[int, bytes, int]], skip: set[bytes]) -> int:
+        """Recovery: add chunks found by a scan (``(mtime_ns, key, nbytes)``) as *older* than every entry
+        made meanwhile, oldest first; keys already present or in ``skip`` are left alone."""
+        added = 0
+        with self._lock:
+            for _, key, nbytes in sorted(found, reverse=True):  # newest first, each to the front
+                if key in self._entries or key in skip:
+                    continue
+                self._entries[key] = _Entry(nbytes, committed=True)
+                self._entries.move_to_end(key, last=False)
+                self._used += nbytes
+                self._committed += 1
+                added += 1
+        return added
+
+    def adopt_pinned(self, key: bytes, nbytes: int) -> bool:
+        """Pin ``key``, adding it as a committed entry first if absent (for example a chunk
+        another process stored, found on the medium). False if it is being written here right now."""
+        with self._lock:
+            e = self._entries.get(key)
+            if e is None:
+                e = _Entry(nbytes, committed=True)
+                self._entries[key] = e
+                self._used += nbytes
+                self._committed += 1
+            elif not e.committed:
+                return False
+            e.pins += 1
+            return True
+
+    def pop_lru(self, nbytes: int) -> list[bytes]:
+        """Drop least recently used unpinned entries worth at least ``nbytes``, capacity or not
+        (the medium itself is full); return them for the caller to delete."""
+        with self._lock:
+            victims: list[bytes] = []
+            for k, e in list(self._entries.items()):
+                if nbytes <= 0:
+                    break
+                if e.committed and e.pins == 0:
+                    del self._entries[k]
+                    self._used -= e.nbytes
+                    self._committed -= 1
+                    nbytes -= e.nbytes
+                    victims.append(k)
+            return victims
+
     # -- reads -----------------------------------------------------------------------------
     def pin(self, key: bytes) -> bool:
         """Protect a committed entry from eviction while it is read; False if absent."""

@@ -64,7 +64,7 @@ import xxhash
 
 from asynctier import BlockingChunkTier, ChunkNotFoundError, IntegrityError, TierConfigError
 from asynctier.integrity import ChunkHeader, checksum, key_token
-from asynctier.lru import LRUIndex, _Entry
+from asynctier.lru import LRUIndex
 from asynctier.posix_io import O_DIRECT, aligned_buffer, buffer_address, logical_block_size
 from asynctier.spec import FORMAT_VERSION
 
@@ -137,59 +137,6 @@ def _all_io(fn: Callable[[int, list[memoryview], int], int], fd: int, bufs: list
             break
         done += n
     return done
-
-
-class _FsIndex(LRUIndex):
-    """The LRU index plus the operations recovery, sharing and ENOSPC need."""
-
-    def merge_older(self, found: list[tuple[int, bytes, int]], skip: set[bytes]) -> int:
-        """Add chunks found by a scan (``(mtime_ns, key, nbytes)``) as *older* than every entry
-        made meanwhile, oldest first; keys already present or in ``skip`` are left alone."""
-        added = 0
-        with self._lock:
-            for _, key, nbytes in sorted(found, reverse=True):  # newest first, each to the front
-                if key in self._entries or key in skip:
-                    continue
-                self._entries[key] = self._new_entry(nbytes)
-                self._entries.move_to_end(key, last=False)
-                self._used += nbytes
-                self._committed += 1
-                added += 1
-        return added
-
-    def adopt_pinned(self, key: bytes, nbytes: int) -> bool:
-        """Pin ``key``, adding it as a committed entry first if absent (a chunk another
-        process stored, found on disk). False if it is being written here right now."""
-        with self._lock:
-            e = self._entries.get(key)
-            if e is None:
-                e = self._new_entry(nbytes)
-                self._entries[key] = e
-                self._used += nbytes
-                self._committed += 1
-            elif not e.committed:
-                return False
-            e.pins += 1
-            return True
-
-    def pop_lru(self, nbytes: int) -> list[bytes]:
-        """Drop least recently used unpinned entries worth at least ``nbytes`` (capacity or not)."""
-        with self._lock:
-            victims: list[bytes] = []
-            for k, e in list(self._entries.items()):
-                if nbytes <= 0:
-                    break
-                if e.committed and e.pins == 0:
-                    del self._entries[k]
-                    self._used -= e.nbytes
-                    self._committed -= 1
-                    nbytes -= e.nbytes
-                    victims.append(k)
-            return victims
-
-    @staticmethod
-    def _new_entry(nbytes: int) -> _Entry:
-        return _Entry(nbytes, committed=True)
 
 
 class FsTier(BlockingChunkTier):
@@ -265,7 +212,7 @@ class FsTier(BlockingChunkTier):
         self.scan_sync_limit = scan_sync_limit
         self.lru_times = lru_times
         self.stale_tmp_s = float(stale_tmp_s)
-        self.index: _FsIndex = _FsIndex(self.capacity_bytes)
+        self.index: LRUIndex = LRUIndex(self.capacity_bytes)
         # set by open_medium
         self._shard_fds: list[int] = []
         self._fd_finalizer: weakref.finalize[[list[int]], FsTier] | None = None
