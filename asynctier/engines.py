@@ -107,15 +107,13 @@ class Engine(Protocol):
     def stop_nowait(self) -> None: ...
 
 
-class ThreadEngine:
-    """``workers`` daemon threads running blocking callables, lowest priority first."""
+class _EngineBase:
+    """Counters both engines keep, read by ``stats()`` without a lock (ints, GIL-atomic)."""
 
-    def __init__(self, workers: int, name: str = "asynctier") -> None:
+    def __init__(self, workers: int, name: str) -> None:
         self._workers = workers
         self._name = name
-        self._cv = threading.Condition(threading.Lock())
         self._heap: list[Job] = []
-        self._threads: list[threading.Thread] = []
         self._in_flight = 0
         self._peak = 0
         self._queued = 0
@@ -136,6 +134,15 @@ class ThreadEngine:
     @property
     def workers(self) -> int:
         return self._workers
+
+
+class ThreadEngine(_EngineBase):
+    """``workers`` daemon threads running blocking callables, lowest priority first."""
+
+    def __init__(self, workers: int, name: str = "asynctier") -> None:
+        super().__init__(workers, name)
+        self._cv = threading.Condition(threading.Lock())
+        self._threads: list[threading.Thread] = []
 
     def start(self) -> None:
         for i in range(self._workers):
@@ -225,37 +232,15 @@ class ThreadEngine:
             await asyncio.to_thread(join_all)
 
 
-class AsyncEngine:
+class AsyncEngine(_EngineBase):
     """``workers`` asyncio tasks awaiting coroutine callables, lowest priority first."""
 
     def __init__(self, workers: int, name: str = "asynctier") -> None:
-        self._workers = workers
-        self._name = name
-        self._heap: list[Job] = []
+        super().__init__(workers, name)
         # One release per pushed entry and one acquire per popped entry, so a worker is
         # always awake for every entry in the heap.
         self._ready: asyncio.Semaphore | None = None
         self._tasks: list[asyncio.Task[None]] = []
-        self._in_flight = 0
-        self._peak = 0
-        self._queued = 0
-        self._stopping = False
-
-    @property
-    def in_flight(self) -> int:
-        return self._in_flight
-
-    @property
-    def peak_in_flight(self) -> int:
-        return self._peak
-
-    @property
-    def queued(self) -> int:
-        return self._queued
-
-    @property
-    def workers(self) -> int:
-        return self._workers
 
     def start(self) -> None:
         self._ready = asyncio.Semaphore(0)
