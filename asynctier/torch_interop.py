@@ -11,6 +11,8 @@ if TYPE_CHECKING:
 
 __all__ = ["allocate_primary", "tensor_view"]
 
+_PAGE = 4096
+
 
 def tensor_view(tensor: torch.Tensor) -> memoryview:
     """A writable byte memoryview over a contiguous CPU tensor's storage, without copying.
@@ -35,10 +37,14 @@ def allocate_primary(spec: OffloadingSpec, *, pin_memory: bool | None = None) ->
     """Allocate a primary buffer for ``spec`` as a uint8 tensor and its memoryview.
 
     ``pin_memory=None`` pins (page-locks) the buffer when CUDA is available, so GPU copies
-    to and from it run asynchronously.
+    to and from it run asynchronously. The buffer starts on a page boundary (torch's CPU
+    allocator only promises 64 bytes), so tiers can move chunks with O_DIRECT straight from
+    and into it, without bounce copies.
     """
     import torch
 
     pin = torch.cuda.is_available() if pin_memory is None else pin_memory
-    t = torch.zeros(spec.total_bytes, dtype=torch.uint8, pin_memory=pin)
+    raw = torch.zeros(spec.total_bytes + _PAGE, dtype=torch.uint8, pin_memory=pin)
+    skip = -raw.data_ptr() % _PAGE
+    t = raw[skip : skip + spec.total_bytes]  # a view: keeps the whole allocation alive
     return t, tensor_view(t)

@@ -65,6 +65,9 @@ def test_torch_buffer_is_shared_not_copied() -> None:
     spec = OffloadingSpec(1024, 4)
     t, view = allocate_primary(spec, pin_memory=False)
     assert view.nbytes == spec.total_bytes and not view.readonly
+    from asynctier.posix_io import buffer_address
+
+    assert t.data_ptr() % 4096 == 0 and buffer_address(view) == t.data_ptr()  # page-aligned, same memory
     view[0:4] = b"\x01\x02\x03\x04"
     assert t[:4].tolist() == [1, 2, 3, 4]
     bf = torch.zeros(2, 512, dtype=torch.bfloat16)
