@@ -10,6 +10,8 @@ Figures (all O_DIRECT, same block size and depth as the tier's chunk size and
   ``durability="none"`` (then one fdatasync, as fio's end_fsync) and with ``"fsync"``
   (every offload acknowledged durable; group commit).
 * 64 KiB chunks at depth 16: chunk operations per second vs fio's IOPS.
+* Each tier figure for both slot I/O engines (``io_engine="psync"``: preadv/pwritev on the
+  worker threads; ``"io_uring"``: a ring per worker thread), interleaved in the same run.
 * Reopen with 1M slots indexed: a 1M-entry checkpoint plus a full journal generation
   (``checkpoint_every`` records) to replay.
 
@@ -54,14 +56,17 @@ def _tier(
 
 
 async def _stream(
-    d: Path, chunk: int, depth: int, total: int, durability: str, nprimary: int = 256
+    d: Path, chunk: int, depth: int, total: int, durability: str, nprimary: int = 256, io_engine: str = "psync"
 ) -> dict[str, float]:
     """Offload then load ``total`` bytes of ``chunk``-sized chunks at ``depth``; bytes/s and ops/s."""
     n = total // chunk
     _clean(d, "bench.slab")
-    tier, _view, _spec = _tier(d, chunk, nprimary, (n + 64) * (chunk + 4096) + 8192, depth, durability=durability)
+    tier, _view, _spec = _tier(
+        d, chunk, nprimary, (n + 64) * (chunk + 4096) + 8192, depth, durability=durability, io_engine=io_engine
+    )
     keys = [b"bench-%09d" % i for i in range(n)]
     async with tier:
+        assert tier.active_io_engine == io_engine
         # warm the slots once (fallocated extents are written for the first time otherwise,
         # which costs an extent conversion fio's laid-out file does not pay)
         await _offload_all(tier, [b"warm-%09d" % i for i in range(n)], nprimary)
@@ -198,23 +203,42 @@ def main() -> None:
     runs: list[dict[str, Any]] = []
     small = 64 * 1024
     configs = [(2 * MiB, 16, total, 64), (2 * MiB, 1, total // 4, 64), (small, 16, args.small_ops * small, 256)]
+    try:
+        from asynctier.uring import probe
+
+        why = probe()
+    except Exception as e:  # any failure means: measure psync only
+        why = repr(e)
+    engines = ["psync"] if why else ["psync", "io_uring"]
+    results["io_uring_unavailable"] = why
+    if why:
+        print(f"io_uring unavailable ({why}): psync only", flush=True)
     for chunk, depth, size, nprimary in configs:
         # The disk is shared and noisy: alternate fio and the tier, keep each one's best.
         fio_w: dict[str, Any] = {}
         fio_r: dict[str, Any] = {}
-        tier: dict[str, dict[str, float]] = {}
+        tier: dict[tuple[str, str], dict[str, float]] = {}
         for rep in range(args.reps):
             fio_w = _best_fio(fio_w, _fio_best(d, "write", chunk, depth, size))
             fio_r = _best_fio(fio_r, _fio_best(d, "read", chunk, depth, size))
-            # fio gets two samples per rep (two engines); so does the tier's headline mode
-            for durability in ("none", "fsync", "none"):
-                t = asyncio.run(_stream(d, chunk, depth, size, durability, nprimary=nprimary))
-                prev = tier.get(durability)
-                tier[durability] = t if prev is None else {k: max(v, prev[k]) for k, v in t.items()}
-                print(f"rep {rep}: {chunk >> 10} KiB depth {depth} {durability}: {t}", flush=True)
-        for durability, t in tier.items():
+            # both tier engines back to back per mode, so they see the same disk weather
+            for durability in ("none", "fsync"):
+                for engine in engines:
+                    t = asyncio.run(_stream(d, chunk, depth, size, durability, nprimary=nprimary, io_engine=engine))
+                    prev = tier.get((durability, engine))
+                    tier[durability, engine] = t if prev is None else {k: max(v, prev[k]) for k, v in t.items()}
+                    print(f"rep {rep}: {chunk >> 10} KiB depth {depth} {durability} {engine}: {t}", flush=True)
+        for (durability, engine), t in tier.items():
             runs.append(
-                {"chunk": chunk, "depth": depth, "durability": durability, **t, "fio_write": fio_w, "fio_read": fio_r}
+                {
+                    "chunk": chunk,
+                    "depth": depth,
+                    "durability": durability,
+                    "io_engine": engine,
+                    **t,
+                    "fio_write": fio_w,
+                    "fio_read": fio_r,
+                }
             )
     results["runs"] = runs
     reopens = [asyncio.run(_reopen(d, args.slots, 1 << 16)) for _ in range(args.reps)]
@@ -236,21 +260,23 @@ def _markdown(r: dict[str, Any]) -> str:
         "# nvme tier vs fio (same file system, O_DIRECT, same block size and depth)",
         "",
         f"Directory `{r['dir']}`, {r['machine']['cpus']} CPUs, kernel {r['machine']['kernel']}, "
-        f"Python {r['machine']['python']}. Tier engine: preadv/pwritev on worker threads. Best of "
+        f"Python {r['machine']['python']}. Tier engines (`io_engine`): `psync` = preadv/pwritev on the "
+        "worker threads, `io_uring` = one ring per worker thread (readv/writev SQE, waited for). Best of "
         f"{r['reps']} alternating repetitions each (the disk and CPUs are shared).",
         "",
         f"Command: `{r['command']}`",
         "",
-        "| chunk | depth | durability | offload GB/s | fio write GB/s (engine) | ratio | load GB/s | "
+        "| chunk | depth | durability | tier engine | offload GB/s | fio write GB/s (engine) | ratio | load GB/s | "
         "fio read GB/s (engine) | ratio | offload ops/s | load ops/s |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for x in r["runs"]:
         fw, fr = x["fio_write"], x["fio_read"]
         kb = x["chunk"] // 1024
         size = f"{kb // 1024} MiB" if kb >= 1024 else f"{kb} KiB"
         lines.append(
-            f"| {size} | {x['depth']} | {x['durability']} | {x['offload_Bps'] / g:.2f} | "
+            f"| {size} | {x['depth']} | {x['durability']} | {x.get('io_engine', 'psync')} | "
+            f"{x['offload_Bps'] / g:.2f} | "
             f"{fw['best_Bps'] / g:.2f} ({fw['best_engine']}) | {x['offload_Bps'] / fw['best_Bps']:.2f} | "
             f"{x['load_Bps'] / g:.2f} | {fr['best_Bps'] / g:.2f} ({fr['best_engine']}) | "
             f"{x['load_Bps'] / fr['best_Bps']:.2f} | {x['offload_ops']:,.0f} | {x['load_ops']:,.0f} |"
@@ -278,8 +304,10 @@ def _markdown(r: dict[str, Any]) -> str:
         "Notes: offload with `durability=none` ends with one fdatasync of the slab (as fio's `end_fsync=1`); "
         "`fsync` acknowledges every chunk durable (slab then journal fdatasync, group commit). Every load "
         "verifies the slot header and the payload's xxh3. 64 KiB calls are coalesced (16 chunks per job, "
-        "one pwritev/preadv per run of adjacent slots). The tier has no io_uring engine: psync threads only.",
+        "one pwritev/preadv (or one readv/writev SQE) per run of adjacent slots).",
     ]
+    if r.get("io_uring_unavailable"):
+        lines[-1] += f" io_uring was unavailable here ({r['io_uring_unavailable']}): psync only."
     lines += [
         "",
         f"Reopen with {ro['slots']:,} slots indexed (checkpoint) + {ro['replayed_records']:,} journal records "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import errno
 import mmap
 import os
 import random
@@ -20,7 +21,11 @@ from asynctier import OffloadingSpec, SecondaryTierFactory, TierConfigError
 from asynctier.errors import failure_kind
 from asynctier.posix_io import buffer_address
 from asynctier.testing import TierConformance
+from asynctier.uring import probe as uring_probe
 from tiers.nvme import Checkpoint, NvmeTier, read_checkpoint, write_checkpoint
+
+_NO_URING = uring_probe()
+needs_uring = pytest.mark.skipif(_NO_URING is not None, reason=f"io_uring cannot be initialised here: {_NO_URING}")
 
 
 class TestNvmeTier(TierConformance):
@@ -41,6 +46,22 @@ class TestNvmeTierAligned(TestNvmeTier):
         h.buf = buf
         h.view = memoryview(buf)
         return h
+
+
+@needs_uring
+class TestNvmeTierUring(TestNvmeTierAligned):
+    """The conformance suite with slot I/O through io_uring (per-thread rings), zero-copy path."""
+
+    def tier_config(self, tmp_path: Path) -> dict[str, Any]:
+        return {**super().tier_config(tmp_path), "io_engine": "io_uring"}
+
+
+@needs_uring
+class TestNvmeTierUringBounce(TestNvmeTier):
+    """io_uring with the suite's unaligned bytearray buffer: the bounce path."""
+
+    def tier_config(self, tmp_path: Path) -> dict[str, Any]:
+        return {**super().tier_config(tmp_path), "io_engine": "io_uring"}
 
 
 # -- helpers ---------------------------------------------------------------------------------------
@@ -414,6 +435,58 @@ def test_config_errors(tmp_path: Path) -> None:
     ):
         with pytest.raises(TierConfigError):
             SecondaryTierFactory.create_secondary_tier({"type": "nvme", **bad}, view, spec)
+
+
+def test_bad_io_engine_names_the_accepted_values(tmp_path: Path) -> None:
+    spec = OffloadingSpec(CHUNK, 4)
+    view = memoryview(bytearray(spec.total_bytes))
+    with pytest.raises(TierConfigError) as ei:
+        SecondaryTierFactory.create_secondary_tier({"type": "nvme", "path": "a", "io_engine": "aio"}, view, spec)
+    msg = str(ei.value)
+    assert "'aio'" in msg and all(repr(v) in msg for v in ("psync", "io_uring", "auto"))
+
+
+async def test_auto_io_engine_picks_io_uring_where_it_works(tmp_path: Path) -> None:
+    tier, view = _make(tmp_path / "kv.slab", io_engine="auto")
+    async with tier:
+        assert tier.active_io_engine == ("io_uring" if _NO_URING is None else "psync")
+        data = _fill(view, CHUNK, 3)
+        keys = [b"auto%d" % i for i in range(16)]
+        assert (await tier.offload(keys, list(range(16)))).ok
+        view[:] = bytes(view.nbytes)
+        assert (await tier.load(keys, list(range(16)))).ok
+        assert [_chunk(view, CHUNK, i) for i in range(16)] == data
+    tier, _ = _make(tmp_path / "p.slab")
+    async with tier:
+        assert tier.active_io_engine == "psync"
+
+
+@needs_uring
+async def test_io_uring_errors_become_oserror_per_chunk(tmp_path: Path) -> None:
+    """A failed CQE (here EBADF: the slab fd closed under the tier) fails its chunk, not the ring."""
+    from asynctier.uring import UringIO
+
+    io = UringIO()
+    try:
+        buf = _aligned(4096)
+        with pytest.raises(OSError) as ei:
+            io.preadv_all(-1, [buf], 0)
+        assert ei.value.errno == errno.EBADF
+        # the ring is still usable after a failed CQE; short read at EOF returns the count
+        p = tmp_path / "f"
+        p.write_bytes(b"x" * 100)
+        fd = os.open(p, os.O_RDWR)
+        try:
+            assert io.preadv_all(fd, [buf], 0) == 100
+            assert bytes(buf[:100]) == b"x" * 100
+            io.pwritev_all(fd, [memoryview(b"ab"), memoryview(bytearray(b"cd"))], 200)
+            assert os.pread(fd, 4, 200) == b"abcd"
+        finally:
+            os.close(fd)
+    finally:
+        io.close()
+    with pytest.raises(OSError):
+        io.preadv_all(0, [buf], 0)
 
 
 async def test_missing_capacity_for_new_slab(tmp_path: Path) -> None:
