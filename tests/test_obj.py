@@ -324,7 +324,9 @@ async def test_no_python_copy_of_chunks(where: str, tmp_path: Path) -> None:
                 peaks.append(tracemalloc.get_traced_memory()[1])
             finally:
                 tracemalloc.stop()
-        assert max(peaks) < (1 << 20) // 2, f"Python allocated {peaks}-byte peaks moving 1 MiB chunks"
+        # one copy of one chunk alone would reach 1 MiB; leave the rest as headroom for the
+        # small objects a busy machine's retries and timers allocate
+        assert max(peaks) < (1 << 20), f"Python allocated {peaks}-byte peaks moving 1 MiB chunks"
         assert all(rig.chunk(7 - i) == rig.orig_chunk(i) for i in range(8))
 
 
