@@ -53,6 +53,12 @@ class TestFsConformance(TierConformance):
         return {"type": "fs", "root": str(tmp_path / "kv")}
 
 
+class TestFsConformanceDirectIO(TestFsConformance):
+    """A page-aligned primary buffer: chunks move with O_DIRECT straight from and into it."""
+
+    page_aligned_buffer = True
+
+
 # -- helpers ---------------------------------------------------------------------------------
 def make_tier(root: Path, view: memoryview | None = None, **config: Any) -> tuple[FsTier, memoryview]:
     spec = OffloadingSpec(CHUNK, NCHUNKS, namespace="test/fs")

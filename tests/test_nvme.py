@@ -38,14 +38,7 @@ class TestNvmeTier(TierConformance):
 class TestNvmeTierAligned(TestNvmeTier):
     """The same checks with a page-aligned primary buffer (pinned memory is): the zero-copy path."""
 
-    def make(self, tmp_path: Path, **overrides: Any) -> Any:
-        h = super().make(tmp_path, **overrides)
-        buf = mmap.mmap(-1, h.spec.total_bytes)
-        config = {**self.tier_config(tmp_path), "max_inflight": self.max_inflight, **overrides}
-        h.tier = SecondaryTierFactory.create_secondary_tier(config, memoryview(buf), h.spec)
-        h.buf = buf
-        h.view = memoryview(buf)
-        return h
+    page_aligned_buffer = True
 
 
 @needs_uring

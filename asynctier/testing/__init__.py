@@ -20,6 +20,7 @@ Override the class attributes to fit the medium (``chunk_bytes``, ``num_chunks``
 from __future__ import annotations
 
 import asyncio
+import mmap
 import os
 import random
 from collections.abc import Awaitable, Callable, Iterator
@@ -56,7 +57,7 @@ def loop_factories() -> dict[str, Callable[[], asyncio.AbstractEventLoop]]:
 class _Harness:
     """One tier, its spec and its primary buffer."""
 
-    def __init__(self, tier: SecondaryTierManager, spec: OffloadingSpec, buf: bytearray) -> None:
+    def __init__(self, tier: SecondaryTierManager, spec: OffloadingSpec, buf: bytearray | mmap.mmap) -> None:
         self.tier = tier
         self.spec = spec
         self.buf = buf
@@ -92,6 +93,9 @@ class TierConformance:
     num_chunks: ClassVar[int] = 64
     max_inflight: ClassVar[int] = 4
     namespace: ClassVar[str] = "conformance/test"
+    #: Run with a page-aligned primary buffer (as pinned memory is) instead of a bytearray,
+    #: so tiers that use O_DIRECT take their zero-copy path.
+    page_aligned_buffer: ClassVar[bool] = False
 
     def tier_config(self, tmp_path: Path) -> dict[str, Any]:
         """The factory config of the tier under test (``type`` plus its own parameters)."""
@@ -105,7 +109,9 @@ class TierConformance:
     def make(self, tmp_path: Path, **overrides: Any) -> _Harness:
         """Build (not open) the tier under test with ``overrides`` merged into its config."""
         spec = OffloadingSpec(self.chunk_bytes, self.num_chunks, namespace=self.namespace)
-        buf = bytearray(spec.total_bytes)
+        buf: bytearray | mmap.mmap = (
+            mmap.mmap(-1, spec.total_bytes) if self.page_aligned_buffer else bytearray(spec.total_bytes)
+        )
         config = {**self.tier_config(tmp_path), "max_inflight": self.max_inflight, **overrides}
         tier = SecondaryTierFactory.create_secondary_tier(config, memoryview(buf), spec)
         return _Harness(tier, spec, buf)
