@@ -438,6 +438,11 @@ class ChunkTier(SecondaryTierManager):
                 per = [asyncio.CancelledError()] * len(gk)
             elif gk is j.args[0]:
                 per = j.result  # a group's outcomes (or its back-pressure drops)
+                if not isinstance(per, list) or len(per) != len(gk):
+                    # a group body that does not account for every chunk must not let the
+                    # unaccounted ones pass as stored or loaded
+                    bad = RuntimeError(f"group job returned {per!r:.80} for {len(gk)} chunks")
+                    per = [bad] * len(gk)
             else:
                 per = [None]
             for k, e in zip(gk, per):

@@ -224,3 +224,23 @@ async def test_a_tier_dropped_without_close_does_not_leak_threads() -> None:
     for t in threads:
         t.join(10)
     assert not any(t.is_alive() for t in threads)
+
+
+async def test_a_group_job_that_misreports_fails_its_chunks_never_succeeds_them() -> None:
+    """A tier's group body must account for every chunk; one that does not cannot pass them off as done."""
+
+    class ShortGroups(GatedTier):
+        def _group_size(self, op: str, n: int) -> int:
+            return 4 if op == "offload" else 1
+
+        def _group_job_fn(self, op: str) -> Any:
+            def body(keys: list[bytes], ids: list[int], t0: float) -> list[BaseException | None]:
+                return [None] * (len(keys) - 1)  # forgets the last chunk of each group
+
+            return body
+
+    view = memoryview(bytearray(SPEC.total_bytes))
+    async with ShortGroups(offloading_spec=SPEC, primary_kv_view=view) as tier:
+        res = await tier.offload([b"k%d" % i for i in range(8)], list(range(8)))
+        assert res.succeeded == [] and len(res.failed) == 8
+        assert all(isinstance(e, RuntimeError) for e in res.failed.values())
