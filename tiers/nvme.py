@@ -360,7 +360,9 @@ class _Journal:
                 return
         self._flush(batch, target)
 
-    def _flush(self, batch: list[bytes], target: int) -> None:
+    def _flush(self, batch: list[bytes], target: int, rotate_to: int | None = None) -> None:
+        """Write ``batch`` (records up to ``target``); with ``rotate_to``, then sync and switch
+        to that journal generation. The caller holds ``_busy``."""
         err: BaseException | None = None
         try:
             if self.durable:
@@ -368,8 +370,10 @@ class _Journal:
                     os.fdatasync(fd)
             if batch:
                 _write_all(self.fd, memoryview(b"".join(batch)))
-            if self.durable:
+            if self.durable or rotate_to is not None:
                 os.fdatasync(self.fd)
+            if rotate_to is not None:
+                self.open_gen(rotate_to, None)
         except BaseException as e:
             err = e
         with self._cv:
@@ -377,6 +381,8 @@ class _Journal:
             if err is None:
                 self._done = target
                 self.flushes += 1
+                if rotate_to is not None:
+                    self.since_checkpoint = 0
             else:  # records may be half-written: refuse further acknowledgements
                 self.broken = err
             self._cv.notify_all()
@@ -395,27 +401,7 @@ class _Journal:
             self._busy = True
             batch, self._pending = self._pending, []
             target = self._appended
-        err: BaseException | None = None
-        try:
-            if batch:
-                _write_all(self.fd, memoryview(b"".join(batch)))
-            if self.durable:
-                for fd in self.data_fds:
-                    os.fdatasync(fd)
-            os.fdatasync(self.fd)
-            self.open_gen(new_gen, None)
-        except BaseException as e:
-            err = e
-        with self._cv:
-            self._busy = False
-            if err is None:
-                self._done = target
-                self.since_checkpoint = 0
-            else:
-                self.broken = err
-            self._cv.notify_all()
-        if err is not None:
-            raise err
+        self._flush(batch, target, rotate_to=new_gen)
 
     def close(self) -> None:
         if self.fd >= 0:
