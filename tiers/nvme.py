@@ -72,6 +72,7 @@ engines side by side with fio. psync stays the default: on the 2-core bench mach
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import logging
 import operator
@@ -1388,10 +1389,15 @@ class NvmeTier(BlockingChunkTier):
         """Make stored keys most recently used."""
         ks = self._check_keys(keys)
         self._check_open()
+        # the index lock is held across a checkpoint snapshot and journal sync: take it on a
+        # thread, never on the event loop
+        await asyncio.to_thread(self._touch_sync, ks)
+
+    def _touch_sync(self, keys: list[bytes]) -> None:
         idx = self._idx
         assert idx is not None
         with idx.lock:
-            for k in ks:
+            for k in keys:
                 slot = idx.entries.get(k)
                 if slot is not None:
                     idx.touch_slot(slot)
