@@ -9,11 +9,22 @@ before the call returns (the thread blocks until its CQE arrives).
 
 ``liburing`` (PyPI) is imported lazily, the first time a :class:`UringIO` is built, so
 ``import asynctier`` never loads it. :func:`probe` says whether io_uring works here.
+
+Before this process loads ``liburing`` it is tried once in a child interpreter (cached for
+the process): some builds of the binding die with SIGILL on CPUs they were not compiled
+for (seen with liburing 2026.3.x on an AVX2-only VM), and a signal cannot be caught in
+Python; a tier asking for ``io_engine="auto"`` must fall back to psync, not take the
+server down.
 """
 
 from __future__ import annotations
 
 import errno
+import functools
+import importlib.util
+import signal
+import subprocess
+import sys
 import threading
 from collections.abc import Sequence
 from typing import Any
@@ -25,7 +36,40 @@ class UringUnavailable(RuntimeError):
     """io_uring cannot be used here (no ``liburing`` module, or the kernel refuses a ring)."""
 
 
+# what the child runs: import the binding and set up (and tear down) one ring
+_CHILD_CHECK = "import liburing as L; r = L.Ring(); L.io_uring_queue_init(2, r); L.io_uring_queue_exit(r)"
+
+
+@functools.cache
+def _binding_problem() -> str | None:
+    """Why the ``liburing`` binding cannot be used in this process (None: it can).
+
+    Checked in a child interpreter, once per process, so a crash costs the child only.
+    """
+    if importlib.util.find_spec("liburing") is None:
+        return "the liburing module is not installed; pip install 'asynctier[nvme]'"
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-c", _CHILD_CHECK], capture_output=True, text=True, timeout=60, check=False
+        )
+    except (OSError, subprocess.SubprocessError) as e:
+        return f"could not check the liburing module in a child process: {e}"
+    if proc.returncode == 0:
+        return None
+    if proc.returncode < 0:
+        try:
+            sig = signal.Signals(-proc.returncode).name
+        except ValueError:
+            sig = f"signal {-proc.returncode}"
+        return f"the liburing module crashed a test process with {sig} while setting up a ring (a build for another CPU?)"
+    lines = [ln for ln in proc.stderr.strip().splitlines() if ln.strip()]
+    return f"setting up an io_uring ring failed: {lines[-1] if lines else f'exit status {proc.returncode}'}"
+
+
 def _load() -> Any:
+    problem = _binding_problem()
+    if problem is not None:
+        raise UringUnavailable(problem)
     try:
         import liburing
     except ImportError as e:  # an optional dependency: the "nvme" extra

@@ -454,6 +454,29 @@ async def test_auto_io_engine_picks_io_uring_where_it_works(tmp_path: Path) -> N
         assert tier.active_io_engine == "psync"
 
 
+async def test_a_binding_that_crashes_its_process_means_psync_not_a_dead_server(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A liburing build that dies with SIGILL here (seen on AVX2-only VMs) is caught in the child check."""
+    from asynctier import uring
+
+    monkeypatch.setattr(uring, "_CHILD_CHECK", "import os, signal; os.kill(os.getpid(), signal.SIGILL)")
+    uring._binding_problem.cache_clear()
+    try:
+        why = uring.probe()
+        assert why is not None and "SIGILL" in why
+        tier, view = _make(tmp_path / "kv.slab", io_engine="auto")
+        async with tier:
+            assert tier.active_io_engine == "psync"
+            _fill(view, CHUNK, 5)
+            assert (await tier.offload([b"a", b"b"], [0, 1])).ok
+        tier, _ = _make(tmp_path / "u.slab", io_engine="io_uring")
+        with pytest.raises(TierConfigError, match="SIGILL"):
+            await tier.open()
+    finally:
+        uring._binding_problem.cache_clear()
+
+
 @needs_uring
 async def test_io_uring_errors_become_oserror_per_chunk(tmp_path: Path) -> None:
     """A failed CQE (here EBADF: the slab fd closed under the tier) fails its chunk, not the ring."""
