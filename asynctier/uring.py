@@ -61,7 +61,7 @@ def _binding_problem() -> str | None:
             sig = signal.Signals(-proc.returncode).name
         except ValueError:
             sig = f"signal {-proc.returncode}"
-        return f"the liburing module crashed a test process with {sig} while setting up a ring (a build for another CPU?)"
+        return f"the liburing module crashed a child process with {sig} setting up a ring (built for another CPU?)"
     lines = [ln for ln in proc.stderr.strip().splitlines() if ln.strip()]
     return f"setting up an io_uring ring failed: {lines[-1] if lines else f'exit status {proc.returncode}'}"
 
