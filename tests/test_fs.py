@@ -33,6 +33,7 @@ from asynctier import (
     OffloadingSpec,
     SecondaryTierFactory,
     TierConfigError,
+    ioring,
 )
 from asynctier.benchkit import drop_page_cache
 from asynctier.errors import failure_kind
@@ -59,11 +60,46 @@ class TestFsConformanceDirectIO(TestFsConformance):
     page_aligned_buffer = True
 
 
+class TestFsConformanceThreads(TestFsConformance):
+    """The worker-thread engine (the default where io_uring is unavailable), buffered."""
+
+    def tier_config(self, tmp_path: Path) -> dict[str, Any]:
+        return {**super().tier_config(tmp_path), "io_engine": "threads"}
+
+
+class TestFsConformanceThreadsDirectIO(TestFsConformanceThreads):
+    """The worker-thread engine with O_DIRECT."""
+
+    page_aligned_buffer = True
+
+
 # -- helpers ---------------------------------------------------------------------------------
+_NO_RING = ioring.problem()
+_ENGINE = {"name": "threads"}
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """Every test function below runs on both engines (the conformance classes pick theirs)."""
+    if metafunc.cls is None and "io_engine" in metafunc.fixturenames:
+        ring = pytest.param(
+            "io_uring", marks=pytest.mark.skipif(_NO_RING is not None, reason=f"no io_uring: {_NO_RING}")
+        )
+        metafunc.parametrize("io_engine", [ring, "threads"], indirect=True)
+
+
+@pytest.fixture(autouse=True)
+def io_engine(request: pytest.FixtureRequest) -> Any:
+    """The engine make_tier() uses unless a test says otherwise."""
+    _ENGINE["name"] = getattr(request, "param", "threads")
+    yield _ENGINE["name"]
+    _ENGINE["name"] = "threads"
+
+
 def make_tier(root: Path, view: memoryview | None = None, **config: Any) -> tuple[FsTier, memoryview]:
     spec = OffloadingSpec(CHUNK, NCHUNKS, namespace="test/fs")
     if view is None:
         view = memoryview(bytearray(spec.total_bytes))
+    config.setdefault("io_engine", _ENGINE["name"] if config.get("publish") != "tmpfile" else "threads")
     tier = SecondaryTierFactory.create_secondary_tier({"type": "fs", "root": str(root), **config}, view, spec)
     assert isinstance(tier, FsTier)
     return tier, view

@@ -62,7 +62,8 @@ from typing import Any, Literal
 
 import xxhash
 
-from asynctier import BlockingChunkTier, ChunkNotFoundError, IntegrityError, TierConfigError
+from asynctier import BlockingChunkTier, ChunkNotFoundError, IntegrityError, TierConfigError, engines, ioring
+from asynctier.engines import Engine
 from asynctier.integrity import ChunkHeader, checksum, key_token
 from asynctier.lru import LRUIndex
 from asynctier.posix_io import O_DIRECT, aligned_buffer, buffer_address, logical_block_size
@@ -85,6 +86,7 @@ _NOSPACE = (errno.ENOSPC, errno.EDQUOT)
 _HASHED_TOKEN = re.compile(r"h[0-9a-f]{64}")
 _SAFE_HOST = re.compile(r"[^A-Za-z0-9.-]")
 _instance_seq = itertools.count()
+_ZEROS = bytes(HEADER_BLOCK)
 
 
 def _close_all(fds: list[int]) -> None:
@@ -166,6 +168,16 @@ class FsTier(BlockingChunkTier):
             and can wait on the journal, on the latency path.
         stale_tmp_s: age after which another host's (or a live process's) temporary file is
             removed at ``open()``; those of dead local processes go at once.
+        io_engine: how offloads and loads reach the kernel. ``"threads"``: blocking system
+            calls on ``max_inflight`` worker threads. ``"io_uring"``: one io_uring driven
+            from the event-loop thread (:mod:`asynctier.ioring`); each chunk is one linked
+            chain (open into a registered slot, write or read, fsync, rename, close) handed
+            to the kernel in batches, so no Python thread waits on the disk and the event
+            loop keeps its latency (publication is by rename; removal, lookup and fsck
+            still use threads). ``"auto"`` (default): io_uring where a ring can be set up
+            (Linux x86-64) unless ``publish="tmpfile"``, threads otherwise. Any failure on
+            the ring path is retried once on a thread by the blocking code, which owns the
+            error handling (ENOSPC eviction, O_DIRECT refusal, error kinds).
         **kwargs: the common knobs (``max_inflight``, ``capacity_bytes``, ``durability`` in
             ``"none"``/``"fsync"``, ``verify``, ...), see :class:`asynctier.ChunkTier`.
     """
@@ -185,9 +197,16 @@ class FsTier(BlockingChunkTier):
         scan_sync_limit: int = 50_000,
         lru_times: bool = True,
         stale_tmp_s: float = 3600.0,
+        io_engine: Literal["auto", "threads", "io_uring"] = "auto",
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        if io_engine not in ("auto", "threads", "io_uring"):
+            raise TierConfigError(f"io_engine must be 'auto', 'threads' or 'io_uring'; got {io_engine!r}")
+        if io_engine == "io_uring" and publish == "tmpfile":
+            raise TierConfigError(
+                "io_engine='io_uring' publishes by rename; it cannot be combined with publish='tmpfile'"
+            )
         if not isinstance(root, (str, os.PathLike)) or not str(root):
             raise TierConfigError(f"root must be a directory path; got {root!r}")
         if direct_io not in ("auto", True, False):
@@ -231,6 +250,10 @@ class FsTier(BlockingChunkTier):
         self._scan_lock = threading.Lock()
         self._gone_during_scan: set[bytes] = set()
         self._touched: dict[bytes, int] = {}  # key -> time of last use (ns), stamped at close
+        self.io_engine = io_engine
+        self._ring_mode = False
+        self._lring: ioring.LoopRing | None = None
+        self._ring_hb: memoryview | None = None
 
     # -- capacity ---------------------------------------------------------------------------
     def stored_size(self) -> int:
@@ -548,6 +571,207 @@ class FsTier(BlockingChunkTier):
             await asyncio.to_thread(t.join)
         return await super().stored_keys()
 
+    # -- io_uring engine ----------------------------------------------------------------------
+    @property
+    def active_io_engine(self) -> str:
+        """``"io_uring"`` or ``"threads"``: what ``io_engine`` resolved to at ``open()``."""
+        return "io_uring" if self._ring_mode else "threads"
+
+    def _make_engine(self) -> Engine:
+        why = ioring.problem() if self.io_engine != "threads" else "io_engine='threads'"
+        if self.io_engine == "io_uring" and why is not None:
+            raise TierConfigError(f"io_engine='io_uring' but io_uring is unavailable here: {why}")
+        self._ring_mode = why is None and self.publish != "tmpfile"
+        if not self._ring_mode:
+            return super()._make_engine()
+        # the bound, priorities and cancellation stay the runtime's: its async engine runs
+        # one coroutine per in-flight chunk, each awaiting its chain on the ring
+        return engines.AsyncEngine(self.max_inflight or 1, name=f"asynctier-{self.tier_type}")
+
+    async def _open_medium(self) -> None:
+        await super()._open_medium()
+        if self._ring_mode:
+            slots = self.max_inflight or 1
+            try:
+                # a chain is at most 16 entries; 8 per slot leaves room for a batch of them
+                self._lring = ioring.LoopRing(entries=max(64, 1 << (8 * slots - 1).bit_length()), files=slots)
+            except BaseException:
+                await super()._close_medium()
+                raise
+            self._ring_hb = aligned_buffer(HEADER_BLOCK * slots)
+
+    async def _close_medium(self) -> None:
+        lring, self._lring = self._lring, None
+        if lring is not None:
+            await lring.aclose()
+        await super()._close_medium()
+
+    def _job_fn(self, op: str) -> Callable[..., Any]:
+        if not self._ring_mode:
+            return super()._job_fn(op)
+        if op == "offload":
+            return self._ring_store_job
+        if op == "load":
+            return self._ring_load_job
+        blocking = super()._job_fn(op)
+
+        async def on_thread(*args: Any) -> Any:  # remove, lookup, verify: rare, off the hot path
+            return await asyncio.to_thread(blocking, *args)
+
+        return on_thread
+
+    def _slot_hb(self, slot: int) -> memoryview:
+        assert self._ring_hb is not None
+        return self._ring_hb[slot * HEADER_BLOCK : (slot + 1) * HEADER_BLOCK]
+
+    async def _ring_store_job(self, key: bytes, cid: int, t0: float) -> None:
+        try:
+            victims = self._begin_store(key)
+        except BaseException as e:
+            self._stats.record_failure(e)
+            raise
+        if victims is None:
+            self._end_store(key, t0, None, skipped=True)
+            return
+        try:
+            await self._ring_write(key, self._chunk(cid), victims)
+        except BaseException as e:
+            self._end_store(key, t0, e)
+            raise
+        self._end_store(key, t0, None)
+
+    async def _ring_write(self, key: bytes, data: memoryview, victims: list[bytes]) -> None:
+        """Evict ``victims``, then write ``key`` as one chain: unlink.. open, writev, [fdatasync],
+        renameat, [fsync dir], close. Anything short of success goes to the blocking path."""
+        lring = self._lring
+        assert lring is not None
+        if len(victims) > 4:  # a chain holds 16 entries; a burst of evictions goes to a thread
+
+            def evict_all() -> None:
+                for v in victims:
+                    self._evict(v)
+
+            await asyncio.to_thread(evict_all)
+            victims = []
+        dfd, name = self._name(key)
+        direct = self._direct_for(data)
+        sync = self.durability == "fsync"
+        slot = lring.take_slot()
+        try:
+            hb = self._slot_hb(slot)
+            packed = ChunkHeader(key, data.nbytes, checksum(data), self.offloading_spec.layout_digest).pack()
+            hb[: len(packed)] = packed  # ~100 bytes of header, not chunk data
+            hb[len(packed) :] = _ZEROS[len(packed) :]
+            tmp = f"{self._tmp_tag}{next(self._tmp_seq)}".encode()
+            bname = name.encode()
+            iov = lring.ring.iovec([hb, data])
+            vnames = [self._name(v) for v in victims]
+            for v in victims:
+                self._note_gone(v)
+            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | (O_DIRECT if direct else 0)
+            LINK, FIXED = ioring.IOSQE_IO_LINK, ioring.IOSQE_FIXED_FILE
+
+            def prep(ring: ioring.Ring, ud: int) -> list[Any]:
+                keep = []
+                for vfd, vname in vnames:  # a failed unlink does not stop the write
+                    keep.append(ring.prep_unlinkat(ud, vfd, vname.encode(), sqe_flags=ioring.IOSQE_IO_HARDLINK))
+                    ud += 1
+                keep.append(ring.prep_openat(ud, dfd, tmp, flags, 0o644, slot=slot, sqe_flags=LINK))
+                ring.prep_rw(ud + 1, True, slot, iov, 0, sqe_flags=LINK | FIXED)
+                ud += 2
+                if sync:
+                    ring.prep_fsync(ud, slot, datasync=True, sqe_flags=LINK | FIXED)
+                    ud += 1
+                keep.append(ring.prep_renameat(ud, dfd, tmp, dfd, bname, sqe_flags=LINK if sync else 0))
+                ud += 1
+                if sync:
+                    ring.prep_fsync(ud, dfd, datasync=False)
+                    ud += 1
+                ring.prep_close(ud, slot=slot)
+                return keep
+
+            nv = len(victims)
+            n = nv + 4 + (2 if sync else 0)
+            res = await lring.run(n, prep, keep=(iov, data))
+            for v, r in zip(victims, res[:nv]):
+                self._evicted(v, None if r in (0, -errno.ENOENT) else OSError(-r, os.strerror(-r)))
+            r_open, r_write = res[nv], res[nv + 1]
+            r_rename = res[nv + 2 + (1 if sync else 0)]
+            r_sync = [res[nv + 2], res[nv + 4]] if sync else []
+            if res[-1] != 0 and r_open >= 0:  # the chain broke before its close: close the slot now
+                await lring.run(1, lambda ring, ud: ring.prep_close(ud, slot=slot))
+            ok = r_open >= 0 and r_write == HEADER_BLOCK + data.nbytes and r_rename == 0 and all(r == 0 for r in r_sync)
+        finally:
+            lring.put_slot(slot)
+        if ok:
+            return
+        # the blocking path sorts it out: removes our temporary file, then writes (ENOSPC
+        # eviction, O_DIRECT refusal and the error to report all live there)
+        self._stats.incr("io_uring_retries")
+        published = r_rename == 0
+
+        def retry() -> None:
+            if not published and r_open >= 0:
+                try:
+                    os.unlink(tmp, dir_fd=dfd)
+                except FileNotFoundError:
+                    pass
+            self.write_chunk(key, data)
+
+        await asyncio.to_thread(retry)
+
+    async def _ring_load_job(self, key: bytes, cid: int, t0: float) -> None:
+        try:
+            if self._scanning or self.shared:
+                await asyncio.to_thread(self._begin_load, key)  # may look on disk
+            else:
+                self._begin_load(key)
+        except BaseException as e:
+            self._stats.record_failure(e)
+            raise
+        try:
+            await self._ring_read(key, self._chunk(cid))
+        except BaseException as e:
+            if self._end_load(key, t0, e):
+                try:
+                    await asyncio.to_thread(self.delete_chunk, key)
+                except Exception as de:
+                    log.warning("fs: removing bad chunk %s failed: %r", key.hex()[:32], de)
+            raise
+        self._end_load(key, t0, None)
+
+    async def _ring_read(self, key: bytes, out: memoryview) -> None:
+        """One chain: open (into a slot), readv header + payload, close; then verify."""
+        lring = self._lring
+        assert lring is not None
+        dfd, name = self._name(key)
+        flags = os.O_RDONLY | (O_DIRECT if self._direct_for(out) else 0)
+        slot = lring.take_slot()
+        try:
+            hb = self._slot_hb(slot)
+            iov = lring.ring.iovec([hb, out])
+            bname = name.encode()
+
+            def prep(ring: ioring.Ring, ud: int) -> Any:
+                keep = ring.prep_openat(ud, dfd, bname, flags, slot=slot, sqe_flags=ioring.IOSQE_IO_LINK)
+                # a failed read still closes the slot (hard link)
+                ring.prep_rw(ud + 1, False, slot, iov, 0, sqe_flags=ioring.IOSQE_IO_HARDLINK | ioring.IOSQE_FIXED_FILE)
+                ring.prep_close(ud + 2, slot=slot)
+                return keep
+
+            r_open, got, r_close = await lring.run(3, prep, keep=(iov, out))
+            if r_close != 0 and r_open >= 0:
+                await lring.run(1, lambda ring, ud: ring.prep_close(ud, slot=slot))
+            if r_open == -errno.ENOENT:
+                raise ChunkNotFoundError(f"no chunk stored under key {key.hex()[:32]}", key)
+            if r_open >= 0 and got >= 0:
+                self._check_read(key, hb, out, got)  # the header is still in this slot's buffer
+                return
+        finally:
+            lring.put_slot(slot)
+        self._stats.incr("io_uring_retries")
+        await asyncio.to_thread(self.read_chunk, key, out)  # errors and O_DIRECT refusal live there
+
     # -- the primitives ----------------------------------------------------------------------
     def write_chunk(self, key: bytes, data: memoryview) -> None:
         """Header + payload to an unnamed file in one pwritev, then link it in (atomic)."""
@@ -640,6 +864,10 @@ class FsTier(BlockingChunkTier):
                 got = _all_io(os.preadv, fd, [hb, out], 0)
         finally:
             os.close(fd)
+        self._check_read(key, hb, out, got)
+
+    def _check_read(self, key: bytes, hb: memoryview, out: memoryview, got: int) -> None:
+        """Verify what a read of ``got`` bytes left in ``hb`` (header block) and ``out``."""
         header = ChunkHeader.unpack(hb[: min(got, HEADER_BLOCK)], key=key)
         if got < HEADER_BLOCK + out.nbytes:
             raise IntegrityError(f"truncated chunk file: {got} bytes, expected {HEADER_BLOCK + out.nbytes}", key)
