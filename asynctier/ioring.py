@@ -181,6 +181,7 @@ class Ring:
         self._cq_mask: int = _U32.unpack_from(ring, p.cq_ring_mask)[0]
         self._cq_head_off, self._cq_tail_off, self._cqes_off = p.cq_head, p.cq_tail, p.cq_cqes
         self._sq_tail: int = _U32.unpack_from(ring, p.sq_tail)[0]
+        self._sq_head: int = self._sq_tail  # last seen; re-read only when the queue looks full
         self._to_submit = 0
         self._kept: dict[int, Any] = {}
         self.eventfd: int | None = None
@@ -213,8 +214,10 @@ class Ring:
         file_index: int = 0,
         addr3: int = 0,
     ) -> None:
-        if self.space <= 0:
-            raise OSError(errno.EBUSY, "io_uring submission queue is full")
+        if (self._sq_tail - self._sq_head) & 0xFFFFFFFF >= self.sq_entries:
+            self._sq_head = _U32.unpack_from(self._ring, self._sq_head_off)[0]  # the kernel moved on?
+            if (self._sq_tail - self._sq_head) & 0xFFFFFFFF >= self.sq_entries:
+                raise OSError(errno.EBUSY, "io_uring submission queue is full")
         idx = self._sq_tail & self._sq_mask
         _SQE.pack_into(
             self._sqes,
@@ -245,11 +248,13 @@ class Ring:
 
     def iovec(self, bufs: Sequence[memoryview]) -> tuple[int, int, Any]:
         """(address, count, keep-alive object) of an iovec array over ``bufs``."""
-        arr = (_Iovec * len(bufs))()
-        for i, b in enumerate(bufs):
-            arr[i].base = buffer_address(b)
-            arr[i].len = b.nbytes
-        return ctypes.addressof(arr), len(bufs), (arr, bufs)
+        return self.iovec_at([(buffer_address(b), b.nbytes) for b in bufs], bufs)
+
+    @staticmethod
+    def iovec_at(spans: Sequence[tuple[int, int]], owner: Any) -> tuple[int, int, Any]:
+        """An iovec array over (address, length) ``spans`` of memory that ``owner`` keeps alive."""
+        arr = (_Iovec * len(spans))(*(_Iovec(a, n) for a, n in spans))
+        return ctypes.addressof(arr), len(spans), (arr, owner)
 
     def prep_openat(
         self,
@@ -384,6 +389,19 @@ class Ring:
         self._kept.clear()
 
 
+class _Chain:
+    """One chain in flight: its results by stage, how many are still to come, who waits."""
+
+    __slots__ = ("done", "error", "keep", "left", "results")
+
+    def __init__(self, n: int, done: Any, keep: Any) -> None:
+        self.results = [0] * n
+        self.left = n
+        self.done = done
+        self.keep = keep  # buffers and iovecs the kernel points at
+        self.error: OSError | None = None
+
+
 class LoopRing:
     """A :class:`Ring` served by the running event loop: a chain of entries is one awaitable.
 
@@ -402,7 +420,7 @@ class LoopRing:
         self.ring = Ring(entries, files)
         self._loop = asyncio.get_running_loop()
         self._free_slots = list(range(files - 1, -1, -1))
-        self._chains: dict[int, tuple[list[int], list[int], Any]] = {}  # id -> (results, [left], future)
+        self._chains: dict[int, _Chain] = {}
         self._seq = 1
         self._paths: list[Any] = []  # path buffers: alive until submitted
         self._flush_scheduled = False
@@ -444,22 +462,30 @@ class LoopRing:
             self._flush()
         cid = self._seq
         self._seq += 1
-        fut = self._loop.create_future()
         self._paths.append(prep(self.ring, cid * self._STAGES))
-        self._chains[cid] = ([0] * n, [n], (fut, keep))
+        chain = _Chain(n, self._loop.create_future(), keep)
+        self._chains[cid] = chain
         if not self._flush_scheduled:
             self._flush_scheduled = True
             self._loop.call_soon(self._flush)
         cancelled = False
-        while not fut.done():
+        while True:
             try:
-                await self._asyncio.shield(fut)
+                await chain.done
+                break
             except self._asyncio.CancelledError:
-                cancelled = True  # the kernel owns the buffers until the chain completes
+                # the kernel owns the buffers until the chain completes: wait on, then raise
+                cancelled = True
+                if chain.left == 0:
+                    break
+                if chain.done.done() and not chain.done.cancelled():
+                    break
+                chain.done = self._loop.create_future()
+        if chain.error is not None:
+            raise chain.error
         if cancelled:
             raise self._asyncio.CancelledError()
-        results: list[int] = fut.result()
-        return results
+        return chain.results
 
     def _flush(self) -> None:
         self._flush_scheduled = False
@@ -469,10 +495,13 @@ class LoopRing:
             self.ring.submit()
         except OSError as e:
             # nothing was handed over: fail every chain still waiting for its first result
-            for cid, (res, left, (fut, _)) in list(self._chains.items()):
-                if left[0] == len(res) and not fut.done():
+            for cid, chain in list(self._chains.items()):
+                if chain.left == len(chain.results):
                     del self._chains[cid]
-                    fut.set_exception(OSError(e.errno, f"io_uring submit failed: {e.strerror}"))
+                    chain.error = OSError(e.errno, f"io_uring submit failed: {e.strerror}")
+                    chain.left = 0
+                    if not chain.done.done():
+                        chain.done.set_result(None)
         finally:
             self._paths.clear()
 
@@ -484,24 +513,23 @@ class LoopRing:
         chains = self._chains
         for ud, res, _ in self.ring.reap():
             cid, stage = divmod(ud, self._STAGES)
-            entry = chains.get(cid)
-            if entry is None:
+            chain = chains.get(cid)
+            if chain is None:
                 continue
-            results, left, (fut, _keep) = entry
-            results[stage] = res
-            left[0] -= 1
-            if left[0] == 0:
+            chain.results[stage] = res
+            chain.left -= 1
+            if chain.left == 0:
                 del chains[cid]
-                if not fut.done():
-                    fut.set_result(results)
+                chain.keep = None
+                if not chain.done.done():
+                    chain.done.set_result(None)
 
     async def aclose(self) -> None:
         """Wait for chains in flight, then tear the ring down (idempotent)."""
         if self._closed:
             return
         while self._chains:
-            fut = next(iter(self._chains.values()))[2][0]
-            await self._asyncio.wait([fut])
+            await self._asyncio.wait([next(iter(self._chains.values())).done])
         self._closed = True
         self._loop.remove_reader(self._efd)
         self.ring.close()

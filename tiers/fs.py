@@ -254,6 +254,7 @@ class FsTier(BlockingChunkTier):
         self._ring_mode = False
         self._lring: ioring.LoopRing | None = None
         self._ring_hb: memoryview | None = None
+        self._hb_addr = self._view_addr = 0
 
     # -- capacity ---------------------------------------------------------------------------
     def stored_size(self) -> int:
@@ -273,12 +274,12 @@ class FsTier(BlockingChunkTier):
             self._tls.hlen = 0
         return hb
 
-    def _direct_for(self, view: memoryview) -> bool:
+    def _direct_for(self, view: memoryview, address: int | None = None) -> bool:
         """O_DIRECT for this transfer? Counts (and logs once) the fallbacks."""
         if not self._use_direct:
             return False
         blk = self._block
-        if view.nbytes % blk == 0 and buffer_address(view) % blk == 0:
+        if view.nbytes % blk == 0 and (buffer_address(view) if address is None else address) % blk == 0:
             return True
         self._stats.incr("direct_io_fallbacks")
         if not self._fallback_logged:
@@ -599,6 +600,9 @@ class FsTier(BlockingChunkTier):
                 await super()._close_medium()
                 raise
             self._ring_hb = aligned_buffer(HEADER_BLOCK * slots)
+            # addresses by arithmetic on the hot path, not a buffer export per chunk
+            self._hb_addr = buffer_address(self._ring_hb)
+            self._view_addr = buffer_address(self._view)
 
     async def _close_medium(self) -> None:
         lring, self._lring = self._lring, None
@@ -634,13 +638,13 @@ class FsTier(BlockingChunkTier):
             self._end_store(key, t0, None, skipped=True)
             return
         try:
-            await self._ring_write(key, self._chunk(cid), victims)
+            await self._ring_write(key, cid, victims)
         except BaseException as e:
             self._end_store(key, t0, e)
             raise
         self._end_store(key, t0, None)
 
-    async def _ring_write(self, key: bytes, data: memoryview, victims: list[bytes]) -> None:
+    async def _ring_write(self, key: bytes, cid: int, victims: list[bytes]) -> None:
         """Evict ``victims``, then write ``key`` as one chain: unlink.. open, writev, [fdatasync],
         renameat, [fsync dir], close. Anything short of success goes to the blocking path."""
         lring = self._lring
@@ -653,8 +657,10 @@ class FsTier(BlockingChunkTier):
 
             await asyncio.to_thread(evict_all)
             victims = []
+        data = self._chunk(cid)
+        addr = self._view_addr + cid * self.offloading_spec.chunk_bytes
         dfd, name = self._name(key)
-        direct = self._direct_for(data)
+        direct = self._direct_for(data, addr)
         sync = self.durability == "fsync"
         slot = lring.take_slot()
         try:
@@ -664,7 +670,7 @@ class FsTier(BlockingChunkTier):
             hb[len(packed) :] = _ZEROS[len(packed) :]
             tmp = f"{self._tmp_tag}{next(self._tmp_seq)}".encode()
             bname = name.encode()
-            iov = lring.ring.iovec([hb, data])
+            iov = lring.ring.iovec_at([(self._hb_addr + slot * HEADER_BLOCK, HEADER_BLOCK), (addr, data.nbytes)], data)
             vnames = [self._name(v) for v in victims]
             for v in victims:
                 self._note_gone(v)
@@ -730,7 +736,7 @@ class FsTier(BlockingChunkTier):
             self._stats.record_failure(e)
             raise
         try:
-            await self._ring_read(key, self._chunk(cid))
+            await self._ring_read(key, cid)
         except BaseException as e:
             if self._end_load(key, t0, e):
                 try:
@@ -740,16 +746,18 @@ class FsTier(BlockingChunkTier):
             raise
         self._end_load(key, t0, None)
 
-    async def _ring_read(self, key: bytes, out: memoryview) -> None:
+    async def _ring_read(self, key: bytes, cid: int) -> None:
         """One chain: open (into a slot), readv header + payload, close; then verify."""
         lring = self._lring
         assert lring is not None
+        out = self._chunk(cid)
+        addr = self._view_addr + cid * self.offloading_spec.chunk_bytes
         dfd, name = self._name(key)
-        flags = os.O_RDONLY | (O_DIRECT if self._direct_for(out) else 0)
+        flags = os.O_RDONLY | (O_DIRECT if self._direct_for(out, addr) else 0)
         slot = lring.take_slot()
         try:
             hb = self._slot_hb(slot)
-            iov = lring.ring.iovec([hb, out])
+            iov = lring.ring.iovec_at([(self._hb_addr + slot * HEADER_BLOCK, HEADER_BLOCK), (addr, out.nbytes)], out)
             bname = name.encode()
 
             def prep(ring: ioring.Ring, ud: int) -> Any:
