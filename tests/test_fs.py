@@ -445,6 +445,23 @@ async def test_direct_io_off_and_bad_config(tmp_path: Path) -> None:
             make_tier(tmp_path, **bad)
 
 
+async def test_io_engine_choice_and_bad_config(tmp_path: Path, io_engine: str) -> None:
+    tier, _ = make_tier(tmp_path, io_engine="auto")
+    async with tier:
+        assert tier.active_io_engine == ("io_uring" if _NO_RING is None else "threads")
+    tier, _ = make_tier(tmp_path, io_engine="auto", publish="tmpfile")  # the ring publishes by rename
+    async with tier:
+        assert tier.active_io_engine == "threads"
+    with pytest.raises(TierConfigError, match="'auto', 'threads' or 'io_uring'"):
+        make_tier(tmp_path, io_engine="aio")
+    with pytest.raises(TierConfigError, match="publish='tmpfile'"):
+        make_tier(tmp_path, io_engine="io_uring", publish="tmpfile")
+    if _NO_RING is not None:
+        tier, _ = make_tier(tmp_path, io_engine="io_uring")
+        with pytest.raises(TierConfigError, match="unavailable"):
+            await tier.open()
+
+
 async def test_fsync_durability_and_rename_leave_no_temporaries(tmp_path: Path) -> None:
     tier, view = make_tier(tmp_path, durability="fsync", publish="rename")
     data = fill(view, 12)
@@ -456,7 +473,7 @@ async def test_fsync_durability_and_rename_leave_no_temporaries(tmp_path: Path) 
 
 
 # -- faults of the file system -----------------------------------------------------------------
-async def test_full_filesystem_evicts_instead_of_failing(tmp_path: Path) -> None:
+async def test_full_filesystem_evicts_instead_of_failing(tmp_path: Path, io_engine: str) -> None:
     per = HEADER_BLOCK + CHUNK
     with mounted(tmp_path / "small", "-t", "tmpfs", "-o", f"size={24 * per}", "tmpfs") as mnt:
         tier, view = make_tier(mnt)  # no capacity_bytes: only the disk bounds it
@@ -468,6 +485,8 @@ async def test_full_filesystem_evicts_instead_of_failing(tmp_path: Path) -> None
                 assert res.ok, {key: repr(e) for key, e in res.failed.items()}
             s = tier.stats()
             assert s.extra["enospc_evictions"] > 0 and s.evictions > 0
+            # on the ring, ENOSPC goes to the blocking path, which evicts and retries
+            assert (s.extra.get("io_uring_retries", 0) > 0) == (io_engine == "io_uring")
             res = await tier.load(k[-8:], list(range(8, 16)))  # the newest survived
             assert res.ok and [chunk(view, 8 + i) for i in range(8)] == data[:8]
 
@@ -558,7 +577,7 @@ def loop_ext4(tmp_path: Path, size: int) -> Iterator[tuple[Path, Path]]:
         sh("losetup", "-d", dev)
 
 
-async def test_eio_fails_only_those_keys_and_clears(tmp_path: Path) -> None:
+async def test_eio_fails_only_those_keys_and_clears(tmp_path: Path, io_engine: str) -> None:
     """Real EIO: chunk blocks cut off the end of a loop device's image; restored, they load again."""
     with loop_ext4(tmp_path, 64 << 20) as (img, mnt):
         tier, view = make_tier(mnt)
@@ -577,6 +596,8 @@ async def test_eio_fails_only_those_keys_and_clears(tmp_path: Path) -> None:
             exc = res.failed[victim]
             assert isinstance(exc, OSError) and exc.errno == errno.EIO, repr(exc)
             assert failure_kind(exc) == "io" and tier.stats().failures["io"] == 1
+            if io_engine == "io_uring":  # the ring's failed read was retried on a thread, which reported it
+                assert tier.stats().extra["io_uring_retries"] == 1
             assert await tier.lookup([victim]) == [True], "an I/O error is not proof the chunk is bad"
             restore_image(img, cut, tail)  # the fault clears
             drop_page_cache([str(f) for f in files])

@@ -1,0 +1,187 @@
+"""The loop-driven io_uring ring: entries, links, direct slots, batching, cancellation, teardown."""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import os
+from pathlib import Path
+
+import pytest
+
+from asynctier import ioring
+from asynctier.ioring import IOSQE_FIXED_FILE, IOSQE_IO_HARDLINK, IOSQE_IO_LINK, LoopRing, Ring
+
+_WHY = ioring.problem()
+pytestmark = pytest.mark.skipif(_WHY is not None, reason=f"io_uring unavailable: {_WHY}")
+
+
+def _drain(ring: Ring, n: int) -> dict[int, int]:
+    got: dict[int, int] = {}
+    while len(got) < n:
+        ring.wait(1)
+        got.update({ud: res for ud, res, _ in ring.reap()})
+    return got
+
+
+def test_write_then_read_through_a_registered_slot(tmp_path: Path) -> None:
+    ring = Ring(entries=8, files=2)
+    try:
+        dfd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+        data = memoryview(bytearray(os.urandom(8192)))
+        iov = ring.iovec([data[:4096], data[4096:]])
+        keep = [ring.prep_openat(1, dfd, b"f", os.O_WRONLY | os.O_CREAT | os.O_EXCL, slot=1, sqe_flags=IOSQE_IO_LINK)]
+        ring.prep_rw(2, True, 1, iov, 0, sqe_flags=IOSQE_IO_LINK | IOSQE_FIXED_FILE)
+        keep.append(ring.prep_renameat(3, dfd, b"f", dfd, b"g", sqe_flags=IOSQE_IO_LINK))
+        ring.prep_close(4, slot=1)
+        assert ring.submit() == 4
+        assert _drain(ring, 4) == {1: 0, 2: 8192, 3: 0, 4: 0}
+        assert (tmp_path / "g").read_bytes() == bytes(data) and not (tmp_path / "f").exists()
+
+        out = memoryview(bytearray(8192))
+        riov = ring.iovec([out])
+        keep.append(ring.prep_openat(5, dfd, b"g", os.O_RDONLY))  # a plain descriptor this time
+        ring.submit()
+        fd = _drain(ring, 1)[5]
+        assert fd >= 0
+        ring.prep_rw(6, False, fd, riov, 0)
+        ring.prep_fsync(7, fd, sqe_flags=0)
+        ring.submit()
+        assert _drain(ring, 2) == {6: 8192, 7: 0}
+        os.close(fd)
+        assert bytes(out) == bytes(data)
+        os.close(dfd)
+    finally:
+        ring.close()
+        ring.close()  # idempotent
+
+
+def test_a_failed_link_cancels_the_rest_but_a_hard_link_runs(tmp_path: Path) -> None:
+    ring = Ring(entries=8, files=1)
+    try:
+        dfd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+        out = memoryview(bytearray(16))
+        iov = ring.iovec([out])
+        keep = ring.prep_openat(1, dfd, b"missing", os.O_RDONLY, slot=0, sqe_flags=IOSQE_IO_LINK)
+        ring.prep_rw(2, False, 0, iov, 0, sqe_flags=IOSQE_IO_LINK | IOSQE_FIXED_FILE)
+        ring.prep_close(3, slot=0)
+        ring.submit()
+        del keep
+        assert _drain(ring, 3) == {1: -errno.ENOENT, 2: -errno.ECANCELED, 3: -errno.ECANCELED}
+
+        (tmp_path / "short").write_bytes(b"abc")
+        keep = ring.prep_openat(4, dfd, b"short", os.O_RDONLY, slot=0, sqe_flags=IOSQE_IO_LINK)
+        ring.prep_rw(5, False, 0, iov, 0, sqe_flags=IOSQE_IO_HARDLINK | IOSQE_FIXED_FILE)
+        ring.prep_close(6, slot=0)
+        keep2 = ring.prep_unlinkat(7, dfd, b"short")
+        ring.submit()
+        del keep, keep2
+        # a short read breaks a plain link; the hard link still closes the slot
+        got = _drain(ring, 4)
+        assert got[4] == 0 and got[5] == 3 and got[6] == 0 and got[7] == 0
+        assert bytes(out[:3]) == b"abc" and not (tmp_path / "short").exists()
+        os.close(dfd)
+    finally:
+        ring.close()
+
+
+def test_a_full_submission_queue_is_an_error_not_an_overwrite() -> None:
+    ring = Ring(entries=4)
+    try:
+        for i in range(ring.sq_entries):
+            ring.prep_fsync(i, -1)
+        with pytest.raises(OSError) as ei:
+            ring.prep_fsync(99, -1)
+        assert ei.value.errno == errno.EBUSY
+        ring.submit()
+        assert set(_drain(ring, ring.sq_entries).values()) == {-errno.EBADF}
+        ring.prep_fsync(100, -1)  # room again once the kernel took them
+    finally:
+        ring.close()
+
+
+async def test_loop_ring_batches_chains_into_few_submits(tmp_path: Path) -> None:
+    lr = LoopRing(entries=64, files=4)
+    calls = 0
+    submit = lr.ring.submit
+
+    def counting() -> int:
+        nonlocal calls
+        calls += 1
+        return submit()
+
+    lr.ring.submit = counting  # type: ignore[method-assign]
+    dfd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+
+        async def one(i: int) -> list[int]:
+            slot = lr.take_slot()
+            data = memoryview(bytearray(b"%04d" % i * 1024))
+            iov = lr.ring.iovec([data])
+            name = b"c%d" % i
+
+            def prep(ring: Ring, ud: int) -> object:
+                k = ring.prep_openat(ud, dfd, name, os.O_WRONLY | os.O_CREAT, slot=slot, sqe_flags=IOSQE_IO_LINK)
+                ring.prep_rw(ud + 1, True, slot, iov, 0, sqe_flags=IOSQE_IO_HARDLINK | IOSQE_FIXED_FILE)
+                ring.prep_close(ud + 2, slot=slot)
+                return k
+
+            try:
+                return await lr.run(3, prep, keep=(iov, data))
+            finally:
+                lr.put_slot(slot)
+
+        res = await asyncio.gather(*(one(i) for i in range(4)))
+        assert res == [[0, 4096, 0]] * 4
+        assert calls == 1, "four chains prepared in one loop iteration go in one io_uring_enter"
+        assert all((tmp_path / f"c{i}").read_bytes() == b"%04d" % i * 1024 for i in range(4))
+        with pytest.raises(ValueError):
+            await lr.run(17, lambda ring, ud: None)
+    finally:
+        await lr.aclose()
+        os.close(dfd)
+    with pytest.raises(OSError):
+        await lr.run(1, lambda ring, ud: ring.prep_fsync(ud, -1))
+
+
+async def test_a_cancelled_waiter_waits_for_its_chain_before_raising() -> None:
+    """The kernel may still write into the buffer: cancellation must not hand it back early."""
+    lr = LoopRing(entries=8)
+    r, w = os.pipe()
+    try:
+        buf = memoryview(bytearray(5))
+        iov = lr.ring.iovec([buf])
+        task = asyncio.ensure_future(lr.run(1, lambda ring, ud: ring.prep_rw(ud, False, r, iov, 0), keep=iov))
+        await asyncio.sleep(0.05)
+        assert lr.in_flight == 1
+        task.cancel()
+        await asyncio.sleep(0.05)
+        assert not task.done(), "returned while the read was still in flight"
+        os.write(w, b"hello")
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert bytes(buf) == b"hello" and lr.in_flight == 0
+
+        # aclose() waits for a chain in flight, too
+        task2 = asyncio.ensure_future(lr.run(1, lambda ring, ud: ring.prep_rw(ud, False, r, iov, 0), keep=iov))
+        await asyncio.sleep(0.05)
+        closing = asyncio.ensure_future(lr.aclose())
+        await asyncio.sleep(0.05)
+        assert not closing.done()
+        os.write(w, b"world")
+        await closing
+        assert await task2 == [5] and bytes(buf) == b"world"
+    finally:
+        await lr.aclose()
+        os.close(r)
+        os.close(w)
+
+
+def test_problem_names_the_reason_on_unsupported_machines(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(ioring.platform, "machine", lambda: "riscv64")
+    ioring.problem.cache_clear()
+    try:
+        why = ioring.problem()
+        assert why is not None and "x86-64" in why and "riscv64" in why
+    finally:
+        ioring.problem.cache_clear()
