@@ -81,6 +81,7 @@ def run_fio(
     direct: bool = True,
     fsync_at_end: bool = True,
     runtime_s: float | None = None,
+    file_per_block: bool = False,
 ) -> FioResult:
     """Run one fio job on a file in ``directory`` and return its figures.
 
@@ -88,6 +89,10 @@ def run_fio(
     a synchronous engine (``psync``) the depth is reached with ``iodepth`` threads, as a
     thread-pool tier does; for ``io_uring``/``libaio`` with one job at that queue depth. A
     read job lays out its file first and drops it from the page cache.
+
+    ``file_per_block=True`` spreads the job over ``size // bs`` files of one block each,
+    opened in turn (``depth`` open at a time): the layout of a file-per-chunk tier, as a
+    reference for what one file per chunk costs on this file system.
     """
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
@@ -109,6 +114,14 @@ def run_fio(
         "--output-format=json",
         "--invalidate=1",
     ]
+    if file_per_block:
+        args += [
+            f"--nrfiles={max(1, per_job // bs)}",
+            f"--filesize={bs}",
+            "--file_service_type=sequential",
+            f"--openfiles={max(1, iodepth)}",
+        ]
+        args = [a for a in args if not a.startswith("--size=")]
     if rw.endswith("write") and fsync_at_end:
         args.append("--end_fsync=1")
     if runtime_s is not None:
@@ -130,7 +143,7 @@ def run_fio(
         iops=float(side["iops"]),
         lat_p50_s=float(pct.get("50.000000", 0)) / 1e9,
         lat_p99_s=float(pct.get("99.000000", 0)) / 1e9,
-        extra={"numjobs": numjobs},
+        extra={"numjobs": numjobs, "file_per_block": file_per_block},
     )
 
 

@@ -9,7 +9,10 @@ For each chunk size (256 KiB, 2 MiB) and depth (1, 4, 16), in one run and on one
   ``end_fsync``); then the files are dropped from the page cache and one ``load`` call reads
   every chunk back into *other* slots of the primary buffer (zeroed first), verified;
 * **naive**: :func:`asynctier.benchkit.naive_aiofiles`, one file per chunk, ``depth`` at a
-  time, synced and dropped the same way.
+  time, synced and dropped the same way;
+* **fs threads**: the tier again with ``io_engine="threads"`` (``fs`` runs the default,
+  the io_uring engine where available);
+* **fio files**: fio over one file per block (a reference: what file-per-chunk costs here).
 
 Every measurement of a point is repeated ``--repeat`` times, interleaved (fio, tier, naive,
 fio, ...), and the median is reported, so drift on a shared machine hits all three alike.
@@ -107,7 +110,8 @@ async def tier_point(
             raise RuntimeError(f"load failed: {list(res.failed.items())[:2]}")
         if view[: n * chunk] != view[n * chunk : 2 * n * chunk]:
             raise RuntimeError("loaded bytes differ from offloaded bytes")
-        extra = dict(tier.stats().extra)
+        extra: dict[str, Any] = dict(tier.stats().extra)
+        extra["io_engine"] = getattr(tier, "active_io_engine", None)
     return wbps, rbps, extra
 
 
@@ -122,9 +126,9 @@ async def naive_point(root: Path, view: memoryview, chunk: int, n: int, depth: i
     return wbps, rbps
 
 
-def fio_point(root: Path, chunk: int, depth: int, size: int) -> tuple[float, float]:
-    w = benchkit.run_fio(root, rw="write", bs=chunk, iodepth=depth, size=size)
-    r = benchkit.run_fio(root, rw="read", bs=chunk, iodepth=depth, size=size)
+def fio_point(root: Path, chunk: int, depth: int, size: int, file_per_block: bool = False) -> tuple[float, float]:
+    w = benchkit.run_fio(root, rw="write", bs=chunk, iodepth=depth, size=size, file_per_block=file_per_block)
+    r = benchkit.run_fio(root, rw="read", bs=chunk, iodepth=depth, size=size, file_per_block=file_per_block)
     return w.bytes_per_s, r.bytes_per_s
 
 
@@ -168,7 +172,10 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     view = aligned_buffer(2 * total)  # offload from the first half, load into the second
     fill_random(view[:total])
     points: list[dict[str, Any]] = []
-    variants: dict[str, dict[str, Any]] = {"fs": {}}
+    # "fs" is the default configuration (io_engine="auto": the ring where available); the
+    # thread engine is measured beside it at every point
+    variants: dict[str, dict[str, Any]] = {"fs": {}, "fs threads": {"io_engine": "threads"}}
+    everywhere = {"fs", "fs threads"}
     if args.variants:
         variants["fs publish=rename"] = {"publish": "rename"}
         variants["fs lru_times=False"] = {"lru_times": False}
@@ -187,8 +194,12 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 fw, fr = fio_point(fresh(base / "fio"), chunk, depth, total)
                 add("fio_write", fw)
                 add("fio_read", fr)
+                if not args.no_fio_files:
+                    fw, fr = fio_point(fresh(base / "fio"), chunk, depth, total, file_per_block=True)
+                    add("fio files_write", fw)
+                    add("fio files_read", fr)
                 for name, cfg in variants.items():
-                    if name != "fs" and not (chunk == sizes[0] and depth == depths[-1]):
+                    if name not in everywhere and not (chunk == sizes[0] and depth == depths[-1]):
                         continue  # variants only at the small-chunk, deep point
                     tw, tr, extra_v = await tier_point(fresh(base / "tier"), view, chunk, n, depth, cfg)
                     add(f"{name}_write", tw)
@@ -204,9 +215,10 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             point["samples"] = m
             point["loadavg_1min"] = os.getloadavg()[0]  # the machine may be shared: say how busy it was
             point["tier_extra"] = extra
+            point["io_engine"] = extra.pop("io_engine", None)
             for side in ("write", "read"):
                 refs = m[f"fio_{side}"]
-                for name in [*variants, "naive"]:
+                for name in [*variants, "naive", "fio files"]:
                     if f"{name}_{side}" in point:
                         # paired: each repeat's figure over the fio figure measured next to it
                         pairs = [v / r for v, r in zip(m[f"{name}_{side}"], refs) if r]
@@ -234,6 +246,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             "tier": "one offload call of all chunks, max_inflight=depth, durability='none', direct_io='auto', "
             "verify=True; timed until syncfs returns; load from a cold page cache",
             "fio": "io_uring, O_DIRECT, sequential, one file, end_fsync=1",
+            "fio files": "the same, over one file per block (nrfiles, filesize=bs, openfiles=depth): "
+            "a reference for what a file-per-chunk layout costs here",
             "naive": "benchkit.naive_aiofiles, sync at the end (syncfs), cold read",
         },
         "points": points,
@@ -255,23 +269,32 @@ def markdown(report: dict[str, Any]) -> str:
         f"median of {report['method']['repeat']} interleaved runs (ratios: median of paired ratios), "
         f"{report['method']['bytes_per_point'] // MiB} MiB per point.",
         "",
-        "| chunk | depth | fs write GB/s | fio write GB/s | **write x fio** | naive write x fio "
-        "| fs read GB/s | fio read GB/s | **read x fio** | naive read x fio | load avg |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "Engine: "
+        + (", ".join(sorted({str(p.get("io_engine")) for p in report["points"]})) or "?")
+        + ' for `fs` (the default, `io_engine="auto"`); `fs threads` is the worker-thread engine.',
+        "",
     ]
-    for p in report["points"]:
-        lines.append(
-            f"| {p['chunk_bytes'] // KiB} KiB | {p['depth']} | {gb(p['fs_write'])} | {gb(p['fio_write'])} "
-            f"| **{x(p['fs_write_x_fio'])}** | {x(p.get('naive_write_x_fio'))} | {gb(p['fs_read'])} "
-            f"| {gb(p['fio_read'])} | **{x(p['fs_read_x_fio'])}** | {x(p.get('naive_read_x_fio'))} "
-            f"| {p.get('loadavg_1min', 0):.1f} |"
-        )
-    extra = [p for p in report["points"] if any(k.startswith("fs ") for k in p)]
+    for side in ("write", "read"):
+        lines += [
+            f"| chunk | depth | fs {side} GB/s | fio {side} GB/s | **fs x fio** | fs threads x fio "
+            "| fio files x fio | naive x fio | load avg |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        ]
+        for p in report["points"]:
+            lines.append(
+                f"| {p['chunk_bytes'] // KiB} KiB | {p['depth']} | {gb(p['fs_' + side])} | {gb(p['fio_' + side])} "
+                f"| **{x(p['fs_' + side + '_x_fio'])}** | {x(p.get('fs threads_' + side + '_x_fio'))} "
+                f"| {x(p.get('fio files_' + side + '_x_fio'))} | {x(p.get('naive_' + side + '_x_fio'))} "
+                f"| {p.get('loadavg_1min', 0):.1f} |"
+            )
+        lines.append("")
+    extra = [p for p in report["points"] if any(k.startswith(("fs publish", "fs lru", "fs buffered")) for k in p)]
     if extra:
         lines += ["", "Variants at the small-chunk, deepest point (same run):", ""]
         lines += ["| variant | write x fio | read x fio |", "| --- | --- | --- |"]
         for p in extra:
-            for name in sorted({k.rsplit("_", 1)[0] for k in p if k.startswith("fs") and k.endswith("_write")}):
+            names = {k.rsplit("_", 1)[0] for k in p if k.startswith("fs") and k.endswith("_write")}
+            for name in sorted(names):
                 lines.append(f"| {name} | {x(p.get(f'{name}_write_x_fio'))} | {x(p.get(f'{name}_read_x_fio'))} |")
     lines += [
         "",
@@ -291,6 +314,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--repeat", type=int, default=3, help="interleaved repetitions per point (median reported)")
     ap.add_argument("--variants", action="store_true", help="also measure publish=rename, lru_times=False, buffered")
     ap.add_argument("--no-naive", action="store_true", help="skip the naive aiofiles loop")
+    ap.add_argument("--no-fio-files", action="store_true", help="skip fio over one file per block")
     ap.add_argument("--loop", choices=("asyncio", "uvloop"), default="asyncio")
     ap.add_argument("--out", default=str(REPO / "bench" / "results"), help="directory for fs.json and fs.md")
     ap.add_argument("--name", default="fs", help="base name of the result files")
