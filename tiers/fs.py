@@ -15,17 +15,29 @@ key, payload length, xxh3 of the payload, layout digest) padded to one 4 KiB blo
 payload starts block-aligned and both halves move with O_DIRECT in a single ``pwritev`` /
 ``preadv``: one system call for the data in each direction.
 
-Publication is atomic: a chunk is written to an anonymous ``O_TMPFILE`` inode in its shard
-and linked under its name only once complete (``linkat``; where the file system has no
-``O_TMPFILE``, a uniquely named temporary file and ``renameat``). No reader ever sees a
-partial chunk, and a crash mid-write leaves no debris with ``O_TMPFILE`` (the inode dies
-with its descriptor). Every path operation goes through a shard directory descriptor held
-open for the tier's lifetime (``openat``/``linkat``/``unlinkat``), and the hot path does no
-``stat``: a store is open + pwritev + linkat + close, a load open + preadv + close.
+Publication is atomic: a chunk is written to a uniquely named temporary file in its shard
+and renamed over its name only once complete, or (thread engine, where the file system has
+it) to an anonymous ``O_TMPFILE`` inode linked under its name (``linkat``; a crash leaves no
+debris, the inode dies with its descriptor). No reader ever sees a partial chunk. Every
+path operation goes through a shard directory descriptor held open for the tier's lifetime
+(``openat``/``renameat``/``unlinkat``), and the hot path does no ``stat``.
+
+Two engines move the bytes (``io_engine``). ``"io_uring"`` (the default where available):
+the event-loop thread writes one linked chain of io_uring entries per chunk — [unlink of
+an evicted chunk], open into a registered file slot, ``writev`` of header + payload,
+[``fdatasync``], ``renameat``, [directory ``fsync``], close; a load is open, ``readv``,
+close — and hands each loop iteration's chains to the kernel in one ``io_uring_enter``
+(:mod:`asynctier.ioring`). No Python thread waits on the disk, so the event loop is not
+starved of the GIL by I/O threads, and there are no per-syscall thread hand-offs. Any chain
+that does not simply succeed (short write, ENOSPC, O_DIRECT refused, EIO) is handed to the
+thread path for one retry, which owns error classification, ENOSPC eviction and O_DIRECT
+fallback. ``"threads"``: the same steps as blocking system calls on ``max_inflight`` worker
+threads (open + pwritev + linkat + close; open + preadv + close).
 
 Sharing a root between processes (two servers on one host): files are immutable once
-published, so readers never see torn data; a concurrent store of the same key finds the
-name taken (``EEXIST``) and keeps the other copy; an eviction by one process does not
+published, so readers never see torn data; a concurrent store of the same key either
+finds the name taken (``linkat``: ``EEXIST``, the other copy stays) or replaces it whole
+(``renameat``: a reader holding the earlier file still reads it whole); an eviction by one process does not
 disturb a read in progress in another (the reader holds the inode). Capacity is accounted
 *per process*: each tier counts the chunks it wrote, found at ``open()``, or adopted on a
 hit with ``shared=True``, and evicts only those (a chunk two processes know may be evicted
