@@ -59,6 +59,7 @@ _IORING_ENTER_GETEVENTS = 1
 _IORING_OFF_SQ_RING, _IORING_OFF_CQ_RING, _IORING_OFF_SQES = 0, 0x8000000, 0x10000000
 _IORING_REGISTER_EVENTFD = 4
 _IORING_REGISTER_FILES2 = 13
+_IORING_REGISTER_IOWQ_MAX_WORKERS = 19
 _IORING_RSRC_REGISTER_SPARSE = 1
 
 _SQE = struct.Struct("=BBHiQQIIQHHIQQ")  # 64 bytes
@@ -358,6 +359,17 @@ class Ring:
             _U32.pack_into(ring, self._cq_head_off, head)
         return out
 
+    def set_max_workers(self, bounded: int, unbounded: int = 0) -> tuple[int, int]:
+        """Cap (or raise) the kernel worker threads that run this ring's blocking requests.
+
+        Opens, creates, renames and writes that allocate block go to ``io-wq`` workers; the
+        kernel's default cap for file work is 4 per CPU, which on a small host is below the
+        tier's depth. 0 leaves a limit as it is. Returns the previous limits.
+        """
+        vals = (ctypes.c_uint32 * 2)(bounded, unbounded)
+        _sys(_NR_REGISTER, self.fd, _IORING_REGISTER_IOWQ_MAX_WORKERS, vals, 2)
+        return int(vals[0]), int(vals[1])
+
     def register_eventfd(self) -> int:
         """An eventfd that becomes readable when completions arrive (for ``loop.add_reader``)."""
         if self.eventfd is None:
@@ -426,6 +438,9 @@ class LoopRing:
         self._flush_scheduled = False
         self._closed = False
         try:
+            if files:
+                # one blocking chain per slot may sit in a kernel worker: let all of them run
+                self.ring.set_max_workers(max(files, 4 * (os.cpu_count() or 1)))
             self._efd = self.ring.register_eventfd()
             self._loop.add_reader(self._efd, self._on_ready)
         except BaseException:
