@@ -185,3 +185,12 @@ def test_problem_names_the_reason_on_unsupported_machines(monkeypatch: pytest.Mo
         assert why is not None and "x86-64" in why and "riscv64" in why
     finally:
         ioring.problem.cache_clear()
+
+
+async def test_loop_ring_lets_every_slot_have_a_kernel_worker() -> None:
+    lr = LoopRing(entries=64, files=40)
+    try:
+        bounded, _ = lr.ring.set_max_workers(0, 0)  # 0: read the limits without changing them
+        assert bounded >= 40
+    finally:
+        await lr.aclose()
