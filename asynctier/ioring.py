@@ -23,6 +23,7 @@ is reaped.
 
 from __future__ import annotations
 
+import collections
 import ctypes
 import errno
 import functools
@@ -51,10 +52,12 @@ IOSQE_FIXED_FILE = 1 << 0
 IOSQE_IO_LINK = 1 << 2
 IOSQE_IO_HARDLINK = 1 << 3
 IOSQE_ASYNC = 1 << 4
+IOSQE_CQE_SKIP_SUCCESS = 1 << 6  # no completion entry when it succeeds (Linux 5.17+)
 
 IORING_FSYNC_DATASYNC = 1
 _IORING_FEAT_SINGLE_MMAP = 1 << 0
 _IORING_FEAT_NODROP = 1 << 1
+_IORING_FEAT_CQE_SKIP = 1 << 11
 _IORING_ENTER_GETEVENTS = 1
 _IORING_OFF_SQ_RING, _IORING_OFF_CQ_RING, _IORING_OFF_SQES = 0, 0x8000000, 0x10000000
 _IORING_REGISTER_EVENTFD = 4
@@ -174,6 +177,8 @@ class Ring:
         except BaseException:
             self.close()
             raise
+        #: whether IOSQE_CQE_SKIP_SUCCESS is honoured (else every entry posts a completion)
+        self.cqe_skip = bool(p.features & _IORING_FEAT_CQE_SKIP)
         self._ring = memoryview(ring)
         self._sqes = memoryview(sqes)
         self.sq_entries = p.sq_entries
@@ -219,6 +224,8 @@ class Ring:
             self._sq_head = _U32.unpack_from(self._ring, self._sq_head_off)[0]  # the kernel moved on?
             if (self._sq_tail - self._sq_head) & 0xFFFFFFFF >= self.sq_entries:
                 raise OSError(errno.EBUSY, "io_uring submission queue is full")
+        if flags & IOSQE_CQE_SKIP_SUCCESS and not self.cqe_skip:
+            flags &= ~IOSQE_CQE_SKIP_SUCCESS
         idx = self._sq_tail & self._sq_mask
         _SQE.pack_into(
             self._sqes,
@@ -316,20 +323,39 @@ class Ring:
         return a
 
     def submit(self) -> int:
-        """Hand every prepared entry to the kernel; returns how many it took."""
+        """Hand prepared entries to the kernel; returns how many it took.
+
+        Fewer than prepared when the kernel pushes back (EAGAIN, or EBUSY while completions
+        wait to be reaped): reap, then call again; the rest stay queued. Other errors raise.
+        """
         n = self._to_submit
-        if not n:
-            return 0
         done = 0
         while done < n:
             try:
                 got = _sys(_NR_ENTER, self.fd, ctypes.c_uint(n - done), ctypes.c_uint(0), ctypes.c_uint(0), None, 0)
             except OSError as e:
-                if e.errno in (errno.EINTR, errno.EAGAIN, errno.EBUSY):
-                    continue  # nothing consumed; try again (EBUSY: the CQ needs reaping first)
+                if e.errno == errno.EINTR:
+                    continue
+                self._to_submit -= done
+                if e.errno in (errno.EAGAIN, errno.EBUSY):
+                    return done
                 raise
             done += got
-        self._to_submit = 0
+        self._to_submit -= done
+        return done
+
+    @property
+    def unsubmitted(self) -> int:
+        """Entries prepared and not yet taken by the kernel."""
+        return self._to_submit
+
+    def discard_unsubmitted(self) -> int:
+        """Take back the entries the kernel has not consumed (after a failed submit)."""
+        n = self._to_submit
+        if n:
+            self._sq_tail = (self._sq_tail - n) & 0xFFFFFFFF
+            _U32.pack_into(self._ring, self._sq_tail_off, self._sq_tail)
+            self._to_submit = 0
         return n
 
     def wait(self, min_complete: int = 1) -> None:
@@ -402,15 +428,16 @@ class Ring:
 
 
 class _Chain:
-    """One chain in flight: its results by stage, how many are still to come, who waits."""
+    """One chain in flight: its results by stage, whether it is over, who waits."""
 
-    __slots__ = ("done", "error", "keep", "left", "results")
+    __slots__ = ("done", "ends", "error", "keep", "left", "results")
 
     def __init__(self, n: int, done: Any, keep: Any) -> None:
-        self.results = [0] * n
-        self.left = n
+        self.results: list[int | None] = [None] * n
+        self.left = 1  # the last entry's completion ends the chain
         self.done = done
         self.keep = keep  # buffers and iovecs the kernel points at
+        self.ends: frozenset[int] = frozenset()  # stages whose report ends the chain
         self.error: OSError | None = None
 
 
@@ -434,7 +461,7 @@ class LoopRing:
         self._free_slots = list(range(files - 1, -1, -1))
         self._chains: dict[int, _Chain] = {}
         self._seq = 1
-        self._paths: list[Any] = []  # path buffers: alive until submitted
+        self._unsubmitted: collections.deque[int] = collections.deque()  # chains prepared, not yet taken
         self._flush_scheduled = False
         self._closed = False
         try:
@@ -462,8 +489,17 @@ class LoopRing:
         """Give a slot back (its file must be closed)."""
         self._free_slots.append(slot)
 
-    async def run(self, n: int, prep: Any, keep: Any = None) -> list[int]:
-        """Prepare ``n`` entries with ``prep(ring, user_data_base)`` and wait for their results.
+    async def run(self, n: int, prep: Any, keep: Any = None, *, ends_on_report: Sequence[int] = ()) -> list[int | None]:
+        """Prepare a chain of ``n`` entries with ``prep(ring, user_data_base)``; wait for it.
+
+        The entries must form one link chain (every entry but the last flagged
+        ``IOSQE_IO_LINK`` or ``IOSQE_IO_HARDLINK``): the chain is complete when its last entry
+        completes, and the kernel runs (or cancels) linked entries in order. Entries other than
+        the last may carry ``IOSQE_CQE_SKIP_SUCCESS`` to save a wake-up each; their result
+        is then None when they succeeded. Such an entry on a plain (not hard) link reports
+        only a failure, and its failure cancels the rest of the chain *without* completion
+        entries: name those stages in ``ends_on_report`` so that their report ends the chain
+        (the stages after it then read ``-ECANCELED``). Returns the results by stage.
 
         ``prep`` returns path buffers to hold until submission; ``keep`` (buffers, iovecs)
         is held until completion. If the waiting task is cancelled, the kernel may still be
@@ -477,9 +513,12 @@ class LoopRing:
             self._flush()
         cid = self._seq
         self._seq += 1
-        self._paths.append(prep(self.ring, cid * self._STAGES))
-        chain = _Chain(n, self._loop.create_future(), keep)
+        paths = prep(self.ring, cid * self._STAGES)  # the kernel copies them when it takes the entries
+        chain = _Chain(n, self._loop.create_future(), (keep, paths))
+        if self.ring.cqe_skip and ends_on_report:
+            chain.ends = frozenset(ends_on_report)
         self._chains[cid] = chain
+        self._unsubmitted.append(cid)
         if not self._flush_scheduled:
             self._flush_scheduled = True
             self._loop.call_soon(self._flush)
@@ -507,18 +546,35 @@ class LoopRing:
         if self._closed:
             return
         try:
-            self.ring.submit()
+            took = self.ring.submit()
         except OSError as e:
-            # nothing was handed over: fail every chain still waiting for its first result
-            for cid, chain in list(self._chains.items()):
-                if chain.left == len(chain.results):
-                    del self._chains[cid]
-                    chain.error = OSError(e.errno, f"io_uring submit failed: {e.strerror}")
-                    chain.left = 0
+            # a broken ring (not back-pressure): the chains the kernel never saw fail
+            self.ring.discard_unsubmitted()
+            err = OSError(e.errno, f"io_uring submit failed: {e.strerror}")
+            for cid in self._unsubmitted:
+                chain = self._chains.pop(cid, None)
+                if chain is not None:
+                    chain.error, chain.left, chain.keep = err, 0, None
                     if not chain.done.done():
                         chain.done.set_result(None)
-        finally:
-            self._paths.clear()
+            self._unsubmitted.clear()
+            return
+        left = self.ring.unsubmitted
+        if not left:
+            self._unsubmitted.clear()
+            return
+        # back-pressure: reap what is done, then try the rest on the next turn of the loop
+        while took > 0 and self._unsubmitted:
+            cid = self._unsubmitted[0]
+            chain = self._chains.get(cid)
+            size = len(chain.results) if chain is not None else 0
+            if size > took:
+                break
+            took -= size
+            self._unsubmitted.popleft()
+        self._on_ready()
+        self._flush_scheduled = True
+        self._loop.call_soon(self._flush)
 
     def _on_ready(self) -> None:
         try:
@@ -532,8 +588,15 @@ class LoopRing:
             if chain is None:
                 continue
             chain.results[stage] = res
-            chain.left -= 1
-            if chain.left == 0:
+            last = len(chain.results) - 1
+            if stage in chain.ends and stage < last:
+                # a skip-on-success entry failed: the kernel cancelled the rest without reports
+                for j in range(stage + 1, last + 1):
+                    if chain.results[j] is None:
+                        chain.results[j] = -errno.ECANCELED
+                stage = last
+            if stage == last:
+                chain.left = 0
                 del chains[cid]
                 chain.keep = None
                 if not chain.done.done():

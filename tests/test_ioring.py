@@ -194,3 +194,31 @@ async def test_loop_ring_lets_every_slot_have_a_kernel_worker() -> None:
         assert bounded >= 40
     finally:
         await lr.aclose()
+
+
+async def test_skip_on_success_entries_report_only_failures_and_a_failure_ends_the_chain(tmp_path: Path) -> None:
+    lr = LoopRing(entries=16, files=1)
+    dfd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    (tmp_path / "there").write_bytes(b"x" * 100)
+    out = memoryview(bytearray(100))
+    iov = lr.ring.iovec([out])
+    skip = ioring.IOSQE_CQE_SKIP_SUCCESS
+    try:
+
+        def chain(name: bytes) -> object:
+            def prep(ring: Ring, ud: int) -> object:
+                k = ring.prep_openat(ud, dfd, name, os.O_RDONLY, slot=0, sqe_flags=IOSQE_IO_LINK | skip)
+                ring.prep_rw(ud + 1, False, 0, iov, 0, sqe_flags=IOSQE_IO_HARDLINK | IOSQE_FIXED_FILE)
+                ring.prep_close(ud + 2, slot=0)
+                return k
+
+            return prep
+
+        ok = await asyncio.wait_for(lr.run(3, chain(b"there"), keep=iov, ends_on_report=(0,)), 10)
+        assert ok == ([None, 100, 0] if lr.ring.cqe_skip else [0, 100, 0])
+        # the failed open cancels the rest of the chain without reports: it must still end
+        bad = await asyncio.wait_for(lr.run(3, chain(b"missing"), keep=iov, ends_on_report=(0,)), 10)
+        assert bad == [-errno.ENOENT, -errno.ECANCELED, -errno.ECANCELED]
+    finally:
+        await lr.aclose()
+        os.close(dfd)

@@ -689,36 +689,46 @@ class FsTier(BlockingChunkTier):
             flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | (O_DIRECT if direct else 0)
             LINK, FIXED = ioring.IOSQE_IO_LINK, ioring.IOSQE_FIXED_FILE
 
+            # every entry but the close reports only a failure (no wake-up per step); the
+            # close ends the chain, so a slot is never reused before its file is closed
+            SKIP = ioring.IOSQE_CQE_SKIP_SUCCESS
+
             def prep(ring: ioring.Ring, ud: int) -> list[Any]:
                 keep = []
-                for vfd, vname in vnames:  # a failed unlink does not stop the write
-                    keep.append(ring.prep_unlinkat(ud, vfd, vname.encode(), sqe_flags=ioring.IOSQE_IO_HARDLINK))
+                for vfd, vname in vnames:  # a failed unlink does not stop the write (hard link)
+                    keep.append(ring.prep_unlinkat(ud, vfd, vname.encode(), sqe_flags=ioring.IOSQE_IO_HARDLINK | SKIP))
                     ud += 1
-                keep.append(ring.prep_openat(ud, dfd, tmp, flags, 0o644, slot=slot, sqe_flags=LINK))
-                ring.prep_rw(ud + 1, True, slot, iov, 0, sqe_flags=LINK | FIXED)
+                keep.append(ring.prep_openat(ud, dfd, tmp, flags, 0o644, slot=slot, sqe_flags=LINK | SKIP))
+                ring.prep_rw(ud + 1, True, slot, iov, 0, sqe_flags=LINK | FIXED | SKIP)
                 ud += 2
                 if sync:
-                    ring.prep_fsync(ud, slot, datasync=True, sqe_flags=LINK | FIXED)
+                    ring.prep_fsync(ud, slot, datasync=True, sqe_flags=LINK | FIXED | SKIP)
                     ud += 1
-                keep.append(ring.prep_renameat(ud, dfd, tmp, dfd, bname, sqe_flags=LINK if sync else 0))
+                keep.append(ring.prep_renameat(ud, dfd, tmp, dfd, bname, sqe_flags=LINK | SKIP))
                 ud += 1
                 if sync:
-                    ring.prep_fsync(ud, dfd, datasync=False)
+                    ring.prep_fsync(ud, dfd, datasync=False, sqe_flags=LINK | SKIP)
                     ud += 1
                 ring.prep_close(ud, slot=slot)
                 return keep
 
             nv = len(victims)
             n = nv + 4 + (2 if sync else 0)
-            res = await lring.run(n, prep, keep=(iov, data))
+            res = await lring.run(n, prep, keep=(iov, data), ends_on_report=range(nv, n - 1))
             for v, r in zip(victims, res[:nv]):
-                self._evicted(v, None if r in (0, -errno.ENOENT) else OSError(-r, os.strerror(-r)))
+                self._evicted(v, None if r in (None, 0, -errno.ENOENT) else OSError(-r, os.strerror(-r)))
             r_open, r_write = res[nv], res[nv + 1]
             r_rename = res[nv + 2 + (1 if sync else 0)]
             r_sync = [res[nv + 2], res[nv + 4]] if sync else []
-            if res[-1] != 0 and r_open >= 0:  # the chain broke before its close: close the slot now
+            opened = r_open is None or r_open >= 0
+            if res[-1] != 0 and opened:  # the chain broke before its close: close the slot now
                 await lring.run(1, lambda ring, ud: ring.prep_close(ud, slot=slot))
-            ok = r_open >= 0 and r_write == HEADER_BLOCK + data.nbytes and r_rename == 0 and all(r == 0 for r in r_sync)
+            ok = (
+                opened
+                and r_write in (None, HEADER_BLOCK + data.nbytes)
+                and r_rename in (None, 0)
+                and all(r in (None, 0) for r in r_sync)
+            )
         finally:
             lring.put_slot(slot)
         if ok:
@@ -726,10 +736,10 @@ class FsTier(BlockingChunkTier):
         # the blocking path sorts it out: removes our temporary file, then writes (ENOSPC
         # eviction, O_DIRECT refusal and the error to report all live there)
         self._stats.incr("io_uring_retries")
-        published = r_rename == 0
+        published = r_rename in (None, 0)  # an earlier failure cancels the rename: it reports -ECANCELED
 
         def retry() -> None:
-            if not published and r_open >= 0:
+            if not published and opened:
                 try:
                     os.unlink(tmp, dir_fd=dfd)
                 except FileNotFoundError:
@@ -773,18 +783,20 @@ class FsTier(BlockingChunkTier):
             bname = name.encode()
 
             def prep(ring: ioring.Ring, ud: int) -> Any:
-                keep = ring.prep_openat(ud, dfd, bname, flags, slot=slot, sqe_flags=ioring.IOSQE_IO_LINK)
+                skip = ioring.IOSQE_CQE_SKIP_SUCCESS
+                keep = ring.prep_openat(ud, dfd, bname, flags, slot=slot, sqe_flags=ioring.IOSQE_IO_LINK | skip)
                 # a failed read still closes the slot (hard link)
                 ring.prep_rw(ud + 1, False, slot, iov, 0, sqe_flags=ioring.IOSQE_IO_HARDLINK | ioring.IOSQE_FIXED_FILE)
                 ring.prep_close(ud + 2, slot=slot)
                 return keep
 
-            r_open, got, r_close = await lring.run(3, prep, keep=(iov, out))
-            if r_close != 0 and r_open >= 0:
+            r_open, got, r_close = await lring.run(3, prep, keep=(iov, out), ends_on_report=(0,))
+            opened = r_open is None or r_open >= 0
+            if r_close != 0 and opened:
                 await lring.run(1, lambda ring, ud: ring.prep_close(ud, slot=slot))
             if r_open == -errno.ENOENT:
                 raise ChunkNotFoundError(f"no chunk stored under key {key.hex()[:32]}", key)
-            if r_open >= 0 and got >= 0:
+            if opened and got is not None and got >= 0:
                 self._check_read(key, hb, out, got)  # the header is still in this slot's buffer
                 return
         finally:
