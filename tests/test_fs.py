@@ -446,9 +446,12 @@ async def test_direct_io_off_and_bad_config(tmp_path: Path) -> None:
 
 
 async def test_io_engine_choice_and_bad_config(tmp_path: Path, io_engine: str) -> None:
-    tier, _ = make_tier(tmp_path, io_engine="auto")
+    tier, _ = make_tier(tmp_path, io_engine="auto")  # max_inflight 16 (the default)
     async with tier:
         assert tier.active_io_engine == ("io_uring" if _NO_RING is None else "threads")
+    tier, _ = make_tier(tmp_path, io_engine="auto", max_inflight=4)  # shallow: threads win there
+    async with tier:
+        assert tier.active_io_engine == "threads"
     tier, _ = make_tier(tmp_path, io_engine="auto", publish="tmpfile")  # the ring publishes by rename
     async with tier:
         assert tier.active_io_engine == "threads"

@@ -99,6 +99,7 @@ _HASHED_TOKEN = re.compile(r"h[0-9a-f]{64}")
 _SAFE_HOST = re.compile(r"[^A-Za-z0-9.-]")
 _instance_seq = itertools.count()
 _ZEROS = bytes(HEADER_BLOCK)
+_RING_MIN_DEPTH = 8  # io_engine="auto" takes the ring from this max_inflight on
 
 
 def _close_all(fds: list[int]) -> None:
@@ -187,7 +188,9 @@ class FsTier(BlockingChunkTier):
             to the kernel in batches, so no Python thread waits on the disk and the event
             loop keeps its latency (publication is by rename; removal, lookup and fsck
             still use threads). ``"auto"`` (default): io_uring where a ring can be set up
-            (Linux x86-64) unless ``publish="tmpfile"``, threads otherwise. Any failure on
+            (Linux x86-64) and ``max_inflight >= 8`` unless ``publish="tmpfile"``, threads
+            otherwise (at low depth the threads' shorter path per chunk wins, and a few
+            threads leave the loop its latency). Any failure on
             the ring path is retried once on a thread by the blocking code, which owns the
             error handling (ENOSPC eviction, O_DIRECT refusal, error kinds).
         **kwargs: the common knobs (``max_inflight``, ``capacity_bytes``, ``durability`` in
@@ -594,6 +597,11 @@ class FsTier(BlockingChunkTier):
         why = ioring.problem() if self.io_engine != "threads" else "io_engine='threads'"
         if self.io_engine == "io_uring" and why is not None:
             raise TierConfigError(f"io_engine='io_uring' but io_uring is unavailable here: {why}")
+        if self.io_engine == "auto" and (self.max_inflight or 1) < _RING_MIN_DEPTH:
+            # measured (bench/results/fs.md): below this depth a chain's hand-offs through the
+            # kernel's workers cost more latency than the ring saves, and a few threads do
+            # not starve the event loop
+            why = f"max_inflight < {_RING_MIN_DEPTH}"
         self._ring_mode = why is None and self.publish != "tmpfile"
         if not self._ring_mode:
             return super()._make_engine()
