@@ -452,7 +452,7 @@ class LoopRing:
 
     _STAGES = 16  # user_data = chain id * 16 + stage: a chain has at most 16 entries
 
-    def __init__(self, entries: int, files: int = 0) -> None:
+    def __init__(self, entries: int, files: int = 0, *, wake_batch: int = 4) -> None:
         import asyncio  # kept out of the module import: the Ring is usable without a loop
 
         self._asyncio = asyncio
@@ -462,6 +462,10 @@ class LoopRing:
         self._chains: dict[int, _Chain] = {}
         self._seq = 1
         self._unsubmitted: collections.deque[int] = collections.deque()  # chains prepared, not yet taken
+        self._finished: collections.deque[_Chain] = collections.deque()  # complete, waiter not yet woken
+        self._wake_scheduled = False
+        #: waiters woken per loop iteration (bounds the loop time one iteration spends on chunks)
+        self.wake_batch = wake_batch
         self._flush_scheduled = False
         self._closed = False
         try:
@@ -599,14 +603,35 @@ class LoopRing:
                 chain.left = 0
                 del chains[cid]
                 chain.keep = None
-                if not chain.done.done():
-                    chain.done.set_result(None)
+                self._finished.append(chain)
+        if not self._wake_scheduled:
+            self._wake_some()
+
+    def _wake_some(self) -> None:
+        """Hand finished chains to their waiters, at most ``wake_batch`` per loop iteration.
+
+        Each waiter goes on to do a chunk's worth of Python (verify, account, prepare the
+        next chain); waking all of a big batch at once would hold the loop for all of it.
+        The rest wait one iteration, after timers and other callbacks have had their turn.
+        """
+        self._wake_scheduled = False
+        finished = self._finished
+        for _ in range(min(self.wake_batch, len(finished))):
+            chain = finished.popleft()
+            if not chain.done.done():
+                chain.done.set_result(None)
+        if finished and not self._wake_scheduled:
+            self._wake_scheduled = True
+            self._loop.call_soon(self._wake_some)
 
     async def aclose(self) -> None:
         """Wait for chains in flight, then tear the ring down (idempotent)."""
         if self._closed:
             return
-        while self._chains:
+        while self._chains or self._finished:
+            if self._finished:
+                await self._asyncio.sleep(0)  # let _wake_some hand them over
+                continue
             await self._asyncio.wait([next(iter(self._chains.values())).done])
         self._closed = True
         self._loop.remove_reader(self._efd)
