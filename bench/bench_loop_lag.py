@@ -166,7 +166,7 @@ async def measure(
     shutil.rmtree(d, ignore_errors=True)
     engine = getattr(tier, "active_io_engine", None)
     for r in out:
-        r.update(tier=tier_name, chunk_bytes=chunk, loop=loop_name, depth=depth, io_engine=engine)
+        r.update(tier=tier_name, chunk_bytes=chunk, loop=loop_name, depth=depth, io_engine=engine, asked=io_engine)
     return out
 
 
@@ -204,7 +204,7 @@ def main() -> int:
     )
     ap.add_argument(
         "--fs-engines",
-        default="auto,threads",
+        default="threads,io_uring",
         help="io_engine values to run the fs tier with; the first is the one held to the target",
     )
     ap.add_argument("--out", default=str(REPO / "bench" / "results"))
@@ -245,12 +245,10 @@ def main() -> int:
     # held to the target: the fs tier as configured by default (the first of --fs-engines)
     default_engine = args.fs_engines.split(",")[0].strip()
     fs_offloads = [r for r in streaming if r["tier"] == "fs" and r["op"] == "offload"]
-    fs_default = [r for r in fs_offloads if default_engine in ("auto", r["io_engine"])]
-    if default_engine == "auto" and fs_default:
-        first = fs_default[0]["io_engine"]  # what auto resolved to
-        fs_default = [r for r in fs_offloads if r["io_engine"] == first]
-    worst = max((r["lag"]["p99_s"] for r in fs_default), default=None)
-    worst_engine = fs_default[0]["io_engine"] if fs_default else None
+    fs_default = [r for r in fs_offloads if r.get("asked") == default_engine]
+    worst_row = max(fs_default, key=lambda r: r["lag"]["p99_s"], default=None)
+    worst = worst_row["lag"]["p99_s"] if worst_row else None
+    worst_engine = f"{default_engine} -> {worst_row['io_engine']}" if worst_row else None
     data: dict[str, Any] = {
         "started": started,
         "command": " ".join([".venv/bin/python", "bench/bench_loop_lag.py", *sys.argv[1:]]),
@@ -266,7 +264,7 @@ def main() -> int:
     rows = [
         [
             r["loop"],
-            r["tier"] + (f" ({r['io_engine']})" if r.get("io_engine") else ""),
+            r["tier"] + (f" ({r['asked']}: {r['io_engine']})" if r.get("io_engine") else ""),
             format_size(r["chunk_bytes"]),
             str(r["depth"]),
             r["op"],

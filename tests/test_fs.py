@@ -60,15 +60,19 @@ class TestFsConformanceDirectIO(TestFsConformance):
     page_aligned_buffer = True
 
 
-class TestFsConformanceThreads(TestFsConformance):
-    """The worker-thread engine (the default where io_uring is unavailable), buffered."""
+_NO_RING_CLS = ioring.problem()
+
+
+@pytest.mark.skipif(_NO_RING_CLS is not None, reason=f"no io_uring: {_NO_RING_CLS}")
+class TestFsConformanceRing(TestFsConformance):
+    """The io_uring engine (opt-in), buffered."""
 
     def tier_config(self, tmp_path: Path) -> dict[str, Any]:
-        return {**super().tier_config(tmp_path), "io_engine": "threads"}
+        return {**super().tier_config(tmp_path), "io_engine": "io_uring"}
 
 
-class TestFsConformanceThreadsDirectIO(TestFsConformanceThreads):
-    """The worker-thread engine with O_DIRECT."""
+class TestFsConformanceRingDirectIO(TestFsConformanceRing):
+    """The io_uring engine with O_DIRECT."""
 
     page_aligned_buffer = True
 
@@ -446,6 +450,11 @@ async def test_direct_io_off_and_bad_config(tmp_path: Path) -> None:
 
 
 async def test_io_engine_choice_and_bad_config(tmp_path: Path, io_engine: str) -> None:
+    tier, view = make_tier(tmp_path, io_engine="threads")
+    spec = tier.offloading_spec
+    default = SecondaryTierFactory.create_secondary_tier({"type": "fs", "root": str(tmp_path)}, view, spec)
+    async with default:
+        assert default.active_io_engine == "threads"  # type: ignore[attr-defined]
     tier, _ = make_tier(tmp_path, io_engine="auto")  # max_inflight 16 (the default)
     async with tier:
         assert tier.active_io_engine == ("io_uring" if _NO_RING is None else "threads")

@@ -22,7 +22,9 @@ debris, the inode dies with its descriptor). No reader ever sees a partial chunk
 path operation goes through a shard directory descriptor held open for the tier's lifetime
 (``openat``/``renameat``/``unlinkat``), and the hot path does no ``stat``.
 
-Two engines move the bytes (``io_engine``). ``"io_uring"`` (the default where available):
+Two engines move the bytes (``io_engine``). ``"threads"`` (the default): blocking system
+calls on ``max_inflight`` worker threads (open + pwritev + linkat + close; open + preadv +
+close). ``"io_uring"`` (opt-in, or ``"auto"``):
 the event-loop thread writes one linked chain of io_uring entries per chunk — [unlink of
 an evicted chunk], open into a registered file slot, ``writev`` of header + payload,
 [``fdatasync``], ``renameat``, [directory ``fsync``], close; a load is open, ``readv``,
@@ -31,8 +33,7 @@ close — and hands each loop iteration's chains to the kernel in one ``io_uring
 starved of the GIL by I/O threads, and there are no per-syscall thread hand-offs. Any chain
 that does not simply succeed (short write, ENOSPC, O_DIRECT refused, EIO) is handed to the
 thread path for one retry, which owns error classification, ENOSPC eviction and O_DIRECT
-fallback. ``"threads"``: the same steps as blocking system calls on ``max_inflight`` worker
-threads (open + pwritev + linkat + close; open + preadv + close).
+fallback.
 
 Sharing a root between processes (two servers on one host): files are immutable once
 published, so readers never see torn data; a concurrent store of the same key either
@@ -187,10 +188,12 @@ class FsTier(BlockingChunkTier):
             chain (open into a registered slot, write or read, fsync, rename, close) handed
             to the kernel in batches, so no Python thread waits on the disk and the event
             loop keeps its latency (publication is by rename; removal, lookup and fsck
-            still use threads). ``"auto"`` (default): io_uring where a ring can be set up
-            (Linux x86-64) and ``max_inflight >= 8`` unless ``publish="tmpfile"``, threads
-            otherwise (at low depth the threads' shorter path per chunk wins, and a few
-            threads leave the loop its latency). Any failure on
+            still use threads). ``"auto"``: io_uring where a ring can be set up (Linux
+            x86-64) and ``max_inflight >= 8`` unless ``publish="tmpfile"``, threads
+            otherwise. The default is ``"threads"``: on the 2-core bench machine the ring
+            matched the threads' throughput at depth 16 and lost below it, and did not keep
+            the event loop's p99 lag lower (the Python work per chunk, ~0.3 ms at 256 KiB,
+            is the same on either engine; see ``bench/results/fs.md`` and ``loop_lag.md``). Any failure on
             the ring path is retried once on a thread by the blocking code, which owns the
             error handling (ENOSPC eviction, O_DIRECT refusal, error kinds).
         **kwargs: the common knobs (``max_inflight``, ``capacity_bytes``, ``durability`` in
@@ -212,7 +215,7 @@ class FsTier(BlockingChunkTier):
         scan_sync_limit: int = 50_000,
         lru_times: bool = True,
         stale_tmp_s: float = 3600.0,
-        io_engine: Literal["auto", "threads", "io_uring"] = "auto",
+        io_engine: Literal["auto", "threads", "io_uring"] = "threads",
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
