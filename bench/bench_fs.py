@@ -275,7 +275,7 @@ def markdown(report: dict[str, Any]) -> str:
         "",
         "Engine: "
         + (", ".join(sorted({str(p.get("io_engine")) for p in report["points"]})) or "?")
-        + ' for `fs` (the default configuration); `fs io_uring` is the opt-in io_uring engine.',
+        + " for `fs` (the default configuration); `fs io_uring` is the opt-in io_uring engine.",
         "",
     ]
     for side in ("write", "read"):
