@@ -16,6 +16,7 @@ import asyncio
 import mmap
 import random
 import sys
+from typing import Any
 
 from asynctier import OffloadingSpec, SecondaryTierFactory
 
@@ -32,6 +33,13 @@ def chunk_data(key: bytes, chunk_bytes: int) -> bytes:
     return random.Random(key).randbytes(chunk_bytes)
 
 
+def report(out: Any, line: str) -> None:
+    """One line in one write: with PYTHONUNBUFFERED, ``print`` writes its pieces separately,
+    and a kill between them would leave half a record in the pipe."""
+    out.write(line + "\n")
+    out.flush()
+
+
 async def main(slab: str, capacity: int, chunk_bytes: int, start: int, aligned: bool) -> None:
     spec = OffloadingSpec(chunk_bytes, BATCH, namespace="crash-test")
     buf: bytearray | mmap.mmap = mmap.mmap(-1, spec.total_bytes) if aligned else bytearray(spec.total_bytes)
@@ -40,7 +48,7 @@ async def main(slab: str, capacity: int, chunk_bytes: int, start: int, aligned: 
     tier = SecondaryTierFactory.create_secondary_tier(cfg, view, spec)
     out = sys.stdout
     async with tier:
-        print("ready", file=out, flush=True)
+        report(out, "ready")
         i = start
         batch_no = 0
         prev: list[bytes] = []
@@ -50,13 +58,13 @@ async def main(slab: str, capacity: int, chunk_bytes: int, start: int, aligned: 
                 view[j * chunk_bytes : (j + 1) * chunk_bytes] = chunk_data(k, chunk_bytes)
             res = await tier.offload(keys, list(range(BATCH)))
             for k in res.succeeded:
-                print("P", k.hex(), file=out, flush=True)
+                report(out, f"P {k.hex()}")
             batch_no += 1
             if batch_no % 5 == 0 and prev:
                 victim = prev[batch_no % len(prev)]
-                print("D", victim.hex(), file=out, flush=True)  # removal started: either outcome is fine
+                report(out, f"D {victim.hex()}")  # removal started: either outcome is fine
                 if (await tier.remove([victim])).ok:
-                    print("R", victim.hex(), file=out, flush=True)
+                    report(out, f"R {victim.hex()}")
             prev = keys
             i += BATCH
 

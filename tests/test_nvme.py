@@ -554,7 +554,7 @@ def _crash_loop(slab: Path, *, slots: int, kills: int, seed: int, keep_last: int
         seen = 0
         while seen < want:
             line = proc.stdout.readline()
-            if not line:
+            if not line.endswith("\n"):  # end of output, or a record cut short
                 break
             seen += 1
             _note(line, stored, doomed, removed)
@@ -562,8 +562,9 @@ def _crash_loop(slab: Path, *, slots: int, kills: int, seed: int, keep_last: int
         proc.send_signal(signal.SIGKILL)
         rest = proc.stdout.read()  # lines printed before the kill still count
         proc.wait()
-        for line in rest.splitlines():
-            _note(line, stored, doomed, removed)
+        for line in rest.splitlines(keepends=True):
+            if line.endswith("\n"):  # a record cut by the kill claims nothing
+                _note(line, stored, doomed, removed)
         start += 10_000
         must = set(stored if keep_last is None else stored[-keep_last:]) - doomed
         asyncio.run(_check_after_crash(slab, capacity, chunk, must, removed, start, child))
