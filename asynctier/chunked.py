@@ -511,6 +511,24 @@ class ChunkTier(SecondaryTierManager):
         else:
             self._stats.record_failure(exc)
 
+    async def _async_store(self, key: bytes, t0: float, write: Callable[[list[bytes]], Awaitable[None]]) -> None:
+        """The bookkeeping around one store run as a coroutine: reserve (or skip a key
+        already stored), ``write(victims)`` (evict them, then write), commit or abort."""
+        try:
+            victims = self._begin_store(key)
+        except BaseException as e:
+            self._stats.record_failure(e)
+            raise
+        if victims is None:
+            self._end_store(key, t0, None, skipped=True)
+            return
+        try:
+            await write(victims)
+        except BaseException as e:
+            self._end_store(key, t0, e)
+            raise
+        self._end_store(key, t0, None)
+
     def _evicted(self, key: bytes, exc: BaseException | None) -> None:
         self._stats.incr("evictions")
         if exc is not None and not _is_not_found(exc):
@@ -715,15 +733,7 @@ class AsyncChunkTier(ChunkTier):
             raise
 
     async def _store_job(self, key: bytes, cid: int, t0: float) -> None:
-        try:
-            victims = self._begin_store(key)
-        except BaseException as e:
-            self._stats.record_failure(e)
-            raise
-        if victims is None:
-            self._end_store(key, t0, None, skipped=True)
-            return
-        try:
+        async def evict_then_write(victims: list[bytes]) -> None:
             for v in victims:
                 try:
                     await self._deadline(self.delete_chunk(v))
@@ -732,10 +742,8 @@ class AsyncChunkTier(ChunkTier):
                 else:
                     self._evicted(v, None)
             await self._deadline(self.write_chunk(key, self._chunk(cid)))
-        except BaseException as e:
-            self._end_store(key, t0, e)
-            raise
-        self._end_store(key, t0, None)
+
+        await self._async_store(key, t0, evict_then_write)
 
     async def _load_job(self, key: bytes, cid: int, t0: float) -> None:
         try:

@@ -652,20 +652,7 @@ class FsTier(BlockingChunkTier):
         return self._ring_hb[slot * HEADER_BLOCK : (slot + 1) * HEADER_BLOCK]
 
     async def _ring_store_job(self, key: bytes, cid: int, t0: float) -> None:
-        try:
-            victims = self._begin_store(key)
-        except BaseException as e:
-            self._stats.record_failure(e)
-            raise
-        if victims is None:
-            self._end_store(key, t0, None, skipped=True)
-            return
-        try:
-            await self._ring_write(key, cid, victims)
-        except BaseException as e:
-            self._end_store(key, t0, e)
-            raise
-        self._end_store(key, t0, None)
+        await self._async_store(key, t0, lambda victims: self._ring_write(key, cid, victims))
 
     async def _ring_write(self, key: bytes, cid: int, victims: list[bytes]) -> None:
         """Evict ``victims``, then write ``key`` as one chain: unlink.. open, writev, [fdatasync],
