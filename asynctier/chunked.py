@@ -511,9 +511,9 @@ class ChunkTier(SecondaryTierManager):
         else:
             self._stats.record_failure(exc)
 
-    async def _async_store(self, key: bytes, t0: float, write: Callable[[list[bytes]], Awaitable[None]]) -> None:
-        """The bookkeeping around one store run as a coroutine: reserve (or skip a key
-        already stored), ``write(victims)`` (evict them, then write), commit or abort."""
+    def _reserve_store(self, key: bytes, t0: float) -> list[bytes] | None:
+        """Begin a store: the chunks to evict first, or None when ``key`` is stored already
+        (accounted as skipped). A failure to begin is counted and raised."""
         try:
             victims = self._begin_store(key)
         except BaseException as e:
@@ -521,6 +521,21 @@ class ChunkTier(SecondaryTierManager):
             raise
         if victims is None:
             self._end_store(key, t0, None, skipped=True)
+        return victims
+
+    def _pin_for_load(self, key: bytes) -> None:
+        """Begin a load (the chunk is pinned against eviction); a failure is counted and raised."""
+        try:
+            self._begin_load(key)
+        except BaseException as e:
+            self._stats.record_failure(e)
+            raise
+
+    async def _async_store(self, key: bytes, t0: float, write: Callable[[list[bytes]], Awaitable[None]]) -> None:
+        """One store run as a coroutine: reserve (or skip a key already stored),
+        ``write(victims)`` (evict them, then write), commit or abort."""
+        victims = self._reserve_store(key, t0)
+        if victims is None:
             return
         try:
             await write(victims)
@@ -528,6 +543,22 @@ class ChunkTier(SecondaryTierManager):
             self._end_store(key, t0, e)
             raise
         self._end_store(key, t0, None)
+
+    async def _async_load(
+        self, key: bytes, t0: float, read: Callable[[], Awaitable[None]], delete: Callable[[], Awaitable[object]]
+    ) -> None:
+        """One load run as a coroutine, after :meth:`_pin_for_load`: ``read()``, account it,
+        and drop a copy that failed verification with ``delete()``."""
+        try:
+            await read()
+        except BaseException as e:
+            if self._end_load(key, t0, e):
+                try:
+                    await delete()
+                except Exception as de:
+                    log.warning("%s: removing bad chunk %s failed: %r", self.tier_type, key.hex()[:32], de)
+            raise
+        self._end_load(key, t0, None)
 
     def _evicted(self, key: bytes, exc: BaseException | None) -> None:
         self._stats.incr("evictions")
@@ -605,13 +636,8 @@ class BlockingChunkTier(ChunkTier):
             raise
 
     def _store_job(self, key: bytes, cid: int, t0: float) -> None:
-        try:
-            victims = self._begin_store(key)
-        except BaseException as e:
-            self._stats.record_failure(e)
-            raise
+        victims = self._reserve_store(key, t0)
         if victims is None:
-            self._end_store(key, t0, None, skipped=True)
             return
         try:
             for v in victims:
@@ -631,11 +657,7 @@ class BlockingChunkTier(ChunkTier):
             self._evicted(key, None)
 
     def _load_job(self, key: bytes, cid: int, t0: float) -> None:
-        try:
-            self._begin_load(key)
-        except BaseException as e:
-            self._stats.record_failure(e)
-            raise
+        self._pin_for_load(key)
         try:
             self.read_chunk(key, self._chunk(cid))
         except BaseException as e:
@@ -746,21 +768,10 @@ class AsyncChunkTier(ChunkTier):
         await self._async_store(key, t0, evict_then_write)
 
     async def _load_job(self, key: bytes, cid: int, t0: float) -> None:
-        try:
-            self._begin_load(key)
-        except BaseException as e:
-            self._stats.record_failure(e)
-            raise
-        try:
-            await self._deadline(self.read_chunk(key, self._chunk(cid)))
-        except BaseException as e:
-            if self._end_load(key, t0, e):
-                try:
-                    await self.delete_chunk(key)
-                except Exception as de:
-                    log.warning("%s: removing bad chunk %s failed: %r", self.tier_type, key.hex()[:32], de)
-            raise
-        self._end_load(key, t0, None)
+        self._pin_for_load(key)
+        await self._async_load(
+            key, t0, lambda: self._deadline(self.read_chunk(key, self._chunk(cid))), lambda: self.delete_chunk(key)
+        )
 
     async def _remove_job(self, key: bytes, cid: int, t0: float) -> None:
         try:

@@ -191,9 +191,10 @@ class FsTier(BlockingChunkTier):
             still use threads). ``"auto"``: io_uring where a ring can be set up (Linux
             x86-64) and ``max_inflight >= 8`` unless ``publish="tmpfile"``, threads
             otherwise. The default is ``"threads"``: on the 2-core bench machine the ring
-            matched the threads' throughput at depth 16 and lost below it, and did not keep
-            the event loop's p99 lag lower (the Python work per chunk, ~0.3 ms at 256 KiB,
-            is the same on either engine; see ``bench/results/fs.md`` and ``loop_lag.md``). Any failure on
+            matched the threads' throughput at depth 16 and lost below it, and kept the event
+            loop's p99 lag lower only for 256 KiB loads, not offloads (the Python work per
+            chunk, ~0.35 ms at 256 KiB, is the same on either engine; see
+            ``bench/results/fs.md`` and ``loop_lag.md``). Any failure on
             the ring path is retried once on a thread by the blocking code, which owns the
             error handling (ENOSPC eviction, O_DIRECT refusal, error kinds).
         **kwargs: the common knobs (``max_inflight``, ``capacity_bytes``, ``durability`` in
@@ -747,24 +748,13 @@ class FsTier(BlockingChunkTier):
         await asyncio.to_thread(retry)
 
     async def _ring_load_job(self, key: bytes, cid: int, t0: float) -> None:
-        try:
-            if self._scanning or self.shared:
-                await asyncio.to_thread(self._begin_load, key)  # may look on disk
-            else:
-                self._begin_load(key)
-        except BaseException as e:
-            self._stats.record_failure(e)
-            raise
-        try:
-            await self._ring_read(key, cid)
-        except BaseException as e:
-            if self._end_load(key, t0, e):
-                try:
-                    await asyncio.to_thread(self.delete_chunk, key)
-                except Exception as de:
-                    log.warning("fs: removing bad chunk %s failed: %r", key.hex()[:32], de)
-            raise
-        self._end_load(key, t0, None)
+        if self._scanning or self.shared:
+            await asyncio.to_thread(self._pin_for_load, key)  # may look on disk
+        else:
+            self._pin_for_load(key)
+        await self._async_load(
+            key, t0, lambda: self._ring_read(key, cid), lambda: asyncio.to_thread(self.delete_chunk, key)
+        )
 
     async def _ring_read(self, key: bytes, cid: int) -> None:
         """One chain: open (into a slot), readv header + payload, close; then verify."""
