@@ -430,11 +430,11 @@ class Ring:
 class _Chain:
     """One chain in flight: its results by stage, whether it is over, who waits."""
 
-    __slots__ = ("done", "ends", "error", "keep", "left", "results")
+    __slots__ = ("done", "ends", "error", "keep", "over", "results")
 
     def __init__(self, n: int, done: Any, keep: Any) -> None:
         self.results: list[int | None] = [None] * n
-        self.left = 1  # the last entry's completion ends the chain
+        self.over = False  # set when the last entry completes (or the chain never started)
         self.done = done
         self.keep = keep  # buffers and iovecs the kernel points at
         self.ends: frozenset[int] = frozenset()  # stages whose report ends the chain
@@ -534,7 +534,7 @@ class LoopRing:
             except self._asyncio.CancelledError:
                 # the kernel owns the buffers until the chain completes: wait on, then raise
                 cancelled = True
-                if chain.left == 0:
+                if chain.over:
                     break
                 if chain.done.done() and not chain.done.cancelled():
                     break
@@ -558,7 +558,7 @@ class LoopRing:
             for cid in self._unsubmitted:
                 chain = self._chains.pop(cid, None)
                 if chain is not None:
-                    chain.error, chain.left, chain.keep = err, 0, None
+                    chain.error, chain.over, chain.keep = err, True, None
                     if not chain.done.done():
                         chain.done.set_result(None)
             self._unsubmitted.clear()
@@ -600,7 +600,7 @@ class LoopRing:
                         chain.results[j] = -errno.ECANCELED
                 stage = last
             if stage == last:
-                chain.left = 0
+                chain.over = True
                 del chains[cid]
                 chain.keep = None
                 self._finished.append(chain)
