@@ -59,6 +59,7 @@ _IORING_FEAT_SINGLE_MMAP = 1 << 0
 _IORING_FEAT_NODROP = 1 << 1
 _IORING_FEAT_CQE_SKIP = 1 << 11
 _IORING_ENTER_GETEVENTS = 1
+_IORING_SQ_CQ_OVERFLOW = 1 << 1  # sq_flags: completions wait on the kernel's overflow list
 _IORING_OFF_SQ_RING, _IORING_OFF_CQ_RING, _IORING_OFF_SQES = 0, 0x8000000, 0x10000000
 _IORING_REGISTER_EVENTFD = 4
 _IORING_REGISTER_FILES2 = 13
@@ -182,6 +183,10 @@ class Ring:
         self._ring = memoryview(ring)
         self._sqes = memoryview(sqes)
         self.sq_entries = p.sq_entries
+        self.cq_entries = p.cq_entries
+        self._sq_flags_off = p.sq_flags
+        #: times completions had to be fetched from the kernel's overflow list
+        self.overflow_flushes = 0
         self._sq_mask: int = _U32.unpack_from(ring, p.sq_ring_mask)[0]
         self._sq_head_off, self._sq_tail_off, self._sq_array_off = p.sq_head, p.sq_tail, p.sq_array
         self._cq_mask: int = _U32.unpack_from(ring, p.cq_ring_mask)[0]
@@ -383,6 +388,14 @@ class Ring:
             head = (head + 1) & 0xFFFFFFFF
         if out:
             _U32.pack_into(ring, self._cq_head_off, head)
+        if _U32.unpack_from(ring, self._sq_flags_off)[0] & _IORING_SQ_CQ_OVERFLOW:
+            # the queue filled up before we reaped: the kernel holds the rest on a list and
+            # (since 5.5, NODROP) moves them into the queue only on an enter that asks for
+            # completions; until then it posts every new one there too. Nothing else would
+            # fetch them: a waiter on the eventfd would wait forever.
+            self.overflow_flushes += 1
+            self.wait(0)
+            out += self.reap()
         return out
 
     def set_max_workers(self, bounded: int, unbounded: int = 0) -> tuple[int, int]:
@@ -471,7 +484,7 @@ class LoopRing:
         try:
             if files:
                 # one blocking chain per slot may sit in a kernel worker: let all of them run
-                self.ring.set_max_workers(max(files, 4 * (os.cpu_count() or 1)))
+                self.ring.set_max_workers(int(os.environ.get("IOWQ", 0)) or max(files, 4 * (os.cpu_count() or 1)))
             self._efd = self.ring.register_eventfd()
             self._loop.add_reader(self._efd, self._on_ready)
         except BaseException:

@@ -222,3 +222,26 @@ async def test_skip_on_success_entries_report_only_failures_and_a_failure_ends_t
     finally:
         await lr.aclose()
         os.close(dfd)
+
+
+async def test_completions_beyond_the_completion_queue_are_not_lost() -> None:
+    """More completions than the completion queue holds before the loop reaps: the kernel keeps
+    the rest on its overflow list and posts them only when asked; a ring that does not ask hangs."""
+    lr = LoopRing(entries=4)  # completion queue: 8 entries
+    try:
+        assert lr.ring.cq_entries == 8
+        # prepared in one loop iteration: submitted in groups of 4 (the submission queue),
+        # each completing at once (fsync of a bad descriptor), with no reap in between
+        tasks = [asyncio.ensure_future(lr.run(1, lambda ring, ud: ring.prep_fsync(ud, -1))) for _ in range(40)]
+        _, pending = await asyncio.wait(tasks, timeout=10)
+        for _ in range(40):  # fetch them by hand, so that the test fails instead of hanging in teardown
+            if all(t.done() for t in tasks):
+                break
+            lr.ring.wait(0)
+            lr._on_ready()
+            await asyncio.sleep(0.01)
+        assert not pending, f"{len(pending)} of 40 chains never completed"
+        assert [t.result() for t in tasks] == [[-errno.EBADF]] * 40
+        assert lr.ring.overflow_flushes >= 1
+    finally:
+        await lr.aclose()
