@@ -44,7 +44,7 @@ _NR_SETUP, _NR_ENTER, _NR_REGISTER = 425, 426, 427
 
 # opcodes (include/uapi/linux/io_uring.h)
 OP_NOP, OP_READV, OP_WRITEV, OP_FSYNC = 0, 1, 2, 3
-OP_OPENAT, OP_CLOSE = 18, 19
+OP_FALLOCATE, OP_OPENAT, OP_CLOSE = 17, 18, 19
 OP_RENAMEAT, OP_UNLINKAT, OP_LINKAT = 35, 36, 39
 
 # sqe flags
@@ -308,6 +308,12 @@ class Ring:
         """``fdatasync``/``fsync``."""
         self._push(OP_FSYNC, sqe_flags, fd, 0, 0, 0, IORING_FSYNC_DATASYNC if datasync else 0, user_data)
 
+    def prep_fallocate(
+        self, user_data: int, fd: int, length: int, *, offset: int = 0, mode: int = 0, sqe_flags: int = 0
+    ) -> None:
+        """``fallocate(fd, mode, offset, length)`` (``fd`` a slot with IOSQE_FIXED_FILE)."""
+        self._push(OP_FALLOCATE, sqe_flags, fd, offset, length, mode, 0, user_data)  # the kernel reads len from addr
+
     def prep_close(self, user_data: int, fd: int = 0, *, slot: int | None = None, sqe_flags: int = 0) -> None:
         """``close`` of a descriptor, or of registered slot ``slot``."""
         self._push(OP_CLOSE, sqe_flags, 0 if slot is not None else fd, 0, 0, 0, 0, user_data,
@@ -461,11 +467,13 @@ class LoopRing:
     and resolves with their ``n`` results once every one has completed. Entries prepared in
     one loop iteration go to the kernel in one ``io_uring_enter`` at its end. ``files``
     direct-descriptor slots are handed out with :meth:`take_slot`/:meth:`put_slot`.
+    ``kernel_workers`` caps the kernel threads that run this ring's blocking requests
+    (default: one per CPU; 0 leaves the kernel's default, 4 per CPU).
     """
 
     _STAGES = 16  # user_data = chain id * 16 + stage: a chain has at most 16 entries
 
-    def __init__(self, entries: int, files: int = 0, *, wake_batch: int = 4) -> None:
+    def __init__(self, entries: int, files: int = 0, *, wake_batch: int = 4, kernel_workers: int | None = None) -> None:
         import asyncio  # kept out of the module import: the Ring is usable without a loop
 
         self._asyncio = asyncio
@@ -482,9 +490,15 @@ class LoopRing:
         self._flush_scheduled = False
         self._closed = False
         try:
-            if files:
-                # one blocking chain per slot may sit in a kernel worker: let all of them run
-                self.ring.set_max_workers(int(os.environ.get("IOWQ", 0)) or max(files, 4 * (os.cpu_count() or 1)))
+            # The kernel's io-wq workers run what cannot complete inline (opens, renames,
+            # allocating writes) and compete with this thread for the CPUs: on 2 cores, 16 of
+            # them doing ext4 metadata work held the loop's p99 lag at 10-24 ms, 2 at 2-6 ms
+            # for the same throughput (bench/results/loop_lag.md). Work that waits on the disk
+            # should not hold a worker (see the fs tier's preallocation): then about one worker
+            # per CPU keeps the CPUs busy.
+            workers = kernel_workers if kernel_workers is not None else os.cpu_count() or 1
+            if workers > 0:
+                self.ring.set_max_workers(workers)
             self._efd = self.ring.register_eventfd()
             self._loop.add_reader(self._efd, self._on_ready)
         except BaseException:

@@ -187,11 +187,16 @@ def test_problem_names_the_reason_on_unsupported_machines(monkeypatch: pytest.Mo
         ioring.problem.cache_clear()
 
 
-async def test_loop_ring_lets_every_slot_have_a_kernel_worker() -> None:
+async def test_loop_ring_caps_its_kernel_workers() -> None:
     lr = LoopRing(entries=64, files=40)
     try:
         bounded, _ = lr.ring.set_max_workers(0, 0)  # 0: read the limits without changing them
-        assert bounded >= 40
+        assert bounded == (os.cpu_count() or 1), "one kernel worker per CPU by default"
+    finally:
+        await lr.aclose()
+    lr = LoopRing(entries=8, kernel_workers=3)
+    try:
+        assert lr.ring.set_max_workers(0, 0)[0] == 3
     finally:
         await lr.aclose()
 
@@ -245,3 +250,20 @@ async def test_completions_beyond_the_completion_queue_are_not_lost() -> None:
         assert lr.ring.overflow_flushes >= 1
     finally:
         await lr.aclose()
+
+
+def test_entries_without_the_skip_flag_report_their_failures(tmp_path: Path) -> None:
+    """What the fs tier relies on for unlinkat, fallocate and fsync: their failures are seen
+    whether or not the kernel goes on with the rest of the chain."""
+    ring = Ring(entries=8, files=1)
+    dfd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        ring.prep_unlinkat(1, dfd, b"missing", sqe_flags=IOSQE_IO_HARDLINK)
+        ring.prep_fallocate(2, -1, 4096, sqe_flags=IOSQE_IO_HARDLINK)
+        ring.prep_fsync(3, -1)
+        ring.submit()
+        got = _drain(ring, 3)
+        assert got == {1: -errno.ENOENT, 2: -errno.EBADF, 3: -errno.EBADF}
+    finally:
+        ring.close()
+        os.close(dfd)
