@@ -44,7 +44,7 @@ _NR_SETUP, _NR_ENTER, _NR_REGISTER = 425, 426, 427
 
 # opcodes (include/uapi/linux/io_uring.h)
 OP_NOP, OP_READV, OP_WRITEV, OP_FSYNC = 0, 1, 2, 3
-OP_FALLOCATE, OP_OPENAT, OP_CLOSE = 17, 18, 19
+OP_OPENAT, OP_CLOSE = 18, 19
 OP_RENAMEAT, OP_UNLINKAT, OP_LINKAT = 35, 36, 39
 
 # sqe flags
@@ -308,12 +308,6 @@ class Ring:
         """``fdatasync``/``fsync``."""
         self._push(OP_FSYNC, sqe_flags, fd, 0, 0, 0, IORING_FSYNC_DATASYNC if datasync else 0, user_data)
 
-    def prep_fallocate(
-        self, user_data: int, fd: int, length: int, *, offset: int = 0, mode: int = 0, sqe_flags: int = 0
-    ) -> None:
-        """``fallocate(fd, mode, offset, length)`` (``fd`` a slot with IOSQE_FIXED_FILE)."""
-        self._push(OP_FALLOCATE, sqe_flags, fd, offset, length, mode, 0, user_data)  # the kernel reads len from addr
-
     def prep_close(self, user_data: int, fd: int = 0, *, slot: int | None = None, sqe_flags: int = 0) -> None:
         """``close`` of a descriptor, or of registered slot ``slot``."""
         self._push(OP_CLOSE, sqe_flags, 0 if slot is not None else fd, 0, 0, 0, 0, user_data,
@@ -491,11 +485,12 @@ class LoopRing:
         self._closed = False
         try:
             # The kernel's io-wq workers run what cannot complete inline (opens, renames,
-            # allocating writes) and compete with this thread for the CPUs: on 2 cores, 16 of
-            # them doing ext4 metadata work held the loop's p99 lag at 10-24 ms, 2 at 2-6 ms
-            # for the same throughput (bench/results/loop_lag.md). Work that waits on the disk
-            # should not hold a worker (see the fs tier's preallocation): then about one worker
-            # per CPU keeps the CPUs busy.
+            # writes that allocate) and compete with this thread for the CPUs: on 2 cores, 16
+            # of them doing ext4 metadata work held the loop's p99 lag at 10-24 ms, 2 at
+            # 1.3-6 ms for the same throughput (bench/results/loop_lag.md). The price: ext4
+            # makes an O_DIRECT write that extends its file wait in its worker, so at most one
+            # such write per CPU is in flight. (Sizing files with fallocate first freed the
+            # workers but cost throughput and lag on the bench disk.)
             workers = kernel_workers if kernel_workers is not None else os.cpu_count() or 1
             if workers > 0:
                 self.ring.set_max_workers(workers)

@@ -271,7 +271,6 @@ class FsTier(BlockingChunkTier):
         self._touched: dict[bytes, int] = {}  # key -> time of last use (ns), stamped at close
         self.io_engine = io_engine
         self._ring_mode = False
-        self._ring_falloc = True  # off for good once the file system refuses fallocate
         self._lring: ioring.LoopRing | None = None
         self._ring_hb: memoryview | None = None
         self._hb_addr = self._view_addr = 0
@@ -674,12 +673,6 @@ class FsTier(BlockingChunkTier):
         dfd, name = self._name(key)
         direct = self._direct_for(data, addr)
         sync = self.durability == "fsync"
-        # sized before it is written: ext4 makes an O_DIRECT write that extends its file wait
-        # for the disk in the kernel worker that issued it, so the workers (one per CPU)
-        # would bound the writes in flight; a write inside the file's size completes
-        # asynchronously
-        falloc = self._ring_falloc
-        size = HEADER_BLOCK + data.nbytes
         slot = lring.take_slot()
         try:
             hb = self._slot_hb(slot)
@@ -696,15 +689,15 @@ class FsTier(BlockingChunkTier):
             LINK, FIXED = ioring.IOSQE_IO_LINK, ioring.IOSQE_FIXED_FILE
             # Open, write and rename report only a failure (no wake-up per step), and such a
             # failure ends the chain; the close ends it otherwise, so a slot is never reused
-            # before its file is closed. Unlink, fallocate and fsync always report: on Linux
-            # 6.18 a failed unlinkat or fallocate neither broke the link nor cleared its skip
-            # flag (seen here), so a skipped one would fail unseen.
+            # before its file is closed. Unlink and fsync always report: on Linux 6.18 a
+            # failed unlinkat neither broke the link nor cleared its skip flag (seen here),
+            # so a skipped one would fail unseen.
             SKIP = ioring.IOSQE_CQE_SKIP_SUCCESS
             nv = len(victims)
             at = {"open": nv}
             nxt = nv + 1
-            for stage, wanted in (("falloc", falloc), ("write", True), ("datasync", sync), ("rename", True),
-                                  ("dirsync", sync), ("close", True)):  # fmt: skip
+            for stage, wanted in (("write", True), ("datasync", sync), ("rename", True), ("dirsync", sync),
+                                  ("close", True)):  # fmt: skip
                 if wanted:
                     at[stage] = nxt
                     nxt += 1
@@ -715,8 +708,6 @@ class FsTier(BlockingChunkTier):
                 for i, (vfd, vname) in enumerate(vnames):  # a failed unlink does not stop the write
                     keep.append(ring.prep_unlinkat(ud + i, vfd, vname.encode(), sqe_flags=ioring.IOSQE_IO_HARDLINK))
                 keep.append(ring.prep_openat(ud + nv, dfd, tmp, flags, 0o644, slot=slot, sqe_flags=LINK | SKIP))
-                if falloc:
-                    ring.prep_fallocate(ud + at["falloc"], slot, size, sqe_flags=LINK | FIXED)
                 ring.prep_rw(ud + at["write"], True, slot, iov, 0, sqe_flags=LINK | FIXED | SKIP)
                 if sync:
                     ring.prep_fsync(ud + at["datasync"], slot, datasync=True, sqe_flags=LINK | FIXED)
@@ -732,11 +723,6 @@ class FsTier(BlockingChunkTier):
                 self._evicted(v, None if r in (None, 0, -errno.ENOENT) else OSError(-r, os.strerror(-r)))
             r_open, r_write, r_rename = res[at["open"]], res[at["write"]], res[at["rename"]]
             r_sync = [res[at["datasync"]], res[at["dirsync"]]] if sync else []
-            if falloc and res[at["falloc"]] in (-errno.EOPNOTSUPP, -errno.EINVAL) and self._ring_falloc:
-                # the write still ran and extended the file (the kernel did not break the link)
-                # or was cancelled (then the retry below writes it)
-                self._ring_falloc = False
-                log.info("fs tier %s: no fallocate here; io_uring writes extend their files", self.dir)
             opened = r_open is None or r_open >= 0
             if res[-1] != 0 and opened:  # the chain broke before its close: close the slot now
                 await lring.run(1, lambda ring, ud: ring.prep_close(ud, slot=slot))
