@@ -28,6 +28,7 @@ __all__ = [
     "percentile",
     "run_fio",
     "ratio",
+    "settle",
     "sync_tree",
     "machine_info",
     "md_table",
@@ -190,6 +191,42 @@ def _syncfs(path: str | os.PathLike[str]) -> bool:
 
 
 _libc: Any = None
+
+
+def _device_stat(path: str | os.PathLike[str]) -> Path | None:
+    """The block-layer statistics file of the device holding ``path`` (Linux), if any."""
+    st = os.stat(path)
+    p = Path(f"/sys/dev/block/{os.major(st.st_dev)}:{os.minor(st.st_dev)}/stat")
+    return p if p.exists() else None
+
+
+def settle(path: str | os.PathLike[str], *, quiet_s: float = 0.3, limit_s: float = 15.0) -> float:
+    """Flush the file system holding ``path`` and wait until its device is idle.
+
+    Deleting the previous measurement's files leaves work for the device after ``unlink``
+    returns: journal commits, writeback and, on a file system mounted with ``discard``,
+    a discard of every freed extent (thousands of requests on a throttled virtual disk).
+    Measured next, a contender would pay for its predecessor. This waits until the device
+    has done no I/O and has none in flight for ``quiet_s`` (at most ``limit_s``); returns the
+    seconds waited. Without ``/sys/dev/block`` it only flushes.
+    """
+    t0 = time.monotonic()
+    _syncfs(path)
+    stat = _device_stat(path)
+    if stat is None:
+        return time.monotonic() - t0
+    last, quiet_since = None, time.monotonic()
+    while time.monotonic() - t0 < limit_s:
+        fields = stat.read_text().split()
+        ios = (fields[0], fields[4], fields[11] if len(fields) > 11 else "")  # reads, writes, discards done
+        busy = fields[8] != "0"  # requests in flight
+        now = time.monotonic()
+        if busy or ios != last:
+            last, quiet_since = ios, now
+        elif now - quiet_since >= quiet_s:
+            break
+        time.sleep(0.05)
+    return time.monotonic() - t0
 
 
 def sync_tree(directory: str | os.PathLike[str], *, per_file: bool = False) -> int:

@@ -453,8 +453,8 @@ async def test_io_engine_choice_and_bad_config(tmp_path: Path, io_engine: str) -
     tier, view = make_tier(tmp_path, io_engine="threads")
     spec = tier.offloading_spec
     default = SecondaryTierFactory.create_secondary_tier({"type": "fs", "root": str(tmp_path)}, view, spec)
-    async with default:
-        assert default.active_io_engine == "threads"  # type: ignore[attr-defined]
+    async with default:  # io_engine="auto", max_inflight 16
+        assert default.active_io_engine == ("io_uring" if _NO_RING is None else "threads")  # type: ignore[attr-defined]
     tier, _ = make_tier(tmp_path, io_engine="auto")  # max_inflight 16 (the default)
     async with tier:
         assert tier.active_io_engine == ("io_uring" if _NO_RING is None else "threads")

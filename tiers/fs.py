@@ -22,13 +22,13 @@ debris, the inode dies with its descriptor). No reader ever sees a partial chunk
 path operation goes through a shard directory descriptor held open for the tier's lifetime
 (``openat``/``renameat``/``unlinkat``), and the hot path does no ``stat``.
 
-Two engines move the bytes (``io_engine``). ``"threads"`` (the default): blocking system
-calls on ``max_inflight`` worker threads (open + pwritev + linkat + close; open + preadv +
-close). ``"io_uring"`` (opt-in, or ``"auto"``):
-the event-loop thread writes one linked chain of io_uring entries per chunk — [unlink of
-an evicted chunk], open into a registered file slot, ``writev`` of header + payload,
-[``fdatasync``], ``renameat``, [directory ``fsync``], close; a load is open, ``readv``,
-close — and hands each loop iteration's chains to the kernel in one ``io_uring_enter``
+Two engines move the bytes (``io_engine``; the default, ``"auto"``, takes io_uring from
+``max_inflight`` 8 where a ring can be set up, threads otherwise). ``"threads"``: blocking
+system calls on ``max_inflight`` worker threads (open + pwritev + linkat + close; open +
+preadv + close). ``"io_uring"``: the event-loop thread writes one linked chain of io_uring
+entries per chunk — [unlink of an evicted chunk], open into a registered file slot,
+``writev`` of header + payload, [``fdatasync``], ``renameat``, [directory ``fsync``],
+close; a load is open, ``readv``, close — and hands each loop iteration's chains to the kernel in one ``io_uring_enter``
 (:mod:`asynctier.ioring`). No Python thread waits on the disk, so the event loop is not
 starved of the GIL by I/O threads, and there are no per-syscall thread hand-offs. Any chain
 that does not simply succeed (short write, ENOSPC, O_DIRECT refused, EIO) is handed to the
@@ -190,11 +190,11 @@ class FsTier(BlockingChunkTier):
             loop keeps its latency (publication is by rename; removal, lookup and fsck
             still use threads). ``"auto"``: io_uring where a ring can be set up (Linux
             x86-64) and ``max_inflight >= 8`` unless ``publish="tmpfile"``, threads
-            otherwise. The default is ``"threads"``: on the 2-core bench machine the ring
-            matched the threads' throughput at depth 16 and lost below it, and kept the event
-            loop's p99 lag lower only for 256 KiB loads, not offloads (the Python work per
-            chunk, ~0.35 ms at 256 KiB, is the same on either engine; see
-            ``bench/results/fs.md`` and ``loop_lag.md``). Any failure on
+            otherwise (the default). Measured on the 2-core bench machine: at depth 16 the
+            ring keeps the event loop's p99 lag at 2.3-3.6 ms during a streaming offload
+            where 16 worker threads let it reach 5-25 ms (``bench/results/loop_lag.md``),
+            with the same throughput in ``bench/results/fs.md``; at depths 1 and 4 it was
+            slower than threads, hence the threshold. Any failure on
             the ring path is retried once on a thread by the blocking code, which owns the
             error handling (ENOSPC eviction, O_DIRECT refusal, error kinds).
         **kwargs: the common knobs (``max_inflight``, ``capacity_bytes``, ``durability`` in
@@ -216,7 +216,7 @@ class FsTier(BlockingChunkTier):
         scan_sync_limit: int = 50_000,
         lru_times: bool = True,
         stale_tmp_s: float = 3600.0,
-        io_engine: Literal["auto", "threads", "io_uring"] = "threads",
+        io_engine: Literal["auto", "threads", "io_uring"] = "auto",
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)

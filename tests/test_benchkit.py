@@ -1,0 +1,28 @@
+"""Bench helpers that the figures depend on: waiting for the device before a measurement."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from asynctier import benchkit
+
+
+def test_settle_waits_for_a_quiet_device_after_deletions(tmp_path: Path) -> None:
+    stat = benchkit._device_stat(tmp_path)
+    if stat is None:
+        pytest.skip(f"{tmp_path} is not on a block device")
+    (tmp_path / "f").write_bytes(os.urandom(1 << 20))
+    os.unlink(tmp_path / "f")
+    waited = benchkit.settle(tmp_path, quiet_s=0.1, limit_s=5.0)
+    assert 0.1 <= waited <= 5.0 + 1.0  # at least one quiet window observed, never past the limit (+ one poll)
+    fields = stat.read_text().split()
+    assert len(fields) >= 11, "the block layer's stat file has the fields settle reads"
+
+
+def test_settle_on_a_file_system_without_a_device_only_flushes() -> None:
+    if not os.path.isdir("/dev/shm") or benchkit._device_stat("/dev/shm") is not None:
+        pytest.skip("no device-less tmpfs at /dev/shm")
+    assert benchkit.settle("/dev/shm", quiet_s=10.0) < 10.0
