@@ -204,8 +204,9 @@ def main() -> int:
     )
     ap.add_argument(
         "--fs-engines",
-        default="threads,io_uring",
-        help="io_engine values to run the fs tier with; the first is the one held to the target",
+        default="auto,threads",
+        help="io_engine values to run the fs tier with; the first (default: the tier's own default, "
+        "'auto') is the one held to the target",
     )
     ap.add_argument("--out", default=str(REPO / "bench" / "results"))
     args = ap.parse_args()
