@@ -192,9 +192,12 @@ class FsTier(BlockingChunkTier):
             x86-64) and ``max_inflight >= 8`` unless ``publish="tmpfile"``, threads
             otherwise (the default). Measured on the 2-core bench machine: at depth 16 the
             ring keeps the event loop's p99 lag at 2.3-3.6 ms during a streaming offload
-            where 16 worker threads let it reach 5-25 ms (``bench/results/loop_lag.md``),
-            with the same throughput in ``bench/results/fs.md``; at depths 1 and 4 it was
-            slower than threads, hence the threshold. Any failure on
+            where 16 worker threads let it reach 5-25 ms (``bench/results/loop_lag.md``);
+            throughput was within 4-8% of the threads' in ``bench/results/fs.md`` (writes
+            slightly lower, reads mixed) but 10-40% lower at 256 KiB in that streaming
+            bench, which evicts as it goes (its kernel workers are capped at one per CPU,
+            see :class:`asynctier.ioring.LoopRing`); at depths 1 and 4 it was slower than
+            threads, hence the threshold. Any failure on
             the ring path is retried once on a thread by the blocking code, which owns the
             error handling (ENOSPC eviction, O_DIRECT refusal, error kinds).
         **kwargs: the common knobs (``max_inflight``, ``capacity_bytes``, ``durability`` in
