@@ -28,12 +28,12 @@ system calls on ``max_inflight`` worker threads (open + pwritev + linkat + close
 preadv + close). ``"io_uring"``: the event-loop thread writes one linked chain of io_uring
 entries per chunk — [unlink of an evicted chunk], open into a registered file slot,
 ``writev`` of header + payload, [``fdatasync``], ``renameat``, [directory ``fsync``],
-close; a load is open, ``readv``, close — and hands each loop iteration's chains to the kernel in one ``io_uring_enter``
-(:mod:`asynctier.ioring`). No Python thread waits on the disk, so the event loop is not
-starved of the GIL by I/O threads, and there are no per-syscall thread hand-offs. Any chain
-that does not simply succeed (short write, ENOSPC, O_DIRECT refused, EIO) is handed to the
-thread path for one retry, which owns error classification, ENOSPC eviction and O_DIRECT
-fallback.
+close; a load is open, ``readv``, close — and hands each loop iteration's chains to the
+kernel in one ``io_uring_enter`` (:mod:`asynctier.ioring`). No Python thread waits on the
+disk, so the event loop is not starved of the GIL by I/O threads, and there are no
+per-syscall thread hand-offs. Any chain that does not simply succeed (short write, ENOSPC,
+O_DIRECT refused, EIO) is handed to the thread path for one retry, which owns error
+classification, ENOSPC eviction and O_DIRECT fallback.
 
 Sharing a root between processes (two servers on one host): files are immutable once
 published, so readers never see torn data; a concurrent store of the same key either
