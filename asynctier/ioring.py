@@ -462,7 +462,8 @@ class LoopRing:
     one loop iteration go to the kernel in one ``io_uring_enter`` at its end. ``files``
     direct-descriptor slots are handed out with :meth:`take_slot`/:meth:`put_slot`.
     ``kernel_workers`` caps the kernel threads that run this ring's blocking requests
-    (default: one per CPU; 0 leaves the kernel's default, 4 per CPU).
+    (default: one per CPU; 0 leaves the kernel's default, 4 per CPU). The kernel keeps one
+    pool of them per thread, so the cap holds for every ring the event-loop thread uses.
     """
 
     _STAGES = 16  # user_data = chain id * 16 + stage: a chain has at most 16 entries
