@@ -449,6 +449,41 @@ async def test_direct_io_off_and_bad_config(tmp_path: Path) -> None:
             make_tier(tmp_path, **bad)
 
 
+async def test_files_made_ahead_are_used_and_closed(tmp_path: Path, io_engine: str) -> None:
+    """tmpfile_pool: a thread makes unnamed files ahead of need; writes use them; aclose()
+    closes the ones left; nothing of them shows on disk."""
+    if io_engine != "threads":
+        pytest.skip("the ring publishes by rename")
+    fds_before = set(os.listdir("/proc/self/fd"))
+    tier, view = make_tier(tmp_path, max_inflight=1, publish="tmpfile")
+    data = fill(view, 21)
+    k = keys(8)
+    async with tier:
+        pool = tier._pool
+        assert pool is not None, "on by default at max_inflight 1"
+        for _ in range(200):  # the thread fills it in the background
+            if pool.ready == 8:
+                break
+            await asyncio.sleep(0.01)
+        assert pool.ready == 8
+        assert (await tier.offload(k[:4], [0, 1, 2, 3])).ok
+        assert tier.stats().extra.get("tmpfile_pool_empty", 0) == 0, "four writes found files ready"
+        assert (await tier.offload(k[4:], [4, 5, 6, 7])).ok
+        res = await tier.load(k, list(range(8, 16)))
+        assert res.ok and [chunk(view, 8 + i) for i in range(8)] == data[:8]
+        assert sorted(p.name for p in chunk_files(tier)) == sorted(chunk_file(tier, key).name for key in k)
+    assert tier._pool is None and not pool._thread.is_alive()
+    assert set(os.listdir("/proc/self/fd")) == fds_before, "pooled files and shard directories are closed"
+    tier, _ = make_tier(tmp_path, max_inflight=16)  # several writers overlap their creates: no pool
+    async with tier:
+        assert tier._pool is None
+    tier, _ = make_tier(tmp_path, max_inflight=16, tmpfile_pool=4, io_engine="threads")
+    async with tier:
+        assert tier._pool is not None
+    with pytest.raises(TierConfigError, match="tmpfile_pool must be an int >= 0 or None"):
+        make_tier(tmp_path, tmpfile_pool=-1)
+
+
 async def test_io_engine_choice_and_bad_config(tmp_path: Path, io_engine: str) -> None:
     tier, view = make_tier(tmp_path, io_engine="threads")
     spec = tier.offloading_spec
@@ -516,7 +551,8 @@ async def test_full_filesystem_evicts_instead_of_failing(tmp_path: Path, io_engi
             assert (await tier.load([b"nospace"], [1])).ok and chunk(view, 1) == data[0]
 
 
-async def test_read_only_mount_fails_stores_serves_loads_recovers(tmp_path: Path) -> None:
+@pytest.mark.parametrize("pool", [None, 4])
+async def test_read_only_mount_fails_stores_serves_loads_recovers(tmp_path: Path, pool: int | None) -> None:
     src = tmp_path / "src"
     tier, view = make_tier(src)
     data = fill(view, 14)
@@ -526,7 +562,7 @@ async def test_read_only_mount_fails_stores_serves_loads_recovers(tmp_path: Path
         r = sh("mount", "-o", "remount,ro,bind", str(mnt))
         if r.returncode != 0:
             pytest.skip(f"cannot remount read-only: {r.stderr.strip()}")
-        tier, view = make_tier(mnt)
+        tier, view = make_tier(mnt, tmpfile_pool=pool)  # a pool's thread cannot make files either
         fill(view, 14)
         async with tier:
             res = await tier.offload([b"new"], [5])

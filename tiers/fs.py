@@ -60,6 +60,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import collections
 import errno
 import itertools
 import logging
@@ -101,6 +102,7 @@ _SAFE_HOST = re.compile(r"[^A-Za-z0-9.-]")
 _instance_seq = itertools.count()
 _ZEROS = bytes(HEADER_BLOCK)
 _RING_MIN_DEPTH = 8  # io_engine="auto" takes the ring from this max_inflight on
+_POOL_MAX_DEPTH = 2  # tmpfile_pool=None: files made ahead up to this max_inflight
 
 
 def _close_all(fds: list[int]) -> None:
@@ -109,6 +111,84 @@ def _close_all(fds: list[int]) -> None:
             os.close(fd)
         except OSError:
             pass
+
+
+class _TmpfilePool:
+    """Unnamed files (``O_TMPFILE``) made ahead of need by a background thread.
+
+    Creating a file is a journaled metadata operation; on ext4 here ``open(O_TMPFILE)``
+    took 43 us at the median but 252 us on average (waits on the journal), a third of a
+    256 KiB chunk's time at depth 1. Made ahead, off the chunk's latency path, it overlaps
+    the writes in flight. An unnamed inode can be linked under any name on its file system
+    and dies with its descriptor (or at the next mount after a crash): a pooled file is
+    invisible and costs no disk space until it is written and linked.
+    """
+
+    def __init__(self, dir_fds: list[int], flags: int, target: int, name: str) -> None:
+        self.flags = flags
+        self._dir_fds = list(dir_fds)
+        self._target = target
+        self._fds: collections.deque[int] = collections.deque()
+        self._cv = threading.Condition()
+        self._stop = False
+        self._thread = threading.Thread(target=self._fill, name=name, daemon=True)
+        self._thread.start()
+
+    def take(self) -> int | None:
+        """A file opened with :attr:`flags`, or None when none is ready."""
+        try:
+            fd = self._fds.popleft()
+        except IndexError:
+            fd = None
+        with self._cv:
+            self._cv.notify()
+        return fd
+
+    @property
+    def ready(self) -> int:
+        """Files made and not yet taken."""
+        return len(self._fds)
+
+    def _fill(self) -> None:
+        made = 0
+        while True:
+            with self._cv:
+                while not self._stop and len(self._fds) >= self._target:
+                    self._cv.wait()
+                if self._stop:
+                    return
+            try:
+                dfd = self._dir_fds[made % len(self._dir_fds)]  # spread over the shards, as writers are
+                fd = os.open(".", _O_TMPFILE | self.flags, 0o644, dir_fd=dfd)
+            except OSError:
+                # read-only, full, or no O_TMPFILE/O_DIRECT here: writers make their own files
+                # (and meet the error themselves); try again later
+                with self._cv:
+                    if not self._stop:
+                        self._cv.wait(1.0)
+                continue
+            made += 1
+            with self._cv:
+                if self._stop:
+                    os.close(fd)
+                    return
+                self._fds.append(fd)
+
+    def close(self) -> None:
+        """Stop the thread and close the files not taken (idempotent)."""
+        with self._cv:
+            self._stop = True
+            self._cv.notify_all()
+        if self._thread is not threading.current_thread():
+            self._thread.join()
+        while self._fds:
+            os.close(self._fds.popleft())
+
+
+def _close_tier_fds(fds: list[int], pools: list[_TmpfilePool]) -> None:
+    for pool in pools:  # first: its thread creates files in the directories below
+        pool.close()
+    _close_all(fds)
 
 
 class _DirectRefused(Exception):
@@ -200,6 +280,15 @@ class FsTier(BlockingChunkTier):
             threads, hence the threshold. Any failure on
             the ring path is retried once on a thread by the blocking code, which owns the
             error handling (ENOSPC eviction, O_DIRECT refusal, error kinds).
+        tmpfile_pool: how many unnamed ``O_TMPFILE`` files a background thread keeps made
+            ahead of need for the thread engine, so that a chunk's write does not wait for
+            its file's creation. None (default): 8 when ``max_inflight <= 2``, else none;
+            0: none. Each costs an open descriptor and an empty inode until used; a crash
+            leaves nothing behind. Chunks that find the pool empty make their own
+            (``stats().extra["tmpfile_pool_empty"]``). Measured on the bench disk (O_DIRECT,
+            interleaved runs): offloads at depth 1 went 1.2-1.5x faster at 256 KiB and
+            1.25-1.3x at 2 MiB; at depths 4 and 16 no gain (several writers already overlap
+            one another's creates, and one thread could not keep 16 supplied).
         **kwargs: the common knobs (``max_inflight``, ``capacity_bytes``, ``durability`` in
             ``"none"``/``"fsync"``, ``verify``, ...), see :class:`asynctier.ChunkTier`.
     """
@@ -220,9 +309,15 @@ class FsTier(BlockingChunkTier):
         lru_times: bool = True,
         stale_tmp_s: float = 3600.0,
         io_engine: Literal["auto", "threads", "io_uring"] = "auto",
+        tmpfile_pool: int | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        if tmpfile_pool is not None and (
+            isinstance(tmpfile_pool, bool) or not isinstance(tmpfile_pool, int) or tmpfile_pool < 0
+        ):
+            raise TierConfigError(f"tmpfile_pool must be an int >= 0 or None; got {tmpfile_pool!r}")
+        self.tmpfile_pool = tmpfile_pool
         if io_engine not in ("auto", "threads", "io_uring"):
             raise TierConfigError(f"io_engine must be 'auto', 'threads' or 'io_uring'; got {io_engine!r}")
         if io_engine == "io_uring" and publish == "tmpfile":
@@ -256,7 +351,8 @@ class FsTier(BlockingChunkTier):
         self.index: LRUIndex = LRUIndex(self.capacity_bytes)
         # set by open_medium
         self._shard_fds: list[int] = []
-        self._fd_finalizer: weakref.finalize[[list[int]], FsTier] | None = None
+        self._fd_finalizer: weakref.finalize[[list[int], list[_TmpfilePool]], FsTier] | None = None
+        self._pool: _TmpfilePool | None = None
         self._use_direct = False
         self._use_tmpfile = False
         self._block = HEADER_BLOCK
@@ -338,14 +434,22 @@ class FsTier(BlockingChunkTier):
                 os.close(fd)
             raise
         self._shard_fds = fds
-        # a tier dropped without aclose() must not leak its directory descriptors
-        self._fd_finalizer = weakref.finalize(self, _close_all, fds)
+        pools: list[_TmpfilePool] = []
+        # a tier dropped without aclose() must not leak its descriptors or its pool's thread
+        self._fd_finalizer = weakref.finalize(self, _close_tier_fds, fds, pools)
         try:
             # the alignment O_DIRECT needs; at most the header block (a larger f_bsize, as on
             # Lustre, is a preference; a real refusal switches O_DIRECT off, see _direct_refused)
             self._block = min(max(512, logical_block_size(self.dir)), HEADER_BLOCK)
             self._probe()
             self._start_scan()
+            target = self.tmpfile_pool
+            if target is None:  # measured: a gain where one writer waits alone, none from depth 4
+                target = 8 if (self.max_inflight or 1) <= _POOL_MAX_DEPTH else 0
+            if target and self._use_tmpfile and not self._ring_mode:  # the ring publishes by rename
+                flags = os.O_WRONLY | (O_DIRECT if self._use_direct else 0)
+                self._pool = _TmpfilePool(fds, flags, target, f"asynctier-fs-tmpfiles-{self.dir.name[:8]}")
+                pools.append(self._pool)
         except BaseException:
             self._close_fds()
             raise
@@ -402,6 +506,12 @@ class FsTier(BlockingChunkTier):
 
         Turns O_TMPFILE or O_DIRECT off for good when the file system refuses them.
         """
+        pool = self._pool
+        if pool is not None and self._use_tmpfile and flags == pool.flags:
+            fd = pool.take()
+            if fd is not None:
+                return fd, None
+            self._stats.incr("tmpfile_pool_empty")
         while True:
             try:
                 if self._use_tmpfile:
@@ -441,6 +551,7 @@ class FsTier(BlockingChunkTier):
 
     def _close_fds(self) -> None:
         self._shard_fds = []
+        self._pool = None
         fin = self._fd_finalizer
         if fin is not None:
             fin()  # closes each descriptor once, whichever comes first: this or garbage collection
