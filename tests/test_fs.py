@@ -289,6 +289,29 @@ async def test_capacity_lru_eviction_keeps_disk_within_bound(tmp_path: Path) -> 
         assert res.ok and [chunk(view, 12 + i) for i in range(4)] == data[8:12]
 
 
+async def test_a_failed_eviction_is_reported_not_taken_for_success(
+    tmp_path: Path, io_engine: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An evicted chunk whose file cannot be unlinked (here: a directory stands in its name,
+    EISDIR) is logged as a failed eviction on both engines; the store that evicted it goes
+    on. (On the ring, an unlink flagged report-only-on-failure failed silently on 6.18.)"""
+    per = HEADER_BLOCK + CHUNK
+    tier, view = make_tier(tmp_path, capacity_bytes=per)
+    fill(view, 22)
+    caplog.set_level(logging.WARNING)
+    async with tier:
+        assert (await tier.offload([b"old"], [0])).ok
+        f = chunk_file(tier, b"old")
+        f.unlink()
+        f.mkdir()
+        (f / "x").write_bytes(b"x")
+        assert (await tier.offload([b"new"], [1])).ok  # evicts "old": its unlink fails
+        assert tier.stats().evictions == 1
+        failed = [r for r in caplog.records if "evicting" in r.getMessage() and "failed" in r.getMessage()]
+        assert len(failed) == 1 and "Is a directory" in failed[0].getMessage(), [r.getMessage() for r in caplog.records]
+        assert await tier.lookup([b"new", b"old"]) == [True, False]
+
+
 async def test_eviction_never_deletes_a_chunk_being_read(tmp_path: Path) -> None:
     per = HEADER_BLOCK + CHUNK
     tier, view = make_tier(tmp_path, capacity_bytes=4 * per, max_inflight=8)
@@ -473,7 +496,8 @@ async def test_files_made_ahead_are_used_and_closed(tmp_path: Path, io_engine: s
         assert res.ok and [chunk(view, 8 + i) for i in range(8)] == data[:8]
         assert sorted(p.name for p in chunk_files(tier)) == sorted(chunk_file(tier, key).name for key in k)
     assert tier._pool is None and not pool._thread.is_alive()
-    assert set(os.listdir("/proc/self/fd")) == fds_before, "pooled files and shard directories are closed"
+    # (fds other tests leaked may be closed by the garbage collector meanwhile: only new ones count)
+    assert not set(os.listdir("/proc/self/fd")) - fds_before, "pooled files and shard directories are closed"
     tier, _ = make_tier(tmp_path, max_inflight=16)  # several writers overlap their creates: no pool
     async with tier:
         assert tier._pool is None
