@@ -151,6 +151,7 @@ class _TmpfilePool:
 
     def _fill(self) -> None:
         made = 0
+        backoff = 0.0
         while True:
             with self._cv:
                 while not self._stop and len(self._fds) >= self._target:
@@ -162,11 +163,15 @@ class _TmpfilePool:
                 fd = os.open(".", _O_TMPFILE | self.flags, 0o644, dir_fd=dfd)
             except OSError:
                 # read-only, full, or no O_TMPFILE/O_DIRECT here: writers make their own files
-                # (and meet the error themselves); try again later
+                # (and meet the error themselves); try again later, less often while it lasts
+                # (takes notify the condition: the deadline, not a wake-up, ends the wait)
+                backoff = min(30.0, max(1.0, 2 * backoff))
+                until = time.monotonic() + backoff
                 with self._cv:
-                    if not self._stop:
-                        self._cv.wait(1.0)
+                    while not self._stop and (left := until - time.monotonic()) > 0:
+                        self._cv.wait(left)
                 continue
+            backoff = 0.0
             made += 1
             with self._cv:
                 if self._stop:
