@@ -276,15 +276,16 @@ class FsTier(BlockingChunkTier):
             still use threads). ``"auto"``: io_uring where a ring can be set up (Linux
             x86-64) and ``max_inflight >= 8`` unless ``publish="tmpfile"``, threads
             otherwise (the default). Measured on the 2-core bench machine: at depth 16 the
-            ring keeps the event loop's p99 lag at 2.3-3.6 ms during a streaming offload
-            where 16 worker threads let it reach 5-25 ms (``bench/results/loop_lag.md``);
-            throughput was within 4-8% of the threads' in ``bench/results/fs.md`` (writes
-            slightly lower, reads mixed) but 10-40% lower at 256 KiB in that streaming
-            bench, which evicts as it goes (its kernel workers are capped at one per CPU,
-            see :class:`asynctier.ioring.LoopRing`); at depths 1 and 4 it was slower than
-            threads, hence the threshold. Any failure on
-            the ring path is retried once on a thread by the blocking code, which owns the
-            error handling (ENOSPC eviction, O_DIRECT refusal, error kinds).
+            ring keeps the event loop's p99 lag at 2.0-3.6 ms during a streaming offload
+            where 16 worker threads let it reach 5-25 ms (``bench/results/loop_lag.md``).
+            It pays in write throughput, as its kernel workers are capped at one per CPU
+            (see :class:`asynctier.ioring.LoopRing`): in two ``bench_fs.py`` runs its
+            256 KiB writes were 0.50x and 0.49x of fio against 0.52x and 0.58x for threads
+            (2 MiB: 0.61x/0.71x vs 0.65x/0.69x; reads mixed), and 10-40% lower at 256 KiB
+            in the streaming lag bench, which evicts as it goes. At depths 1 and 4 it was
+            slower than threads, hence the threshold. Any failure on the ring path is
+            retried once on a thread by the blocking code, which owns the error handling
+            (ENOSPC eviction, O_DIRECT refusal, error kinds).
         tmpfile_pool: how many unnamed ``O_TMPFILE`` files a background thread keeps made
             ahead of need for the thread engine, so that a chunk's write does not wait for
             its file's creation. None (default): 8 when ``max_inflight <= 2``, else none;
