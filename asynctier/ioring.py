@@ -488,7 +488,8 @@ class LoopRing:
             # The kernel's io-wq workers run what cannot complete inline (opens, renames,
             # writes that allocate) and compete with this thread for the CPUs: on 2 cores, 16
             # of them doing ext4 metadata work held the loop's p99 lag at 10-24 ms, 2 at
-            # 1.3-6 ms for the same throughput (bench/results/loop_lag.md). The price: ext4
+            # 1.3-6 ms for the same throughput (bench_loop_lag.py runs, bench/README.md;
+            # 3 or 4 workers: 7-17 ms). The price: ext4
             # makes an O_DIRECT write that extends its file wait in its worker, so at most one
             # such write per CPU is in flight. (Sizing files with fallocate first freed the
             # workers but cost throughput and lag on the bench disk.)
