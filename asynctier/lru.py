@@ -43,6 +43,10 @@ class LRUIndex:
         e = self._entries.get(key)  # type: ignore[call-overload]
         return e is not None and e.committed
 
+    def has_entry(self, key: bytes) -> bool:
+        """Whether ``key`` has an entry at all: committed, or reserved by a write in progress."""
+        return key in self._entries
+
     def __len__(self) -> int:
         """Number of committed (visible) entries."""
         return self._committed

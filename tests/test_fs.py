@@ -799,3 +799,130 @@ async def test_dropped_without_aclose_releases_directory_descriptors(tmp_path: P
             break
         await asyncio.sleep(0.01)
     assert open_fds() == 0
+
+
+# -- recycling evicted files ----------------------------------------------------------------
+def spares(tier: FsTier) -> list[Path]:
+    return list(tier.dir.glob("??/.tmp~*"))
+
+
+async def test_evicted_files_are_recycled_in_place(tmp_path: Path, io_engine: str) -> None:
+    """At capacity each store overwrites the file of the chunk it evicts and renames it into
+    place: the same inodes carry the new chunks, loads are exact (also after a restart), and
+    nothing is left under a temporary name."""
+    per = HEADER_BLOCK + CHUNK
+    aligned = aligned_buffer(CHUNK * NCHUNKS)  # O_DIRECT where the file system has it
+    tier, view = make_tier(tmp_path, aligned, capacity_bytes=4 * per, max_inflight=4)
+    data = fill(view, 31)
+    async with tier:
+        assert (await tier.offload(keys(4, "a"), [0, 1, 2, 3])).ok
+        inodes = {p.stat().st_ino for p in chunk_files(tier)}
+        assert (await tier.offload(keys(4, "b"), [4, 5, 6, 7])).ok
+        st = tier.stats()
+        assert st.extra.get("recycled") == 4 and st.evictions == 4, st.extra
+        assert "direct_io_fallbacks" not in st.extra
+        assert {p.stat().st_ino for p in chunk_files(tier)} == inodes
+        assert sorted(p.name for p in chunk_files(tier)) == sorted(key_token(k) for k in keys(4, "b"))
+        assert spares(tier) == []
+        assert await tier.lookup(keys(4, "a") + keys(4, "b")) == [False] * 4 + [True] * 4
+        res = await tier.load(keys(4, "b"), [8, 9, 10, 11])
+        assert res.ok and [chunk(view, 8 + i) for i in range(4)] == data[4:8]
+    again, view2 = make_tier(tmp_path, capacity_bytes=4 * per)
+    async with again:
+        res = await again.load(keys(4, "b"), [0, 1, 2, 3])
+        assert res.ok and [chunk(view2, i) for i in range(4)] == data[4:8]
+
+
+async def test_no_recycling_while_another_tier_has_the_namespace_open(tmp_path: Path, io_engine: str) -> None:
+    """Another tier on the same root (here in this process) might be reading an evicted file:
+    while it is open, evicted files are deleted, not overwritten; once it closes, recycled."""
+    per = HEADER_BLOCK + CHUNK
+    tier, view = make_tier(tmp_path, capacity_bytes=4 * per, max_inflight=4)
+    data = fill(view, 32)
+    other, _ = make_tier(tmp_path, io_engine="threads")
+    async with tier:
+        assert (await tier.offload(keys(4, "a"), [0, 1, 2, 3])).ok
+        async with other:
+            before = {p.stat().st_ino for p in chunk_files(tier)}
+            held = [os.open(p, os.O_RDONLY) for p in chunk_files(tier)]  # as a reader would
+            try:
+                assert (await tier.offload(keys(4, "b"), [4, 5, 6, 7])).ok
+                st = tier.stats()
+                assert "recycled" not in st.extra and st.extra.get("recycle_refused") == 4, st.extra
+                assert spares(tier) == []
+                got = [os.pread(fd, CHUNK, HEADER_BLOCK) for fd in held]
+                assert sorted(got) == sorted(data[:4])  # the evicted files were left whole
+            finally:
+                for fd in held:
+                    os.close(fd)
+            assert not before & {p.stat().st_ino for p in chunk_files(tier)}
+        assert (await tier.offload(keys(4, "c"), [0, 1, 2, 3])).ok
+        assert tier.stats().extra.get("recycled") == 4
+        res = await tier.load(keys(4, "c"), [8, 9, 10, 11])
+        assert res.ok and [chunk(view, 8 + i) for i in range(4)] == data[:4]
+
+
+async def test_no_recycling_while_another_process_has_the_namespace_open(tmp_path: Path) -> None:
+    """The same across processes: a second process with the root open (its tier holds the
+    namespace's lock) stops this one from overwriting the files it evicts."""
+    per = HEADER_BLOCK + CHUNK
+    root = tmp_path / "kv"
+    code = f"""
+        import asyncio, sys
+        from asynctier import OffloadingSpec, SecondaryTierFactory
+
+        async def main():
+            spec = OffloadingSpec({CHUNK}, {NCHUNKS}, namespace="test/fs")
+            tier = SecondaryTierFactory.create_secondary_tier(
+                {{"type": "fs", "root": {str(root)!r}}}, memoryview(bytearray(spec.total_bytes)), spec)
+            async with tier:
+                print("open", flush=True)
+                await asyncio.to_thread(sys.stdin.read)  # until the test closes our stdin
+
+        asyncio.run(main())
+    """
+    tier, view = make_tier(root, capacity_bytes=2 * per, max_inflight=2)
+    data = fill(view, 33)
+    async with tier:
+        assert (await tier.offload(keys(2, "a"), [0, 1])).ok
+        child = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-c",
+            textwrap.dedent(code),
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            env={**os.environ, "PYTHONPATH": str(REPO)},
+            cwd=REPO,
+        )
+        assert child.stdin is not None and child.stdout is not None
+        try:
+            assert (await asyncio.wait_for(child.stdout.readline(), 30)).strip() == b"open"
+            assert (await tier.offload(keys(2, "b"), [2, 3])).ok
+            st = tier.stats()
+            assert "recycled" not in st.extra and st.extra.get("recycle_refused") == 2, st.extra
+        finally:
+            child.stdin.close()
+            assert await asyncio.wait_for(child.wait(), 30) == 0
+        assert (await tier.offload(keys(2, "c"), [4, 5])).ok
+        assert tier.stats().extra.get("recycled") == 2
+        res = await tier.load(keys(2, "c"), [6, 7])
+        assert res.ok and [chunk(view, 6), chunk(view, 7)] == data[4:6]
+
+
+async def test_recycle_config(tmp_path: Path) -> None:
+    """``recycle``: "auto" needs verify=True (a crash mid-overwrite leaves a file only the
+    checksum can tell from a good one); True recycles regardless; False never; bad values say
+    what is accepted."""
+    per = HEADER_BLOCK + CHUNK
+    for i, (conf, expect) in enumerate(
+        [({}, 2), ({"verify": False}, 0), ({"verify": False, "recycle": True}, 2), ({"recycle": False}, 0)]
+    ):
+        tier, view = make_tier(tmp_path / str(i), capacity_bytes=2 * per, **conf)
+        fill(view, 34)
+        async with tier:
+            assert (await tier.offload(keys(2, "a"), [0, 1])).ok
+            assert (await tier.offload(keys(2, "b"), [2, 3])).ok
+            assert tier.stats().extra.get("recycled", 0) == expect, conf
+            assert len(chunk_files(tier)) == 2 and spares(tier) == []
+    with pytest.raises(TierConfigError, match=r"recycle must be 'auto', True or False; got 'yes'"):
+        make_tier(tmp_path, recycle="yes")

@@ -62,11 +62,13 @@ import base64
 import binascii
 import collections
 import errno
+import fcntl
 import itertools
 import logging
 import os
 import re
 import stat
+import struct
 import threading
 import time
 import weakref
@@ -97,6 +99,12 @@ _O_DIRECTORY: int = getattr(os, "O_DIRECTORY", 0)
 _TMP_PREFIX = ".tmp~"
 _MAX_PENDING_TOUCHES = 1 << 16  # touched keys remembered for stamping at close (beyond: approximate)
 _NOSPACE = (errno.ENOSPC, errno.EDQUOT)
+_OWNERS = ".owners"  # every open tier holds a shared lock on it (see FsTier._alone)
+_F_OFD_SETLK: int | None = getattr(fcntl, "F_OFD_SETLK", None)
+_F_OFD_GETLK: int | None = getattr(fcntl, "F_OFD_GETLK", None)
+_FLOCK = "=hh4xqqi4x"  # struct flock on 64-bit Linux: type, whence, start, len, pid
+_HOLD = struct.pack(_FLOCK, fcntl.F_RDLCK, os.SEEK_SET, 0, 1, 0)
+_ANYONE_ELSE = struct.pack(_FLOCK, fcntl.F_WRLCK, os.SEEK_SET, 0, 1, 0)
 _HASHED_TOKEN = re.compile(r"h[0-9a-f]{64}")
 _SAFE_HOST = re.compile(r"[^A-Za-z0-9.-]")
 _instance_seq = itertools.count()
@@ -316,9 +324,13 @@ class FsTier(BlockingChunkTier):
         stale_tmp_s: float = 3600.0,
         io_engine: Literal["auto", "threads", "io_uring"] = "auto",
         tmpfile_pool: int | None = None,
+        recycle: bool | Literal["auto"] = "auto",
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        if recycle not in ("auto", True, False):
+            raise TierConfigError(f"recycle must be 'auto', True or False; got {recycle!r}")
+        self.recycle = recycle
         if tmpfile_pool is not None and (
             isinstance(tmpfile_pool, bool) or not isinstance(tmpfile_pool, int) or tmpfile_pool < 0
         ):
@@ -379,6 +391,8 @@ class FsTier(BlockingChunkTier):
         self._lring: ioring.LoopRing | None = None
         self._ring_hb: memoryview | None = None
         self._hb_addr = self._view_addr = 0
+        self._lock_fd = -1
+        self._recycle_on = False
 
     # -- capacity ---------------------------------------------------------------------------
     def stored_size(self) -> int:
@@ -398,13 +412,15 @@ class FsTier(BlockingChunkTier):
             self._tls.hlen = 0
         return hb
 
-    def _direct_for(self, view: memoryview, address: int | None = None) -> bool:
-        """O_DIRECT for this transfer? Counts (and logs once) the fallbacks."""
+    def _direct_for(self, view: memoryview, address: int | None = None, *, count: bool = True) -> bool:
+        """O_DIRECT for this transfer? Counts (and logs once) the fallbacks unless ``count`` is False."""
         if not self._use_direct:
             return False
         blk = self._block
         if view.nbytes % blk == 0 and (buffer_address(view) if address is None else address) % blk == 0:
             return True
+        if not count:
+            return False
         self._stats.incr("direct_io_fallbacks")
         if not self._fallback_logged:
             self._fallback_logged = True
@@ -440,9 +456,12 @@ class FsTier(BlockingChunkTier):
                 os.close(fd)
             raise
         self._shard_fds = fds
+        self._lock_fd = self._hold_namespace()
+        self._recycle_on = self._lock_fd >= 0 and (self.recycle is True or (self.recycle == "auto" and self.verify))
         pools: list[_TmpfilePool] = []
         # a tier dropped without aclose() must not leak its descriptors or its pool's thread
-        self._fd_finalizer = weakref.finalize(self, _close_tier_fds, fds, pools)
+        owned = fds if self._lock_fd < 0 else [*fds, self._lock_fd]
+        self._fd_finalizer = weakref.finalize(self, _close_tier_fds, owned, pools)
         try:
             # the alignment O_DIRECT needs; at most the header block (a larger f_bsize, as on
             # Lustre, is a preference; a real refusal switches O_DIRECT off, see _direct_refused)
@@ -459,6 +478,45 @@ class FsTier(BlockingChunkTier):
         except BaseException:
             self._close_fds()
             raise
+
+    def _hold_namespace(self) -> int:
+        """Hold a shared lock on the namespace's ``.owners`` file for as long as the tier is
+        open; returns its descriptor, or -1 where no such lock can be held (then this tier
+        does not recycle, see :meth:`_alone`). Open file description locks: each tier's is
+        its own, also within one process, and closing another descriptor does not drop it."""
+        if _F_OFD_SETLK is None or struct.calcsize("P") != 8:
+            return -1
+        path = self.dir / _OWNERS
+        fd = -1
+        for flags in (os.O_RDWR | os.O_CREAT, os.O_RDONLY):  # a read-only root: if it exists
+            try:
+                fd = os.open(path, flags | os.O_CLOEXEC, 0o644)
+                break
+            except OSError:
+                continue
+        if fd < 0:
+            return -1
+        try:
+            fcntl.fcntl(fd, _F_OFD_SETLK, _HOLD)
+        except OSError as e:  # no locks here (some network file systems)
+            log.info("fs tier %s: cannot lock %s (%r); evicted files are deleted, not recycled", self.dir, path, e)
+            os.close(fd)
+            return -1
+        return fd
+
+    def _alone(self) -> bool:
+        """Whether no other open tier, in this process or another, holds this namespace.
+
+        Every tier locks ``.owners`` at ``open()`` before it looks up any chunk. So if no one
+        else holds it *after* an evicted file was renamed away from its name, no one else can
+        have that file open, nor open it later: it may be overwritten in place.
+        """
+        assert _F_OFD_GETLK is not None
+        try:
+            got = fcntl.fcntl(self._lock_fd, _F_OFD_GETLK, _ANYONE_ELSE)
+        except OSError:
+            return False
+        return bool(struct.unpack(_FLOCK, got)[0] == fcntl.F_UNLCK)
 
     def _write_layout_note(self) -> None:
         spec = self.offloading_spec
@@ -557,6 +615,8 @@ class FsTier(BlockingChunkTier):
 
     def _close_fds(self) -> None:
         self._shard_fds = []
+        self._lock_fd = -1
+        self._recycle_on = False
         self._pool = None
         fin = self._fd_finalizer
         if fin is not None:
@@ -775,9 +835,51 @@ class FsTier(BlockingChunkTier):
     async def _ring_store_job(self, key: bytes, cid: int, t0: float) -> None:
         await self._async_store(key, t0, lambda victims: self._ring_write(key, cid, victims))
 
+    async def _ring_spare_from(self, victim: bytes, slot: int, flags: int) -> tuple[tuple[int, bytes] | None, bool]:
+        """:meth:`_spare_from` on the ring: one chain opens the victim's file into ``slot`` and
+        renames it away; then decide. Returns (the spare, open in ``slot``; or None with the
+        slot closed) and whether the victim is still to be evicted by unlink (it could not be
+        opened: not a regular file, say)."""
+        lring = self._lring
+        assert lring is not None
+        self._note_gone(victim)
+        vfd, vname = self._name(victim)
+        spare = f"{self._tmp_tag}{next(self._tmp_seq)}".encode()
+        bvname = vname.encode()
+
+        def prep(ring: ioring.Ring, ud: int) -> list[Any]:
+            return [
+                ring.prep_openat(ud, vfd, bvname, flags, slot=slot, sqe_flags=ioring.IOSQE_IO_LINK),
+                ring.prep_renameat(ud + 1, vfd, bvname, vfd, spare),
+            ]
+
+        r_open, r_rename = await lring.run(2, prep)
+        if r_open is not None and r_open < 0:
+            if r_open == -errno.ENOENT:
+                self._evicted(victim, None)
+                return None, False
+            return None, True
+        if r_rename == 0:
+            self._evicted(victim, None)
+            if self._may_recycle(victim):
+                return (vfd, spare), False
+
+            def drop(ring: ioring.Ring, ud: int) -> Any:
+                ring.prep_close(ud, slot=slot, sqe_flags=ioring.IOSQE_IO_HARDLINK)
+                return ring.prep_unlinkat(ud + 1, vfd, spare)
+
+            await lring.run(2, drop)
+            return None, False
+        r = r_rename or 0
+        self._evicted(victim, None if r == -errno.ENOENT else OSError(-r, os.strerror(-r)))
+        await lring.run(1, lambda ring, ud: ring.prep_close(ud, slot=slot))
+        return None, False
+
     async def _ring_write(self, key: bytes, cid: int, victims: list[bytes]) -> None:
         """Evict ``victims``, then write ``key`` as one chain: unlink.. open, writev, [fdatasync],
-        renameat, [fsync dir], close. Anything short of success goes to the blocking path."""
+        renameat, [fsync dir], close. Where the first victim's file may be recycled, a chain
+        before opens it and renames it away, and this one overwrites it instead of making a
+        new file. Anything short of success goes to the blocking path."""
         lring = self._lring
         assert lring is not None
         if len(victims) > 4:  # a chain holds 16 entries; a burst of evictions goes to a thread
@@ -793,19 +895,28 @@ class FsTier(BlockingChunkTier):
         dfd, name = self._name(key)
         direct = self._direct_for(data, addr)
         sync = self.durability == "fsync"
+        wflags = os.O_WRONLY | (O_DIRECT if direct else 0)
         slot = lring.take_slot()
+        spare: tuple[int, bytes] | None = None
         try:
+            if victims and self._recycle_on:
+                spare, unlink_it = await self._ring_spare_from(victims[0], slot, wflags)
+                if not unlink_it:
+                    victims = victims[1:]
             hb = self._slot_hb(slot)
             packed = ChunkHeader(key, data.nbytes, checksum(data), self.offloading_spec.layout_digest).pack()
             hb[: len(packed)] = packed  # ~100 bytes of header, not chunk data
             hb[len(packed) :] = _ZEROS[len(packed) :]
-            tmp = f"{self._tmp_tag}{next(self._tmp_seq)}".encode()
+            if spare is None:
+                src_fd, src = dfd, f"{self._tmp_tag}{next(self._tmp_seq)}".encode()
+            else:  # open in the slot already, and of this size: overwritten, not extended
+                src_fd, src = spare
             bname = name.encode()
             iov = lring.ring.iovec_at([(self._hb_addr + slot * HEADER_BLOCK, HEADER_BLOCK), (addr, data.nbytes)], data)
             vnames = [self._name(v) for v in victims]
             for v in victims:
                 self._note_gone(v)
-            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | (O_DIRECT if direct else 0)
+            oflags = wflags | os.O_CREAT | os.O_EXCL
             LINK, FIXED = ioring.IOSQE_IO_LINK, ioring.IOSQE_FIXED_FILE
             # Open, write and rename report only a failure (no wake-up per step), and such a
             # failure ends the chain; the close ends it otherwise, so a slot is never reused
@@ -814,10 +925,10 @@ class FsTier(BlockingChunkTier):
             # so a skipped one would fail unseen.
             SKIP = ioring.IOSQE_CQE_SKIP_SUCCESS
             nv = len(victims)
-            at = {"open": nv}
-            nxt = nv + 1
-            for stage, wanted in (("write", True), ("datasync", sync), ("rename", True), ("dirsync", sync),
-                                  ("close", True)):  # fmt: skip
+            at: dict[str, int] = {}
+            nxt = nv
+            for stage, wanted in (("open", spare is None), ("write", True), ("datasync", sync), ("rename", True),
+                                  ("dirsync", sync), ("close", True)):  # fmt: skip
                 if wanted:
                     at[stage] = nxt
                     nxt += 1
@@ -827,21 +938,25 @@ class FsTier(BlockingChunkTier):
                 keep = []
                 for i, (vfd, vname) in enumerate(vnames):  # a failed unlink does not stop the write
                     keep.append(ring.prep_unlinkat(ud + i, vfd, vname.encode(), sqe_flags=ioring.IOSQE_IO_HARDLINK))
-                keep.append(ring.prep_openat(ud + nv, dfd, tmp, flags, 0o644, slot=slot, sqe_flags=LINK | SKIP))
+                if spare is None:
+                    keep.append(
+                        ring.prep_openat(ud + at["open"], dfd, src, oflags, 0o644, slot=slot, sqe_flags=LINK | SKIP)
+                    )
                 ring.prep_rw(ud + at["write"], True, slot, iov, 0, sqe_flags=LINK | FIXED | SKIP)
                 if sync:
                     ring.prep_fsync(ud + at["datasync"], slot, datasync=True, sqe_flags=LINK | FIXED)
-                keep.append(ring.prep_renameat(ud + at["rename"], dfd, tmp, dfd, bname, sqe_flags=LINK | SKIP))
+                keep.append(ring.prep_renameat(ud + at["rename"], src_fd, src, dfd, bname, sqe_flags=LINK | SKIP))
                 if sync:
                     ring.prep_fsync(ud + at["dirsync"], dfd, datasync=False, sqe_flags=LINK)
                 ring.prep_close(ud + at["close"], slot=slot)
                 return keep
 
-            ends = (at["open"], at["write"], at["rename"])
+            ends = tuple(at[stage] for stage in ("open", "write", "rename") if stage in at)
             res = await lring.run(n, prep, keep=(iov, data), ends_on_report=ends)
             for v, r in zip(victims, res[:nv]):
                 self._evicted(v, None if r in (None, 0, -errno.ENOENT) else OSError(-r, os.strerror(-r)))
-            r_open, r_write, r_rename = res[at["open"]], res[at["write"]], res[at["rename"]]
+            r_open = res[at["open"]] if "open" in at else None
+            r_write, r_rename = res[at["write"]], res[at["rename"]]
             r_sync = [res[at["datasync"]], res[at["dirsync"]]] if sync else []
             opened = r_open is None or r_open >= 0
             if res[-1] != 0 and opened:  # the chain broke before its close: close the slot now
@@ -855,6 +970,8 @@ class FsTier(BlockingChunkTier):
         finally:
             lring.put_slot(slot)
         if ok:
+            if spare is not None:
+                self._stats.incr("recycled")
             return
         # the blocking path sorts it out: removes our temporary file, then writes (ENOSPC
         # eviction, O_DIRECT refusal and the error to report all live there)
@@ -866,7 +983,10 @@ class FsTier(BlockingChunkTier):
         def retry() -> None:
             if opened:
                 try:
-                    os.unlink(name if published else tmp, dir_fd=dfd)
+                    if published:
+                        os.unlink(name, dir_fd=dfd)
+                    else:
+                        os.unlink(src, dir_fd=src_fd)
                 except FileNotFoundError:
                     pass
             self.write_chunk(key, data)
@@ -918,6 +1038,123 @@ class FsTier(BlockingChunkTier):
         self._stats.incr("io_uring_retries")
         await asyncio.to_thread(self.read_chunk, key, out)  # errors and O_DIRECT refusal live there
 
+    # -- recycling evicted files -------------------------------------------------------------
+    def _store_job(self, key: bytes, cid: int, t0: float) -> None:
+        """Evict, then write: into the first victim's file where it may be recycled."""
+        if not self._recycle_on:
+            super()._store_job(key, cid, t0)
+            return
+        victims = self._reserve_store(key, t0)
+        if victims is None:
+            return
+        try:
+            data = self._chunk(cid)
+            spare = None
+            if victims:
+                direct = self._direct_for(data, count=False)  # counted by the write
+                spare = self._spare_from(victims[0], os.O_WRONLY | (O_DIRECT if direct else 0))
+            for v in victims[1:]:
+                self._evict(v)
+            if spare is None:
+                self.write_chunk(key, data)
+            else:
+                self._write_recycled(key, data, *spare)
+        except BaseException as e:
+            self._end_store(key, t0, e)
+            raise
+        self._end_store(key, t0, None)
+
+    def _spare_from(self, victim: bytes, flags: int) -> tuple[int, int, str] | None:
+        """Evict ``victim``: open its file (``flags``), rename it to a private temporary name;
+        return (descriptor, shard descriptor, name) if it may be overwritten in place. Else
+        None, and the victim is gone: deleted, as an eviction by unlink would."""
+        vfd, vname = self._name(victim)
+        try:
+            fd = os.open(vname, flags, dir_fd=vfd)
+        except OSError:
+            self._evict(victim)  # not a file we can write (or gone): the ordinary eviction
+            return None
+        self._note_gone(victim)
+        spare = f"{self._tmp_tag}{next(self._tmp_seq)}"
+        try:
+            os.rename(vname, spare, src_dir_fd=vfd, dst_dir_fd=vfd)
+        except OSError as e:
+            os.close(fd)
+            self._evicted(victim, e)
+            return None
+        self._evicted(victim, None)
+        if self._may_recycle(victim):
+            return fd, vfd, spare
+        os.close(fd)
+        try:
+            os.unlink(spare, dir_fd=vfd)
+        except OSError as e:
+            log.debug("fs tier: cannot remove %s: %r", spare, e)
+        return None
+
+    def _may_recycle(self, victim: bytes) -> bool:
+        """After the victim's file left its name: may it be overwritten in place?
+
+        Not if a new copy of the same key was stored meanwhile (its writer may have found this
+        file under the name and published it: a reader of the new copy may hold it), nor if
+        another tier has the namespace open (it may be reading it).
+        """
+        if self.index.has_entry(victim) or not self._alone():
+            self._stats.incr("recycle_refused")
+            return False
+        return True
+
+    def _write_recycled(self, key: bytes, data: memoryview, fd: int, vfd: int, spare: str) -> None:
+        """Overwrite the evicted file ``spare`` (open as ``fd``) with ``key``'s chunk, then
+        rename it into place.
+
+        Its blocks are written already: no inode to make, nothing to allocate, nothing to free
+        (and, with ``discard``, nothing to trim), so on ext4 this ran at 0.98x of fio where a
+        new file per chunk plus an unlink ran at 0.42x (bench/README.md). Any failure drops
+        the spare and takes the ordinary path, which owns the error handling.
+        """
+        dfd, name = self._name(key)
+        self._direct_for(data)  # counts a fallback (the spare was opened for this transfer)
+        try:
+            try:
+                hb = self._fill_header(key, data)
+                _all_io(os.pwritev, fd, [hb, data], 0)  # the file has this size already
+                if self.durability == "fsync":
+                    os.fdatasync(fd)
+            finally:
+                os.close(fd)
+            os.rename(spare, name, src_dir_fd=vfd, dst_dir_fd=dfd)
+        except BaseException as e:
+            try:
+                os.unlink(spare, dir_fd=vfd)
+            except OSError:
+                pass
+            if not isinstance(e, OSError):
+                raise
+            self._stats.incr("recycle_retries")
+            self.write_chunk(key, data)
+            return
+        if self.durability == "fsync":
+            os.fsync(dfd)
+        self._stats.incr("recycled")
+
+    def _verify_job(self, key: bytes, remove_bad: int, t0: float) -> None:
+        if self._recycle_on:
+            # pinned like a load: an evicted file may be overwritten in place. Unindexed, it
+            # is either being recycled right now or not ours (no other tier is open here)
+            try:
+                self._begin_load(key)
+            except ChunkNotFoundError as e:
+                self._end_verify(key, e, bool(remove_bad))
+                raise
+        elif not self.index.pin(key):
+            super()._verify_job(key, remove_bad, t0)  # another process's file is verified too
+            return
+        try:
+            super()._verify_job(key, remove_bad, t0)
+        finally:
+            self.index.unpin(key, touch=False)
+
     # -- the primitives ----------------------------------------------------------------------
     def write_chunk(self, key: bytes, data: memoryview) -> None:
         """Header + payload to an unnamed file in one pwritev, then link it in (atomic)."""
@@ -940,8 +1177,8 @@ class FsTier(BlockingChunkTier):
                 self._evict(v)
             self._write_once(key, data)
 
-    def _write_once(self, key: bytes, data: memoryview) -> None:
-        dfd, name = self._name(key)
+    def _fill_header(self, key: bytes, data: memoryview) -> memoryview:
+        """This thread's header block, holding the header of ``data`` stored under ``key``."""
         hb = self._header_buf()
         packed = ChunkHeader(key, data.nbytes, checksum(data), self.offloading_spec.layout_digest).pack()
         n = len(packed)
@@ -950,6 +1187,11 @@ class FsTier(BlockingChunkTier):
         if prev > n:
             hb[n:prev] = bytes(prev - n)
         self._tls.hlen = n
+        return hb
+
+    def _write_once(self, key: bytes, data: memoryview) -> None:
+        dfd, name = self._name(key)
+        hb = self._fill_header(key, data)
         flags = os.O_WRONLY | (O_DIRECT if self._direct_for(data) else 0)
         sync = self.durability == "fsync"
         fd, tmp = self._open_new(dfd, flags)
