@@ -120,6 +120,37 @@ async def tier_point(
     return wbps, rbps, extra
 
 
+async def full_point(
+    root: Path, view: memoryview, chunk: int, n: int, depth: int, config: dict[str, Any]
+) -> tuple[float, dict[str, Any]]:
+    """Offload into a full tier: ``n`` chunks stored first (not timed, as fio lays out its
+    file before it times), then ``n`` new ones, each evicting one; timed until syncfs
+    returns. Returns (write B/s, stats extra)."""
+    spec = OffloadingSpec(chunk, 2 * n, namespace=f"bench/{chunk}")
+    cfg = {"type": "fs", "root": str(root), "max_inflight": depth, **config}
+    tier = SecondaryTierFactory.create_secondary_tier(cfg, view, spec)
+    tier = SecondaryTierFactory.create_secondary_tier({**cfg, "capacity_bytes": n * tier.stored_size()}, view, spec)
+    async with tier:
+        res = await tier.offload([f"old-{chunk}-{i}".encode() for i in range(n)], list(range(n)))
+        if not res.ok:
+            raise RuntimeError(f"offload failed: {list(res.failed.items())[:2]}")
+        await asyncio.to_thread(benchkit.settle, root)
+        keys = [f"new-{chunk}-{i}".encode() for i in range(n)]
+        t0 = time.perf_counter()
+        res = await tier.offload(keys, list(range(n)))
+        await asyncio.to_thread(syncfs, root)
+        wbps = n * chunk / (time.perf_counter() - t0)
+        if not res.ok:
+            raise RuntimeError(f"offload failed: {list(res.failed.items())[:2]}")
+        if tier.stats().evictions != n:
+            raise RuntimeError(f"expected {n} evictions, got {tier.stats().evictions}")
+        res = await tier.load(keys[-4:], list(range(n, n + 4)))
+        if not res.ok or view[(n - 4) * chunk : n * chunk] != view[n * chunk : (n + 4) * chunk]:
+            raise RuntimeError("a chunk stored into a full tier did not load back exact")
+        extra: dict[str, Any] = dict(tier.stats().extra)
+    return wbps, extra
+
+
 async def naive_point(root: Path, view: memoryview, chunk: int, n: int, depth: int) -> tuple[float, float]:
     """The naive aiofiles loop, synced at the end and read back cold."""
     t0 = time.perf_counter()
@@ -200,6 +231,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 m.setdefault(name, []).append(value)
 
             extra: dict[str, Any] = {}
+            full_extra: dict[str, Any] = {}
             other_engine: str | None = None
             for _ in range(args.repeat):
                 fw, fr = fio_point(fresh(base / "fio"), chunk, depth, total)
@@ -221,6 +253,12 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                         extra = extra_v
                     elif name == "fs other":
                         other_engine = extra_v.get("io_engine")
+                if not args.no_full:
+                    for name, cfg in (("full", {}), ("full recycle=False", {"recycle": False})):
+                        fw, extra_f = await full_point(fresh(base / "tier"), view, chunk, n, depth, cfg)
+                        add(f"{name}_write", fw)
+                        if name == "full":
+                            full_extra = extra_f
                 if not args.no_naive:
                     nw, nr = await naive_point(fresh(base / "naive"), view, chunk, n, depth)
                     add("naive_write", nw)
@@ -230,11 +268,12 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             point["samples"] = m
             point["loadavg_1min"] = os.getloadavg()[0]  # the machine may be shared: say how busy it was
             point["tier_extra"] = extra
+            point["full_extra"] = full_extra
             point["io_engine"] = extra.pop("io_engine", None)
             point["other_io_engine"] = other_engine
             for side in ("write", "read"):
                 refs = m[f"fio_{side}"]
-                for name in [*variants, "naive", "fio files"]:
+                for name in [*variants, "naive", "fio files", "full", "full recycle=False"]:
                     if f"{name}_{side}" in point:
                         # paired: each repeat's figure over the fio figure measured next to it
                         pairs = [v / r for v, r in zip(m[f"{name}_{side}"], refs) if r]
@@ -262,6 +301,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             "tier": "one offload call of all chunks, max_inflight=depth, durability='none', direct_io='auto', "
             "verify=True; timed until syncfs returns; load from a cold page cache",
             "fio": "io_uring, O_DIRECT, sequential, one file, end_fsync=1",
+            "full": "offload into a tier at capacity: as many chunks stored first (not timed), then the "
+            "same number of new ones, each evicting one (recycling its file by default); timed until "
+            "syncfs returns",
             "fio files": "the same, over one file per block (nrfiles, filesize=bs, openfiles=depth): "
             "a reference for what a file-per-chunk layout costs here",
             "naive": "benchkit.naive_aiofiles, sync at the end (syncfs), cold read",
@@ -286,14 +328,17 @@ def markdown(report: dict[str, Any]) -> str:
         f"{report['method']['bytes_per_point'] // MiB} MiB per point.",
         "",
         '`fs` is the default configuration (`io_engine="auto"`; the engine it took is in the '
-        "third column); `other engine` is the other engine, measured beside it.",
+        "third column); `other engine` is the other engine, measured beside it. `full`: offloads "
+        "into a tier at capacity, each new chunk evicting one (the steady state of a cache), with "
+        "evicted files recycled (the default) and with `recycle=False` (new file + unlink).",
         "",
     ]
     for side in ("write", "read"):
+        full_head = " **full x fio** | full, recycle=False x fio |" if side == "write" else ""
         lines += [
             f"| chunk | depth | engine | fs {side} GB/s | fio {side} GB/s | **fs x fio** | other engine x fio "
-            "| fio files x fio | naive x fio | load avg |",
-            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+            f"| fio files x fio | naive x fio |{full_head} load avg |",
+            "| --- " * (10 + (2 if full_head else 0)) + "|",
         ]
         for p in report["points"]:
             other = p.get("fs other_" + side + "_x_fio")
@@ -303,7 +348,12 @@ def markdown(report: dict[str, Any]) -> str:
                 f"| {gb(p['fio_' + side])} | **{x(p['fs_' + side + '_x_fio'])}** "
                 f"| {other_cell} "
                 f"| {x(p.get('fio files_' + side + '_x_fio'))} | {x(p.get('naive_' + side + '_x_fio'))} "
-                f"| {p.get('loadavg_1min', 0):.1f} |"
+                + (
+                    f"| **{x(p.get('full_write_x_fio'))}** | {x(p.get('full recycle=False_write_x_fio'))} "
+                    if full_head
+                    else ""
+                )
+                + f"| {p.get('loadavg_1min', 0):.1f} |"
             )
         lines.append("")
     extra = [p for p in report["points"] if any(k.startswith(("fs publish", "fs lru", "fs buffered")) for k in p)]
@@ -333,6 +383,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--variants", action="store_true", help="also measure publish=rename, lru_times=False, buffered")
     ap.add_argument("--no-naive", action="store_true", help="skip the naive aiofiles loop")
     ap.add_argument("--no-fio-files", action="store_true", help="skip fio over one file per block")
+    ap.add_argument("--no-full", action="store_true", help="skip offloads into a full tier (evicting)")
     ap.add_argument("--loop", choices=("asyncio", "uvloop"), default="asyncio")
     ap.add_argument("--out", default=str(REPO / "bench" / "results"), help="directory for fs.json and fs.md")
     ap.add_argument("--name", default="fs", help="base name of the result files")
