@@ -1131,8 +1131,9 @@ class FsTier(BlockingChunkTier):
         rename it into place.
 
         Its blocks are written already: no inode to make, nothing to allocate, nothing to free
-        (and, with ``discard``, nothing to trim), so on ext4 this ran at 0.98x of fio where a
-        new file per chunk plus an unlink ran at 0.42x (256 KiB, 16 writers; bench/README.md).
+        (and, with ``discard``, nothing to trim): on ext4, offloads into a full tier ran at
+        0.86x of fio with it and 0.25x with a new file plus an unlink per chunk (256 KiB,
+        depth 16; bench/README.md, "fs tier").
         Any failure drops the spare and takes the ordinary path, which owns the error handling.
         """
         dfd, name = self._name(key)
