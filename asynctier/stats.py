@@ -163,6 +163,22 @@ class StatsRecorder:
             if lat is not None:
                 lat.add(latency_s)
 
+    def record_successes(self, op: str, n: int, nbytes: int, latency_s: float, *, skipped: int = 0) -> None:
+        """Count ``n`` chunks of ``nbytes`` each that succeeded together (one batched job, so
+        one latency for all) and ``skipped`` offloads of chunks already stored; one lock."""
+        with self._lock:
+            if op == "offload":
+                self.offloaded += n
+                self.bytes_written += n * nbytes
+                self.skipped += skipped
+            elif op == "load":
+                self.loaded += n
+                self.bytes_read += n * nbytes
+            lat = self._lat.get(op)
+            if lat is not None:
+                for _ in range(n + skipped):
+                    lat.add(latency_s)
+
     def record_failure(self, exc: BaseException) -> None:
         """Count one chunk that failed, by :func:`~asynctier.errors.failure_kind`."""
         with self._lock:

@@ -1,4 +1,4 @@
-"""Benchmark the nvme tier against fio on the same file system, in one run.
+"""Benchmark the nvme tier against fio and a naive loop on the same file system, in one run.
 
     .venv/bin/python bench/bench_nvme.py --dir /var/tmp/asynctier-bench
 
@@ -9,11 +9,17 @@ Figures (all O_DIRECT, same block size and depth as the tier's chunk size and
   psync (``write``/``read`` jobs, ``end_fsync=1`` on writes). The tier offloads with
   ``durability="none"`` (then one fdatasync, as fio's end_fsync) and with ``"fsync"``
   (every offload acknowledged durable; group commit).
-* 64 KiB chunks at depth 16: chunk operations per second vs fio's IOPS.
+* 64 KiB chunks at depth 16: chunk operations per second vs fio's IOPS; and the same on a
+  memory file system (``--ceiling-dir``, default /dev/shm) where the device is never the
+  limit: the rate the tier's per-chunk path allows on these CPUs.
 * Each tier figure for both slot I/O engines (``io_engine="psync"``: preadv/pwritev on the
-  worker threads; ``"io_uring"``: a ring per worker thread), interleaved in the same run.
+  worker threads; ``"io_uring"``: a ring per worker thread).
+* The naive loop (:func:`asynctier.benchkit.naive_aiofiles`, one file per chunk), the floor.
 * Reopen with 1M slots indexed: a 1M-entry checkpoint plus a full journal generation
   (``checkpoint_every`` records) to replay.
+
+Every repetition measures fio, the naive loop and each tier configuration back to back;
+the report gives medians, and ratios are medians of per-repetition ratios.
 
 Writes ``bench/results/nvme.json`` and ``bench/results/nvme.md``.
 """
@@ -22,11 +28,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import datetime as dt
 import json
 import mmap
 import os
 import platform
 import shutil
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -35,7 +43,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from asynctier import OffloadingSpec, SecondaryTierFactory  # noqa: E402
+from asynctier import OffloadingSpec, SecondaryTierFactory, benchkit  # noqa: E402
 from asynctier.benchkit import fio_available, run_fio  # noqa: E402
 from tiers.nvme import _PUBLISH, Checkpoint, NvmeTier, _pack_record, read_checkpoint, write_checkpoint  # noqa: E402
 
@@ -150,22 +158,8 @@ def _append_journal(d: Path, data: bytes) -> None:
         f.write(data)
 
 
-def _best_fio(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
-    """Per engine, the better of two fio runs; then the best engine."""
-    if not a:
-        return b
-    out: dict[str, Any] = {}
-    for engine in ("io_uring", "psync"):
-        x, y = a.get(engine, {}), b.get(engine, {})
-        out[engine] = max((x, y), key=lambda v: v.get("Bps", 0.0))
-    ok = [(v["Bps"], k) for k, v in out.items() if "Bps" in v]
-    best = max(ok) if ok else (0.0, "none")
-    out["best_Bps"], out["best_engine"] = best
-    out["best_iops"] = out[best[1]]["iops"] if ok else 0.0
-    return out
-
-
 def _fio_best(d: Path, rw: str, bs: int, depth: int, size: int) -> dict[str, Any]:
+    """fio with each engine; ``best_*`` is the faster engine's figures (the physical limit)."""
     out: dict[str, Any] = {}
     for engine in ("io_uring", "psync"):
         try:
@@ -181,13 +175,72 @@ def _fio_best(d: Path, rw: str, bs: int, depth: int, size: int) -> dict[str, Any
     return out
 
 
+async def _naive(d: Path, chunk: int, depth: int, total: int, nprimary: int) -> dict[str, float]:
+    """The floor: :func:`benchkit.naive_aiofiles`, one file per chunk (a bytes() copy each),
+    synced at the end and read back cold, as ``asynctier bench`` measures it."""
+    nd = d / "naive"
+    shutil.rmtree(nd, ignore_errors=True)
+    n = total // chunk
+    view = memoryview(mmap.mmap(-1, chunk * nprimary))
+    t0 = time.perf_counter()
+    await benchkit.naive_aiofiles(nd, view, chunk, n, depth=depth, mode="write", sync="none")
+    benchkit.sync_tree(nd)
+    t_w = time.perf_counter() - t0
+    benchkit.drop_tree_cache(nd)
+    t0 = time.perf_counter()
+    await benchkit.naive_aiofiles(nd, view, chunk, n, depth=depth, mode="read")
+    t_r = time.perf_counter() - t0
+    shutil.rmtree(nd, ignore_errors=True)
+    benchkit.settle(d)  # the deleted files' discards land before the next contender
+    return {"offload_Bps": n * chunk / t_w, "load_Bps": n * chunk / t_r}
+
+
+def _o_direct_ok(d: Path) -> bool:
+    """Whether ``d`` exists and accepts O_DIRECT opens (tmpfs does from Linux 6.6)."""
+    if not d.is_dir():
+        return False
+    p = d / ".asynctier-odirect-probe"
+    try:
+        fd = os.open(p, os.O_RDWR | os.O_CREAT | getattr(os, "O_DIRECT", 0), 0o600)
+    except OSError:
+        return False
+    os.close(fd)
+    p.unlink()
+    return hasattr(os, "O_DIRECT")
+
+
+def _median(xs: list[float]) -> float:
+    return statistics.median(xs) if xs else 0.0
+
+
+def _summarise(reps: list[dict[str, Any]], key: str) -> dict[str, Any]:
+    """Medians over repetitions; ratios are medians of per-repetition ratios (each tier run
+    divided by the fio and naive runs measured next to it), so drift hits both sides."""
+    out: dict[str, Any] = {}
+    for m in ("offload_Bps", "load_Bps", "offload_ops", "load_ops"):
+        out[m] = _median([r[key][m] for r in reps])
+        out[m + "_all"] = [r[key][m] for r in reps]
+    for m, job in (("offload", "fio_write"), ("load", "fio_read")):
+        out[f"{m}_x_fio"] = _median([r[key][f"{m}_Bps"] / r[job]["best_Bps"] for r in reps if r[job]["best_Bps"]])
+        out[f"{m}_x_naive"] = _median(
+            [r[key][f"{m}_Bps"] / r["naive"][f"{m}_Bps"] for r in reps if r.get("naive", {}).get(f"{m}_Bps")]
+        )
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dir", default="/var/tmp/asynctier-bench", help="scratch directory (the file system tested)")
     ap.add_argument("--gib", type=float, default=1.0, help="GiB moved per 2 MiB depth-16 run (depth 1: a quarter)")
-    ap.add_argument("--reps", type=int, default=4, help="repetitions, alternating fio and the tier; best kept")
+    ap.add_argument("--reps", type=int, default=3, help="repetitions, each: fio, naive, then the tier")
     ap.add_argument("--small-ops", type=int, default=20000, help="64 KiB chunks per small-chunk run")
     ap.add_argument("--slots", type=int, default=1 << 20, help="slots indexed for the reopen figure")
+    ap.add_argument(
+        "--ceiling-dir",
+        default="/dev/shm",
+        help="a memory file system for the 64 KiB CPU-ceiling point ('' to skip; needs O_DIRECT there)",
+    )
+    ap.add_argument("--no-naive", action="store_true", help="skip the naive aiofiles baseline")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results"))
     args = ap.parse_args()
     d = Path(args.dir)
@@ -195,6 +248,7 @@ def main() -> None:
     total = int(args.gib * (1 << 30))
     results: dict[str, Any] = {
         "machine": {"cpus": os.cpu_count(), "kernel": platform.release(), "python": platform.python_version()},
+        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "dir": str(d),
         "fio": fio_available(),
         "reps": args.reps,
@@ -214,33 +268,60 @@ def main() -> None:
     if why:
         print(f"io_uring unavailable ({why}): psync only", flush=True)
     for chunk, depth, size, nprimary in configs:
-        # The disk is shared and noisy: alternate fio and the tier, keep each one's best.
-        fio_w: dict[str, Any] = {}
-        fio_r: dict[str, Any] = {}
-        tier: dict[tuple[str, str], dict[str, float]] = {}
+        # The disk is shared and noisy: each repetition measures fio, the naive loop and every
+        # tier configuration back to back; ratios pair each tier run with its neighbours.
+        reps: list[dict[str, Any]] = []
         for rep in range(args.reps):
-            fio_w = _best_fio(fio_w, _fio_best(d, "write", chunk, depth, size))
-            fio_r = _best_fio(fio_r, _fio_best(d, "read", chunk, depth, size))
-            # both tier engines back to back per mode, so they see the same disk weather
+            r: dict[str, Any] = {
+                "fio_write": _fio_best(d, "write", chunk, depth, size),
+                "fio_read": _fio_best(d, "read", chunk, depth, size),
+            }
+            if not args.no_naive:
+                r["naive"] = asyncio.run(_naive(d, chunk, depth, size, nprimary))
             for durability in ("none", "fsync"):
                 for engine in engines:
                     t = asyncio.run(_stream(d, chunk, depth, size, durability, nprimary=nprimary, io_engine=engine))
-                    prev = tier.get((durability, engine))
-                    tier[durability, engine] = t if prev is None else {k: max(v, prev[k]) for k, v in t.items()}
+                    r[f"{durability}/{engine}"] = t
                     print(f"rep {rep}: {chunk >> 10} KiB depth {depth} {durability} {engine}: {t}", flush=True)
-        for (durability, engine), t in tier.items():
-            runs.append(
-                {
-                    "chunk": chunk,
-                    "depth": depth,
-                    "durability": durability,
-                    "io_engine": engine,
-                    **t,
-                    "fio_write": fio_w,
-                    "fio_read": fio_r,
-                }
-            )
+            reps.append(r)
+        for durability in ("none", "fsync"):
+            for engine in engines:
+                runs.append(
+                    {
+                        "chunk": chunk,
+                        "depth": depth,
+                        "durability": durability,
+                        "io_engine": engine,
+                        **_summarise(reps, f"{durability}/{engine}"),
+                        "fio_write_Bps": _median([r["fio_write"]["best_Bps"] for r in reps]),
+                        "fio_read_Bps": _median([r["fio_read"]["best_Bps"] for r in reps]),
+                        "fio_write_iops": _median([r["fio_write"]["best_iops"] for r in reps]),
+                        "fio_write_all": [r["fio_write"] for r in reps],
+                        "fio_read_all": [r["fio_read"] for r in reps],
+                        "naive_all": [r.get("naive") for r in reps],
+                    }
+                )
     results["runs"] = runs
+    ceiling = Path(args.ceiling_dir) / "asynctier-bench-nvme" if args.ceiling_dir else None
+    if ceiling is not None and _o_direct_ok(ceiling.parent):
+        # A device that is never the limit: what the tier's per-chunk path itself allows.
+        ceiling.mkdir(exist_ok=True)
+        try:
+            pts = []
+            for _ in range(args.reps):
+                fio = _fio_best(ceiling, "write", small, 16, args.small_ops * small)
+                t = asyncio.run(_stream(ceiling, small, 16, args.small_ops * small, "none", nprimary=256))
+                pts.append({"fio": fio, "tier": t})
+                shutil.rmtree(ceiling / "fio", ignore_errors=True)
+            results["ceiling"] = {
+                "dir": str(ceiling.parent),
+                "offload_ops": _median([p["tier"]["offload_ops"] for p in pts]),
+                "load_ops": _median([p["tier"]["load_ops"] for p in pts]),
+                "fio_write_iops": _median([p["fio"]["best_iops"] for p in pts]),
+                "all": pts,
+            }
+        finally:
+            shutil.rmtree(ceiling, ignore_errors=True)
     reopens = [asyncio.run(_reopen(d, args.slots, 1 << 16)) for _ in range(args.reps)]
     results["reopen"] = min(reopens, key=lambda r: r["open_s"])
     results["reopen"]["open_s_all"] = [r["open_s"] for r in reopens]
@@ -256,63 +337,76 @@ def main() -> None:
 
 def _markdown(r: dict[str, Any]) -> str:
     g = 1e9
+
+    def x(v: float) -> str:
+        return f"{v:.2f}x" if v else "-"
+
     lines = [
-        "# nvme tier vs fio (same file system, O_DIRECT, same block size and depth)",
+        f"# nvme tier vs fio and a naive loop — {r.get('date', '')}",
         "",
         f"Directory `{r['dir']}`, {r['machine']['cpus']} CPUs, kernel {r['machine']['kernel']}, "
-        f"Python {r['machine']['python']}. Tier engines (`io_engine`): `psync` = preadv/pwritev on the "
-        "worker threads, `io_uring` = one ring per worker thread (readv/writev SQE, waited for). Best of "
-        f"{r['reps']} alternating repetitions each (the disk and CPUs are shared).",
+        f"Python {r['machine']['python']}. Command: `{r['command']}`",
         "",
-        f"Command: `{r['command']}`",
+        f"Medians of {r['reps']} repetitions; each repetition runs fio (io_uring and psync: `fio` is the "
+        "faster of the two, O_DIRECT, same block size and depth), the naive loop and every tier "
+        "configuration back to back, and a ratio divides a tier run by the fio (or naive) run of its "
+        "own repetition, so the disk's drift hits both sides. Tier engines (`io_engine`): `psync` = "
+        "preadv/pwritev on the worker threads, `io_uring` = one ring per worker thread (readv/writev "
+        "SQE, waited for).",
         "",
-        "| chunk | depth | durability | tier engine | offload GB/s | fio write GB/s (engine) | ratio | load GB/s | "
-        "fio read GB/s (engine) | ratio | offload ops/s | load ops/s |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| chunk | depth | durability | tier engine | offload GB/s | fio write GB/s | **x fio** | x naive | "
+        "load GB/s | fio read GB/s | **x fio** | x naive | offload ops/s | load ops/s |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
-    for x in r["runs"]:
-        fw, fr = x["fio_write"], x["fio_read"]
-        kb = x["chunk"] // 1024
+    for t in r["runs"]:
+        kb = t["chunk"] // 1024
         size = f"{kb // 1024} MiB" if kb >= 1024 else f"{kb} KiB"
         lines.append(
-            f"| {size} | {x['depth']} | {x['durability']} | {x.get('io_engine', 'psync')} | "
-            f"{x['offload_Bps'] / g:.2f} | "
-            f"{fw['best_Bps'] / g:.2f} ({fw['best_engine']}) | {x['offload_Bps'] / fw['best_Bps']:.2f} | "
-            f"{x['load_Bps'] / g:.2f} | {fr['best_Bps'] / g:.2f} ({fr['best_engine']}) | "
-            f"{x['load_Bps'] / fr['best_Bps']:.2f} | {x['offload_ops']:,.0f} | {x['load_ops']:,.0f} |"
+            f"| {size} | {t['depth']} | {t['durability']} | {t['io_engine']} | {t['offload_Bps'] / g:.2f} | "
+            f"{t['fio_write_Bps'] / g:.2f} | **{x(t['offload_x_fio'])}** | {x(t['offload_x_naive'])} | "
+            f"{t['load_Bps'] / g:.2f} | {t['fio_read_Bps'] / g:.2f} | **{x(t['load_x_fio'])}** | "
+            f"{x(t['load_x_naive'])} | {t['offload_ops']:,.0f} | {t['load_ops']:,.0f} |"
         )
-    lines += [
-        "",
-        "fio per engine (GB/s):",
-        "",
-        "| chunk | depth | job | io_uring | psync |",
-        "| --- | --- | --- | --- | --- |",
-    ]
+    lines += ["", "fio per engine, GB/s, each repetition:", "", "| chunk | depth | job | io_uring | psync |"]
+    lines.append("| --- | --- | --- | --- | --- |")
     seen = set()
-    for x in r["runs"]:
+    for t in r["runs"]:
         for job in ("fio_write", "fio_read"):
-            key = (x["chunk"], x["depth"], job)
-            if key in seen:
+            k = (t["chunk"], t["depth"], job)
+            if k in seen:
                 continue
-            seen.add(key)
-            f = x[job]
-            cell = [f"{f[e]['Bps'] / g:.2f}" if "Bps" in f[e] else "n/a" for e in ("io_uring", "psync")]
-            lines.append(f"| {x['chunk'] // 1024} KiB | {x['depth']} | {job[4:]} | {cell[0]} | {cell[1]} |")
-    ro = r["reopen"]
+            seen.add(k)
+            cells = [
+                ", ".join(f"{f[e]['Bps'] / g:.2f}" if "Bps" in f[e] else "n/a" for f in t[job + "_all"])
+                for e in ("io_uring", "psync")
+            ]
+            lines.append(f"| {t['chunk'] // 1024} KiB | {t['depth']} | {job[4:]} | {cells[0]} | {cells[1]} |")
     lines += [
         "",
         "Notes: offload with `durability=none` ends with one fdatasync of the slab (as fio's `end_fsync=1`); "
         "`fsync` acknowledges every chunk durable (slab then journal fdatasync, group commit). Every load "
         "verifies the slot header and the payload's xxh3. 64 KiB calls are coalesced (16 chunks per job, "
-        "one pwritev/preadv (or one readv/writev SQE) per run of adjacent slots).",
+        "one pwritev/preadv (or one readv/writev SQE) per run of adjacent slots). The naive loop is "
+        "`benchkit.naive_aiofiles` (one file per chunk, a bytes() copy per write, synced at the end, read "
+        "cold).",
     ]
     if r.get("io_uring_unavailable"):
         lines[-1] += f" io_uring was unavailable here ({r['io_uring_unavailable']}): psync only."
+    c = r.get("ceiling")
+    if c:
+        lines += [
+            "",
+            f"CPU ceiling (64 KiB, depth 16, psync, `durability=none`, slab on `{c['dir']}`, a memory file "
+            "system that O_DIRECT copies to: the device is never the limit, so this is what the tier's "
+            f"per-chunk path allows on these CPUs): **{c['offload_ops']:,.0f} offloads/s**, "
+            f"{c['load_ops']:,.0f} loads/s; fio on the same file system: {c['fio_write_iops']:,.0f} writes/s.",
+        ]
+    ro = r["reopen"]
     lines += [
         "",
         f"Reopen with {ro['slots']:,} slots indexed (checkpoint) + {ro['replayed_records']:,} journal records "
         f"replayed: **{ro['open_s']:.2f} s** (best of {len(ro['open_s_all'])}: "
-        f"{', '.join(f'{x:.2f}' for x in ro['open_s_all'])}); the closing checkpoint of that index took "
+        f"{', '.join(f'{v:.2f}' for v in ro['open_s_all'])}); the closing checkpoint of that index took "
         f"{ro['close_checkpoint_s']:.2f} s.",
         "",
     ]

@@ -679,3 +679,35 @@ async def test_many_small_chunks_coalesce_into_fewer_ios(tmp_path: Path) -> None
                 assert _chunk(view, CHUNK, slot) == data[i]
             assert tier.stats().extra.get("bounce_copies", 0) == (0 if aligned else 127)
             assert tier.stats().loaded == 63
+
+
+async def test_grouped_calls_skip_stored_keys_and_fail_bad_slots_one_by_one(tmp_path: Path) -> None:
+    """The group paths book per chunk what the one-chunk paths do: skips, integrity failures
+    (a corrupted payload, a corrupted header), bit-exact loads of the rest, stats."""
+    for aligned in (True, False):
+        p = tmp_path / f"grp{aligned}.slab"
+        tier, view = _make(p, nchunks=64, slots=128, aligned=aligned, max_inflight=2)
+        data = _fill(view, CHUNK, 21)
+        keys = [b"g%02d" % i for i in range(48)]
+        async with tier:
+            assert (await tier.offload(keys[:32], list(range(32)))).ok
+            res = await tier.offload(keys[16:48], list(range(16, 48)))  # 16 stored already
+            assert res.ok and res.succeeded == keys[16:48]
+            s = tier.stats()
+            assert (s.offloaded, s.skipped, s.offload_latency.count) == (48, 16, 64)
+        digest = OffloadingSpec(CHUNK, 1, namespace=NS).layout_digest
+        _flip(p, [_find(p, data[3][:64]) + 777, _find(p, digest + keys[5]) + 16 + 1])
+        tier, view = _make(p, nchunks=64, slots=128, aligned=aligned, max_inflight=2)
+        async with tier:
+            view[:] = bytes(view.nbytes)
+            perm = list(range(63, 15, -1))  # other slots than offloaded from
+            res = await tier.load(keys, perm)
+            assert set(res.failed) == {keys[3], keys[5]}
+            assert {failure_kind(e) for e in res.failed.values()} == {"checksum"}
+            for i, cid in enumerate(perm):
+                if i not in (3, 5):
+                    assert _chunk(view, CHUNK, cid) == data[i], i
+            assert await tier.lookup([keys[3], keys[5], keys[4]]) == [False, False, True]
+            s = tier.stats()
+            assert (s.loaded, s.failures["checksum"], s.load_latency.count) == (46, 2, 46)
+            assert s.extra.get("bounce_copies", 0) == (0 if aligned else 46)
