@@ -9,8 +9,8 @@ write, publish, close as one linked chain per chunk), and completions come back 
 eventfd the loop watches. No worker thread, no GIL hand-off per system call.
 
 Why not the ``liburing`` binding: its 2026 builds die with SIGILL on CPUs without the
-instruction set they were compiled for (see :mod:`asynctier.uring`), and a signal cannot be
-caught. The part of io_uring used here is small and stable (kernel 5.19+ ABI: the ring
+instruction set they were compiled for (seen with liburing 2026.3.x on an AVX2-only VM), and
+a signal cannot be caught. The part of io_uring used here is small and stable (kernel 5.19+ ABI: the ring
 layout, a few opcodes, sparse registered files), so it is written out against the kernel
 headers, x86-64 only (its ordering of plain stores is what the ring protocol needs without
 explicit barriers). :func:`problem` says why a ring cannot be used here, or None.

@@ -13,7 +13,7 @@ Figures (all O_DIRECT, same block size and depth as the tier's chunk size and
   memory file system (``--ceiling-dir``, default /dev/shm) where the device is never the
   limit: the rate the tier's per-chunk path allows on these CPUs.
 * Each tier figure for both slot I/O engines (``io_engine="psync"``: preadv/pwritev on the
-  worker threads; ``"io_uring"``: a ring per worker thread).
+  worker threads; ``"io_uring"``: one ring served by the event loop).
 * The naive loop (:func:`asynctier.benchkit.naive_aiofiles`, one file per chunk), the floor.
 * Reopen with 1M slots indexed: a 1M-entry checkpoint plus a full journal generation
   (``checkpoint_every`` records) to replay.
@@ -258,9 +258,9 @@ def main() -> None:
     small = 64 * 1024
     configs = [(2 * MiB, 16, total, 64), (2 * MiB, 1, total // 4, 64), (small, 16, args.small_ops * small, 256)]
     try:
-        from asynctier.uring import probe
+        from asynctier.ioring import problem
 
-        why = probe()
+        why = problem()
     except Exception as e:  # any failure means: measure psync only
         why = repr(e)
     engines = ["psync"] if why else ["psync", "io_uring"]
@@ -351,8 +351,8 @@ def _markdown(r: dict[str, Any]) -> str:
         "faster of the two, O_DIRECT, same block size and depth), the naive loop and every tier "
         "configuration back to back, and a ratio divides a tier run by the fio (or naive) run of its "
         "own repetition, so the disk's drift hits both sides. Tier engines (`io_engine`): `psync` = "
-        "preadv/pwritev on the worker threads, `io_uring` = one ring per worker thread (readv/writev "
-        "SQE, waited for).",
+        "preadv/pwritev on the worker threads, `io_uring` = slot I/O as readv/writev entries on one "
+        "ring served by the event loop (no worker threads).",
         "",
         "| chunk | depth | durability | tier engine | offload GB/s | fio write GB/s | **x fio** | x naive | "
         "load GB/s | fio read GB/s | **x fio** | x naive | offload ops/s | load ops/s |",
@@ -386,7 +386,7 @@ def _markdown(r: dict[str, Any]) -> str:
         "Notes: offload with `durability=none` ends with one fdatasync of the slab (as fio's `end_fsync=1`); "
         "`fsync` acknowledges every chunk durable (slab then journal fdatasync, group commit). Every load "
         "verifies the slot header and the payload's xxh3. 64 KiB calls are coalesced (16 chunks per job, "
-        "one pwritev/preadv (or one readv/writev SQE) per run of adjacent slots). The naive loop is "
+        "one pwritev/preadv, or one readv/writev entry, per run of adjacent slots). The naive loop is "
         "`benchkit.naive_aiofiles` (one file per chunk, a bytes() copy per write, synced at the end, read "
         "cold).",
     ]

@@ -54,20 +54,19 @@ journal's publish order.
 
 Engine
 ------
-``preadv``/``pwritev`` on ``max_inflight`` worker threads (the runtime's ThreadEngine, with
-its bound, priorities, back-pressure and cancellation). A call of many small chunks runs as
-*group* jobs of up to ``coalesce_bytes`` (default 1 MiB): each group writes every run of
-adjacent slots with one ``pwritev`` and waits for the journal once, which halves the CPU
-spent per 64 KiB chunk.
-
-``io_engine`` picks how a worker moves a slot: ``"psync"`` (default: ``preadv``/``pwritev``
-system calls) or ``"io_uring"`` (:class:`asynctier.uring.UringIO`: one ring per worker
-thread, a ``readv``/``writev`` SQE waited for; needs the ``liburing`` module, the ``nvme``
-extra). ``"auto"`` takes io_uring when a ring can be set up and psync otherwise. Either way
-the worker threads, bound and cancellation are the same; ``bench/results/nvme.md`` has both
-engines side by side with fio. psync stays the default: on the 2-core bench machine io_uring
-(one SQE per ring at a time, through the Python binding) was slower in every row (2 MiB depth
-16 load 1.12 vs 1.37 GB/s; 64 KiB offload 14.8k vs 33.9k chunks/s).
+``io_engine="psync"`` (default): ``preadv``/``pwritev`` on ``max_inflight`` worker threads
+(the runtime's ThreadEngine, with its bound, priorities, back-pressure and cancellation).
+``"io_uring"``: no worker thread; each job is a coroutine on the event loop whose slot I/O
+is one ``writev``/``readv`` entry on an io_uring served by the loop
+(:class:`asynctier.ioring.LoopRing`, the ring the fs tier uses: ctypes, no binding); journal
+flushes that must wait go to a thread. ``"auto"``: io_uring where a ring can be set up, else
+psync. A call of many small chunks runs as *group* jobs of up to ``coalesce_bytes``
+(default 1 MiB): each group writes every run of adjacent slots with one I/O and takes the
+index lock twice (allocate all, publish all), which more than halves the CPU spent per
+64 KiB chunk. ``bench/results/nvme.md`` has both engines side by side with fio. psync stays
+the default: on the 2-core bench machine it offloaded faster at every size (the ring does
+each slot's checksum, header and bookkeeping on the one loop thread, and its submissions
+run the block layer's work there too), and loads were within noise of each other.
 """
 
 from __future__ import annotations
@@ -98,11 +97,13 @@ from asynctier import (
     ChunkNotFoundError,
     IntegrityError,
     TierConfigError,
+    engines,
+    ioring,
 )
 from asynctier.chunked import MAX_KEY_BYTES
+from asynctier.engines import Engine
 from asynctier.integrity import ChunkHeader, checksum, pack_header
 from asynctier.posix_io import O_DIRECT, aligned_buffer, buffer_address, fsync_dir, logical_block_size
-from asynctier.uring import UringIO, UringUnavailable
 
 __all__ = [
     "Checkpoint",
@@ -351,6 +352,10 @@ class _Journal:
             self._appended += len(recs)
             self.since_checkpoint += len(recs)
             return self._appended
+
+    def flushed(self, ticket: int) -> bool:
+        """Whether record ``ticket`` is in the journal already (no waiting, no I/O)."""
+        return ticket <= self._done and self.broken is None
 
     def wait(self, ticket: int) -> None:
         """Return once record ``ticket`` is in the journal file (and synced, when durable)."""
@@ -644,9 +649,10 @@ class NvmeTier(BlockingChunkTier):
         coalesce_bytes: a call of many small chunks runs as jobs of up to this many slot
             bytes (default 1 MiB; 0: one job per chunk); adjacent slots in a job move with
             one ``pwritev``/``preadv``.
-        io_engine: ``"psync"`` (default), ``"io_uring"`` (fails to open where io_uring is
-            unavailable) or ``"auto"`` (io_uring where available, else psync); the engine in
-            use after ``open()`` is :attr:`active_io_engine`.
+        io_engine: ``"psync"`` (default: worker threads), ``"io_uring"`` (slot I/O on a ring
+            served by the event loop; fails to open where io_uring is unavailable) or
+            ``"auto"`` (io_uring where available, else psync); the engine in use after
+            ``open()`` is :attr:`active_io_engine`.
     """
 
     default_type = "nvme"
@@ -695,7 +701,11 @@ class NvmeTier(BlockingChunkTier):
         if io_engine not in _IO_ENGINES:
             raise TierConfigError(f"io_engine must be one of {', '.join(map(repr, _IO_ENGINES))}; got {io_engine!r}")
         self.io_engine = io_engine
-        self._uring: UringIO | None = None
+        self._ring_mode = False  # io_engine resolved to io_uring (decided when the engine is made)
+        self._lring: ioring.LoopRing | None = None
+        self._ring_hdr: memoryview | None = None  # header blocks of the jobs in flight on the ring
+        self._ring_hdr_free: list[int] = []
+        self._ring_addrs = (0, 0, 0)  # header pool, primary view, one job's header bytes
         self._fds: list[int] = []
         self._direct = False
         self._zc_all = False  # every primary chunk block-aligned (see _zero_copy_chunks)
@@ -806,7 +816,6 @@ class NvmeTier(BlockingChunkTier):
         n = len(self.paths)
         per = self.capacity_bytes // n if self.capacity_bytes is not None else None
         sizes: list[int] = []
-        self._uring = self._open_engine()  # first: an unusable io_uring fails before any file is touched
         try:
             for p in self.paths:
                 p.parent.mkdir(parents=True, exist_ok=True)
@@ -832,9 +841,6 @@ class NvmeTier(BlockingChunkTier):
             self._zc_all = self._zero_copy_chunks()
         except BaseException:
             self._close_fds()
-            if self._uring is not None:
-                self._uring.close()
-                self._uring = None
             raise
         self._ckpt_stop = False
         # The thread holds only a weak reference, so a tier dropped without aclose() can
@@ -844,34 +850,17 @@ class NvmeTier(BlockingChunkTier):
         )
         self._ckpt_thread.start()
         assert self._journal is not None
-        weakref.finalize(self, _release, self._ckpt_wake, self._fds, self._journal, self._uring)
-
-    def _open_engine(self) -> UringIO | None:
-        """The io_uring engine (None: psync), per ``io_engine``."""
-        uring: UringIO | None = None
-        if self.io_engine != "psync":
-            try:
-                uring = UringIO()
-            except UringUnavailable as e:
-                if self.io_engine == "io_uring":
-                    raise TierConfigError(f"io_engine='io_uring' but io_uring is unavailable: {e}") from e
-                log.info("nvme: io_uring unavailable (%s); using psync", e)
-        return uring
+        weakref.finalize(self, _release, self._ckpt_wake, self._fds, self._journal)
 
     @property
     def active_io_engine(self) -> str:
-        """The engine moving slots now: ``"io_uring"`` or ``"psync"`` (what ``"auto"`` chose)."""
-        return "io_uring" if self._uring is not None else "psync"
+        """The engine moving slots: ``"io_uring"`` or ``"psync"`` (what ``"auto"`` chose)."""
+        return "io_uring" if self._ring_mode else "psync"
 
     def _pwritev(self, fd: int, bufs: list[memoryview], offset: int) -> None:
-        if self._uring is not None:
-            self._uring.pwritev_all(fd, bufs, offset)
-        else:
-            _pwritev_all(fd, bufs, offset)
+        _pwritev_all(fd, bufs, offset)
 
     def _preadv(self, fd: int, bufs: list[memoryview], offset: int) -> int:
-        if self._uring is not None:
-            return self._uring.preadv_all(fd, bufs, offset)
         return _preadv_all(fd, bufs, offset)
 
     def _read_superblocks(self) -> bool:
@@ -1022,9 +1011,6 @@ class NvmeTier(BlockingChunkTier):
         finally:
             if self._journal is not None:
                 self._journal.close()
-            if self._uring is not None:  # the workers are drained: no ring has I/O in flight
-                self._uring.close()
-                self._uring = None
             self._close_fds()
 
     def _close_fds(self) -> None:
@@ -1224,9 +1210,6 @@ class NvmeTier(BlockingChunkTier):
             b = self._bufs.group = aligned_buffer(need)
         return b
 
-    def _group_job_fn(self, op: str) -> Callable[[list[bytes], list[int], float], list[BaseException | None]]:
-        return self._store_group if op == "offload" else self._load_group
-
     def _runs(self, items: list[tuple[int, int]]) -> list[list[tuple[int, int, int, int]]]:
         """Group ``(position, slot)`` pairs into runs adjacent on one stripe: (pos, slot, stripe, off)."""
         geo = self._geo
@@ -1241,18 +1224,17 @@ class NvmeTier(BlockingChunkTier):
                 runs.append([(p, s, stripe, off)])
         return runs
 
-    def _store_group(self, keys: list[bytes], cids: list[int], t0: float) -> list[BaseException | None]:
-        """Store several chunks: allocate, write each run of adjacent slots with one ``pwritev``,
-        publish, one journal wait. Returns each key's failure (None: stored).
-
-        The index lock is taken twice per group (allocate all, publish all), not per chunk,
-        and stats are booked once: at 64 KiB the per-chunk Python work is what bounds the
-        rate (bench/README.md, "nvme tier").
-        """
-        geo, journal, idx = self._geo, self._journal, self._idx
-        assert geo is not None and journal is not None and idx is not None
+    # -- group bookkeeping (shared by the thread and ring paths) ------------------------------
+    def _alloc_group(
+        self, keys: list[bytes], t0: float
+    ) -> tuple[list[BaseException | None], dict[int, tuple[int, int]], int]:
+        """Under one lock, a slot for every key not stored yet: (each key's failure so far,
+        position -> (slot, seq), the journal ticket to flush before writing any of them).
+        Keys stored already and keys that got no slot are booked here."""
+        idx = self._idx
+        assert idx is not None
         out: list[BaseException | None] = [None] * len(keys)
-        slots: dict[int, tuple[int, int]] = {}  # position -> (slot, seq)
+        slots: dict[int, tuple[int, int]] = {}
         wait = skipped = 0
         failed: list[int] = []
         with idx.lock:
@@ -1273,16 +1255,127 @@ class NvmeTier(BlockingChunkTier):
                     wait = ticket
         for p in failed:
             self._end_store(keys[p], t0, out[p])
-        if not slots:
+        if skipped:
             self._stats.record_successes("offload", 0, 0, time.perf_counter() - t0, skipped=skipped)
+        return out, slots, wait
+
+    def _abort_group(
+        self,
+        keys: list[bytes],
+        ps: list[int],
+        slots: dict[int, tuple[int, int]],
+        out: list[BaseException | None],
+        e: BaseException,
+        t0: float,
+    ) -> None:
+        """Positions ``ps`` were not written: free their slots (nothing published), fail them."""
+        for p in ps:
+            self._abort(keys[p], slots[p][0])
+            out[p] = e
+            self._end_store(keys[p], t0, e)
+
+    def _publish_group(
+        self, keys: list[bytes], written: list[int], slots: dict[int, tuple[int, int]], csums: dict[int, int]
+    ) -> int:
+        """Publish every written chunk under one lock (records queued in index order, as
+        :meth:`_publish` does); return the journal ticket to await."""
+        idx, journal = self._idx, self._journal
+        assert idx is not None and journal is not None
+        last = 0
+        with idx.lock:
+            recs: list[bytes] = []
+            puts: list[tuple[bytes, int]] = []
+            for p in written:
+                k = keys[p]
+                slot, seq = slots[p]
+                if self._done_writing(idx, k):  # removed while being written: nothing to publish
+                    idx.release(slot, 0)
+                    continue
+                idx.slot_csum[slot] = csums[p]
+                recs.append(_pack_record(_PUBLISH, k, slot, seq, csums[p]))
+                puts.append((k, slot))
+            if recs:
+                last = journal.append_many(recs)
+                for t, (k, slot) in enumerate(puts, last - len(recs) + 1):
+                    old = idx.put(k, slot)
+                    if old is not None:  # an earlier store of the same key: free its slot
+                        idx.release(old, t)
+                if journal.since_checkpoint >= self.checkpoint_every:
+                    self._ckpt_wake.set()
+        return last
+
+    def _pin_group(
+        self, keys: list[bytes], t0: float
+    ) -> tuple[list[BaseException | None], dict[int, tuple[int, int, int]]]:
+        """Under one lock, pin the slot of every key stored: (each key's failure so far,
+        position -> (slot, seq, checksum)). Keys not stored are booked here."""
+        idx = self._idx
+        assert idx is not None
+        out: list[BaseException | None] = [None] * len(keys)
+        found: dict[int, tuple[int, int, int]] = {}
+        with idx.lock:
+            for p, k in enumerate(keys):
+                slot = idx.entries.get(k)
+                if slot is None:
+                    out[p] = ChunkNotFoundError(f"no chunk stored under key {k.hex()[:32]}", k)
+                    continue
+                idx.touch_slot(slot)
+                found[p] = (slot, idx.slot_seq[slot], idx.slot_csum[slot])
+                idx.pins[slot] = idx.pins.get(slot, 0) + 1
+        for p, missing in enumerate(out):
+            if missing is not None:
+                self._end_load(keys[p], t0, missing)
+        return out, found
+
+    def _check_loaded(
+        self, key: bytes, slot: int, seq: int, csum: int, hb: memoryview, payload: memoryview
+    ) -> IntegrityError | None:
+        """Verify one loaded slot: its header is exactly what the index says was written
+        (a byte comparison, no parse) and, with ``verify``, the payload checksum matches;
+        anything else gets the full check and its precise error."""
+        head = pack_header(key, payload.nbytes, csum, self.offloading_spec.layout_digest, seq)
+        if hb[: len(head)] == head and not (self.verify and checksum(payload) != csum):
+            return None
+        try:
+            self._check_slot(key, slot, seq, csum, hb, payload)
+        except IntegrityError as e:
+            return e
+        return None
+
+    def _end_load_group(
+        self, keys: list[bytes], out: list[BaseException | None], found: dict[int, tuple[int, int, int]], t0: float
+    ) -> list[BaseException | None]:
+        """Book a group's loads (pins released already); drop the slots that failed verification."""
+        ok = 0
+        for p in found:
+            outcome = out[p]
+            if outcome is None:
+                ok += 1
+                continue
+            if isinstance(outcome, IntegrityError):
+                self._forget(keys[p], found[p][0])
+            self._end_load(keys[p], t0, outcome)
+        self._stats.record_successes("load", ok, self.offloading_spec.chunk_bytes, time.perf_counter() - t0)
+        return out
+
+    # -- group jobs on worker threads ------------------------------------------------------------
+    def _store_group(self, keys: list[bytes], cids: list[int], t0: float) -> list[BaseException | None]:
+        """Store several chunks: allocate, write each run of adjacent slots with one ``pwritev``,
+        publish, one journal wait. Returns each key's failure (None: stored).
+
+        The index lock is taken twice per group (allocate all, publish all), not per chunk,
+        and stats are booked once: at 64 KiB the per-chunk Python work is what bounds the
+        rate (bench/README.md, "nvme tier").
+        """
+        geo, journal = self._geo, self._journal
+        assert geo is not None and journal is not None
+        out, slots, wait = self._alloc_group(keys, t0)
+        if not slots:
             return out
         try:
             journal.wait(wait)  # EVICT records of reused slots first
         except BaseException as e:
-            for p, (slot, _) in slots.items():
-                self._abort(keys[p], slot)
-                out[p] = e
-                self._end_store(keys[p], t0, e)
+            self._abort_group(keys, list(slots), slots, out, e, t0)
             return out
         S, H = geo.slot_size, geo.hdr_area
         gbuf = self._group_buf(len(keys))
@@ -1308,34 +1401,10 @@ class NvmeTier(BlockingChunkTier):
                         iov.append(region)
                 self._pwritev(self._fds[run[0][2]], iov, run[0][3])
             except BaseException as e:
-                for p, slot, _, _ in run:
-                    self._abort(keys[p], slot)
-                    out[p] = e
-                    self._end_store(keys[p], t0, e)
+                self._abort_group(keys, [p for p, _, _, _ in run], slots, out, e, t0)
                 continue
             written += [p for p, _, _, _ in run]
-        last = 0
-        if written:
-            with idx.lock:  # publish all: records queued in index order, as _publish does
-                recs: list[bytes] = []
-                puts: list[tuple[bytes, int]] = []
-                for p in written:
-                    k = keys[p]
-                    slot, seq = slots[p]
-                    if self._done_writing(idx, k):  # removed while being written: nothing to publish
-                        idx.release(slot, 0)
-                        continue
-                    idx.slot_csum[slot] = csums[p]
-                    recs.append(_pack_record(_PUBLISH, k, slot, seq, csums[p]))
-                    puts.append((k, slot))
-                if recs:
-                    last = journal.append_many(recs)
-                    for t, (k, slot) in enumerate(puts, last - len(recs) + 1):
-                        old = idx.put(k, slot)
-                        if old is not None:  # an earlier store of the same key: free its slot
-                            idx.release(old, t)
-                    if journal.since_checkpoint >= self.checkpoint_every:
-                        self._ckpt_wake.set()
+        last = self._publish_group(keys, written, slots, csums) if written else 0
         try:
             journal.wait(last)
         except BaseException as e:
@@ -1343,31 +1412,17 @@ class NvmeTier(BlockingChunkTier):
                 out[p] = e
                 self._end_store(keys[p], t0, e)
             written = []
-        self._stats.record_successes("offload", len(written), cb, time.perf_counter() - t0, skipped=skipped)
+        self._stats.record_successes("offload", len(written), cb, time.perf_counter() - t0)
         return out
 
     def _load_group(self, keys: list[bytes], cids: list[int], t0: float) -> list[BaseException | None]:
         """Load several chunks: one ``preadv`` per run of adjacent slots, then verify each."""
-        geo, idx = self._geo, self._idx
-        assert geo is not None and idx is not None
-        out: list[BaseException | None] = [None] * len(keys)
-        found: dict[int, tuple[int, int, int]] = {}  # position -> (slot, seq, csum)
-        with idx.lock:
-            for p, k in enumerate(keys):
-                slot = idx.entries.get(k)
-                if slot is None:
-                    out[p] = ChunkNotFoundError(f"no chunk stored under key {k.hex()[:32]}", k)
-                    continue
-                idx.touch_slot(slot)
-                found[p] = (slot, idx.slot_seq[slot], idx.slot_csum[slot])
-                idx.pins[slot] = idx.pins.get(slot, 0) + 1
-        for p, missing in enumerate(out):
-            if missing is not None:
-                self._end_load(keys[p], t0, missing)
+        geo = self._geo
+        assert geo is not None
+        out, found = self._pin_group(keys, t0)
         S, H = geo.slot_size, geo.hdr_area
         gbuf = self._group_buf(len(keys))
         view, cb, zc_all = self._view, self.offloading_spec.chunk_bytes, self._zc_all
-        digest, verify = self.offloading_spec.layout_digest, self.verify
         try:
             for run in self._runs([(p, s) for p, (s, _, _) in found.items()]):
                 iov: list[memoryview] = []
@@ -1393,31 +1448,219 @@ class NvmeTier(BlockingChunkTier):
                     dst = view[start : start + cb]
                     region = gbuf[p * S : (p + 1) * S]
                     payload = dst if direct[i] else region[H : H + cb]
-                    _, seq, csum = found[p]
-                    head = pack_header(keys[p], cb, csum, digest, seq)
-                    # the header is exactly what the index says was written: compare bytes
-                    # (no parse); anything else gets the full check and its precise error
-                    if region[: len(head)] != head or (verify and checksum(payload) != csum):
-                        try:
-                            self._check_slot(keys[p], slot, seq, csum, region[:H], payload)
-                        except IntegrityError as e:
-                            out[p] = e
-                            continue
-                    if not direct[i]:
+                    out[p] = self._check_loaded(keys[p], slot, found[p][1], found[p][2], region[:H], payload)
+                    if out[p] is None and not direct[i]:
                         dst[:] = payload  # bounce copy (unaligned view)
                         self._stats.incr("bounce_copies")
         finally:
             self._unpin([s for s, _, _ in found.values()])
-        ok = 0
-        for p in found:
-            outcome = out[p]
-            if outcome is None:
-                ok += 1
-                continue
-            if isinstance(outcome, IntegrityError):
-                self._forget(keys[p], found[p][0])
-            self._end_load(keys[p], t0, outcome)
-        self._stats.record_successes("load", ok, cb, time.perf_counter() - t0)
+        return self._end_load_group(keys, out, found, t0)
+
+    # -- the io_uring engine: jobs as coroutines on one ring served by the event loop ------------
+    def _make_engine(self) -> Engine:
+        why = ioring.problem() if self.io_engine != "psync" else "io_engine='psync'"
+        if self.io_engine == "io_uring" and why is not None:
+            raise TierConfigError(f"io_engine='io_uring' but io_uring is unavailable here: {why}")
+        if self.io_engine == "auto" and why is not None:
+            log.info("nvme: io_engine='auto' takes psync (%s)", why)
+        self._ring_mode = why is None
+        if not self._ring_mode:
+            return super()._make_engine()
+        # the runtime's bound, priorities and cancellation stay: its async engine runs one
+        # coroutine per job in flight, each awaiting its slot I/O on the ring
+        return engines.AsyncEngine(self.max_inflight or 1, name=f"asynctier-{self.tier_type}")
+
+    async def _open_medium(self) -> None:
+        await super()._open_medium()
+        if not self._ring_mode:
+            return
+        geo = self._geo
+        assert geo is not None
+        jobs = self.max_inflight or 1
+        per_job = max(1, self.coalesce_bytes // geo.slot_size) * geo.hdr_area
+        try:
+            # Kernel workers: left at the kernel's default (the pool is per thread, shared with
+            # any other ring this event loop drives). Writes into written blocks complete
+            # inline; only a slot's first write into a fallocated extent goes to a worker.
+            self._lring = ioring.LoopRing(entries=max(64, 1 << (4 * jobs - 1).bit_length()), kernel_workers=0)
+        except BaseException:
+            await super()._close_medium()
+            raise
+        self._ring_hdr = aligned_buffer(jobs * per_job)
+        self._ring_hdr_free = list(range(jobs - 1, -1, -1))
+        # addresses by arithmetic on the hot path, not a buffer export per chunk
+        self._ring_addrs = (buffer_address(self._ring_hdr), buffer_address(self._view), per_job)
+
+    async def _close_medium(self) -> None:
+        lring, self._lring = self._lring, None
+        if lring is not None:
+            await lring.aclose()
+        await super()._close_medium()
+
+    def _job_fn(self, op: str) -> Callable[..., Any]:
+        if not self._ring_mode:
+            return super()._job_fn(op)
+        if op == "offload":
+            return self._ring_store_job
+        if op == "load":
+            return self._ring_load_job
+        blocking = super()._job_fn(op)
+
+        async def on_thread(*args: Any) -> Any:  # remove, lookup, verify: off the hot path
+            return await asyncio.to_thread(blocking, *args)
+
+        return on_thread
+
+    def _group_job_fn(self, op: str) -> Callable[..., Any]:
+        if not self._ring_mode:
+            return self._store_group if op == "offload" else self._load_group
+        return self._ring_store_group if op == "offload" else self._ring_load_group
+
+    async def _ring_store_job(self, key: bytes, cid: int, t0: float) -> None:
+        e = (await self._ring_store_group([key], [cid], t0))[0]
+        if e is not None:
+            raise e
+
+    async def _ring_load_job(self, key: bytes, cid: int, t0: float) -> None:
+        e = (await self._ring_load_group([key], [cid], t0))[0]
+        if e is not None:
+            raise e
+
+    async def _journal_flushed(self, ticket: int) -> None:
+        """Wait for journal record ``ticket`` without blocking the loop (a flush may sync)."""
+        journal = self._journal
+        assert journal is not None
+        if not journal.flushed(ticket):
+            await asyncio.to_thread(journal.wait, ticket)
+
+    async def _ring_rw(self, write: bool, fd: int, spans: list[tuple[int, int]], offset: int) -> int:
+        """One ``writev``/``readv`` SQE over ``spans`` (memory the tier keeps alive); its result."""
+        lring = self._lring
+        assert lring is not None
+        iov = lring.ring.iovec_at(spans, None)
+        (res,) = await lring.run(1, lambda ring, ud: ring.prep_rw(ud, write, fd, iov, offset), keep=iov)
+        assert res is not None
+        return res
+
+    def _ring_views(self, spans: list[tuple[int, int]]) -> list[memoryview]:
+        """The memoryviews behind ``spans`` (header pool or primary view), for a thread retry."""
+        assert self._ring_hdr is not None
+        hbase, vbase, _ = self._ring_addrs
+        out = []
+        for a, n in spans:
+            if hbase <= a < hbase + self._ring_hdr.nbytes:
+                out.append(self._ring_hdr[a - hbase : a - hbase + n])
+            else:
+                out.append(self._view[a - vbase : a - vbase + n])
+        return out
+
+    async def _ring_store_group(self, keys: list[bytes], cids: list[int], t0: float) -> list[BaseException | None]:
+        """:meth:`_store_group` with each run of adjacent slots one ``writev`` on the ring."""
+        if not self._zc_all:  # bounce copies (an unaligned primary view): the thread path has them
+            return await asyncio.to_thread(self._store_group, keys, cids, t0)
+        geo, hdr = self._geo, self._ring_hdr
+        assert geo is not None and hdr is not None
+        out, slots, wait = self._alloc_group(keys, t0)
+        if not slots:
+            return out
+        H, cb = geo.hdr_area, self.offloading_spec.chunk_bytes
+        hbase, vbase, per_job = self._ring_addrs
+        digest = self.offloading_spec.layout_digest
+        hslot = self._ring_hdr_free.pop()  # the engine's bound keeps one free per running job
+        hoff = hslot * per_job
+        pending = set(slots)  # neither written nor failed yet
+        csums: dict[int, int] = {}
+        written: list[int] = []  # written, not published
+        published: list[int] = []
+        try:
+            await self._journal_flushed(wait)  # EVICT records of reused slots first
+            for run in self._runs([(p, s) for p, (s, _) in slots.items()]):
+                spans: list[tuple[int, int]] = []
+                for i, (p, _slot, _, _) in enumerate(run):
+                    start = cids[p] * cb
+                    csum = csums[p] = checksum(self._view[start : start + cb])
+                    head = pack_header(keys[p], cb, csum, digest, slots[p][1])
+                    h = hoff + i * H
+                    hdr[h : h + len(head)] = head
+                    spans += [(hbase + h, H), (vbase + start, cb)]
+                fd, off, want = self._fds[run[0][2]], run[0][3], len(run) * (H + cb)
+                ps = [p for p, _, _, _ in run]
+                try:
+                    res = await self._ring_rw(True, fd, spans, off)
+                    if res < 0:
+                        raise OSError(-res, f"writev of slots at offset {off}: {os.strerror(-res)}")
+                    if res < want:  # short write (rare): finish it with the looping system call
+                        await asyncio.to_thread(_pwritev_all, fd, self._ring_views(spans), off)
+                except Exception as e:
+                    pending.difference_update(ps)
+                    self._abort_group(keys, ps, slots, out, e, t0)
+                    continue
+                pending.difference_update(ps)
+                written += ps
+            published, written = written, []
+            last = self._publish_group(keys, published, slots, csums) if published else 0
+            await self._journal_flushed(last)
+        except BaseException as e:
+            # cancelled (or the journal failed): what was not published frees its slot
+            self._abort_group(keys, sorted(pending) + written, slots, out, e, t0)
+            for p in published:
+                out[p] = e
+                self._end_store(keys[p], t0, e)
+            if isinstance(e, Exception):
+                return out
+            raise
+        finally:
+            self._ring_hdr_free.append(hslot)
+        self._stats.record_successes("offload", len(published), cb, time.perf_counter() - t0)
+        return out
+
+    async def _ring_load_group(self, keys: list[bytes], cids: list[int], t0: float) -> list[BaseException | None]:
+        """:meth:`_load_group` with each run of adjacent slots one ``readv`` on the ring."""
+        if not self._zc_all:
+            return await asyncio.to_thread(self._load_group, keys, cids, t0)
+        geo, hdr = self._geo, self._ring_hdr
+        assert geo is not None and hdr is not None
+        out, found = self._pin_group(keys, t0)
+        H, cb = geo.hdr_area, self.offloading_spec.chunk_bytes
+        hbase, vbase, per_job = self._ring_addrs
+        hslot = self._ring_hdr_free.pop()
+        hoff = hslot * per_job
+        undecided = set(found)
+        try:
+            for run in self._runs([(p, s) for p, (s, _, _) in found.items()]):
+                spans: list[tuple[int, int]] = []
+                for i, (p, _, _, _) in enumerate(run):
+                    spans += [(hbase + hoff + i * H, H), (vbase + cids[p] * cb, cb)]
+                fd, off, want = self._fds[run[0][2]], run[0][3], len(run) * (H + cb)
+                try:
+                    got = await self._ring_rw(False, fd, spans, off)
+                    if got < 0:
+                        raise OSError(-got, f"readv of slots at offset {off}: {os.strerror(-got)}")
+                    if got < want:  # short read (rare): what the looping system call gets
+                        got = await asyncio.to_thread(_preadv_all, fd, self._ring_views(spans), off)
+                except Exception as e:
+                    for p, _, _, _ in run:
+                        out[p] = e
+                        undecided.discard(p)
+                    continue
+                for i, (p, slot, _, _) in enumerate(run):
+                    undecided.discard(p)
+                    if got < (i + 1) * (H + cb):
+                        out[p] = IntegrityError(f"short read of slot {slot}", keys[p])
+                        continue
+                    h = hoff + i * H
+                    start = cids[p] * cb
+                    out[p] = self._check_loaded(
+                        keys[p], slot, found[p][1], found[p][2], hdr[h : h + H], self._view[start : start + cb]
+                    )
+        except BaseException as e:  # cancelled: the chunks not read yet fail with it
+            for p in undecided:
+                out[p] = e
+            raise
+        finally:
+            self._ring_hdr_free.append(hslot)
+            self._unpin([s for s, _, _ in found.values()])
+            self._end_load_group(keys, out, found, t0)
         return out
 
     def _check_slot(self, key: bytes, slot: int, seq: int, csum: int, hb: memoryview, payload: memoryview) -> None:
@@ -1505,12 +1748,10 @@ def _checkpointer(ref: weakref.ReferenceType[NvmeTier], wake: threading.Event) -
         del tier
 
 
-def _release(wake: threading.Event, fds: list[int], journal: _Journal, uring: UringIO | None) -> None:
+def _release(wake: threading.Event, fds: list[int], journal: _Journal) -> None:
     """Finalizer of a tier collected without ``aclose()``: end its thread, close its files."""
     wake.set()
     journal.close()
-    if uring is not None:
-        uring.close()
     while fds:
         os.close(fds.pop())
 
