@@ -25,6 +25,7 @@ from tiers.nvme import Checkpoint, NvmeTier, read_checkpoint, write_checkpoint
 
 _NO_URING = ioring.problem()
 needs_uring = pytest.mark.skipif(_NO_URING is not None, reason=f"io_uring cannot be initialised here: {_NO_URING}")
+ENGINES = ["psync"] if _NO_URING is not None else ["psync", "io_uring"]
 
 
 class TestNvmeTier(TierConformance):
@@ -120,9 +121,10 @@ def _chunk(view: memoryview, chunk: int, i: int) -> bytes:
 
 
 # -- slot format and I/O paths -------------------------------------------------------------------------
-async def test_aligned_view_goes_direct_and_unaligned_bounces(tmp_path: Path) -> None:
+@pytest.mark.parametrize("io_engine", ENGINES)
+async def test_aligned_view_goes_direct_and_unaligned_bounces(tmp_path: Path, io_engine: str) -> None:
     for aligned in (True, False):
-        tier, view = _make(tmp_path / f"a{aligned}.slab", aligned=aligned)
+        tier, view = _make(tmp_path / f"a{aligned}.slab", aligned=aligned, io_engine=io_engine)
         async with tier:
             data = _fill(view, CHUNK, 1)
             keys = [b"k%d" % i for i in range(16)]
@@ -136,8 +138,9 @@ async def test_aligned_view_goes_direct_and_unaligned_bounces(tmp_path: Path) ->
             assert tier.stats().extra.get("direct_io_fallbacks", 0) == 0
 
 
-async def test_chunk_size_not_a_block_multiple(tmp_path: Path) -> None:
-    tier, view = _make(tmp_path / "odd.slab", chunk=10_000, nchunks=8)
+@pytest.mark.parametrize("io_engine", ENGINES)
+async def test_chunk_size_not_a_block_multiple(tmp_path: Path, io_engine: str) -> None:
+    tier, view = _make(tmp_path / "odd.slab", chunk=10_000, nchunks=8, io_engine=io_engine)
     async with tier:
         data = _fill(view, 10_000, 2)
         keys = [b"odd%d" % i for i in range(8)]
@@ -349,9 +352,11 @@ async def test_other_layout_reformats(tmp_path: Path) -> None:
         assert tier.stats().stored_chunks == 0
 
 
-async def test_striping_across_paths(tmp_path: Path) -> None:
+@pytest.mark.parametrize("io_engine", ENGINES)
+async def test_striping_across_paths(tmp_path: Path, io_engine: str) -> None:
+    """Slots rotate across the stripes; a grouped call (max_inflight=2) spans all three."""
     paths = [tmp_path / "s0.slab", tmp_path / "s1.slab", tmp_path / "s2.slab"]
-    tier, view = _make(paths, slots=30, nchunks=12)
+    tier, view = _make(paths, slots=30, nchunks=12, io_engine=io_engine, max_inflight=2)
     data = _fill(view, CHUNK, 11)
     keys = [b"s%d" % i for i in range(12)]
     async with tier:
@@ -359,7 +364,7 @@ async def test_striping_across_paths(tmp_path: Path) -> None:
         assert (await tier.offload(keys, list(range(12)))).ok
     for p in paths:  # every stripe got its share of the chunks
         assert p.read_bytes().count(b"ATKV") == 4
-    tier, view = _make(paths, slots=30, nchunks=12)
+    tier, view = _make(paths, slots=30, nchunks=12, io_engine=io_engine, max_inflight=2)
     async with tier:
         view[:] = bytes(view.nbytes)
         assert (await tier.load(keys, list(range(12)))).ok
@@ -681,10 +686,13 @@ async def _million(tmp_path: Path) -> None:
 
 
 # -- coalescing ---------------------------------------------------------------------------------------
-async def test_many_small_chunks_coalesce_into_fewer_ios(tmp_path: Path) -> None:
+@pytest.mark.parametrize("io_engine", ENGINES)
+async def test_many_small_chunks_coalesce_into_fewer_ios(tmp_path: Path, io_engine: str) -> None:
     """A 64-chunk call runs as groups (one job, one pwritev/preadv per run of adjacent slots)."""
     for aligned in (True, False):
-        tier, view = _make(tmp_path / f"co{aligned}.slab", nchunks=64, slots=128, aligned=aligned, max_inflight=4)
+        tier, view = _make(
+            tmp_path / f"co{aligned}.slab", nchunks=64, slots=128, aligned=aligned, max_inflight=4, io_engine=io_engine
+        )
         async with tier:
             data = _fill(view, CHUNK, 14)
             keys = [b"co%d" % i for i in range(64)]
@@ -704,12 +712,13 @@ async def test_many_small_chunks_coalesce_into_fewer_ios(tmp_path: Path) -> None
             assert tier.stats().loaded == 63
 
 
-async def test_grouped_calls_skip_stored_keys_and_fail_bad_slots_one_by_one(tmp_path: Path) -> None:
+@pytest.mark.parametrize("io_engine", ENGINES)
+async def test_grouped_calls_skip_stored_keys_and_fail_bad_slots_one_by_one(tmp_path: Path, io_engine: str) -> None:
     """The group paths book per chunk what the one-chunk paths do: skips, integrity failures
     (a corrupted payload, a corrupted header), bit-exact loads of the rest, stats."""
     for aligned in (True, False):
         p = tmp_path / f"grp{aligned}.slab"
-        tier, view = _make(p, nchunks=64, slots=128, aligned=aligned, max_inflight=2)
+        tier, view = _make(p, nchunks=64, slots=128, aligned=aligned, max_inflight=2, io_engine=io_engine)
         data = _fill(view, CHUNK, 21)
         keys = [b"g%02d" % i for i in range(48)]
         async with tier:
@@ -720,7 +729,7 @@ async def test_grouped_calls_skip_stored_keys_and_fail_bad_slots_one_by_one(tmp_
             assert (s.offloaded, s.skipped, s.offload_latency.count) == (48, 16, 64)
         digest = OffloadingSpec(CHUNK, 1, namespace=NS).layout_digest
         _flip(p, [_find(p, data[3][:64]) + 777, _find(p, digest + keys[5]) + 16 + 1])
-        tier, view = _make(p, nchunks=64, slots=128, aligned=aligned, max_inflight=2)
+        tier, view = _make(p, nchunks=64, slots=128, aligned=aligned, max_inflight=2, io_engine=io_engine)
         async with tier:
             view[:] = bytes(view.nbytes)
             perm = list(range(63, 15, -1))  # other slots than offloaded from
