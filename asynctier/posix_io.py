@@ -14,6 +14,7 @@ import errno
 import mmap
 import os
 import stat
+import sys
 
 __all__ = [
     "O_DIRECT",
@@ -22,6 +23,7 @@ __all__ = [
     "direct_io_ok",
     "fsync_dir",
     "logical_block_size",
+    "network_fs",
     "pread_into",
     "pwrite_all",
 ]
@@ -97,6 +99,41 @@ def logical_block_size(path: str | os.PathLike[str]) -> int:
         finally:
             os.close(fd)
     return max(512, os.statvfs(path).f_bsize)
+
+
+#: statfs(2) ``f_type`` of file systems whose locks (and metadata) go over the network
+_NETWORK_FS_MAGIC = {
+    0x6969: "nfs",
+    0x517B: "smb",
+    0xFF534D42: "cifs",
+    0xFE534D42: "smb2",
+    0x0BD00BD0: "lustre",
+    0x00C36400: "ceph",
+    0x47504653: "gpfs",
+    0x65735546: "fuse",
+    0x5346414F: "afs",
+    0x01021997: "9p",
+    0x7461636F: "ocfs2",
+    0x01161970: "gfs2",
+    0x19830326: "beegfs",
+    0x73757245: "coda",
+}
+
+
+def network_fs(path: str | os.PathLike[str]) -> str | None:
+    """The name of the network (or FUSE) file system holding ``path``, None for a local one
+    or where it cannot be told (statfs(2) on 64-bit Linux only).
+
+    Tiers use it to keep calls that may wait on a server (locks, for one) off the event loop.
+    """
+    if not sys.platform.startswith("linux") or ctypes.sizeof(ctypes.c_long) != 8:
+        return None
+    buf = ctypes.create_string_buffer(256)  # struct statfs is 120 bytes; f_type comes first
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.statfs(os.fsencode(path), buf) != 0:
+        return None
+    f_type = ctypes.c_long.from_buffer(buf).value & 0xFFFFFFFF
+    return _NETWORK_FS_MAGIC.get(f_type)
 
 
 def pwrite_all(fd: int, view: memoryview, offset: int) -> None:

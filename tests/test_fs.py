@@ -21,6 +21,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -831,6 +832,36 @@ async def test_evicted_files_are_recycled_in_place(tmp_path: Path, io_engine: st
     async with again:
         res = await again.load(keys(4, "b"), [0, 1, 2, 3])
         assert res.ok and [chunk(view2, i) for i in range(4)] == data[4:8]
+
+
+async def test_on_a_network_file_system_the_recycle_check_stays_off_the_loop(
+    tmp_path: Path, io_engine: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The check that no other tier holds the namespace queries a lock; on NFS or Lustre that
+    is a round trip to the server, so there it runs on a thread, never on the event loop."""
+    import tiers.fs as fs_mod
+
+    monkeypatch.setattr(fs_mod, "network_fs", lambda path: "nfs")  # what statfs would say there
+    loop_thread = threading.get_ident()
+    where: list[int] = []
+    real_alone = FsTier._alone
+
+    def alone(self: FsTier) -> bool:
+        where.append(threading.get_ident())
+        return real_alone(self)
+
+    monkeypatch.setattr(FsTier, "_alone", alone)
+    per = HEADER_BLOCK + CHUNK
+    tier, view = make_tier(tmp_path, aligned_buffer(CHUNK * NCHUNKS), capacity_bytes=4 * per, max_inflight=4)
+    data = fill(view, 33)
+    async with tier:
+        assert tier._network_fs == "nfs"
+        assert (await tier.offload(keys(4, "a"), [0, 1, 2, 3])).ok
+        assert (await tier.offload(keys(4, "b"), [4, 5, 6, 7])).ok
+        assert tier.stats().extra.get("recycled") == 4
+        assert len(where) == 4 and loop_thread not in where
+        res = await tier.load(keys(4, "b"), [8, 9, 10, 11])
+        assert res.ok and [chunk(view, 8 + i) for i in range(4)] == data[4:8]
 
 
 async def test_no_recycling_while_another_tier_has_the_namespace_open(tmp_path: Path, io_engine: str) -> None:

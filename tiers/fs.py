@@ -40,7 +40,9 @@ temporary name, overwritten with the new chunk and renamed under its key, so a f
 (a cache's steady state) creates, allocates and frees no file per chunk. Only while no
 other tier has the namespace open: each open tier holds a shared lock on
 ``ROOT/v1-<digest>/.owners``, and a file is overwritten only if, after it left its name,
-no one else holds that lock (then no one else can have it open, nor open it later).
+no one else holds that lock (then no one else can have it open, nor open it later). On a
+network file system (NFS, Lustre, ...; :func:`asynctier.posix_io.network_fs`) that lock
+query is a round trip to the server, so the io_uring engine makes it on a thread.
 
 Sharing a root between processes (two servers on one host): files are immutable once
 published (while another tier has the namespace open, none is recycled), so readers never
@@ -90,7 +92,7 @@ from asynctier import BlockingChunkTier, ChunkNotFoundError, IntegrityError, Tie
 from asynctier.engines import Engine
 from asynctier.integrity import ChunkHeader, checksum, key_token
 from asynctier.lru import LRUIndex
-from asynctier.posix_io import O_DIRECT, aligned_buffer, buffer_address, logical_block_size
+from asynctier.posix_io import O_DIRECT, aligned_buffer, buffer_address, logical_block_size, network_fs
 from asynctier.spec import FORMAT_VERSION
 
 __all__ = ["FsTier", "HEADER_BLOCK", "N_SHARDS"]
@@ -415,6 +417,7 @@ class FsTier(BlockingChunkTier):
         self._hb_addr = self._view_addr = 0
         self._lock_fd = -1
         self._recycle_on = False
+        self._network_fs: str | None = None  # NFS, Lustre, ...: lock queries may wait on a server
 
     # -- capacity ---------------------------------------------------------------------------
     def stored_size(self) -> int:
@@ -479,6 +482,7 @@ class FsTier(BlockingChunkTier):
             raise
         self._shard_fds = fds
         self._lock_fd = self._hold_namespace()
+        self._network_fs = network_fs(self.dir)
         self._recycle_on = self._lock_fd >= 0 and (self.recycle is True or (self.recycle == "auto" and self.verify))
         pools: list[_TmpfilePool] = []
         # a tier dropped without aclose() must not leak its descriptors or its pool's thread
@@ -883,7 +887,9 @@ class FsTier(BlockingChunkTier):
             return None, True
         if r_rename == 0:
             self._evicted(victim, None)
-            if self._may_recycle(victim):
+            # the check queries a lock: on a network file system that is a round trip to the
+            # server, which must not stall the event loop
+            if await asyncio.to_thread(self._may_recycle, victim) if self._network_fs else self._may_recycle(victim):
                 return (vfd, spare), False
 
             def drop(ring: ioring.Ring, ud: int) -> Any:
