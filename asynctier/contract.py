@@ -14,7 +14,9 @@ Semantics users rely on (and :mod:`asynctier.testing` checks for every tier):
   id out of range, a read-only view for ``load``, a tier not open or closed.
 * **Bounded concurrency:** at most ``max_inflight`` chunk I/Os run at once across all
   callers; one call's chunks run in parallel up to that bound; loads go ahead of queued
-  stores; stores either wait for room or are dropped (``store_backpressure``).
+  stores; stores either wait for room or are dropped (``store_backpressure``). A tier that
+  coalesces adjacent small chunks into one I/O (the nvme tier's groups, up to
+  ``coalesce_bytes``) counts that I/O once.
 * **Cancellation:** when the awaiting task is cancelled, no new chunk I/O of that call
   starts, and ``CancelledError`` reaches the caller only after every I/O already touching the
   caller's buffer has finished. The caller may reuse its slots the moment it regains
