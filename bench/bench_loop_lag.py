@@ -208,7 +208,13 @@ def main() -> int:
         help="io_engine values to run the fs tier with; the first (default: the tier's own default, "
         "'auto') is the one held to the target",
     )
+    ap.add_argument(
+        "--nvme-engines",
+        default="psync,io_uring",
+        help="io_engine values to run the nvme tier with",
+    )
     ap.add_argument("--out", default=str(REPO / "bench" / "results"))
+    ap.add_argument("--name", default="loop_lag", help="base name of the result files")
     args = ap.parse_args()
     if args.switch_interval is not None:
         sys.setswitchinterval(args.switch_interval)
@@ -224,8 +230,9 @@ def main() -> int:
         for loop_name in loops:
             for tier_name in tiers:
                 engines: list[str | None] = [None]
-                if tier_name == "fs":
-                    engines = list(dict.fromkeys(e.strip() for e in args.fs_engines.split(",") if e.strip()))
+                if tier_name in ("fs", "nvme"):
+                    chosen = args.fs_engines if tier_name == "fs" else args.nvme_engines
+                    engines = list(dict.fromkeys(e.strip() for e in chosen.split(",") if e.strip()))
                 for chunk, depth, engine in ((c, d, e) for c in sizes for d in depths for e in engines):
                     coro = measure(tier_name, chunk, depth, args, workdir, loop_name, engine)
                     rows = run_on(factories[loop_name], coro)
@@ -317,7 +324,7 @@ def main() -> int:
             else "No fs offload measured.",
         ]
     )
-    for p in benchkit.write_results(args.out, "loop_lag", data, md):
+    for p in benchkit.write_results(args.out, args.name, data, md):
         print(f"wrote {p}")
     return 0 if data["meets_target"] or worst is None else 1
 
