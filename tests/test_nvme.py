@@ -522,8 +522,12 @@ async def test_io_uring_cancelled_call_frees_what_it_did_not_publish(tmp_path: P
             task = asyncio.ensure_future(tier.offload(keys, list(range(64))))
             await asyncio.sleep(0.002 * round_)
             task.cancel()
-            with pytest.raises(asyncio.CancelledError):
+            try:
                 await task
+            except asyncio.CancelledError:
+                pass
+            else:  # a later round's call may finish before the cancellation lands
+                assert round_ > 0, "a call cancelled right after it started completed"
             held = [k for k, ok in zip(keys, await tier.lookup(keys)) if ok]
             idx = tier._idx
             assert idx is not None and not idx.writing and not idx.pins
