@@ -66,10 +66,11 @@ index lock twice (allocate all, publish all), which more than halves the CPU spe
 64 KiB chunk. ``bench/results/nvme.md`` has both engines side by side with fio. psync stays
 the default: on the 2-core bench machine it offloaded faster at every size (the ring does
 each slot's checksum, header and bookkeeping on the one loop thread, and its submissions
-run the block layer's work there too), and loads were within noise of each other. The loop
-pays for that work in lag: streaming 2 MiB offloads at depth 16, the loop's p99 lag reached
-6.0-6.2 ms with the ring against 2.3-3.9 ms with psync (256 KiB: at most 3.7 ms either way;
-``bench/results/loop_lag_nvme.md``).
+run the block layer's work there too), and loads were within noise of each other. Chunks of
+1 MiB or more are checksummed on a thread even with the ring: hashing 2 MiB on the loop
+thread held the loop's p99 lag at 6.3-8.8 ms while 2 MiB chunks streamed at depth 16, on a
+thread 2.5-3.7 ms (and offloads ran 1.2-1.5x faster); in ``bench/results/loop_lag_nvme.md``
+both engines keep p99 under 5 ms.
 """
 
 from __future__ import annotations
@@ -134,6 +135,7 @@ _REC = struct.Struct("<BBHIQQ")
 _U64 = struct.Struct("<Q")
 _PUBLISH, _EVICT = 1, 2
 _IO_ENGINES = ("psync", "io_uring", "auto")
+_RING_THREAD_HASH = 1 << 20  # io_uring engine: chunks from this size are checksummed on a thread
 _EPOCH_SHIFT = 32
 
 
@@ -1581,7 +1583,11 @@ class NvmeTier(BlockingChunkTier):
                 spans: list[tuple[int, int]] = []
                 for i, (p, _slot, _, _) in enumerate(run):
                     start = cids[p] * cb
-                    csum = csums[p] = checksum(self._view[start : start + cb])
+                    data = self._view[start : start + cb]
+                    # a large chunk's checksum would hold the loop for 0.1 ms or more: hash it on a thread
+                    csum = csums[p] = (
+                        await asyncio.to_thread(checksum, data) if cb >= _RING_THREAD_HASH else checksum(data)
+                    )
                     head = pack_header(keys[p], cb, csum, digest, slots[p][1])
                     h = hoff + i * H
                     hdr[h : h + len(head)] = head
@@ -1653,9 +1659,11 @@ class NvmeTier(BlockingChunkTier):
                         continue
                     h = hoff + i * H
                     start = cids[p] * cb
-                    out[p] = self._check_loaded(
-                        keys[p], slot, found[p][1], found[p][2], hdr[h : h + H], self._view[start : start + cb]
-                    )
+                    args = (keys[p], slot, found[p][1], found[p][2], hdr[h : h + H], self._view[start : start + cb])
+                    if cb >= _RING_THREAD_HASH and self.verify:
+                        out[p] = await asyncio.to_thread(self._check_loaded, *args)
+                    else:
+                        out[p] = self._check_loaded(*args)
         except BaseException as e:  # cancelled: the chunks not read yet fail with it
             for p in undecided:
                 out[p] = e
