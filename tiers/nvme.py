@@ -88,10 +88,11 @@ import uuid as uuidlib
 import weakref
 from array import array
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from itertools import accumulate, compress
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import xxhash
 
@@ -117,6 +118,7 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 _SB_MAGIC = b"ATNVSLAB"
 _CK_MAGIC = b"ATNVCKPT"
@@ -710,6 +712,7 @@ class NvmeTier(BlockingChunkTier):
         self._lring: ioring.LoopRing | None = None
         self._ring_hdr: memoryview | None = None  # header blocks of the jobs in flight on the ring
         self._ring_hdr_free: list[int] = []
+        self._ring_pool: ThreadPoolExecutor | None = None  # the ring's blocking helpers (see _on_pool)
         self._ring_addrs = (0, 0, 0)  # header pool, primary view, one job's header bytes
         self._fds: list[int] = []
         self._direct = False
@@ -1491,6 +1494,10 @@ class NvmeTier(BlockingChunkTier):
         except BaseException:
             await super()._close_medium()
             raise
+        # Hashing large chunks, journal waits (an fdatasync under "fsync") and rare retries run
+        # here: on the loop's default executor (6 threads on 2 cores, shared with the
+        # application) journal waits held the threads the hashes needed.
+        self._ring_pool = ThreadPoolExecutor(max_workers=jobs + 1, thread_name_prefix="asynctier-nvme-ring")
         self._ring_hdr = aligned_buffer(jobs * per_job)
         self._ring_hdr_free = list(range(jobs - 1, -1, -1))
         # addresses by arithmetic on the hot path, not a buffer export per chunk
@@ -1500,7 +1507,15 @@ class NvmeTier(BlockingChunkTier):
         lring, self._lring = self._lring, None
         if lring is not None:
             await lring.aclose()
+        pool, self._ring_pool = self._ring_pool, None
+        if pool is not None:
+            pool.shutdown(wait=False)  # the engine is drained: nothing is running on it
         await super()._close_medium()
+
+    def _on_pool(self, fn: Callable[..., T], *args: Any) -> asyncio.Future[T]:
+        """Run a blocking helper of the ring engine on the tier's own threads."""
+        assert self._ring_pool is not None
+        return asyncio.get_running_loop().run_in_executor(self._ring_pool, fn, *args)
 
     def _job_fn(self, op: str) -> Callable[..., Any]:
         if not self._ring_mode:
@@ -1512,7 +1527,7 @@ class NvmeTier(BlockingChunkTier):
         blocking = super()._job_fn(op)
 
         async def on_thread(*args: Any) -> Any:  # remove, lookup, verify: off the hot path
-            return await asyncio.to_thread(blocking, *args)
+            return await self._on_pool(blocking, *args)
 
         return on_thread
 
@@ -1536,7 +1551,7 @@ class NvmeTier(BlockingChunkTier):
         journal = self._journal
         assert journal is not None
         if not journal.flushed(ticket):
-            await asyncio.to_thread(journal.wait, ticket)
+            await self._on_pool(journal.wait, ticket)
 
     async def _ring_rw(self, write: bool, fd: int, spans: list[tuple[int, int]], offset: int) -> int:
         """One ``writev``/``readv`` SQE over ``spans`` (memory the tier keeps alive); its result."""
@@ -1562,7 +1577,7 @@ class NvmeTier(BlockingChunkTier):
     async def _ring_store_group(self, keys: list[bytes], cids: list[int], t0: float) -> list[BaseException | None]:
         """:meth:`_store_group` with each run of adjacent slots one ``writev`` on the ring."""
         if not self._zc_all:  # bounce copies (an unaligned primary view): the thread path has them
-            return await asyncio.to_thread(self._store_group, keys, cids, t0)
+            return await self._on_pool(self._store_group, keys, cids, t0)
         geo, hdr = self._geo, self._ring_hdr
         assert geo is not None and hdr is not None
         out, slots, wait = self._alloc_group(keys, t0)
@@ -1585,9 +1600,7 @@ class NvmeTier(BlockingChunkTier):
                     start = cids[p] * cb
                     data = self._view[start : start + cb]
                     # a large chunk's checksum would hold the loop for 0.1 ms or more: hash it on a thread
-                    csum = csums[p] = (
-                        await asyncio.to_thread(checksum, data) if cb >= _RING_THREAD_HASH else checksum(data)
-                    )
+                    csum = csums[p] = await self._on_pool(checksum, data) if cb >= _RING_THREAD_HASH else checksum(data)
                     head = pack_header(keys[p], cb, csum, digest, slots[p][1])
                     h = hoff + i * H
                     hdr[h : h + len(head)] = head
@@ -1599,7 +1612,7 @@ class NvmeTier(BlockingChunkTier):
                     if res < 0:
                         raise OSError(-res, f"writev of slots at offset {off}: {os.strerror(-res)}")
                     if res < want:  # short write (rare): finish it with the looping system call
-                        await asyncio.to_thread(_pwritev_all, fd, self._ring_views(spans), off)
+                        await self._on_pool(_pwritev_all, fd, self._ring_views(spans), off)
                 except Exception as e:
                     pending.difference_update(ps)
                     self._abort_group(keys, ps, slots, out, e, t0)
@@ -1626,7 +1639,7 @@ class NvmeTier(BlockingChunkTier):
     async def _ring_load_group(self, keys: list[bytes], cids: list[int], t0: float) -> list[BaseException | None]:
         """:meth:`_load_group` with each run of adjacent slots one ``readv`` on the ring."""
         if not self._zc_all:
-            return await asyncio.to_thread(self._load_group, keys, cids, t0)
+            return await self._on_pool(self._load_group, keys, cids, t0)
         geo, hdr = self._geo, self._ring_hdr
         assert geo is not None and hdr is not None
         out, found = self._pin_group(keys, t0)
@@ -1646,7 +1659,7 @@ class NvmeTier(BlockingChunkTier):
                     if got < 0:
                         raise OSError(-got, f"readv of slots at offset {off}: {os.strerror(-got)}")
                     if got < want:  # short read (rare): what the looping system call gets
-                        got = await asyncio.to_thread(_preadv_all, fd, self._ring_views(spans), off)
+                        got = await self._on_pool(_preadv_all, fd, self._ring_views(spans), off)
                 except Exception as e:
                     for p, _, _, _ in run:
                         out[p] = e
@@ -1661,7 +1674,7 @@ class NvmeTier(BlockingChunkTier):
                     start = cids[p] * cb
                     args = (keys[p], slot, found[p][1], found[p][2], hdr[h : h + H], self._view[start : start + cb])
                     if cb >= _RING_THREAD_HASH and self.verify:
-                        out[p] = await asyncio.to_thread(self._check_loaded, *args)
+                        out[p] = await self._on_pool(self._check_loaded, *args)
                     else:
                         out[p] = self._check_loaded(*args)
         except BaseException as e:  # cancelled: the chunks not read yet fail with it
