@@ -59,18 +59,19 @@ Engine
 ``"io_uring"``: no worker thread; each job is a coroutine on the event loop whose slot I/O
 is one ``writev``/``readv`` entry on an io_uring served by the loop
 (:class:`asynctier.ioring.LoopRing`, the ring the fs tier uses: ctypes, no binding); journal
-flushes that must wait go to a thread. ``"auto"``: io_uring where a ring can be set up, else
-psync. A call of many small chunks runs as *group* jobs of up to ``coalesce_bytes``
-(default 1 MiB): each group writes every run of adjacent slots with one I/O and takes the
-index lock twice (allocate all, publish all), which more than halves the CPU spent per
-64 KiB chunk. ``bench/results/nvme.md`` has both engines side by side with fio. psync stays
-the default: on the 2-core bench machine it offloaded faster at every size (the ring does
-each slot's checksum, header and bookkeeping on the one loop thread, and its submissions
-run the block layer's work there too), and loads were within noise of each other. Chunks of
-1 MiB or more are checksummed on a thread even with the ring: hashing 2 MiB on the loop
-thread held the loop's p99 lag at 6.3-8.8 ms while 2 MiB chunks streamed at depth 16, on a
-thread 2.5-3.7 ms (and offloads ran 1.2-1.5x faster); in ``bench/results/loop_lag_nvme.md``
-both engines keep p99 under 5 ms.
+flushes that must wait, and chunks of 1 MiB or more to checksum, go to the tier's own
+threads. ``"auto"``: io_uring where a ring can be set up, else psync. A call of many small
+chunks runs as *group* jobs of up to ``coalesce_bytes`` (default 1 MiB): each group writes
+every run of adjacent slots with one I/O and takes the index lock twice (allocate all,
+publish all), which more than halves the CPU spent per 64 KiB chunk.
+
+psync stays the default: over four ``bench/bench_nvme.py`` runs on the 2-core bench machine
+it led the 2 MiB offloads in three, and on 64 KiB chunks and on loads the engines traded
+places (bench/README.md, "nvme tier"). The ring does each chunk's header and bookkeeping on
+the loop thread, and its ``io_uring_enter`` runs the block layer's submission work there.
+Hashing 2 MiB chunks on the loop as well held the loop's p99 lag at 6.3-8.8 ms while they
+streamed at depth 16; on threads, 2.5-3.7 ms (``bench/results/loop_lag_nvme.md``: both
+engines under 5 ms).
 """
 
 from __future__ import annotations
