@@ -627,6 +627,29 @@ class BlockingChunkTier(ChunkTier):
             "verify": self._verify_job,
         }[op]
 
+    def _coroutine_job_fn(
+        self,
+        op: str,
+        offload: Callable[..., Awaitable[Any]],
+        load: Callable[..., Awaitable[Any]],
+        run: Callable[..., Awaitable[Any]] | None = None,
+    ) -> Callable[..., Any]:
+        """Job bodies for a blocking tier whose engine is async (an io_uring served by the
+        event loop): the ``offload``/``load`` coroutines on the hot path; the blocking bodies
+        of the other operations (remove, lookup, verify: rare) on a thread, through ``run``
+        (default :func:`asyncio.to_thread`)."""
+        if op == "offload":
+            return offload
+        if op == "load":
+            return load
+        blocking = BlockingChunkTier._job_fn(self, op)
+        runner = run or asyncio.to_thread
+
+        async def on_thread(*args: Any) -> Any:
+            return await runner(blocking, *args)
+
+        return on_thread
+
     def _verify_job(self, key: bytes, remove_bad: int, t0: float) -> None:
         try:
             self.read_chunk(key, memoryview(bytearray(self.offloading_spec.chunk_bytes)))

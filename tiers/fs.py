@@ -843,16 +843,7 @@ class FsTier(BlockingChunkTier):
     def _job_fn(self, op: str) -> Callable[..., Any]:
         if not self._ring_mode:
             return super()._job_fn(op)
-        if op == "offload":
-            return self._ring_store_job
-        if op == "load":
-            return self._ring_load_job
-        blocking = super()._job_fn(op)
-
-        async def on_thread(*args: Any) -> Any:  # remove, lookup, verify: rare, off the hot path
-            return await asyncio.to_thread(blocking, *args)
-
-        return on_thread
+        return self._coroutine_job_fn(op, self._ring_store_job, self._ring_load_job)
 
     def _slot_hb(self, slot: int) -> memoryview:
         assert self._ring_hb is not None

@@ -1521,16 +1521,7 @@ class NvmeTier(BlockingChunkTier):
     def _job_fn(self, op: str) -> Callable[..., Any]:
         if not self._ring_mode:
             return super()._job_fn(op)
-        if op == "offload":
-            return self._ring_store_job
-        if op == "load":
-            return self._ring_load_job
-        blocking = super()._job_fn(op)
-
-        async def on_thread(*args: Any) -> Any:  # remove, lookup, verify: off the hot path
-            return await self._on_pool(blocking, *args)
-
-        return on_thread
+        return self._coroutine_job_fn(op, self._ring_store_job, self._ring_load_job, self._on_pool)
 
     def _group_job_fn(self, op: str) -> Callable[..., Any]:
         if not self._ring_mode:
