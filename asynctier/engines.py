@@ -28,7 +28,7 @@ import itertools
 import logging
 import threading
 from collections.abc import Awaitable, Callable, Iterable
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 __all__ = [
     "AsyncEngine",
@@ -40,9 +40,11 @@ __all__ = [
     "PRIO_REMOVE",
     "PRIO_STORE",
     "ThreadEngine",
+    "finish_on_thread",
 ]
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 PRIO_LOAD = 0
 PRIO_LOOKUP = 1
@@ -316,3 +318,25 @@ class AsyncEngine(_EngineBase):
         tasks, self._tasks = self._tasks, []
         if tasks:
             await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def finish_on_thread(fn: Callable[..., T], *args: Any, executor: Any = None) -> T:
+    """``fn(*args)`` on a thread (``executor``, default the loop's); its result.
+
+    For the blocking helpers of an async engine that read or write the caller's buffer
+    (hashing a chunk, a retried transfer): if the awaiting task is cancelled, the thread
+    cannot be stopped, so this waits for ``fn`` to return before the cancellation goes on,
+    as the contract requires of any I/O touching the caller's memory.
+    """
+    fut = asyncio.get_running_loop().run_in_executor(executor, fn, *args)
+    try:
+        return await asyncio.shield(fut)
+    except asyncio.CancelledError:
+        while not fut.done():
+            try:
+                await asyncio.shield(fut)
+            except asyncio.CancelledError:
+                pass
+        if not fut.cancelled():
+            fut.exception()  # retrieved: the cancellation is what the caller hears
+        raise

@@ -244,3 +244,28 @@ async def test_a_group_job_that_misreports_fails_its_chunks_never_succeeds_them(
         res = await tier.offload([b"k%d" % i for i in range(8)], list(range(8)))
         assert res.succeeded == [] and len(res.failed) == 8
         assert all(isinstance(e, RuntimeError) for e in res.failed.values())
+
+
+async def test_finish_on_thread_lets_a_cancelled_caller_go_only_after_the_thread_is_done() -> None:
+    """A thread touching the caller's buffer cannot be stopped: cancellation waits for it."""
+    from asynctier.engines import finish_on_thread
+
+    release = threading.Event()
+    done: list[bool] = []
+
+    def touch_buffer() -> int:
+        release.wait(10)
+        done.append(True)
+        return 1
+
+    task = asyncio.ensure_future(finish_on_thread(touch_buffer))
+    await asyncio.sleep(0.01)
+    task.cancel()
+    for _ in range(20):
+        await asyncio.sleep(0.005)
+    assert not task.done() and not done  # still waiting for the thread
+    release.set()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert done == [True]
+    assert await finish_on_thread(lambda a, b: a + b, 2, 3) == 5

@@ -1010,7 +1010,7 @@ class FsTier(BlockingChunkTier):
                     pass
             self.write_chunk(key, data)
 
-        await asyncio.to_thread(retry)
+        await engines.finish_on_thread(retry)  # it reads the caller's buffer: runs to its end
 
     async def _ring_load_job(self, key: bytes, cid: int, t0: float) -> None:
         if self._scanning or self.shared:
@@ -1055,7 +1055,8 @@ class FsTier(BlockingChunkTier):
         finally:
             lring.put_slot(slot)
         self._stats.incr("io_uring_retries")
-        await asyncio.to_thread(self.read_chunk, key, out)  # errors and O_DIRECT refusal live there
+        # errors and O_DIRECT refusal live there; it fills the caller's buffer: runs to its end
+        await engines.finish_on_thread(self.read_chunk, key, out)
 
     # -- recycling evicted files -------------------------------------------------------------
     def _store_job(self, key: bytes, cid: int, t0: float) -> None:

@@ -1513,10 +1513,11 @@ class NvmeTier(BlockingChunkTier):
             pool.shutdown(wait=False)  # the engine is drained: nothing is running on it
         await super()._close_medium()
 
-    def _on_pool(self, fn: Callable[..., T], *args: Any) -> asyncio.Future[T]:
-        """Run a blocking helper of the ring engine on the tier's own threads."""
+    async def _on_pool(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run a blocking helper of the ring engine on the tier's own threads (to its end,
+        even if cancelled: several read or write the caller's buffer)."""
         assert self._ring_pool is not None
-        return asyncio.get_running_loop().run_in_executor(self._ring_pool, fn, *args)
+        return await engines.finish_on_thread(fn, *args, executor=self._ring_pool)
 
     def _job_fn(self, op: str) -> Callable[..., Any]:
         if not self._ring_mode:
