@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import mmap
 import os
@@ -540,6 +541,58 @@ async def test_io_uring_cancelled_call_frees_what_it_did_not_publish(tmp_path: P
     tier, view = _make(p, nchunks=64, slots=256, io_engine="io_uring")
     async with tier:
         assert len(await tier.stored_keys()) == len(tier._idx.entries)  # type: ignore[union-attr]
+
+
+@needs_uring
+@pytest.mark.parametrize("chunk", [CHUNK, 2 * 1024 * 1024])
+async def test_io_uring_calls_cancelled_anywhere_leave_slots_and_buffers_whole(tmp_path: Path, chunk: int) -> None:
+    """Cancel offloads and loads at points spread from before their first step to past their
+    end: 64 KiB chunks go in coalesced groups, 2 MiB chunks one per job with the checksum on a
+    thread. A cancelled call returns only once the kernel and the threads are done with the
+    caller's buffer; no slot stays allocated or pinned; what was stored loads whole, and a
+    load after a cancelled one fills the buffer exactly."""
+    n, depth = (128, 2) if chunk == CHUNK else (8, 4)  # small: 9 groups of 15 slots, 2 running
+    tier, view = _make(
+        tmp_path / "kv.slab", chunk=chunk, nchunks=n, slots=4 * n, io_engine="io_uring", max_inflight=depth
+    )
+    data = _fill(view, chunk, 3)
+    cids = list(range(n))
+
+    async def cancel_after(coro: Any, delay: float) -> None:
+        task = asyncio.ensure_future(coro)
+        await asyncio.sleep(delay)
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+    async with tier:
+        idx = tier._idx
+        assert idx is not None
+        whole = [b"whole-%d" % i for i in cids]
+        t0 = time.perf_counter()
+        assert (await tier.offload(whole, cids)).ok
+        t_store = time.perf_counter() - t0
+        for step in range(12):
+            keys = [b"c%d-%d" % (step, i) for i in cids]
+            await cancel_after(tier.offload(keys, cids), t_store * step / 10)
+            assert not idx.writing and not idx.pins
+            assert len(idx.free) + len(idx.entries) == tier.nslots
+            held = [i for i, ok in enumerate(await tier.lookup(keys)) if ok]
+            view[:] = bytes(view.nbytes)
+            assert (await tier.load([keys[i] for i in held], held)).ok
+            assert all(_chunk(view, chunk, i) == data[i] for i in held)
+            await tier.remove(keys)  # room for the next step without evicting `whole`
+            _fill(view, chunk, 3)
+        view[:] = bytes(view.nbytes)
+        t0 = time.perf_counter()
+        assert (await tier.load(whole, cids)).ok
+        t_load = time.perf_counter() - t0
+        for step in range(12):
+            view[:] = bytes(view.nbytes)
+            await cancel_after(tier.load(whole, cids), t_load * step / 10)
+            assert not idx.pins
+            assert (await tier.load(whole, cids)).ok
+            assert [_chunk(view, chunk, i) for i in cids] == data
 
 
 async def test_missing_capacity_for_new_slab(tmp_path: Path) -> None:
