@@ -46,6 +46,7 @@ _NR_SETUP, _NR_ENTER, _NR_REGISTER = 425, 426, 427
 OP_NOP, OP_READV, OP_WRITEV, OP_FSYNC = 0, 1, 2, 3
 OP_OPENAT, OP_CLOSE = 18, 19
 OP_RENAMEAT, OP_UNLINKAT, OP_LINKAT = 35, 36, 39
+OP_FTRUNCATE = 55  # Linux 6.9+
 
 # sqe flags
 IOSQE_FIXED_FILE = 1 << 0
@@ -62,6 +63,8 @@ _IORING_ENTER_GETEVENTS = 1
 _IORING_SQ_CQ_OVERFLOW = 1 << 1  # sq_flags: completions wait on the kernel's overflow list
 _IORING_OFF_SQ_RING, _IORING_OFF_CQ_RING, _IORING_OFF_SQES = 0, 0x8000000, 0x10000000
 _IORING_REGISTER_EVENTFD = 4
+_IORING_REGISTER_PROBE = 8
+_IO_URING_OP_SUPPORTED = 1
 _IORING_REGISTER_FILES2 = 13
 _IORING_REGISTER_IOWQ_MAX_WORKERS = 19
 _IORING_RSRC_REGISTER_SPARSE = 1
@@ -195,6 +198,7 @@ class Ring:
         self._sq_head: int = self._sq_tail  # last seen; re-read only when the queue looks full
         self._to_submit = 0
         self._kept: dict[int, Any] = {}
+        self._supported: frozenset[int] | None = None
         self.eventfd: int | None = None
         self.files = files
         if files:
@@ -255,6 +259,21 @@ class Ring:
         _U32.pack_into(self._ring, self._sq_tail_off, self._sq_tail)  # x86-64: stores stay in order
         self._to_submit += 1
 
+    def supports(self, opcode: int) -> bool:
+        """Whether this kernel's io_uring knows ``opcode`` (IORING_REGISTER_PROBE, Linux 5.6+)."""
+        if self._supported is None:
+            # struct io_uring_probe: last_op, ops_len, resv, resv2[3], then 256 x (op, resv, flags, resv2)
+            buf = ctypes.create_string_buffer(16 + 256 * 8)
+            try:
+                _sys(_NR_REGISTER, self.fd, _IORING_REGISTER_PROBE, buf, 256)
+            except OSError:
+                self._supported = frozenset()
+            else:
+                raw = buf.raw
+                ops = [struct.unpack_from("=BxH", raw, 16 + 8 * i) for i in range(raw[1])]  # (op, flags)
+                self._supported = frozenset(op for op, flags in ops if flags & _IO_URING_OP_SUPPORTED)
+        return opcode in self._supported
+
     def keep(self, user_data: int, obj: Any) -> None:
         """Hold ``obj`` (buffers, iovec arrays) until the completion for ``user_data`` is reaped."""
         self._kept[user_data] = obj
@@ -307,6 +326,10 @@ class Ring:
     def prep_fsync(self, user_data: int, fd: int, *, datasync: bool = True, sqe_flags: int = 0) -> None:
         """``fdatasync``/``fsync``."""
         self._push(OP_FSYNC, sqe_flags, fd, 0, 0, 0, IORING_FSYNC_DATASYNC if datasync else 0, user_data)
+
+    def prep_ftruncate(self, user_data: int, fd: int, length: int, *, sqe_flags: int = 0) -> None:
+        """``ftruncate`` to ``length`` bytes (Linux 6.9+: check :meth:`supports`)."""
+        self._push(OP_FTRUNCATE, sqe_flags, fd, length, 0, 0, 0, user_data)
 
     def prep_close(self, user_data: int, fd: int = 0, *, slot: int | None = None, sqe_flags: int = 0) -> None:
         """``close`` of a descriptor, or of registered slot ``slot``."""

@@ -56,6 +56,27 @@ def test_write_then_read_through_a_registered_slot(tmp_path: Path) -> None:
         ring.close()  # idempotent
 
 
+def test_the_opcode_probe_and_ftruncate_through_a_slot(tmp_path: Path) -> None:
+    ring = Ring(entries=8, files=1)
+    try:
+        assert ring.supports(ioring.OP_WRITEV) and ring.supports(ioring.OP_OPENAT)
+        assert not ring.supports(250)  # no such operation
+        if not ring.supports(ioring.OP_FTRUNCATE):
+            pytest.skip("this kernel's io_uring has no ftruncate (Linux 6.9+)")
+        dfd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+        keep = ring.prep_openat(1, dfd, b"f", os.O_WRONLY | os.O_CREAT | os.O_EXCL, slot=0, sqe_flags=IOSQE_IO_LINK)
+        ring.prep_ftruncate(2, 0, 1 << 20, sqe_flags=IOSQE_IO_LINK | IOSQE_FIXED_FILE)
+        ring.prep_close(3, slot=0)
+        assert ring.submit() == 3
+        del keep
+        assert _drain(ring, 3) == {1: 0, 2: 0, 3: 0}
+        st = (tmp_path / "f").stat()
+        assert st.st_size == 1 << 20 and st.st_blocks == 0  # sized, nothing allocated
+        os.close(dfd)
+    finally:
+        ring.close()
+
+
 def test_a_failed_link_cancels_the_rest_but_a_hard_link_runs(tmp_path: Path) -> None:
     ring = Ring(entries=8, files=1)
     try:

@@ -27,7 +27,8 @@ Two engines move the bytes (``io_engine``; the default, ``"auto"``, takes io_uri
 system calls on ``max_inflight`` worker threads (open + pwritev + linkat + close; open +
 preadv + close). ``"io_uring"``: the event-loop thread writes one linked chain of io_uring
 entries per chunk — [unlink of an evicted chunk], open into a registered file slot,
-``writev`` of header + payload, [``fdatasync``], ``renameat``, [directory ``fsync``],
+[``ftruncate`` to its final size, so that the O_DIRECT write does not extend the file and
+need not wait in a kernel worker], ``writev`` of header + payload, [``fdatasync``], ``renameat``, [directory ``fsync``],
 close; a load is open, ``readv``, close — and hands each loop iteration's chains to the
 kernel in one ``io_uring_enter`` (:mod:`asynctier.ioring`). No Python thread waits on the
 disk, so the event loop is not starved of the GIL by I/O threads, and there are no
@@ -415,6 +416,7 @@ class FsTier(BlockingChunkTier):
         self._lring: ioring.LoopRing | None = None
         self._ring_hb: memoryview | None = None
         self._hb_addr = self._view_addr = 0
+        self._ring_presize = False  # the ring sizes a new file before its O_DIRECT write
         self._lock_fd = -1
         self._recycle_on = False
         self._network_fs: str | None = None  # NFS, Lustre, ...: lock queries may wait on a server
@@ -833,6 +835,14 @@ class FsTier(BlockingChunkTier):
             # addresses by arithmetic on the hot path, not a buffer export per chunk
             self._hb_addr = buffer_address(self._ring_hb)
             self._view_addr = buffer_address(self._view)
+            # An O_DIRECT write that extends its file cannot be issued without waiting (the
+            # size changes at completion), so the kernel hands it to one of the ring's few
+            # workers (one per CPU), which waits out the whole transfer: new files were
+            # written two at a time. Sized first, the write lies within the file and is
+            # issued without waiting. Measured (probe, ext4, 256 KiB depth 16, new files):
+            # 0.20x fio without, 0.67x with (fio one file per block: 0.61x). Not on a network
+            # file system, where the size change is another round trip to the server.
+            self._ring_presize = self._lring.ring.supports(ioring.OP_FTRUNCATE) and self._network_fs is None
 
     async def _close_medium(self) -> None:
         lring, self._lring = self._lring, None
@@ -946,8 +956,9 @@ class FsTier(BlockingChunkTier):
             nv = len(victims)
             at: dict[str, int] = {}
             nxt = nv
-            for stage, wanted in (("open", spare is None), ("write", True), ("datasync", sync), ("rename", True),
-                                  ("dirsync", sync), ("close", True)):  # fmt: skip
+            presize = spare is None and direct and self._ring_presize
+            for stage, wanted in (("open", spare is None), ("size", presize), ("write", True), ("datasync", sync),
+                                  ("rename", True), ("dirsync", sync), ("close", True)):  # fmt: skip
                 if wanted:
                     at[stage] = nxt
                     nxt += 1
@@ -961,6 +972,9 @@ class FsTier(BlockingChunkTier):
                     keep.append(
                         ring.prep_openat(ud + at["open"], dfd, src, oflags, 0o644, slot=slot, sqe_flags=LINK | SKIP)
                     )
+                if presize:
+                    size = HEADER_BLOCK + data.nbytes
+                    ring.prep_ftruncate(ud + at["size"], slot, size, sqe_flags=LINK | FIXED | SKIP)
                 ring.prep_rw(ud + at["write"], True, slot, iov, 0, sqe_flags=LINK | FIXED | SKIP)
                 if sync:
                     ring.prep_fsync(ud + at["datasync"], slot, datasync=True, sqe_flags=LINK | FIXED)
@@ -970,7 +984,7 @@ class FsTier(BlockingChunkTier):
                 ring.prep_close(ud + at["close"], slot=slot)
                 return keep
 
-            ends = tuple(at[stage] for stage in ("open", "write", "rename") if stage in at)
+            ends = tuple(at[stage] for stage in ("open", "size", "write", "rename") if stage in at)
             res = await lring.run(n, prep, keep=(iov, data), ends_on_report=ends)
             for v, r in zip(victims, res[:nv]):
                 self._evicted(v, None if r in (None, 0, -errno.ENOENT) else OSError(-r, os.strerror(-r)))
@@ -982,6 +996,7 @@ class FsTier(BlockingChunkTier):
                 await lring.run(1, lambda ring, ud: ring.prep_close(ud, slot=slot))
             ok = (
                 opened
+                and ("size" not in at or res[at["size"]] in (None, 0))
                 and r_write in (None, HEADER_BLOCK + data.nbytes)
                 and r_rename in (None, 0)
                 and all(r in (None, 0) for r in r_sync)
