@@ -865,14 +865,14 @@ async def test_on_a_network_file_system_the_recycle_check_stays_off_the_loop(
 
 
 @pytest.mark.skipif(_NO_RING is not None, reason=f"no io_uring: {_NO_RING}")
-@pytest.mark.parametrize("network", [False, True])
-async def test_the_ring_sizes_a_new_file_before_its_direct_write(
-    tmp_path: Path, network: bool, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize(("chunk_bytes", "network"), [(1 << 20, False), (1 << 20, True), (CHUNK, False)])
+async def test_the_ring_sizes_a_new_large_file_before_its_direct_write(
+    tmp_path: Path, chunk_bytes: int, network: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """An O_DIRECT write that extends its file waits in one of the ring's few kernel workers:
-    a new file is sized first (where the kernel has io_uring ftruncate), a recycled one is
-    already sized, and on a network file system (another round trip) it is not done. The
-    published file is whole either way."""
+    a new file of a large chunk is sized first (where the kernel has io_uring ftruncate); a
+    recycled one is sized already; small chunks, and files on a network file system (another
+    round trip), are not. The published file is whole either way."""
     import tiers.fs as fs_mod
 
     if network:
@@ -885,14 +885,19 @@ async def test_the_ring_sizes_a_new_file_before_its_direct_write(
         real(self, user_data, fd, length, sqe_flags=sqe_flags)
 
     monkeypatch.setattr(ioring.Ring, "prep_ftruncate", prep_ftruncate)
-    per = HEADER_BLOCK + CHUNK
-    tier, view = make_tier(
-        tmp_path, aligned_buffer(CHUNK * NCHUNKS), capacity_bytes=4 * per, max_inflight=4, io_engine="io_uring"
-    )
-    data = fill(view, 34)
+    per = HEADER_BLOCK + chunk_bytes
+    spec = OffloadingSpec(chunk_bytes, 12, namespace="test/fs")
+    view = aligned_buffer(spec.total_bytes)
+    conf = {"type": "fs", "root": str(tmp_path), "capacity_bytes": 4 * per, "max_inflight": 4, "io_engine": "io_uring"}
+    tier = SecondaryTierFactory.create_secondary_tier(conf, view, spec)
+    assert isinstance(tier, FsTier)
+    rnd = random.Random(34)
+    data = [rnd.randbytes(chunk_bytes) for _ in range(8)]
+    for i, d in enumerate(data):
+        view[i * chunk_bytes : (i + 1) * chunk_bytes] = d
     async with tier:
         assert tier._lring is not None
-        presize = tier._lring.ring.supports(ioring.OP_FTRUNCATE) and not network
+        presize = chunk_bytes >= 1 << 20 and tier._lring.ring.supports(ioring.OP_FTRUNCATE) and not network
         assert (await tier.offload(keys(4, "a"), [0, 1, 2, 3])).ok
         assert sized == ([per] * 4 if presize else [])
         assert tier.stats().extra.get("io_uring_retries", 0) == 0
@@ -901,8 +906,9 @@ async def test_the_ring_sizes_a_new_file_before_its_direct_write(
             assert st.st_size == per and st.st_blocks * 512 >= per  # written through, no hole
         assert (await tier.offload(keys(4, "b"), [4, 5, 6, 7])).ok  # at capacity: recycled
         assert tier.stats().extra.get("recycled") == 4 and len(sized) == (4 if presize else 0)
+        view[8 * chunk_bytes :] = bytes(4 * chunk_bytes)
         res = await tier.load(keys(4, "b"), [8, 9, 10, 11])
-        assert res.ok and [chunk(view, 8 + i) for i in range(4)] == data[4:8]
+        assert res.ok and [bytes(view[(8 + i) * chunk_bytes : (9 + i) * chunk_bytes]) for i in range(4)] == data[4:]
 
 
 async def test_no_recycling_while_another_tier_has_the_namespace_open(tmp_path: Path, io_engine: str) -> None:

@@ -27,14 +27,15 @@ Two engines move the bytes (``io_engine``; the default, ``"auto"``, takes io_uri
 system calls on ``max_inflight`` worker threads (open + pwritev + linkat + close; open +
 preadv + close). ``"io_uring"``: the event-loop thread writes one linked chain of io_uring
 entries per chunk — [unlink of an evicted chunk], open into a registered file slot,
-[``ftruncate`` to its final size, so that the O_DIRECT write does not extend the file and
-need not wait in a kernel worker], ``writev`` of header + payload, [``fdatasync``], ``renameat``, [directory ``fsync``],
-close; a load is open, ``readv``, close — and hands each loop iteration's chains to the
-kernel in one ``io_uring_enter`` (:mod:`asynctier.ioring`). No Python thread waits on the
-disk, so the event loop is not starved of the GIL by I/O threads, and there are no
-per-syscall thread hand-offs. Any chain that does not simply succeed (short write, ENOSPC,
-O_DIRECT refused, EIO) is handed to the thread path for one retry, which owns error
-classification, ENOSPC eviction and O_DIRECT fallback.
+[``ftruncate`` to its final size, for chunks of 1 MiB or more: the O_DIRECT write then does
+not extend the file and need not wait in a kernel worker], ``writev`` of header + payload,
+[``fdatasync``], ``renameat``, [directory ``fsync``], close; a load is open, ``readv``,
+close — and hands each loop iteration's chains to the kernel in one ``io_uring_enter``
+(:mod:`asynctier.ioring`). No Python thread waits on the disk, so the event loop is not
+starved of the GIL by I/O threads, and there are no per-syscall thread hand-offs. Any
+chain that does not simply succeed (short write, ENOSPC, O_DIRECT refused, EIO) is handed
+to the thread path for one retry, which owns error classification, ENOSPC eviction and
+O_DIRECT fallback.
 
 Eviction at capacity recycles (``recycle``): the evicted chunk's file is renamed to a
 temporary name, overwritten with the new chunk and renamed under its key, so a full tier
@@ -122,6 +123,7 @@ _instance_seq = itertools.count()
 _ZEROS = bytes(HEADER_BLOCK)
 _RING_MIN_DEPTH = 8  # io_engine="auto" takes the ring from this max_inflight on
 _POOL_MAX_DEPTH = 2  # tmpfile_pool=None: files made ahead up to this max_inflight
+_PRESIZE_MIN = 1 << 20  # the ring sizes new files of chunks this large before writing them
 
 
 def _close_all(fds: list[int]) -> None:
@@ -839,10 +841,18 @@ class FsTier(BlockingChunkTier):
             # size changes at completion), so the kernel hands it to one of the ring's few
             # workers (one per CPU), which waits out the whole transfer: new files were
             # written two at a time. Sized first, the write lies within the file and is
-            # issued without waiting. Measured (probe, ext4, 256 KiB depth 16, new files):
-            # 0.20x fio without, 0.67x with (fio one file per block: 0.61x). Not on a network
-            # file system, where the size change is another round trip to the server.
-            self._ring_presize = self._lring.ring.supports(ioring.OP_FTRUNCATE) and self._network_fs is None
+            # issued without waiting: empty-tier offloads at 2 MiB depth 16 went from
+            # 0.41-0.61 to 0.50-0.85 GB/s (A/B, one process, five pairs). But the write's
+            # block allocation and page pinning then run on the loop thread (submission took
+            # 2-3x longer per chunk, 13-18 -> 28-61 us at 256 KiB), which at 256 KiB raised
+            # the loop's p99 lag in 3 of 3 paired runs for a mixed throughput gain: only
+            # chunks of _PRESIZE_MIN or more are sized. Not on a network file system, where
+            # the size change is another round trip to the server.
+            self._ring_presize = (
+                self.offloading_spec.chunk_bytes >= _PRESIZE_MIN
+                and self._lring.ring.supports(ioring.OP_FTRUNCATE)
+                and self._network_fs is None
+            )
 
     async def _close_medium(self) -> None:
         lring, self._lring = self._lring, None
