@@ -524,6 +524,12 @@ async def test_io_engine_choice_and_bad_config(tmp_path: Path, io_engine: str) -
     tier, _ = make_tier(tmp_path, io_engine="auto", publish="tmpfile")  # the ring publishes by rename
     async with tier:
         assert tier.active_io_engine == "threads"
+    big = OffloadingSpec(1 << 20, 2, namespace="test/fs")  # large chunks: threads, at any depth
+    tier = SecondaryTierFactory.create_secondary_tier(
+        {"type": "fs", "root": str(tmp_path), "max_inflight": 16}, aligned_buffer(big.total_bytes), big
+    )
+    async with tier:
+        assert tier.active_io_engine == "threads"  # type: ignore[attr-defined]
     with pytest.raises(TierConfigError, match="'auto', 'threads' or 'io_uring'"):
         make_tier(tmp_path, io_engine="aio")
     with pytest.raises(TierConfigError, match="publish='tmpfile'"):

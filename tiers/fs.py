@@ -23,7 +23,7 @@ path operation goes through a shard directory descriptor held open for the tier'
 (``openat``/``renameat``/``unlinkat``), and the hot path does no ``stat``.
 
 Two engines move the bytes (``io_engine``; the default, ``"auto"``, takes io_uring from
-``max_inflight`` 8 where a ring can be set up, threads otherwise). ``"threads"``: blocking
+``max_inflight`` 8 for chunks under 1 MiB where a ring can be set up, threads otherwise). ``"threads"``: blocking
 system calls on ``max_inflight`` worker threads (open + pwritev + linkat + close; open +
 preadv + close). ``"io_uring"``: the event-loop thread writes one linked chain of io_uring
 entries per chunk — [unlink of an evicted chunk], open into a registered file slot,
@@ -122,6 +122,7 @@ _SAFE_HOST = re.compile(r"[^A-Za-z0-9.-]")
 _instance_seq = itertools.count()
 _ZEROS = bytes(HEADER_BLOCK)
 _RING_MIN_DEPTH = 8  # io_engine="auto" takes the ring from this max_inflight on
+_RING_MAX_CHUNK = 1 << 20  # ... for chunks smaller than this
 _POOL_MAX_DEPTH = 2  # tmpfile_pool=None: files made ahead up to this max_inflight
 _PRESIZE_MIN = 1 << 20  # the ring sizes new files of chunks this large before writing them
 
@@ -295,9 +296,12 @@ class FsTier(BlockingChunkTier):
             to the kernel in batches, so no Python thread waits on the disk and the event
             loop keeps its latency (publication is by rename; removal, lookup and fsck
             still use threads). ``"auto"``: io_uring where a ring can be set up (Linux
-            x86-64) and ``max_inflight >= 8`` unless ``publish="tmpfile"``, threads
-            otherwise (the default). Measured on the 2-core bench machine: at depth 16 the
-            ring keeps the event loop's p99 lag at 2.0-3.6 ms during a streaming offload
+            x86-64), ``max_inflight >= 8`` and chunks are under 1 MiB, unless
+            ``publish="tmpfile"``; threads otherwise (the default). Large chunks come few
+            per second, so threads leave the loop its share and wrote faster (2 MiB, depth
+            16: 0.64-0.80x of fio vs 0.55-0.73x on the ring in three runs). Measured on
+            the 2-core bench machine: at depth 16 with 256 KiB chunks the ring keeps the
+            event loop's p99 lag at 2.0-3.6 ms during a streaming offload
             where 16 worker threads let it reach 5-25 ms (``bench/results/loop_lag.md``).
             It pays in write throughput, as its kernel workers are capped at one per CPU
             (see :class:`asynctier.ioring.LoopRing`): in two ``bench_fs.py`` runs its
@@ -816,6 +820,12 @@ class FsTier(BlockingChunkTier):
             # kernel's workers cost more latency than the ring saves, and a few threads do
             # not starve the event loop
             why = f"max_inflight < {_RING_MIN_DEPTH}"
+        elif self.io_engine == "auto" and self.offloading_spec.chunk_bytes >= _RING_MAX_CHUNK:
+            # large chunks: few per second, so 16 threads leave the loop its GIL share (2 MiB
+            # depth 16, offload p99 3.1-3.8 ms on threads vs 2.0-6.9 on the ring, loads
+            # 1.4-3.3 vs 4.2-5.4, two loop-lag runs) and wrote faster in three bench_fs runs
+            # (0.64-0.80x of fio vs 0.55-0.73x)
+            why = f"chunks of {_RING_MAX_CHUNK >> 20} MiB or more"
         self._ring_mode = why is None and self.publish != "tmpfile"
         if not self._ring_mode:
             return super()._make_engine()
