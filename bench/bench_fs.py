@@ -11,7 +11,7 @@ For each chunk size (256 KiB, 2 MiB) and depth (1, 4, 16), in one run and on one
 * **naive**: :func:`asynctier.benchkit.naive_aiofiles`, one file per chunk, ``depth`` at a
   time, synced and dropped the same way;
 * **other engine**: the tier again with the ``io_engine`` that the default (``"auto"``:
-  worker threads below depth 8, io_uring from 8) did not pick;
+  worker threads below depth 8 and for chunks of 1 MiB or more, io_uring otherwise) did not pick;
 * **fio files**: fio over one file per block (a reference: what file-per-chunk costs here).
 
 Every measurement of a point is repeated ``--repeat`` times, interleaved (fio, tier, naive,
@@ -208,9 +208,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     view = aligned_buffer(2 * total)  # offload from the first half, load into the second
     fill_random(view[:total])
     points: list[dict[str, Any]] = []
-    # "fs" is the default configuration (io_engine="auto": threads below depth 8, the ring
-    # from 8 on); "fs other" is the engine it did not pick, measured beside it at every
-    # point where a ring can be set up
+    # "fs" is the default configuration (io_engine="auto": threads below depth 8 and for
+    # chunks of 1 MiB or more, the ring otherwise); "fs other" is the engine it did not
+    # pick, measured beside it at every point where a ring can be set up
     from asynctier import ioring
 
     variants: dict[str, dict[str, Any]] = {"fs": {}}
