@@ -917,6 +917,65 @@ async def test_the_ring_sizes_a_new_large_file_before_its_direct_write(
         assert res.ok and [bytes(view[(8 + i) * chunk_bytes : (9 + i) * chunk_bytes]) for i in range(4)] == data[4:]
 
 
+@pytest.mark.skipif(_NO_RING is not None, reason=f"no io_uring: {_NO_RING}")
+async def test_a_failed_sizing_step_still_stores_the_chunk_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """If the ring's ftruncate fails (here: an invalid length, EINVAL), the chunk is still
+    stored whole: where the kernel ends the chain on it, the thread path writes the chunk;
+    where it goes on without a word (Linux 6.18), the write extends the file as it would
+    unsized. No temporary file is left either way."""
+    real = ioring.Ring.prep_ftruncate
+
+    def bad_ftruncate(self: ioring.Ring, user_data: int, fd: int, length: int, *, sqe_flags: int = 0) -> None:
+        real(self, user_data, fd, (1 << 64) - 1, sqe_flags=sqe_flags)  # -1 to the kernel
+
+    monkeypatch.setattr(ioring.Ring, "prep_ftruncate", bad_ftruncate)
+    cb = 1 << 20
+    spec = OffloadingSpec(cb, 4, namespace="test/fs")
+    view = aligned_buffer(spec.total_bytes)
+    rnd = random.Random(35)
+    data = [rnd.randbytes(cb) for _ in range(2)]
+    view[: 2 * cb] = b"".join(data)
+    conf = {"type": "fs", "root": str(tmp_path), "max_inflight": 4, "io_engine": "io_uring"}
+    tier = SecondaryTierFactory.create_secondary_tier(conf, view, spec)
+    assert isinstance(tier, FsTier)
+    async with tier:
+        assert tier._lring is not None
+        if not tier._ring_presize:
+            pytest.skip("this kernel's io_uring has no ftruncate (Linux 6.9+)")
+        assert (await tier.offload(keys(2), [0, 1])).ok
+        files = chunk_files(tier)
+        assert len(files) == 2 and all(f.stat().st_size == HEADER_BLOCK + cb for f in files)
+        assert not [p for p in tier.dir.glob("??/*") if p.name.startswith(".tmp")]
+        view[2 * cb :] = bytes(2 * cb)
+        assert (await tier.load(keys(2), [2, 3])).ok
+        assert [bytes(view[(2 + i) * cb : (3 + i) * cb]) for i in range(2)] == data
+
+
+@pytest.mark.skipif(_NO_RING is not None, reason=f"no io_uring: {_NO_RING}")
+async def test_the_ring_sees_a_failed_rename(tmp_path: Path) -> None:
+    """On Linux 6.18 a failed io_uring renameat neither breaks its link nor posts a
+    completion flagged skip-on-success, so a failed publish went unseen: the chunk was
+    reported stored under no name and its temporary file stayed. The ring now asks for the
+    rename's result: the failure (here: its name is taken by a non-empty directory) goes to
+    the thread path, which owns the outcome, and no temporary file is left."""
+    tier, view = make_tier(tmp_path, aligned_buffer(CHUNK * NCHUNKS), max_inflight=4, io_engine="io_uring")
+    data = fill(view, 36)
+    ks = keys(4, "p")
+    async with tier:
+        blocker = chunk_file(tier, ks[1])
+        blocker.mkdir(parents=True)
+        (blocker / "x").write_bytes(b"x")
+        res = await tier.offload(ks, [0, 1, 2, 3])
+        assert tier.stats().extra.get("io_uring_retries") == 1
+        assert not [p for p in tier.dir.glob("??/*") if p.name.startswith(".tmp")]
+        assert set(res.succeeded) >= {ks[0], ks[2], ks[3]}
+        view[4 * CHUNK : 8 * CHUNK] = bytes(4 * CHUNK)
+        assert (await tier.load([ks[0], ks[2], ks[3]], [4, 5, 6])).ok
+        assert [chunk(view, 4), chunk(view, 5), chunk(view, 6)] == [data[0], data[2], data[3]]
+
+
 async def test_no_recycling_while_another_tier_has_the_namespace_open(tmp_path: Path, io_engine: str) -> None:
     """Another tier on the same root (here in this process) might be reading an evicted file:
     while it is open, evicted files are deleted, not overwritten; once it closes, recycled."""
