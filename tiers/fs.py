@@ -23,9 +23,9 @@ path operation goes through a shard directory descriptor held open for the tier'
 (``openat``/``renameat``/``unlinkat``), and the hot path does no ``stat``.
 
 Two engines move the bytes (``io_engine``; the default, ``"auto"``, takes io_uring from
-``max_inflight`` 8 for chunks under 1 MiB where a ring can be set up, threads otherwise). ``"threads"``: blocking
-system calls on ``max_inflight`` worker threads (open + pwritev + linkat + close; open +
-preadv + close). ``"io_uring"``: the event-loop thread writes one linked chain of io_uring
+``max_inflight`` 8 for chunks under 1 MiB where a ring can be set up, threads otherwise).
+``"threads"``: blocking system calls on ``max_inflight`` worker threads (open + pwritev +
+linkat + close; open + preadv + close). ``"io_uring"``: the event-loop thread writes one linked chain of io_uring
 entries per chunk — [unlink of an evicted chunk], open into a registered file slot,
 [``ftruncate`` to its final size, for chunks of 1 MiB or more: the O_DIRECT write then does
 not extend the file and need not wait in a kernel worker], ``writev`` of header + payload,
@@ -971,9 +971,10 @@ class FsTier(BlockingChunkTier):
             # failure ends the chain; the close ends it otherwise, so a slot is never reused
             # before its file is closed. Unlink, rename and fsync always report: on Linux
             # 6.18 a failed unlinkat, renameat or ftruncate neither breaks its link nor
-            # clears its skip flag (seen here in a probe), so a skipped rename
-            # failed unseen: the chunk was reported stored under no name. (A failed sizing
-            # that goes unseen is harmless: the write then extends the file.)
+            # clears its skip flag (seen here in a probe), so a skipped rename failed
+            # unseen: the chunk was reported stored under no name. (A failed sizing that
+            # goes unseen is harmless: the write then extends the file. A short write
+            # counts as failed, and ends the chain, like any other.)
             SKIP = ioring.IOSQE_CQE_SKIP_SUCCESS
             nv = len(victims)
             at: dict[str, int] = {}
