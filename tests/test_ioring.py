@@ -273,6 +273,35 @@ async def test_completions_beyond_the_completion_queue_are_not_lost() -> None:
         await lr.aclose()
 
 
+def test_a_short_write_reports_and_ends_its_chain_even_when_skipped(tmp_path: Path) -> None:
+    """What the fs tier's chain relies on: a write that moves fewer bytes than asked counts
+    as failed, posts its completion despite skip-on-success, and cancels what follows (so a
+    truncated file is never renamed into place). Made short by ext4's largest file size."""
+    fd = os.open(tmp_path / "f", os.O_RDWR | os.O_CREAT)
+    ring = Ring(entries=8)
+    try:
+        try:
+            probe = os.pwrite(fd, bytes(8192), (1 << 44) - 8192)
+        except OSError:
+            probe = -1
+        if probe != 4096:
+            pytest.skip("no ext4-like file size limit here to cut a write short")
+        iov = ring.iovec([memoryview(bytearray(8192))])
+        ring.prep_rw(1, True, fd, iov, (1 << 44) - 8192, sqe_flags=IOSQE_IO_LINK | ioring.IOSQE_CQE_SKIP_SUCCESS)
+        ring.prep_fsync(2, fd)  # linked to the write
+        ring.prep_fsync(3, fd)  # independent
+        assert ring.submit() == 3
+        got: dict[int, int] = {}
+        while not {1, 3} <= got.keys():
+            ring.wait(1)
+            got.update({ud: res for ud, res, _ in ring.reap()})
+        assert got[1] == 4096 and got[3] == 0
+        assert got.get(2, -errno.ECANCELED) == -errno.ECANCELED  # the linked fsync never ran
+    finally:
+        ring.close()
+        os.close(fd)
+
+
 def test_entries_without_the_skip_flag_report_their_failures(tmp_path: Path) -> None:
     """What the fs tier relies on for unlinkat, renameat and fsync: their failures are seen
     whether or not the kernel goes on with the rest of the chain (Linux 6.18 goes on after a
