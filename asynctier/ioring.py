@@ -54,6 +54,10 @@ IOSQE_IO_LINK = 1 << 2
 IOSQE_IO_HARDLINK = 1 << 3
 IOSQE_ASYNC = 1 << 4
 IOSQE_CQE_SKIP_SUCCESS = 1 << 6  # no completion entry when it succeeds (Linux 5.17+)
+# Operations whose own failure neither breaks their link nor cancels the skip flag (Linux
+# 6.18, tests/test_ioring.py): flagged skip-on-success, they fail without a word and the
+# chain goes on, so :meth:`Ring._push` refuses the flag on them.
+_SKIP_UNSAFE = frozenset({OP_UNLINKAT, OP_RENAMEAT, OP_LINKAT, OP_FTRUNCATE})
 
 IORING_FSYNC_DATASYNC = 1
 _IORING_FEAT_SINGLE_MMAP = 1 << 0
@@ -233,6 +237,8 @@ class Ring:
             self._sq_head = _U32.unpack_from(self._ring, self._sq_head_off)[0]  # the kernel moved on?
             if (self._sq_tail - self._sq_head) & 0xFFFFFFFF >= self.sq_entries:
                 raise OSError(errno.EBUSY, "io_uring submission queue is full")
+        if flags & IOSQE_CQE_SKIP_SUCCESS and opcode in _SKIP_UNSAFE:
+            raise ValueError(f"io_uring opcode {opcode} may fail unseen with IOSQE_CQE_SKIP_SUCCESS; leave it off")
         if flags & IOSQE_CQE_SKIP_SUCCESS and not self.cqe_skip:
             flags &= ~IOSQE_CQE_SKIP_SUCCESS
         idx = self._sq_tail & self._sq_mask
@@ -546,8 +552,10 @@ class LoopRing:
         The entries must form one link chain (every entry but the last flagged
         ``IOSQE_IO_LINK`` or ``IOSQE_IO_HARDLINK``): the chain is complete when its last entry
         completes, and the kernel runs (or cancels) linked entries in order. Entries other than
-        the last may carry ``IOSQE_CQE_SKIP_SUCCESS`` to save a wake-up each; their result
-        is then None when they succeeded. Such an entry on a plain (not hard) link reports
+        the last may carry ``IOSQE_CQE_SKIP_SUCCESS`` to save a wake-up each (not unlinkat,
+        renameat, linkat or ftruncate, whose failures the kernel then hides and does not
+        stop the chain for); their result is then None when they succeeded. Such an entry
+        on a plain (not hard) link reports
         only a failure, and its failure cancels the rest of the chain *without* completion
         entries: name those stages in ``ends_on_report`` so that their report ends the chain
         (the stages after it then read ``-ECANCELED``). Returns the results by stage.

@@ -302,6 +302,25 @@ def test_a_short_write_reports_and_ends_its_chain_even_when_skipped(tmp_path: Pa
         os.close(fd)
 
 
+def test_the_skip_flag_is_refused_on_operations_that_would_fail_unseen(tmp_path: Path) -> None:
+    """unlinkat, renameat, linkat and ftruncate: a failure breaks no link on Linux 6.18 and,
+    flagged skip-on-success, posts nothing, so a chain would go on as if it succeeded."""
+    ring = Ring(entries=8, files=1)
+    try:
+        skip = IOSQE_IO_LINK | ioring.IOSQE_CQE_SKIP_SUCCESS
+        with pytest.raises(ValueError, match="fail unseen"):
+            ring.prep_renameat(1, -1, b"a", -1, b"b", sqe_flags=skip)
+        with pytest.raises(ValueError, match="fail unseen"):
+            ring.prep_unlinkat(1, -1, b"a", sqe_flags=skip)
+        with pytest.raises(ValueError, match="fail unseen"):
+            ring.prep_ftruncate(1, 0, 4096, sqe_flags=skip | IOSQE_FIXED_FILE)
+        assert ring.unsubmitted == 0  # nothing was queued
+        ring.prep_fsync(1, -1, sqe_flags=skip)  # not refused (a bad descriptor does end its chain)
+        assert ring.unsubmitted == 1
+    finally:
+        ring.close()
+
+
 def test_entries_without_the_skip_flag_report_their_failures(tmp_path: Path) -> None:
     """What the fs tier relies on for unlinkat, renameat and fsync: their failures are seen
     whether or not the kernel goes on with the rest of the chain (Linux 6.18 goes on after a

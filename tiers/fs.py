@@ -908,15 +908,15 @@ class FsTier(BlockingChunkTier):
             return None, True
         if r_rename == 0:
             self._evicted(victim, None)
-            # the check queries a lock: on a network file system that is a round trip to the
-            # server, which must not stall the event loop
-            if await asyncio.to_thread(self._may_recycle, victim) if self._network_fs else self._may_recycle(victim):
-                return (vfd, spare), False
 
             def drop(ring: ioring.Ring, ud: int) -> Any:
                 ring.prep_close(ud, slot=slot, sqe_flags=ioring.IOSQE_IO_HARDLINK)
                 return ring.prep_unlinkat(ud + 1, vfd, spare)
 
+            # the check queries a lock: on a network file system that is a round trip to the
+            # server, which must not stall the event loop
+            if await asyncio.to_thread(self._may_recycle, victim) if self._network_fs else self._may_recycle(victim):
+                return (vfd, spare), False
             await lring.run(2, drop)
             return None, False
         r = r_rename or 0
@@ -967,14 +967,13 @@ class FsTier(BlockingChunkTier):
                 self._note_gone(v)
             oflags = wflags | os.O_CREAT | os.O_EXCL
             LINK, FIXED = ioring.IOSQE_IO_LINK, ioring.IOSQE_FIXED_FILE
-            # Open, sizing and write report only a failure (no wake-up per step), and such a
-            # failure ends the chain; the close ends it otherwise, so a slot is never reused
-            # before its file is closed. Unlink, rename and fsync always report: on Linux
-            # 6.18 a failed unlinkat, renameat or ftruncate neither breaks its link nor
-            # clears its skip flag (seen here in a probe), so a skipped rename failed
-            # unseen: the chunk was reported stored under no name. (A failed sizing that
-            # goes unseen is harmless: the write then extends the file. A short write
-            # counts as failed, and ends the chain, like any other.)
+            # Open and write report only a failure (no wake-up per step), and such a failure
+            # ends the chain (a short write counts as one); the close ends it otherwise, so
+            # a slot is never reused before its file is closed. Unlink, sizing, rename and
+            # fsync always report: a failed unlinkat, renameat or ftruncate breaks no link
+            # on Linux 6.18 and, flagged skip-on-success, went unseen (the ring refuses the
+            # flag on them now): a failed rename reported the chunk stored under no name. A
+            # failed sizing is harmless: the write then extends the file, or fails itself.
             SKIP = ioring.IOSQE_CQE_SKIP_SUCCESS
             nv = len(victims)
             at: dict[str, int] = {}
@@ -997,7 +996,7 @@ class FsTier(BlockingChunkTier):
                     )
                 if presize:
                     size = HEADER_BLOCK + data.nbytes
-                    ring.prep_ftruncate(ud + at["size"], slot, size, sqe_flags=LINK | FIXED | SKIP)
+                    ring.prep_ftruncate(ud + at["size"], slot, size, sqe_flags=LINK | FIXED)
                 ring.prep_rw(ud + at["write"], True, slot, iov, 0, sqe_flags=LINK | FIXED | SKIP)
                 if sync:
                     ring.prep_fsync(ud + at["datasync"], slot, datasync=True, sqe_flags=LINK | FIXED)
@@ -1007,7 +1006,7 @@ class FsTier(BlockingChunkTier):
                 ring.prep_close(ud + at["close"], slot=slot)
                 return keep
 
-            ends = tuple(at[stage] for stage in ("open", "size", "write") if stage in at)
+            ends = tuple(at[stage] for stage in ("open", "write") if stage in at)
             res = await lring.run(n, prep, keep=(iov, data), ends_on_report=ends)
             for v, r in zip(victims, res[:nv]):
                 self._evicted(v, None if r in (None, 0, -errno.ENOENT) else OSError(-r, os.strerror(-r)))
@@ -1019,7 +1018,6 @@ class FsTier(BlockingChunkTier):
                 await lring.run(1, lambda ring, ud: ring.prep_close(ud, slot=slot))
             ok = (
                 opened
-                and ("size" not in at or res[at["size"]] in (None, 0))
                 and r_write in (None, HEADER_BLOCK + data.nbytes)
                 and r_rename in (None, 0)
                 and all(r in (None, 0) for r in r_sync)
