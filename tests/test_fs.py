@@ -976,6 +976,49 @@ async def test_the_ring_sees_a_failed_rename(tmp_path: Path) -> None:
         assert [chunk(view, 4), chunk(view, 5), chunk(view, 6)] == [data[0], data[2], data[3]]
 
 
+@pytest.mark.skipif(_NO_RING is not None, reason=f"no io_uring: {_NO_RING}")
+async def test_a_recycle_check_cancelled_on_its_thread_leaves_no_stray_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a network file system the ring asks on a thread whether an evicted file may be
+    recycled, with that file already open in a ring slot under a temporary name. Cancelled
+    there (teardown), it closes the slot and removes the file before the cancellation goes on."""
+    import tiers.fs as fs_mod
+
+    monkeypatch.setattr(fs_mod, "network_fs", lambda path: "nfs")
+    entered, release = threading.Event(), threading.Event()
+    real_alone = FsTier._alone
+
+    def slow_alone(self: FsTier) -> bool:
+        entered.set()
+        release.wait(10)
+        return real_alone(self)
+
+    per = HEADER_BLOCK + CHUNK
+    tier, view = make_tier(
+        tmp_path, aligned_buffer(CHUNK * NCHUNKS), capacity_bytes=per, max_inflight=8, io_engine="io_uring"
+    )
+    fill(view, 37)
+    async with tier:
+        assert (await tier.offload([b"victim"], [0])).ok
+        assert tier.index.reserve(b"new", per) == [b"victim"]  # what a store at capacity does first
+        monkeypatch.setattr(FsTier, "_alone", slow_alone)
+        lring = tier._lring
+        assert lring is not None
+        slot = lring.take_slot()
+        task = asyncio.ensure_future(tier._ring_spare_from(b"victim", slot, os.O_WRONLY))
+        assert await asyncio.to_thread(entered.wait, 10)
+        task.cancel()
+        release.set()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        lring.put_slot(slot)
+        tier.index.abort(b"new")
+        assert [p.name for p in tier.dir.glob("??/*")] == []  # the victim's file, renamed away, is gone
+        monkeypatch.setattr(FsTier, "_alone", real_alone)
+        assert (await tier.offload(keys(1), [1])).ok
+
+
 async def test_no_recycling_while_another_tier_has_the_namespace_open(tmp_path: Path, io_engine: str) -> None:
     """Another tier on the same root (here in this process) might be reading an evicted file:
     while it is open, evicted files are deleted, not overwritten; once it closes, recycled."""

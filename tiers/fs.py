@@ -913,9 +913,17 @@ class FsTier(BlockingChunkTier):
                 ring.prep_close(ud, slot=slot, sqe_flags=ioring.IOSQE_IO_HARDLINK)
                 return ring.prep_unlinkat(ud + 1, vfd, spare)
 
-            # the check queries a lock: on a network file system that is a round trip to the
-            # server, which must not stall the event loop
-            if await asyncio.to_thread(self._may_recycle, victim) if self._network_fs else self._may_recycle(victim):
+            try:
+                # the check queries a lock: on a network file system that is a round trip to
+                # the server, which must not stall the event loop
+                if self._network_fs:
+                    recycle = await asyncio.to_thread(self._may_recycle, victim)
+                else:
+                    recycle = self._may_recycle(victim)
+            except BaseException:  # cancelled while on the thread: no open slot, no stray file
+                await lring.run(2, drop)
+                raise
+            if recycle:
                 return (vfd, spare), False
             await lring.run(2, drop)
             return None, False
