@@ -822,7 +822,7 @@ class FsTier(BlockingChunkTier):
             why = f"max_inflight < {_RING_MIN_DEPTH}"
         elif self.io_engine == "auto" and self.offloading_spec.chunk_bytes >= _RING_MAX_CHUNK:
             # large chunks: few per second, so 16 threads leave the loop its GIL share (2 MiB
-            # depth 16, offload p99 3.1-3.8 ms on threads vs 2.0-6.9 on the ring, loads
+            # depth 16, offload p99 2.8-3.8 ms on threads vs 2.0-6.9 on the ring, loads
             # 1.4-3.3 vs 4.2-5.4, two loop-lag runs) and wrote faster in three bench_fs runs
             # (0.64-0.80x of fio vs 0.55-0.73x)
             why = f"chunks of {_RING_MAX_CHUNK >> 20} MiB or more"
@@ -855,7 +855,8 @@ class FsTier(BlockingChunkTier):
             # 0.41-0.61 to 0.50-0.85 GB/s (A/B, one process, five pairs). But the write's
             # block allocation and page pinning then run on the loop thread (submission took
             # 2-3x longer per chunk, 13-18 -> 28-61 us at 256 KiB), which at 256 KiB raised
-            # the loop's p99 lag in 3 of 3 paired runs for a mixed throughput gain: only
+            # the loop's p99 lag in 3 of 3 paired runs at the lag bench's capacity (1 of 2
+            # with an unbounded one) for a mixed throughput gain: only
             # chunks of _PRESIZE_MIN or more are sized. Not on a network file system, where
             # the size change is another round trip to the server.
             self._ring_presize = (
