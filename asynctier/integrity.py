@@ -9,7 +9,6 @@ object metadata.
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import struct
 from dataclasses import dataclass
@@ -19,7 +18,7 @@ import xxhash
 from .errors import IntegrityError
 from .spec import FORMAT_VERSION
 
-__all__ = ["ChunkHeader", "HEADER_MAGIC", "checksum", "key_token", "pack_header"]
+__all__ = ["ChunkHeader", "HEADER_MAGIC", "checksum", "header_matches", "key_token", "pack_header"]
 
 HEADER_MAGIC = b"ATKV"
 # magic, version, flags, key_len, payload_len, checksum, seq, digest, header_checksum
@@ -32,15 +31,51 @@ def checksum(data: memoryview | bytes | bytearray) -> int:
     return xxhash.xxh3_64_intdigest(data)
 
 
+_B32_ALPHABET = bytes.maketrans(bytes(range(32)), b"abcdefghijklmnopqrstuvwxyz234567")
+_B32_STAGES: dict[int, list[tuple[int, int]]] = {}
+
+
+def _b32_stages(fields: int) -> list[tuple[int, int]]:
+    """(mask, multiplier) steps that move ``fields`` packed 5-bit fields of an int into the
+    low bits of one byte each: step ``b`` lifts the fields whose index has bit ``b`` set by
+    ``3 << b`` bits (``v += (v & mask) * (2**shift - 1)``), highest bit first, so that no
+    lifted field lands on one not yet moved."""
+    steps = []
+    for bit in range(max(0, (fields - 1).bit_length() - 1), -1, -1):
+        mask = 0
+        for i in range(fields):
+            if i >> bit & 1:
+                mask |= 31 << (5 * i + 3 * ((i >> (bit + 1)) << (bit + 1)))
+        steps.append((mask, (1 << (3 << bit)) - 1))
+    return steps
+
+
+def _b32(key: bytes) -> str:
+    """``base64.b32encode(key)``, lowercase, without padding; ~3x faster (the standard
+    library's encoder loops in Python, ~10 us for a 32-byte key; every load and store names
+    its file with this)."""
+    n = len(key)
+    pad = -n % 5
+    fields = (n + pad) * 8 // 5
+    steps = _B32_STAGES.get(fields)
+    if steps is None:
+        steps = _B32_STAGES[fields] = _b32_stages(fields)
+    v = int.from_bytes(key, "big") << (8 * pad)
+    for mask, mul in steps:
+        v += (v & mask) * mul
+    return v.to_bytes(fields, "big").translate(_B32_ALPHABET)[: (8 * n + 4) // 5].decode("ascii")
+
+
 def key_token(key: bytes) -> str:
     """A file-name-safe, collision-free token for a key.
 
-    Keys up to 96 bytes are base32-encoded (lowercase, no padding: at most 154 characters,
-    safe on case-insensitive file systems); longer keys are hashed with BLAKE2b-256 — the
-    header still stores the full key, so a hash collision is caught on load.
+    Keys up to 96 bytes are base32-encoded (RFC 4648 alphabet, lowercase, no padding: at
+    most 154 characters, safe on case-insensitive file systems); longer keys are hashed
+    with BLAKE2b-256 — the header still stores the full key, so a hash collision is caught
+    on load.
     """
     if len(key) <= 96:
-        return base64.b32encode(key).decode("ascii").rstrip("=").lower()
+        return _b32(key)
     return "h" + hashlib.blake2b(key, digest_size=32).hexdigest()
 
 
@@ -60,6 +95,21 @@ def pack_header(
     """
     body = _FIXED.pack(HEADER_MAGIC, version, flags, len(key), payload_len, csum, seq, layout_digest) + key
     return body + _TAIL.pack(xxhash.xxh3_64_intdigest(body))
+
+
+def header_matches(
+    buf: bytes | memoryview | bytearray, key: bytes, payload_len: int, csum: int, layout_digest: bytes
+) -> bool:
+    """Whether ``buf`` starts with exactly the header a chunk of ``key`` with this payload
+    length, checksum and layout would have been stored with (version and flags current,
+    sequence 0).
+
+    A fast accept for loads that know what to expect (one pack and a compare, ~5x faster
+    than :meth:`ChunkHeader.unpack` and :meth:`ChunkHeader.verify`); on False, parse with
+    those for the precise error.
+    """
+    want = pack_header(key, payload_len, csum, layout_digest)
+    return buf[: len(want)] == want
 
 
 @dataclass(frozen=True)

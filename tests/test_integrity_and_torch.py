@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import base64
+import os
+import random
+
 import pytest
 
 from asynctier import IntegrityError, OffloadingSpec, SecondaryTierFactory
-from asynctier.integrity import ChunkHeader, checksum, key_token
+from asynctier.integrity import ChunkHeader, checksum, header_matches, key_token
 
 DIGEST = OffloadingSpec(4096, 1).layout_digest
 
@@ -56,6 +60,33 @@ def test_key_tokens_are_safe_names_and_distinct() -> None:
         assert t and len(t) <= 160 and "/" not in t and t not in (".", "..")
         assert t == t.lower()  # safe on case-insensitive file systems
     assert key_token(b"A") != key_token(b"a")
+
+
+def test_key_tokens_are_rfc4648_base32_of_every_length() -> None:
+    """The fast encoder names the files: it must agree with the standard one byte for byte
+    (a tier written by an earlier version, or read by a tool, finds its files by these)."""
+    rng = random.Random(7)
+    for n in range(97):
+        for key in (bytes(n), b"\xff" * n, bytes(rng.getrandbits(8) for _ in range(n)), os.urandom(n)):
+            assert key_token(key) == base64.b32encode(key).decode().rstrip("=").lower(), key
+
+
+def test_header_matches_accepts_exactly_the_expected_header() -> None:
+    payload = os.urandom(300)
+    good = ChunkHeader(b"key", 300, checksum(payload), DIGEST).pack() + bytes(200)  # padded, as in a slot
+    assert header_matches(good, b"key", 300, checksum(payload), DIGEST)
+    assert header_matches(memoryview(good), b"key", 300, checksum(payload), DIGEST)
+    assert not header_matches(good, b"kez", 300, checksum(payload), DIGEST)
+    assert not header_matches(good, b"key", 301, checksum(payload), DIGEST)
+    assert not header_matches(good, b"key", 300, checksum(payload) ^ 1, DIGEST)
+    assert not header_matches(good, b"key", 300, checksum(payload), bytes(16))
+    assert not header_matches(good[:20], b"key", 300, checksum(payload), DIGEST)
+    for pos in range(ChunkHeader.packed_size(3)):
+        bad = bytearray(good)
+        bad[pos] ^= 0x10
+        assert not header_matches(bad, b"key", 300, checksum(payload), DIGEST)
+    # a header with another sequence number is valid, just not the fast path's: the caller parses it
+    assert not header_matches(header(payload=payload).pack(), b"key", 300, checksum(payload), DIGEST)
 
 
 def test_torch_buffer_is_shared_not_copied() -> None:

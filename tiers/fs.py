@@ -92,7 +92,7 @@ import xxhash
 
 from asynctier import BlockingChunkTier, ChunkNotFoundError, IntegrityError, TierConfigError, engines, ioring
 from asynctier.engines import Engine
-from asynctier.integrity import ChunkHeader, checksum, key_token
+from asynctier.integrity import ChunkHeader, checksum, header_matches, key_token, pack_header
 from asynctier.lru import LRUIndex
 from asynctier.posix_io import O_DIRECT, aligned_buffer, buffer_address, logical_block_size, network_fs
 from asynctier.spec import FORMAT_VERSION
@@ -421,6 +421,7 @@ class FsTier(BlockingChunkTier):
         self._ring_mode = False
         self._lring: ioring.LoopRing | None = None
         self._ring_hb: memoryview | None = None
+        self._ring_iovs: ioring.IovecTable | None = None  # one row per ring file slot
         self._hb_addr = self._view_addr = 0
         self._ring_presize = False  # the ring sizes a new file before its O_DIRECT write
         self._lock_fd = -1
@@ -844,6 +845,7 @@ class FsTier(BlockingChunkTier):
                 await super()._close_medium()
                 raise
             self._ring_hb = aligned_buffer(HEADER_BLOCK * slots)
+            self._ring_iovs = ioring.IovecTable(slots)
             # addresses by arithmetic on the hot path, not a buffer export per chunk
             self._hb_addr = buffer_address(self._ring_hb)
             self._view_addr = buffer_address(self._view)
@@ -869,6 +871,9 @@ class FsTier(BlockingChunkTier):
         lring, self._lring = self._lring, None
         if lring is not None:
             await lring.aclose()
+        iovs, self._ring_iovs = self._ring_iovs, None
+        if iovs is not None:
+            iovs.close()
         await super()._close_medium()
 
     def _job_fn(self, op: str) -> Callable[..., Any]:
@@ -962,7 +967,7 @@ class FsTier(BlockingChunkTier):
                 if not unlink_it:
                     victims = victims[1:]
             hb = self._slot_hb(slot)
-            packed = ChunkHeader(key, data.nbytes, checksum(data), self.offloading_spec.layout_digest).pack()
+            packed = pack_header(key, data.nbytes, checksum(data), self.offloading_spec.layout_digest)
             hb[: len(packed)] = packed  # ~100 bytes of header, not chunk data
             hb[len(packed) :] = _ZEROS[len(packed) :]
             if spare is None:
@@ -970,7 +975,8 @@ class FsTier(BlockingChunkTier):
             else:  # open in the slot already, and of this size: overwritten, not extended
                 src_fd, src = spare
             bname = name.encode()
-            iov = lring.ring.iovec_at([(self._hb_addr + slot * HEADER_BLOCK, HEADER_BLOCK), (addr, data.nbytes)], data)
+            assert self._ring_iovs is not None
+            iov = self._ring_iovs.pair(slot, self._hb_addr + slot * HEADER_BLOCK, HEADER_BLOCK, addr, data.nbytes)
             vnames = [self._name(v) for v in victims]
             for v in victims:
                 self._note_gone(v)
@@ -1077,7 +1083,8 @@ class FsTier(BlockingChunkTier):
         slot = lring.take_slot()
         try:
             hb = self._slot_hb(slot)
-            iov = lring.ring.iovec_at([(self._hb_addr + slot * HEADER_BLOCK, HEADER_BLOCK), (addr, out.nbytes)], out)
+            assert self._ring_iovs is not None
+            iov = self._ring_iovs.pair(slot, self._hb_addr + slot * HEADER_BLOCK, HEADER_BLOCK, addr, out.nbytes)
             bname = name.encode()
 
             def prep(ring: ioring.Ring, ud: int) -> Any:
@@ -1246,7 +1253,7 @@ class FsTier(BlockingChunkTier):
     def _fill_header(self, key: bytes, data: memoryview) -> memoryview:
         """This thread's header block, holding the header of ``data`` stored under ``key``."""
         hb = self._header_buf()
-        packed = ChunkHeader(key, data.nbytes, checksum(data), self.offloading_spec.layout_digest).pack()
+        packed = pack_header(key, data.nbytes, checksum(data), self.offloading_spec.layout_digest)
         n = len(packed)
         hb[:n] = packed  # ~100 bytes of header, not chunk data
         prev: int = self._tls.hlen
@@ -1322,16 +1329,26 @@ class FsTier(BlockingChunkTier):
 
     def _check_read(self, key: bytes, hb: memoryview, out: memoryview, got: int) -> None:
         """Verify what a read of ``got`` bytes left in ``hb`` (header block) and ``out``."""
+        digest = self.offloading_spec.layout_digest
+        if not (
+            self.verify
+            and got == HEADER_BLOCK + out.nbytes
+            and header_matches(hb, key, out.nbytes, checksum(out), digest)
+        ):
+            self._check_read_slow(key, hb, out, got)
+        if self.lru_times and len(self._touched) < _MAX_PENDING_TOUCHES:
+            # stamped at close, not here: a futimens per load dirties the inode and can wait
+            # on the journal, on the latency path
+            self._touched[key] = time.time_ns()
+
+    def _check_read_slow(self, key: bytes, hb: memoryview, out: memoryview, got: int) -> None:
+        """Parse and check field by field: for ``verify=False``, and the precise error."""
         header = ChunkHeader.unpack(hb[: min(got, HEADER_BLOCK)], key=key)
         if got < HEADER_BLOCK + out.nbytes:
             raise IntegrityError(f"truncated chunk file: {got} bytes, expected {HEADER_BLOCK + out.nbytes}", key)
         header.verify(
             out, layout_digest=self.offloading_spec.layout_digest, payload_len=out.nbytes, check_data=self.verify
         )
-        if self.lru_times and len(self._touched) < _MAX_PENDING_TOUCHES:
-            # stamped at close, not here: a futimens per load dirties the inode and can wait
-            # on the journal, on the latency path
-            self._touched[key] = time.time_ns()
 
     def chunk_exists(self, key: bytes) -> bool:
         """Whether the chunk's file exists."""
