@@ -7,6 +7,7 @@ queue depth.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -19,6 +20,7 @@ from typing import Any
 
 __all__ = [
     "FioResult",
+    "bare_file_per_chunk",
     "drop_page_cache",
     "drop_tree_cache",
     "fio_available",
@@ -325,6 +327,80 @@ async def naive_aiofiles(
     t0 = time.perf_counter()
     await asyncio.gather(*(one(i) for i in range(n)))
     return n * chunk_bytes / (time.perf_counter() - t0)
+
+
+def bare_file_per_chunk(
+    directory: str | os.PathLike[str],
+    view: memoryview,
+    chunk_bytes: int,
+    n: int,
+    *,
+    depth: int,
+    mode: str,
+    shards: int = 256,
+    header_bytes: int = 4096,
+) -> float:
+    """The system calls of a file-per-chunk tier, from ``depth`` plain threads; returns bytes/s.
+
+    No tier around them: no event loop, checksum, header contents, index or error handling.
+    ``mode="write"``: per chunk an unnamed file (``O_TMPFILE``, O_DIRECT where the view is
+    aligned) in one of ``shards`` subdirectories, one ``pwritev`` of a ``header_bytes`` block
+    and the chunk, ``linkat`` under its name, ``close``; the caller syncs at the end.
+    ``mode="read"``: ``open``, one ``preadv`` into a header block and the chunk's slot of
+    ``view``, ``close`` (drop the files from the page cache first). What the fs tier's thread
+    engine asks of the file system, so tier / bare is what the tier itself costs.
+    """
+    if mode not in ("write", "read"):
+        raise ValueError(f"mode must be 'write' or 'read'; got {mode!r}")
+    if not hasattr(os, "O_TMPFILE"):
+        raise OSError(errno.EOPNOTSUPP, "bare_file_per_chunk needs O_TMPFILE (Linux)")
+    from concurrent.futures import ThreadPoolExecutor
+
+    from .posix_io import O_DIRECT, aligned_buffer, buffer_address
+
+    directory = Path(directory)
+    dirs = [directory / f"{i:03x}" for i in range(shards)]
+    for d in dirs:
+        d.mkdir(parents=True, exist_ok=True)
+    dfds = [os.open(d, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0)) for d in dirs]
+    slots = view.nbytes // chunk_bytes
+    direct = O_DIRECT if buffer_address(view) % 4096 == 0 and chunk_bytes % 4096 == 0 else 0
+    headers = [aligned_buffer(header_bytes) for _ in range(depth)]
+    free = list(range(depth))
+
+    def one(i: int) -> None:
+        k = free.pop()  # list.pop/append are atomic: one header block per thread at a time
+        hb = headers[k]
+        try:
+            slot = (i % slots) * chunk_bytes
+            data = view[slot : slot + chunk_bytes]
+            dfd = dfds[i % shards]
+            name = f"bare-{i}"
+            if mode == "write":
+                fd = os.open(".", os.O_TMPFILE | os.O_WRONLY | direct, 0o644, dir_fd=dfd)
+                try:
+                    os.pwritev(fd, [hb, data], 0)
+                    os.link(f"/proc/self/fd/{fd}", name, dst_dir_fd=dfd, follow_symlinks=True)
+                finally:
+                    os.close(fd)
+            else:
+                fd = os.open(name, os.O_RDONLY | direct, dir_fd=dfd)
+                try:
+                    os.preadv(fd, [hb, data], 0)
+                finally:
+                    os.close(fd)
+        finally:
+            free.append(k)
+
+    try:
+        t0 = time.perf_counter()
+        with ThreadPoolExecutor(depth) as pool:
+            for _ in pool.map(one, range(n)):
+                pass
+        return n * chunk_bytes / (time.perf_counter() - t0)
+    finally:
+        for fd in dfds:
+            os.close(fd)
 
 
 def ratio(value: float, reference: float) -> float | None:

@@ -12,7 +12,10 @@ For each chunk size (256 KiB, 2 MiB) and depth (1, 4, 16), in one run and on one
   time, synced and dropped the same way;
 * **other engine**: the tier again with the ``io_engine`` that the default (``"auto"``:
   worker threads below depth 8 and for chunks of 1 MiB or more, io_uring otherwise) did not pick;
-* **fio files**: fio over one file per block (a reference: what file-per-chunk costs here).
+* **fio files**: fio over one file per block (a reference: what file-per-chunk costs here);
+* **bare**: the thread engine's system calls from plain threads, no tier around them
+  (:func:`asynctier.benchkit.bare_file_per_chunk`); ``fs x bare`` is what the tier adds to
+  the file system's own cost of its layout.
 
 Every measurement of a point is repeated ``--repeat`` times, interleaved (fio, tier, naive,
 fio, ...), and the median is reported, so drift on a shared machine hits all three alike.
@@ -162,6 +165,23 @@ async def naive_point(root: Path, view: memoryview, chunk: int, n: int, depth: i
     return wbps, rbps
 
 
+async def bare_point(root: Path, view: memoryview, chunk: int, n: int, depth: int) -> tuple[float, float]:
+    """The tier's system calls from plain threads (benchkit.bare_file_per_chunk): synced at
+    the end, read back cold, as the tier is measured."""
+    half = n * chunk
+    t0 = time.perf_counter()
+    await asyncio.to_thread(benchkit.bare_file_per_chunk, root, view[:half], chunk, n, depth=depth, mode="write")
+    await asyncio.to_thread(syncfs, root)
+    wbps = half / (time.perf_counter() - t0)
+    await asyncio.to_thread(drop_tree, root)
+    rbps = await asyncio.to_thread(
+        benchkit.bare_file_per_chunk, root, view[half : 2 * half], chunk, n, depth=depth, mode="read"
+    )
+    if view[:half] != view[half : 2 * half]:
+        raise RuntimeError("bare: read back bytes differ")
+    return wbps, rbps
+
+
 def fio_point(root: Path, chunk: int, depth: int, size: int, file_per_block: bool = False) -> tuple[float, float]:
     w = benchkit.run_fio(root, rw="write", bs=chunk, iodepth=depth, size=size, file_per_block=file_per_block)
     r = benchkit.run_fio(root, rw="read", bs=chunk, iodepth=depth, size=size, file_per_block=file_per_block)
@@ -263,6 +283,10 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                     nw, nr = await naive_point(fresh(base / "naive"), view, chunk, n, depth)
                     add("naive_write", nw)
                     add("naive_read", nr)
+                if not args.no_bare:
+                    bw, br = await bare_point(fresh(base / "bare"), view, chunk, n, depth)
+                    add("bare_write", bw)
+                    add("bare_read", br)
             point: dict[str, Any] = {"chunk_bytes": chunk, "depth": depth, "chunks": n}
             point.update({k: med(v) for k, v in m.items()})
             point["samples"] = m
@@ -273,11 +297,14 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             point["other_io_engine"] = other_engine
             for side in ("write", "read"):
                 refs = m[f"fio_{side}"]
-                for name in [*variants, "naive", "fio files", "full", "full recycle=False"]:
+                for name in [*variants, "naive", "fio files", "full", "full recycle=False", "bare"]:
                     if f"{name}_{side}" in point:
                         # paired: each repeat's figure over the fio figure measured next to it
                         pairs = [v / r for v, r in zip(m[f"{name}_{side}"], refs) if r]
                         point[f"{name}_{side}_x_fio"] = med(pairs) if pairs else None
+                if f"bare_{side}" in point:
+                    pairs = [v / r for v, r in zip(m[f"fs_{side}"], m[f"bare_{side}"]) if r]
+                    point[f"fs_{side}_x_bare"] = med(pairs) if pairs else None
             points.append(point)
             print(
                 f"{chunk // KiB:>5} KiB d={depth:<2}  write {point['fs_write'] / 1e9:.2f} GB/s "
@@ -288,6 +315,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     shutil.rmtree(base / "fio", ignore_errors=True)
     shutil.rmtree(base / "tier", ignore_errors=True)
     shutil.rmtree(base / "naive", ignore_errors=True)
+    shutil.rmtree(base / "bare", ignore_errors=True)
     return {
         "bench": "fs tier",
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
@@ -307,6 +335,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             "fio files": "the same, over one file per block (nrfiles, filesize=bs, openfiles=depth): "
             "a reference for what a file-per-chunk layout costs here",
             "naive": "benchkit.naive_aiofiles, sync at the end (syncfs), cold read",
+            "bare": "benchkit.bare_file_per_chunk: the thread engine's system calls (O_TMPFILE, pwritev of "
+            "header block + chunk, linkat, close; open, preadv, close) from depth plain threads over 256 "
+            "shards, no tier around them; synced at the end, cold read. fs x bare: what the tier adds",
         },
         "points": points,
     }
@@ -337,8 +368,8 @@ def markdown(report: dict[str, Any]) -> str:
         full_head = " **full x fio** | full, recycle=False x fio |" if side == "write" else ""
         lines += [
             f"| chunk | depth | engine | fs {side} GB/s | fio {side} GB/s | **fs x fio** | other engine x fio "
-            f"| fio files x fio | naive x fio |{full_head} load avg |",
-            "| --- " * (10 + (2 if full_head else 0)) + "|",
+            f"| fio files x fio | bare x fio | fs x bare | naive x fio |{full_head} load avg |",
+            "| --- " * (12 + (2 if full_head else 0)) + "|",
         ]
         for p in report["points"]:
             other = p.get("fs other_" + side + "_x_fio")
@@ -347,7 +378,8 @@ def markdown(report: dict[str, Any]) -> str:
                 f"| {p['chunk_bytes'] // KiB} KiB | {p['depth']} | {p.get('io_engine')} | {gb(p['fs_' + side])} "
                 f"| {gb(p['fio_' + side])} | **{x(p['fs_' + side + '_x_fio'])}** "
                 f"| {other_cell} "
-                f"| {x(p.get('fio files_' + side + '_x_fio'))} | {x(p.get('naive_' + side + '_x_fio'))} "
+                f"| {x(p.get('fio files_' + side + '_x_fio'))} | {x(p.get('bare_' + side + '_x_fio'))} "
+                f"| {x(p.get('fs_' + side + '_x_bare'))} | {x(p.get('naive_' + side + '_x_fio'))} "
                 + (
                     f"| **{x(p.get('full_write_x_fio'))}** | {x(p.get('full recycle=False_write_x_fio'))} "
                     if full_head
@@ -367,7 +399,7 @@ def markdown(report: dict[str, Any]) -> str:
     lines += [
         "",
         f"Method: tier — {report['method']['tier']}. fio — {report['method']['fio']}. "
-        f"naive — {report['method']['naive']}.",
+        f"naive — {report['method']['naive']}. bare — {report['method']['bare']}.",
         "",
     ]
     return "\n".join(lines)
@@ -382,6 +414,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--repeat", type=int, default=3, help="interleaved repetitions per point (median reported)")
     ap.add_argument("--variants", action="store_true", help="also measure publish=rename, lru_times=False, buffered")
     ap.add_argument("--no-naive", action="store_true", help="skip the naive aiofiles loop")
+    ap.add_argument("--no-bare", action="store_true", help="skip the bare system-call reference")
     ap.add_argument("--no-fio-files", action="store_true", help="skip fio over one file per block")
     ap.add_argument("--no-full", action="store_true", help="skip offloads into a full tier (evicting)")
     ap.add_argument("--loop", choices=("asyncio", "uvloop"), default="asyncio")

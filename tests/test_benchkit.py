@@ -26,3 +26,21 @@ def test_settle_on_a_file_system_without_a_device_only_flushes() -> None:
     if not os.path.isdir("/dev/shm") or benchkit._device_stat("/dev/shm") is not None:
         pytest.skip("no device-less tmpfs at /dev/shm")
     assert benchkit.settle("/dev/shm", quiet_s=10.0) < 10.0
+
+
+def test_bare_file_per_chunk_writes_named_files_and_reads_them_back(tmp_path: Path) -> None:
+    from asynctier.posix_io import aligned_buffer
+
+    chunk, n = 8192, 12
+    src = aligned_buffer(chunk * n)
+    src[:] = os.urandom(chunk * n)
+    rate = benchkit.bare_file_per_chunk(tmp_path, src, chunk, n, depth=3, mode="write", shards=4)
+    assert rate > 0
+    files = sorted(p for p in tmp_path.rglob("bare-*"))
+    assert len(files) == n and all(p.stat().st_size == 4096 + chunk for p in files)
+    assert not [p for p in tmp_path.rglob("*") if p.is_file() and not p.name.startswith("bare-")]
+    dst = aligned_buffer(chunk * n)
+    benchkit.bare_file_per_chunk(tmp_path, dst, chunk, n, depth=3, mode="read", shards=4)
+    assert bytes(dst) == bytes(src)
+    with pytest.raises(ValueError, match="mode"):
+        benchkit.bare_file_per_chunk(tmp_path, dst, chunk, n, depth=1, mode="append")
