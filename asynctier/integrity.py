@@ -98,17 +98,22 @@ def pack_header(
 
 
 def header_matches(
-    buf: bytes | memoryview | bytearray, key: bytes, payload_len: int, csum: int, layout_digest: bytes
+    buf: bytes | memoryview | bytearray,
+    key: bytes,
+    payload_len: int,
+    csum: int,
+    layout_digest: bytes,
+    seq: int = 0,
 ) -> bool:
     """Whether ``buf`` starts with exactly the header a chunk of ``key`` with this payload
-    length, checksum and layout would have been stored with (version and flags current,
-    sequence 0).
+    length, checksum, layout and sequence number would have been stored with (version and
+    flags current).
 
     A fast accept for loads that know what to expect (one pack and a compare, ~5x faster
     than :meth:`ChunkHeader.unpack` and :meth:`ChunkHeader.verify`); on False, parse with
     those for the precise error.
     """
-    want = pack_header(key, payload_len, csum, layout_digest)
+    want = pack_header(key, payload_len, csum, layout_digest, seq)
     return buf[: len(want)] == want
 
 

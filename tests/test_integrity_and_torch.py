@@ -85,8 +85,9 @@ def test_header_matches_accepts_exactly_the_expected_header() -> None:
         bad = bytearray(good)
         bad[pos] ^= 0x10
         assert not header_matches(bad, b"key", 300, checksum(payload), DIGEST)
-    # a header with another sequence number is valid, just not the fast path's: the caller parses it
+    # the sequence number is part of what is expected
     assert not header_matches(header(payload=payload).pack(), b"key", 300, checksum(payload), DIGEST)
+    assert header_matches(header(payload=payload).pack(), b"key", 300, checksum(payload), DIGEST, seq=7)
 
 
 def test_torch_buffer_is_shared_not_copied() -> None:

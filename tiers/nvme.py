@@ -108,7 +108,7 @@ from asynctier import (
 )
 from asynctier.chunked import MAX_KEY_BYTES
 from asynctier.engines import Engine
-from asynctier.integrity import ChunkHeader, checksum, pack_header
+from asynctier.integrity import ChunkHeader, checksum, header_matches, pack_header
 from asynctier.posix_io import O_DIRECT, aligned_buffer, buffer_address, fsync_dir, logical_block_size
 
 __all__ = [
@@ -1682,6 +1682,11 @@ class NvmeTier(BlockingChunkTier):
 
     def _check_slot(self, key: bytes, slot: int, seq: int, csum: int, hb: memoryview, payload: memoryview) -> None:
         """Raise :class:`IntegrityError` unless the slot holds exactly the indexed write of ``key``."""
+        digest = self.offloading_spec.layout_digest
+        if header_matches(hb, key, payload.nbytes, csum, digest, seq) and (
+            not self.verify or checksum(payload) == csum
+        ):
+            return  # the common case: one pack and a compare instead of a parse
         hdr = ChunkHeader.unpack(hb, key=key)
         if hdr.seq != seq or hdr.checksum != csum:
             raise IntegrityError(f"slot {slot} holds another write of this key (stale or reused)", key)
