@@ -130,11 +130,11 @@ class _Iovec(ctypes.Structure):
     _fields_ = [("base", ctypes.c_void_p), ("len", ctypes.c_size_t)]
 
 
-_IOV2 = struct.Struct("=QQQQ")
+_IOV2 = struct.Struct("=QQQQ")  # two struct iovec: base, length
 
 
 class IovecTable:
-    """Iovec arrays made once and rewritten per chain: ``rows`` of ``width`` entries.
+    """Two-entry iovec arrays (header block + payload), made once and rewritten per chain.
 
     Building a ctypes array per chain cost ~4.5 us of the loop thread; rewriting a row is
     one ``pack_into``. A row must not be rewritten while a chain that uses it is in flight
@@ -143,15 +143,14 @@ class IovecTable:
     holds, such as its registered file slot.
     """
 
-    def __init__(self, rows: int, width: int = 2) -> None:
-        self._width = width
-        self._mem = mmap.mmap(-1, max(1, rows * width * 16))  # struct iovec: 16 bytes
+    def __init__(self, rows: int) -> None:
+        self._mem = mmap.mmap(-1, max(1, rows * _IOV2.size))
         self._mv = memoryview(self._mem)
         self._base = buffer_address(self._mv)
 
     def pair(self, row: int, addr0: int, len0: int, addr1: int, len1: int) -> tuple[int, int, Any]:
         """Row ``row`` set to two spans; returns what :meth:`Ring.prep_rw` takes."""
-        off = row * self._width * 16
+        off = row * _IOV2.size
         _IOV2.pack_into(self._mv, off, addr0, len0, addr1, len1)
         return self._base + off, 2, self._mem
 
