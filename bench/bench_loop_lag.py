@@ -223,6 +223,8 @@ def main() -> int:
     depths = [int(d) for d in args.depths.split(",")]
     factories = loop_factories()
     loops = [n for n in args.loops.split(",") if n in factories]
+    if args.root:  # a scratch directory that does not exist yet is made, not an error
+        Path(args.root).mkdir(parents=True, exist_ok=True)
     workdir = Path(tempfile.mkdtemp(prefix="asynctier-lag-", dir=args.root))
     results: list[dict[str, Any]] = []
     started = dt.datetime.now(dt.timezone.utc).replace(microsecond=0).isoformat()

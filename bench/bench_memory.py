@@ -167,6 +167,8 @@ def main() -> int:
     for tier in args.tier or ["fs", "nvme", "obj"]:
         for chunk in (parse_size(c) for c in args.chunk.split(",")):
             one = argparse.Namespace(**{**vars(args), "tier": tier, "chunk": chunk})
+            if args.root:  # a scratch directory that does not exist yet is made, not an error
+                Path(args.root).mkdir(parents=True, exist_ok=True)
             workdir = Path(tempfile.mkdtemp(prefix="asynctier-mem-", dir=args.root))
             try:
                 r = _run_loop(one, workdir)

@@ -175,6 +175,8 @@ def main() -> int:
             flush=True,
         )
     tier_rows: list[dict[str, Any]] = []
+    if args.root:  # a scratch directory that does not exist yet is made, not an error
+        Path(args.root).mkdir(parents=True, exist_ok=True)
     workdir = Path(tempfile.mkdtemp(prefix="asynctier-scaling-", dir=args.root))
     try:
         for tier_type, top in (

@@ -10,6 +10,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -47,3 +48,31 @@ def test_bench_nvme_reports_both_engines_and_reopen(tmp_path: Path) -> None:
     for run in report["runs"]:
         assert run["offload_Bps"] > 0 and run["load_Bps"] > 0, run
     assert report["reopen"]["slots"] == 10000 and report["reopen"]["open_s"] > 0
+
+
+def _report(out: Path, name: str) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads((out / f"{name}.json").read_text())
+    assert (out / f"{name}.md").read_text().strip()
+    return data
+
+
+def test_bench_loop_lag_measures_lag_during_each_stream(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    _run("bench_loop_lag.py", "--chunk-sizes", "262144", "--depths", "4", "--seconds", "1", "--loops", "asyncio",
+         "--root", str(tmp_path / "scratch"), "--out", str(out))  # fmt: skip
+    results = _report(out, "loop_lag")["results"]
+    assert {r["op"] for r in results} >= {"offload", "load"}
+    for r in results:
+        assert r["lag"], r  # the ticker ran while the stream did
+
+
+def test_bench_memory_and_scaling_run_and_check_themselves(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    _run("bench_memory.py", "--tier", "fs", "--chunk", "262144", "--depth", "4", "--total", str(32 << 20),
+         "--slots", "16", "--batch", "8", "--streams", "2",
+         "--root", str(tmp_path / "m"), "--out", str(out))  # fmt: skip
+    (mem,) = _report(out, "memory")["results"]
+    assert mem["offloaded_bytes"] == 32 << 20 and mem["failed_chunks"] == 0
+    _run("bench_scaling.py", "--max-index", "3", "--max-memory", "3", "--max-fs", "2", "--max-nvme", "2",
+         "--max-obj", "0", "--root", str(tmp_path / "s"), "--out", str(out))  # fmt: skip
+    assert _report(out, "scaling")["all_lookups_correct"] is True
