@@ -20,10 +20,13 @@ REPO = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.skipif(not benchkit.fio_available(), reason="fio is not installed")
 
 
-def _run(script: str, *args: str) -> None:
+def _run(script: str, *args: str, target_may_miss: bool = False) -> None:
+    """Run a bench script; ``target_may_miss``: its exit status 1 only says a timing target
+    was missed (on a busy machine), which is no failure here, but a traceback is."""
     cmd = [sys.executable, str(REPO / "bench" / script), *args]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    ok = (0, 1) if target_may_miss else (0,)
+    assert r.returncode in ok and "Traceback" not in r.stderr, r.stdout[-2000:] + r.stderr[-2000:]
 
 
 def test_bench_fs_reports_tier_fio_and_bare_figures(tmp_path: Path) -> None:
@@ -59,7 +62,7 @@ def _report(out: Path, name: str) -> dict[str, Any]:
 def test_bench_loop_lag_measures_lag_during_each_stream(tmp_path: Path) -> None:
     out = tmp_path / "out"
     _run("bench_loop_lag.py", "--chunk-sizes", "262144", "--depths", "4", "--seconds", "1", "--loops", "asyncio",
-         "--root", str(tmp_path / "scratch"), "--out", str(out))  # fmt: skip
+         "--root", str(tmp_path / "scratch"), "--out", str(out), target_may_miss=True)  # fmt: skip
     results = _report(out, "loop_lag")["results"]
     assert {r["op"] for r in results} >= {"offload", "load"}
     for r in results:
