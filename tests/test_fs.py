@@ -236,6 +236,32 @@ async def test_bad_file_fails_only_its_key_and_is_removed(tmp_path: Path, damage
         assert (await tier.load([k[1]], [8])).ok and chunk(view, 8) == data[1]
 
 
+async def test_healthy_loads_take_the_fast_header_check(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A load whose header is exactly what was stored is accepted by one compare; the
+    field-by-field parse runs only for a bad file (its precise error) or verify=False."""
+    slow: list[bytes] = []
+    parse = FsTier._check_read_slow
+
+    def counted(self: FsTier, key: bytes, *args: Any) -> None:
+        slow.append(key)
+        parse(self, key, *args)
+
+    monkeypatch.setattr(FsTier, "_check_read_slow", counted)
+    tier, view = make_tier(tmp_path)
+    data = fill(view, 4)
+    k = keys(4)
+    async with tier:
+        assert (await tier.offload(k, [0, 1, 2, 3])).ok
+        assert (await tier.load(k, [4, 5, 6, 7])).ok
+        assert [chunk(view, 4 + i) for i in range(4)] == data[:4]
+        assert slow == []
+        raw = bytearray(chunk_file(tier, k[2]).read_bytes())
+        raw[HEADER_BLOCK + 7] ^= 0x20
+        chunk_file(tier, k[2]).write_bytes(bytes(raw))
+        res = await tier.load(k, [4, 5, 6, 7])
+        assert res.succeeded == [k[0], k[1], k[3]] and slow == [k[2]]
+
+
 async def test_verify_off_still_catches_truncation_and_header(tmp_path: Path) -> None:
     tier, view = make_tier(tmp_path, verify=False)
     fill(view, 3)

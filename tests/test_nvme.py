@@ -123,6 +123,33 @@ def _chunk(view: memoryview, chunk: int, i: int) -> bytes:
 
 # -- slot format and I/O paths -------------------------------------------------------------------------
 @pytest.mark.parametrize("io_engine", ENGINES)
+async def test_healthy_loads_take_the_fast_header_check(
+    tmp_path: Path, io_engine: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A slot whose header is the one the index expects is accepted by one compare; the
+    header is parsed field by field only when it differs (for the precise error)."""
+    from asynctier.integrity import ChunkHeader
+
+    parsed: list[int] = []
+    unpack = ChunkHeader.unpack.__func__  # type: ignore[attr-defined]
+
+    def counted(cls: type[ChunkHeader], *args: Any, **kw: Any) -> ChunkHeader:
+        parsed.append(1)
+        result: ChunkHeader = unpack(cls, *args, **kw)
+        return result
+
+    tier, view = _make(tmp_path / "f.slab", io_engine=io_engine)
+    async with tier:
+        data = _fill(view, CHUNK, 3)
+        keys = [b"k%d" % i for i in range(8)]
+        assert (await tier.offload(keys, list(range(8)))).ok
+        monkeypatch.setattr(ChunkHeader, "unpack", classmethod(counted))
+        assert (await tier.load(keys, list(range(8, 16)))).ok
+        assert [_chunk(view, CHUNK, 8 + i) for i in range(8)] == data[:8]
+        assert parsed == []
+
+
+@pytest.mark.parametrize("io_engine", ENGINES)
 async def test_aligned_view_goes_direct_and_unaligned_bounces(tmp_path: Path, io_engine: str) -> None:
     for aligned in (True, False):
         tier, view = _make(tmp_path / f"a{aligned}.slab", aligned=aligned, io_engine=io_engine)

@@ -1171,7 +1171,9 @@ class NvmeTier(BlockingChunkTier):
                 payload = bb[geo.hdr_area : geo.hdr_area + out.nbytes]
             if got < geo.hdr_area + out.nbytes:
                 raise IntegrityError(f"short read of slot {slot}: {got} bytes", key)
-            self._check_slot(key, slot, seq, csum, hb, payload)
+            bad = self._check_loaded(key, slot, seq, csum, hb, payload)
+            if bad is not None:
+                raise bad
             if payload is not out:
                 out[:] = payload  # bounce copy (unaligned view)
                 self._stats.incr("bounce_copies")
@@ -1342,8 +1344,10 @@ class NvmeTier(BlockingChunkTier):
         """Verify one loaded slot: its header is exactly what the index says was written
         (a byte comparison, no parse) and, with ``verify``, the payload checksum matches;
         anything else gets the full check and its precise error."""
-        head = pack_header(key, payload.nbytes, csum, self.offloading_spec.layout_digest, seq)
-        if hb[: len(head)] == head and not (self.verify and checksum(payload) != csum):
+        digest = self.offloading_spec.layout_digest
+        if header_matches(hb, key, payload.nbytes, csum, digest, seq) and (
+            not self.verify or checksum(payload) == csum
+        ):
             return None
         try:
             self._check_slot(key, slot, seq, csum, hb, payload)
@@ -1682,11 +1686,6 @@ class NvmeTier(BlockingChunkTier):
 
     def _check_slot(self, key: bytes, slot: int, seq: int, csum: int, hb: memoryview, payload: memoryview) -> None:
         """Raise :class:`IntegrityError` unless the slot holds exactly the indexed write of ``key``."""
-        digest = self.offloading_spec.layout_digest
-        if header_matches(hb, key, payload.nbytes, csum, digest, seq) and (
-            not self.verify or checksum(payload) == csum
-        ):
-            return  # the common case: one pack and a compare instead of a parse
         hdr = ChunkHeader.unpack(hb, key=key)
         if hdr.seq != seq or hdr.checksum != csum:
             raise IntegrityError(f"slot {slot} holds another write of this key (stale or reused)", key)
