@@ -944,6 +944,41 @@ async def test_the_ring_sizes_a_new_large_file_before_its_direct_write(
 
 
 @pytest.mark.skipif(_NO_RING is not None, reason=f"no io_uring: {_NO_RING}")
+@pytest.mark.parametrize("chunk_bytes", [1 << 20, CHUNK])
+async def test_the_ring_hashes_large_chunks_off_the_event_loop(
+    tmp_path: Path, chunk_bytes: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The io_uring engine runs its chains from the event-loop thread; a 2 MiB checksum there
+    (~250 us) would stall every other task. Chunks from 1 MiB are hashed on a thread, on
+    offload and on load; smaller ones on the loop, where the hop would cost more."""
+    import tiers.fs as fs_mod
+
+    on_loop: list[bool] = []
+    real = fs_mod.checksum
+
+    def where(data: Any) -> int:
+        on_loop.append(threading.current_thread() is threading.main_thread())
+        return real(data)
+
+    monkeypatch.setattr(fs_mod, "checksum", where)
+    spec = OffloadingSpec(chunk_bytes, 4, namespace="test/fs")
+    view = aligned_buffer(spec.total_bytes)
+    rnd = random.Random(37)
+    data = [rnd.randbytes(chunk_bytes) for _ in range(2)]
+    view[: 2 * chunk_bytes] = b"".join(data)
+    conf = {"type": "fs", "root": str(tmp_path), "max_inflight": 4, "io_engine": "io_uring"}
+    tier = SecondaryTierFactory.create_secondary_tier(conf, view, spec)
+    assert isinstance(tier, FsTier)
+    async with tier:
+        assert (await tier.offload(keys(2), [0, 1])).ok
+        view[2 * chunk_bytes :] = bytes(2 * chunk_bytes)
+        assert (await tier.load(keys(2), [2, 3])).ok
+        assert tier.stats().extra.get("io_uring_retries", 0) == 0
+    assert [bytes(view[(2 + i) * chunk_bytes : (3 + i) * chunk_bytes]) for i in range(2)] == data
+    assert on_loop == [chunk_bytes < 1 << 20] * 4  # two stores, two loads
+
+
+@pytest.mark.skipif(_NO_RING is not None, reason=f"no io_uring: {_NO_RING}")
 async def test_a_failed_sizing_step_still_stores_the_chunk_whole(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
