@@ -17,7 +17,7 @@ import pytest
 from asynctier import benchkit
 
 REPO = Path(__file__).resolve().parent.parent
-pytestmark = pytest.mark.skipif(not benchkit.fio_available(), reason="fio is not installed")
+needs_fio = pytest.mark.skipif(not benchkit.fio_available(), reason="fio is not installed")
 
 
 def _run(script: str, *args: str, target_may_miss: bool = False) -> None:
@@ -29,6 +29,7 @@ def _run(script: str, *args: str, target_may_miss: bool = False) -> None:
     assert r.returncode in ok and "Traceback" not in r.stderr, r.stdout[-2000:] + r.stderr[-2000:]
 
 
+@needs_fio
 def test_bench_fs_reports_tier_fio_and_bare_figures(tmp_path: Path) -> None:
     out = tmp_path / "out"
     _run("bench_fs.py", "--dir", str(tmp_path / "scratch"), "--sizes-kib", "256", "--depths", "2", "--mib", "4",
@@ -42,6 +43,7 @@ def test_bench_fs_reports_tier_fio_and_bare_figures(tmp_path: Path) -> None:
     assert "| fs x bare |" in md and "256 KiB" in md
 
 
+@needs_fio
 def test_bench_nvme_reports_both_engines_and_reopen(tmp_path: Path) -> None:
     out = tmp_path / "out"
     _run("bench_nvme.py", "--dir", str(tmp_path / "scratch"), "--gib", "0.02", "--reps", "1", "--small-ops", "256",
@@ -59,6 +61,7 @@ def _report(out: Path, name: str) -> dict[str, Any]:
     return data
 
 
+@needs_fio
 def test_bench_loop_lag_measures_lag_during_each_stream(tmp_path: Path) -> None:
     out = tmp_path / "out"
     _run("bench_loop_lag.py", "--chunk-sizes", "262144", "--depths", "4", "--seconds", "1", "--loops", "asyncio",
@@ -69,6 +72,7 @@ def test_bench_loop_lag_measures_lag_during_each_stream(tmp_path: Path) -> None:
         assert r["lag"], r  # the ticker ran while the stream did
 
 
+@needs_fio
 def test_bench_memory_and_scaling_run_and_check_themselves(tmp_path: Path) -> None:
     out = tmp_path / "out"
     _run("bench_memory.py", "--tier", "fs", "--chunk", "262144", "--depth", "4", "--total", str(32 << 20),
@@ -79,3 +83,14 @@ def test_bench_memory_and_scaling_run_and_check_themselves(tmp_path: Path) -> No
     _run("bench_scaling.py", "--max-index", "3", "--max-memory", "3", "--max-fs", "2", "--max-nvme", "2",
          "--max-obj", "0", "--root", str(tmp_path / "s"), "--out", str(out))  # fmt: skip
     assert _report(out, "scaling")["all_lookups_correct"] is True
+
+
+def test_bench_engine_reports_each_loop(tmp_path: Path) -> None:
+    """The runtime's own cost (a tier that stores nothing): no fio needed."""
+    out = tmp_path / "out"
+    _run("bench_engine.py", "--scale", "0.02", "--out", str(out))
+    report = _report(out, "engine")
+    assert {r["loop"] for r in report["rows"]} >= {"asyncio"}
+    for row in report["rows"]:
+        for name in ("batch_chunk_ops_per_s", "single_call_round_trip_us", "concurrent_single_calls_per_s"):
+            assert row[name] > 0, (row["loop"], name)
