@@ -505,12 +505,12 @@ async def test_files_made_ahead_are_used_and_closed(tmp_path: Path, io_engine: s
     if io_engine != "threads":
         pytest.skip("the ring publishes by rename")
     fds_before = set(os.listdir("/proc/self/fd"))
-    tier, view = make_tier(tmp_path, max_inflight=1, publish="tmpfile")
+    tier, view = make_tier(tmp_path, max_inflight=1, publish="tmpfile", tmpfile_pool=8)
     data = fill(view, 21)
     k = keys(8)
     async with tier:
         pool = tier._pool
-        assert pool is not None, "on by default at max_inflight 1"
+        assert pool is not None
         for _ in range(200):  # the thread fills it in the background
             if pool.ready == 8:
                 break
@@ -525,12 +525,13 @@ async def test_files_made_ahead_are_used_and_closed(tmp_path: Path, io_engine: s
     assert tier._pool is None and not pool._thread.is_alive()
     # (fds other tests leaked may be closed by the garbage collector meanwhile: only new ones count)
     assert not set(os.listdir("/proc/self/fd")) - fds_before, "pooled files and shard directories are closed"
-    tier, _ = make_tier(tmp_path, max_inflight=16)  # several writers overlap their creates: no pool
+    for depth in (1, 4, 16):  # on by default at every depth: 64 files
+        tier, _ = make_tier(tmp_path, max_inflight=depth, io_engine="threads")
+        async with tier:
+            assert tier._pool is not None and tier._pool._target == 64
+    tier, _ = make_tier(tmp_path, max_inflight=4, tmpfile_pool=0, io_engine="threads")
     async with tier:
         assert tier._pool is None
-    tier, _ = make_tier(tmp_path, max_inflight=16, tmpfile_pool=4, io_engine="threads")
-    async with tier:
-        assert tier._pool is not None
     with pytest.raises(TierConfigError, match="tmpfile_pool must be an int >= 0 or None"):
         make_tier(tmp_path, tmpfile_pool=-1)
 

@@ -123,7 +123,7 @@ _instance_seq = itertools.count()
 _ZEROS = bytes(HEADER_BLOCK)
 _RING_MIN_DEPTH = 8  # io_engine="auto" takes the ring from this max_inflight on
 _RING_MAX_CHUNK = 1 << 20  # ... for chunks smaller than this
-_POOL_MAX_DEPTH = 2  # tmpfile_pool=None: files made ahead up to this max_inflight
+_POOL_TARGET = 64  # tmpfile_pool=None: unnamed files kept made ahead (one descriptor each)
 _PRESIZE_MIN = 1 << 20  # the ring sizes new files of chunks this large before writing them
 # io_uring engine: chunks from this size are checksummed on a thread (~250 us per 2 MiB would
 # otherwise stall the event loop; below it the hop costs more than the hash)
@@ -144,9 +144,11 @@ class _TmpfilePool:
     Creating a file is a journaled metadata operation; on ext4 here ``open(O_TMPFILE)``
     took 43 us at the median but 252 us on average (waits on the journal), a third of a
     256 KiB chunk's time at depth 1. Made ahead, off the chunk's latency path, it overlaps
-    the writes in flight. An unnamed inode can be linked under any name on its file system
-    and dies with its descriptor (or at the next mount after a crash): a pooled file is
-    invisible and costs no disk space until it is written and linked.
+    the writes in flight, and files made during an idle spell (their inodes committed by
+    the journal since) take a burst of stores at nearly twice the speed of making them in
+    the burst. An unnamed inode can be linked under any name on its file system and dies
+    with its descriptor (or at the next mount after a crash): a pooled file is invisible and
+    costs no disk space until it is written and linked.
     """
 
     def __init__(self, dir_fds: list[int], flags: int, target: int, name: str) -> None:
@@ -316,13 +318,17 @@ class FsTier(BlockingChunkTier):
             (ENOSPC eviction, O_DIRECT refusal, error kinds).
         tmpfile_pool: how many unnamed ``O_TMPFILE`` files a background thread keeps made
             ahead of need for the thread engine, so that a chunk's write does not wait for
-            its file's creation. None (default): 8 when ``max_inflight <= 2``, else none;
-            0: none. Each costs an open descriptor and an empty inode until used; a crash
-            leaves nothing behind. Chunks that find the pool empty make their own
+            its file's creation. None (default): 64; 0: none. Each costs an open descriptor
+            and an empty inode until used (no data blocks); a crash leaves nothing behind.
+            Chunks that find the pool empty make their own
             (``stats().extra["tmpfile_pool_empty"]``). Measured on the bench disk (O_DIRECT,
-            interleaved runs): offloads at depth 1 went 1.2-1.5x faster at 256 KiB and
-            1.25-1.3x at 2 MiB; at depths 4 and 16 no gain (several writers already overlap
-            one another's creates, and one thread could not keep 16 supplied).
+            empty tier, 256 MiB per offload, 3 interleaved runs, medians as ratios of fio;
+            bench/README.md, "fs tier"): at 256 KiB, offloads straight after ``open()`` ran
+            at 0.73x with the pool against 0.37x without at depth 1 and 0.64x against 0.47x
+            at depth 4, no different at depth 16 (one thread cannot keep 16 writers
+            supplied); with the pool made ahead (a burst after an idle spell) 0.80-0.84x
+            at depths 1-4 and 0.68x against 0.36x at depth 16, for as many chunks as it
+            holds. At 2 MiB it made no difference (0.93-1.01x either way).
         recycle: what eviction does with the file of the chunk it evicts to make room for a
             store. ``"auto"`` (default): recycle it when ``verify=True``; ``True``: recycle it;
             ``False``: unlink it. Recycling renames the file away from its name, then the
@@ -507,8 +513,8 @@ class FsTier(BlockingChunkTier):
             self._probe()
             self._start_scan()
             target = self.tmpfile_pool
-            if target is None:  # measured: a gain where one writer waits alone, none from depth 4
-                target = 8 if (self.max_inflight or 1) <= _POOL_MAX_DEPTH else 0
+            if target is None:
+                target = _POOL_TARGET
             if target and self._use_tmpfile and not self._ring_mode:  # the ring publishes by rename
                 flags = os.O_WRONLY | (O_DIRECT if self._use_direct else 0)
                 self._pool = _TmpfilePool(fds, flags, target, f"asynctier-fs-tmpfiles-{self.dir.name[:8]}")
