@@ -154,6 +154,37 @@ async def full_point(
     return wbps, extra
 
 
+async def idle_point(
+    root: Path, view: memoryview, chunk: int, n: int, depth: int, config: dict[str, Any]
+) -> tuple[float, dict[str, Any]]:
+    """Offload into an empty tier after an idle spell: the thread engine with ``tmpfile_pool=n``,
+    timed once the pool holds a file for every chunk and the file system has settled (a
+    burst of as many chunks as a pool sized for it holds). Returns (write B/s, stats extra)."""
+    spec = OffloadingSpec(chunk, 2 * n, namespace=f"bench/{chunk}")
+    cfg = {"type": "fs", "root": str(root), "max_inflight": depth, "io_engine": "threads", "tmpfile_pool": n}
+    tier = SecondaryTierFactory.create_secondary_tier({**cfg, **config}, view, spec)
+    async with tier:
+        deadline = time.monotonic() + 120
+        while tier.stats().extra.get("tmpfile_pool_ready", 0) < n:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the pool made {tier.stats().extra.get('tmpfile_pool_ready')} of {n} files")
+            await asyncio.sleep(0.05)
+        await asyncio.to_thread(syncfs, root)
+        await asyncio.to_thread(benchkit.settle, root)
+        keys = [f"idle-{chunk}-{i}".encode() for i in range(n)]
+        t0 = time.perf_counter()
+        res = await tier.offload(keys, list(range(n)))
+        await asyncio.to_thread(syncfs, root)
+        wbps = n * chunk / (time.perf_counter() - t0)
+        if not res.ok:
+            raise RuntimeError(f"offload failed: {list(res.failed.items())[:2]}")
+        res = await tier.load(keys[-4:], list(range(n, n + 4)))
+        if not res.ok or view[(n - 4) * chunk : n * chunk] != view[n * chunk : (n + 4) * chunk]:
+            raise RuntimeError("a chunk stored after an idle spell did not load back exact")
+        extra: dict[str, Any] = dict(tier.stats().extra)
+    return wbps, extra
+
+
 async def naive_point(root: Path, view: memoryview, chunk: int, n: int, depth: int) -> tuple[float, float]:
     """The naive aiofiles loop, synced at the end and read back cold."""
     t0 = time.perf_counter()
@@ -279,6 +310,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                         add(f"{name}_write", fw)
                         if name == "full":
                             full_extra = extra_f
+                if not args.no_idle:
+                    iw, _ = await idle_point(fresh(base / "tier"), view, chunk, n, depth, {})
+                    add("after idle_write", iw)
                 if not args.no_naive:
                     nw, nr = await naive_point(fresh(base / "naive"), view, chunk, n, depth)
                     add("naive_write", nw)
@@ -297,7 +331,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             point["other_io_engine"] = other_engine
             for side in ("write", "read"):
                 refs = m[f"fio_{side}"]
-                for name in [*variants, "naive", "fio files", "full", "full recycle=False", "bare"]:
+                for name in [*variants, "naive", "fio files", "full", "full recycle=False", "after idle", "bare"]:
                     if f"{name}_{side}" in point:
                         # paired: each repeat's figure over the fio figure measured next to it
                         pairs = [v / r for v, r in zip(m[f"{name}_{side}"], refs) if r]
@@ -334,6 +368,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             "syncfs returns",
             "fio files": "the same, over one file per block (nrfiles, filesize=bs, openfiles=depth): "
             "a reference for what a file-per-chunk layout costs here",
+            "after idle": "offload into an empty tier with the thread engine and tmpfile_pool = chunks "
+            "in the point, timed once the pool holds a file per chunk and the disk settled (a burst after "
+            "an idle spell, with a pool sized for it); timed until syncfs returns",
             "naive": "benchkit.naive_aiofiles, sync at the end (syncfs), cold read",
             "bare": "benchkit.bare_file_per_chunk: the thread engine's system calls (O_TMPFILE, pwritev of "
             "header block + chunk, linkat, close; open, preadv, close) from depth plain threads over 256 "
@@ -361,15 +398,17 @@ def markdown(report: dict[str, Any]) -> str:
         '`fs` is the default configuration (`io_engine="auto"`; the engine it took is in the '
         "third column); `other engine` is the other engine, measured beside it. `full`: offloads "
         "into a tier at capacity, each new chunk evicting one (the steady state of a cache), with "
-        "evicted files recycled (the default) and with `recycle=False` (new file + unlink).",
+        "evicted files recycled (the default) and with `recycle=False` (new file + unlink). "
+        "`after idle`: offloads into an empty tier (thread engine) once a pool of files made ahead "
+        "holds one per chunk (`tmpfile_pool` = chunks in the point): a burst after an idle spell.",
         "",
     ]
     for side in ("write", "read"):
-        full_head = " **full x fio** | full, recycle=False x fio |" if side == "write" else ""
+        full_head = " **full x fio** | full, recycle=False x fio | after idle x fio |" if side == "write" else ""
         lines += [
             f"| chunk | depth | engine | fs {side} GB/s | fio {side} GB/s | **fs x fio** | other engine x fio "
             f"| fio files x fio | bare x fio | fs x bare | naive x fio |{full_head} load avg |",
-            "| --- " * (12 + (2 if full_head else 0)) + "|",
+            "| --- " * (12 + (3 if full_head else 0)) + "|",
         ]
         for p in report["points"]:
             other = p.get("fs other_" + side + "_x_fio")
@@ -382,6 +421,7 @@ def markdown(report: dict[str, Any]) -> str:
                 f"| {x(p.get('fs_' + side + '_x_bare'))} | {x(p.get('naive_' + side + '_x_fio'))} "
                 + (
                     f"| **{x(p.get('full_write_x_fio'))}** | {x(p.get('full recycle=False_write_x_fio'))} "
+                    f"| {x(p.get('after idle_write_x_fio'))} "
                     if full_head
                     else ""
                 )
@@ -417,6 +457,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--no-bare", action="store_true", help="skip the bare system-call reference")
     ap.add_argument("--no-fio-files", action="store_true", help="skip fio over one file per block")
     ap.add_argument("--no-full", action="store_true", help="skip offloads into a full tier (evicting)")
+    ap.add_argument("--no-idle", action="store_true", help="skip offloads after an idle spell (a pool made ahead)")
     ap.add_argument("--loop", choices=("asyncio", "uvloop"), default="asyncio")
     ap.add_argument("--out", default=str(REPO / "bench" / "results"), help="directory for fs.json and fs.md")
     ap.add_argument("--name", default="fs", help="base name of the result files")

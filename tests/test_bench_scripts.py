@@ -39,8 +39,9 @@ def test_bench_fs_reports_tier_fio_and_bare_figures(tmp_path: Path) -> None:
     for side in ("write", "read"):
         for name in (f"fs_{side}", f"fio_{side}", f"bare_{side}", f"fs_{side}_x_fio", f"fs_{side}_x_bare"):
             assert point[name] > 0, name
+    assert point["after idle_write_x_fio"] > 0  # a burst into a pool made ahead
     md = (out / "fs.md").read_text()
-    assert "| fs x bare |" in md and "256 KiB" in md
+    assert "| fs x bare |" in md and "| after idle x fio |" in md and "256 KiB" in md
 
 
 @needs_fio

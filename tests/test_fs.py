@@ -515,7 +515,7 @@ async def test_files_made_ahead_are_used_and_closed(tmp_path: Path, io_engine: s
             if pool.ready == 8:
                 break
             await asyncio.sleep(0.01)
-        assert pool.ready == 8
+        assert pool.ready == 8 and tier.stats().extra["tmpfile_pool_ready"] == 8
         assert (await tier.offload(k[:4], [0, 1, 2, 3])).ok
         assert tier.stats().extra.get("tmpfile_pool_empty", 0) == 0, "four writes found files ready"
         assert (await tier.offload(k[4:], [4, 5, 6, 7])).ok

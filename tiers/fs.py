@@ -96,6 +96,7 @@ from asynctier.integrity import ChunkHeader, checksum, header_matches, key_token
 from asynctier.lru import LRUIndex
 from asynctier.posix_io import O_DIRECT, aligned_buffer, buffer_address, logical_block_size, network_fs
 from asynctier.spec import FORMAT_VERSION
+from asynctier.stats import TierStats
 
 __all__ = ["FsTier", "HEADER_BLOCK", "N_SHARDS"]
 
@@ -814,6 +815,14 @@ class FsTier(BlockingChunkTier):
         if t is not None and t.is_alive():
             await asyncio.to_thread(t.join)
         return await super().stored_keys()
+
+    def stats(self) -> TierStats:
+        """The common counters; ``extra["tmpfile_pool_ready"]``: files made ahead, not yet used."""
+        s = super().stats()
+        pool = self._pool
+        if pool is not None:
+            s.extra["tmpfile_pool_ready"] = pool.ready
+        return s
 
     # -- io_uring engine ----------------------------------------------------------------------
     @property
