@@ -325,11 +325,11 @@ class FsTier(BlockingChunkTier):
             (``stats().extra["tmpfile_pool_empty"]``). Measured on the bench disk (O_DIRECT,
             empty tier, 256 MiB per offload, 3 interleaved runs, medians as ratios of fio;
             bench/README.md, "fs tier"): at 256 KiB, offloads straight after ``open()`` ran
-            at 0.73x with the pool against 0.37x without at depth 1 and 0.64x against 0.47x
-            at depth 4, no different at depth 16 (one thread cannot keep 16 writers
-            supplied); with the pool made ahead (a burst after an idle spell) 0.80-0.84x
-            at depths 1-4 and 0.68x against 0.36x at depth 16, for as many chunks as it
-            holds. At 2 MiB it made no difference (0.93-1.01x either way).
+            at 0.69-0.74x with a pool against 0.37x without at depth 1 and 0.55-0.68x
+            against 0.43-0.51x at depth 4, no different at depth 16 (one thread cannot keep
+            16 writers supplied); with the pool made ahead (a burst after an idle spell)
+            0.72-0.84x at depths 1-4 and 0.68-0.73x against 0.36-0.39x at depth 16, for as
+            many chunks as it holds. At 2 MiB it made no difference (0.85-1.01x either way).
         recycle: what eviction does with the file of the chunk it evicts to make room for a
             store. ``"auto"`` (default): recycle it when ``verify=True``; ``True``: recycle it;
             ``False``: unlink it. Recycling renames the file away from its name, then the
