@@ -380,6 +380,16 @@ class Ring:
         self._push(OP_RENAMEAT, sqe_flags, olddfd, ctypes.addressof(b), ctypes.addressof(a), newdfd, 0, user_data)
         return a, b
 
+    def prep_linkat(
+        self, user_data: int, olddfd: int, old: bytes, newdfd: int, new: bytes, flags: int = 0, *, sqe_flags: int = 0
+    ) -> Any:
+        """``linkat`` (``flags``: ``AT_SYMLINK_FOLLOW`` links what a ``/proc/self/fd/N`` names,
+        an ``O_TMPFILE`` file say); returns the path buffers (keep them until :meth:`submit`
+        returns)."""
+        a, b = ctypes.create_string_buffer(old), ctypes.create_string_buffer(new)
+        self._push(OP_LINKAT, sqe_flags, olddfd, ctypes.addressof(b), ctypes.addressof(a), newdfd, flags, user_data)
+        return a, b
+
     def prep_unlinkat(self, user_data: int, dfd: int, path: bytes, *, sqe_flags: int = 0) -> Any:
         """``unlinkat``; returns the path buffer (keep it until :meth:`submit` returns)."""
         a = ctypes.create_string_buffer(path)

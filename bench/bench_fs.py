@@ -157,11 +157,11 @@ async def full_point(
 async def idle_point(
     root: Path, view: memoryview, chunk: int, n: int, depth: int, config: dict[str, Any]
 ) -> tuple[float, dict[str, Any]]:
-    """Offload into an empty tier after an idle spell: the thread engine with ``tmpfile_pool=n``,
+    """Offload into an empty tier after an idle spell: the default engine with ``tmpfile_pool=n``,
     timed once the pool holds a file for every chunk and the file system has settled (a
     burst of as many chunks as a pool sized for it holds). Returns (write B/s, stats extra)."""
     spec = OffloadingSpec(chunk, 2 * n, namespace=f"bench/{chunk}")
-    cfg = {"type": "fs", "root": str(root), "max_inflight": depth, "io_engine": "threads", "tmpfile_pool": n}
+    cfg = {"type": "fs", "root": str(root), "max_inflight": depth, "tmpfile_pool": n}
     tier = SecondaryTierFactory.create_secondary_tier({**cfg, **config}, view, spec)
     async with tier:
         deadline = time.monotonic() + 120
@@ -368,7 +368,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             "syncfs returns",
             "fio files": "the same, over one file per block (nrfiles, filesize=bs, openfiles=depth): "
             "a reference for what a file-per-chunk layout costs here",
-            "after idle": "offload into an empty tier with the thread engine and tmpfile_pool = chunks "
+            "after idle": "offload into an empty tier with the default engine and tmpfile_pool = chunks "
             "in the point, timed once the pool holds a file per chunk and the disk settled (a burst after "
             "an idle spell, with a pool sized for it); timed until syncfs returns",
             "naive": "benchkit.naive_aiofiles, sync at the end (syncfs), cold read",
@@ -399,7 +399,7 @@ def markdown(report: dict[str, Any]) -> str:
         "third column); `other engine` is the other engine, measured beside it. `full`: offloads "
         "into a tier at capacity, each new chunk evicting one (the steady state of a cache), with "
         "evicted files recycled (the default) and with `recycle=False` (new file + unlink). "
-        "`after idle`: offloads into an empty tier (thread engine) once a pool of files made ahead "
+        "`after idle`: offloads into an empty tier (default engine) once a pool of files made ahead "
         "holds one per chunk (`tmpfile_pool` = chunks in the point): a burst after an idle spell.",
         "",
     ]

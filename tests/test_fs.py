@@ -1016,6 +1016,57 @@ async def test_a_failed_sizing_step_still_stores_the_chunk_whole(
 
 
 @pytest.mark.skipif(_NO_RING is not None, reason=f"no io_uring: {_NO_RING}")
+async def test_the_ring_links_files_made_ahead(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With files made ahead, a ring chain writes one and links it under its name (io_uring
+    linkat of /proc/self/fd/N): no create, no rename, no temporary name. A failed link
+    (the name is taken by a directory) goes to the thread path; every pooled descriptor is
+    closed in the end."""
+    calls: dict[str, int] = {"link": 0, "rename": 0}
+    real_link, real_rename = ioring.Ring.prep_linkat, ioring.Ring.prep_renameat
+
+    def linkat(self: ioring.Ring, *args: Any, **kw: Any) -> Any:
+        calls["link"] += 1
+        return real_link(self, *args, **kw)
+
+    def renameat(self: ioring.Ring, *args: Any, **kw: Any) -> Any:
+        calls["rename"] += 1
+        return real_rename(self, *args, **kw)
+
+    monkeypatch.setattr(ioring.Ring, "prep_linkat", linkat)
+    monkeypatch.setattr(ioring.Ring, "prep_renameat", renameat)
+    fds_before = set(os.listdir("/proc/self/fd"))
+    tier, view = make_tier(
+        tmp_path, aligned_buffer(CHUNK * NCHUNKS), max_inflight=8, io_engine="io_uring", tmpfile_pool=8
+    )
+    data = fill(view, 38)
+    ks = keys(8, "L")
+    async with tier:
+        pool = tier._pool
+        assert pool is not None
+        for _ in range(200):
+            if pool.ready == 8:
+                break
+            await asyncio.sleep(0.01)
+        assert pool.ready == 8
+        assert (await tier.offload(ks[:4], [0, 1, 2, 3])).ok
+        extra = tier.stats().extra
+        assert calls == {"link": 4, "rename": 0}, calls
+        assert "io_uring_retries" not in extra and "tmpfile_pool_empty" not in extra
+        blocker = chunk_file(tier, ks[5])
+        blocker.mkdir(parents=True)
+        (blocker / "x").write_bytes(b"x")
+        res = await tier.offload(ks[4:], [4, 5, 6, 7])
+        assert set(res.succeeded) >= {ks[4], ks[6], ks[7]}
+        assert tier.stats().extra.get("io_uring_retries") == 1
+        assert not [p for p in tier.dir.glob("??/*") if p.name.startswith(".tmp")]
+        view[8 * CHUNK :] = bytes(8 * CHUNK)
+        good = [0, 1, 2, 3, 4, 6, 7]
+        assert (await tier.load([ks[i] for i in good], [8 + i for i in good])).ok
+        assert [chunk(view, 8 + i) for i in good] == [data[i] for i in good]
+    assert not set(os.listdir("/proc/self/fd")) - fds_before, "pooled files closed, linked or not"
+
+
+@pytest.mark.skipif(_NO_RING is not None, reason=f"no io_uring: {_NO_RING}")
 async def test_the_ring_sees_a_failed_rename(tmp_path: Path) -> None:
     """On Linux 6.18 a failed io_uring renameat neither breaks its link nor posts a
     completion flagged skip-on-success, so a failed publish went unseen: the chunk was
