@@ -123,6 +123,22 @@ async def tier_point(
     return wbps, rbps, extra
 
 
+async def _timed_offload(tier: Any, root: Path, view: memoryview, chunk: int, n: int, tag: str) -> float:
+    """One offload call of chunks 0..n-1 under new keys, timed until syncfs returns; B/s.
+    The last four are loaded back (into slots n..n+3) and compared: a spot check."""
+    keys = [f"{tag}-{chunk}-{i}".encode() for i in range(n)]
+    t0 = time.perf_counter()
+    res = await tier.offload(keys, list(range(n)))
+    await asyncio.to_thread(syncfs, root)
+    wbps = n * chunk / (time.perf_counter() - t0)
+    if not res.ok:
+        raise RuntimeError(f"offload failed: {list(res.failed.items())[:2]}")
+    res = await tier.load(keys[-4:], list(range(n, n + 4)))
+    if not res.ok or view[(n - 4) * chunk : n * chunk] != view[n * chunk : (n + 4) * chunk]:
+        raise RuntimeError(f"a chunk stored ({tag}) did not load back exact")
+    return wbps
+
+
 async def full_point(
     root: Path, view: memoryview, chunk: int, n: int, depth: int, config: dict[str, Any]
 ) -> tuple[float, dict[str, Any]]:
@@ -138,18 +154,9 @@ async def full_point(
         if not res.ok:
             raise RuntimeError(f"offload failed: {list(res.failed.items())[:2]}")
         await asyncio.to_thread(benchkit.settle, root)
-        keys = [f"new-{chunk}-{i}".encode() for i in range(n)]
-        t0 = time.perf_counter()
-        res = await tier.offload(keys, list(range(n)))
-        await asyncio.to_thread(syncfs, root)
-        wbps = n * chunk / (time.perf_counter() - t0)
-        if not res.ok:
-            raise RuntimeError(f"offload failed: {list(res.failed.items())[:2]}")
+        wbps = await _timed_offload(tier, root, view, chunk, n, "new")
         if tier.stats().evictions != n:
             raise RuntimeError(f"expected {n} evictions, got {tier.stats().evictions}")
-        res = await tier.load(keys[-4:], list(range(n, n + 4)))
-        if not res.ok or view[(n - 4) * chunk : n * chunk] != view[n * chunk : (n + 4) * chunk]:
-            raise RuntimeError("a chunk stored into a full tier did not load back exact")
         extra: dict[str, Any] = dict(tier.stats().extra)
     return wbps, extra
 
@@ -171,16 +178,7 @@ async def idle_point(
             await asyncio.sleep(0.05)
         await asyncio.to_thread(syncfs, root)
         await asyncio.to_thread(benchkit.settle, root)
-        keys = [f"idle-{chunk}-{i}".encode() for i in range(n)]
-        t0 = time.perf_counter()
-        res = await tier.offload(keys, list(range(n)))
-        await asyncio.to_thread(syncfs, root)
-        wbps = n * chunk / (time.perf_counter() - t0)
-        if not res.ok:
-            raise RuntimeError(f"offload failed: {list(res.failed.items())[:2]}")
-        res = await tier.load(keys[-4:], list(range(n, n + 4)))
-        if not res.ok or view[(n - 4) * chunk : n * chunk] != view[n * chunk : (n + 4) * chunk]:
-            raise RuntimeError("a chunk stored after an idle spell did not load back exact")
+        wbps = await _timed_offload(tier, root, view, chunk, n, "idle")
         extra: dict[str, Any] = dict(tier.stats().extra)
     return wbps, extra
 
