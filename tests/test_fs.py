@@ -1016,11 +1016,14 @@ async def test_a_failed_sizing_step_still_stores_the_chunk_whole(
 
 
 @pytest.mark.skipif(_NO_RING is not None, reason=f"no io_uring: {_NO_RING}")
-async def test_the_ring_links_files_made_ahead(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("durability", ["none", "fsync"])
+async def test_the_ring_links_files_made_ahead(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, durability: str
+) -> None:
     """With files made ahead, a ring chain writes one and links it under its name (io_uring
-    linkat of /proc/self/fd/N): no create, no rename, no temporary name. A failed link
-    (the name is taken by a directory) goes to the thread path; every pooled descriptor is
-    closed in the end."""
+    linkat of /proc/self/fd/N; with fsync: fdatasync of the file, then of the directory):
+    no create, no rename, no temporary name. A failed link (the name is taken by a
+    directory) goes to the thread path; every pooled descriptor is closed in the end."""
     calls: dict[str, int] = {"link": 0, "rename": 0}
     real_link, real_rename = ioring.Ring.prep_linkat, ioring.Ring.prep_renameat
 
@@ -1036,7 +1039,12 @@ async def test_the_ring_links_files_made_ahead(tmp_path: Path, monkeypatch: pyte
     monkeypatch.setattr(ioring.Ring, "prep_renameat", renameat)
     fds_before = set(os.listdir("/proc/self/fd"))
     tier, view = make_tier(
-        tmp_path, aligned_buffer(CHUNK * NCHUNKS), max_inflight=8, io_engine="io_uring", tmpfile_pool=8
+        tmp_path,
+        aligned_buffer(CHUNK * NCHUNKS),
+        max_inflight=8,
+        io_engine="io_uring",
+        tmpfile_pool=8,
+        durability=durability,
     )
     data = fill(view, 38)
     ks = keys(8, "L")
