@@ -503,7 +503,7 @@ async def test_files_made_ahead_are_used_and_closed(tmp_path: Path, io_engine: s
     """tmpfile_pool: a thread makes unnamed files ahead of need; writes use them; aclose()
     closes the ones left; nothing of them shows on disk."""
     if io_engine != "threads":
-        pytest.skip("the ring publishes by rename")
+        pytest.skip("publish='tmpfile' is the thread engine's (the ring's use of the pool: below)")
     fds_before = set(os.listdir("/proc/self/fd"))
     tier, view = make_tier(tmp_path, max_inflight=1, publish="tmpfile", tmpfile_pool=8)
     data = fill(view, 21)

@@ -29,8 +29,10 @@ linkat + close; open + preadv + close). ``"io_uring"``: the event-loop thread wr
 entries per chunk — [unlink of an evicted chunk], open into a registered file slot,
 [``ftruncate`` to its final size, for chunks of 1 MiB or more: the O_DIRECT write then does
 not extend the file and need not wait in a kernel worker], ``writev`` of header + payload,
-[``fdatasync``], ``renameat``, [directory ``fsync``], close; a load is open, ``readv``,
-close — and hands each loop iteration's chains to the kernel in one ``io_uring_enter``
+[``fdatasync``], ``renameat``, [directory ``fsync``], close; or, where the pool has an
+unnamed file made ahead (``tmpfile_pool``), ``writev`` into it, [``fdatasync``], ``linkat``
+under its name, [directory ``fsync``]; a load is open, ``readv``, close — and hands each
+loop iteration's chains to the kernel in one ``io_uring_enter``
 (:mod:`asynctier.ioring`). No Python thread waits on the disk, so the event loop is not
 starved of the GIL by I/O threads, and there are no per-syscall thread hand-offs. Any
 chain that does not simply succeed (short write, ENOSPC, O_DIRECT refused, EIO) is handed
