@@ -34,6 +34,7 @@ __all__ = [
     "AsyncEngine",
     "Batch",
     "Engine",
+    "HASH_ON_THREAD_BYTES",
     "Job",
     "PRIO_LOAD",
     "PRIO_LOOKUP",
@@ -42,6 +43,11 @@ __all__ = [
     "ThreadEngine",
     "finish_on_thread",
 ]
+
+#: Chunks of at least this many bytes are checksummed on a thread (with
+#: :func:`finish_on_thread`) by engines that run on the event-loop thread: xxh3 of 2 MiB takes
+#: ~250 us, which would stall every other task; below it the hop costs more than the hash.
+HASH_ON_THREAD_BYTES = 1 << 20
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

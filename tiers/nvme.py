@@ -138,7 +138,6 @@ _REC = struct.Struct("<BBHIQQ")
 _U64 = struct.Struct("<Q")
 _PUBLISH, _EVICT = 1, 2
 _IO_ENGINES = ("psync", "io_uring", "auto")
-_RING_THREAD_HASH = 1 << 20  # io_uring engine: chunks from this size are checksummed on a thread
 _EPOCH_SHIFT = 32
 
 
@@ -1597,7 +1596,9 @@ class NvmeTier(BlockingChunkTier):
                     start = cids[p] * cb
                     data = self._view[start : start + cb]
                     # a large chunk's checksum would hold the loop for 0.1 ms or more: hash it on a thread
-                    csum = csums[p] = await self._on_pool(checksum, data) if cb >= _RING_THREAD_HASH else checksum(data)
+                    csum = csums[p] = (
+                        await self._on_pool(checksum, data) if cb >= engines.HASH_ON_THREAD_BYTES else checksum(data)
+                    )
                     head = pack_header(keys[p], cb, csum, digest, slots[p][1])
                     h = hoff + i * H
                     hdr[h : h + len(head)] = head
@@ -1670,7 +1671,7 @@ class NvmeTier(BlockingChunkTier):
                     h = hoff + i * H
                     start = cids[p] * cb
                     args = (keys[p], slot, found[p][1], found[p][2], hdr[h : h + H], self._view[start : start + cb])
-                    if cb >= _RING_THREAD_HASH and self.verify:
+                    if cb >= engines.HASH_ON_THREAD_BYTES and self.verify:
                         out[p] = await self._on_pool(self._check_loaded, *args)
                     else:
                         out[p] = self._check_loaded(*args)
