@@ -100,14 +100,9 @@ async def tier_point(
     tier = SecondaryTierFactory.create_secondary_tier(
         {"type": "fs", "root": str(root), "max_inflight": depth, **config}, view, spec
     )
-    keys = [f"bench-{chunk}-{depth}-{i}".encode() for i in range(n)]
+    keys = _keys("bench", chunk, n)
     async with tier:
-        t0 = time.perf_counter()
-        res = await tier.offload(keys, list(range(n)))
-        await asyncio.to_thread(syncfs, root)
-        wbps = n * chunk / (time.perf_counter() - t0)
-        if not res.ok:
-            raise RuntimeError(f"offload failed: {list(res.failed.items())[:2]}")
+        wbps = await _timed_offload(tier, root, view, chunk, n, "bench", spot_check=False)  # all are read below
         await asyncio.to_thread(drop_tree, root)
         dst = view[n * chunk : 2 * n * chunk]
         dst[:] = bytes(dst.nbytes)  # zero the target slots
@@ -123,16 +118,25 @@ async def tier_point(
     return wbps, rbps, extra
 
 
-async def _timed_offload(tier: Any, root: Path, view: memoryview, chunk: int, n: int, tag: str) -> float:
-    """One offload call of chunks 0..n-1 under new keys, timed until syncfs returns; B/s.
-    The last four are loaded back (into slots n..n+3) and compared: a spot check."""
-    keys = [f"{tag}-{chunk}-{i}".encode() for i in range(n)]
+def _keys(tag: str, chunk: int, n: int) -> list[bytes]:
+    return [f"{tag}-{chunk}-{i}".encode() for i in range(n)]
+
+
+async def _timed_offload(
+    tier: Any, root: Path, view: memoryview, chunk: int, n: int, tag: str, *, spot_check: bool = True
+) -> float:
+    """One offload call of chunks 0..n-1 under keys ``_keys(tag, chunk, n)``, timed until
+    syncfs returns; B/s. ``spot_check``: the last four are loaded back (into slots n..n+3)
+    and compared."""
+    keys = _keys(tag, chunk, n)
     t0 = time.perf_counter()
     res = await tier.offload(keys, list(range(n)))
     await asyncio.to_thread(syncfs, root)
     wbps = n * chunk / (time.perf_counter() - t0)
     if not res.ok:
         raise RuntimeError(f"offload failed: {list(res.failed.items())[:2]}")
+    if not spot_check:
+        return wbps
     res = await tier.load(keys[-4:], list(range(n, n + 4)))
     if not res.ok or view[(n - 4) * chunk : n * chunk] != view[n * chunk : (n + 4) * chunk]:
         raise RuntimeError(f"a chunk stored ({tag}) did not load back exact")
