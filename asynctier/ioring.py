@@ -528,7 +528,12 @@ class LoopRing:
 
     :meth:`run` takes a function that prepares ``n`` linked entries (``user_data`` base given)
     and resolves with their ``n`` results once every one has completed. Entries prepared in
-    one loop iteration go to the kernel in one ``io_uring_enter`` at its end. ``files``
+    one loop iteration go to the kernel in one ``io_uring_enter`` at its end, or, with
+    ``eager_submit``, each chain in its own ``io_uring_enter`` as soon as it is prepared: the
+    chain then does not wait behind the iteration's other callbacks (a few chunks' worth of
+    Python each), at one system call per chain; one call for many entries lets the block
+    layer merge adjacent requests, so batching suits a tier whose chunks sit side by side
+    (a slab) and eager submission one whose chunks are separate files. ``files``
     direct-descriptor slots are handed out with :meth:`take_slot`/:meth:`put_slot`.
     ``kernel_workers`` caps the kernel threads that run this ring's blocking requests
     (default: one per CPU; 0 leaves the kernel's default, 4 per CPU). The kernel keeps one
@@ -537,7 +542,15 @@ class LoopRing:
 
     _STAGES = 16  # user_data = chain id * 16 + stage: a chain has at most 16 entries
 
-    def __init__(self, entries: int, files: int = 0, *, wake_batch: int = 4, kernel_workers: int | None = None) -> None:
+    def __init__(
+        self,
+        entries: int,
+        files: int = 0,
+        *,
+        wake_batch: int = 4,
+        kernel_workers: int | None = None,
+        eager_submit: bool = False,
+    ) -> None:
         import asyncio  # kept out of the module import: the Ring is usable without a loop
 
         self._asyncio = asyncio
@@ -552,6 +565,7 @@ class LoopRing:
         #: waiters woken per loop iteration (bounds the loop time one iteration spends on chunks)
         self.wake_batch = wake_batch
         self._flush_scheduled = False
+        self._eager = eager_submit
         self._closed = False
         try:
             # The kernel's io-wq workers run what cannot complete inline (opens, renames,
@@ -618,9 +632,12 @@ class LoopRing:
             chain.ends = frozenset(ends_on_report)
         self._chains[cid] = chain
         self._unsubmitted.append(cid)
-        if not self._flush_scheduled:
-            self._flush_scheduled = True
-            self._loop.call_soon(self._flush)
+        if not self._flush_scheduled:  # else a flush is due next iteration (batching, or pushed back)
+            if self._eager:
+                self._flush()
+            else:
+                self._flush_scheduled = True
+                self._loop.call_soon(self._flush)
         cancelled = False
         while True:
             try:

@@ -148,8 +148,9 @@ def test_a_full_submission_queue_is_an_error_not_an_overwrite() -> None:
         ring.close()
 
 
-async def test_loop_ring_batches_chains_into_few_submits(tmp_path: Path) -> None:
-    lr = LoopRing(entries=64, files=4)
+@pytest.mark.parametrize("eager", [False, True], ids=["batched", "eager"])
+async def test_loop_ring_batches_chains_into_few_submits_or_submits_each_at_once(tmp_path: Path, eager: bool) -> None:
+    lr = LoopRing(entries=64, files=4, eager_submit=eager)
     calls = 0
     submit = lr.ring.submit
 
@@ -179,9 +180,17 @@ async def test_loop_ring_batches_chains_into_few_submits(tmp_path: Path) -> None
             finally:
                 lr.put_slot(slot)
 
+        first = asyncio.ensure_future(one(9))
+        await asyncio.sleep(0)  # the task has prepared its chain; a batched flush is still due
+        assert lr.ring.unsubmitted == (0 if eager else 3)
+        assert await first == [0, 4096, 0]
+        calls = 0
         res = await asyncio.gather(*(one(i) for i in range(4)))
         assert res == [[0, 4096, 0]] * 4
-        assert calls == 1, "four chains prepared in one loop iteration go in one io_uring_enter"
+        if eager:
+            assert calls == 4, "each chain goes to the kernel as it is prepared"
+        else:
+            assert calls == 1, "four chains prepared in one loop iteration go in one io_uring_enter"
         assert all((tmp_path / f"c{i}").read_bytes() == b"%04d" % i * 1024 for i in range(4))
         with pytest.raises(ValueError):
             await lr.run(17, lambda ring, ud: None)
@@ -277,10 +286,11 @@ async def test_skip_on_success_entries_report_only_failures_and_a_failure_ends_t
         os.close(dfd)
 
 
-async def test_completions_beyond_the_completion_queue_are_not_lost() -> None:
+@pytest.mark.parametrize("eager", [False, True], ids=["batched", "eager"])
+async def test_completions_beyond_the_completion_queue_are_not_lost(eager: bool) -> None:
     """More completions than the completion queue holds before the loop reaps: the kernel keeps
     the rest on its overflow list and posts them only when asked; a ring that does not ask hangs."""
-    lr = LoopRing(entries=4)  # completion queue: 8 entries
+    lr = LoopRing(entries=4, eager_submit=eager)  # completion queue: 8 entries
     try:
         assert lr.ring.cq_entries == 8
         # prepared in one loop iteration: submitted in groups of 4 (the submission queue),

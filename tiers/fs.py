@@ -863,8 +863,16 @@ class FsTier(BlockingChunkTier):
         if self._ring_mode:
             slots = self.max_inflight or 1
             try:
-                # a chain is at most 16 entries; 8 per slot leaves room for a batch of them
-                self._lring = ioring.LoopRing(entries=max(64, 1 << (8 * slots - 1).bit_length()), files=slots)
+                # A chain is at most 16 entries; 8 per slot leaves room for a batch of them.
+                # Each chain is submitted as soon as it is prepared: chunks are separate files,
+                # so one io_uring_enter for many gains no merging, and waiting for the end of
+                # the loop iteration held each chain behind up to wake_batch chunks' Python.
+                # A/B in one process, 256 KiB, cold loads: 1.11x at depth 8 (6 of 8 pairs faster)
+                # and at 16 (8 of 8, and 6 of 6 in an earlier run); offloads unchanged (1.00x,
+                # 8 pairs at each depth).
+                self._lring = ioring.LoopRing(
+                    entries=max(64, 1 << (8 * slots - 1).bit_length()), files=slots, eager_submit=True
+                )
             except BaseException:
                 await super()._close_medium()
                 raise
