@@ -4,9 +4,10 @@ Why not worker threads: a blocking tier at depth 16 keeps 16 Python threads trad
 several times per chunk; on a 2-core host the event-loop thread then waits behind them
 (p99 loop lag of 10-25 ms measured during an fs offload, while the same load from fio in
 another process costs the loop < 1 ms). A ring moves the waiting into the kernel: the loop
-thread writes submission entries, one ``io_uring_enter`` hands over a whole batch (open,
-write, publish, close as one linked chain per chunk), and completions come back through an
-eventfd the loop watches. No worker thread, no GIL hand-off per system call.
+thread writes submission entries, ``io_uring_enter`` hands them over (open, write,
+publish, close as one linked chain per chunk; a loop iteration's chains in one call, or each
+chain as soon as it is ready), and completions come back through an eventfd the loop
+watches. No worker thread, no GIL hand-off per system call.
 
 Why not the ``liburing`` binding: its 2026 builds die with SIGILL on CPUs without the
 instruction set they were compiled for (seen with liburing 2026.3.x on an AVX2-only VM), and

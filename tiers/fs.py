@@ -32,7 +32,7 @@ not extend the file and need not wait in a kernel worker], ``writev`` of header 
 [``fdatasync``], ``renameat``, [directory ``fsync``], close; or, where the pool has an
 unnamed file made ahead (``tmpfile_pool``), ``writev`` into it, [``fdatasync``], ``linkat``
 under its name, [directory ``fsync``]; a load is open, ``readv``, close — and hands each
-loop iteration's chains to the kernel in one ``io_uring_enter``
+chain to the kernel as soon as it is prepared, in its own ``io_uring_enter``
 (:mod:`asynctier.ioring`). No Python thread waits on the disk, so the event loop is not
 starved of the GIL by I/O threads, and there are no per-syscall thread hand-offs. Any
 chain that does not simply succeed (short write, ENOSPC, O_DIRECT refused, EIO) is handed
