@@ -41,7 +41,7 @@ from asynctier.errors import failure_kind
 from asynctier.integrity import key_token
 from asynctier.posix_io import aligned_buffer
 from asynctier.testing import TierConformance
-from tiers.fs import HEADER_BLOCK, FsTier
+from tiers.fs import HEADER_BLOCK, FsTier, _TmpfilePool
 
 REPO = Path(__file__).resolve().parent.parent
 CHUNK = 64 * 1024
@@ -534,6 +534,63 @@ async def test_files_made_ahead_are_used_and_closed(tmp_path: Path, io_engine: s
         assert tier._pool is None
     with pytest.raises(TierConfigError, match="tmpfile_pool must be an int >= 0 or None"):
         make_tier(tmp_path, tmpfile_pool=-1)
+
+
+def test_a_held_pool_makes_no_files_until_released(tmp_path: Path) -> None:
+    held = True
+    dfd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    pool = _TmpfilePool([dfd], os.O_WRONLY, 4, "test-pool", lambda: held)
+    try:
+        time.sleep(0.3)  # unheld, the thread makes 4 files in well under a millisecond each
+        assert pool.ready == 0, "made files while held"
+        held = False
+        for _ in range(500):
+            if pool.ready == 4:
+                break
+            time.sleep(0.01)
+        assert pool.ready == 4, "did not fill once released"
+        fd = pool.take()
+        assert fd is not None
+        os.close(fd)
+        for _ in range(500):  # a take from a full pool wakes the thread to make one more
+            if pool.ready == 4:
+                break
+            time.sleep(0.01)
+        assert pool.ready == 4
+    finally:
+        pool.close()
+        os.close(dfd)
+    assert not pool._thread.is_alive() and pool.ready == 0
+
+
+@pytest.mark.skipif(_NO_RING is not None, reason=f"no io_uring: {_NO_RING}")
+async def test_the_rings_pool_refills_only_while_the_tier_is_idle(tmp_path: Path) -> None:
+    """A thread making files during a stream takes the GIL from the event loop the ring
+    serves; the ring's pool is held while a call is in progress (the thread engine's is not)."""
+    tier, view = make_tier(tmp_path, max_inflight=8, io_engine="io_uring", tmpfile_pool=8)
+    fill(view, 41)
+    ks = keys(8, "H")
+    async with tier:
+        pool = tier._pool
+        assert pool is not None and pool._hold is not None
+        for _ in range(500):
+            if pool.ready == 8:
+                break
+            await asyncio.sleep(0.01)
+        assert pool.ready == 8 and not pool._hold()
+        call = asyncio.ensure_future(tier.offload(ks, list(range(8))))
+        await asyncio.sleep(0)  # the call is in progress
+        assert pool._hold(), "not held during a call"
+        assert (await call).ok
+        assert not pool._hold()
+        for _ in range(500):  # idle again: it refills
+            if pool.ready == 8:
+                break
+            await asyncio.sleep(0.01)
+        assert pool.ready == 8
+    threads, _ = make_tier(tmp_path, max_inflight=8, io_engine="threads", tmpfile_pool=8)
+    async with threads:
+        assert threads._pool is not None and threads._pool._hold is None
 
 
 async def test_io_engine_choice_and_bad_config(tmp_path: Path, io_engine: str) -> None:
