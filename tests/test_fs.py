@@ -1001,6 +1001,19 @@ async def test_the_ring_sizes_a_new_large_file_before_its_direct_write(
         assert res.ok and [bytes(view[(8 + i) * chunk_bytes : (9 + i) * chunk_bytes]) for i in range(4)] == data[4:]
 
 
+def _ring_tier_with_two_chunks(tmp_path: Path, chunk_bytes: int, seed: int) -> tuple[FsTier, memoryview, list[bytes]]:
+    """An io_uring fs tier over a 4-chunk view whose first two chunks hold random data."""
+    spec = OffloadingSpec(chunk_bytes, 4, namespace="test/fs")
+    view = aligned_buffer(spec.total_bytes)
+    rnd = random.Random(seed)
+    data = [rnd.randbytes(chunk_bytes) for _ in range(2)]
+    view[: 2 * chunk_bytes] = b"".join(data)
+    conf = {"type": "fs", "root": str(tmp_path), "max_inflight": 4, "io_engine": "io_uring"}
+    tier = SecondaryTierFactory.create_secondary_tier(conf, view, spec)
+    assert isinstance(tier, FsTier)
+    return tier, view, data
+
+
 @pytest.mark.skipif(_NO_RING is not None, reason=f"no io_uring: {_NO_RING}")
 @pytest.mark.parametrize("chunk_bytes", [1 << 20, CHUNK])
 async def test_the_ring_hashes_large_chunks_off_the_event_loop(
@@ -1019,14 +1032,7 @@ async def test_the_ring_hashes_large_chunks_off_the_event_loop(
         return real(data)
 
     monkeypatch.setattr(fs_mod, "checksum", where)
-    spec = OffloadingSpec(chunk_bytes, 4, namespace="test/fs")
-    view = aligned_buffer(spec.total_bytes)
-    rnd = random.Random(37)
-    data = [rnd.randbytes(chunk_bytes) for _ in range(2)]
-    view[: 2 * chunk_bytes] = b"".join(data)
-    conf = {"type": "fs", "root": str(tmp_path), "max_inflight": 4, "io_engine": "io_uring"}
-    tier = SecondaryTierFactory.create_secondary_tier(conf, view, spec)
-    assert isinstance(tier, FsTier)
+    tier, view, data = _ring_tier_with_two_chunks(tmp_path, chunk_bytes, 37)
     async with tier:
         assert (await tier.offload(keys(2), [0, 1])).ok
         view[2 * chunk_bytes :] = bytes(2 * chunk_bytes)
@@ -1051,14 +1057,7 @@ async def test_a_failed_sizing_step_still_stores_the_chunk_whole(
 
     monkeypatch.setattr(ioring.Ring, "prep_ftruncate", bad_ftruncate)
     cb = 1 << 20
-    spec = OffloadingSpec(cb, 4, namespace="test/fs")
-    view = aligned_buffer(spec.total_bytes)
-    rnd = random.Random(35)
-    data = [rnd.randbytes(cb) for _ in range(2)]
-    view[: 2 * cb] = b"".join(data)
-    conf = {"type": "fs", "root": str(tmp_path), "max_inflight": 4, "io_engine": "io_uring"}
-    tier = SecondaryTierFactory.create_secondary_tier(conf, view, spec)
-    assert isinstance(tier, FsTier)
+    tier, view, data = _ring_tier_with_two_chunks(tmp_path, cb, 35)
     async with tier:
         assert tier._lring is not None
         if not tier._ring_presize:
