@@ -177,6 +177,10 @@ class ChunkTier(SecondaryTierManager):
         """The job body for a group: ``fn(keys, chunk_ids, t0)`` -> each chunk's failure or None."""
         raise NotImplementedError
 
+    def _became_idle(self) -> None:
+        """Called on the event-loop thread when the last call in progress returns (default:
+        nothing). For background work that must keep off the loop's way while calls run."""
+
     # -- lifecycle -------------------------------------------------------------------------
     @property
     def is_open(self) -> bool:
@@ -390,6 +394,7 @@ class ChunkTier(SecondaryTierManager):
             self._active -= 1
             if self._active == 0:
                 self._idle.set()
+                self._became_idle()
         return self._result(op, keys, jobs, time.perf_counter() - t0)
 
     @staticmethod

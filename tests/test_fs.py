@@ -544,6 +544,7 @@ def test_a_held_pool_makes_no_files_until_released(tmp_path: Path) -> None:
         time.sleep(0.3)  # unheld, the thread makes 4 files in well under a millisecond each
         assert pool.ready == 0, "made files while held"
         held = False
+        pool.wake()
         for _ in range(500):
             if pool.ready == 4:
                 break
@@ -564,9 +565,13 @@ def test_a_held_pool_makes_no_files_until_released(tmp_path: Path) -> None:
 
 
 @pytest.mark.skipif(_NO_RING is not None, reason=f"no io_uring: {_NO_RING}")
-async def test_the_rings_pool_refills_only_while_the_tier_is_idle(tmp_path: Path) -> None:
+async def test_the_rings_pool_refills_only_while_the_tier_is_idle(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A thread making files during a stream takes the GIL from the event loop the ring
-    serves; the ring's pool is held while a call is in progress (the thread engine's is not)."""
+    serves; the ring's pool is held while a call is in progress (the thread engine's is not),
+    and the tier wakes it when the last call returns."""
+    monkeypatch.setattr("tiers.fs._POOL_HOLD_POLL_S", 3600.0)  # only the wake-up ends a hold
     tier, view = make_tier(tmp_path, max_inflight=8, io_engine="io_uring", tmpfile_pool=8)
     fill(view, 41)
     ks = keys(8, "H")
@@ -588,6 +593,26 @@ async def test_the_rings_pool_refills_only_while_the_tier_is_idle(tmp_path: Path
                 break
             await asyncio.sleep(0.01)
         assert pool.ready == 8
+        # held for certain: a call in progress (as the runtime counts them) and files taken
+        tier._active += 1
+        for _ in range(8):
+            fd = pool.take()
+            assert fd is not None
+            os.close(fd)
+        for _ in range(500):
+            if pool._held:
+                break
+            await asyncio.sleep(0.01)
+        assert pool._held and pool.ready == 0
+        tier._active -= 1  # as if that call had ended without a word: still held
+        await asyncio.sleep(0.2)
+        assert pool.ready == 0, "refilled without a wake-up"
+        assert (await tier.load(ks[:1], [8])).ok  # a call whose end leaves the tier idle wakes it
+        for _ in range(500):
+            if pool.ready == 8:
+                break
+            await asyncio.sleep(0.01)
+        assert pool.ready == 8, "the end of the last call did not wake the held pool"
     threads, _ = make_tier(tmp_path, max_inflight=8, io_engine="threads", tmpfile_pool=8)
     async with threads:
         assert threads._pool is not None and threads._pool._hold is None

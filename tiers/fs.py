@@ -127,7 +127,7 @@ _ZEROS = bytes(HEADER_BLOCK)
 _RING_MIN_DEPTH = 8  # io_engine="auto" takes the ring from this max_inflight on
 _RING_MAX_CHUNK = 1 << 20  # ... for chunks smaller than this
 _POOL_TARGET = 64  # tmpfile_pool=None: unnamed files kept made ahead (one descriptor each)
-_POOL_HOLD_POLL_S = 0.05  # a held pool looks again this often
+_POOL_HOLD_POLL_S = 1.0  # a held pool looks again this often unless woken (wake())
 _AT_FDCWD = -100
 _AT_SYMLINK_FOLLOW = 0x400  # linkat of /proc/self/fd/N: the file it names (an O_TMPFILE inode)
 _PRESIZE_MIN = 1 << 20  # the ring sizes new files of chunks this large before writing them
@@ -166,6 +166,7 @@ class _TmpfilePool:
         self._cv = threading.Condition()
         self._stop = False
         self._wants_room = False  # the thread waits for a take (the pool is full)
+        self._held = False  # the thread waits for wake() (hold() said so)
         self._thread = threading.Thread(target=self._fill, name=name, daemon=True)
         self._thread.start()
 
@@ -179,6 +180,12 @@ class _TmpfilePool:
             with self._cv:
                 self._cv.notify()
         return fd
+
+    def wake(self) -> None:
+        """Have a held thread look at ``hold`` again now (the tier went idle)."""
+        if self._held:
+            with self._cv:
+                self._cv.notify()
 
     @property
     def ready(self) -> int:
@@ -197,9 +204,13 @@ class _TmpfilePool:
                 self._wants_room = False
                 if self._stop:
                     return
+                # set before hold() is asked: a wake() after a busy answer finds it set
+                self._held = True
                 if self._hold is not None and self._hold():
-                    self._cv.wait(_POOL_HOLD_POLL_S)  # ended early only by close()
+                    self._cv.wait(_POOL_HOLD_POLL_S)  # ended early by wake() or close()
+                    self._held = False
                     continue
+                self._held = False
             try:
                 dfd = self._dir_fds[made % len(self._dir_fds)]  # spread over the shards, as writers are
                 fd = os.open(".", _O_TMPFILE | self.flags, 0o644, dir_fd=dfd)
@@ -313,7 +324,7 @@ class FsTier(BlockingChunkTier):
             calls on ``max_inflight`` worker threads. ``"io_uring"``: one io_uring driven
             from the event-loop thread (:mod:`asynctier.ioring`); each chunk is one linked
             chain (open into a registered slot, write or read, fsync, rename, close) handed
-            to the kernel in batches, so no Python thread waits on the disk and the event
+            to the kernel as soon as it is ready, so no Python thread waits on the disk and the event
             loop keeps its latency (publication is by linkat of a file made ahead, see
             ``tmpfile_pool``, or by rename of a temporary made in the chain; removal,
             lookup and fsck still use threads). ``"auto"``: io_uring where a ring can be set up (Linux
@@ -851,6 +862,11 @@ class FsTier(BlockingChunkTier):
         if t is not None and t.is_alive():
             await asyncio.to_thread(t.join)
         return await super().stored_keys()
+
+    def _became_idle(self) -> None:
+        pool = self._pool
+        if pool is not None:
+            pool.wake()  # a held pool (the ring's) refills now, not at its next look
 
     def stats(self) -> TierStats:
         """The common counters; ``extra["tmpfile_pool_ready"]``: files made ahead, not yet used."""
