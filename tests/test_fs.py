@@ -834,6 +834,71 @@ def test_permission_denied_directory(tmp_path: Path) -> None:
     assert out == {"store": ["PermissionError", errno.EACCES, "io"], "load_ok": True, "same": True, "after": True}
 
 
+# -- access times -----------------------------------------------------------------------------
+def _reset_atime(p: Path) -> int:
+    """atime = mtime: relatime updates it on the next read that does not ask O_NOATIME."""
+    m = p.stat().st_mtime_ns
+    os.utime(p, ns=(m, m))
+    return m
+
+
+@pytest.mark.usefixtures("atime_updates")
+async def test_loads_leave_access_times_alone(tmp_path: Path, io_engine: str) -> None:
+    """A load opens with O_NOATIME: the inode is not dirtied (recency lives in mtime)."""
+    tier, view = make_tier(tmp_path, max_inflight=4, lru_times=False)
+    data = fill(view, 21)
+    async with tier:
+        assert (await tier.offload(keys(3), [0, 1, 2])).ok
+        files = sorted(tier.dir.glob("??/*"))
+        assert len(files) == 3
+        stamps = {p: _reset_atime(p) for p in files}
+        drop_page_cache([str(p) for p in files])
+        res = await tier.load(keys(3), [8, 9, 10])
+        assert res.ok, res.failed
+        assert [chunk(view, 8 + i) for i in range(3)] == data[:3]
+        assert {p: p.stat().st_atime_ns for p in files} == stamps
+        assert "noatime_refused" not in tier.stats().extra
+
+
+def test_loads_of_another_users_files_go_on_without_noatime(tmp_path: Path, io_engine: str) -> None:
+    """O_NOATIME is the owner's (or CAP_FOWNER's) to ask: a process that may not gets EPERM,
+    drops the flag once, counts it, and every load still succeeds."""
+    if os.geteuid() != 0 or shutil.which("setpriv") is None:
+        pytest.skip("needs root (chown) and setpriv to drop CAP_FOWNER")
+    root = tmp_path / "kv"
+    code = f"""
+        import asyncio, json, os, random
+        from asynctier import OffloadingSpec, SecondaryTierFactory
+
+        async def main():
+            spec = OffloadingSpec({CHUNK}, {NCHUNKS}, namespace="test/fs")
+            buf = bytearray(random.Random(2).randbytes(spec.total_bytes))
+            conf = {{"type": "fs", "root": {str(root)!r}, "io_engine": {io_engine!r}, "max_inflight": 4}}
+            out = {{}}
+            async with SecondaryTierFactory.create_secondary_tier(conf, memoryview(buf), spec) as tier:
+                keys = [b"k%d" % i for i in range(4)]
+                if os.environ.get("STEP") == "store":
+                    out["ok"] = (await tier.offload(keys, [0, 1, 2, 3])).ok
+                else:
+                    buf[4 * spec.chunk_bytes : 8 * spec.chunk_bytes] = bytes(4 * spec.chunk_bytes)
+                    out["ok"] = (await tier.load(keys, [4, 5, 6, 7])).ok
+                    out["same"] = buf[: 4 * spec.chunk_bytes] == buf[4 * spec.chunk_bytes : 8 * spec.chunk_bytes]
+                    out["refused"] = tier.stats().extra.get("noatime_refused", 0)
+            print(json.dumps(out))
+
+        asyncio.run(main())
+    """
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("STEP", "store")
+        assert run_python(code) == {"ok": True}
+    files = sorted(root.glob("v1-*/??/*"))
+    assert len(files) == 4
+    for p in files:
+        os.chown(p, 65534, 65534)  # another user's files, readable by all (0644)
+    out = run_python(code, "setpriv", "--bounding-set", "-fowner", "--")
+    assert out == {"ok": True, "same": True, "refused": 1}
+
+
 # -- sharing -----------------------------------------------------------------------------------
 async def test_second_process_same_root_no_torn_reads(tmp_path: Path) -> None:
     """Another process stores and removes the same keys over and over while this one loads them:

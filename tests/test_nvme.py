@@ -189,6 +189,24 @@ async def test_slab_is_preallocated_and_slots_fixed(tmp_path: Path) -> None:
         assert tier.stats().used_bytes == 0
 
 
+@pytest.mark.parametrize("io_engine", ENGINES)
+@pytest.mark.parametrize("aligned", [True, False], ids=["direct", "buffered"])
+@pytest.mark.usefixtures("atime_updates")
+async def test_loads_leave_the_slabs_access_time_alone(tmp_path: Path, io_engine: str, aligned: bool) -> None:
+    """The slab is opened with O_NOATIME: a load after a store does not dirty its inode."""
+    p = tmp_path / "a.slab"
+    tier, view = _make(p, aligned=aligned, io_engine=io_engine)
+    data = _fill(view, CHUNK, 5)
+    async with tier:
+        assert (await tier.offload([b"a", b"b"], [0, 1])).ok
+        m = os.stat(p).st_mtime_ns
+        os.utime(p, ns=(m, m))  # atime = mtime: relatime would update it on the next read
+        res = await tier.load([b"a", b"b"], [2, 3])
+        assert res.ok, res.failed
+        assert [_chunk(view, CHUNK, 2), _chunk(view, CHUNK, 3)] == data[:2]
+        assert os.stat(p).st_atime_ns == m
+
+
 # -- eviction -------------------------------------------------------------------------------------------
 async def test_lru_eviction_when_full(tmp_path: Path) -> None:
     tier, view = _make(tmp_path / "lru.slab", slots=8, evict_batch=1)

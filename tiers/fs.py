@@ -65,8 +65,9 @@ tier degrades, never crashes.
 Restart: ``open()`` rebuilds the index from the shards (in the background for large
 namespaces, answering index misses from disk meanwhile), removes temporary files of dead
 writers and files of the wrong size, and orders the LRU by file mtime: a write stamps it,
-and ``aclose()`` stamps each chunk loaded or touched with its time of last use. See
-:class:`FsTier` for the parameters.
+and ``aclose()`` stamps each chunk loaded or touched with its time of last use. Loads
+open with ``O_NOATIME`` (where the process owns the files), so a read does not dirty the
+inode. See :class:`FsTier` for the parameters.
 """
 
 from __future__ import annotations
@@ -111,6 +112,11 @@ N_SHARDS = 256
 
 _O_TMPFILE: int = getattr(os, "O_TMPFILE", 0)
 _O_DIRECTORY: int = getattr(os, "O_DIRECTORY", 0)
+# Reads leave the access time alone: recency lives in mtime (see lru_times), and relatime
+# would otherwise dirty the inode of every chunk on its first load after a store (a journal
+# handle inside the read, inode-table writes at the next commit). Only the file's owner
+# (or CAP_FOWNER) may ask; where refused, reads go on without it (_noatime_refused).
+_O_NOATIME: int = getattr(os, "O_NOATIME", 0)
 _TMP_PREFIX = ".tmp~"
 _MAX_PENDING_TOUCHES = 1 << 16  # touched keys remembered for stamping at close (beyond: approximate)
 _NOSPACE = (errno.ENOSPC, errno.EDQUOT)
@@ -467,6 +473,7 @@ class FsTier(BlockingChunkTier):
         self._ring_iovs: ioring.IovecTable | None = None  # one row per ring file slot
         self._hb_addr = self._view_addr = 0
         self._ring_presize = False  # the ring sizes a new file before its O_DIRECT write
+        self._read_flags = os.O_RDONLY | _O_NOATIME  # without O_NOATIME once refused
         self._lock_fd = -1
         self._recycle_on = False
         self._network_fs: str | None = None  # NFS, Lustre, ...: lock queries may wait on a server
@@ -1193,7 +1200,8 @@ class FsTier(BlockingChunkTier):
         out = self._chunk(cid)
         addr = self._view_addr + cid * self.offloading_spec.chunk_bytes
         dfd, name = self._name(key)
-        flags = os.O_RDONLY | (O_DIRECT if self._direct_for(out, addr) else 0)
+        # a refused O_NOATIME (EPERM) fails the chain and is mended on the thread retry
+        flags = self._read_flags | (O_DIRECT if self._direct_for(out, addr) else 0)
         slot = lring.take_slot()
         try:
             hb = self._slot_hb(slot)
@@ -1419,17 +1427,8 @@ class FsTier(BlockingChunkTier):
         """Header + payload in one preadv, the payload straight into ``out``; then verify."""
         dfd, name = self._name(key)
         hb = self._header_buf()
-        flags = os.O_RDONLY | (O_DIRECT if self._direct_for(out) else 0)
-        try:
-            try:
-                fd = os.open(name, flags, dir_fd=dfd)
-            except OSError as e:
-                if not (flags & O_DIRECT and e.errno == errno.EINVAL):
-                    raise
-                self._direct_refused()
-                fd = os.open(name, os.O_RDONLY, dir_fd=dfd)
-        except FileNotFoundError:
-            raise ChunkNotFoundError(f"no chunk stored under key {key.hex()[:32]}", key) from None
+        flags = self._read_flags | (O_DIRECT if self._direct_for(out) else 0)
+        fd = self._open_for_read(key, dfd, name, flags)
         try:
             try:
                 got = _all_io(os.preadv, fd, [hb, out], 0)
@@ -1439,11 +1438,36 @@ class FsTier(BlockingChunkTier):
                 # the medium wants more alignment than its block size said: buffered from now on
                 self._direct_refused()
                 os.close(fd)
-                fd = os.open(name, os.O_RDONLY, dir_fd=dfd)
+                fd = self._open_for_read(key, dfd, name, flags & ~O_DIRECT)
                 got = _all_io(os.preadv, fd, [hb, out], 0)
         finally:
             os.close(fd)
         self._check_read(key, hb, out, got)
+
+    def _open_for_read(self, key: bytes, dfd: int, name: str, flags: int) -> int:
+        """Open a chunk file with ``flags``, dropping O_DIRECT or O_NOATIME when refused."""
+        while True:
+            try:
+                return os.open(name, flags, dir_fd=dfd)
+            except FileNotFoundError:
+                raise ChunkNotFoundError(f"no chunk stored under key {key.hex()[:32]}", key) from None
+            except PermissionError:
+                if not flags & _O_NOATIME:
+                    raise
+                self._noatime_refused()
+                flags &= ~_O_NOATIME
+            except OSError as e:
+                if not (flags & O_DIRECT and e.errno == errno.EINVAL):
+                    raise
+                self._direct_refused()
+                flags &= ~O_DIRECT
+
+    def _noatime_refused(self) -> None:
+        """O_NOATIME needs the file's owner: a root shared with another user refuses it."""
+        if self._read_flags & _O_NOATIME:
+            self._read_flags &= ~_O_NOATIME
+            self._stats.incr("noatime_refused")
+            log.info("fs tier %s: O_NOATIME refused (files owned by another user); reads update atimes", self.dir)
 
     def _check_read(self, key: bytes, hb: memoryview, out: memoryview, got: int) -> None:
         """Verify what a read of ``got`` bytes left in ``hb`` (header block) and ``out``."""

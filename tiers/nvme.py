@@ -638,6 +638,19 @@ class _Buffers(threading.local):
 
 
 # -- the tier ------------------------------------------------------------------------------------
+def _open_noatime(p: Path, flags: int) -> int:
+    """``os.open`` with O_NOATIME where the process may ask it (it owns the slab, or has
+    CAP_FOWNER): a load then never dirties the slab's inode (relatime would, on the first
+    read after each write), which costs a journal handle inside the read."""
+    noatime: int = getattr(os, "O_NOATIME", 0)
+    if noatime:
+        try:
+            return os.open(p, flags | noatime, 0o644)
+        except PermissionError:
+            pass  # another user's slab (or a device node): plain reads
+    return os.open(p, flags, 0o644)
+
+
 class NvmeTier(BlockingChunkTier):
     """Chunks in fixed slots of preallocated slab files or block devices, with O_DIRECT.
 
@@ -789,14 +802,14 @@ class NvmeTier(BlockingChunkTier):
         fd = -1
         if self.direct_io and O_DIRECT:
             try:
-                fd = os.open(p, flags | O_DIRECT, 0o644)
+                fd = _open_noatime(p, flags | O_DIRECT)
             except OSError as e:
                 if e.errno != errno.EINVAL:
                     raise
                 self._stats.incr("direct_io_fallbacks")
                 log.warning("nvme: %s refuses O_DIRECT; using buffered I/O", p)
         if fd < 0:
-            fd = os.open(p, flags, 0o644)
+            fd = _open_noatime(p, flags)
             self._direct = False
         try:
             cur = os.lseek(fd, 0, os.SEEK_END)
