@@ -314,7 +314,10 @@ class FsTier(BlockingChunkTier):
         publish: ``"auto"`` (``O_TMPFILE`` + ``linkat`` where available), ``"tmpfile"`` or
             ``"rename"`` (temporary name + ``renameat``; needed on NFS).
         shared: another process may store into the same root: on an index miss, ``lookup`` and
-            ``load`` look on disk and adopt what they find.
+            ``load`` look on disk and adopt what they find. Loads open files with
+            ``O_NOATIME``; a process that does not own them (another user's files, without
+            CAP_FOWNER) is refused it once, logged and counted in
+            ``stats().extra["noatime_refused"]``, and reads on without it.
         background_scan: ``"auto"`` (scan in the background when the namespace looks larger
             than ``scan_sync_limit`` files), ``True`` or ``False``. While a scan runs, index
             misses are checked on disk, so no answer is wrong meanwhile; capacity counts only
