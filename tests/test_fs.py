@@ -862,7 +862,8 @@ async def test_loads_leave_access_times_alone(tmp_path: Path, io_engine: str) ->
 
 def test_loads_of_another_users_files_go_on_without_noatime(tmp_path: Path, io_engine: str) -> None:
     """O_NOATIME is the owner's (or CAP_FOWNER's) to ask: a process that may not gets EPERM,
-    drops the flag once, counts it, and every load still succeeds."""
+    drops the flag once, counts it, and every load still succeeds. A file its mode bits deny
+    (EACCES) fails its load and leaves the flag alone."""
     if os.geteuid() != 0 or shutil.which("setpriv") is None:
         pytest.skip("needs root (chown) and setpriv to drop CAP_FOWNER")
     root = tmp_path / "kv"
@@ -879,6 +880,10 @@ def test_loads_of_another_users_files_go_on_without_noatime(tmp_path: Path, io_e
                 keys = [b"k%d" % i for i in range(4)]
                 if os.environ.get("STEP") == "store":
                     out["ok"] = (await tier.offload(keys, [0, 1, 2, 3])).ok
+                elif os.environ.get("STEP") == "denied":
+                    e = (await tier.load(keys[:1], [4])).failed[keys[0]]
+                    out["error"] = [type(e).__name__, getattr(e, "errno", None)]
+                    out["refused"] = tier.stats().extra.get("noatime_refused", 0)
                 else:
                     buf[4 * spec.chunk_bytes : 8 * spec.chunk_bytes] = bytes(4 * spec.chunk_bytes)
                     out["ok"] = (await tier.load(keys, [4, 5, 6, 7])).ok
@@ -895,8 +900,14 @@ def test_loads_of_another_users_files_go_on_without_noatime(tmp_path: Path, io_e
     assert len(files) == 4
     for p in files:
         os.chown(p, 65534, 65534)  # another user's files, readable by all (0644)
-    out = run_python(code, "setpriv", "--bounding-set", "-fowner", "--")
-    assert out == {"ok": True, "same": True, "refused": 1}
+    no_caps = ("setpriv", "--bounding-set", "-fowner,-dac_override,-dac_read_search", "--")
+    assert run_python(code, *no_caps) == {"ok": True, "same": True, "refused": 1}
+    for p in files:
+        os.chmod(p, 0)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("STEP", "denied")
+        out = run_python(code, *no_caps)
+    assert out == {"error": ["PermissionError", errno.EACCES], "refused": 0}
 
 
 # -- sharing -----------------------------------------------------------------------------------

@@ -1454,16 +1454,15 @@ class FsTier(BlockingChunkTier):
                 return os.open(name, flags, dir_fd=dfd)
             except FileNotFoundError:
                 raise ChunkNotFoundError(f"no chunk stored under key {key.hex()[:32]}", key) from None
-            except PermissionError:
-                if not flags & _O_NOATIME:
-                    raise
-                self._noatime_refused()
-                flags &= ~_O_NOATIME
             except OSError as e:
-                if not (flags & O_DIRECT and e.errno == errno.EINVAL):
+                if flags & _O_NOATIME and e.errno == errno.EPERM:  # not EACCES: mode bits say no
+                    self._noatime_refused()
+                    flags &= ~_O_NOATIME
+                elif flags & O_DIRECT and e.errno == errno.EINVAL:
+                    self._direct_refused()
+                    flags &= ~O_DIRECT
+                else:
                     raise
-                self._direct_refused()
-                flags &= ~O_DIRECT
 
     def _noatime_refused(self) -> None:
         """O_NOATIME needs the file's owner: a root shared with another user refuses it."""

@@ -646,8 +646,10 @@ def _open_noatime(p: Path, flags: int) -> int:
     if noatime:
         try:
             return os.open(p, flags | noatime, 0o644)
-        except PermissionError:
-            pass  # another user's slab (or a device node): plain reads
+        except OSError as e:
+            if e.errno != errno.EPERM:
+                raise
+            # another user's slab (or device node): plain reads
     return os.open(p, flags, 0o644)
 
 
