@@ -477,6 +477,7 @@ class FsTier(BlockingChunkTier):
         self._hb_addr = self._view_addr = 0
         self._ring_presize = False  # the ring sizes a new file before its O_DIRECT write
         self._read_flags = os.O_RDONLY | _O_NOATIME  # without O_NOATIME once refused
+        self._refusal_lock = threading.Lock()  # worker threads may be refused at once: count one
         self._lock_fd = -1
         self._recycle_on = False
         self._network_fs: str | None = None  # NFS, Lustre, ...: lock queries may wait on a server
@@ -1466,10 +1467,12 @@ class FsTier(BlockingChunkTier):
 
     def _noatime_refused(self) -> None:
         """O_NOATIME needs the file's owner: a root shared with another user refuses it."""
-        if self._read_flags & _O_NOATIME:
+        with self._refusal_lock:
+            if not self._read_flags & _O_NOATIME:
+                return
             self._read_flags &= ~_O_NOATIME
-            self._stats.incr("noatime_refused")
-            log.info("fs tier %s: O_NOATIME refused (files owned by another user); reads update atimes", self.dir)
+        self._stats.incr("noatime_refused")
+        log.info("fs tier %s: O_NOATIME refused (files owned by another user); reads update atimes", self.dir)
 
     def _check_read(self, key: bytes, hb: memoryview, out: memoryview, got: int) -> None:
         """Verify what a read of ``got`` bytes left in ``hb`` (header block) and ``out``."""
