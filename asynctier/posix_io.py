@@ -18,6 +18,7 @@ import sys
 
 __all__ = [
     "O_DIRECT",
+    "O_NOATIME",
     "aligned_buffer",
     "buffer_address",
     "direct_io_ok",
@@ -30,6 +31,9 @@ __all__ = [
 
 #: ``os.O_DIRECT`` where the platform has it, else 0 (direct I/O then never applies).
 O_DIRECT: int = getattr(os, "O_DIRECT", 0)
+#: ``os.O_NOATIME`` where the platform has it, else 0: reads that leave the access time (and
+#: so the inode) alone. Only the file's owner or CAP_FOWNER may ask: others get EPERM.
+O_NOATIME: int = getattr(os, "O_NOATIME", 0)
 
 
 class _PyBuffer(ctypes.Structure):

@@ -97,7 +97,7 @@ from asynctier import BlockingChunkTier, ChunkNotFoundError, IntegrityError, Tie
 from asynctier.engines import Engine
 from asynctier.integrity import ChunkHeader, checksum, header_matches, key_token, pack_header
 from asynctier.lru import LRUIndex
-from asynctier.posix_io import O_DIRECT, aligned_buffer, buffer_address, logical_block_size, network_fs
+from asynctier.posix_io import O_DIRECT, O_NOATIME, aligned_buffer, buffer_address, logical_block_size, network_fs
 from asynctier.spec import FORMAT_VERSION
 from asynctier.stats import TierStats
 
@@ -112,11 +112,6 @@ N_SHARDS = 256
 
 _O_TMPFILE: int = getattr(os, "O_TMPFILE", 0)
 _O_DIRECTORY: int = getattr(os, "O_DIRECTORY", 0)
-# Reads leave the access time alone: recency lives in mtime (see lru_times), and relatime
-# would otherwise dirty the inode of every chunk on its first load after a store (a journal
-# handle inside the read, inode-table writes at the next commit). Only the file's owner
-# (or CAP_FOWNER) may ask; where refused, reads go on without it (_noatime_refused).
-_O_NOATIME: int = getattr(os, "O_NOATIME", 0)
 _TMP_PREFIX = ".tmp~"
 _MAX_PENDING_TOUCHES = 1 << 16  # touched keys remembered for stamping at close (beyond: approximate)
 _NOSPACE = (errno.ENOSPC, errno.EDQUOT)
@@ -476,7 +471,11 @@ class FsTier(BlockingChunkTier):
         self._ring_iovs: ioring.IovecTable | None = None  # one row per ring file slot
         self._hb_addr = self._view_addr = 0
         self._ring_presize = False  # the ring sizes a new file before its O_DIRECT write
-        self._read_flags = os.O_RDONLY | _O_NOATIME  # without O_NOATIME once refused
+        # Reads leave the access time alone: recency lives in mtime (see lru_times), and
+        # relatime would otherwise dirty the inode of every chunk on its first load after a
+        # store (a journal handle inside the read, inode-table writes at the next commit).
+        # Refused (EPERM: another user's files), reads go on without it (_noatime_refused).
+        self._read_flags = os.O_RDONLY | O_NOATIME
         self._refusal_lock = threading.Lock()  # worker threads may be refused at once: count one
         self._lock_fd = -1
         self._recycle_on = False
@@ -1456,9 +1455,9 @@ class FsTier(BlockingChunkTier):
             except FileNotFoundError:
                 raise ChunkNotFoundError(f"no chunk stored under key {key.hex()[:32]}", key) from None
             except OSError as e:
-                if flags & _O_NOATIME and e.errno == errno.EPERM:  # not EACCES: mode bits say no
+                if flags & O_NOATIME and e.errno == errno.EPERM:  # not EACCES: mode bits say no
                     self._noatime_refused()
-                    flags &= ~_O_NOATIME
+                    flags &= ~O_NOATIME
                 elif flags & O_DIRECT and e.errno == errno.EINVAL:
                     self._direct_refused()
                     flags &= ~O_DIRECT
@@ -1468,9 +1467,9 @@ class FsTier(BlockingChunkTier):
     def _noatime_refused(self) -> None:
         """O_NOATIME needs the file's owner: a root shared with another user refuses it."""
         with self._refusal_lock:
-            if not self._read_flags & _O_NOATIME:
+            if not self._read_flags & O_NOATIME:
                 return
-            self._read_flags &= ~_O_NOATIME
+            self._read_flags &= ~O_NOATIME
         self._stats.incr("noatime_refused")
         log.info("fs tier %s: O_NOATIME refused (files owned by another user); reads update atimes", self.dir)
 

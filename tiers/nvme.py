@@ -109,7 +109,7 @@ from asynctier import (
 from asynctier.chunked import MAX_KEY_BYTES
 from asynctier.engines import Engine
 from asynctier.integrity import ChunkHeader, checksum, header_matches, pack_header
-from asynctier.posix_io import O_DIRECT, aligned_buffer, buffer_address, fsync_dir, logical_block_size
+from asynctier.posix_io import O_DIRECT, O_NOATIME, aligned_buffer, buffer_address, fsync_dir, logical_block_size
 
 __all__ = [
     "Checkpoint",
@@ -642,10 +642,9 @@ def _open_noatime(p: Path, flags: int) -> int:
     """``os.open`` with O_NOATIME where the process may ask it (it owns the slab, or has
     CAP_FOWNER): a load then never dirties the slab's inode (relatime would, on the first
     read after each write), which costs a journal handle inside the read."""
-    noatime: int = getattr(os, "O_NOATIME", 0)
-    if noatime:
+    if O_NOATIME:
         try:
-            return os.open(p, flags | noatime, 0o644)
+            return os.open(p, flags | O_NOATIME, 0o644)
         except OSError as e:
             if e.errno != errno.EPERM:
                 raise
