@@ -15,7 +15,10 @@ For each chunk size (256 KiB, 2 MiB) and depth (1, 4, 16), in one run and on one
 * **fio files**: fio over one file per block (a reference: what file-per-chunk costs here);
 * **bare**: the thread engine's system calls from plain threads, no tier around them
   (:func:`asynctier.benchkit.bare_file_per_chunk`); ``fs x bare`` is what the tier adds to
-  the file system's own cost of its layout.
+  the file system's own cost of its layout;
+* **bare C**: the same system calls from C threads (``bench/bare_c.c``, compiled with ``cc``
+  at the start; left out where there is none); ``bare x bare C`` is what Python threads
+  cost over C ones, and ``bare C x fio`` what the layout itself costs.
 
 Every measurement of a point is repeated ``--repeat`` times, interleaved (fio, tier, naive,
 fio, ...), and the median is reported, so drift on a shared machine hits all three alike.
@@ -215,6 +218,43 @@ async def bare_point(root: Path, view: memoryview, chunk: int, n: int, depth: in
     return wbps, rbps
 
 
+def build_bare_c(scratch: Path) -> Path | None:
+    """Compile ``bench/bare_c.c`` (the bare system calls from C threads) into directory
+    ``scratch``; None, with a note, where no C compiler is at hand."""
+    cc = shutil.which(os.environ.get("CC", "cc"))
+    if cc is None:
+        print("bench_fs: no C compiler (cc): the 'bare C' column is left out", file=sys.stderr)
+        return None
+    scratch.mkdir(parents=True, exist_ok=True)
+    exe = scratch / "bare_c"
+    r = subprocess.run(
+        [cc, "-O2", "-pthread", "-o", str(exe), str(REPO / "bench" / "bare_c.c")], capture_output=True, text=True
+    )
+    if r.returncode != 0:
+        print(f"bench_fs: building bare_c failed, the 'bare C' column is left out:\n{r.stderr}", file=sys.stderr)
+        return None
+    return exe
+
+
+def _bare_c(exe: Path, root: Path, mode: str, chunk: int, n: int, depth: int) -> float:
+    """One phase of ``bare_c``; the seconds it took (a write phase includes its syncfs)."""
+    # the layout of benchkit.bare_file_per_chunk: 256 shards, a 4 KiB header block, O_DIRECT
+    cmd = [str(exe), str(root), mode, str(chunk), str(n), str(depth), "256", "4096", "1"]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode != 0:
+        raise RuntimeError(f"bare_c {mode} failed: {r.stderr.strip()}")
+    return float(r.stdout)
+
+
+async def bare_c_point(exe: Path, root: Path, chunk: int, n: int, depth: int) -> tuple[float, float]:
+    """``bare_point`` from C threads (``bench/bare_c.c``): the same calls with no interpreter
+    around them, synced at the end, read back cold."""
+    w = await asyncio.to_thread(_bare_c, exe, root, "write", chunk, n, depth)
+    await asyncio.to_thread(drop_tree, root)
+    r = await asyncio.to_thread(_bare_c, exe, root, "read", chunk, n, depth)
+    return n * chunk / w, n * chunk / r
+
+
 def fio_point(root: Path, chunk: int, depth: int, size: int, file_per_block: bool = False) -> tuple[float, float]:
     w = benchkit.run_fio(root, rw="write", bs=chunk, iodepth=depth, size=size, file_per_block=file_per_block)
     r = benchkit.run_fio(root, rw="read", bs=chunk, iodepth=depth, size=size, file_per_block=file_per_block)
@@ -275,6 +315,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         variants["fs lru_times=False"] = {"lru_times": False}
         variants["fs buffered"] = {"direct_io": False}
     load_at_start = os.getloadavg()
+    bare_c = None if args.no_bare_c else build_bare_c(base / "bin")
     for chunk in sizes:
         n = total // chunk
         for depth in depths:
@@ -323,6 +364,10 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                     bw, br = await bare_point(fresh(base / "bare"), view, chunk, n, depth)
                     add("bare_write", bw)
                     add("bare_read", br)
+                if bare_c is not None:
+                    cw, cr = await bare_c_point(bare_c, fresh(base / "bare"), chunk, n, depth)
+                    add("bare C_write", cw)
+                    add("bare C_read", cr)
             point: dict[str, Any] = {"chunk_bytes": chunk, "depth": depth, "chunks": n}
             point.update({k: med(v) for k, v in m.items()})
             point["samples"] = m
@@ -333,7 +378,16 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             point["other_io_engine"] = other_engine
             for side in ("write", "read"):
                 refs = m[f"fio_{side}"]
-                for name in [*variants, "naive", "fio files", "full", "full recycle=False", "after idle", "bare"]:
+                for name in [
+                    *variants,
+                    "naive",
+                    "fio files",
+                    "full",
+                    "full recycle=False",
+                    "after idle",
+                    "bare",
+                    "bare C",
+                ]:
                     if f"{name}_{side}" in point:
                         # paired: each repeat's figure over the fio figure measured next to it
                         pairs = [v / r for v, r in zip(m[f"{name}_{side}"], refs) if r]
@@ -341,6 +395,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 if f"bare_{side}" in point:
                     pairs = [v / r for v, r in zip(m[f"fs_{side}"], m[f"bare_{side}"]) if r]
                     point[f"fs_{side}_x_bare"] = med(pairs) if pairs else None
+                if f"bare_{side}" in point and f"bare C_{side}" in point:
+                    pairs = [v / r for v, r in zip(m[f"bare_{side}"], m[f"bare C_{side}"]) if r]
+                    point[f"bare_{side}_x_bare C"] = med(pairs) if pairs else None
             points.append(point)
             print(
                 f"{chunk // KiB:>5} KiB d={depth:<2}  write {point['fs_write'] / 1e9:.2f} GB/s "
@@ -352,6 +409,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     shutil.rmtree(base / "tier", ignore_errors=True)
     shutil.rmtree(base / "naive", ignore_errors=True)
     shutil.rmtree(base / "bare", ignore_errors=True)
+    shutil.rmtree(base / "bin", ignore_errors=True)
     return {
         "bench": "fs tier",
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
@@ -377,6 +435,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             "bare": "benchkit.bare_file_per_chunk: the thread engine's system calls (O_TMPFILE, pwritev of "
             "header block + chunk, linkat, close; open, preadv, close) from depth plain threads over 256 "
             "shards, no tier around them; synced at the end, cold read. fs x bare: what the tier adds",
+            "bare C": "bench/bare_c.c: the same system calls over the same layout from depth C threads (no "
+            "interpreter); bare x bare C: what Python threads cost over C ones",
         },
         "points": points,
     }
@@ -409,8 +469,9 @@ def markdown(report: dict[str, Any]) -> str:
         full_head = " **full x fio** | full, recycle=False x fio | after idle x fio |" if side == "write" else ""
         lines += [
             f"| chunk | depth | engine | fs {side} GB/s | fio {side} GB/s | **fs x fio** | other engine x fio "
-            f"| fio files x fio | bare x fio | fs x bare | naive x fio |{full_head} load avg |",
-            "| --- " * (12 + (3 if full_head else 0)) + "|",
+            f"| fio files x fio | bare C x fio | bare x fio | bare x bare C | fs x bare | naive x fio |{full_head} "
+            "load avg |",
+            "| --- " * (14 + (3 if full_head else 0)) + "|",
         ]
         for p in report["points"]:
             other = p.get("fs other_" + side + "_x_fio")
@@ -419,7 +480,8 @@ def markdown(report: dict[str, Any]) -> str:
                 f"| {p['chunk_bytes'] // KiB} KiB | {p['depth']} | {p.get('io_engine')} | {gb(p['fs_' + side])} "
                 f"| {gb(p['fio_' + side])} | **{x(p['fs_' + side + '_x_fio'])}** "
                 f"| {other_cell} "
-                f"| {x(p.get('fio files_' + side + '_x_fio'))} | {x(p.get('bare_' + side + '_x_fio'))} "
+                f"| {x(p.get('fio files_' + side + '_x_fio'))} | {x(p.get('bare C_' + side + '_x_fio'))} "
+                f"| {x(p.get('bare_' + side + '_x_fio'))} | {x(p.get('bare_' + side + '_x_bare C'))} "
                 f"| {x(p.get('fs_' + side + '_x_bare'))} | {x(p.get('naive_' + side + '_x_fio'))} "
                 + (
                     f"| **{x(p.get('full_write_x_fio'))}** | {x(p.get('full recycle=False_write_x_fio'))} "
@@ -441,7 +503,8 @@ def markdown(report: dict[str, Any]) -> str:
     lines += [
         "",
         f"Method: tier — {report['method']['tier']}. fio — {report['method']['fio']}. "
-        f"naive — {report['method']['naive']}. bare — {report['method']['bare']}.",
+        f"naive — {report['method']['naive']}. bare — {report['method']['bare']}. "
+        f"bare C — {report['method']['bare C']}.",
         "",
     ]
     return "\n".join(lines)
@@ -457,6 +520,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--variants", action="store_true", help="also measure publish=rename, lru_times=False, buffered")
     ap.add_argument("--no-naive", action="store_true", help="skip the naive aiofiles loop")
     ap.add_argument("--no-bare", action="store_true", help="skip the bare system-call reference")
+    ap.add_argument("--no-bare-c", action="store_true", help="skip the bare system calls from C threads")
     ap.add_argument("--no-fio-files", action="store_true", help="skip fio over one file per block")
     ap.add_argument("--no-full", action="store_true", help="skip offloads into a full tier (evicting)")
     ap.add_argument("--no-idle", action="store_true", help="skip offloads after an idle spell (a pool made ahead)")

@@ -7,6 +7,7 @@ also write a report whose figures are all there and positive.
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -40,8 +41,11 @@ def test_bench_fs_reports_tier_fio_and_bare_figures(tmp_path: Path) -> None:
         for name in (f"fs_{side}", f"fio_{side}", f"bare_{side}", f"fs_{side}_x_fio", f"fs_{side}_x_bare"):
             assert point[name] > 0, name
     assert point["after idle_write_x_fio"] > 0  # a burst into a pool made ahead
+    if shutil.which("cc"):  # the same calls from C threads (bench/bare_c.c)
+        for side in ("write", "read"):
+            assert point[f"bare C_{side}"] > 0 and point[f"bare_{side}_x_bare C"] > 0, side
     md = (out / "fs.md").read_text()
-    assert "| fs x bare |" in md and "| after idle x fio |" in md and "256 KiB" in md
+    assert "| fs x bare |" in md and "| after idle x fio |" in md and "| bare C x fio |" in md and "256 KiB" in md
 
 
 @needs_fio
