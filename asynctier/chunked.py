@@ -39,7 +39,7 @@ from .errors import (
     TierConfigError,
     TierNotOpenError,
 )
-from .lru import LRUIndex
+from .lru import LRUIndex, RemovalPending
 from .spec import OffloadingSpec
 from .stats import StatsRecorder, TierStats, TransferResult
 
@@ -53,6 +53,10 @@ T = TypeVar("T")
 MAX_KEY_BYTES = 1024
 
 _NEW, _OPEN, _CLOSING, _CLOSED = "new", "open", "closing", "closed"
+
+#: How long a write or removal of a key waits for an earlier deletion of the same key. A
+#: deletion is one unlink or request; this only bounds the harm of one that is never reported.
+REMOVAL_WAIT_S = 30.0
 
 
 def _positive_int(name: str, value: object, *, allow_none: bool = False) -> int | None:
@@ -136,7 +140,7 @@ class ChunkTier(SecondaryTierManager):
         self.verify = verify
         self.timeout_s = _non_negative_float("timeout_s", timeout_s, allow_none=True)
         if self.uses_index:
-            self.index: LRUIndex | None = LRUIndex(self.capacity_bytes)
+            self.index: LRUIndex | None = LRUIndex(self.capacity_bytes, track_removals=True)
         else:
             self.index = None
         self._stats = StatsRecorder()
@@ -491,7 +495,8 @@ class ChunkTier(SecondaryTierManager):
         if self.index is not None:
             self.index.unpin(key, touch=exc is None)
             if exc is not None and (_is_not_found(exc) or isinstance(exc, IntegrityError)):
-                self.index.discard(key)
+                # a bad copy is deleted next: a new write of the key waits for that (_removed)
+                self.index.discard(key, removing=isinstance(exc, IntegrityError))
         if exc is None:
             self._stats.record_success("load", self.offloading_spec.chunk_bytes, time.perf_counter() - t0)
             return False
@@ -505,28 +510,67 @@ class ChunkTier(SecondaryTierManager):
         if bad:
             self._stats.incr("bad_chunks_found")
         if bad and remove_bad and self.index is not None:
-            self.index.discard(key)
+            self.index.discard(key, removing=True)
         return bad and remove_bad
 
     def _end_remove(self, key: bytes, t0: float, exc: BaseException | None) -> None:
-        if self.index is not None:
-            self.index.discard(key)
         if exc is None:
             self._stats.record_success("remove", 0, time.perf_counter() - t0)
         else:
             self._stats.record_failure(exc)
 
+    # -- keys being deleted: a write or removal of one waits (LRUIndex.track_removals) ---------
+    def _removed(self, keys: Sequence[bytes]) -> None:
+        """The deletion of ``keys`` (victims, a removed key, a bad copy) is over, done or not."""
+        if self.index is not None and keys:
+            self.index.removed(keys)
+
+    def _wait_removal(self, pending: RemovalPending) -> None:
+        """Block until ``pending`` is over (worker threads; :meth:`_await_removal` on the loop)."""
+        if not pending.wait(REMOVAL_WAIT_S):
+            # never reported over: a bug, but a lost write is better than a stuck one
+            log.error("%s: the deletion of chunk %s was not reported over in %ss; going on",
+                      self.tier_type, pending.key.hex()[:32], REMOVAL_WAIT_S)  # fmt: skip
+            self._removed([pending.key])
+
+    async def _await_removal(self, pending: RemovalPending) -> None:
+        await asyncio.to_thread(self._wait_removal, pending)  # rare: a key re-stored as it is evicted
+
+    def _begin_remove(self, key: bytes) -> bool:
+        """Before deleting ``key`` on request; False: a write of it is in progress and wins."""
+        return self.index.begin_remove(key) if self.index is not None else True
+
     def _reserve_store(self, key: bytes, t0: float) -> list[bytes] | None:
         """Begin a store: the chunks to evict first, or None when ``key`` is stored already
-        (accounted as skipped). A failure to begin is counted and raised."""
+        (accounted as skipped). A failure to begin is counted and raised;
+        :class:`RemovalPending` (an old copy of ``key`` is being deleted) is raised as is:
+        wait for it, then call again (:meth:`_reserve_store_blocking`, :meth:`_reserve_store_async`)."""
         try:
             victims = self._begin_store(key)
+        except RemovalPending:
+            raise
         except BaseException as e:
             self._stats.record_failure(e)
             raise
         if victims is None:
             self._end_store(key, t0, None, skipped=True)
         return victims
+
+    def _reserve_store_blocking(self, key: bytes, t0: float) -> list[bytes] | None:
+        """:meth:`_reserve_store`, waiting out a deletion of ``key`` (worker threads)."""
+        while True:
+            try:
+                return self._reserve_store(key, t0)
+            except RemovalPending as p:
+                self._wait_removal(p)
+
+    async def _reserve_store_async(self, key: bytes, t0: float) -> list[bytes] | None:
+        """:meth:`_reserve_store`, waiting out a deletion of ``key`` (on the event loop)."""
+        while True:
+            try:
+                return self._reserve_store(key, t0)
+            except RemovalPending as p:
+                await self._await_removal(p)
 
     def _pin_for_load(self, key: bytes) -> None:
         """Begin a load (the chunk is pinned against eviction); a failure is counted and raised."""
@@ -539,7 +583,7 @@ class ChunkTier(SecondaryTierManager):
     async def _async_store(self, key: bytes, t0: float, write: Callable[[list[bytes]], Awaitable[None]]) -> None:
         """One store run as a coroutine: reserve (or skip a key already stored),
         ``write(victims)`` (evict them, then write), commit or abort."""
-        victims = self._reserve_store(key, t0)
+        victims = await self._reserve_store_async(key, t0)
         if victims is None:
             return
         try:
@@ -547,6 +591,8 @@ class ChunkTier(SecondaryTierManager):
         except BaseException as e:
             self._end_store(key, t0, e)
             raise
+        finally:
+            self._removed(victims)  # write() deleted them (or failed to): re-stores of them may go on
         self._end_store(key, t0, None)
 
     async def _async_load(
@@ -562,6 +608,8 @@ class ChunkTier(SecondaryTierManager):
                     await delete()
                 except Exception as de:
                     log.warning("%s: removing bad chunk %s failed: %r", self.tier_type, key.hex()[:32], de)
+                finally:
+                    self._removed([key])
             raise
         self._end_load(key, t0, None)
 
@@ -660,16 +708,22 @@ class BlockingChunkTier(ChunkTier):
             self.read_chunk(key, memoryview(bytearray(self.offloading_spec.chunk_bytes)))
         except BaseException as e:
             if self._end_verify(key, e, bool(remove_bad)):
-                self.delete_chunk(key)
+                try:
+                    self.delete_chunk(key)
+                finally:
+                    self._removed([key])
             raise
 
     def _store_job(self, key: bytes, cid: int, t0: float) -> None:
-        victims = self._reserve_store(key, t0)
+        victims = self._reserve_store_blocking(key, t0)
         if victims is None:
             return
         try:
-            for v in victims:
-                self._evict(v)
+            try:
+                for v in victims:
+                    self._evict(v)
+            finally:
+                self._removed(victims)
             self.write_chunk(key, self._chunk(cid))
         except BaseException as e:
             self._end_store(key, t0, e)
@@ -694,16 +748,27 @@ class BlockingChunkTier(ChunkTier):
                     self.delete_chunk(key)
                 except Exception as de:
                     log.warning("%s: removing bad chunk %s failed: %r", self.tier_type, key.hex()[:32], de)
+                finally:
+                    self._removed([key])
             raise
         self._end_load(key, t0, None)
 
     def _remove_job(self, key: bytes, cid: int, t0: float) -> None:
-        try:
-            self.delete_chunk(key)
-        except BaseException as e:
-            if not _is_not_found(e):
-                self._end_remove(key, t0, e)
-                raise
+        while True:
+            try:
+                go = self._begin_remove(key)
+                break
+            except RemovalPending as p:
+                self._wait_removal(p)
+        if go:
+            try:
+                self.delete_chunk(key)
+            except BaseException as e:
+                if not _is_not_found(e):
+                    self._end_remove(key, t0, e)
+                    raise
+            finally:
+                self._removed([key])
         self._end_remove(key, t0, None)
 
     def _lookup_job(self, key: bytes, cid: int, t0: float) -> bool:
@@ -779,7 +844,10 @@ class AsyncChunkTier(ChunkTier):
             await self._deadline(self.read_chunk(key, memoryview(bytearray(self.offloading_spec.chunk_bytes))))
         except BaseException as e:
             if self._end_verify(key, e, bool(remove_bad)):
-                await self._deadline(self.delete_chunk(key))
+                try:
+                    await self._deadline(self.delete_chunk(key))
+                finally:
+                    self._removed([key])
             raise
 
     async def _store_job(self, key: bytes, cid: int, t0: float) -> None:
@@ -791,6 +859,7 @@ class AsyncChunkTier(ChunkTier):
                     self._evicted(v, e)
                 else:
                     self._evicted(v, None)
+            self._removed(victims)  # re-stores of them may go on (_async_store repeats this harmlessly)
             await self._deadline(self.write_chunk(key, self._chunk(cid)))
 
         await self._async_store(key, t0, evict_then_write)
@@ -802,12 +871,21 @@ class AsyncChunkTier(ChunkTier):
         )
 
     async def _remove_job(self, key: bytes, cid: int, t0: float) -> None:
-        try:
-            await self._deadline(self.delete_chunk(key))
-        except BaseException as e:
-            if not _is_not_found(e):
-                self._end_remove(key, t0, e)
-                raise
+        while True:
+            try:
+                go = self._begin_remove(key)
+                break
+            except RemovalPending as p:
+                await self._await_removal(p)
+        if go:
+            try:
+                await self._deadline(self.delete_chunk(key))
+            except BaseException as e:
+                if not _is_not_found(e):
+                    self._end_remove(key, t0, e)
+                    raise
+            finally:
+                self._removed([key])
         self._end_remove(key, t0, None)
 
     async def _lookup_job(self, key: bytes, cid: int, t0: float) -> bool:

@@ -5,6 +5,13 @@ decides what to evict. Entries go through three stages: *reserved* (a write is i
 invisible to lookups; its bytes already counted so the medium never exceeds capacity),
 *committed* (visible), and gone. Readers *pin* an entry so eviction never removes a chunk
 that is being read.
+
+With ``track_removals=True`` a key that leaves the index for the caller to delete from its
+medium (an eviction victim, a removed key, a bad copy) stays *being removed* until the
+caller says :meth:`~LRUIndex.removed`: a new write of that key must not publish its copy
+before the old one's deletion is over, or the deletion would take the new copy with it.
+:meth:`~LRUIndex.reserve` raises :class:`RemovalPending` meanwhile; wait on it, then reserve
+again.
 """
 
 from __future__ import annotations
@@ -15,7 +22,20 @@ from collections.abc import Iterable, Iterator
 
 from .errors import CapacityError
 
-__all__ = ["LRUIndex"]
+__all__ = ["LRUIndex", "RemovalPending"]
+
+
+class RemovalPending(Exception):
+    """The key's previous copy is still being deleted from the medium: :meth:`wait`, then retry."""
+
+    def __init__(self, key: bytes, done: threading.Event) -> None:
+        super().__init__(f"chunk {key.hex()[:32]} is being removed")
+        self.key = key
+        self.done = done
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until the removal is over (or ``timeout`` seconds); whether it is over."""
+        return self.done.wait(timeout)
 
 
 class _Entry:
@@ -31,10 +51,13 @@ class _Entry:
 class LRUIndex:
     """Key -> stored size, least recently used first; ``capacity_bytes=None`` never evicts."""
 
-    def __init__(self, capacity_bytes: int | None = None) -> None:
+    def __init__(self, capacity_bytes: int | None = None, *, track_removals: bool = False) -> None:
         self.capacity_bytes = capacity_bytes
+        #: keys handed out for deletion stay "being removed" until :meth:`removed` (see the module doc)
+        self.track_removals = track_removals
         self._lock = threading.Lock()
         self._entries: OrderedDict[bytes, _Entry] = OrderedDict()
+        self._removing: dict[bytes, threading.Event] = {}
         self._used = 0
         self._committed = 0
 
@@ -56,6 +79,10 @@ class LRUIndex:
         """Bytes of committed and reserved entries."""
         return self._used
 
+    def being_removed(self, key: bytes) -> bool:
+        """Whether ``key`` was handed out for deletion and :meth:`removed` has not been called yet."""
+        return key in self._removing
+
     def keys(self) -> list[bytes]:
         """Committed keys, least recently used first."""
         with self._lock:
@@ -70,11 +97,16 @@ class LRUIndex:
 
         Returns ``None`` when ``key`` is already committed (the caller skips the write and
         the entry becomes most recently used). Raises :class:`CapacityError` when
-        ``nbytes`` cannot fit even after evicting every unpinned entry. The caller must
-        delete the evicted keys from its medium *before* writing, then call :meth:`commit`
-        or :meth:`abort`.
+        ``nbytes`` cannot fit even after evicting every unpinned entry, and
+        :class:`RemovalPending` while an old copy of ``key`` is being deleted. The caller
+        must delete the evicted keys from its medium *before* writing (and, tracking
+        removals, then call :meth:`removed` for them), then call :meth:`commit` or
+        :meth:`abort`.
         """
         with self._lock:
+            pending = self._removing.get(key)
+            if pending is not None:
+                raise RemovalPending(key, pending)
             e = self._entries.get(key)
             if e is not None:
                 if e.committed:
@@ -90,6 +122,8 @@ class LRUIndex:
             return victims
 
     def _make_room(self, nbytes: int, key: bytes) -> list[bytes]:
+        # Victims: committed, not pinned by a reader, and not being written again (a second
+        # writer of a committed key would publish over the eviction's rename or unlink)
         cap = self.capacity_bytes
         if cap is None or self._used + nbytes <= cap:
             return []
@@ -100,7 +134,7 @@ class LRUIndex:
         for k, e in self._entries.items():
             if need <= 0:
                 break
-            if e.committed and e.pins == 0:
+            if e.committed and e.pins == 0 and e.writers == 0:  # not while a write of it runs
                 victims.append(k)
                 need -= e.nbytes
         if need > 0:
@@ -111,7 +145,43 @@ class LRUIndex:
             v = self._entries.pop(k)
             self._used -= v.nbytes
             self._committed -= 1
+        self._hand_out(victims)
         return victims
+
+    def _hand_out(self, keys: Iterable[bytes]) -> None:
+        """Under the lock: ``keys`` left the index for the caller to delete."""
+        if self.track_removals:
+            for k in keys:
+                self._removing.setdefault(k, threading.Event())
+
+    def removed(self, keys: Iterable[bytes]) -> None:
+        """The deletion of ``keys`` (handed out as victims, by :meth:`begin_remove` or by
+        :meth:`discard` with ``removing``) is over, done or failed: writes of them may go on.
+        Harmless for keys not being removed."""
+        with self._lock:
+            for k in keys:
+                ev = self._removing.pop(k, None)
+                if ev is not None:
+                    ev.set()
+
+    def begin_remove(self, key: bytes) -> bool:
+        """Before deleting ``key`` from the medium on request: drop its entry and, tracking
+        removals, hold new writes of it until :meth:`removed`. False (nothing dropped, do not
+        delete) while a write of ``key`` is in progress: that write wins, as if the removal
+        had come first. Raises :class:`RemovalPending` while another deletion of it runs."""
+        with self._lock:
+            pending = self._removing.get(key)
+            if pending is not None:
+                raise RemovalPending(key, pending)
+            e = self._entries.get(key)
+            if e is not None and (not e.committed or e.writers):
+                return False
+            if e is not None:
+                del self._entries[key]
+                self._used -= e.nbytes
+                self._committed -= 1
+            self._hand_out((key,))
+            return True
 
     def commit(self, key: bytes) -> None:
         """The write of ``key`` succeeded: make it visible and most recently used."""
@@ -137,8 +207,11 @@ class LRUIndex:
                 self._used -= e.nbytes
 
     def add(self, key: bytes, nbytes: int) -> None:
-        """Record a chunk found on the medium (recovery) as most recently used, without eviction."""
+        """Record a chunk found on the medium (recovery) as most recently used, without eviction
+        (not one being removed: its file is on its way out)."""
         with self._lock:
+            if key in self._removing:
+                return
             old = self._entries.pop(key, None)
             if old is not None:
                 self._used -= old.nbytes
@@ -157,11 +230,12 @@ class LRUIndex:
             for k, e in list(self._entries.items()):
                 if self._used <= cap:
                     break
-                if e.committed and e.pins == 0:
+                if e.committed and e.pins == 0 and e.writers == 0:  # not while a write of it runs
                     del self._entries[k]
                     self._used -= e.nbytes
                     self._committed -= 1
                     victims.append(k)
+            self._hand_out(victims)
             return victims
 
     def merge_older(self, found: list[tuple[int, bytes, int]], skip: set[bytes]) -> int:
@@ -170,7 +244,7 @@ class LRUIndex:
         added = 0
         with self._lock:
             for _, key, nbytes in sorted(found, reverse=True):  # newest first, each to the front
-                if key in self._entries or key in skip:
+                if key in self._entries or key in skip or key in self._removing:
                     continue
                 self._entries[key] = _Entry(nbytes, committed=True)
                 self._entries.move_to_end(key, last=False)
@@ -181,8 +255,11 @@ class LRUIndex:
 
     def adopt_pinned(self, key: bytes, nbytes: int) -> bool:
         """Pin ``key``, adding it as a committed entry first if absent (for example a chunk
-        another process stored, found on the medium). False if it is being written here right now."""
+        another process stored, found on the medium). False if it is being written or removed
+        here right now."""
         with self._lock:
+            if key in self._removing:
+                return False
             e = self._entries.get(key)
             if e is None:
                 e = _Entry(nbytes, committed=True)
@@ -202,12 +279,13 @@ class LRUIndex:
             for k, e in list(self._entries.items()):
                 if nbytes <= 0:
                     break
-                if e.committed and e.pins == 0:
+                if e.committed and e.pins == 0 and e.writers == 0:  # not while a write of it runs
                     del self._entries[k]
                     self._used -= e.nbytes
                     self._committed -= 1
                     nbytes -= e.nbytes
                     victims.append(k)
+            self._hand_out(victims)
             return victims
 
     # -- reads -----------------------------------------------------------------------------
@@ -238,10 +316,13 @@ class LRUIndex:
                 if e is not None and e.committed:
                     self._entries.move_to_end(k)
 
-    def discard(self, key: bytes) -> bool:
-        """Forget ``key``; True if it was committed."""
+    def discard(self, key: bytes, *, removing: bool = False) -> bool:
+        """Forget ``key``; True if it was committed. ``removing``: the caller deletes its copy
+        next (a bad one), and calls :meth:`removed` after (tracking removals)."""
         with self._lock:
             e = self._entries.pop(key, None)
+            if removing:
+                self._hand_out((key,))
             if e is None:
                 return False
             self._used -= e.nbytes

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from asynctier import CapacityError, IntegrityError, OffloadingSpec, SecondaryTierFactory
-from asynctier.lru import LRUIndex
+from asynctier.lru import LRUIndex, RemovalPending
 from tiers.memory import MemoryTier
 
 SPEC = OffloadingSpec(1024, 8)
@@ -96,6 +96,65 @@ def test_reserved_entries_are_invisible_until_commit() -> None:
     assert idx.used_bytes == 4  # the other writer still holds it
     idx.commit(b"a")
     assert b"a" in idx and idx.reserve(b"a", 4) is None  # present: skip
+
+
+def test_a_key_being_removed_holds_its_writers_until_removed() -> None:
+    """With track_removals, a victim handed out for deletion cannot be reserved (a new copy
+    would be published before the old one is deleted, and go with it) until removed()."""
+    idx = LRUIndex(capacity_bytes=2, track_removals=True)
+    for k in (b"a", b"b"):
+        assert idx.reserve(k, 1) == []
+        idx.commit(k)
+    assert idx.reserve(b"c", 1) == [b"a"]
+    assert idx.being_removed(b"a") and not idx.has_entry(b"a") and b"a" not in idx
+    with pytest.raises(RemovalPending) as info:
+        idx.reserve(b"a", 1)
+    assert info.value.key == b"a" and not info.value.wait(0)
+    assert not idx.adopt_pinned(b"a", 1)  # found on the medium meanwhile: on its way out
+    idx.add(b"a", 1)
+    assert not idx.has_entry(b"a")
+    idx.removed([b"a"])
+    assert info.value.wait(0) and not idx.being_removed(b"a")
+    idx.commit(b"c")
+    assert idx.reserve(b"a", 1) == [b"b"]  # a new copy may be written now
+    idx.removed([b"b", b"never-handed-out"])  # harmless for keys not being removed
+
+
+def test_a_key_being_written_is_neither_a_victim_nor_removed() -> None:
+    """A second writer of a committed key keeps it from eviction (its publish would land after
+    the eviction's unlink or rename); a removal while a write runs leaves the entry to the write."""
+    idx = LRUIndex(capacity_bytes=2, track_removals=True)
+    assert idx.reserve(b"a", 1) == []
+    assert idx.reserve(b"a", 1) == []  # a concurrent writer of the same key
+    idx.commit(b"a")  # the first is done: committed, one writer left
+    assert not idx.begin_remove(b"a")  # the write wins: nothing dropped, nothing to delete
+    assert b"a" in idx
+    assert idx.reserve(b"b", 1) == []
+    idx.commit(b"b")
+    assert idx.pin(b"b")
+    with pytest.raises(CapacityError):
+        idx.reserve(b"c", 1)  # a is still being written, b is being read: nothing to evict
+    idx.commit(b"a")  # the second writer is done
+    assert idx.reserve(b"c", 1) == [b"a"]
+    idx.unpin(b"b")
+    assert idx.begin_remove(b"b") and idx.being_removed(b"b") and b"b" not in idx
+    with pytest.raises(RemovalPending):
+        idx.begin_remove(b"b")  # one deletion at a time
+    idx.removed([b"b"])
+    assert idx.begin_remove(b"never-stored")  # nothing indexed: the medium may still hold one
+    idx.removed([b"never-stored"])
+
+
+def test_untracked_index_hands_out_victims_as_before() -> None:
+    """Without track_removals (the default) nothing waits: victims may be written again at once."""
+    idx = LRUIndex(capacity_bytes=1)
+    assert idx.reserve(b"a", 1) == []
+    idx.commit(b"a")
+    assert idx.reserve(b"b", 1) == [b"a"]
+    assert not idx.being_removed(b"a")
+    idx.commit(b"b")
+    assert idx.discard(b"b", removing=True) and not idx.being_removed(b"b")
+    assert idx.reserve(b"a", 1) == []
 
 
 @settings(max_examples=200, deadline=None)

@@ -444,7 +444,7 @@ class FsTier(BlockingChunkTier):
         self.scan_sync_limit = scan_sync_limit
         self.lru_times = lru_times
         self.stale_tmp_s = float(stale_tmp_s)
-        self.index: LRUIndex = LRUIndex(self.capacity_bytes)
+        self.index: LRUIndex = LRUIndex(self.capacity_bytes, track_removals=True)
         # set by open_medium
         self._shard_fds: list[int] = []
         self._fd_finalizer: weakref.finalize[[list[int], list[_TmpfilePool]], FsTier] | None = None
@@ -787,8 +787,12 @@ class FsTier(BlockingChunkTier):
         for name, n in counts.items():
             if n:
                 self._stats.incr(name, n)
-        for victim in self.index.evict_over_capacity():  # a smaller capacity than last time
-            self._evict(victim)
+        victims = self.index.evict_over_capacity()  # a smaller capacity than last time
+        try:
+            for victim in victims:
+                self._evict(victim)
+        finally:
+            self.index.removed(victims)
 
     def _stale_tmp(self, name: str, mtime: float, now: float) -> bool:
         parts = name[len(_TMP_PREFIX) :].split("~")
@@ -1045,7 +1049,8 @@ class FsTier(BlockingChunkTier):
                 for v in victims:
                     self._evict(v)
 
-            await asyncio.to_thread(evict_all)
+            # to its end even if cancelled: the victims count as being removed until it is over
+            await engines.finish_on_thread(evict_all)
             victims = []
         data = self._chunk(cid)
         addr = self._view_addr + cid * self.offloading_spec.chunk_bytes
@@ -1245,17 +1250,20 @@ class FsTier(BlockingChunkTier):
         if not self._recycle_on:
             super()._store_job(key, cid, t0)
             return
-        victims = self._reserve_store(key, t0)
+        victims = self._reserve_store_blocking(key, t0)
         if victims is None:
             return
         try:
             data = self._chunk(cid)
             spare = None
-            if victims:
-                direct = self._direct_for(data, count=False)  # counted by the write
-                spare = self._spare_from(victims[0], os.O_WRONLY | (O_DIRECT if direct else 0))
-            for v in victims[1:]:
-                self._evict(v)
+            try:
+                if victims:
+                    direct = self._direct_for(data, count=False)  # counted by the write
+                    spare = self._spare_from(victims[0], os.O_WRONLY | (O_DIRECT if direct else 0))
+                for v in victims[1:]:
+                    self._evict(v)
+            finally:
+                self.index.removed(victims)  # their names are gone: re-stores of them may go on
             if spare is None:
                 self.write_chunk(key, data)
             else:
@@ -1375,8 +1383,11 @@ class FsTier(BlockingChunkTier):
             if not victims:
                 raise
             self._stats.incr("enospc_evictions", len(victims))
-            for v in victims:
-                self._evict(v)
+            try:
+                for v in victims:
+                    self._evict(v)
+            finally:
+                self.index.removed(victims)
             self._write_once(key, data)
 
     def _fill_header(self, key: bytes, data: memoryview) -> memoryview:
