@@ -77,6 +77,17 @@ def _non_negative_float(name: str, value: object, *, allow_none: bool = False) -
     return float(value)
 
 
+async def _to_end(fut: asyncio.Future[Any]) -> None:
+    """Wait for ``fut`` to finish, through any number of cancellations (the caller re-raises)."""
+    while not fut.done():
+        try:
+            await asyncio.shield(fut)
+        except asyncio.CancelledError:
+            pass
+        except Exception:
+            pass  # the caller reads it from fut
+
+
 def _is_not_found(exc: BaseException) -> bool:
     return isinstance(exc, (ChunkNotFoundError, FileNotFoundError))
 
@@ -663,7 +674,20 @@ class BlockingChunkTier(ChunkTier):
         return engines.ThreadEngine(self.max_inflight or 1, name=f"asynctier-{self.tier_type}")
 
     async def _open_medium(self) -> None:
-        await asyncio.to_thread(self.open_medium)
+        loop = asyncio.get_running_loop()
+        setup = loop.run_in_executor(None, self.open_medium)
+        try:
+            await asyncio.shield(setup)
+        except asyncio.CancelledError:
+            # The thread cannot be stopped: let it finish, and undo what it set up (descriptors,
+            # locks, threads) before the cancellation goes on; else they outlive the tier.
+            await _to_end(setup)
+            if not setup.cancelled() and setup.exception() is None:
+                undo = loop.run_in_executor(None, self.close_medium)
+                await _to_end(undo)
+                if not undo.cancelled() and undo.exception() is not None:
+                    log.warning("%s: closing after a cancelled open failed: %r", self.tier_type, undo.exception())
+            raise
 
     async def _list_chunks(self) -> list[bytes]:
         return await asyncio.to_thread(self.list_chunks)

@@ -1542,3 +1542,43 @@ async def test_a_remove_while_the_same_key_is_stored_leaves_disk_and_index_agree
         assert len(chunk_files(tier)) == 4
         assert (await tier.remove([b"k-0"])).ok and await tier.lookup([b"k-0"]) == [False]
         disk_matches_index(tier)
+
+
+async def test_a_cancelled_open_leaves_no_descriptors_or_threads_behind(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """open() cancelled while the medium is being set up on its thread: the setup runs to its
+    end and is undone before the cancellation reaches the caller (shard descriptors, the
+    namespace lock, the pool's thread and files); a later open() starts clean."""
+
+    def open_fds() -> int:
+        return len(os.listdir("/proc/self/fd"))
+
+    def tier_threads() -> list[str]:
+        return [t.name for t in threading.enumerate() if t.name.startswith("asynctier-fs")]
+
+    tier, _ = make_tier(tmp_path)
+    started, go_on = threading.Event(), threading.Event()
+    open_medium = tier.open_medium
+
+    def held() -> None:
+        started.set()
+        go_on.wait(30)
+        open_medium()
+
+    monkeypatch.setattr(tier, "open_medium", held)
+    before, threads_before = open_fds(), tier_threads()
+    opening = asyncio.ensure_future(tier.open())
+    assert await asyncio.to_thread(started.wait, 30)
+    opening.cancel()
+    await asyncio.sleep(0.05)
+    assert not opening.done()  # the cancellation waits for the setup, which still runs
+    go_on.set()
+    with pytest.raises(asyncio.CancelledError):
+        await opening
+    assert not tier.is_open
+    assert open_fds() == before
+    assert tier_threads() == threads_before
+    async with tier:  # the same tier opens cleanly after all
+        assert (await tier.offload([b"a"], [0])).ok and tier._alone()
+    assert open_fds() == before

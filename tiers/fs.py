@@ -1452,10 +1452,12 @@ class FsTier(BlockingChunkTier):
                 # the medium wants more alignment than its block size said: buffered from now on
                 self._direct_refused()
                 os.close(fd)
+                fd = -1  # closed: a failed reopen must not close the number again (a thread may own it)
                 fd = self._open_for_read(key, dfd, name, flags & ~O_DIRECT)
                 got = _all_io(os.preadv, fd, [hb, out], 0)
         finally:
-            os.close(fd)
+            if fd >= 0:
+                os.close(fd)
         self._check_read(key, hb, out, got)
 
     def _open_for_read(self, key: bytes, dfd: int, name: str, flags: int) -> int:
