@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
 import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -277,6 +278,42 @@ async def test_capacity_evicts_least_recently_used_by_delete(tmp_path: Path) -> 
         s = tier2.stats()
         assert s.stored_chunks == 2 and s.evictions == 1
         assert sum(await tier2.lookup(ks)) == 2
+
+
+async def test_a_key_stored_again_while_its_old_object_is_evicted_stays_stored(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A re-offload of a chunk that was just evicted waits for the eviction's DELETE: else
+    that DELETE could land after the new PUT and take the new copy (offload ok, load not found)."""
+    from asynctier.integrity import ChunkHeader
+
+    rig = Rig()
+    victim, other, newer = b"victim", b"others", b"newers"
+    per = CHUNK + ChunkHeader.packed_size(len(victim))
+    tier = rig.tier({"type": "obj", "url": f"file://{tmp_path}/store", "capacity_bytes": 2 * per, "max_inflight": 4})
+    stopped, go_on = threading.Event(), threading.Event()
+    delete_object = tier._delete_object
+
+    def held(key: bytes) -> bool:
+        if key == victim and not stopped.is_set():
+            stopped.set()
+            go_on.wait(30)
+        return bool(delete_object(key))
+
+    monkeypatch.setattr(tier, "_delete_object", held)
+    async with tier:
+        assert (await tier.offload([victim, other], [0, 1])).ok
+        evicting = asyncio.ensure_future(tier.offload([newer], [2]))  # evicts the victim (LRU)
+        assert await asyncio.to_thread(stopped.wait, 30)
+        again = asyncio.ensure_future(tier.offload([victim], [0]))
+        await asyncio.wait([again], timeout=0.3)  # without the wait it was stored by now
+        go_on.set()
+        assert (await evicting).ok and (await again).ok
+        rig.zero()
+        res = await tier.load([victim, newer], [5, 6])
+        assert res.ok, res.failed
+        assert rig.chunk(5) == rig.orig_chunk(0) and rig.chunk(6) == rig.orig_chunk(2)
+        assert tier.stats().stored_chunks == 2
 
 
 @on_asyncio_only

@@ -101,7 +101,7 @@ from obstore.store import LocalStore, MemoryStore, from_url
 from asynctier import BlockingChunkTier, ChunkError, ChunkNotFoundError, IntegrityError, TierConfigError, engines
 from asynctier.errors import ChunkTimeoutError, TierUnavailableError
 from asynctier.integrity import ChunkHeader, checksum, key_token
-from asynctier.lru import LRUIndex
+from asynctier.lru import LRUIndex, RemovalPending
 from asynctier.stats import TierStats
 
 if TYPE_CHECKING:
@@ -454,7 +454,9 @@ class ObjTier(BlockingChunkTier):
             _non_negative_number("lookup_ttl_s", lookup_ttl_s),
             _non_negative_number("lookup_negative_ttl_s", lookup_negative_ttl_s),
         )
-        self._lru: LRUIndex | None = LRUIndex(self.capacity_bytes) if self.capacity_bytes is not None else None
+        self._lru: LRUIndex | None = (
+            LRUIndex(self.capacity_bytes, track_removals=True) if self.capacity_bytes is not None else None
+        )
         self._secrets = self._collect_secrets()
         self._store: ObjectStore | None = None
         self._prefix = self.offloading_spec.layout_id + "/"
@@ -564,8 +566,12 @@ class ObjTier(BlockingChunkTier):
         found.sort()
         for _, key, size in found:
             self._lru.add(key, size)
-        for victim in self._lru.evict_over_capacity():
-            self._evict(victim)
+        victims = self._lru.evict_over_capacity()
+        try:
+            for victim in victims:
+                self._evict(victim)
+        finally:
+            self._lru.removed(victims)
 
     def close_medium(self) -> None:
         self._store = None
@@ -629,12 +635,20 @@ class ObjTier(BlockingChunkTier):
     def write_chunk(self, key: bytes, data: memoryview) -> None:
         lru = self._lru
         if lru is not None:
-            victims = lru.reserve(key, ChunkHeader.packed_size(len(key)) + data.nbytes)
+            while True:
+                try:
+                    victims = lru.reserve(key, ChunkHeader.packed_size(len(key)) + data.nbytes)
+                    break
+                except RemovalPending as p:  # an old copy's DELETE must not land after this PUT
+                    self._wait_removal(p)
             if victims is None:
                 self._stats.incr("skipped_known_stored")
                 return
-            for v in victims:
-                self._evict(v)
+            try:
+                for v in victims:
+                    self._evict(v)
+            finally:
+                lru.removed(victims)
         try:
             self._put(key, data)
         except BaseException:
@@ -737,9 +751,24 @@ class ObjTier(BlockingChunkTier):
         return True
 
     def delete_chunk(self, key: bytes) -> bool:
+        lru = self._lru
+        if lru is not None:
+            while True:
+                try:
+                    go = lru.begin_remove(key)
+                    break
+                except RemovalPending as p:
+                    self._wait_removal(p)
+            if not go:  # a write of the key is in progress: it wins, as if this came first
+                return False
+        try:
+            return self._delete_object(key)
+        finally:
+            if lru is not None:
+                lru.removed([key])
+
+    def _delete_object(self, key: bytes) -> bool:
         self._cache.forget(key)
-        if self._lru is not None:
-            self._lru.discard(key)
         try:
             with self._guarded(key):
                 obstore.delete(self._st(), self._path(key))
@@ -749,9 +778,14 @@ class ObjTier(BlockingChunkTier):
         return True
 
     def _evict(self, key: bytes) -> None:
-        # overrides the base helper: also drop the lookup cache entry
-        self._cache.forget(key)
-        super()._evict(key)
+        # overrides the base helper: the victim left the index already (and is held as being
+        # removed until its DELETE is over): the object goes, with its lookup cache entry
+        try:
+            self._delete_object(key)
+        except Exception as e:
+            self._evicted(key, e)
+        else:
+            self._evicted(key, None)
 
     def list_chunks(self) -> list[bytes]:
         out = []
