@@ -10,8 +10,10 @@
  *          then syncfs (timed, as the tier is timed until its bytes are on the medium).
  *   read:  open "bare-<i>", one preadv into a header block and the chunk, close.
  *
- * Each thread reuses one aligned buffer (DMA does not care where it lands). Prints the
- * seconds the phase took. Usage:
+ * Chunk i moves from or to its own slot of one buffer of N chunks, as the tier's chunks do
+ * from the primary buffer (a reused buffer is faster to transfer here: the virtual disk's
+ * host side copies from guest memory, and a buffer it has just copied is in its caches).
+ * Each thread has its own header block. Prints the seconds the phase took. Usage:
  *
  *   bare_c DIR write|read CHUNK_BYTES N DEPTH SHARDS HEADER_BYTES DIRECT(0|1)
  */
@@ -32,6 +34,7 @@ static const char *dir;
 static int writing, direct_io;
 static long chunk, n, shards, header;
 static int *dfds;
+static char *slots;
 static atomic_long next_index;
 static atomic_int failed;
 
@@ -41,12 +44,13 @@ static void fail(const char *what, long i) {
 }
 
 static void *worker(void *arg) {
-    char *buf = arg;
-    struct iovec iov[2] = {{buf, (size_t)header}, {buf + header, (size_t)chunk}};
+    char *hb = arg;
+    struct iovec iov[2] = {{hb, (size_t)header}, {NULL, (size_t)chunk}};
     char name[64], proc[64];
     for (;;) {
         long i = atomic_fetch_add(&next_index, 1);
         if (i >= n || atomic_load(&failed)) break;
+        iov[1].iov_base = slots + i * chunk;
         int dfd = dfds[i % shards];
         snprintf(name, sizeof name, "bare-%ld", i);
         if (writing) {
@@ -97,9 +101,12 @@ int main(int argc, char **argv) {
     }
     pthread_t *threads = calloc((size_t)depth, sizeof *threads);
     char **bufs = calloc((size_t)depth, sizeof *bufs);
-    for (long t = 0; t < depth; t++) {  /* allocated and touched before the clock starts */
-        if (posix_memalign((void **)&bufs[t], 4096, (size_t)(header + chunk)) != 0) { perror("posix_memalign"); return 1; }
-        for (long k = 0; k < header + chunk; k++) bufs[t][k] = (char)((unsigned long)k * 2654435761u >> 13);
+    /* allocated and touched before the clock starts */
+    if (posix_memalign((void **)&slots, 4096, (size_t)(n * chunk)) != 0) { perror("posix_memalign"); return 1; }
+    for (long k = 0; k < n * chunk; k++) slots[k] = (char)((unsigned long)k * 2654435761u >> 13);
+    for (long t = 0; t < depth; t++) {
+        if (posix_memalign((void **)&bufs[t], 4096, (size_t)(header > 0 ? header : 4096)) != 0) { perror("posix_memalign"); return 1; }
+        memset(bufs[t], 0, (size_t)(header > 0 ? header : 4096));
     }
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
