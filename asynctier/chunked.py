@@ -733,7 +733,7 @@ class BlockingChunkTier(ChunkTier):
         except BaseException as e:
             if self._end_verify(key, e, bool(remove_bad)):
                 try:
-                    self.delete_chunk(key)
+                    self._delete_bad_copy(key, e)
                 finally:
                     self._removed([key])
             raise
@@ -769,13 +769,18 @@ class BlockingChunkTier(ChunkTier):
         except BaseException as e:
             if self._end_load(key, t0, e):
                 try:
-                    self.delete_chunk(key)
+                    self._delete_bad_copy(key, e)
                 except Exception as de:
                     log.warning("%s: removing bad chunk %s failed: %r", self.tier_type, key.hex()[:32], de)
                 finally:
                     self._removed([key])
             raise
         self._end_load(key, t0, None)
+
+    def _delete_bad_copy(self, key: bytes, exc: BaseException) -> None:
+        """Delete the copy of ``key`` that failed verification with ``exc``: by key here; a
+        tier that can name the copy it read (``IntegrityError.copy``) drops that one only."""
+        self.delete_chunk(key)
 
     def _remove_job(self, key: bytes, cid: int, t0: float) -> None:
         while True:

@@ -74,6 +74,9 @@ class IntegrityError(ChunkError):
     """
 
     kind = "checksum"
+    #: Where the tier found the bad copy (tier-specific, say a slot and its sequence
+    #: number), so that removing it cannot take a good copy stored since; None: by key.
+    copy: object = None
 
 
 class BackpressureError(ChunkError):

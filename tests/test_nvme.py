@@ -12,13 +12,14 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from asynctier import OffloadingSpec, SecondaryTierFactory, TierConfigError, ioring
+from asynctier import IntegrityError, OffloadingSpec, SecondaryTierFactory, TierConfigError, ioring
 from asynctier.errors import failure_kind
 from asynctier.posix_io import buffer_address
 from asynctier.testing import TierConformance
@@ -315,6 +316,110 @@ async def test_remove_during_a_store_cancels_it_and_the_key_can_be_stored_again(
         view[:] = bytes(view.nbytes)
         assert (await tier.load([b"k"], [0])).ok and _chunk(view, CHUNK, 0) == data[3]
         assert len(tier._idx.free) == tier.nslots - 1  # type: ignore[union-attr]
+
+
+async def test_a_store_begun_after_a_remove_is_not_cancelled_by_it(tmp_path: Path) -> None:
+    """remove() cancels the stores of the key in flight when it runs, not those that begin
+    after it returned (one was reported stored and never published while an older one ran)."""
+    tier, view = _make(tmp_path / "rw.slab")
+    data = _fill(view, CHUNK, 17)
+    async with tier:
+        old_slot, old_seq, _ = tier._allocate(b"k")  # an older store, still writing
+        assert (await tier.remove([b"k"])).ok
+        assert (await tier.offload([b"k"], [2])).ok  # begun after the remove: a new store
+        assert await tier.lookup([b"k"]) == [True]
+        assert tier._publish(b"k", old_slot, old_seq, 0) == 0  # the older one: cancelled
+        assert await tier.lookup([b"k"]) == [True]
+        view[:CHUNK] = bytes(CHUNK)
+        assert (await tier.load([b"k"], [0])).ok and _chunk(view, CHUNK, 0) == data[2]
+        assert len(tier._idx.free) == tier.nslots - 1  # type: ignore[union-attr]
+
+
+def _corrupt_payload(tier: NvmeTier, key: bytes) -> None:
+    assert tier._idx is not None and tier._geo is not None
+    stripe, off = tier._geo.locate(tier._idx.entries[key])
+    fd = os.open(tier.paths[stripe], os.O_RDWR)
+    try:
+        os.pwrite(fd, b"\xff" * 64, off + tier._geo.hdr_area + 100)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.parametrize("grouped", [False, True], ids=["one", "group"])
+async def test_a_bad_copy_is_dropped_by_its_slot_not_a_copy_stored_since(tmp_path: Path, grouped: bool) -> None:
+    """A load that finds a bad copy drops that copy only: if the key was removed and stored
+    again while the load ran (even into the same slot), the new copy stays."""
+    tier, view = _make(tmp_path / "rw.slab", io_engine="psync", max_inflight=2)
+    data = _fill(view, CHUNK, 19)
+    names = [b"a", b"b", b"c", b"d"] if grouped else [b"a"]
+    held, go_on = threading.Event(), threading.Event()
+    async with tier:
+        assert (await tier.offload(names, list(range(len(names))))).ok
+        bad_slot = tier._idx.entries[b"a"]  # type: ignore[union-attr]
+        _corrupt_payload(tier, b"a")
+        if grouped:  # hold the group between its reads and the dropping of its bad slots
+            end = tier._end_load_group
+
+            def held_end(ks: list[bytes], *args: Any) -> Any:
+                if b"a" in ks:
+                    held.set()
+                    go_on.wait(30)
+                return end(ks, *args)
+
+            tier._end_load_group = held_end  # type: ignore[method-assign]
+        else:  # hold the one-chunk load's read
+            preadv = tier._preadv
+
+            def held_read(*args: Any) -> Any:
+                held.set()
+                go_on.wait(30)
+                return preadv(*args)
+
+            tier._preadv = held_read  # type: ignore[method-assign]
+        loading = asyncio.ensure_future(tier.load(names, list(range(8, 8 + len(names)))))
+        assert await asyncio.to_thread(held.wait, 30)
+        assert (await tier.remove([b"a"])).ok
+        if not grouped:
+            tier._preadv = preadv  # type: ignore[method-assign]
+        assert (await tier.offload([b"a"], [5])).ok  # a good copy, stored again
+        assert grouped is False or tier._idx.entries[b"a"] == bad_slot  # type: ignore[union-attr]
+        go_on.set()
+        res = await loading
+        assert set(res.failed) == {b"a"} and isinstance(res.failed[b"a"], IntegrityError)
+        assert await tier.lookup([b"a"]) == [True]
+        view[:CHUNK] = bytes(CHUNK)
+        assert (await tier.load([b"a"], [0])).ok and _chunk(view, CHUNK, 0) == data[5]
+
+
+@pytest.mark.parametrize("io_engine", ENGINES)
+async def test_a_store_found_stored_is_acknowledged_only_once_journaled(tmp_path: Path, io_engine: str) -> None:
+    """A second store of a key whose first store is published but whose record is still
+    queued waits for that record to reach the journal: else it acknowledged a chunk that a
+    crash right after would lose."""
+    tier, _ = _make(tmp_path / "rw.slab", io_engine=io_engine)
+    held, go_on = threading.Event(), threading.Event()
+    async with tier:
+        journal = tier._journal
+        assert journal is not None
+        flush = journal._flush
+
+        def held_flush(*args: Any, **kw: Any) -> None:
+            if not held.is_set():
+                held.set()
+                go_on.wait(30)
+            flush(*args, **kw)
+
+        journal._flush = held_flush  # type: ignore[method-assign]
+        first = asyncio.ensure_future(tier.offload([b"k"], [0]))
+        assert await asyncio.to_thread(held.wait, 30)  # published, its record not written yet
+        assert await tier.lookup([b"k"]) == [True]
+        second = asyncio.ensure_future(tier.offload([b"k"], [1]))
+        await asyncio.wait([second], timeout=0.3)
+        assert not second.done()  # found stored, but not acknowledged before the record is in
+        go_on.set()
+        assert (await first).ok and (await second).ok
+        assert tier.stats().offloaded >= 1
 
 
 # -- recovery -------------------------------------------------------------------------------------------

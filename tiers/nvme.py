@@ -360,6 +360,11 @@ class _Journal:
             self.since_checkpoint += len(recs)
             return self._appended
 
+    @property
+    def appended(self) -> int:
+        """The ticket of the last record queued (read it under the index lock, which orders appends)."""
+        return self._appended
+
     def flushed(self, ticket: int) -> bool:
         """Whether record ``ticket`` is in the journal already (no waiting, no I/O)."""
         return ticket <= self._done and self.broken is None
@@ -498,7 +503,9 @@ class _SlotIndex:
         self.pins: dict[int, int] = {}
         self.zombies: dict[int, int] = {}  # freed while pinned: slot -> ticket
         self.writing: dict[bytes, int] = {}
-        self.killed: set[bytes] = set()
+        # a removal cancels the writes of a key in flight when it ran: those with a sequence
+        # number up to this one (stores that start after it are new ones)
+        self.killed: dict[bytes, int] = {}
 
     def load(self, ck: Checkpoint) -> None:
         """Adopt a checkpoint's arrays (bulk operations only: this is the reopen fast path)."""
@@ -1086,7 +1093,7 @@ class NvmeTier(BlockingChunkTier):
         idx, journal = self._idx, self._journal
         assert idx is not None and journal is not None
         with idx.lock:
-            if self._done_writing(idx, key):  # removed while being written: nothing to publish
+            if self._done_writing(idx, key, seq):  # removed while being written: nothing to publish
                 idx.release(slot, 0)
                 return 0
             idx.slot_csum[slot] = csum
@@ -1102,30 +1109,34 @@ class NvmeTier(BlockingChunkTier):
         idx = self._idx
         assert idx is not None
         with idx.lock:
-            self._done_writing(idx, key)
+            self._done_writing(idx, key, 0)
             idx.release(slot, 0)  # never published: no record to wait for
 
     @staticmethod
-    def _done_writing(idx: _SlotIndex, key: bytes) -> bool:
-        """One write of ``key`` ended; True if ``key`` was removed while it ran."""
-        killed = key in idx.killed
+    def _done_writing(idx: _SlotIndex, key: bytes, seq: int) -> bool:
+        """The write of ``key`` numbered ``seq`` ended; True if ``key`` was removed while it ran
+        (a store that began after the removal is not affected)."""
+        killed = seq <= idx.killed.get(key, -1)
         n = idx.writing.get(key, 0) - 1
         if n > 0:
             idx.writing[key] = n
         else:
             idx.writing.pop(key, None)
-            idx.killed.discard(key)  # a later store of this key is a new one
+            idx.killed.pop(key, None)
         return killed
 
-    def _forget(self, key: bytes, slot: int | None = None) -> int:
-        """Drop ``key`` from the index (only if at ``slot`` when given); return a ticket or 0."""
+    def _forget(self, key: bytes, slot: int | None = None, seq: int | None = None) -> int:
+        """Drop ``key`` from the index; return a ticket or 0. With ``slot`` and ``seq`` (a bad
+        copy just read), only that very copy: not one stored since, though it may have got
+        the same slot back; without, whatever the key maps to, and the stores of it in
+        flight are cancelled (an explicit removal)."""
         idx, journal = self._idx, self._journal
         assert idx is not None and journal is not None
         with idx.lock:
-            if slot is None and key in idx.writing:  # an explicit removal also cancels a store in flight
-                idx.killed.add(key)
+            if slot is None and key in idx.writing:  # the writes in flight now: numbered up to here
+                idx.killed[key] = (self._epoch << _EPOCH_SHIFT) | self._counter
             cur = idx.entries.get(key)
-            if cur is None or (slot is not None and cur != slot):
+            if cur is None or (slot is not None and (cur != slot or idx.slot_seq[cur] != seq)):
                 return 0
             idx.drop(key)
             ticket = journal.append(_pack_record(_EVICT, key, cur, idx.slot_seq[cur], 0))
@@ -1182,10 +1193,13 @@ class NvmeTier(BlockingChunkTier):
                 got = self._preadv(fd, [bb], off)
                 hb = bb[: geo.hdr_area]
                 payload = bb[geo.hdr_area : geo.hdr_area + out.nbytes]
-            if got < geo.hdr_area + out.nbytes:
-                raise IntegrityError(f"short read of slot {slot}: {got} bytes", key)
-            bad = self._check_loaded(key, slot, seq, csum, hb, payload)
+            bad = (
+                IntegrityError(f"short read of slot {slot}: {got} bytes", key)
+                if got < geo.hdr_area + out.nbytes
+                else self._check_loaded(key, slot, seq, csum, hb, payload)
+            )
             if bad is not None:
+                bad.copy = (slot, seq)  # the copy to drop: not one stored since (_delete_bad_copy)
                 raise bad
             if payload is not out:
                 out[:] = payload  # bounce copy (unaligned view)
@@ -1199,6 +1213,16 @@ class NvmeTier(BlockingChunkTier):
         idx = self._idx
         assert idx is not None
         return key in idx.entries
+
+    def _delete_bad_copy(self, key: bytes, exc: BaseException) -> None:
+        """Drop the slot that failed verification, if ``key`` still maps to it with the same
+        sequence number: a remove and a new store of ``key`` may have come in between, and a
+        store in flight is not cancelled."""
+        where = exc.copy if isinstance(exc, IntegrityError) else None
+        if isinstance(where, tuple):
+            journal = self._journal
+            assert journal is not None
+            journal.wait(self._forget(key, *where))
 
     def delete_chunk(self, key: bytes) -> bool:
         """Drop ``key`` (an ``EVICT`` record; its slot is rewritten only after that record)."""
@@ -1251,22 +1275,25 @@ class NvmeTier(BlockingChunkTier):
     # -- group bookkeeping (shared by the thread and ring paths) ------------------------------
     def _alloc_group(
         self, keys: list[bytes], t0: float
-    ) -> tuple[list[BaseException | None], dict[int, tuple[int, int]], int]:
+    ) -> tuple[list[BaseException | None], dict[int, tuple[int, int]], int, tuple[list[int], int]]:
         """Under one lock, a slot for every key not stored yet: (each key's failure so far,
-        position -> (slot, seq), the journal ticket to flush before writing any of them).
-        Keys stored already and keys that got no slot are booked here."""
-        idx = self._idx
-        assert idx is not None
+        position -> (slot, seq), the journal ticket to flush before writing any of them, and
+        the keys stored already with the ticket to flush before saying so: the record that
+        published them may still be queued). Keys that got no slot are booked here, the
+        skipped ones by :meth:`_settle_skipped`."""
+        idx, journal = self._idx, self._journal
+        assert idx is not None and journal is not None
         out: list[BaseException | None] = [None] * len(keys)
         slots: dict[int, tuple[int, int]] = {}
-        wait = skipped = 0
+        wait = 0
+        skipped: list[int] = []
         failed: list[int] = []
         with idx.lock:
             for p, k in enumerate(keys):
                 have = idx.entries.get(k)
                 if have is not None:  # already stored: skip the write
                     idx.touch_slot(have)
-                    skipped += 1
+                    skipped.append(p)
                     continue
                 try:
                     slot, seq, ticket = self._allocate_locked(idx, k)
@@ -1277,11 +1304,25 @@ class NvmeTier(BlockingChunkTier):
                 slots[p] = (slot, seq)
                 if ticket > wait:
                     wait = ticket
+            skip_ticket = journal.appended if skipped else 0  # their PUBLISH records are at or before it
         for p in failed:
             self._end_store(keys[p], t0, out[p])
-        if skipped:
-            self._stats.record_successes("offload", 0, 0, time.perf_counter() - t0, skipped=skipped)
-        return out, slots, wait
+        return out, slots, wait, (skipped, skip_ticket)
+
+    def _settle_skipped(
+        self, keys: list[bytes], out: list[BaseException | None], skip: tuple[list[int], int], t0: float,
+        error: BaseException | None,
+    ) -> None:  # fmt: skip
+        """Book the keys found stored: success once their records are in the journal, else ``error``."""
+        skipped, _ = skip
+        if not skipped:
+            return
+        if error is None:
+            self._stats.record_successes("offload", 0, 0, time.perf_counter() - t0, skipped=len(skipped))
+            return
+        for p in skipped:
+            out[p] = error
+            self._end_store(keys[p], t0, error)
 
     def _abort_group(
         self,
@@ -1312,7 +1353,7 @@ class NvmeTier(BlockingChunkTier):
             for p in written:
                 k = keys[p]
                 slot, seq = slots[p]
-                if self._done_writing(idx, k):  # removed while being written: nothing to publish
+                if self._done_writing(idx, k, seq):  # removed while being written: nothing to publish
                     idx.release(slot, 0)
                     continue
                 idx.slot_csum[slot] = csums[p]
@@ -1379,7 +1420,7 @@ class NvmeTier(BlockingChunkTier):
                 ok += 1
                 continue
             if isinstance(outcome, IntegrityError):
-                self._forget(keys[p], found[p][0])
+                self._forget(keys[p], found[p][0], found[p][1])  # that copy only
             self._end_load(keys[p], t0, outcome)
         self._stats.record_successes("load", ok, self.offloading_spec.chunk_bytes, time.perf_counter() - t0)
         return out
@@ -1393,16 +1434,32 @@ class NvmeTier(BlockingChunkTier):
         and stats are booked once: at 64 KiB the per-chunk Python work is what bounds the
         rate (bench/README.md, "nvme tier").
         """
+        journal = self._journal
+        assert journal is not None
+        out, slots, wait, skip = self._alloc_group(keys, t0)
+        self._write_group(keys, cids, t0, out, slots, wait)
+        error: BaseException | None = None
+        try:
+            journal.wait(skip[1])
+        except Exception as e:
+            error = e
+        self._settle_skipped(keys, out, skip, t0, error)
+        return out
+
+    def _write_group(
+        self, keys: list[bytes], cids: list[int], t0: float, out: list[BaseException | None],
+        slots: dict[int, tuple[int, int]], wait: int,
+    ) -> None:  # fmt: skip
+        """The writes of :meth:`_store_group`, with its slots allocated; outcomes land in ``out``."""
         geo, journal = self._geo, self._journal
         assert geo is not None and journal is not None
-        out, slots, wait = self._alloc_group(keys, t0)
         if not slots:
-            return out
+            return
         try:
             journal.wait(wait)  # EVICT records of reused slots first
         except BaseException as e:
             self._abort_group(keys, list(slots), slots, out, e, t0)
-            return out
+            return
         S, H = geo.slot_size, geo.hdr_area
         gbuf = self._group_buf(len(keys))
         digest = self.offloading_spec.layout_digest
@@ -1439,7 +1496,6 @@ class NvmeTier(BlockingChunkTier):
                 self._end_store(keys[p], t0, e)
             written = []
         self._stats.record_successes("offload", len(written), cb, time.perf_counter() - t0)
-        return out
 
     def _load_group(self, keys: list[bytes], cids: list[int], t0: float) -> list[BaseException | None]:
         """Load several chunks: one ``preadv`` per run of adjacent slots, then verify each."""
@@ -1588,11 +1644,27 @@ class NvmeTier(BlockingChunkTier):
         """:meth:`_store_group` with each run of adjacent slots one ``writev`` on the ring."""
         if not self._zc_all:  # bounce copies (an unaligned primary view): the thread path has them
             return await self._on_pool(self._store_group, keys, cids, t0)
+        out, slots, wait, skip = self._alloc_group(keys, t0)
+        await self._ring_write_group(keys, cids, t0, out, slots, wait)
+        try:
+            await self._journal_flushed(skip[1])
+        except BaseException as e:
+            self._settle_skipped(keys, out, skip, t0, e)
+            if isinstance(e, Exception):
+                return out
+            raise
+        self._settle_skipped(keys, out, skip, t0, None)
+        return out
+
+    async def _ring_write_group(
+        self, keys: list[bytes], cids: list[int], t0: float, out: list[BaseException | None],
+        slots: dict[int, tuple[int, int]], wait: int,
+    ) -> None:  # fmt: skip
+        """The writes of :meth:`_ring_store_group`, with its slots allocated; outcomes land in ``out``."""
         geo, hdr = self._geo, self._ring_hdr
         assert geo is not None and hdr is not None
-        out, slots, wait = self._alloc_group(keys, t0)
         if not slots:
-            return out
+            return
         H, cb = geo.hdr_area, self.offloading_spec.chunk_bytes
         hbase, vbase, per_job = self._ring_addrs
         digest = self.offloading_spec.layout_digest
@@ -1641,12 +1713,11 @@ class NvmeTier(BlockingChunkTier):
                 out[p] = e
                 self._end_store(keys[p], t0, e)
             if isinstance(e, Exception):
-                return out
+                return
             raise
         finally:
             self._ring_hdr_free.append(hslot)
         self._stats.record_successes("offload", len(published), cb, time.perf_counter() - t0)
-        return out
 
     async def _ring_load_group(self, keys: list[bytes], cids: list[int], t0: float) -> list[BaseException | None]:
         """:meth:`_load_group` with each run of adjacent slots one ``readv`` on the ring."""
@@ -1729,12 +1800,16 @@ class NvmeTier(BlockingChunkTier):
     def _begin_store(self, key: bytes) -> list[bytes] | None:
         idx = self._idx
         assert idx is not None
+        journal = self._journal
+        assert journal is not None
         with idx.lock:
             slot = idx.entries.get(key)
-            if slot is not None:
-                idx.touch_slot(slot)
-                return None  # already stored: skip the write
-        return []
+            if slot is None:
+                return []
+            idx.touch_slot(slot)
+            ticket = journal.appended  # the record that published it is at or before this one
+        journal.wait(ticket)  # (worker threads only) acknowledged as stored once it is journaled
+        return None  # already stored: skip the write
 
     async def lookup(self, keys: Sequence[bytes]) -> list[bool]:
         """Whether each key is indexed (O(1) each; a load still verifies the slot)."""
