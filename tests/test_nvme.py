@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import fcntl
 import mmap
 import os
 import random
@@ -520,6 +521,37 @@ async def test_striping_across_paths(tmp_path: Path, io_engine: str) -> None:
         view[:] = bytes(view.nbytes)
         assert (await tier.load(keys, list(range(12)))).ok
         assert [_chunk(view, CHUNK, i) for i in range(12)] == data
+
+
+@pytest.mark.parametrize("io_engine", ENGINES)
+async def test_a_stripe_refusing_o_direct_makes_every_stripe_buffered(
+    tmp_path: Path, io_engine: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where one of the paths refuses O_DIRECT (EINVAL, as a file system without it does),
+    the others drop it too: chunks then go to every stripe unbounced, which a descriptor
+    still asking for O_DIRECT failed with EINVAL on an unaligned view."""
+    import tiers.nvme as nvme_mod
+
+    paths = [tmp_path / "s0.slab", tmp_path / "s1.slab"]
+    real_open = nvme_mod._open_noatime
+
+    def first_refuses(p: Path, flags: int) -> int:
+        if p == paths[0] and flags & nvme_mod.O_DIRECT:
+            raise OSError(errno.EINVAL, "O_DIRECT refused (simulated)")
+        return int(real_open(p, flags))
+
+    monkeypatch.setattr(nvme_mod, "_open_noatime", first_refuses)
+    tier, view = _make(paths, slots=8, nchunks=4, aligned=False, io_engine=io_engine)
+    data = _fill(view, CHUNK, 23)
+    ks = [b"m%d" % i for i in range(4)]
+    async with tier:
+        assert not any(fcntl.fcntl(fd, fcntl.F_GETFL) & nvme_mod.O_DIRECT for fd in tier._fds)
+        assert tier.stats().extra.get("direct_io_fallbacks") == 1
+        assert (await tier.offload(ks, [0, 1, 2, 3])).ok
+        view[:] = bytes(view.nbytes)
+        res = await tier.load(ks, [0, 1, 2, 3])
+        assert res.ok, res.failed
+        assert [_chunk(view, CHUNK, i) for i in range(4)] == data
 
 
 def test_tier_dropped_without_aclose_is_collected(tmp_path: Path) -> None:

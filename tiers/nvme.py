@@ -78,6 +78,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import fcntl
 import logging
 import operator
 import os
@@ -851,6 +852,11 @@ class NvmeTier(BlockingChunkTier):
                 fd, size = self._open_slab(p, per)
                 self._fds.append(fd)
                 sizes.append(size)
+            if not self._direct:  # one path refused O_DIRECT: one mode for all (chunks go unbounced)
+                for fd in self._fds:
+                    fl = fcntl.fcntl(fd, fcntl.F_GETFL)
+                    if fl & O_DIRECT:
+                        fcntl.fcntl(fd, fcntl.F_SETFL, fl & ~O_DIRECT)
             block = max(logical_block_size(p) for p in self.paths)
             geo = _Geometry(block, self.offloading_spec.chunk_bytes, min(sizes), n)
             if geo.per_stripe <= 0:
