@@ -329,17 +329,20 @@ class _Journal:
     def open_gen(self, gen: int, valid_end: int | None) -> None:
         """Append to generation ``gen``: truncate it to ``valid_end``, or create it afresh."""
         p = self.path(gen)
-        if valid_end is None:
-            fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-            head = _JH.pack(_JR_MAGIC, _VERSION, 0, gen, self.slab_id)
-            _write_all(fd, memoryview(head + _U64.pack(_xxh(head))))
-            os.fsync(fd)
-            fsync_dir(p.parent)  # the new file must exist after a crash before records in it count
-        else:
-            fd = os.open(p, os.O_WRONLY)
-            os.ftruncate(fd, valid_end)  # drop a torn tail so new records are not hidden behind it
-            os.fsync(fd)
-        os.lseek(fd, 0, os.SEEK_END)
+        fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644) if valid_end is None else os.open(p, os.O_WRONLY)
+        try:
+            if valid_end is None:
+                head = _JH.pack(_JR_MAGIC, _VERSION, 0, gen, self.slab_id)
+                _write_all(fd, memoryview(head + _U64.pack(_xxh(head))))
+                os.fsync(fd)
+                fsync_dir(p.parent)  # the new file must exist after a crash before records in it count
+            else:
+                os.ftruncate(fd, valid_end)  # drop a torn tail so new records are not hidden behind it
+                os.fsync(fd)
+            os.lseek(fd, 0, os.SEEK_END)
+        except BaseException:
+            os.close(fd)  # not ours to keep: the current generation's descriptor stays
+            raise
         if self.fd >= 0:
             os.close(self.fd)
         self.fd = fd
