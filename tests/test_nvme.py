@@ -423,6 +423,44 @@ async def test_a_store_found_stored_is_acknowledged_only_once_journaled(tmp_path
         assert tier.stats().offloaded >= 1
 
 
+@pytest.mark.parametrize("io_engine", ENGINES)
+async def test_a_failed_journal_write_is_mended_and_the_tier_goes_on(
+    tmp_path: Path, io_engine: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One journal write fails (ENOSPC, as on a full index directory): that store is reported
+    failed, what may be half-written is cut off and its records are written by the next
+    flush, so stores go on once the fault is gone and everything acknowledged is there after
+    a reopen (the journal used to refuse every store for the rest of the tier's life)."""
+    import tiers.nvme as nvme_mod
+
+    tier, view = _make(tmp_path / "rw.slab", io_engine=io_engine, max_inflight=2)
+    data = _fill(view, CHUNK, 29)
+    real_write = nvme_mod._write_all
+    faults = [1]
+
+    def once_full(fd: int, mv: memoryview) -> None:
+        journal = tier._journal
+        if faults[0] and journal is not None and fd == journal.fd:
+            faults[0] = 0
+            real_write(fd, mv[: len(mv) // 2])  # half a batch reaches the file first
+            raise OSError(errno.ENOSPC, "No space left on device (simulated, once)")
+        real_write(fd, mv)
+
+    async with tier:
+        assert (await tier.offload([b"a"], [0])).ok
+        monkeypatch.setattr(nvme_mod, "_write_all", once_full)
+        res = await tier.offload([b"b"], [1])
+        assert failure_kind(res.failed[b"b"]) == "io"
+        assert (await tier.offload([b"c", b"d"], [2, 3])).ok  # the fault is gone
+        assert tier._journal is not None and tier._journal.mended == 1 and tier._journal.broken is None
+        assert (await tier.offload([b"b"], [1])).ok  # its record made it after all: found stored
+    again, view2 = _make(tmp_path / "rw.slab", io_engine=io_engine)
+    async with again:
+        assert await again.lookup([b"a", b"b", b"c", b"d"]) == [True] * 4
+        res = await again.load([b"a", b"b", b"c", b"d"], [0, 1, 2, 3])
+        assert res.ok and [_chunk(view2, CHUNK, i) for i in range(4)] == data[:4]
+
+
 # -- recovery -------------------------------------------------------------------------------------------
 async def test_reopen_recovers_index_and_lru_order(tmp_path: Path) -> None:
     p = tmp_path / "re.slab"

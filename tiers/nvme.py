@@ -321,7 +321,10 @@ class _Journal:
         self._busy = False
         self.since_checkpoint = 0
         self.flushes = 0
+        #: flushes that failed and were mended (their records cut off and queued again)
+        self.mended = 0
         self.broken: BaseException | None = None
+        self._end = 0  # the file's length up to the last record flushed
 
     def path(self, gen: int) -> Path:
         return self.prefix.with_name(f"{self.prefix.name}.journal.{gen:08d}")
@@ -339,10 +342,11 @@ class _Journal:
             else:
                 os.ftruncate(fd, valid_end)  # drop a torn tail so new records are not hidden behind it
                 os.fsync(fd)
-            os.lseek(fd, 0, os.SEEK_END)
+            end = os.lseek(fd, 0, os.SEEK_END)
         except BaseException:
             os.close(fd)  # not ours to keep: the current generation's descriptor stays
             raise
+        self._end = end
         if self.fd >= 0:
             os.close(self.fd)
         self.fd = fd
@@ -396,18 +400,32 @@ class _Journal:
         """Write ``batch`` (records up to ``target``); with ``rotate_to``, then sync and switch
         to that journal generation. The caller holds ``_busy``."""
         err: BaseException | None = None
+        start = self._end
+        data = b"".join(batch)
         try:
             if self.durable:
                 for fd in self.data_fds:  # slot data before the records that publish it
                     os.fdatasync(fd)
             if batch:
-                _write_all(self.fd, memoryview(b"".join(batch)))
+                _write_all(self.fd, memoryview(data))
             if self.durable or rotate_to is not None:
                 os.fdatasync(self.fd)
+            self._end = start + len(data)
             if rotate_to is not None:
                 self.open_gen(rotate_to, None)
         except BaseException as e:
             err = e
+        mended = False
+        if err is not None and rotate_to is None:
+            # A full or failing disk may recover. Cut off what may be half-written and queue
+            # the batch again, ahead of what came meanwhile: the next wait() writes it. Its
+            # waiters hear of this failure now (a store so reported may still end up stored).
+            try:
+                os.ftruncate(self.fd, start)
+                os.lseek(self.fd, start, os.SEEK_SET)
+                mended = True
+            except OSError:
+                pass
         with self._cv:
             self._busy = False
             if err is None:
@@ -415,7 +433,10 @@ class _Journal:
                 self.flushes += 1
                 if rotate_to is not None:
                     self.since_checkpoint = 0
-            else:  # records may be half-written: refuse further acknowledgements
+            elif mended:
+                self._pending[:0] = batch
+                self.mended += 1
+            else:  # records may be half-written and cannot be cut off: no more acknowledgements
                 self.broken = err
             self._cv.notify_all()
         if err is not None:
@@ -1114,12 +1135,14 @@ class NvmeTier(BlockingChunkTier):
                 self._ckpt_wake.set()
         return ticket
 
-    def _abort(self, key: bytes, slot: int) -> None:
+    def _abort(self, key: bytes, slot: int, ticket: int = 0) -> None:
+        """A write into ``slot`` failed: free it, still behind ``ticket`` (its ``EVICT`` record,
+        which may not be in the journal yet if waiting for it is what failed)."""
         idx = self._idx
         assert idx is not None
         with idx.lock:
             self._done_writing(idx, key, 0)
-            idx.release(slot, 0)  # never published: no record to wait for
+            idx.release(slot, ticket)
 
     @staticmethod
     def _done_writing(idx: _SlotIndex, key: bytes, seq: int) -> bool:
@@ -1175,7 +1198,7 @@ class NvmeTier(BlockingChunkTier):
                 self._stats.incr("bounce_copies")
                 self._pwritev(fd, [bb], off)
         except BaseException:
-            self._abort(key, slot)
+            self._abort(key, slot, ticket)
             raise
         journal.wait(self._publish(key, slot, seq, csum))
 
@@ -1341,10 +1364,12 @@ class NvmeTier(BlockingChunkTier):
         out: list[BaseException | None],
         e: BaseException,
         t0: float,
+        ticket: int = 0,
     ) -> None:
-        """Positions ``ps`` were not written: free their slots (nothing published), fail them."""
+        """Positions ``ps`` were not written: free their slots (nothing published, still behind
+        ``ticket``, the group's EVICT records), fail them."""
         for p in ps:
-            self._abort(keys[p], slots[p][0])
+            self._abort(keys[p], slots[p][0], ticket)
             out[p] = e
             self._end_store(keys[p], t0, e)
 
@@ -1467,7 +1492,7 @@ class NvmeTier(BlockingChunkTier):
         try:
             journal.wait(wait)  # EVICT records of reused slots first
         except BaseException as e:
-            self._abort_group(keys, list(slots), slots, out, e, t0)
+            self._abort_group(keys, list(slots), slots, out, e, t0, wait)
             return
         S, H = geo.slot_size, geo.hdr_area
         gbuf = self._group_buf(len(keys))
@@ -1493,7 +1518,7 @@ class NvmeTier(BlockingChunkTier):
                         iov.append(region)
                 self._pwritev(self._fds[run[0][2]], iov, run[0][3])
             except BaseException as e:
-                self._abort_group(keys, [p for p, _, _, _ in run], slots, out, e, t0)
+                self._abort_group(keys, [p for p, _, _, _ in run], slots, out, e, t0, wait)
                 continue
             written += [p for p, _, _, _ in run]
         last = self._publish_group(keys, written, slots, csums) if written else 0
@@ -1708,7 +1733,7 @@ class NvmeTier(BlockingChunkTier):
                         await self._on_pool(_pwritev_all, fd, self._ring_views(spans), off)
                 except Exception as e:
                     pending.difference_update(ps)
-                    self._abort_group(keys, ps, slots, out, e, t0)
+                    self._abort_group(keys, ps, slots, out, e, t0, wait)
                     continue
                 pending.difference_update(ps)
                 written += ps
@@ -1717,7 +1742,7 @@ class NvmeTier(BlockingChunkTier):
             await self._journal_flushed(last)
         except BaseException as e:
             # cancelled (or the journal failed): what was not published frees its slot
-            self._abort_group(keys, sorted(pending) + written, slots, out, e, t0)
+            self._abort_group(keys, sorted(pending) + written, slots, out, e, t0, wait)
             for p in published:
                 out[p] = e
                 self._end_store(keys[p], t0, e)
