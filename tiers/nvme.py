@@ -426,6 +426,8 @@ class _Journal:
                 mended = True
             except OSError:
                 pass
+            what = "cut back, its records are queued again" if mended else "cannot cut back: no more stores"
+            log.warning("nvme journal %s: a flush failed (%r); %s", self.path(self.gen), err, what)
         with self._cv:
             self._busy = False
             if err is None:
