@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 import weakref
 from collections.abc import Awaitable, Callable, Sequence
@@ -71,8 +72,8 @@ def _positive_int(name: str, value: object, *, allow_none: bool = False) -> int 
 def _non_negative_float(name: str, value: object, *, allow_none: bool = False) -> float | None:
     if value is None and allow_none:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-        accepted = "a number >= 0" + (" or None" if allow_none else "")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
+        accepted = "a finite number >= 0" + (" or None" if allow_none else "")
         raise TierConfigError(f"{name} must be {accepted}; got {value!r}")
     return float(value)
 
@@ -734,6 +735,8 @@ class BlockingChunkTier(ChunkTier):
             if self._end_verify(key, e, bool(remove_bad)):
                 try:
                     self._delete_bad_copy(key, e)
+                except Exception as de:  # the chunk's failure stays the verification's
+                    log.warning("%s: removing bad chunk %s failed: %r", self.tier_type, key.hex()[:32], de)
                 finally:
                     self._removed([key])
             raise
@@ -875,6 +878,8 @@ class AsyncChunkTier(ChunkTier):
             if self._end_verify(key, e, bool(remove_bad)):
                 try:
                     await self._deadline(self.delete_chunk(key))
+                except Exception as de:  # the chunk's failure stays the verification's
+                    log.warning("%s: removing bad chunk %s failed: %r", self.tier_type, key.hex()[:32], de)
                 finally:
                     self._removed([key])
             raise
@@ -896,7 +901,10 @@ class AsyncChunkTier(ChunkTier):
     async def _load_job(self, key: bytes, cid: int, t0: float) -> None:
         self._pin_for_load(key)
         await self._async_load(
-            key, t0, lambda: self._deadline(self.read_chunk(key, self._chunk(cid))), lambda: self.delete_chunk(key)
+            key,
+            t0,
+            lambda: self._deadline(self.read_chunk(key, self._chunk(cid))),
+            lambda: self._deadline(self.delete_chunk(key)),  # a stalled server must not hang the load
         )
 
     async def _remove_job(self, key: bytes, cid: int, t0: float) -> None:

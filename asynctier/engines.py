@@ -291,13 +291,24 @@ class AsyncEngine(_EngineBase):
             try:
                 coro: Awaitable[Any] = job.fn(*job.args)
                 job.result = await coro
-            except asyncio.CancelledError:
+            except asyncio.CancelledError as e:
+                if not _worker_cancelled():
+                    # raised by the primitive (a cancelled future it awaited), not aimed at
+                    # this worker: that chunk fails, the worker goes on
+                    job.exc = ConnectionAbortedError(f"chunk I/O cancelled inside the tier: {e!r}")
+                    self._done(job)
+                    del job
+                    continue
                 # Only stop() cancels workers, and only after draining; hand the job's
                 # caller a failure rather than leaving it waiting, then end this worker.
                 job.exc = ConnectionAbortedError("tier engine stopped")
                 self._done(job)
                 raise
-            except Exception as e:
+            except (KeyboardInterrupt, SystemExit) as e:  # the process ends: the caller must not hang
+                job.exc = e
+                self._done(job)
+                raise
+            except BaseException as e:  # delivered to the caller as that chunk's failure, as threads do
                 job.exc = e
             self._done(job)
             del job
@@ -326,6 +337,14 @@ class AsyncEngine(_EngineBase):
             await asyncio.gather(*tasks, return_exceptions=True)
 
 
+def _worker_cancelled() -> bool:
+    """Whether the running task itself was cancelled (Python 3.11+ can tell; before that,
+    every CancelledError counts as one)."""
+    task = asyncio.current_task()
+    cancelling = getattr(task, "cancelling", None)
+    return True if cancelling is None else bool(cancelling())
+
+
 async def finish_on_thread(fn: Callable[..., T], *args: Any, executor: Any = None) -> T:
     """``fn(*args)`` on a thread (``executor``, default the loop's); its result.
 
@@ -343,6 +362,8 @@ async def finish_on_thread(fn: Callable[..., T], *args: Any, executor: Any = Non
                 await asyncio.shield(fut)
             except asyncio.CancelledError:
                 pass
+            except Exception:
+                pass  # fn failed after the cancellation: the cancellation is what the caller hears
         if not fut.cancelled():
-            fut.exception()  # retrieved: the cancellation is what the caller hears
+            fut.exception()  # retrieved
         raise

@@ -18,7 +18,9 @@ from asynctier import (
     BlockingChunkTier,
     ChunkNotFoundError,
     ChunkTimeoutError,
+    IntegrityError,
     OffloadingSpec,
+    TierConfigError,
 )
 
 SPEC = OffloadingSpec(4096, 16)
@@ -269,3 +271,115 @@ async def test_finish_on_thread_lets_a_cancelled_caller_go_only_after_the_thread
         await task
     assert done == [True]
     assert await finish_on_thread(lambda a, b: a + b, 2, 3) == 5
+
+
+async def test_finish_on_thread_keeps_the_cancellation_when_the_thread_then_fails() -> None:
+    """Cancelled while the thread runs, and the thread then raises: the caller still hears
+    the cancellation (the thread's error used to replace it, and the task went on)."""
+    from asynctier.engines import finish_on_thread
+
+    release = threading.Event()
+
+    def fails_late() -> None:
+        release.wait(10)
+        raise OSError(5, "EIO")
+
+    task = asyncio.ensure_future(finish_on_thread(fails_late))
+    await asyncio.sleep(0.01)
+    task.cancel()
+    await asyncio.sleep(0.02)
+    release.set()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert task.cancelled()
+
+
+class StrayCancelTier(AsyncChunkTier):
+    """Stores in a dict; writing b"stray" awaits a future someone else cancelled, writing
+    b"odd" raises a BaseException that is not an Exception."""
+
+    class Odd(BaseException):
+        pass
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.data: dict[bytes, bytes] = {}
+
+    async def write_chunk(self, key: bytes, data: memoryview) -> None:
+        if key == b"stray":
+            fut = asyncio.get_running_loop().create_future()
+            fut.cancel()
+            await fut
+        if key == b"odd":
+            raise self.Odd("not an Exception")
+        self.data[key] = bytes(data)
+
+    async def read_chunk(self, key: bytes, out: memoryview) -> None:
+        out[:] = self.data[key]
+
+    async def chunk_exists(self, key: bytes) -> bool:
+        return key in self.data
+
+    async def delete_chunk(self, key: bytes) -> bool:
+        return self.data.pop(key, None) is not None
+
+
+@pytest.mark.skipif(not hasattr(asyncio.Task, "cancelling"), reason="Task.cancelling() is Python 3.11+")
+async def test_a_stray_cancellation_inside_a_primitive_fails_its_chunk_not_the_engine() -> None:
+    """An async primitive that awaits a future cancelled elsewhere fails its chunk; the
+    engine's one worker lives on (it used to end, and every later call hung)."""
+    view = memoryview(bytearray(SPEC.total_bytes))
+    async with StrayCancelTier(offloading_spec=SPEC, primary_kv_view=view, max_inflight=1) as tier:
+        for bad in (b"stray", b"odd"):
+            res = await tier.offload([bad], [0])
+            assert set(res.failed) == {bad}
+            res = await asyncio.wait_for(tier.offload([b"fine"], [1]), 30)
+            assert res.ok
+            assert tier.stats().queued == 0 and tier.stats().in_flight == 0
+            await tier.remove([b"fine"])
+
+
+class StallingDeleteTier(AsyncChunkTier):
+    """Serves one bad copy; deleting it never returns (a stalled server)."""
+
+    uses_index = True
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.data: dict[bytes, bytes] = {}
+
+    async def write_chunk(self, key: bytes, data: memoryview) -> None:
+        self.data[key] = bytes(data)
+
+    async def read_chunk(self, key: bytes, out: memoryview) -> None:
+        raise IntegrityError("chunk payload checksum mismatch", key)
+
+    async def chunk_exists(self, key: bytes) -> bool:
+        return key in self.data
+
+    async def delete_chunk(self, key: bytes) -> bool:
+        await asyncio.Event().wait()
+        return True
+
+
+async def test_deleting_a_bad_copy_is_under_the_deadline_too() -> None:
+    """A load (or verify) that finds a bad copy deletes it within ``timeout_s``: a stalled
+    server fails the delete, not the call forever; the chunk's failure stays the checksum's."""
+    view = memoryview(bytearray(SPEC.total_bytes))
+    tier = StallingDeleteTier(offloading_spec=SPEC, primary_kv_view=view, timeout_s=0.05, capacity_bytes=8 * 4096)
+    async with tier:
+        assert (await tier.offload([b"a", b"b"], [0, 1])).ok
+        res = await asyncio.wait_for(tier.load([b"a"], [2]), 30)
+        assert isinstance(res.failed[b"a"], IntegrityError)
+        assert tier.index is not None and not tier.index.being_removed(b"a")
+        res = await asyncio.wait_for(tier.verify_chunks([b"b"], remove_bad=True), 30)
+        assert isinstance(res.failed[b"b"], IntegrityError)
+        assert tier.stats().in_flight == 0
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -1.0])
+def test_non_finite_or_negative_durations_are_refused(bad: float) -> None:
+    view = memoryview(bytearray(SPEC.total_bytes))
+    for name in ("backpressure_timeout_s", "timeout_s"):
+        with pytest.raises(TierConfigError, match=f"{name} must be a finite number >= 0"):
+            GatedTier(offloading_spec=SPEC, primary_kv_view=view, **{name: bad})
