@@ -78,6 +78,12 @@ def _non_negative_float(name: str, value: object, *, allow_none: bool = False) -
     return float(value)
 
 
+def _retrieved(fut: asyncio.Future[Any]) -> None:
+    """Done callback: mark a background future's exception as seen (its awaiters re-raise it)."""
+    if not fut.cancelled():
+        fut.exception()
+
+
 async def _to_end(fut: asyncio.Future[Any]) -> None:
     """Wait for ``fut`` to finish, through any number of cancellations (the caller re-raises)."""
     while not fut.done():
@@ -158,7 +164,8 @@ class ChunkTier(SecondaryTierManager):
         self._stats = StatsRecorder()
         self._state = _NEW
         self._engine: Engine | None = None
-        self._open_lock: asyncio.Lock | None = None
+        self._open_lock: asyncio.Lock | None = None  # open() and the close, one at a time
+        self._close_task: asyncio.Future[None] | None = None  # the close every aclose() waits for
         self._active = 0
         self._idle: asyncio.Event | None = None
 
@@ -206,13 +213,15 @@ class ChunkTier(SecondaryTierManager):
     async def open(self) -> ChunkTier:
         if self._state == _OPEN:
             return self
-        if self._state in (_CLOSING, _CLOSED):
+        if self._state in (_CLOSING, _CLOSED) or self._close_task is not None:
             raise TierClosedError(f"{self!r} is closed; create a new tier instead of reopening")
         if self._open_lock is None:
             self._open_lock = asyncio.Lock()
         async with self._open_lock:
             if self._state == _OPEN:
                 return self
+            if self._state in (_CLOSING, _CLOSED) or self._close_task is not None:  # closed while we waited
+                raise TierClosedError(f"{self!r} is closed; create a new tier instead of reopening")
             engine = self._make_engine()
             engine.start()
             try:
@@ -229,21 +238,35 @@ class ChunkTier(SecondaryTierManager):
         return self
 
     async def aclose(self) -> None:
-        if self._state == _NEW:
-            self._state = _CLOSED
+        # One close for all callers, run as a task: a second aclose() returns only once the
+        # medium is released, and a cancelled one leaves the close to finish (shielded).
+        if self._state == _CLOSED:
             return
-        if self._state != _OPEN:
-            if self._state == _CLOSING:
+        task = self._close_task
+        if task is None:
+            if self._state == _OPEN:
+                self._state = _CLOSING  # no new calls from here on
+            task = self._close_task = asyncio.ensure_future(self._close())
+            task.add_done_callback(_retrieved)
+        await asyncio.shield(task)
+
+    async def _close(self) -> None:
+        if self._open_lock is None:
+            self._open_lock = asyncio.Lock()
+        async with self._open_lock:  # an open() in progress ends first; then it is closed here
+            if self._state == _CLOSED:
+                return
+            if self._state == _NEW:  # never opened
+                self._state = _CLOSED
+                return
+            self._state = _CLOSING
+            try:
                 await self.drain()
-            return
-        self._state = _CLOSING
-        try:
-            await self.drain()
-            await self._close_medium()
-        finally:
-            if self._engine is not None:
-                await self._engine.stop()
-            self._state = _CLOSED
+                await self._close_medium()
+            finally:
+                if self._engine is not None:
+                    await self._engine.stop()
+                self._state = _CLOSED
 
     async def drain(self) -> None:
         if self._idle is not None:

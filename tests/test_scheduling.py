@@ -20,6 +20,7 @@ from asynctier import (
     ChunkTimeoutError,
     IntegrityError,
     OffloadingSpec,
+    TierClosedError,
     TierConfigError,
 )
 
@@ -383,3 +384,96 @@ def test_non_finite_or_negative_durations_are_refused(bad: float) -> None:
     for name in ("backpressure_timeout_s", "timeout_s"):
         with pytest.raises(TierConfigError, match=f"{name} must be a finite number >= 0"):
             GatedTier(offloading_spec=SPEC, primary_kv_view=view, **{name: bad})
+
+
+class CountingTier(GatedTier):
+    """Counts its medium's opens and closes; both can be held on events."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.opened = self.closed = 0
+        self.open_gate, self.close_gate = threading.Event(), threading.Event()
+        self.open_gate.set()
+        self.close_gate.set()
+        self.in_open = threading.Event()
+
+    def open_medium(self) -> None:
+        self.in_open.set()
+        assert self.open_gate.wait(30)
+        self.opened += 1
+
+    def close_medium(self) -> None:
+        assert self.close_gate.wait(30)
+        self.closed += 1
+
+
+def counting() -> CountingTier:
+    return CountingTier(offloading_spec=SPEC, primary_kv_view=memoryview(bytearray(SPEC.total_bytes)))
+
+
+def engine_threads() -> int:
+    return sum(t.name.startswith("asynctier-CountingTier") or "-io-" in t.name for t in threading.enumerate())
+
+
+async def test_aclose_during_open_closes_what_the_open_made() -> None:
+    """aclose() while open() is setting up: the open finishes, then the close undoes it; the
+    tier ends closed (it used to end open, with its workers, after aclose() had returned)."""
+    threads_before = engine_threads()
+    tier = counting()
+    tier.open_gate.clear()
+    opening = asyncio.ensure_future(tier.open())
+    assert await asyncio.to_thread(tier.in_open.wait, 30)
+    closing = asyncio.ensure_future(tier.aclose())
+    await asyncio.sleep(0.02)
+    assert not closing.done()  # it waits for the open to end
+    tier.open_gate.set()
+    await opening
+    await closing
+    assert not tier.is_open and (tier.opened, tier.closed) == (1, 1)
+    assert engine_threads() == threads_before
+    with pytest.raises(TierClosedError):
+        await tier.offload([b"a"], [0])
+    with pytest.raises(TierClosedError):
+        await tier.open()
+
+
+async def test_an_open_waiting_behind_another_never_opens_a_second_medium() -> None:
+    """A second open() waiting while the first sets up, then aclose(): the second returns
+    the open tier or, if the close came first, fails; never a second engine and medium (it
+    used to open both, and the close stopped only the second engine)."""
+    threads_before = engine_threads()
+    tier = counting()
+    tier.open_gate.clear()
+    first = asyncio.ensure_future(tier.open())
+    assert await asyncio.to_thread(tier.in_open.wait, 30)
+    second = asyncio.ensure_future(tier.open())
+    await asyncio.sleep(0.01)
+    tier.open_gate.set()
+    closing = asyncio.ensure_future(tier.aclose())
+    await first
+    await closing
+    try:
+        await second
+    except TierClosedError:
+        pass
+    assert (tier.opened, tier.closed) == (1, 1)  # one medium opened, the same one closed
+    assert engine_threads() == threads_before
+
+
+async def test_every_aclose_returns_after_the_close_and_a_cancelled_one_still_closes() -> None:
+    tier = counting()
+    await tier.open()
+    tier.close_gate.clear()
+    a = asyncio.ensure_future(tier.aclose())
+    b = asyncio.ensure_future(tier.aclose())
+    await asyncio.sleep(0.02)
+    assert not a.done() and not b.done()  # both wait for the medium to be released
+    a.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await a
+    assert not b.done()
+    tier.close_gate.set()
+    await b
+    assert tier.closed == 1 and not tier.is_open
+    await tier.aclose()  # and again: nothing left to do
+    assert tier.closed == 1

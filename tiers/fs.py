@@ -433,7 +433,7 @@ class FsTier(BlockingChunkTier):
                 raise TierConfigError(f"{name} must be True or False; got {flag!r}")
         if isinstance(scan_sync_limit, bool) or not isinstance(scan_sync_limit, int) or scan_sync_limit < 0:
             raise TierConfigError(f"scan_sync_limit must be an int >= 0; got {scan_sync_limit!r}")
-        if isinstance(stale_tmp_s, bool) or not isinstance(stale_tmp_s, (int, float)) or stale_tmp_s < 0:
+        if isinstance(stale_tmp_s, bool) or not isinstance(stale_tmp_s, (int, float)) or not stale_tmp_s >= 0:
             raise TierConfigError(f"stale_tmp_s must be a number >= 0; got {stale_tmp_s!r}")
         self.root = Path(root)
         self.dir = self.root / f"v{FORMAT_VERSION}-{self.offloading_spec.layout_id}"

@@ -333,13 +333,13 @@ _STATUS_RE = re.compile(r"status code: (\d{3})|status: (\d{3})")
 
 
 def _positive_number(name: str, value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:  # NaN too
         raise TierConfigError(f"{name} must be a number > 0; got {value!r}")
     return float(value)
 
 
 def _non_negative_number(name: str, value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:  # NaN too
         raise TierConfigError(f"{name} must be a number >= 0; got {value!r}")
     return float(value)
 
