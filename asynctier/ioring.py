@@ -424,6 +424,15 @@ class Ring:
         """Entries prepared and not yet taken by the kernel."""
         return self._to_submit
 
+    def mark(self) -> tuple[int, int]:
+        """Where the queue ends now, for :meth:`roll_back`."""
+        return self._sq_tail, self._to_submit
+
+    def roll_back(self, mark: tuple[int, int]) -> None:
+        """Take back the entries prepared since :meth:`mark` (none submitted since)."""
+        self._sq_tail, self._to_submit = mark
+        _U32.pack_into(self._ring, self._sq_tail_off, self._sq_tail)
+
     def discard_unsubmitted(self) -> int:
         """Take back the entries the kernel has not consumed (after a failed submit)."""
         n = self._to_submit
@@ -623,11 +632,23 @@ class LoopRing:
             raise OSError(errno.EBADF, "io_uring ring is closed")
         if not 0 < n <= self._STAGES:
             raise ValueError(f"a chain has 1..{self._STAGES} entries; got {n}")
-        if self.ring.space < n:
+        for _ in range(1000):  # room for the whole chain first: never a chain half in the queue
+            if self.ring.space >= n:
+                break
             self._flush()
+            if self.ring.space >= n:
+                break
+            await self._asyncio.sleep(0)  # the kernel pushed back: let completions be reaped
+        else:
+            raise OSError(errno.EBUSY, "io_uring submission queue stays full")
         cid = self._seq
         self._seq += 1
-        paths = prep(self.ring, cid * self._STAGES)  # the kernel copies them when it takes the entries
+        mark = self.ring.mark()
+        try:
+            paths = prep(self.ring, cid * self._STAGES)  # the kernel copies them when it takes the entries
+        except BaseException:
+            self.ring.roll_back(mark)  # no entry of a chain nobody waits for may reach the kernel
+            raise
         chain = _Chain(n, self._loop.create_future(), (keep, paths))
         if self.ring.cqe_skip and ends_on_report:
             chain.ends = frozenset(ends_on_report)

@@ -380,3 +380,59 @@ def test_entries_without_the_skip_flag_report_their_failures(tmp_path: Path) -> 
     finally:
         ring.close()
         os.close(dfd)
+
+
+async def test_a_chain_is_never_half_queued_when_the_kernel_pushes_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The kernel takes no entries for a while (EAGAIN/EBUSY, simulated) and the queue is too
+    full for a chain: run() waits for room rather than queueing part of it, and a chain whose
+    preparation fails part-way is taken back. Before, a half-queued chain reached the kernel
+    after run() had raised: a read into the caller's buffer after the call was over."""
+    path = tmp_path / "data.bin"
+    path.write_bytes(b"FROMDISK")
+    fd = os.open(path, os.O_RDONLY)
+    lring = LoopRing(entries=4, kernel_workers=0)
+    ring = lring.ring
+    real_submit = ring.submit
+    refusals = [20]
+
+    def pushes_back() -> int:
+        if refusals[0]:
+            refusals[0] -= 1
+            return 0
+        return real_submit()
+
+    monkeypatch.setattr(ring, "submit", pushes_back)
+    buf = bytearray(b"........")
+    iov = ring.iovec([memoryview(buf)])
+
+    def nop(r: Ring, ud: int) -> None:
+        r._push(ioring.OP_NOP, 0, 0, 0, 0, 0, 0, ud)
+
+    def read_then_nops(r: Ring, ud: int) -> None:
+        r.prep_rw(ud, False, fd, iov, 0, sqe_flags=IOSQE_IO_LINK)
+        for i in range(1, 4):
+            r._push(ioring.OP_NOP, IOSQE_IO_LINK if i < 3 else 0, 0, 0, 0, 0, 0, ud + i)
+
+    try:
+        first = asyncio.ensure_future(lring.run(1, nop))
+        await asyncio.sleep(0)
+        assert await lring.run(4, read_then_nops, keep=iov) == [8, 0, 0, 0]  # waited for room
+        assert bytes(buf) == b"FROMDISK"
+        await first
+
+        buf[:] = b"........"
+
+        def fails_half_way(r: Ring, ud: int) -> None:
+            r.prep_rw(ud, False, fd, iov, 0, sqe_flags=IOSQE_IO_LINK)
+            raise RuntimeError("preparation failed")
+
+        with pytest.raises(RuntimeError, match="preparation failed"):
+            await lring.run(2, fails_half_way)
+        await lring.run(1, nop)  # a flush after it: the read taken back never runs
+        await asyncio.sleep(0.05)
+        assert bytes(buf) == b"........" and lring.in_flight == 0
+    finally:
+        await lring.aclose()
+        os.close(fd)
