@@ -121,6 +121,9 @@ class ChunkTier(SecondaryTierManager):
     #: Keep an authoritative in-memory :class:`LRUIndex` of stored chunks (O(1) lookup,
     #: capacity with LRU eviction, skip of chunks already present).
     uses_index: ClassVar[bool] = False
+    #: The tier enforces ``capacity_bytes`` itself (a fixed slab, its own LRU); without this
+    #: or ``uses_index``, ``capacity_bytes`` is refused rather than accepted and ignored.
+    handles_capacity: ClassVar[bool] = False
 
     def __init__(
         self,
@@ -147,6 +150,11 @@ class ChunkTier(SecondaryTierManager):
         self.store_backpressure = store_backpressure
         self.backpressure_timeout_s = _non_negative_float("backpressure_timeout_s", backpressure_timeout_s)
         self.capacity_bytes = _positive_int("capacity_bytes", capacity_bytes, allow_none=True)
+        if self.capacity_bytes is not None and not (self.uses_index or self.handles_capacity):
+            raise TierConfigError(
+                f"the {self.tier_type!r} tier does not bound what it holds: capacity_bytes is accepted only by "
+                "tiers with uses_index = True (or handles_capacity = True); leave it out (None)"
+            )
         if durability not in self.supported_durability:
             raise TierConfigError(
                 f"durability={durability!r} is not supported by the {self.tier_type!r} tier; "

@@ -477,3 +477,16 @@ async def test_every_aclose_returns_after_the_close_and_a_cancelled_one_still_cl
     assert tier.closed == 1 and not tier.is_open
     await tier.aclose()  # and again: nothing left to do
     assert tier.closed == 1
+
+
+def test_capacity_on_a_tier_that_cannot_bound_itself_is_refused() -> None:
+    """A tier without an index (and not bounding itself) refuses capacity_bytes instead of
+    reporting a bound it never keeps."""
+    view = memoryview(bytearray(SPEC.total_bytes))
+    with pytest.raises(TierConfigError, match="does not bound what it holds"):
+        GatedTier(offloading_spec=SPEC, primary_kv_view=view, capacity_bytes=8 * 4096)
+
+    class Indexed(GatedTier):
+        uses_index = True
+
+    assert Indexed(offloading_spec=SPEC, primary_kv_view=view, capacity_bytes=8 * 4096).capacity_bytes == 8 * 4096

@@ -712,6 +712,7 @@ class NvmeTier(BlockingChunkTier):
 
     default_type = "nvme"
     supported_durability = ("none", "fsync")
+    handles_capacity = True  # the slab's size: its slots are the bound
 
     def __init__(
         self,

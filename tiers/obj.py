@@ -383,6 +383,7 @@ class ObjTier(BlockingChunkTier):
     # The store is the authority (other servers write to it); an index is kept only for
     # capacity, as self._lru.
     uses_index = False
+    handles_capacity = True  # its own LRU, by DELETE (below)
 
     def __init__(
         self,
