@@ -84,17 +84,6 @@ def _retrieved(fut: asyncio.Future[Any]) -> None:
         fut.exception()
 
 
-async def _to_end(fut: asyncio.Future[Any]) -> None:
-    """Wait for ``fut`` to finish, through any number of cancellations (the caller re-raises)."""
-    while not fut.done():
-        try:
-            await asyncio.shield(fut)
-        except asyncio.CancelledError:
-            pass
-        except Exception:
-            pass  # the caller reads it from fut
-
-
 def _is_not_found(exc: BaseException) -> bool:
     return isinstance(exc, (ChunkNotFoundError, FileNotFoundError))
 
@@ -587,7 +576,7 @@ class ChunkTier(SecondaryTierManager):
         """Begin a store: the chunks to evict first, or None when ``key`` is stored already
         (accounted as skipped). A failure to begin is counted and raised;
         :class:`RemovalPending` (an old copy of ``key`` is being deleted) is raised as is:
-        wait for it, then call again (:meth:`_reserve_store_blocking`, :meth:`_reserve_store_async`)."""
+        wait for it, then call again (:meth:`_after_removal`)."""
         try:
             victims = self._begin_store(key)
         except RemovalPending:
@@ -599,21 +588,26 @@ class ChunkTier(SecondaryTierManager):
             self._end_store(key, t0, None, skipped=True)
         return victims
 
-    def _reserve_store_blocking(self, key: bytes, t0: float) -> list[bytes] | None:
-        """:meth:`_reserve_store`, waiting out a deletion of ``key`` (worker threads)."""
+    def _after_removal(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)`` (an index operation), waiting out a deletion of the same key that it
+        reports with :class:`RemovalPending` (worker threads)."""
         while True:
             try:
-                return self._reserve_store(key, t0)
+                return fn(*args)
             except RemovalPending as p:
                 self._wait_removal(p)
 
-    async def _reserve_store_async(self, key: bytes, t0: float) -> list[bytes] | None:
-        """:meth:`_reserve_store`, waiting out a deletion of ``key`` (on the event loop)."""
+    async def _after_removal_async(self, fn: Callable[..., T], *args: Any) -> T:
+        """:meth:`_after_removal` on the event loop."""
         while True:
             try:
-                return self._reserve_store(key, t0)
+                return fn(*args)
             except RemovalPending as p:
                 await self._await_removal(p)
+
+    def _reserve_store_blocking(self, key: bytes, t0: float) -> list[bytes] | None:
+        """:meth:`_reserve_store`, waiting out a deletion of ``key`` (worker threads)."""
+        return self._after_removal(self._reserve_store, key, t0)
 
     def _pin_for_load(self, key: bytes) -> None:
         """Begin a load (the chunk is pinned against eviction); a failure is counted and raised."""
@@ -626,7 +620,7 @@ class ChunkTier(SecondaryTierManager):
     async def _async_store(self, key: bytes, t0: float, write: Callable[[list[bytes]], Awaitable[None]]) -> None:
         """One store run as a coroutine: reserve (or skip a key already stored),
         ``write(victims)`` (evict them, then write), commit or abort."""
-        victims = await self._reserve_store_async(key, t0)
+        victims = await self._after_removal_async(self._reserve_store, key, t0)
         if victims is None:
             return
         try:
@@ -713,10 +707,10 @@ class BlockingChunkTier(ChunkTier):
         except asyncio.CancelledError:
             # The thread cannot be stopped: let it finish, and undo what it set up (descriptors,
             # locks, threads) before the cancellation goes on; else they outlive the tier.
-            await _to_end(setup)
+            await engines.wait_to_end(setup)
             if not setup.cancelled() and setup.exception() is None:
                 undo = loop.run_in_executor(None, self.close_medium)
-                await _to_end(undo)
+                await engines.wait_to_end(undo)
                 if not undo.cancelled() and undo.exception() is not None:
                     log.warning("%s: closing after a cancelled open failed: %r", self.tier_type, undo.exception())
             raise
@@ -817,13 +811,7 @@ class BlockingChunkTier(ChunkTier):
         self.delete_chunk(key)
 
     def _remove_job(self, key: bytes, cid: int, t0: float) -> None:
-        while True:
-            try:
-                go = self._begin_remove(key)
-                break
-            except RemovalPending as p:
-                self._wait_removal(p)
-        if go:
+        if self._after_removal(self._begin_remove, key):
             try:
                 self.delete_chunk(key)
             except BaseException as e:
@@ -939,13 +927,7 @@ class AsyncChunkTier(ChunkTier):
         )
 
     async def _remove_job(self, key: bytes, cid: int, t0: float) -> None:
-        while True:
-            try:
-                go = self._begin_remove(key)
-                break
-            except RemovalPending as p:
-                await self._await_removal(p)
-        if go:
+        if await self._after_removal_async(self._begin_remove, key):
             try:
                 await self._deadline(self.delete_chunk(key))
             except BaseException as e:

@@ -42,6 +42,7 @@ __all__ = [
     "PRIO_STORE",
     "ThreadEngine",
     "finish_on_thread",
+    "wait_to_end",
 ]
 
 #: Chunks of at least this many bytes are checksummed on a thread (with
@@ -357,13 +358,19 @@ async def finish_on_thread(fn: Callable[..., T], *args: Any, executor: Any = Non
     try:
         return await asyncio.shield(fut)
     except asyncio.CancelledError:
-        while not fut.done():
-            try:
-                await asyncio.shield(fut)
-            except asyncio.CancelledError:
-                pass
-            except Exception:
-                pass  # fn failed after the cancellation: the cancellation is what the caller hears
+        await wait_to_end(fut)  # fn's own failure, if any, gives way to the cancellation
         if not fut.cancelled():
             fut.exception()  # retrieved
         raise
+
+
+async def wait_to_end(fut: asyncio.Future[Any]) -> None:
+    """Wait for ``fut`` to finish, through any number of cancellations; its outcome stays on
+    it (the caller reads it, and re-raises its own cancellation)."""
+    while not fut.done():
+        try:
+            await asyncio.shield(fut)
+        except asyncio.CancelledError:
+            pass
+        except Exception:
+            pass

@@ -101,7 +101,7 @@ from obstore.store import LocalStore, MemoryStore, from_url
 from asynctier import BlockingChunkTier, ChunkError, ChunkNotFoundError, IntegrityError, TierConfigError, engines
 from asynctier.errors import ChunkTimeoutError, TierUnavailableError
 from asynctier.integrity import ChunkHeader, checksum, key_token
-from asynctier.lru import LRUIndex, RemovalPending
+from asynctier.lru import LRUIndex
 from asynctier.stats import TierStats
 
 if TYPE_CHECKING:
@@ -636,12 +636,8 @@ class ObjTier(BlockingChunkTier):
     def write_chunk(self, key: bytes, data: memoryview) -> None:
         lru = self._lru
         if lru is not None:
-            while True:
-                try:
-                    victims = lru.reserve(key, ChunkHeader.packed_size(len(key)) + data.nbytes)
-                    break
-                except RemovalPending as p:  # an old copy's DELETE must not land after this PUT
-                    self._wait_removal(p)
+            # an old copy's DELETE must not land after this PUT: wait it out
+            victims = self._after_removal(lru.reserve, key, ChunkHeader.packed_size(len(key)) + data.nbytes)
             if victims is None:
                 self._stats.incr("skipped_known_stored")
                 return
@@ -753,15 +749,8 @@ class ObjTier(BlockingChunkTier):
 
     def delete_chunk(self, key: bytes) -> bool:
         lru = self._lru
-        if lru is not None:
-            while True:
-                try:
-                    go = lru.begin_remove(key)
-                    break
-                except RemovalPending as p:
-                    self._wait_removal(p)
-            if not go:  # a write of the key is in progress: it wins, as if this came first
-                return False
+        if lru is not None and not self._after_removal(lru.begin_remove, key):
+            return False  # a write of the key runs: it wins, as if this came first
         try:
             return self._delete_object(key)
         finally:
