@@ -518,17 +518,26 @@ class ChunkTier(SecondaryTierManager):
                 self.index.abort(key)
             self._stats.record_failure(exc)
 
-    def _begin_load(self, key: bytes) -> None:
-        if self.index is not None and not self.index.pin(key):
+    def _begin_load(self, key: bytes) -> object | None:
+        """Pin ``key`` for a load; returns the index entry pinned (None without an index)."""
+        if self.index is None:
+            return None
+        entry = self.index.pin_entry(key)
+        if entry is None:
             raise ChunkNotFoundError(f"no chunk stored under key {key.hex()[:32]}", key)
+        return entry
 
-    def _end_load(self, key: bytes, t0: float, exc: BaseException | None) -> bool:
-        """Book a load; True if the stored copy must be deleted (it failed verification)."""
+    def _end_load(self, key: bytes, t0: float, exc: BaseException | None, entry: object | None = None) -> bool:
+        """Book a load of the copy pinned as ``entry``; True if that copy must be deleted (it
+        failed verification and is still the key's: not removed, and stored again, meanwhile)."""
         if self.index is not None:
-            self.index.unpin(key, touch=exc is None)
+            self.index.unpin(key, touch=exc is None, entry=entry)
             if exc is not None and (_is_not_found(exc) or isinstance(exc, IntegrityError)):
                 # a bad copy is deleted next: a new write of the key waits for that (_removed)
-                self.index.discard(key, removing=isinstance(exc, IntegrityError))
+                ours = self.index.discard(key, removing=isinstance(exc, IntegrityError), entry=entry)
+                if entry is not None and not ours:
+                    self._stats.record_failure(exc)
+                    return False  # a newer copy (or none) is the key's now: leave it be
         if exc is None:
             self._stats.record_success("load", self.offloading_spec.chunk_bytes, time.perf_counter() - t0)
             return False
@@ -609,10 +618,11 @@ class ChunkTier(SecondaryTierManager):
         """:meth:`_reserve_store`, waiting out a deletion of ``key`` (worker threads)."""
         return self._after_removal(self._reserve_store, key, t0)
 
-    def _pin_for_load(self, key: bytes) -> None:
-        """Begin a load (the chunk is pinned against eviction); a failure is counted and raised."""
+    def _pin_for_load(self, key: bytes) -> object | None:
+        """Begin a load (the chunk is pinned against eviction; returns the entry for
+        :meth:`_end_load`); a failure is counted and raised."""
         try:
-            self._begin_load(key)
+            return self._begin_load(key)
         except BaseException as e:
             self._stats.record_failure(e)
             raise
@@ -633,14 +643,19 @@ class ChunkTier(SecondaryTierManager):
         self._end_store(key, t0, None)
 
     async def _async_load(
-        self, key: bytes, t0: float, read: Callable[[], Awaitable[None]], delete: Callable[[], Awaitable[object]]
+        self,
+        key: bytes,
+        t0: float,
+        read: Callable[[], Awaitable[None]],
+        delete: Callable[[], Awaitable[object]],
+        entry: object | None = None,
     ) -> None:
         """One load run as a coroutine, after :meth:`_pin_for_load`: ``read()``, account it,
         and drop a copy that failed verification with ``delete()``."""
         try:
             await read()
         except BaseException as e:
-            if self._end_load(key, t0, e):
+            if self._end_load(key, t0, e, entry):
                 try:
                     await delete()
                 except Exception as de:
@@ -648,7 +663,7 @@ class ChunkTier(SecondaryTierManager):
                 finally:
                     self._removed([key])
             raise
-        self._end_load(key, t0, None)
+        self._end_load(key, t0, None, entry)
 
     def _evicted(self, key: bytes, exc: BaseException | None) -> None:
         self._stats.incr("evictions")
@@ -791,11 +806,11 @@ class BlockingChunkTier(ChunkTier):
             self._evicted(key, None)
 
     def _load_job(self, key: bytes, cid: int, t0: float) -> None:
-        self._pin_for_load(key)
+        entry = self._pin_for_load(key)
         try:
             self.read_chunk(key, self._chunk(cid))
         except BaseException as e:
-            if self._end_load(key, t0, e):
+            if self._end_load(key, t0, e, entry):
                 try:
                     self._delete_bad_copy(key, e)
                 except Exception as de:
@@ -803,7 +818,7 @@ class BlockingChunkTier(ChunkTier):
                 finally:
                     self._removed([key])
             raise
-        self._end_load(key, t0, None)
+        self._end_load(key, t0, None, entry)
 
     def _delete_bad_copy(self, key: bytes, exc: BaseException) -> None:
         """Delete the copy of ``key`` that failed verification with ``exc``: by key here; a
@@ -918,12 +933,13 @@ class AsyncChunkTier(ChunkTier):
         await self._async_store(key, t0, evict_then_write)
 
     async def _load_job(self, key: bytes, cid: int, t0: float) -> None:
-        self._pin_for_load(key)
+        entry = self._pin_for_load(key)
         await self._async_load(
             key,
             t0,
             lambda: self._deadline(self.read_chunk(key, self._chunk(cid))),
             lambda: self._deadline(self.delete_chunk(key)),  # a stalled server must not hang the load
+            entry,
         )
 
     async def _remove_job(self, key: bytes, cid: int, t0: float) -> None:

@@ -257,9 +257,14 @@ class LRUIndex:
         """Pin ``key``, adding it as a committed entry first if absent (for example a chunk
         another process stored, found on the medium). False if it is being written or removed
         here right now."""
+        return self.adopt_pinned_entry(key, nbytes) is not None
+
+    def adopt_pinned_entry(self, key: bytes, nbytes: int) -> object | None:
+        """:meth:`adopt_pinned`, returning the entry pinned (for :meth:`unpin` and
+        :meth:`discard`) or None."""
         with self._lock:
             if key in self._removing:
-                return False
+                return None
             e = self._entries.get(key)
             if e is None:
                 e = _Entry(nbytes, committed=True)
@@ -267,9 +272,9 @@ class LRUIndex:
                 self._used += nbytes
                 self._committed += 1
             elif not e.committed:
-                return False
+                return None
             e.pins += 1
-            return True
+            return e
 
     def pop_lru(self, nbytes: int) -> list[bytes]:
         """Drop least recently used unpinned entries worth at least ``nbytes``, capacity or not
@@ -291,17 +296,28 @@ class LRUIndex:
     # -- reads -----------------------------------------------------------------------------
     def pin(self, key: bytes) -> bool:
         """Protect a committed entry from eviction while it is read; False if absent."""
+        return self.pin_entry(key) is not None
+
+    def pin_entry(self, key: bytes) -> object | None:
+        """:meth:`pin`, returning the entry pinned or None. Pass it to :meth:`unpin` and
+        :meth:`discard`: if the key was removed and stored again meanwhile, they then leave
+        the new entry alone instead of taking its pin or dropping it."""
         with self._lock:
             e = self._entries.get(key)
             if e is None or not e.committed:
-                return False
+                return None
             e.pins += 1
-            return True
+            return e
 
-    def unpin(self, key: bytes, *, touch: bool = True) -> None:
-        """Release a :meth:`pin`; ``touch`` makes the entry most recently used."""
+    def unpin(self, key: bytes, *, touch: bool = True, entry: object | None = None) -> None:
+        """Release a :meth:`pin`; ``touch`` makes the entry most recently used. With
+        ``entry`` (from :meth:`pin_entry`), only if the key still has that entry."""
         with self._lock:
             e = self._entries.get(key)
+            if entry is not None and e is not entry:
+                assert isinstance(entry, _Entry)
+                entry.pins = max(0, entry.pins - 1)  # it left the index meanwhile
+                return
             if e is None:
                 return
             e.pins = max(0, e.pins - 1)
@@ -316,10 +332,14 @@ class LRUIndex:
                 if e is not None and e.committed:
                     self._entries.move_to_end(k)
 
-    def discard(self, key: bytes, *, removing: bool = False) -> bool:
+    def discard(self, key: bytes, *, removing: bool = False, entry: object | None = None) -> bool:
         """Forget ``key``; True if it was committed. ``removing``: the caller deletes its copy
-        next (a bad one), and calls :meth:`removed` after (tracking removals)."""
+        next (a bad one), and calls :meth:`removed` after (tracking removals). With ``entry``
+        (from :meth:`pin_entry`), only if the key still has that entry: else nothing is
+        dropped or handed out, and False says that copy is gone already."""
         with self._lock:
+            if entry is not None and self._entries.get(key) is not entry:
+                return False
             e = self._entries.pop(key, None)
             if removing:
                 self._hand_out((key,))

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+import threading
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -208,3 +211,52 @@ def test_index_matches_a_reference_model(ops: list[tuple[str, int]]) -> None:
             order.append(k)
         assert idx.keys() == [bytes([x]) for x in order]
         assert idx.used_bytes == len(order) <= cap
+
+
+class HeldMemoryTier(MemoryTier):
+    """The memory tier, its reads and writes held on events when asked."""
+
+    def __init__(self, **kwargs: object) -> None:
+        super().__init__(**kwargs)  # type: ignore[arg-type]
+        self.read_gate, self.write_gate = threading.Event(), threading.Event()
+        self.read_gate.set()
+        self.write_gate.set()
+        self.in_read, self.in_write = threading.Event(), threading.Event()
+
+    def read_chunk(self, key: bytes, out: memoryview) -> None:
+        self.in_read.set()
+        assert self.read_gate.wait(30)
+        super().read_chunk(key, out)
+
+    def write_chunk(self, key: bytes, data: memoryview) -> None:
+        self.in_write.set()
+        assert self.write_gate.wait(30)
+        super().write_chunk(key, data)
+
+
+async def test_a_late_load_leaves_a_copy_stored_since_alone() -> None:
+    """A load pins K; K is removed and stored again while the load runs; the load then fails
+    (not found): it must neither drop the new copy's entry nor take its pin. It used to
+    discard the new reservation by key: the new copy was reported stored, lookup said no,
+    and it sat on the medium outside capacity for good."""
+    view = memoryview(bytearray(SPEC.total_bytes))
+    tier = HeldMemoryTier(offloading_spec=SPEC, primary_kv_view=view, tier_type="memory", capacity_bytes=4 * 1024)
+    async with tier:
+        assert (await tier.offload([b"K"], [0])).ok
+        tier.read_gate.clear()
+        loading = asyncio.ensure_future(tier.load([b"K"], [1]))
+        assert await asyncio.to_thread(tier.in_read.wait, 30)
+        assert (await tier.remove([b"K"])).ok
+        tier.write_gate.clear()
+        storing = asyncio.ensure_future(tier.offload([b"K"], [2]))
+        assert await asyncio.to_thread(tier.in_write.wait, 30)
+        tier.read_gate.set()
+        res = await loading
+        assert set(res.failed) == {b"K"}
+        tier.write_gate.set()
+        assert (await storing).ok
+        assert await tier.lookup([b"K"]) == [True]
+        assert tier.stats().used_bytes == 1024 and tier.stats().stored_chunks == 1
+        for i in range(4):  # fill up: K is evicted like any other, the medium stays within capacity
+            assert (await tier.offload([b"x%d" % i], [3 + i])).ok
+        assert len(tier._chunks) == 4 and tier.stats().used_bytes == 4 * 1024

@@ -845,11 +845,14 @@ class FsTier(BlockingChunkTier):
             return False
         return st.st_size == self._chunk_size
 
-    def _begin_load(self, key: bytes) -> None:
-        if self.index.pin(key):
-            return
-        if (self._scanning or self.shared) and self._on_disk(key) and self.index.adopt_pinned(key, self._chunk_size):
-            return
+    def _begin_load(self, key: bytes) -> object | None:
+        entry = self.index.pin_entry(key)
+        if entry is not None:
+            return entry
+        if (self._scanning or self.shared) and self._on_disk(key):
+            entry = self.index.adopt_pinned_entry(key, self._chunk_size)
+            if entry is not None:
+                return entry
         raise ChunkNotFoundError(f"no chunk stored under key {key.hex()[:32]}", key)
 
     async def lookup(self, keys: Sequence[bytes]) -> list[bool]:
@@ -1194,11 +1197,11 @@ class FsTier(BlockingChunkTier):
 
     async def _ring_load_job(self, key: bytes, cid: int, t0: float) -> None:
         if self._scanning or self.shared:
-            await asyncio.to_thread(self._pin_for_load, key)  # may look on disk
+            entry = await asyncio.to_thread(self._pin_for_load, key)  # may look on disk
         else:
-            self._pin_for_load(key)
+            entry = self._pin_for_load(key)
         await self._async_load(
-            key, t0, lambda: self._ring_read(key, cid), lambda: asyncio.to_thread(self.delete_chunk, key)
+            key, t0, lambda: self._ring_read(key, cid), lambda: asyncio.to_thread(self.delete_chunk, key), entry
         )
 
     async def _ring_read(self, key: bytes, cid: int) -> None:
