@@ -530,19 +530,18 @@ class ChunkTier(SecondaryTierManager):
     def _end_load(self, key: bytes, t0: float, exc: BaseException | None, entry: object | None = None) -> bool:
         """Book a load of the copy pinned as ``entry``; True if that copy must be deleted (it
         failed verification and is still the key's: not removed, and stored again, meanwhile)."""
+        ours = True  # the copy read is still the key's
         if self.index is not None:
             self.index.unpin(key, touch=exc is None, entry=entry)
             if exc is not None and (_is_not_found(exc) or isinstance(exc, IntegrityError)):
                 # a bad copy is deleted next: a new write of the key waits for that (_removed)
-                ours = self.index.discard(key, removing=isinstance(exc, IntegrityError), entry=entry)
-                if entry is not None and not ours:
-                    self._stats.record_failure(exc)
-                    return False  # a newer copy (or none) is the key's now: leave it be
+                dropped = self.index.discard(key, removing=isinstance(exc, IntegrityError), entry=entry)
+                ours = entry is None or dropped  # else a newer copy (or none) is the key's: leave it be
         if exc is None:
             self._stats.record_success("load", self.offloading_spec.chunk_bytes, time.perf_counter() - t0)
             return False
         self._stats.record_failure(exc)
-        return isinstance(exc, IntegrityError)
+        return ours and isinstance(exc, IntegrityError)
 
     def _end_verify(self, key: bytes, exc: BaseException, remove_bad: bool) -> bool:
         """Book a failed verification; True if the bad copy must be deleted now."""
