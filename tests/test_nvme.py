@@ -461,6 +461,120 @@ async def test_a_failed_journal_write_is_mended_and_the_tier_goes_on(
         assert res.ok and [_chunk(view2, CHUNK, i) for i in range(4)] == data[:4]
 
 
+def _crash(tier: NvmeTier) -> None:
+    """Leave without the closing checkpoint, as a killed process would."""
+    assert tier._journal is not None
+    tier._ckpt_stop = True
+    tier._ckpt_wake.set()
+    if tier._ckpt_thread is not None:
+        tier._ckpt_thread.join()
+    tier._journal.close()
+    tier._close_fds()
+    tier._state = "closed"
+
+
+async def test_a_failed_journal_switch_keeps_the_old_generation(tmp_path: Path) -> None:
+    """A checkpoint whose new journal generation cannot be created (here a directory holds
+    its name: EISDIR) fails, but the journal goes on in the generation it had, and what is
+    stored after is there after a crash (it used to refuse every store from then on)."""
+    p = tmp_path / "sw.slab"
+    tier, view = _make(p, checkpoint_every=1 << 20)
+    data = _fill(view, CHUNK, 31)
+    await tier.open()
+    assert (await tier.offload([b"a"], [0])).ok
+    journal = tier._journal
+    assert journal is not None
+    gen = journal.gen
+    squatter = journal.path(gen + 1)
+    squatter.mkdir()
+    with pytest.raises(IsADirectoryError):
+        await asyncio.to_thread(tier.checkpoint)
+    assert journal.broken is None and journal.gen == gen
+    assert (await tier.offload([b"b", b"c"], [1, 2])).ok
+    _crash(tier)
+    squatter.rmdir()
+    tier, view = _make(p)
+    async with tier:
+        res = await tier.load([b"a", b"b", b"c"], [3, 4, 5])
+        assert res.ok and [_chunk(view, CHUNK, i) for i in (3, 4, 5)] == data[:3]
+        await asyncio.to_thread(tier.checkpoint)  # nothing in the way: the switch happens
+        assert tier._journal is not None and tier._journal.gen > gen
+        assert (await tier.offload([b"d"], [3])).ok
+    tier, view = _make(p)
+    async with tier:
+        assert await tier.lookup([b"a", b"b", b"c", b"d"]) == [True] * 4
+
+
+async def test_a_failed_write_while_switching_generations_is_mended(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The last batch of a generation fails to write (ENOSPC) during a checkpoint: the
+    checkpoint fails, the batch is cut back and queued again, and the tier goes on."""
+    import tiers.nvme as nvme_mod
+
+    p = tmp_path / "sw.slab"
+    tier, view = _make(p, checkpoint_every=1 << 20)
+    data = _fill(view, CHUNK, 37)
+    real_write = nvme_mod._write_all
+    faults = [1]
+
+    def once_full(fd: int, mv: memoryview) -> None:
+        journal = tier._journal
+        if faults[0] and journal is not None and fd == journal.fd:
+            faults[0] = 0
+            real_write(fd, mv[: len(mv) // 2])
+            raise OSError(errno.ENOSPC, "No space left on device (simulated, once)")
+        real_write(fd, mv)
+
+    await tier.open()
+    journal = tier._journal
+    assert journal is not None
+    gen = journal.gen
+    journal.append(nvme_mod._pack_record(nvme_mod._EVICT, b"nothing", 0, 0, 0))  # a batch to write
+    monkeypatch.setattr(nvme_mod, "_write_all", once_full)
+    with pytest.raises(OSError, match="simulated"):
+        await asyncio.to_thread(tier.checkpoint)
+    assert journal.broken is None and journal.mended == 1 and journal.gen == gen
+    assert tier.stats().extra["journal_mended"] == 1
+    assert (await tier.offload([b"a", b"b"], [0, 1])).ok
+    _crash(tier)
+    tier, view = _make(p)
+    async with tier:
+        res = await tier.load([b"a", b"b"], [2, 3])
+        assert res.ok and [_chunk(view, CHUNK, i) for i in (2, 3)] == data[:2]
+
+
+async def test_the_checkpointer_retries_a_failed_checkpoint_later(tmp_path: Path) -> None:
+    """A checkpoint that keeps failing is retried after a pause, not on every store, and
+    succeeds once its cause is gone."""
+    p = tmp_path / "rt.slab"
+    tier, view = _make(p, checkpoint_every=2)
+    _fill(view, CHUNK, 41)
+    async with tier:
+        journal = tier._journal
+        assert journal is not None
+        squatter = journal.path(journal.gen + 1)
+        squatter.mkdir()
+        for i in range(0, 8, 2):
+            assert (await tier.offload([b"r%d" % i, b"r%d" % (i + 1)], [i, i + 1])).ok
+        for _ in range(1000):
+            if tier._ckpt_retrying:
+                break
+            await asyncio.sleep(0.01)
+        extra = tier.stats().extra
+        assert tier._ckpt_retrying and extra.get("checkpoints", 0) == 0 and extra["checkpoint_failures"] >= 1
+        squatter.rmdir()
+        for _ in range(3000):  # the first retry comes after _CKPT_RETRY_MIN_S
+            if tier.stats().extra.get("checkpoints"):
+                break
+            await asyncio.sleep(0.01)
+        assert tier.stats().extra.get("checkpoints", 0) >= 1 and not tier._ckpt_retrying
+        assert (await tier.offload([b"r8"], [8])).ok
+    tier, view = _make(p)
+    async with tier:
+        assert await tier.lookup([b"r%d" % i for i in range(9)]) == [True] * 9
+
+
 # -- recovery -------------------------------------------------------------------------------------------
 async def test_reopen_recovers_index_and_lru_order(tmp_path: Path) -> None:
     p = tmp_path / "re.slab"

@@ -44,6 +44,11 @@ after a crash at any moment:
 * **Checkpoints** are written to a temporary file, synced and renamed; the journal rotates
   to a new generation at the snapshot, so replay is "checkpoint + every journal of a
   generation >= the checkpoint's", whatever moment the crash hit.
+* **A failing index directory** (full, read-only, EIO) fails the stores whose records did
+  not make it, not the tier: a failed journal write is cut back to its last good length
+  and its records are queued again (``journal_mended`` in stats); a generation that cannot
+  be started leaves the journal in the one it had. A failed checkpoint is retried after a
+  pause that doubles up to a minute (``checkpoint_failures``); replay grows meanwhile.
 
 Recovery reads one checkpoint (per-slot arrays: keys, LRU links, seqs, checksums; one
 checksum; restored with bulk operations) and replays at most ``checkpoint_every`` records,
@@ -140,6 +145,7 @@ _U64 = struct.Struct("<Q")
 _PUBLISH, _EVICT = 1, 2
 _IO_ENGINES = ("psync", "io_uring", "auto")
 _EPOCH_SHIFT = 32
+_CKPT_RETRY_MIN_S, _CKPT_RETRY_MAX_S = 0.5, 60.0  # pause after a failed checkpoint, doubling
 
 
 def _xxh(data: bytes | memoryview | bytearray) -> int:
@@ -307,8 +313,16 @@ class _Journal:
     the journal) covers every record queued meanwhile. A ticket is the record's position.
     """
 
-    def __init__(self, prefix: Path, slab_id: bytes, data_fds: list[int], durable: bool) -> None:
+    def __init__(
+        self,
+        prefix: Path,
+        slab_id: bytes,
+        data_fds: list[int],
+        durable: bool,
+        count: Callable[[str], None] = lambda name: None,
+    ) -> None:
         self.prefix = prefix
+        self._count = count  # the tier's stats counter
         self.slab_id = slab_id
         self.data_fds = data_fds
         self.durable = durable
@@ -400,6 +414,7 @@ class _Journal:
         """Write ``batch`` (records up to ``target``); with ``rotate_to``, then sync and switch
         to that journal generation. The caller holds ``_busy``."""
         err: BaseException | None = None
+        written = False
         start = self._end
         data = b"".join(batch)
         try:
@@ -411,12 +426,23 @@ class _Journal:
             if self.durable or rotate_to is not None:
                 os.fdatasync(self.fd)
             self._end = start + len(data)
+            written = True
             if rotate_to is not None:
                 self.open_gen(rotate_to, None)
         except BaseException as e:
             err = e
         mended = False
-        if err is not None and rotate_to is None:
+        if written:
+            if err is not None:
+                # The records are in; only the switch failed (open_gen left this generation
+                # current): go on appending here, a later checkpoint tries again.
+                log.warning(
+                    "nvme journal %s: cannot start generation %s (%r); appending to this one",
+                    self.path(self.gen),
+                    rotate_to,
+                    err,
+                )
+        elif err is not None:
             # A full or failing disk may recover. Cut off what may be half-written and queue
             # the batch again, ahead of what came meanwhile: the next wait() writes it. Its
             # waiters hear of this failure now (a store so reported may still end up stored).
@@ -430,14 +456,15 @@ class _Journal:
             log.warning("nvme journal %s: a flush failed (%r); %s", self.path(self.gen), err, what)
         with self._cv:
             self._busy = False
-            if err is None:
+            if written:
                 self._done = target
                 self.flushes += 1
-                if rotate_to is not None:
+                if err is None and rotate_to is not None:
                     self.since_checkpoint = 0
             elif mended:
                 self._pending[:0] = batch
                 self.mended += 1
+                self._count("journal_mended")
             else:  # records may be half-written and cannot be cut off: no more acknowledgements
                 self.broken = err
             self._cv.notify_all()
@@ -776,6 +803,8 @@ class NvmeTier(BlockingChunkTier):
         self._ckpt_lock = threading.Lock()
         self._ckpt_wake = threading.Event()
         self._ckpt_stop = False
+        #: the checkpointer waits out a failed checkpoint; stores do not wake it meanwhile
+        self._ckpt_retrying = False
         self._ckpt_thread: threading.Thread | None = None
 
     # -- geometry and buffers ---------------------------------------------------------------
@@ -1003,7 +1032,7 @@ class NvmeTier(BlockingChunkTier):
         prefix = self._index_prefix()
         prefix.parent.mkdir(parents=True, exist_ok=True)
         ck_path = prefix.with_name(prefix.name + ".ckpt")
-        journal = _Journal(prefix, self._slab_id, self._fds, self.durability == "fsync")
+        journal = _Journal(prefix, self._slab_id, self._fds, self.durability == "fsync", self._stats.incr)
         gens = sorted(
             int(p.name.rsplit(".", 1)[1])
             for p in prefix.parent.glob(prefix.name + ".journal.*")
@@ -1060,6 +1089,11 @@ class NvmeTier(BlockingChunkTier):
                 p.unlink()
             self._stats.incr("checkpoints")
 
+    def _checkpoint_if_due(self, journal: _Journal) -> None:
+        """Wake the checkpointer once enough records are queued (not while it waits to retry)."""
+        if journal.since_checkpoint >= self.checkpoint_every and not self._ckpt_retrying:
+            self._ckpt_wake.set()
+
     def close_medium(self) -> None:
         """Stop the checkpointer, write a final checkpoint (a clean reopen replays nothing), close."""
         self._ckpt_stop = True
@@ -1110,8 +1144,7 @@ class NvmeTier(BlockingChunkTier):
                 idx.release(s, t)
             if victims:
                 self._stats.incr("evictions", len(victims))
-            if journal.since_checkpoint >= self.checkpoint_every:
-                self._ckpt_wake.set()
+            self._checkpoint_if_due(journal)
             if not idx.free:
                 raise CapacityError(f"no free slot: all {idx.nslots} slots are being written or read", key)
         slot = idx.free.pop()
@@ -1134,8 +1167,7 @@ class NvmeTier(BlockingChunkTier):
             old = idx.put(key, slot)
             if old is not None:  # a concurrent store of the same key won earlier: free its slot
                 idx.release(old, ticket)
-            if journal.since_checkpoint >= self.checkpoint_every:
-                self._ckpt_wake.set()
+            self._checkpoint_if_due(journal)
         return ticket
 
     def _abort(self, key: bytes, slot: int, ticket: int = 0) -> None:
@@ -1402,8 +1434,7 @@ class NvmeTier(BlockingChunkTier):
                     old = idx.put(k, slot)
                     if old is not None:  # an earlier store of the same key: free its slot
                         idx.release(old, t)
-                if journal.since_checkpoint >= self.checkpoint_every:
-                    self._ckpt_wake.set()
+                self._checkpoint_if_due(journal)
         return last
 
     def _pin_group(
@@ -1882,17 +1913,29 @@ class NvmeTier(BlockingChunkTier):
 
 
 def _checkpointer(ref: weakref.ReferenceType[NvmeTier], wake: threading.Event) -> None:
-    """Body of a tier's checkpoint thread: a checkpoint each time the journal asks for one."""
+    """Body of a tier's checkpoint thread: a checkpoint each time the journal asks for one.
+
+    A failed checkpoint (a full or failing index directory) is retried after a pause that
+    doubles up to :data:`_CKPT_RETRY_MAX_S`, not on every store: each try snapshots the whole
+    index under its lock. The journal keeps every record meanwhile; only replay grows.
+    """
+    delay: float | None = None
     while True:
-        wake.wait()
+        wake.wait(delay)
         wake.clear()
         tier = ref()
         if tier is None or tier._ckpt_stop:
             return
         try:
             tier.checkpoint()
-        except Exception as e:  # the journal still holds everything; try again later
-            log.warning("nvme: checkpoint failed: %r", e)
+        except Exception as e:
+            delay = min(_CKPT_RETRY_MAX_S, 2 * delay if delay else _CKPT_RETRY_MIN_S)
+            tier._ckpt_retrying = True
+            tier._stats.incr("checkpoint_failures")
+            log.warning("nvme: checkpoint failed (%r); the journal holds everything, next try in %.1f s", e, delay)
+        else:
+            delay = None
+            tier._ckpt_retrying = False
         del tier
 
 
