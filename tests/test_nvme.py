@@ -424,6 +424,40 @@ async def test_a_store_found_stored_is_acknowledged_only_once_journaled(tmp_path
 
 
 @pytest.mark.parametrize("io_engine", ENGINES)
+@pytest.mark.parametrize("group", [False, True])
+async def test_a_store_found_stored_waits_for_its_own_record_only(tmp_path: Path, io_engine: str, group: bool) -> None:
+    """A store of a key whose record is in the journal is acknowledged at once, even while
+    other stores' records wait for a flush (it used to wait for every record queued, and so
+    for a flush, an fdatasync under durability="fsync", that it did not need)."""
+    tier, view = _make(tmp_path / "own.slab", io_engine=io_engine, max_inflight=4)
+    _fill(view, CHUNK, 43)
+    held, go_on = threading.Event(), threading.Event()
+    async with tier:
+        assert (await tier.offload([b"a", b"a2"], [0, 1])).ok  # journaled
+        journal = tier._journal
+        assert journal is not None
+        flush = journal._flush
+
+        def held_flush(*args: Any, **kw: Any) -> None:
+            if not held.is_set():
+                held.set()
+                go_on.wait(30)
+            flush(*args, **kw)
+
+        journal._flush = held_flush  # type: ignore[method-assign]
+        other = asyncio.ensure_future(tier.offload([b"b"], [2]))
+        assert await asyncio.to_thread(held.wait, 30)  # b's record is queued, its flush held
+        try:
+            again = asyncio.ensure_future(tier.offload([b"a", b"a2"] if group else [b"a"], [0, 1] if group else [0]))
+            done, _ = await asyncio.wait([again], timeout=20)
+            assert again in done and again.result().ok
+            assert not other.done()
+        finally:
+            go_on.set()
+        assert (await other).ok
+
+
+@pytest.mark.parametrize("io_engine", ENGINES)
 async def test_a_failed_journal_write_is_mended_and_the_tier_goes_on(
     tmp_path: Path, io_engine: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -552,6 +552,9 @@ class _SlotIndex:
         self.tail = -1  # most recently used
         self.slot_seq = array("Q", bytes(8 * nslots))
         self.slot_csum = array("Q", bytes(8 * nslots))
+        # the journal ticket of the record that published each slot's key (0: recovered, so
+        # already in the journal): a store that finds its key stored waits for that one only
+        self.slot_ticket = array("Q", bytes(8 * nslots))
         self.free: list[int] = []
         self.reuse_ticket: dict[int, int] = {}
         self.pins: dict[int, int] = {}
@@ -1164,6 +1167,7 @@ class NvmeTier(BlockingChunkTier):
                 return 0
             idx.slot_csum[slot] = csum
             ticket = journal.append(_pack_record(_PUBLISH, key, slot, seq, csum))
+            idx.slot_ticket[slot] = ticket
             old = idx.put(key, slot)
             if old is not None:  # a concurrent store of the same key won earlier: free its slot
                 idx.release(old, ticket)
@@ -1352,7 +1356,7 @@ class NvmeTier(BlockingChunkTier):
         assert idx is not None and journal is not None
         out: list[BaseException | None] = [None] * len(keys)
         slots: dict[int, tuple[int, int]] = {}
-        wait = 0
+        wait = skip_ticket = 0
         skipped: list[int] = []
         failed: list[int] = []
         with idx.lock:
@@ -1361,6 +1365,7 @@ class NvmeTier(BlockingChunkTier):
                 if have is not None:  # already stored: skip the write
                     idx.touch_slot(have)
                     skipped.append(p)
+                    skip_ticket = max(skip_ticket, idx.slot_ticket[have])
                     continue
                 try:
                     slot, seq, ticket = self._allocate_locked(idx, k)
@@ -1371,7 +1376,6 @@ class NvmeTier(BlockingChunkTier):
                 slots[p] = (slot, seq)
                 if ticket > wait:
                     wait = ticket
-            skip_ticket = journal.appended if skipped else 0  # their PUBLISH records are at or before it
         for p in failed:
             self._end_store(keys[p], t0, out[p])
         return out, slots, wait, (skipped, skip_ticket)
@@ -1431,6 +1435,7 @@ class NvmeTier(BlockingChunkTier):
             if recs:
                 last = journal.append_many(recs)
                 for t, (k, slot) in enumerate(puts, last - len(recs) + 1):
+                    idx.slot_ticket[slot] = t
                     old = idx.put(k, slot)
                     if old is not None:  # an earlier store of the same key: free its slot
                         idx.release(old, t)
@@ -1875,7 +1880,7 @@ class NvmeTier(BlockingChunkTier):
             if slot is None:
                 return []
             idx.touch_slot(slot)
-            ticket = journal.appended  # the record that published it is at or before this one
+            ticket = idx.slot_ticket[slot]  # the record that published it
         journal.wait(ticket)  # (worker threads only) acknowledged as stored once it is journaled
         return None  # already stored: skip the write
 
