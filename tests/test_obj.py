@@ -254,6 +254,92 @@ async def test_large_chunks_go_in_parallel_parts_and_ranges() -> None:
         assert extra["multipart_uploads"] == 2 and extra["ranged_downloads"] == 2
 
 
+@on_asyncio_only
+@pytest.mark.parametrize("where", ["file", "s3"])
+async def test_short_objects_on_the_ranged_path_fail_their_key_as_bad_and_are_deleted(
+    where: str, tmp_path: Path
+) -> None:
+    """A chunk larger than part_size is fetched in ranges; an object cut short (in the last
+    part, in a middle part, down to its header) fails its key as a bad copy and is deleted.
+    A range past the end of a short object used to make obstore panic: the load failed as
+    "other", the object stayed, and every later load failed the same way."""
+    import obstore
+
+    mib = 1 << 20
+    if where == "s3":
+        rig = Rig(chunk_bytes=11 * mib, num_chunks=6)
+        tier = rig.tier(s3_config(part_size=5 * mib, lookup_ttl_s=0, lookup_negative_ttl_s=0))
+        cuts = [11 * mib - 1000, 7 * mib, 200]
+    else:
+        rig = Rig(chunk_bytes=CHUNK, num_chunks=6)
+        tier = rig.tier({"type": "obj", "url": f"file://{tmp_path}/store", "part_size": 16 * 1024})
+        cuts = [CHUNK - 1000, 40 * 1024, 200]
+    async with tier:
+        ks = keys(3)
+        assert (await tier.offload(ks, [0, 1, 2])).ok
+        st = tier._st()
+        for k, keep in zip(ks, cuts):
+            body = obstore.get(st, tier._path(k)).bytes()
+            obstore.put(st, tier._path(k), bytes(body)[:keep])
+        res = await tier.load(ks, [3, 4, 5])
+        assert set(res.failed) == set(ks) and kinds(res) == {"checksum"}, res.failed
+        assert await tier.lookup(ks) == [False] * 3  # deleted
+        assert kinds(await tier.load(ks, [3, 4, 5])) == {"not_found"}
+        assert tier.breaker_state == "closed"
+
+
+async def test_a_probe_that_raises_a_base_exception_still_ends_its_turn() -> None:
+    """The half-open breaker lets one request through as a probe; one that ends in a
+    BaseException that is no answer (obstore's pyo3 PanicException is one) must still end
+    the probe, else the breaker refuses every request of the tier from then on."""
+
+    class Panic(BaseException):
+        pass
+
+    rig = Rig()
+    tier = rig.tier({"type": "obj", "url": "memory://", "breaker_threshold": 1, "breaker_cooldown_s": 0.05})
+    async with tier:
+        tier._breaker.failure(False)  # one failure opens it (threshold 1)
+        assert tier.breaker_state == "open"
+        await asyncio.sleep(0.1)  # the cooldown passes
+        with pytest.raises(Panic), tier._guarded(b"probe"):
+            raise Panic("range start must not be greater than end")
+        ks = keys(1)
+        res = await until_ok(lambda: tier.offload(ks, [0]))
+        assert res.ok
+
+
+async def test_verify_without_remove_keeps_a_bad_object_accounted() -> None:
+    """fsck without --remove: a bad object found by verify_chunks stays in the store, so it
+    stays in the capacity account (it used to be dropped from it, left untracked)."""
+    import obstore
+
+    rig = Rig()
+    tier = rig.tier({"type": "obj", "url": "memory://", "capacity_bytes": 1 << 30})
+    async with tier:
+        ks = keys(3)
+        assert (await tier.offload(ks, [0, 1, 2])).ok
+        st = tier._st()
+        body = bytearray(obstore.get(st, tier._path(ks[0])).bytes())
+        body[-1] ^= 1
+        obstore.put(st, tier._path(ks[0]), bytes(body))
+        before = tier.stats()
+        res = await tier.verify_chunks(ks, remove_bad=False)
+        assert set(res.failed) == {ks[0]}
+        after = tier.stats()
+        assert (
+            (after.used_bytes, after.stored_chunks)
+            == (before.used_bytes, before.stored_chunks)
+            == (
+                before.used_bytes,
+                3,
+            )
+        )
+        res = await tier.verify_chunks(ks, remove_bad=True)
+        assert set(res.failed) == {ks[0]}
+        assert tier.stats().stored_chunks == 2 and tier.stats().used_bytes == before.used_bytes * 2 // 3
+
+
 async def test_capacity_evicts_least_recently_used_by_delete(tmp_path: Path) -> None:
     rig = Rig()
     url = f"file://{tmp_path}/store"
