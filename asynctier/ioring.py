@@ -204,6 +204,9 @@ class Ring:
         except OSError as e:  # ENOSYS (old kernel), EPERM (seccomp, io_uring_disabled), ENOMEM
             raise RingUnavailable(f"io_uring_setup failed: {e}") from e
         self._maps: list[mmap.mmap] = []
+        # what close() reads, set before anything below can fail and call it
+        self.eventfd: int | None = None
+        self._kept: dict[int, Any] = {}
         try:
             if not p.features & _IORING_FEAT_SINGLE_MMAP or not p.features & _IORING_FEAT_NODROP:
                 raise RingUnavailable("this kernel's io_uring lacks SINGLE_MMAP/NODROP (needs Linux 5.5+)")
@@ -213,6 +216,9 @@ class Ring:
             self._maps.append(ring)
             sqes = mmap.mmap(self.fd, p.sq_entries * _SQE.size, offset=_IORING_OFF_SQES)
             self._maps.append(sqes)
+        except OSError as e:  # ENOMEM (a memory limit): no ring here, threads will do
+            self.close()
+            raise RingUnavailable(f"io_uring rings could not be mapped: {e}") from e
         except BaseException:
             self.close()
             raise
@@ -232,9 +238,7 @@ class Ring:
         self._sq_tail: int = _U32.unpack_from(ring, p.sq_tail)[0]
         self._sq_head: int = self._sq_tail  # last seen; re-read only when the queue looks full
         self._to_submit = 0
-        self._kept: dict[int, Any] = {}
         self._supported: frozenset[int] | None = None
-        self.eventfd: int | None = None
         self.files = files
         if files:
             try:
@@ -427,6 +431,15 @@ class Ring:
     def mark(self) -> tuple[int, int]:
         """Where the queue ends now, for :meth:`roll_back`."""
         return self._sq_tail, self._to_submit
+
+    def is_chain(self, mark: tuple[int, int], n: int) -> bool:
+        """Whether exactly ``n`` entries were prepared since :meth:`mark` and the last of them
+        is not linked (else the kernel links it to whatever entry is queued next, another
+        caller's, and a failure here cancels that one without a completion)."""
+        if (self._sq_tail - mark[0]) & 0xFFFFFFFF != n:
+            return False
+        last = (self._sq_tail - 1) & self._sq_mask
+        return not self._sqes[last * 64 + 1] & (IOSQE_IO_LINK | IOSQE_IO_HARDLINK)
 
     def roll_back(self, mark: tuple[int, int]) -> None:
         """Take back the entries prepared since :meth:`mark` (none submitted since)."""
@@ -646,6 +659,8 @@ class LoopRing:
         mark = self.ring.mark()
         try:
             paths = prep(self.ring, cid * self._STAGES)  # the kernel copies them when it takes the entries
+            if not self.ring.is_chain(mark, n):
+                raise ValueError(f"a chain must be {n} entries, each linked to the next but the last")
         except BaseException:
             self.ring.roll_back(mark)  # no entry of a chain nobody waits for may reach the kernel
             raise
@@ -757,6 +772,28 @@ class LoopRing:
         if finished and not self._wake_scheduled:
             self._wake_scheduled = True
             self._loop.call_soon(self._wake_some)
+
+    def abandon(self) -> None:
+        """Tear the ring down without waiting, from any thread: for the finalizer of an owner
+        dropped without :meth:`aclose`. With chains in flight it stays open (the kernel may
+        still write their buffers: a leak, not a corruption)."""
+        if self._closed or self._chains:
+            return
+        if self._loop.is_closed():  # its selector is gone, and with it the reader
+            self._closed = True
+            self.ring.close()
+            return
+        try:
+            self._loop.call_soon_threadsafe(self._abandon_on_loop)
+        except RuntimeError:  # closed meanwhile
+            pass
+
+    def _abandon_on_loop(self) -> None:
+        if self._closed or self._chains or self._finished:
+            return
+        self._closed = True
+        self._loop.remove_reader(self._efd)
+        self.ring.close()
 
     async def aclose(self) -> None:
         """Wait for chains in flight, then tear the ring down (idempotent)."""

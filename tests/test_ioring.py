@@ -436,3 +436,78 @@ async def test_a_chain_is_never_half_queued_when_the_kernel_pushes_back(
     finally:
         await lring.aclose()
         os.close(fd)
+
+
+async def test_a_chain_that_is_not_one_closed_link_is_refused_and_taken_back(tmp_path: Path) -> None:
+    """A chain whose last entry is still linked would join the next caller's chain in the
+    same submit, and a failure of its own would cancel that one with no completion: its
+    waiter hung for good (an fs store through a file made ahead did this). Such a chain, or
+    one of a different length than declared, is refused and nothing of it is queued."""
+    path = tmp_path / "data.bin"
+    path.write_bytes(b"FROMDISK")
+    fd = os.open(path, os.O_RDONLY)
+    lring = LoopRing(entries=8, kernel_workers=0)
+    buf = bytearray(b"........")
+    iov = lring.ring.iovec([memoryview(buf)])
+
+    def dangling(r: Ring, ud: int) -> None:
+        r.prep_rw(ud, False, fd, iov, 0, sqe_flags=IOSQE_IO_LINK)
+        r._push(ioring.OP_NOP, IOSQE_IO_HARDLINK, 0, 0, 0, 0, 0, ud + 1)  # links to nothing of its own
+
+    def one_short(r: Ring, ud: int) -> None:
+        r.prep_rw(ud, False, fd, iov, 0)
+
+    def nop(r: Ring, ud: int) -> None:
+        r._push(ioring.OP_NOP, 0, 0, 0, 0, 0, 0, ud)
+
+    try:
+        with pytest.raises(ValueError, match="last"):
+            await lring.run(2, dangling, keep=iov)
+        with pytest.raises(ValueError, match="2 entries"):
+            await lring.run(2, one_short, keep=iov)
+        assert await lring.run(1, nop) == [0]  # the next chain runs alone: nothing was queued
+        await asyncio.sleep(0.05)
+        assert bytes(buf) == b"........" and lring.in_flight == 0
+    finally:
+        await lring.aclose()
+        os.close(fd)
+
+
+def test_a_ring_that_cannot_be_mapped_is_unavailable_and_leaks_nothing() -> None:
+    """The ring's memory refused (RLIMIT_AS, in a child process): RingUnavailable, so tiers
+    fall back to threads, and no descriptor is left. close() used to run before the fields
+    it reads existed: an AttributeError hid the reason and leaked the ring's descriptor."""
+    import subprocess
+    import sys
+    import textwrap
+
+    code = textwrap.dedent(
+        """
+        import os, resource
+        from asynctier import ioring
+
+        def ring_fds():
+            n = 0
+            for f in os.listdir("/proc/self/fd"):
+                try:
+                    n += os.readlink(f"/proc/self/fd/{f}") == "anon_inode:[io_uring]"
+                except OSError:
+                    pass
+            return n
+
+        before = ring_fds()
+        vm = int([l for l in open("/proc/self/status") if l.startswith("VmSize")][0].split()[1]) * 1024
+        soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+        resource.setrlimit(resource.RLIMIT_AS, (vm + 4096, hard))
+        try:
+            ioring.Ring(entries=4096)
+            what = "no error"
+        except Exception as e:
+            what = type(e).__name__
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+        print(what, ring_fds() - before)
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["RingUnavailable", "0"]

@@ -936,6 +936,7 @@ class FsTier(BlockingChunkTier):
                 self._lring = ioring.LoopRing(
                     entries=max(64, 1 << (8 * slots - 1).bit_length()), files=slots, eager_submit=True
                 )
+                weakref.finalize(self, self._lring.abandon)  # dropped without aclose(): no leak
             except BaseException:
                 await super()._close_medium()
                 raise
@@ -1119,6 +1120,9 @@ class FsTier(BlockingChunkTier):
             n = nxt
             wfd, wfixed = (pooled, 0) if pooled is not None else (slot, FIXED)
 
+            def link(stage: str) -> int:  # the last entry links to nothing (see LoopRing.run)
+                return LINK if at[stage] != n - 1 else 0
+
             def prep(ring: ioring.Ring, ud: int) -> list[Any]:
                 keep = []
                 for i, (vfd, vname) in enumerate(vnames):  # a failed unlink does not stop the write
@@ -1135,11 +1139,13 @@ class FsTier(BlockingChunkTier):
                     ring.prep_fsync(ud + at["datasync"], wfd, datasync=True, sqe_flags=LINK | wfixed)
                 if pooled is not None:
                     keep.append(ring.prep_linkat(ud + at["link"], src_fd, src, dfd, bname, _AT_SYMLINK_FOLLOW,
-                                                 sqe_flags=LINK))  # fmt: skip
+                                                 sqe_flags=link("link")))  # fmt: skip
                 else:
-                    keep.append(ring.prep_renameat(ud + at["rename"], src_fd, src, dfd, bname, sqe_flags=LINK))
+                    keep.append(
+                        ring.prep_renameat(ud + at["rename"], src_fd, src, dfd, bname, sqe_flags=link("rename"))
+                    )
                 if sync:
-                    ring.prep_fsync(ud + at["dirsync"], dfd, datasync=False, sqe_flags=LINK)
+                    ring.prep_fsync(ud + at["dirsync"], dfd, datasync=False, sqe_flags=link("dirsync"))
                 if pooled is None:
                     ring.prep_close(ud + at["close"], slot=slot)
                 return keep

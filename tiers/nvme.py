@@ -1638,6 +1638,7 @@ class NvmeTier(BlockingChunkTier):
             # any other ring this event loop drives). Writes into written blocks complete
             # inline; only a slot's first write into a fallocated extent goes to a worker.
             self._lring = ioring.LoopRing(entries=max(64, 1 << (4 * jobs - 1).bit_length()), kernel_workers=0)
+            weakref.finalize(self, self._lring.abandon)  # dropped without aclose(): no leak
         except BaseException:
             await super()._close_medium()
             raise
