@@ -62,7 +62,12 @@ Capacity
     creation, and abort incomplete multipart uploads after a day). With ``capacity_bytes``
     the tier evicts least recently used chunks by DELETE; it knows the chunks it found under
     its prefix at ``open()`` and those it stored or loaded since, so several servers sharing a
-    prefix each enforce the bound on their own view (approximate, not a global bound).
+    prefix each enforce the bound on their own view (approximate, not a global bound). A
+    chunk loaded that this view lacked joins it; the next store evicts to make up for it. A
+    store of a key the view holds asks the store first (HEAD): another server, or a
+    lifecycle rule, may have deleted it. A victim whose DELETE fails stays in the view (it
+    is still in the bucket) and the store that needed its room fails with a capacity error
+    (``eviction_failures`` in stats), rather than the bucket outgrowing the bound unseen.
 
 Sharing
     Two tiers on one bucket and prefix (two servers) see each other's chunks: every load,
@@ -99,7 +104,7 @@ from obstore.exceptions import NotFoundError
 from obstore.store import LocalStore, MemoryStore, from_url
 
 from asynctier import BlockingChunkTier, ChunkError, ChunkNotFoundError, IntegrityError, TierConfigError, engines
-from asynctier.errors import ChunkTimeoutError, TierUnavailableError
+from asynctier.errors import CapacityError, ChunkTimeoutError, TierUnavailableError
 from asynctier.integrity import ChunkHeader, checksum, key_token
 from asynctier.lru import LRUIndex
 from asynctier.stats import TierStats
@@ -567,12 +572,10 @@ class ObjTier(BlockingChunkTier):
         found.sort()
         for _, key, size in found:
             self._lru.add(key, size)
-        victims = self._lru.evict_over_capacity()
-        try:
-            for victim in victims:
-                self._evict(victim)
-        finally:
-            self._lru.removed(victims)
+        failed = self._evict_all(self._lru.evict_over_capacity())
+        if failed:
+            log.warning("obj tier %s: %d chunk(s) over capacity could not be deleted (%r); still counted",
+                        self.url, len(failed), failed[0])  # fmt: skip
 
     def close_medium(self) -> None:
         self._store = None
@@ -641,16 +644,28 @@ class ObjTier(BlockingChunkTier):
     def write_chunk(self, key: bytes, data: memoryview) -> None:
         lru = self._lru
         if lru is not None:
+            size = ChunkHeader.packed_size(len(key)) + data.nbytes
             # an old copy's DELETE must not land after this PUT: wait it out
-            victims = self._after_removal(lru.reserve, key, ChunkHeader.packed_size(len(key)) + data.nbytes)
+            victims = self._after_removal(lru.reserve, key, size)
             if victims is None:
-                self._stats.incr("skipped_known_stored")
-                return
-            try:
-                for v in victims:
-                    self._evict(v)
-            finally:
-                lru.removed(victims)
+                # The account says stored; the store says so too, or it is stored again: another
+                # server on the prefix, or a lifecycle rule, may have deleted it since.
+                if self.chunk_exists(key):
+                    self._stats.incr("skipped_known_stored")
+                    return
+                lru.discard(key)
+                victims = self._after_removal(lru.reserve, key, size)
+                if victims is None:  # stored here meanwhile
+                    self._stats.incr("skipped_known_stored")
+                    return
+            failed = self._evict_all(victims)
+            if failed:
+                lru.abort(key)
+                raise CapacityError(
+                    f"no room within capacity_bytes: deleting {len(failed)} least recently used chunk(s) "
+                    f"failed: {failed[0]}",
+                    key,
+                ) from failed[0]
         try:
             self._put(key, data)
         except BaseException:
@@ -682,15 +697,18 @@ class ObjTier(BlockingChunkTier):
 
     def read_chunk(self, key: bytes, out: memoryview) -> None:
         lru = self._lru
-        pinned = lru.pin(key) if lru is not None else False
+        # Pinned before the GET, and taken into the account if absent (another server stored
+        # it): a removal or a write of the key here meanwhile is seen. None: it is being
+        # removed or written here now; read it, but leave the account to them.
+        entry = lru.adopt_pinned_entry(key, ChunkHeader.packed_size(len(key)) + out.nbytes) if lru is not None else None
         ok = False
         try:
             self._get_into(key, out)
             ok = True
         except ChunkNotFoundError:
             self._cache.forget(key)
-            if lru is not None:
-                lru.discard(key)
+            if lru is not None and entry is not None:
+                lru.discard(key, entry=entry)
             raise
         except IntegrityError:
             # the object is still there: it leaves the account when it is deleted (a load
@@ -698,10 +716,8 @@ class ObjTier(BlockingChunkTier):
             self._cache.forget(key)
             raise
         finally:
-            if lru is not None and pinned:
-                lru.unpin(key, touch=ok)
-        if lru is not None and not pinned:
-            lru.add(key, ChunkHeader.packed_size(len(key)) + out.nbytes)  # another server stored it
+            if lru is not None and entry is not None:
+                lru.unpin(key, touch=ok, entry=entry)
         self._cache.put(key, True)
 
     def _get_into(self, key: bytes, out: memoryview) -> None:
@@ -787,15 +803,29 @@ class ObjTier(BlockingChunkTier):
         self._cache.put(key, False)
         return True
 
-    def _evict(self, key: bytes) -> None:
-        # overrides the base helper: the victim left the index already (and is held as being
-        # removed until its DELETE is over): the object goes, with its lookup cache entry
+    def _evict_all(self, victims: list[bytes]) -> list[Exception]:
+        """Delete the objects of ``victims`` (handed out by the account, held as being removed
+        till now). One whose DELETE fails is still in the bucket: it goes back into the
+        account as least recently used (tried first next time), never silently dropped from
+        it; the failures are returned."""
+        lru = self._lru
+        assert lru is not None
+        failed: list[tuple[bytes, Exception]] = []
         try:
-            self._delete_object(key)
-        except Exception as e:
-            self._evicted(key, e)
-        else:
-            self._evicted(key, None)
+            for v in victims:
+                try:
+                    self._delete_object(v)
+                except Exception as e:
+                    failed.append((v, e))
+                else:
+                    self._evicted(v, None)
+        finally:
+            lru.removed(victims)
+        if failed:
+            self._stats.incr("eviction_failures", len(failed))
+            back = [(0, v, ChunkHeader.packed_size(len(v)) + self.offloading_spec.chunk_bytes) for v, _ in failed]
+            lru.merge_older(back, set())
+        return [e for _, e in failed]
 
     def list_chunks(self) -> list[bytes]:
         out = []
