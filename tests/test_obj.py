@@ -770,3 +770,39 @@ async def test_a_load_neither_overrides_a_write_in_flight_nor_revives_a_removed_
         lru.abort(ks[0])
         lru.removed([ks[1]])
         assert tier.stats().stored_chunks == 1
+
+
+@pytest.mark.parametrize("where", ["memory", "s3"])
+async def test_deleting_a_bad_copy_leaves_a_copy_stored_since(where: str) -> None:
+    """A load finds a bad object, and a good copy is stored under the same name before the
+    bad one is deleted (a racing offload here or on another server): the good one stays.
+    The delete went by name: the offload was reported stored and its copy was gone."""
+    import obstore
+
+    from asynctier import IntegrityError
+
+    rig = Rig()
+    cfg = s3_config(lookup_ttl_s=0, lookup_negative_ttl_s=0) if where == "s3" else {"type": "obj", "url": "memory://"}
+    tier = rig.tier(cfg)
+    async with tier:
+        ks = keys(2)
+        assert (await tier.offload(ks, [0, 1])).ok
+        st = tier._st()
+        for k in ks:
+            body = bytearray(obstore.get(st, tier._path(k)).bytes())
+            body[-1] ^= 1
+            obstore.put(st, tier._path(k), bytes(body))
+        out = memoryview(bytearray(CHUNK))
+        errs = []
+        for k in ks:
+            with pytest.raises(IntegrityError) as info:
+                await asyncio.to_thread(tier._get_into, k, out)
+            errs.append(info.value)
+        assert (await tier.offload(ks[:1], [0])).ok  # a good copy of ks[0], after the bad GET
+        for k, e in zip(ks, errs):
+            await asyncio.to_thread(tier._delete_bad_copy, k, e)
+        assert tier.stats().extra["bad_copy_replaced"] == 1
+        rig.zero()
+        res = await tier.load(ks[:1], [2])
+        assert res.ok and rig.chunk(2) == rig.orig_chunk(0)
+        assert await tier.lookup(ks[1:]) == [False]  # the bad one nobody replaced is gone

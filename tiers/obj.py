@@ -721,6 +721,17 @@ class ObjTier(BlockingChunkTier):
         self._cache.put(key, True)
 
     def _get_into(self, key: bytes, out: memoryview) -> None:
+        """GET the object into ``out`` and verify it; a bad copy's IntegrityError names its
+        ETag (``copy``), so that deleting it cannot take a copy stored since."""
+        etag: list[str | None] = [None]
+        try:
+            self._get_verified(key, out, etag)
+        except IntegrityError as e:
+            if e.copy is None and etag[0] is not None:
+                e.copy = ("etag", etag[0])
+            raise
+
+    def _get_verified(self, key: bytes, out: memoryview, etag: list[str | None]) -> None:
         hsize = ChunkHeader.packed_size(len(key))
         n = out.nbytes
         total = hsize + n
@@ -729,6 +740,7 @@ class ObjTier(BlockingChunkTier):
         with self._guarded(key):
             if total <= self.part_size:
                 res = obstore.get(st, path)
+                etag[0] = res.meta.get("e_tag")
                 size = res.meta["size"]
                 if size != total:
                     raise IntegrityError(f"object is {size} bytes, expected {total} (truncated or foreign)", key)
@@ -744,6 +756,7 @@ class ObjTier(BlockingChunkTier):
                 # the first part alone first: its answer tells the object's size, and a range
                 # past the end of a short object makes obstore 0.12 panic, not fail
                 res = obstore.get(st, path, options={"range": (0, self.part_size)})
+                etag[0] = res.meta.get("e_tag")
                 size = res.meta["size"]
                 if size != total:
                     raise IntegrityError(f"object is {size} bytes, expected {total} (truncated or foreign)", key)
@@ -771,6 +784,23 @@ class ObjTier(BlockingChunkTier):
 
     def _check_header(self, header: ChunkHeader, key: bytes, n: int) -> None:
         header.verify(b"", layout_digest=self.offloading_spec.layout_digest, payload_len=n, check_data=False)
+
+    def _delete_bad_copy(self, key: bytes, exc: BaseException) -> None:
+        """Delete the object that failed verification, unless another was stored under its
+        name since (this server or another): its ETag is compared first. A copy stored
+        between that HEAD and the DELETE can still be taken (S3 has no conditional DELETE)."""
+        copy = getattr(exc, "copy", None)
+        if isinstance(copy, tuple) and copy[0] == "etag":
+            self._stats.incr("head_requests")
+            try:
+                with self._guarded(key):
+                    now = obstore.head(self._st(), self._path(key)).get("e_tag")
+            except ChunkNotFoundError:
+                return  # gone already
+            if now != copy[1]:
+                self._stats.incr("bad_copy_replaced")
+                return  # a copy stored since: not ours to delete
+        self.delete_chunk(key)
 
     def chunk_exists(self, key: bytes) -> bool:
         self._stats.incr("head_requests")
