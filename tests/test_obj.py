@@ -512,6 +512,14 @@ async def test_config_errors_raise_at_construction(tmp_path: Path) -> None:
         {"url": "memory://", "client_options": "allow_http"},
         {"url": "memory://", "durability": "fsync"},
         {"url": "memory://", "nonsense": 1},
+        # refused only at open(), or never (a breaker that never closes), before
+        {"url": "memory://", "retry_timeout_s": float("inf")},
+        {"url": "memory://", "retry_backoff_s": float("inf")},
+        {"url": "memory://", "connect_timeout_s": float("inf")},
+        {"url": "memory://", "retry_max_backoff_s": 1e300},
+        {"url": "memory://", "breaker_cooldown_s": float("inf")},
+        {"url": "memory://", "lookup_ttl_s": float("nan")},
+        {"url": "memory://", "max_retries": 10**30},
     ):
         with pytest.raises((TierConfigError, TypeError)):
             rig.tier({"type": "obj", **bad})
@@ -724,7 +732,8 @@ async def test_a_failed_eviction_keeps_the_chunk_counted_and_fails_the_store(tmp
     root = tmp_path / "store"
     tier = rig.tier({"type": "obj", "url": f"file://{root}", "capacity_bytes": 2 * per})
     async with tier:
-        assert (await tier.offload(ks[:2], [0, 1])).ok
+        for i in range(2):  # one call each: ks[0] is the least recently used
+            assert (await tier.offload(ks[i : i + 1], [i])).ok
         victim = next(p for p in root.rglob("*") if p.is_file() and p.name == key_token(ks[0]))
         if _chattr("+i", victim) != 0:
             pytest.skip("this file system does not take the immutable attribute")

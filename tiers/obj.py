@@ -337,21 +337,30 @@ _DROPPED_RE = re.compile(
 _STATUS_RE = re.compile(r"status code: (\d{3})|status: (\d{3})")
 
 
+_MAX_SECONDS = 86400.0  # durations beyond a day are mistakes (inf, ms taken for s), and the client refuses some
+
+
 def _positive_number(name: str, value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:  # NaN too
-        raise TierConfigError(f"{name} must be a number > 0; got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= _MAX_SECONDS:  # NaN too
+        raise TierConfigError(f"{name} must be a number of seconds > 0 and <= {_MAX_SECONDS:g}; got {value!r}")
     return float(value)
 
 
 def _non_negative_number(name: str, value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:  # NaN too
-        raise TierConfigError(f"{name} must be a number >= 0; got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= _MAX_SECONDS:  # NaN too
+        raise TierConfigError(f"{name} must be a number of seconds >= 0 and <= {_MAX_SECONDS:g}; got {value!r}")
     return float(value)
 
 
-def _positive_integer(name: str, value: object, minimum: int = 1) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise TierConfigError(f"{name} must be an int >= {minimum}; got {value!r}")
+def _positive_integer(name: str, value: object, minimum: int = 1, maximum: int | None = None) -> int:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int)
+        or value < minimum
+        or (maximum is not None and value > maximum)
+    ):
+        bound = f">= {minimum}" if maximum is None else f"from {minimum} to {maximum}"
+        raise TierConfigError(f"{name} must be an int {bound}; got {value!r}")
     return value
 
 
@@ -440,7 +449,7 @@ class ObjTier(BlockingChunkTier):
                 f"part_size must be at least 5 MiB on S3 (its smallest multipart part); got {part_size}"
             )
         self.part_concurrency = _positive_integer("part_concurrency", part_concurrency)
-        self.max_retries = _positive_integer("max_retries", max_retries, minimum=0)
+        self.max_retries = _positive_integer("max_retries", max_retries, minimum=0, maximum=1000)
         default_rt = self.timeout_s if self.timeout_s else 30.0
         self.retry_timeout_s = _non_negative_number(
             "retry_timeout_s", default_rt if retry_timeout_s is None else retry_timeout_s
