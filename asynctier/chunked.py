@@ -25,7 +25,8 @@ import logging
 import math
 import time
 import weakref
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from typing import Any, ClassVar, Literal, TypeVar
 
 from . import engines
@@ -281,6 +282,9 @@ class ChunkTier(SecondaryTierManager):
     def _check_keys(keys: Sequence[bytes]) -> list[bytes]:
         if isinstance(keys, (bytes, bytearray, memoryview, str)):
             raise TypeError("keys must be a sequence of bytes keys (for example [key]), not a single key")
+        if isinstance(keys, (AbstractSet, Mapping)):  # their order is arbitrary: keys would meet the wrong slots
+            raise TypeError(f"keys must be an ordered sequence (a list or tuple), paired with chunk_ids by "
+                            f"position; got a {type(keys).__name__}")  # fmt: skip
         out = list(keys)
         for k in out:
             if type(k) is not bytes:
@@ -295,8 +299,10 @@ class ChunkTier(SecondaryTierManager):
         self, keys: Sequence[bytes], chunk_ids: Sequence[int], *, load: bool
     ) -> tuple[list[bytes], list[int]]:
         ks = self._check_keys(keys)
-        if isinstance(chunk_ids, (bytes, bytearray, str)):
-            raise TypeError("chunk_ids must be a sequence of ints")
+        if isinstance(chunk_ids, (bytes, bytearray, str, AbstractSet, Mapping)):
+            raise TypeError(
+                f"chunk_ids must be an ordered sequence of ints (a list or tuple); got a {type(chunk_ids).__name__}"
+            )
         ids = [self.offloading_spec.check_chunk_id(c) for c in chunk_ids]
         if len(ks) != len(ids):
             raise ValueError(f"got {len(ks)} keys but {len(ids)} chunk ids; they pair up one to one")

@@ -109,7 +109,7 @@ FAILURE_KINDS = ("io", "checksum", "not_found", "backpressure", "timeout", "capa
 def failure_kind(exc: BaseException) -> str:
     """Classify a per-chunk failure into one of :data:`FAILURE_KINDS` for stats."""
     if isinstance(exc, ChunkError):
-        return exc.kind
+        return exc.kind if exc.kind in FAILURE_KINDS else "other"  # a tier's own kind: counted, not lost
     if isinstance(exc, TimeoutError):
         return "timeout"
     if isinstance(exc, FileNotFoundError):

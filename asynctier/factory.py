@@ -55,7 +55,9 @@ def _import_class(module_path: str, class_name: str, what: str) -> type[Secondar
     except ImportError as e:
         raise TierConfigError(f"{what}: cannot import module {module_path!r}: {e}") from e
     try:
-        cls = getattr(module, class_name)
+        cls: Any = module
+        for part in class_name.split("."):  # entry points may name a nested class (mod:Outer.Inner)
+            cls = getattr(cls, part)
     except AttributeError:
         raise TierConfigError(f"{what}: module {module_path!r} has no attribute {class_name!r}") from None
     if not (isinstance(cls, type) and issubclass(cls, SecondaryTierManager)):
@@ -123,8 +125,7 @@ class SecondaryTierFactory:
         infos = list(cls._origins.values())
         for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
             if ep.name not in cls._origins:
-                module, _, attr = ep.value.partition(":")
-                infos.append(TierInfo(ep.name, module, attr, f"entry point ({ep.dist.name if ep.dist else '?'})"))
+                infos.append(TierInfo(ep.name, ep.module, ep.attr, f"entry point ({ep.dist.name if ep.dist else '?'})"))
         return infos
 
     @classmethod
@@ -146,19 +147,21 @@ class SecondaryTierFactory:
             raise TierConfigError("Secondary tier configuration must include 'type'")
         if not isinstance(tier_type, str):
             raise TierConfigError(f"'type' must be a str; got {tier_type!r}")
-        if tier_type in cls._registry:
-            return cls._registry[tier_type]()
         module_path = tier_config.get("module_path")
+        if tier_type in cls._registry:
+            if module_path is not None:  # as the reference factory: the registered tier wins, but say so
+                log.warning("tier type %r is registered: 'module_path' %r is ignored (rename the out-of-tree "
+                            "class to use it)", tier_type, module_path)  # fmt: skip
+            return cls._registry[tier_type]()
         if module_path is not None:
             if not isinstance(module_path, str):
                 raise TierConfigError(f"'module_path' must be a str; got {module_path!r}")
             log.info("Loading out-of-tree secondary tier %r from %r.", tier_type, module_path)
             return _import_class(module_path, tier_type, f"out-of-tree tier {tier_type!r}")
         for ep in metadata.entry_points(group=ENTRY_POINT_GROUP, name=tier_type):
-            module, _, attr = ep.value.partition(":")
-            if not attr:
+            if not ep.attr:
                 raise TierConfigError(f"entry point {tier_type!r} = {ep.value!r} must name 'module:Class'")
-            return _import_class(module, attr, f"tier {tier_type!r} (entry point)")
+            return _import_class(ep.module, ep.attr, f"tier {tier_type!r} (entry point)")
         known = sorted(i.tier_type for i in cls.registered())
         raise TierConfigError(
             f"Unknown secondary tier type: {tier_type!r}. Supported types: {known}. "

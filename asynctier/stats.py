@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import threading
 from collections import deque
 from dataclasses import dataclass, field
@@ -123,8 +124,8 @@ class _Reservoir:
         s = sorted(self._samples)
         n = len(s)
 
-        def pct(p: float) -> float:
-            return s[min(n - 1, int(p * n))]
+        def pct(p: float) -> float:  # nearest rank: the smallest sample with at least p of them at or below
+            return s[max(0, math.ceil(p * n) - 1)]
 
         return LatencySummary(count=self._count, p50=pct(0.50), p90=pct(0.90), p99=pct(0.99), max=s[-1])
 

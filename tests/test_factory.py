@@ -130,3 +130,80 @@ def test_entry_point_group_adds_a_tier_without_code(tmp_path: Path, monkeypatch:
     assert infos["plug"].source.startswith("entry point") and "plugtier" in infos["plug"].source
     tier = SecondaryTierFactory.create_secondary_tier({"type": "plug", "max_inflight": 2}, view(), SPEC)
     assert type(tier).__name__ == "PlugTier" and tier.tier_type == "plug"
+
+
+@pytest.mark.parametrize(
+    "n, value", [(1, "epmod1:Outer.Inner"), (2, "epmod2:PlugTier [extra]"), (3, "epmod3 : PlugTier")]
+)
+def test_entry_points_are_read_as_entry_points(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, n: int, value: str
+) -> None:
+    """Valid entry-point values with a nested class, extras or spaces around the colon resolve
+    (they were split by hand: "no attribute 'PlugTier [extra]'", "cannot import 'epmod3 '")."""
+    pkg = tmp_path / f"epmod{n}"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text(
+        "from tiers.memory import MemoryTier\n\n"
+        "class PlugTier(MemoryTier):\n    pass\n\n"
+        "class Outer:\n    class Inner(MemoryTier):\n        pass\n"
+    )
+    dist = tmp_path / f"epmod{n}-1.0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: epmod{n}\nVersion: 1.0\n")
+    (dist / "entry_points.txt").write_text(f"[{ENTRY_POINT_GROUP}]\nplug{n} = {value}\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    tier = SecondaryTierFactory.create_secondary_tier({"type": f"plug{n}"}, view(), SPEC)
+    assert type(tier).__name__ == ("Inner" if n == 1 else "PlugTier")
+
+
+def test_module_path_beside_a_registered_type_is_said_to_be_ignored(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level("WARNING", logger="asynctier.factory"):
+        tier = SecondaryTierFactory.create_secondary_tier({"type": "memory", "module_path": "userpkg"}, view(), SPEC)
+    assert type(tier).__name__ == "MemoryTier"
+    assert "'module_path' 'userpkg' is ignored" in caplog.text
+
+
+async def test_unordered_keys_or_ids_are_refused_before_any_io() -> None:
+    """A set's order is its hash order: offload({a, b}, [0, 1]) stored slot 0 under
+    whichever key came first, reported ok. Sets and mappings are refused."""
+    tier = SecondaryTierFactory.create_secondary_tier({"type": "memory"}, view(), SPEC)
+    async with tier:
+        with pytest.raises(TypeError, match="ordered sequence"):
+            await tier.offload({b"a", b"b"}, [0, 1])  # type: ignore[arg-type]
+        with pytest.raises(TypeError, match="ordered sequence"):
+            await tier.load([b"a", b"b"], {0, 1})  # type: ignore[arg-type]
+        with pytest.raises(TypeError, match="ordered sequence"):
+            await tier.offload({b"a": 0}, [0])  # type: ignore[arg-type]
+        assert tier.stats().offloaded == 0
+        assert (await tier.offload((k for k in [b"a", b"b"]), (0, 1))).ok  # an iterator keeps its order
+
+
+async def test_a_tier_error_of_its_own_kind_is_counted_as_other_not_lost() -> None:
+    """A ChunkError subclass with a kind of its own: the failure was replaced by a KeyError
+    from the stats and not counted."""
+    from asynctier import ChunkError
+    from tiers.memory import MemoryTier
+
+    class QuotaError(ChunkError):
+        kind = "quota"
+
+    class QuotaTier(MemoryTier):
+        def write_chunk(self, key: bytes, data: memoryview) -> None:
+            raise QuotaError("over quota", key)
+
+    tier = QuotaTier(primary_kv_view=view(), offloading_spec=SPEC)
+    async with tier:
+        res = await tier.offload([b"k"], [0])
+        assert isinstance(res.failed[b"k"], QuotaError)
+        assert tier.stats().failures["other"] == 1
+
+
+def test_latency_percentiles_are_nearest_rank() -> None:
+    from asynctier.stats import StatsRecorder
+
+    for n, want in ((2, (1.0, 2.0, 2.0)), (10, (5.0, 9.0, 10.0)), (100, (50.0, 90.0, 99.0))):
+        s = StatsRecorder()
+        for i in range(1, n + 1):
+            s.record_success("load", 0, float(i))
+        lat = s.latency("load")
+        assert (lat.p50, lat.p90, lat.p99) == want, n
