@@ -202,7 +202,10 @@ def spec_from_table(table: Mapping[str, Any], *, default_namespace: str = "defau
         chunk = parse_size(table["chunk_bytes"])
     except ValueError as e:
         raise TierConfigError(f"[spec] chunk_bytes: {e}") from e
-    return OffloadingSpec(chunk, int(table.get("num_chunks", 1)), str(table.get("namespace", default_namespace)))
+    num = table.get("num_chunks", 1)
+    if isinstance(num, bool) or not isinstance(num, int):
+        raise TierConfigError(f"[spec] num_chunks must be an int; got {num!r}")
+    return OffloadingSpec(chunk, num, str(table.get("namespace", default_namespace)))
 
 
 def _substitute(value: Any, mapping: Mapping[str, Any]) -> Any:
@@ -1210,6 +1213,28 @@ class FsckReport:
         return (not self.bad or self.removed == len(self.bad)) and not self.errors
 
 
+def _check_medium_exists(name: str, cfg: Mapping[str, Any]) -> None:
+    """A check creates nothing: a mistyped ``root``/``path`` is said, not made."""
+    for k in ("root", "path", "paths"):
+        value = cfg.get(k)
+        for where in value if isinstance(value, list) else [value]:
+            if isinstance(where, (str, os.PathLike)) and not os.path.exists(where):
+                raise TierConfigError(f"[tiers.{name}] {k}: {os.fspath(where)!r} does not exist: nothing to check")
+
+
+def _check_layout_exists(name: str, tier: Any, spec: OffloadingSpec) -> None:
+    """A tier that keeps a directory per layout (fs) has one for ``spec``, else the spec is
+    not the one the chunks were written with (opening would make an empty one)."""
+    layout_dir = getattr(tier, "dir", None)
+    if isinstance(layout_dir, Path) and not layout_dir.exists():
+        parent = layout_dir.parent
+        there = sorted(d.name for d in parent.iterdir() if d.is_dir()) if parent.is_dir() else []
+        raise TierConfigError(
+            f"[tiers.{name}]: nothing stored with this layout (chunk_bytes {spec.chunk_bytes}, namespace "
+            f"{spec.namespace!r}) under {parent}: no {layout_dir.name}; layouts there: {there or 'none'}"
+        )
+
+
 async def fsck(
     name: str,
     config: Mapping[str, Any],
@@ -1241,9 +1266,11 @@ async def fsck(
         cfg["verify"] = True
     if "background_scan" in accepted:
         cfg["background_scan"] = False  # list every chunk: the index must be complete before stored_keys()
+    _check_medium_exists(name, cfg)
     scratch = aligned_buffer(spec.total_bytes)  # never touched by verify_chunks; the tier wants a view
     tier = SecondaryTierFactory.create_secondary_tier(cfg, scratch, spec)
     assert isinstance(tier, ChunkTier)
+    _check_layout_exists(name, tier, spec)
     report = FsckReport(tier=name)
     async with tier:
         keys = await tier.stored_keys()

@@ -775,7 +775,9 @@ class BlockingChunkTier(ChunkTier):
 
     def _verify_job(self, key: bytes, remove_bad: int, t0: float) -> None:
         try:
-            self.read_chunk(key, memoryview(bytearray(self.offloading_spec.chunk_bytes)))
+            from .posix_io import aligned_buffer  # page-aligned: read as a load is (O_DIRECT)
+
+            self.read_chunk(key, aligned_buffer(self.offloading_spec.chunk_bytes))
         except BaseException as e:
             if self._end_verify(key, e, bool(remove_bad)):
                 try:

@@ -115,11 +115,36 @@ async def _selfcheck(config: dict[str, Any], chunk_bytes: int, num_chunks: int) 
 
 @main.command()
 @click.option("--tier", "tier_type", default="memory", show_default=True, help="Tier type to check.")
-@click.option("--chunk-bytes", default=256 * 1024, show_default=True)
-@click.option("--chunks", "num_chunks", default=256, show_default=True)
-def selfcheck(tier_type: str, chunk_bytes: int, num_chunks: int) -> None:
+@click.option("--chunk-bytes", type=click.IntRange(min=1), default=256 * 1024, show_default=True)
+@click.option("--chunks", "num_chunks", type=click.IntRange(min=1), default=256, show_default=True)
+@click.option(
+    "--param",
+    "params",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="A tier parameter (repeatable), for example --param root=/mnt/cache; VALUE is read as JSON "
+    "when it parses, else as a string.",
+)
+def selfcheck(tier_type: str, chunk_bytes: int, num_chunks: int, params: tuple[str, ...]) -> None:
     """Round-trip random chunks through a tier and verify every byte."""
-    report = _run(_selfcheck({"type": tier_type}, chunk_bytes, num_chunks))
+    from .errors import TierConfigError
+    from .stats import TransferFailedError
+
+    config: dict[str, Any] = {"type": tier_type}
+    for item in params:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip():
+            raise click.BadParameter(f"expected KEY=VALUE; got {item!r}", param_hint="--param")
+        try:
+            config[key.strip()] = json.loads(raw)
+        except ValueError:
+            config[key.strip()] = raw
+    try:
+        report = _run(_selfcheck(config, chunk_bytes, num_chunks))
+    except TierConfigError as e:
+        raise click.UsageError(f"{e} (tier parameters go in with --param KEY=VALUE)") from None
+    except (TransferFailedError, OSError) as e:
+        raise click.ClickException(f"selfcheck failed: {e}") from None
     click.echo(
         f"selfcheck ok: {report['chunks']} x {report['chunk_bytes']} B through {report['tier']!r}: "
         f"offload {report['offload_GBps']:.2f} GB/s, load {report['load_GBps']:.2f} GB/s, "
@@ -144,6 +169,26 @@ def _csv(
         return out
 
     return cb
+
+
+def _int(v: Any) -> int:
+    if isinstance(v, bool) or not isinstance(v, (int, str)):
+        raise ValueError(f"not an int: {v!r}")
+    return int(v)
+
+
+def _listed(key: str, value: Any, parse: Callable[[Any], int]) -> list[int]:
+    """A ``[bench]`` list (or comma-separated string) of positive ints, checked as its option is."""
+    items = [v for v in value.split(",") if v.strip()] if isinstance(value, str) else value
+    if not isinstance(items, (list, tuple)):
+        raise ValueError(f"[bench] {key} must be a list or a comma-separated string; got {value!r}")
+    try:
+        out = [parse(v) for v in items]
+    except (ValueError, TypeError) as e:
+        raise ValueError(f"[bench] {key}: {e}") from None
+    if not out or any(v <= 0 for v in out):
+        raise ValueError(f"[bench] {key} must hold positive values; got {value!r}")
+    return out
 
 
 def _size(ctx: click.Context, param: click.Parameter, value: str | None) -> int | None:
@@ -303,11 +348,16 @@ def bench(
         unknown = sorted(set(defaults) - {"chunk_sizes", "depths", "data_size"})
         if unknown:
             raise click.BadParameter(f"[bench]: unknown keys {unknown}", param_hint="--config")
-        sizes = chunk_sizes or [B.parse_size(v) for v in defaults.get("chunk_sizes", B.DEFAULT_CHUNK_SIZES)]
-        deps = depths or [int(v) for v in defaults.get("depths", B.DEFAULT_DEPTHS)]
+        sizes = chunk_sizes or _listed("chunk_sizes", defaults.get("chunk_sizes", B.DEFAULT_CHUNK_SIZES), B.parse_size)
+        deps = depths or _listed("depths", defaults.get("depths", B.DEFAULT_DEPTHS), _int)
         data = data_size or B.parse_size(defaults.get("data_size", B.DEFAULT_DATA_BYTES))
     except ValueError as e:
         raise click.UsageError(str(e)) from None
+    for what, out in (("--json", json_path), ("--markdown", md_path), ("--plot", plot_path)):
+        # checked before a run of minutes, not after it
+        parent = Path(out).parent if out else None
+        if parent is not None and not (parent.is_dir() and os.access(parent, os.W_OK)):
+            raise click.BadParameter(f"cannot write {out!r}: {parent} is not a writable directory", param_hint=what)
     opts = B.BenchOptions(
         tiers=B.resolve_tiers(tier_names, tfile),
         chunk_sizes=sizes,
@@ -432,6 +482,8 @@ def fsck(
         reports = _run(check_all())
     except TierConfigError as e:
         raise click.UsageError(str(e)) from None
+    except OSError as e:  # a root that is a file, no permission, a failing disk: said, not a traceback
+        raise click.ClickException(f"cannot check: {e}") from None
     clean = all(r.clean for r in reports)
     if as_json:
         click.echo(json.dumps([{**asdict(r), "clean": r.clean} for r in reports], indent=2))
@@ -449,6 +501,8 @@ def fsck(
                 click.echo(f"  bad {k}: {why}{' (removed)' if remove else ''}")
             for k, why in r.errors.items():
                 click.echo(f"  unreadable {k}: {why}")
+            if not r.checked:
+                click.echo(f"{r.tier}: no chunks stored under this layout (chunk_bytes, namespace)", err=True)
         if not clean and any(r.bad and not r.removed for r in reports):
             click.echo("run again with --remove to delete the bad chunks", err=True)
     sys.exit(0 if clean else 1)

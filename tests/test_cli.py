@@ -242,3 +242,58 @@ def test_fsck_on_an_empty_memory_tier_is_clean(tmp_path: Path) -> None:
     r = invoke("fsck", "--config", str(cfg))
     assert r.exit_code == 0, r.output
     assert "memory: 0 chunks checked" in r.output
+
+
+def test_fsck_says_when_the_root_or_the_layout_is_not_there_and_creates_nothing(tmp_path: Path) -> None:
+    """A mistyped root, or a [spec] other than the chunks', used to open (so create) an empty
+    layout directory and report "0 chunks checked: clean", exit 0."""
+    root = tmp_path / "kv"
+    root.mkdir()
+    asyncio.run(_fill({"type": "fs", "root": str(root)}, 2))
+    before = sorted(p.name for p in root.iterdir())
+    cfg = tmp_path / "tier.toml"
+
+    def fs_at(where: Path, chunk: str = "64K", ns: str = NAMESPACE) -> str:
+        return f'[spec]\nchunk_bytes = "{chunk}"\nnamespace = "{ns}"\n\n[tiers.kv]\ntype = "fs"\nroot = "{where}"\n'
+
+    for table, needle in (
+        (fs_at(tmp_path / "kvv"), "does not exist"),
+        (fs_at(root, chunk="128K"), "nothing stored with this layout"),
+        (fs_at(root, ns="other"), "nothing stored with this layout"),
+        ('[spec]\nchunk_bytes = "64K"\nnum_chunks = "x"\n\n[tiers.kv]\ntype = "memory"\n', "num_chunks must be an int"),
+    ):  # fmt: skip
+        cfg.write_text(table)
+        r = CliRunner().invoke(main, ["fsck", "--config", str(cfg)])
+        assert r.exit_code == 2 and needle in r.output, r.output
+        assert r.exception is None or isinstance(r.exception, SystemExit)
+    assert sorted(p.name for p in root.iterdir()) == before and not (tmp_path / "kvv").exists()
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    cfg.write_text(f'[spec]\nchunk_bytes = "64K"\n\n[tiers.kv]\ntype = "fs"\nroot = "{afile}"\n')
+    r = CliRunner().invoke(main, ["fsck", "--config", str(cfg)])
+    assert r.exit_code in (1, 2) and "Traceback" not in r.output and isinstance(r.exception, SystemExit), r.output
+
+
+def test_selfcheck_takes_tier_parameters_and_says_what_is_missing(tmp_path: Path) -> None:
+    r = CliRunner().invoke(main, ["selfcheck", "--tier", "fs", "--chunks", "4", "--chunk-bytes", "4096"])
+    assert r.exit_code == 2 and "needs parameter 'root'" in r.output and "--param" in r.output, r.output
+    r = CliRunner().invoke(main, ["selfcheck", "--tier", "nope"])
+    assert r.exit_code == 2 and "Unknown secondary tier type" in r.output, r.output
+    r = invoke("selfcheck", "--tier", "fs", "--chunks", "4", "--chunk-bytes", "4096", "--param", f"root={tmp_path}")
+    assert r.exit_code == 0 and "selfcheck ok: 4 x 4096 B through 'fs'" in r.output, r.output
+
+
+def test_bench_checks_its_outputs_and_its_config_before_running(tmp_path: Path) -> None:
+    quick = ["bench", "--tier", "memory", "--no-fio", "--no-naive", "-q", "--chunk-sizes", "4K", "--depths", "1"]
+    r = CliRunner().invoke(main, [*quick, "--data-size", "64K", "--json", str(tmp_path / "nodir" / "out.json")])
+    assert r.exit_code == 2 and "not a writable directory" in r.output, r.output
+    cfg = tmp_path / "bench.toml"
+    for body, needle in (("depths = 4", "depths must be a list"), ("depths = [0]", "depths must hold positive")):
+        cfg.write_text(f'[bench]\n{body}\n\n[tiers.memory]\ntype = "memory"\n')
+        r = CliRunner().invoke(
+            main, ["bench", "--config", str(cfg), "--no-fio", "--no-naive", "-q", "--data-size", "64K"]
+        )
+        assert r.exit_code == 2 and needle in r.output, r.output
+    cfg.write_text('[bench]\nchunk_sizes = "4K,8K"\ndepths = "1"\n\n[tiers.memory]\ntype = "memory"\n')
+    r = invoke("bench", "--config", str(cfg), "--no-fio", "--no-naive", "-q", "--data-size", "64K")
+    assert r.exit_code == 0 and "2/2 points ok" in r.output, r.output
