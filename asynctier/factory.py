@@ -90,6 +90,21 @@ def accepted_parameters(cls: type) -> dict[str, inspect.Parameter]:
     return params
 
 
+def accepts_any_parameter(cls: type) -> bool:
+    """Whether ``cls`` takes arbitrary config keys: its ``**kwargs`` chain ends at ``object``
+    (no base class left to forward them to), so the tier keeps them itself."""
+    for klass in cls.__mro__:
+        init = klass.__dict__.get("__init__")
+        if init is None:
+            continue
+        if klass is object:
+            return True  # reached only by following **kwargs
+        params = list(inspect.signature(init).parameters.values())[1:]
+        if not any(p.kind is p.VAR_KEYWORD for p in params):
+            return False
+    return True
+
+
 class SecondaryTierFactory:
     """Registry of tier types; builds tiers from config dicts."""
 
@@ -190,7 +205,7 @@ class SecondaryTierFactory:
         kwargs = {k: v for k, v in tier_config.items() if k not in _FACTORY_KEYS}
         accepted = accepted_parameters(tier_cls)
         bad = sorted(k for k in kwargs if k not in accepted)
-        if bad:
+        if bad and not accepts_any_parameter(tier_cls):
             supplied = [k for k in bad if k in _SUPPLIED]
             detail = (
                 f" ({', '.join(supplied)} {'is' if len(supplied) == 1 else 'are'} supplied by the factory)"

@@ -207,3 +207,40 @@ def test_latency_percentiles_are_nearest_rank() -> None:
             s.record_success("load", 0, float(i))
         lat = s.latency("load")
         assert (lat.p50, lat.p90, lat.p99) == want, n
+
+
+def test_a_tier_taking_any_keyword_gets_every_config_key() -> None:
+    """A tier whose constructor keeps ``**options`` itself (no base class takes them) was
+    refused every key ("accepted: (none)")."""
+    import types
+    from typing import Any
+
+    from asynctier import SecondaryTierManager
+
+    class OptionsTier(SecondaryTierManager):
+        def __init__(self, *, offloading_spec: Any, primary_kv_view: Any, tier_type: str, **options: Any) -> None:
+            self.offloading_spec, self.tier_type, self.options = offloading_spec, tier_type, options
+
+        async def open(self) -> Any:
+            return self
+
+        async def aclose(self) -> None: ...
+        async def offload(self, keys: Any, chunk_ids: Any) -> Any: ...
+        async def load(self, keys: Any, chunk_ids: Any) -> Any: ...
+        async def lookup(self, keys: Any) -> Any: ...
+        async def remove(self, keys: Any) -> Any: ...
+        async def touch(self, keys: Any) -> None: ...
+        async def drain(self) -> None: ...
+        def stats(self) -> Any: ...
+
+    mod = types.ModuleType("optionstier_mod")
+    mod.OptionsTier = OptionsTier  # type: ignore[attr-defined]
+    sys.modules["optionstier_mod"] = mod
+    try:
+        cfg = {"type": "OptionsTier", "module_path": "optionstier_mod", "bucket": "x", "depth": 3}
+        tier = SecondaryTierFactory.create_secondary_tier(cfg, view(), SPEC)
+        assert tier.options == {"bucket": "x", "depth": 3}  # type: ignore[attr-defined]
+    finally:
+        del sys.modules["optionstier_mod"]
+    with pytest.raises(TierConfigError, match="unknown parameter 'bucket'"):  # **kwargs passed on: still checked
+        SecondaryTierFactory.create_secondary_tier({"type": "memory", "bucket": "x"}, view(), SPEC)
