@@ -49,11 +49,17 @@ class TierInfo:
     source: str
 
 
+#: optional dependencies of built-in tiers -> the extra that installs them (pyproject.toml)
+_EXTRAS = {"obstore": "s3"}
+
+
 def _import_class(module_path: str, class_name: str, what: str) -> type[SecondaryTierManager]:
     try:
         module = importlib.import_module(module_path)
     except ImportError as e:
-        raise TierConfigError(f"{what}: cannot import module {module_path!r}: {e}") from e
+        extra = _EXTRAS.get((e.name or "").split(".")[0])
+        hint = f" (it comes with an extra: pip install 'asynctier[{extra}]')" if extra else ""
+        raise TierConfigError(f"{what}: cannot import module {module_path!r}: {e}{hint}") from e
     try:
         cls: Any = module
         for part in class_name.split("."):  # entry points may name a nested class (mod:Outer.Inner)

@@ -244,3 +244,19 @@ def test_a_tier_taking_any_keyword_gets_every_config_key() -> None:
         del sys.modules["optionstier_mod"]
     with pytest.raises(TierConfigError, match="unknown parameter 'bucket'"):  # **kwargs passed on: still checked
         SecondaryTierFactory.create_secondary_tier({"type": "memory", "bucket": "x"}, view(), SPEC)
+
+
+def test_a_missing_optional_dependency_names_its_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_obstore(name: str, *args: object, **kw: object) -> object:
+        if name == "obstore" or name.startswith("obstore."):
+            raise ModuleNotFoundError("No module named 'obstore'", name="obstore")
+        return real_import(name, *args, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.delitem(sys.modules, "tiers.obj", raising=False)
+    monkeypatch.setattr(builtins, "__import__", no_obstore)
+    with pytest.raises(TierConfigError, match=r"pip install 'asynctier\[s3\]'"):
+        SecondaryTierFactory.create_secondary_tier({"type": "obj", "url": "memory://"}, view(), SPEC)
