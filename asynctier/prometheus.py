@@ -42,6 +42,13 @@ class TierCollector(Collector):
         queued = GaugeMetricFamily(f"{p}_queued", "Chunk I/Os waiting for a slot", labels=labels)
         used = GaugeMetricFamily(f"{p}_used_bytes", "Bytes held by the tier", labels=labels)
         capacity = GaugeMetricFamily(f"{p}_capacity_bytes", "Capacity of the tier", labels=labels)
+        stored = GaugeMetricFamily(f"{p}_stored_chunks", "Chunks held by the tier", labels=labels)
+        peak = GaugeMetricFamily(f"{p}_peak_in_flight", "Most chunk I/Os seen running at once", labels=labels)
+        bound = GaugeMetricFamily(f"{p}_max_inflight", "The tier's bound on chunk I/Os in flight", labels=labels)
+        # tier-specific figures (stats().extra): counters and levels alike, so exported as gauges
+        extra = GaugeMetricFamily(
+            f"{p}_tier_stat", "A tier-specific figure from stats().extra", labels=[*labels, "name"]
+        )
         latency = GaugeMetricFamily(
             f"{p}_latency_seconds", "Recent per-chunk latency quantiles", labels=[*labels, "op", "quantile"]
         )
@@ -63,7 +70,15 @@ class TierCollector(Collector):
                 used.add_metric(base, s.used_bytes)
             if s.capacity_bytes is not None:
                 capacity.add_metric(base, s.capacity_bytes)
+            if s.stored_chunks is not None:
+                stored.add_metric(base, s.stored_chunks)
+            peak.add_metric(base, s.peak_in_flight)
+            bound.add_metric(base, s.max_inflight)
+            for key, value in sorted(s.extra.items()):
+                if isinstance(value, (int, float)) and not isinstance(value, bool):
+                    extra.add_metric([*base, key], value)
             for op, lat in (("offload", s.offload_latency), ("load", s.load_latency)):
                 for q, v in (("0.5", lat.p50), ("0.9", lat.p90), ("0.99", lat.p99)):
                     latency.add_metric([*base, op, q], v)
-        yield from (chunks, nbytes, failures, evictions, in_flight, queued, used, capacity, latency)
+        yield from (chunks, nbytes, failures, evictions, in_flight, queued, used, capacity, stored, peak, bound, extra)
+        yield latency

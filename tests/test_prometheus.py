@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from asynctier import OffloadingSpec, SecondaryTierFactory
@@ -39,3 +41,31 @@ async def test_collector_exports_live_stats() -> None:
     assert get("asynctier_failures_total", kind="not_found") == 1
     assert get("asynctier_used_bytes") == 2048 and get("asynctier_capacity_bytes") == 4096
     assert get("asynctier_latency_seconds", op="load", quantile="0.99") > 0
+    assert get("asynctier_stored_chunks") == 2 and get("asynctier_max_inflight") >= 1
+    assert 1 <= get("asynctier_peak_in_flight") <= get("asynctier_max_inflight")
+
+
+async def test_collector_exports_tier_specific_figures(tmp_path: Path) -> None:
+    """stats().extra (say the fs tier's direct_io_fallbacks or the nvme journal's counters)
+    reaches the scrape as asynctier_tier_stat{name=...}."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from asynctier.prometheus import TierCollector
+
+    spec = OffloadingSpec(4096, 4)
+    tier = SecondaryTierFactory.create_secondary_tier(
+        {"type": "fs", "root": str(tmp_path), "io_engine": "threads"}, memoryview(bytearray(spec.total_bytes)), spec
+    )
+    registry = prometheus_client.CollectorRegistry()
+    registry.register(TierCollector({"kv": tier}))
+    async with tier:
+        assert (await tier.offload([b"a"], [0])).ok
+        extra = {k: v for k, v in tier.stats().extra.items() if isinstance(v, int) and not isinstance(v, bool)}
+        text = prometheus_client.generate_latest(registry).decode()
+    got = {
+        s.labels["name"]: s.value
+        for fam in text_string_to_metric_families(text)
+        for s in fam.samples
+        if s.name == "asynctier_tier_stat"
+    }
+    assert extra and got == {k: float(v) for k, v in extra.items()}
