@@ -229,6 +229,22 @@ async def test_lru_eviction_when_full(tmp_path: Path) -> None:
         assert [_chunk(view, CHUNK, i) for i in range(4)] == [data[0], data[1], data[8], data[9]]
 
 
+async def test_an_eviction_batch_never_empties_a_small_slab(tmp_path: Path) -> None:
+    """evict_batch (default 16) on a slab of 12 slots evicted every chunk, those this very
+    call had just reported stored among them (found by a crash harness's after-reopen
+    check). A batch is at most an eighth of the slots."""
+    tier, view = _make(tmp_path / "small.slab", slots=12, evict_batch=16)
+    async with tier:
+        _fill(view, CHUNK, 5)
+        keys = [b"s%d" % i for i in range(14)]
+        for i in range(12):
+            assert (await tier.offload([keys[i]], [i % 16])).ok
+        res = await tier.offload(keys[12:14], [12, 13])
+        assert res.ok
+        assert tier.stats().stored_chunks == 12 and tier.stats().evictions == 2
+        assert await tier.lookup(keys) == [False, False] + [True] * 12
+
+
 # -- integrity -------------------------------------------------------------------------------------------
 def _flip(path: Path, offsets: list[int]) -> None:
     with open(path, "r+b") as f:

@@ -730,7 +730,8 @@ class NvmeTier(BlockingChunkTier):
         direct_io: use O_DIRECT (default True); falls back to buffered I/O, counted in
             ``direct_io_fallbacks``, where the file system refuses it.
         checkpoint_every: journal records between checkpoints (bounds replay at open).
-        evict_batch: LRU entries evicted at once when no slot is free (one journal flush).
+        evict_batch: LRU entries evicted at once when no slot is free (one journal flush);
+            at most an eighth of the slots.
         coalesce_bytes: a call of many small chunks runs as jobs of up to this many slot
             bytes (default 1 MiB; 0: one job per chunk); adjacent slots in a job move with
             one ``pwritev``/``preadv``.
@@ -1137,8 +1138,9 @@ class NvmeTier(BlockingChunkTier):
         journal = self._journal
         assert journal is not None
         if not idx.free:
-            # evict a batch: one journal flush then covers the next few stores
-            victims = idx.oldest_unpinned(self.evict_batch)
+            # evict a batch: one journal flush then covers the next few stores; at most an
+            # eighth of the slots, or a small slab is emptied whole (chunks just stored too)
+            victims = idx.oldest_unpinned(min(self.evict_batch, max(1, idx.nslots // 8)))
             for s in victims:
                 k = idx.slot_key[s]
                 assert k
