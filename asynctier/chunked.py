@@ -25,7 +25,7 @@ import logging
 import math
 import time
 import weakref
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, KeysView, Sequence
 from collections.abc import Set as AbstractSet
 from typing import Any, ClassVar, Literal, TypeVar
 
@@ -83,6 +83,11 @@ def _retrieved(fut: asyncio.Future[Any]) -> None:
     """Done callback: mark a background future's exception as seen (its awaiters re-raise it)."""
     if not fut.cancelled():
         fut.exception()
+
+
+def _unordered(items: object) -> bool:
+    """A set: iterated in hash order (a dict and its keys() keep insertion order)."""
+    return isinstance(items, AbstractSet) and not isinstance(items, KeysView)
 
 
 def _is_not_found(exc: BaseException) -> bool:
@@ -282,7 +287,7 @@ class ChunkTier(SecondaryTierManager):
     def _check_keys(keys: Sequence[bytes]) -> list[bytes]:
         if isinstance(keys, (bytes, bytearray, memoryview, str)):
             raise TypeError("keys must be a sequence of bytes keys (for example [key]), not a single key")
-        if isinstance(keys, (AbstractSet, Mapping)):  # their order is arbitrary: keys would meet the wrong slots
+        if _unordered(keys):  # keys would meet the wrong slots
             raise TypeError(f"keys must be an ordered sequence (a list or tuple), paired with chunk_ids by "
                             f"position; got a {type(keys).__name__}")  # fmt: skip
         out = list(keys)
@@ -299,7 +304,7 @@ class ChunkTier(SecondaryTierManager):
         self, keys: Sequence[bytes], chunk_ids: Sequence[int], *, load: bool
     ) -> tuple[list[bytes], list[int]]:
         ks = self._check_keys(keys)
-        if isinstance(chunk_ids, (bytes, bytearray, str, AbstractSet, Mapping)):
+        if isinstance(chunk_ids, (bytes, bytearray, str)) or _unordered(chunk_ids):
             raise TypeError(
                 f"chunk_ids must be an ordered sequence of ints (a list or tuple); got a {type(chunk_ids).__name__}"
             )

@@ -165,7 +165,7 @@ def test_module_path_beside_a_registered_type_is_said_to_be_ignored(caplog: pyte
 
 async def test_unordered_keys_or_ids_are_refused_before_any_io() -> None:
     """A set's order is its hash order: offload({a, b}, [0, 1]) stored slot 0 under
-    whichever key came first, reported ok. Sets and mappings are refused."""
+    whichever key came first, reported ok. Sets are refused; dicts (ordered) are not."""
     tier = SecondaryTierFactory.create_secondary_tier({"type": "memory"}, view(), SPEC)
     async with tier:
         with pytest.raises(TypeError, match="ordered sequence"):
@@ -173,9 +173,11 @@ async def test_unordered_keys_or_ids_are_refused_before_any_io() -> None:
         with pytest.raises(TypeError, match="ordered sequence"):
             await tier.load([b"a", b"b"], {0, 1})  # type: ignore[arg-type]
         with pytest.raises(TypeError, match="ordered sequence"):
-            await tier.offload({b"a": 0}, [0])  # type: ignore[arg-type]
+            await tier.offload(frozenset([b"a"]), [0])  # type: ignore[arg-type]
         assert tier.stats().offloaded == 0
         assert (await tier.offload((k for k in [b"a", b"b"]), (0, 1))).ok  # an iterator keeps its order
+        slots = {b"c": 2, b"d": 3}  # a dict keeps insertion order: its keys and values pair up
+        assert (await tier.offload(slots.keys(), slots.values())).ok  # type: ignore[arg-type]
 
 
 async def test_a_tier_error_of_its_own_kind_is_counted_as_other_not_lost() -> None:
