@@ -409,6 +409,21 @@ async def test_a_bad_copy_is_dropped_by_its_slot_not_a_copy_stored_since(tmp_pat
         assert (await tier.load([b"a"], [0])).ok and _chunk(view, CHUNK, 0) == data[5]
 
 
+def _hold_first_flush(tier: NvmeTier, held: threading.Event, go_on: threading.Event) -> None:
+    """The journal's next flush sets ``held`` and waits for ``go_on`` before it writes."""
+    journal = tier._journal
+    assert journal is not None
+    flush = journal._flush
+
+    def held_flush(*args: Any, **kw: Any) -> None:
+        if not held.is_set():
+            held.set()
+            go_on.wait(30)
+        flush(*args, **kw)
+
+    journal._flush = held_flush  # type: ignore[method-assign]
+
+
 @pytest.mark.parametrize("io_engine", ENGINES)
 async def test_a_store_found_stored_is_acknowledged_only_once_journaled(tmp_path: Path, io_engine: str) -> None:
     """A second store of a key whose first store is published but whose record is still
@@ -417,17 +432,7 @@ async def test_a_store_found_stored_is_acknowledged_only_once_journaled(tmp_path
     tier, _ = _make(tmp_path / "rw.slab", io_engine=io_engine)
     held, go_on = threading.Event(), threading.Event()
     async with tier:
-        journal = tier._journal
-        assert journal is not None
-        flush = journal._flush
-
-        def held_flush(*args: Any, **kw: Any) -> None:
-            if not held.is_set():
-                held.set()
-                go_on.wait(30)
-            flush(*args, **kw)
-
-        journal._flush = held_flush  # type: ignore[method-assign]
+        _hold_first_flush(tier, held, go_on)
         first = asyncio.ensure_future(tier.offload([b"k"], [0]))
         assert await asyncio.to_thread(held.wait, 30)  # published, its record not written yet
         assert await tier.lookup([b"k"]) == [True]
@@ -450,17 +455,7 @@ async def test_a_store_found_stored_waits_for_its_own_record_only(tmp_path: Path
     held, go_on = threading.Event(), threading.Event()
     async with tier:
         assert (await tier.offload([b"a", b"a2"], [0, 1])).ok  # journaled
-        journal = tier._journal
-        assert journal is not None
-        flush = journal._flush
-
-        def held_flush(*args: Any, **kw: Any) -> None:
-            if not held.is_set():
-                held.set()
-                go_on.wait(30)
-            flush(*args, **kw)
-
-        journal._flush = held_flush  # type: ignore[method-assign]
+        _hold_first_flush(tier, held, go_on)
         other = asyncio.ensure_future(tier.offload([b"b"], [2]))
         assert await asyncio.to_thread(held.wait, 30)  # b's record is queued, its flush held
         try:
