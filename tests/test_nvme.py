@@ -15,6 +15,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -468,6 +469,25 @@ async def test_a_store_found_stored_waits_for_its_own_record_only(tmp_path: Path
         assert (await other).ok
 
 
+def _journal_full_once(tier: NvmeTier) -> Callable[[int, memoryview], None]:
+    """A ``_write_all`` whose first write to ``tier``'s journal lands half a batch, then fails
+    with ENOSPC (simulated, once); every other write goes through."""
+    import tiers.nvme as nvme_mod
+
+    real_write = nvme_mod._write_all
+    faults = [1]
+
+    def once_full(fd: int, mv: memoryview) -> None:
+        journal = tier._journal
+        if faults[0] and journal is not None and fd == journal.fd:
+            faults[0] = 0
+            real_write(fd, mv[: len(mv) // 2])  # half a batch reaches the file first
+            raise OSError(errno.ENOSPC, "No space left on device (simulated, once)")
+        real_write(fd, mv)
+
+    return once_full
+
+
 @pytest.mark.parametrize("io_engine", ENGINES)
 async def test_a_failed_journal_write_is_mended_and_the_tier_goes_on(
     tmp_path: Path, io_engine: str, monkeypatch: pytest.MonkeyPatch
@@ -480,16 +500,7 @@ async def test_a_failed_journal_write_is_mended_and_the_tier_goes_on(
 
     tier, view = _make(tmp_path / "rw.slab", io_engine=io_engine, max_inflight=2)
     data = _fill(view, CHUNK, 29)
-    real_write = nvme_mod._write_all
-    faults = [1]
-
-    def once_full(fd: int, mv: memoryview) -> None:
-        journal = tier._journal
-        if faults[0] and journal is not None and fd == journal.fd:
-            faults[0] = 0
-            real_write(fd, mv[: len(mv) // 2])  # half a batch reaches the file first
-            raise OSError(errno.ENOSPC, "No space left on device (simulated, once)")
-        real_write(fd, mv)
+    once_full = _journal_full_once(tier)
 
     async with tier:
         assert (await tier.offload([b"a"], [0])).ok
@@ -560,16 +571,7 @@ async def test_a_failed_write_while_switching_generations_is_mended(
     p = tmp_path / "sw.slab"
     tier, view = _make(p, checkpoint_every=1 << 20)
     data = _fill(view, CHUNK, 37)
-    real_write = nvme_mod._write_all
-    faults = [1]
-
-    def once_full(fd: int, mv: memoryview) -> None:
-        journal = tier._journal
-        if faults[0] and journal is not None and fd == journal.fd:
-            faults[0] = 0
-            real_write(fd, mv[: len(mv) // 2])
-            raise OSError(errno.ENOSPC, "No space left on device (simulated, once)")
-        real_write(fd, mv)
+    once_full = _journal_full_once(tier)
 
     await tier.open()
     journal = tier._journal
