@@ -36,6 +36,7 @@ from asynctier import (
     SecondaryTierFactory,
     TierConfigError,
     ioring,
+    nativeio,
 )
 from asynctier.benchkit import drop_page_cache
 from asynctier.errors import failure_kind
@@ -79,6 +80,23 @@ class TestFsConformanceRingDirectIO(TestFsConformanceRing):
     page_aligned_buffer = True
 
 
+_NO_NATIVE = nativeio.problem()
+
+
+@pytest.mark.skipif(_NO_NATIVE is not None, reason=f"no native I/O workers: {_NO_NATIVE}")
+class TestFsConformanceNative(TestFsConformance):
+    """The native engine (C worker threads), buffered."""
+
+    def tier_config(self, tmp_path: Path) -> dict[str, Any]:
+        return {**super().tier_config(tmp_path), "io_engine": "native"}
+
+
+class TestFsConformanceNativeDirectIO(TestFsConformanceNative):
+    """The native engine with O_DIRECT."""
+
+    page_aligned_buffer = True
+
+
 # -- helpers ---------------------------------------------------------------------------------
 _NO_RING = ioring.problem()
 _ENGINE = {"name": "threads"}
@@ -90,7 +108,10 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         ring = pytest.param(
             "io_uring", marks=pytest.mark.skipif(_NO_RING is not None, reason=f"no io_uring: {_NO_RING}")
         )
-        metafunc.parametrize("io_engine", [ring, "threads"], indirect=True)
+        native = pytest.param(
+            "native", marks=pytest.mark.skipif(_NO_NATIVE is not None, reason=f"no native workers: {_NO_NATIVE}")
+        )
+        metafunc.parametrize("io_engine", [ring, "threads", native], indirect=True)
 
 
 @pytest.fixture(autouse=True)
@@ -205,7 +226,7 @@ async def test_layout_names_are_encoded_and_header_leads(tmp_path: Path) -> None
 
 
 @pytest.mark.parametrize("damage", ["payload", "header", "truncate", "empty", "other_key"])
-async def test_bad_file_fails_only_its_key_and_is_removed(tmp_path: Path, damage: str) -> None:
+async def test_bad_file_fails_only_its_key_and_is_removed(tmp_path: Path, damage: str, io_engine: str) -> None:
     tier, view = make_tier(tmp_path)
     data = fill(view, 2)
     k = keys(3)
@@ -237,7 +258,9 @@ async def test_bad_file_fails_only_its_key_and_is_removed(tmp_path: Path, damage
         assert (await tier.load([k[1]], [8])).ok and chunk(view, 8) == data[1]
 
 
-async def test_healthy_loads_take_the_fast_header_check(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_healthy_loads_take_the_fast_header_check(
+    tmp_path: Path, io_engine: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A load whose header is exactly what was stored is accepted by one compare; the
     field-by-field parse runs only for a bad file (its precise error) or verify=False."""
     slow: list[bytes] = []
@@ -640,7 +663,7 @@ async def test_io_engine_choice_and_bad_config(tmp_path: Path, io_engine: str) -
     )
     async with tier:
         assert tier.active_io_engine == "threads"  # type: ignore[attr-defined]
-    with pytest.raises(TierConfigError, match="'auto', 'threads' or 'io_uring'"):
+    with pytest.raises(TierConfigError, match="'auto', 'threads', 'io_uring' or 'native'"):
         make_tier(tmp_path, io_engine="aio")
     with pytest.raises(TierConfigError, match="publish='tmpfile'"):
         make_tier(tmp_path, io_engine="io_uring", publish="tmpfile")
@@ -1415,7 +1438,7 @@ def hold_victim_deletion(
     """Stop the store that evicts ``victim`` after the index let go of it and before its file
     goes (unlink, or rename to be recycled); returns (stopped there, let it go on)."""
     stopped, go_on = threading.Event(), threading.Event()
-    if io_engine == "threads":
+    if io_engine in ("threads", "native"):  # native: evicting stores take a slow-path thread
         note_gone = tier._note_gone  # called on the worker thread just before the unlink or rename
 
         def held(key: bytes) -> None:
@@ -1532,15 +1555,16 @@ async def test_a_remove_while_the_same_key_is_stored_leaves_disk_and_index_agree
 
         monkeypatch.setattr(tier, "write_chunk", held)
     else:
-        ring_write = tier._ring_write
+        method = "_native_write" if io_engine == "native" else "_ring_write"
+        async_write = getattr(tier, method)
 
         async def held_write(key: bytes, cid: int, victims: list[bytes]) -> None:
             if key == b"K":
                 writing.set()
                 await asyncio.to_thread(go_on.wait, 30)
-            await ring_write(key, cid, victims)
+            await async_write(key, cid, victims)
 
-        monkeypatch.setattr(tier, "_ring_write", held_write)
+        monkeypatch.setattr(tier, method, held_write)
     async with tier:
         store = asyncio.ensure_future(tier.offload([b"K"], [0]))
         assert await asyncio.to_thread(writing.wait, 30)

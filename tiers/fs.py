@@ -93,7 +93,7 @@ from typing import Any, Literal
 
 import xxhash
 
-from asynctier import BlockingChunkTier, ChunkNotFoundError, IntegrityError, TierConfigError, engines, ioring
+from asynctier import BlockingChunkTier, ChunkNotFoundError, IntegrityError, TierConfigError, engines, ioring, nativeio
 from asynctier.engines import Engine
 from asynctier.integrity import ChunkHeader, checksum, header_matches, key_token, pack_header
 from asynctier.lru import LRUIndex
@@ -399,7 +399,7 @@ class FsTier(BlockingChunkTier):
         scan_sync_limit: int = 50_000,
         lru_times: bool = True,
         stale_tmp_s: float = 3600.0,
-        io_engine: Literal["auto", "threads", "io_uring"] = "auto",
+        io_engine: Literal["auto", "threads", "io_uring", "native"] = "auto",
         tmpfile_pool: int | None = None,
         recycle: bool | Literal["auto"] = "auto",
         **kwargs: Any,
@@ -413,8 +413,8 @@ class FsTier(BlockingChunkTier):
         ):
             raise TierConfigError(f"tmpfile_pool must be an int >= 0 or None; got {tmpfile_pool!r}")
         self.tmpfile_pool = tmpfile_pool
-        if io_engine not in ("auto", "threads", "io_uring"):
-            raise TierConfigError(f"io_engine must be 'auto', 'threads' or 'io_uring'; got {io_engine!r}")
+        if io_engine not in ("auto", "threads", "io_uring", "native"):
+            raise TierConfigError(f"io_engine must be 'auto', 'threads', 'io_uring' or 'native'; got {io_engine!r}")
         if io_engine == "io_uring" and publish == "tmpfile":
             raise TierConfigError(
                 "io_engine='io_uring' publishes by rename when no file made ahead is ready; "
@@ -466,6 +466,10 @@ class FsTier(BlockingChunkTier):
         self._touched: dict[bytes, int] = {}  # key -> time of last use (ns), stamped at close
         self.io_engine = io_engine
         self._ring_mode = False
+        self._native_mode = False
+        self._nengine: nativeio.NativeEngine | None = None
+        self._nhb: memoryview | None = None  # one header block per native job slot
+        self._nhb_addr = 0
         self._lring: ioring.LoopRing | None = None
         self._ring_hb: memoryview | None = None
         self._ring_iovs: ioring.IovecTable | None = None  # one row per ring file slot
@@ -562,7 +566,7 @@ class FsTier(BlockingChunkTier):
             if target and self._use_tmpfile:  # the ring links them with io_uring linkat
                 flags = os.O_WRONLY | (O_DIRECT if self._use_direct else 0)
                 hold = None
-                if self._ring_mode:
+                if self._ring_mode or self._native_mode:
                     # The ring refills its pool only while the tier is idle: a Python thread
                     # making files during a stream takes the GIL from the event loop, the very
                     # thing the ring is there to avoid. Paired lag runs on a quiet host (256 KiB,
@@ -896,10 +900,18 @@ class FsTier(BlockingChunkTier):
     # -- io_uring engine ----------------------------------------------------------------------
     @property
     def active_io_engine(self) -> str:
-        """``"io_uring"`` or ``"threads"``: what ``io_engine`` resolved to at ``open()``."""
-        return "io_uring" if self._ring_mode else "threads"
+        """``"io_uring"``, ``"native"`` or ``"threads"``: what ``io_engine`` resolved to at ``open()``."""
+        return "io_uring" if self._ring_mode else "native" if self._native_mode else "threads"
 
     def _make_engine(self) -> Engine:
+        self._ring_mode = self._native_mode = False
+        if self.io_engine == "native":
+            why = nativeio.problem()
+            if why is not None:
+                raise TierConfigError(f"io_engine='native' but native I/O workers are unavailable here: {why}")
+            self._native_mode = True
+            self._nengine = nativeio.NativeEngine(self.max_inflight or 1, name=f"asynctier-{self.tier_type}")
+            return self._nengine
         why = ioring.problem() if self.io_engine != "threads" else "io_engine='threads'"
         if self.io_engine == "io_uring" and why is not None:
             raise TierConfigError(f"io_engine='io_uring' but io_uring is unavailable here: {why}")
@@ -923,6 +935,11 @@ class FsTier(BlockingChunkTier):
 
     async def _open_medium(self) -> None:
         await super()._open_medium()
+        if self._native_mode:
+            assert self._nengine is not None and self._nengine.pool is not None
+            self._nhb = aligned_buffer(HEADER_BLOCK * self._nengine.pool.slots)
+            self._nhb_addr = buffer_address(self._nhb)
+            self._view_addr = buffer_address(self._view)
         if self._ring_mode:
             slots = self.max_inflight or 1
             try:
@@ -976,6 +993,9 @@ class FsTier(BlockingChunkTier):
         await super()._close_medium()
 
     def _job_fn(self, op: str) -> Callable[..., Any]:
+        if self._native_mode:
+            assert self._nengine is not None
+            return self._coroutine_job_fn(op, self._native_store_job, self._native_load_job, self._nengine.blocking)
         if not self._ring_mode:
             return super()._job_fn(op)
         return self._coroutine_job_fn(op, self._ring_store_job, self._ring_load_job)
@@ -1253,6 +1273,125 @@ class FsTier(BlockingChunkTier):
         # errors and O_DIRECT refusal live there; it fills the caller's buffer: runs to its end
         await engines.finish_on_thread(self.read_chunk, key, out)
 
+    # -- native engine ------------------------------------------------------------------------
+    def _native_slot_hb(self, slot: int) -> memoryview:
+        assert self._nhb is not None
+        return self._nhb[slot * HEADER_BLOCK : (slot + 1) * HEADER_BLOCK]
+
+    async def _native_store_job(self, key: bytes, cid: int, t0: float) -> None:
+        await self._async_store(key, t0, lambda victims: self._native_write(key, cid, victims))
+
+    async def _native_write(self, key: bytes, cid: int, victims: list[bytes]) -> None:
+        """An unnamed file written and linked under its name by one native job (header
+        checksums filled in by the worker). Evictions (recycling the first victim's file),
+        publication by rename, and anything short of success take the blocking path on a
+        slow-path thread, which owns error handling."""
+        engine = self._nengine
+        assert engine is not None and engine.pool is not None
+        data = self._chunk(cid)
+        if victims or not self._use_tmpfile:
+            await engine.blocking(self._evict_then_write, key, data, victims)
+            return
+        pool = engine.pool
+        addr = self._view_addr + cid * self.offloading_spec.chunk_bytes
+        dfd, name = self._name(key)
+        wflags = os.O_WRONLY | (O_DIRECT if self._direct_for(data, addr) else 0)
+        digest = self.offloading_spec.layout_digest
+        if pool.hashes:
+            packed = pack_header(key, data.nbytes, 0, digest)
+            body_len = len(packed) - 8  # the worker fills in both checksums
+        else:
+            if data.nbytes >= engines.HASH_ON_THREAD_BYTES:
+                csum = await engines.finish_on_thread(checksum, data)
+            else:
+                csum = checksum(data)
+            packed = pack_header(key, data.nbytes, csum, digest)
+            body_len = 0
+        tmp_pool = self._pool
+        pooled: int | None = None  # an unnamed file made ahead: ours to close
+        if tmp_pool is not None and tmp_pool.flags == wflags:
+            pooled = tmp_pool.take()
+            if pooled is None:
+                self._stats.incr("tmpfile_pool_empty")
+        slot = pool.take_slot()
+        try:
+            hb = self._native_slot_hb(slot)
+            hb[: len(packed)] = packed  # ~100 bytes of header, not chunk data
+            hb[len(packed) :] = _ZEROS[len(packed) :]
+            res = await pool.write(slot, engines.PRIO_STORE, dfd, name.encode(), wflags,
+                                   -1 if pooled is None else pooled, self.durability == "fsync",
+                                   self._nhb_addr + slot * HEADER_BLOCK, HEADER_BLOCK, addr, data.nbytes,
+                                   body_len)  # fmt: skip
+        except BaseException:
+            if pooled is not None:  # never linked: closing it frees its inode and blocks
+                await engines.finish_on_thread(os.close, pooled)
+            raise
+        finally:
+            pool.put_slot(slot)
+        if pooled is not None:
+            os.close(pooled)  # linked (or not: then it goes with its descriptor)
+        if res.stage == 0:
+            if res.info:
+                self._stats.incr("publish_exists")  # another writer published this key first
+            return
+        self._stats.incr("native_retries")
+        # a failed directory fsync follows the link: a name of unknown durability goes too
+        published = res.stage == nativeio.ST_DIRSYNC
+
+        def retry() -> None:
+            if published:
+                try:
+                    os.unlink(name, dir_fd=dfd)
+                except FileNotFoundError:
+                    pass
+            self.write_chunk(key, data)
+
+        await engine.blocking(retry)  # it reads the caller's buffer: runs to its end
+
+    async def _native_load_job(self, key: bytes, cid: int, t0: float) -> None:
+        if self._scanning or self.shared:
+            entry = await asyncio.to_thread(self._pin_for_load, key)  # may look on disk
+        else:
+            entry = self._pin_for_load(key)
+        assert self._nengine is not None
+        blocking = self._nengine.blocking
+        await self._async_load(
+            key, t0, lambda: self._native_read(key, cid), lambda: blocking(self.delete_chunk, key), entry
+        )
+
+    async def _native_read(self, key: bytes, cid: int) -> None:
+        """One native job: open, preadv of header block + payload into the caller's slice,
+        close, xxh3 of the payload; then the header is compared here."""
+        engine = self._nengine
+        assert engine is not None and engine.pool is not None
+        pool = engine.pool
+        out = self._chunk(cid)
+        addr = self._view_addr + cid * self.offloading_spec.chunk_bytes
+        dfd, name = self._name(key)
+        # a refused O_NOATIME (EPERM) or O_DIRECT (EINVAL) fails the job; the retry mends it
+        flags = self._read_flags | (O_DIRECT if self._direct_for(out, addr) else 0)
+        hashed = self.verify and pool.hashes
+        slot = pool.take_slot()
+        try:
+            res = await pool.read(slot, engines.PRIO_LOAD, dfd, name.encode(), flags,
+                                  self._nhb_addr + slot * HEADER_BLOCK, HEADER_BLOCK, addr, out.nbytes,
+                                  hashed=hashed)  # fmt: skip
+            if res.stage == nativeio.ST_OPEN and res.result == -errno.ENOENT:
+                raise ChunkNotFoundError(f"no chunk stored under key {key.hex()[:32]}", key)
+            if res.stage == 0:
+                # the header is still in this slot's block: the slot is held until checked
+                hb = self._native_slot_hb(slot)
+                if hashed or not self.verify or out.nbytes < engines.HASH_ON_THREAD_BYTES:
+                    self._check_read(key, hb, out, res.result, res.csum if hashed else None)
+                else:
+                    await engines.finish_on_thread(self._check_read, key, hb, out, res.result)
+                return
+        finally:
+            pool.put_slot(slot)
+        self._stats.incr("native_retries")
+        # errors and O_DIRECT refusal live there; it fills the caller's buffer: runs to its end
+        await engine.blocking(self.read_chunk, key, out)
+
     # -- recycling evicted files -------------------------------------------------------------
     def _store_job(self, key: bytes, cid: int, t0: float) -> None:
         """Evict, then write: into the first victim's file where it may be recycled."""
@@ -1263,24 +1402,30 @@ class FsTier(BlockingChunkTier):
         if victims is None:
             return
         try:
-            data = self._chunk(cid)
-            spare = None
-            try:
-                if victims:
-                    direct = self._direct_for(data, count=False)  # counted by the write
-                    spare = self._spare_from(victims[0], os.O_WRONLY | (O_DIRECT if direct else 0))
-                for v in victims[1:]:
-                    self._evict(v)
-            finally:
-                self.index.removed(victims)  # their names are gone: re-stores of them may go on
-            if spare is None:
-                self.write_chunk(key, data)
-            else:
-                self._write_recycled(key, data, *spare)
+            self._evict_then_write(key, self._chunk(cid), victims)
         except BaseException as e:
             self._end_store(key, t0, e)
             raise
         self._end_store(key, t0, None)
+
+    def _evict_then_write(self, key: bytes, data: memoryview, victims: list[bytes]) -> None:
+        """Evict ``victims`` (reserved for ``key``), then write ``data``: into the first
+        victim's file where it may be recycled."""
+        spare = None
+        try:
+            rest = victims
+            if victims and self._recycle_on:
+                direct = self._direct_for(data, count=False)  # counted by the write
+                spare = self._spare_from(victims[0], os.O_WRONLY | (O_DIRECT if direct else 0))
+                rest = victims[1:]
+            for v in rest:
+                self._evict(v)
+        finally:
+            self.index.removed(victims)  # their names are gone: re-stores of them may go on
+        if spare is None:
+            self.write_chunk(key, data)
+        else:
+            self._write_recycled(key, data, *spare)
 
     def _spare_from(self, victim: bytes, flags: int) -> tuple[int, int, str] | None:
         """Evict ``victim``: open its file (``flags``), rename it to a private temporary name;
@@ -1495,13 +1640,14 @@ class FsTier(BlockingChunkTier):
         self._stats.incr("noatime_refused")
         log.info("fs tier %s: O_NOATIME refused (files owned by another user); reads update atimes", self.dir)
 
-    def _check_read(self, key: bytes, hb: memoryview, out: memoryview, got: int) -> None:
-        """Verify what a read of ``got`` bytes left in ``hb`` (header block) and ``out``."""
+    def _check_read(self, key: bytes, hb: memoryview, out: memoryview, got: int, csum: int | None = None) -> None:
+        """Verify what a read of ``got`` bytes left in ``hb`` (header block) and ``out``
+        (``csum``: the payload's checksum where the reader computed it)."""
         digest = self.offloading_spec.layout_digest
         if not (
             self.verify
             and got == HEADER_BLOCK + out.nbytes
-            and header_matches(hb, key, out.nbytes, checksum(out), digest)
+            and header_matches(hb, key, out.nbytes, checksum(out) if csum is None else csum, digest)
         ):
             self._check_read_slow(key, hb, out, got)
         if self.lru_times and len(self._touched) < _MAX_PENDING_TOUCHES:

@@ -1,0 +1,396 @@
+"""Native I/O workers: C threads that run whole chunk jobs, driven from the event loop.
+
+Why: the tier's per-chunk Python around each system call (a job queue, a thread wake-up and
+a GIL hand-off per call) is what kept 256 KiB loads short of fio from Python threads; over
+the fs tier's own files, C threads doing the same calls outran fio (bench/README.md, "fs
+tier"). :class:`NativePool` is a pool of POSIX threads (``asynctier/_nativeio.c``, built at
+install as an optional extension and loaded with ctypes) that take chunk jobs from their
+own priority queue and run each from ``open`` to ``close``, with the xxh3 of the payload,
+never taking the GIL. The event loop queues jobs ahead of the workers and hears of their
+ends through an eventfd, in batches, so no Python runs between one job and the next on a
+worker. :class:`NativeEngine` is the runtime's engine around it.
+
+The bound: the pool hands out ``bound`` I/O tokens; a worker holds one for each job, and a
+tier's slow paths that do chunk I/O on Python threads hold one too (:meth:`NativePool.hold`),
+so ``max_inflight`` holds across both. :func:`problem` says why the pool cannot be used
+here (not built, not Linux), or None.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import ctypes
+import errno
+import importlib.machinery
+import os
+import sys
+import weakref
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, NamedTuple, TypeVar
+
+from . import engines
+
+__all__ = ["NativeEngine", "NativePool", "Outcome", "problem"]
+
+T = TypeVar("T")
+
+READ, WRITE = 1, 2
+#: The step a job failed at (:attr:`Outcome.stage`); 0 when it did not fail.
+ST_OPEN, ST_IO, ST_DATASYNC, ST_LINK, ST_DIRSYNC = 1, 2, 3, 4, 5
+_NAME_MAX = 256
+
+
+class Outcome(NamedTuple):
+    """How a native job ended."""
+
+    result: int  #: bytes moved, or ``-errno`` of the step that failed
+    csum: int  #: xxh3-64 of the payload (reads that got all of it, when asked; writes)
+    stage: int  #: ``ST_*`` of the failed step, 0 if none
+    info: int  #: writes: 1 if the name was taken already (another writer published first)
+
+
+class _Result(ctypes.Structure):
+    _fields_ = [("result", ctypes.c_int64), ("csum", ctypes.c_uint64), ("stage", ctypes.c_int32),
+                ("info", ctypes.c_int32)]  # fmt: skip
+
+
+def _find_library() -> tuple[ctypes.CDLL | None, str | None]:
+    if not sys.platform.startswith("linux"):
+        return None, f"native I/O workers are built for Linux only (this is {sys.platform})"
+    here = Path(__file__).parent
+    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+        path = here / f"_nativeio{suffix}"
+        if path.exists():
+            break
+    else:
+        return None, (
+            "asynctier/_nativeio was not built (install asynctier from source with a C compiler: "
+            "pip install -e . or pip install .)"
+        )
+    try:
+        lib = ctypes.CDLL(str(path))
+    except OSError as e:
+        return None, f"cannot load {path.name}: {e}"
+    vp, c_int, c_size = ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t
+    # slot, kind, prio, dfd, name, flags, pre_fd, sync, hb, hb_len, buf, len, body_len, hashed
+    submit_args = [
+        vp,
+        c_int,
+        c_int,
+        c_int,
+        c_int,
+        ctypes.c_char_p,
+        c_int,
+        c_int,
+        c_int,
+        vp,
+        c_size,
+        vp,
+        c_size,
+        c_int,
+        c_int,
+    ]
+    sigs: dict[str, tuple[list[Any], Any]] = {
+        "at_new": ([c_int, c_int, c_int, vp], vp),
+        "at_eventfd": ([vp], c_int),
+        "at_results": ([vp], vp),
+        "at_has_xxh3": ([vp], c_int),
+        "at_submit": (submit_args, c_int),
+        "at_cancel": ([vp, c_int], c_int),
+        "at_reap": ([vp, vp, c_int], c_int),
+        "at_acquire": ([vp], c_int),
+        "at_release": ([vp], None),
+        "at_counts": ([vp, vp], None),
+        "at_shutdown": ([vp], None),
+        "at_free": ([vp], None),
+    }
+    for name, (args, res) in sigs.items():
+        fn = getattr(lib, name)
+        fn.argtypes = args
+        fn.restype = res
+    return lib, None
+
+
+def _find_xxh3() -> int | None:
+    """The address of ``XXH3_64bits`` in the xxhash module's own library (the one
+    :func:`asynctier.integrity.checksum` uses), checked against it; None if not found."""
+    try:
+        import xxhash
+        import xxhash._xxhash as impl  # type: ignore[import-not-found]
+
+        fn = ctypes.CDLL(impl.__file__).XXH3_64bits
+    except (ImportError, OSError, AttributeError):
+        return None
+    fn.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
+    fn.restype = ctypes.c_uint64
+    sample = bytes(range(256)) * 33
+    if fn(sample, len(sample)) != xxhash.xxh3_64_intdigest(sample):
+        return None
+    return ctypes.cast(fn, ctypes.c_void_p).value
+
+
+_LIB, _PROBLEM = _find_library()
+_XXH3 = _find_xxh3() if _LIB is not None else None
+
+
+def problem() -> str | None:
+    """Why native workers cannot be used here, or None when they can."""
+    return _PROBLEM
+
+
+class NativePool:
+    """``threads`` C workers sharing ``bound`` I/O tokens, with ``slots`` job slots.
+
+    Use it from one event loop: :meth:`attach` it, take a slot (:meth:`take_slot`), await
+    :meth:`read` or :meth:`write` with it, give it back (:meth:`put_slot`) once done with
+    the buffers it names. Buffers (header block and payload) must stay valid until the job
+    ends: a cancelled wait takes a queued job back, or waits for a running one to end.
+    """
+
+    def __init__(self, threads: int, bound: int, slots: int) -> None:
+        if _LIB is None:
+            raise OSError(errno.ENOSYS, _PROBLEM)
+        self._lib = _LIB
+        handle = _LIB.at_new(threads, bound, slots, _XXH3)
+        if not handle:
+            e = ctypes.get_errno() or errno.ENOMEM
+            raise OSError(e, f"cannot start native I/O workers: {os.strerror(e)}")
+        self._h: int = handle
+        self.slots = slots
+        #: whether the workers hash payloads (else the caller does)
+        self.hashes = bool(_LIB.at_has_xxh3(handle))
+        self._res = (_Result * slots).from_address(_LIB.at_results(handle))
+        self._efd: int = _LIB.at_eventfd(handle)
+        self._reaped = (ctypes.c_int32 * slots)()
+        self._counts = (ctypes.c_int32 * 3)()
+        self._waiters: list[asyncio.Future[Outcome] | None] = [None] * slots
+        self._free = list(range(slots - 1, -1, -1))
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._running = 0  # jobs submitted and not yet reaped
+        self._closed = False
+        self._abandoned = False
+        # dropped without close(): the workers end once idle; the pool's memory and eventfd
+        # stay (a worker may still write to the eventfd: its number must not be reused)
+        self._finalizer = weakref.finalize(self, _LIB.at_shutdown, handle)
+
+    # -- the event-loop side ----------------------------------------------------------------
+    def attach(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Serve completions on ``loop`` (call once, from it)."""
+        self._loop = loop
+        loop.add_reader(self._efd, self._on_ready)
+
+    def take_slot(self) -> int:
+        """A free job slot (the caller's bound keeps one available)."""
+        if not self._free:
+            raise OSError(errno.EBUSY, "no free native I/O slot")
+        return self._free.pop()
+
+    def put_slot(self, slot: int) -> None:
+        """Give a slot back once its job is over and its buffers are no longer needed."""
+        self._free.append(slot)
+
+    async def read(
+        self, slot: int, prio: int, dfd: int, name: bytes, flags: int, hb: int, hb_len: int, buf: int, n: int,
+        *, hashed: bool,
+    ) -> Outcome:  # fmt: skip
+        """``openat(dfd, name, flags)``, ``preadv`` of ``hb_len`` bytes to ``hb`` and ``n`` to
+        ``buf`` (looped; EOF ends it short), ``close``; the payload's xxh3 if ``hashed``."""
+        return await self._run(slot, READ, prio, dfd, name, flags, -1, False, hb, hb_len, buf, n, 0, hashed)
+
+    async def write(
+        self, slot: int, prio: int, dfd: int, name: bytes, flags: int, pre_fd: int, sync: bool,
+        hb: int, hb_len: int, buf: int, n: int, body_len: int,
+    ) -> Outcome:  # fmt: skip
+        """An unnamed file (``pre_fd``, or a new ``O_TMPFILE`` in ``dfd`` opened with
+        ``flags``), ``pwritev`` of header block and payload, [``fdatasync``], ``linkat``
+        under ``name``, [``fsync`` of ``dfd``]; a new file is closed, ``pre_fd`` is not.
+        ``body_len`` > 0: the header block holds a header packed with a zero checksum and
+        ``body_len`` bytes before its own checksum; the worker fills both in."""
+        return await self._run(slot, WRITE, prio, dfd, name, flags, pre_fd, sync, hb, hb_len, buf, n, body_len, True)
+
+    async def _run(self, slot: int, *args: Any) -> Outcome:
+        if self._closed or self._loop is None:
+            raise RuntimeError("native I/O pool is not running")
+        fut: asyncio.Future[Outcome] = self._loop.create_future()
+        kind, prio, dfd, name, flags, pre_fd, sync, hb, hb_len, buf, n, body_len, hashed = args
+        rc = self._lib.at_submit(self._h, slot, kind, prio, dfd, name, flags, pre_fd, int(sync), hb, hb_len,
+                                 buf, n, body_len, int(hashed))  # fmt: skip
+        if rc < 0:
+            raise OSError(-rc, f"native I/O submit refused: {os.strerror(-rc)}")
+        self._waiters[slot] = fut
+        self._running += 1
+        try:
+            return await asyncio.shield(fut)
+        except asyncio.CancelledError:
+            if self._lib.at_cancel(self._h, slot):  # taken back: never ran, never reported
+                self._waiters[slot] = None
+                self._running -= 1
+            else:
+                await engines.wait_to_end(fut)  # it runs on the caller's buffers: to its end
+            raise
+
+    def _on_ready(self) -> None:
+        try:
+            os.read(self._efd, 8)
+        except BlockingIOError:
+            pass
+        lib, h, reaped, res, waiters = self._lib, self._h, self._reaped, self._res, self._waiters
+        while True:
+            n = lib.at_reap(h, reaped, self.slots)
+            for i in range(n):
+                slot = reaped[i]
+                r = res[slot]
+                fut = waiters[slot]
+                waiters[slot] = None
+                self._running -= 1
+                if fut is not None and not fut.done():
+                    fut.set_result(Outcome(r.result, r.csum, r.stage, r.info))
+            if n < self.slots:
+                break
+        if self._abandoned and not self._running:
+            self._free_now()
+
+    # -- threads ------------------------------------------------------------------------------
+    def hold(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)`` (a blocking slow path doing chunk I/O) holding one of the pool's
+        I/O tokens, so that it counts against the bound (call from a worker thread)."""
+        if self._lib.at_acquire(self._h) != 0:
+            raise RuntimeError("native I/O pool is shut down")
+        try:
+            return fn(*args)
+        finally:
+            self._lib.at_release(self._h)
+
+    # -- counters and teardown ----------------------------------------------------------------
+    def counts(self) -> tuple[int, int, int]:
+        """(I/O in flight, peak in flight, jobs queued) as the workers see them."""
+        if self._closed:
+            return 0, self._counts[1], 0
+        self._lib.at_counts(self._h, self._counts)
+        return self._counts[0], self._counts[1], self._counts[2]
+
+    def abandon(self) -> None:
+        """Tear the pool down without waiting, from any thread: for the finalizer of an owner
+        dropped without :meth:`aclose`. No new jobs; once those submitted have ended, the
+        workers are joined and the eventfd closed on the loop's thread."""
+        if self._closed:
+            return
+        self._lib.at_shutdown(self._h)
+        loop = self._loop
+        if loop is None or loop.is_closed():  # no reader left to serve: nothing reaps
+            if not self._running:
+                self._free_now()
+            return
+        try:
+            loop.call_soon_threadsafe(self._abandon_on_loop)
+        except RuntimeError:  # the loop closed meanwhile
+            pass
+
+    def _abandon_on_loop(self) -> None:
+        self._abandoned = True
+        if not self._running:
+            self._free_now()
+
+    def _free_now(self) -> None:
+        """Free the pool; its workers are idle or ending (nothing queued or running), so
+        joining them does not wait for I/O."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._loop is not None and not self._loop.is_closed():
+            self._loop.remove_reader(self._efd)
+        self._finalizer.detach()
+        self._lib.at_free(self._h)
+
+    async def aclose(self) -> None:
+        """Wait for the jobs submitted, stop the workers and free the pool (idempotent)."""
+        if self._closed:
+            return
+        while self._running and self._loop is not None:
+            pending = [f for f in self._waiters if f is not None]
+            if not pending:
+                break
+            await asyncio.wait(pending)
+        if self._closed:  # abandoned, and freed once the last job ended
+            return
+        if self._loop is not None:
+            self._loop.remove_reader(self._efd)
+        self._finalizer.detach()
+        self._closed = True
+        # joining may wait for a worker's last system call: not on the loop thread
+        await asyncio.to_thread(self._lib.at_free, self._h)
+
+
+def _coroutines(bound: int) -> int:
+    """Coroutines that keep the workers' queue ahead of them: the bound plus as many again
+    (at least 8), so a worker finds its next job queued when it ends one."""
+    return bound + max(bound, 8)
+
+
+class NativeEngine(engines.AsyncEngine):
+    """The runtime's engine for a :class:`NativePool`: coroutine workers (more than the
+    bound, so jobs queue ahead in the pool) whose chunk I/O the pool runs under ``bound``
+    tokens; slow paths run on :attr:`executor` threads, each holding a token.
+
+    ``in_flight``, ``peak_in_flight`` and ``workers`` report the bound's view (tokens), not
+    the coroutines.
+    """
+
+    def __init__(self, bound: int, name: str = "asynctier") -> None:
+        super().__init__(_coroutines(bound), name)
+        self.bound = bound
+        self.pool: NativePool | None = None
+        self.executor: concurrent.futures.ThreadPoolExecutor | None = None
+        self._last = (0, 0, 0)
+
+    def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        pool = NativePool(self.bound, self.bound, self._workers)
+        pool.attach(loop)
+        self.pool = pool
+        self.executor = concurrent.futures.ThreadPoolExecutor(self.bound, thread_name_prefix=f"{self._name}-slow")
+        super().start()
+
+    async def blocking(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)`` on a slow-path thread holding an I/O token; runs to its end even if
+        the caller is cancelled (it may touch the caller's buffer)."""
+        assert self.pool is not None
+        return await engines.finish_on_thread(self.pool.hold, fn, *args, executor=self.executor)
+
+    def _pool_counts(self) -> tuple[int, int, int]:
+        if self.pool is not None:
+            self._last = self.pool.counts()
+        return self._last
+
+    @property
+    def in_flight(self) -> int:
+        return self._pool_counts()[0]
+
+    @property
+    def peak_in_flight(self) -> int:
+        return self._pool_counts()[1]
+
+    @property
+    def queued(self) -> int:
+        return self._queued + self._pool_counts()[2]
+
+    @property
+    def workers(self) -> int:
+        return self.bound
+
+    def stop_nowait(self) -> None:
+        super().stop_nowait()
+        if self.pool is not None:
+            self.pool.abandon()
+
+    async def stop(self) -> None:
+        await super().stop()
+        pool, self.pool = self.pool, None
+        if pool is not None:
+            self._last = pool.counts()
+            await pool.aclose()
+        executor, self.executor = self.executor, None
+        if executor is not None:
+            executor.shutdown(wait=False)

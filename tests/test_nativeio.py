@@ -1,0 +1,210 @@
+"""The native I/O workers (asynctier.nativeio): the pool's bound, queue and cancellation
+against real blocking files (FIFOs), and the fs tier on them: files it writes are the
+files the other engines write, byte for byte, with or without the workers hashing."""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import errno
+import os
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from asynctier import IntegrityError, OffloadingSpec, SecondaryTierFactory, TierConfigError, nativeio
+from asynctier.integrity import checksum, key_token
+from tiers.fs import HEADER_BLOCK, FsTier, _shard_of
+
+pytestmark = pytest.mark.skipif(nativeio.problem() is not None, reason=f"no native workers: {nativeio.problem()}")
+
+CHUNK = 64 * 1024
+HB = 64  # header block of the pool-level tests (any size: the pool does not parse it)
+
+
+class Bufs:
+    """A header block and a payload buffer per slot, at fixed addresses."""
+
+    def __init__(self, slots: int, n: int) -> None:
+        self.hb = [ctypes.create_string_buffer(HB) for _ in range(slots)]
+        self.buf = [ctypes.create_string_buffer(n) for _ in range(slots)]
+        self.n = n
+
+    def read(self, pool: nativeio.NativePool, slot: int, dfd: int, name: str) -> Any:
+        return pool.read(slot, 0, dfd, name.encode(), os.O_RDONLY, ctypes.addressof(self.hb[slot]), HB,
+                         ctypes.addressof(self.buf[slot]), self.n, hashed=True)  # fmt: skip
+
+
+async def wait_for(cond: Any, what: str) -> None:
+    for _ in range(3000):
+        if cond():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"never: {what}")
+
+
+def open_fifo(path: Path) -> threading.Thread:
+    """Open ``path`` (a FIFO) for writing and close it: its reader's open() returns (and
+    its preadv fails: a pipe has no offsets)."""
+
+    def run() -> None:
+        os.close(os.open(path, os.O_WRONLY))
+
+    t = threading.Thread(target=run)
+    t.start()
+    return t
+
+
+async def test_the_bound_queues_jobs_and_a_queued_job_is_taken_back_on_cancel(tmp_path: Path) -> None:
+    """One token: a job stuck opening a FIFO holds it, the next jobs queue behind it; a
+    cancelled queued job never runs; the stuck one runs on the caller's buffers to its end
+    even when its caller is cancelled, and only then does the cancellation reach the caller."""
+    n = 1000
+    (tmp_path / "plain").write_bytes(b"h" * HB + b"p" * n)
+    os.mkfifo(tmp_path / "fifo")
+    dfd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    pool = nativeio.NativePool(threads=2, bound=1, slots=4)
+    pool.attach(asyncio.get_running_loop())
+    bufs = Bufs(4, n)
+    try:
+        stuck = asyncio.ensure_future(bufs.read(pool, 0, dfd, "fifo"))
+        await wait_for(lambda: pool.counts()[0] == 1, "the FIFO job holds the token")
+        queued = asyncio.ensure_future(bufs.read(pool, 1, dfd, "plain"))
+        after = asyncio.ensure_future(bufs.read(pool, 2, dfd, "plain"))
+        await wait_for(lambda: pool.counts()[2] == 2, "two jobs queued behind it")
+        queued.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await queued
+        assert pool.counts()[2] == 1  # taken back: it will never run
+        stuck.cancel()
+        await asyncio.sleep(0.05)
+        assert not stuck.done(), "a cancelled caller must wait for the job writing its buffers"
+        opener = open_fifo(tmp_path / "fifo")
+        with pytest.raises(asyncio.CancelledError):
+            await stuck
+        await asyncio.to_thread(opener.join)
+        res = await after
+        assert (res.result, res.stage) == (HB + n, 0)
+        assert res.csum == checksum(b"p" * n)
+        assert bufs.buf[2].raw == b"p" * n and bufs.buf[1].raw == b"\0" * n  # slot 1 never read
+        assert pool.counts() == (0, 1, 0)  # never more than one in flight
+        # a slot whose job was taken back is free again
+        res = await bufs.read(pool, 1, dfd, "plain")
+        assert res.result == HB + n and bufs.buf[1].raw == b"p" * n
+    finally:
+        await pool.aclose()
+        os.close(dfd)
+
+
+async def test_failures_report_the_step_and_errno(tmp_path: Path) -> None:
+    dfd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    pool = nativeio.NativePool(threads=1, bound=1, slots=2)
+    pool.attach(asyncio.get_running_loop())
+    bufs = Bufs(2, 100)
+    try:
+        res = await bufs.read(pool, 0, dfd, "missing")
+        assert (res.result, res.stage) == (-errno.ENOENT, nativeio.ST_OPEN)
+        (tmp_path / "dir").mkdir()
+        res = await bufs.read(pool, 0, dfd, "dir")  # opens; reading a directory fails
+        assert (res.result, res.stage) == (-errno.EISDIR, nativeio.ST_IO)
+        hb, buf = ctypes.addressof(bufs.hb[1]), ctypes.addressof(bufs.buf[1])
+        (tmp_path / "taken").write_bytes(b"first")
+        res = await pool.write(1, 0, dfd, b"taken", os.O_WRONLY, -1, False, hb, HB, buf, 100, 0)
+        assert (res.stage, res.info) == (0, 1)  # the name was taken: the first copy stays
+        assert (tmp_path / "taken").read_bytes() == b"first"
+        res = await pool.write(1, 0, dfd, b"new", os.O_WRONLY, -1, True, hb, HB, buf, 100, 0)
+        assert (res.result, res.stage, res.info) == (HB + 100, 0, 0)
+        assert (tmp_path / "new").stat().st_size == HB + 100
+        with pytest.raises(OSError, match="refused"):  # a name too long for the job table
+            await pool.write(1, 0, dfd, b"x" * 300, os.O_WRONLY, -1, False, hb, HB, buf, 100, 0)
+    finally:
+        await pool.aclose()
+        os.close(dfd)
+    with pytest.raises(RuntimeError, match="not running"):
+        await bufs.read(pool, 0, dfd, "missing")
+
+
+# -- the fs tier on native workers ----------------------------------------------------------
+def chunk_file(tier: FsTier, key: bytes) -> Path:
+    return tier.dir / f"{_shard_of(key):02x}" / key_token(key)
+
+
+def make_tier(root: Path, engine: str, view: memoryview | None = None, **config: Any) -> tuple[FsTier, memoryview]:
+    spec = OffloadingSpec(CHUNK, 8, namespace="test/native")
+    if view is None:
+        view = memoryview(bytearray(spec.total_bytes))
+    tier = SecondaryTierFactory.create_secondary_tier(
+        {"type": "fs", "root": str(root), "io_engine": engine, **config}, view, spec
+    )
+    assert isinstance(tier, FsTier)
+    return tier, view
+
+
+@pytest.mark.parametrize("hashing", ["workers", "python"])
+@pytest.mark.parametrize("durability", ["none", "fsync"])
+async def test_files_are_those_of_the_threads_engine(
+    tmp_path: Path, hashing: str, durability: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Native writes are byte for byte what the threads engine writes (the workers fill in
+    both header checksums, or Python does where the pool has no xxh3), and each engine loads
+    the other's files; a damaged payload fails its key either way."""
+    if hashing == "python":
+        monkeypatch.setattr(nativeio, "_XXH3", None)
+    view = memoryview(bytearray(8 * CHUNK))
+    for i in range(4):
+        view[i * CHUNK : (i + 1) * CHUNK] = os.urandom(CHUNK)
+    keys = [b"k%d" % i for i in range(4)]
+    native, _ = make_tier(tmp_path / "n", "native", view, durability=durability)
+    threads, _ = make_tier(tmp_path / "t", "threads", view, durability=durability)
+    async with native, threads:
+        assert native.active_io_engine == "native"
+        assert native._nengine is not None and native._nengine.pool is not None
+        assert native._nengine.pool.hashes is (hashing == "workers")
+        assert (await native.offload(keys, [0, 1, 2, 3])).ok
+        assert (await threads.offload(keys, [0, 1, 2, 3])).ok
+        for k in keys:
+            assert chunk_file(native, k).read_bytes() == chunk_file(threads, k).read_bytes()
+        assert native.stats().extra.get("native_retries", 0) == 0
+    # each loads the other's files (same root, same namespace)
+    for engine, root in (("native", tmp_path / "t"), ("threads", tmp_path / "n")):
+        tier, _ = make_tier(root, engine, view)
+        async with tier:
+            view[4 * CHUNK :] = b"\0" * (4 * CHUNK)
+            assert (await tier.load(keys, [4, 5, 6, 7])).ok
+            assert view[4 * CHUNK :] == view[: 4 * CHUNK]
+    tier, _ = make_tier(tmp_path / "t", "native", view)
+    raw = bytearray(chunk_file(tier, keys[1]).read_bytes())
+    raw[HEADER_BLOCK + 99] ^= 1
+    chunk_file(tier, keys[1]).write_bytes(bytes(raw))
+    async with tier:
+        res = await tier.load(keys, [4, 5, 6, 7])
+        assert list(res.failed) == [keys[1]] and isinstance(res.failed[keys[1]], IntegrityError)
+
+
+async def test_unavailable_native_workers_say_why(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(nativeio, "_PROBLEM", "asynctier/_nativeio was not built (no C compiler)")
+    tier, _ = make_tier(tmp_path, "native")
+    with pytest.raises(TierConfigError, match=r"io_engine='native'.*not built"):
+        await tier.open()
+    tier, _ = make_tier(tmp_path, "auto")  # auto never picks what is not there
+    async with tier:
+        assert tier.active_io_engine != "native"
+
+
+async def test_a_failed_job_goes_to_the_slow_path_which_owns_errors(tmp_path: Path) -> None:
+    """A job that fails past open (here: the chunk's name is a directory, EISDIR on read)
+    is counted and handed to the blocking path: that key fails with the error the threads
+    engine gives, the others load."""
+    tier, view = make_tier(tmp_path, "native")
+    view[: 2 * CHUNK] = os.urandom(2 * CHUNK)
+    async with tier:
+        assert (await tier.offload([b"a", b"b"], [0, 1])).ok
+        path = chunk_file(tier, b"a")
+        path.unlink()
+        path.mkdir()
+        res = await tier.load([b"a", b"b"], [2, 3])
+        assert res.succeeded == [b"b"] and view[3 * CHUNK : 4 * CHUNK] == view[CHUNK : 2 * CHUNK]
+        assert isinstance(res.failed[b"a"], OSError), repr(res.failed[b"a"])
+        assert tier.stats().extra["native_retries"] == 1
