@@ -18,6 +18,9 @@
  * The bound: a worker takes one of `tokens` before a job's first system call and gives it
  * back after its last; Python code doing chunk I/O for the same tier outside the pool
  * (its slow paths) takes one too (at_acquire/at_release), so the bound holds for both.
+ * Hashing holds no token: there are more workers than tokens, and a write's payload is
+ * hashed (and its unnamed file made) ahead of its I/O, a read's payload hashed after it,
+ * while other jobs' I/O goes on.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -33,6 +36,8 @@
 
 #define AT_READ 1
 #define AT_WRITE 2
+#define AT_SPARE 3  /* open a file (to be overwritten) and rename it away: result is the fd */
+#define AT_UNLINK 4 /* unlink a name */
 
 #define AT_QUEUED 1
 #define AT_RUNNING 2
@@ -45,6 +50,8 @@
 #define ST_DATASYNC 3
 #define ST_LINK 4
 #define ST_DIRSYNC 5
+#define ST_RENAME 6
+#define ST_UNLINK 7
 
 #define NPRIO 4
 #define NAME_MAX_LEN 256
@@ -60,10 +67,18 @@ struct at_res {
     int32_t info;    /* writes: 1 if the name was taken already (EEXIST on link) */
 };
 
+/* a write's checksums, filled in by a worker before its I/O */
+#define PREP_NONE 0    /* nothing to do: ready for I/O */
+#define PREP_WANTED 1  /* queued, to be hashed first */
+#define PREP_RUNNING 2 /* being hashed */
+
 struct at_op {
-    int32_t kind, prio, state, dfd, flags, pre_fd, sync, body_len, hashed;
+    int32_t kind, prio, state, dfd, flags, pre_fd, sync, body_len, hashed, prep;
+    int32_t fd;   /* the unnamed file opened by prepare_write, or -1 */
+    int32_t dfd2; /* the directory of name2 */
     int32_t next; /* queue link */
     char name[NAME_MAX_LEN];
+    char name2[NAME_MAX_LEN]; /* writes: publish by renaming this (pre_fd's name); spares: the new name */
     char *hb;
     size_t hb_len;
     char *buf;
@@ -81,6 +96,7 @@ struct at_pool {
     int nops;
     struct at_op *ops;
     struct at_res *res;
+    int post_head, post_tail; /* reads whose I/O is done, to be hashed (FIFO) */
     int32_t *done; /* completion ring of slot indices */
     int done_head, done_count;
     int efd;
@@ -121,7 +137,7 @@ static void put_u64le(char *p, uint64_t v) {
     for (int i = 0; i < 8; i++) p[i] = (char)(v >> (8 * i));
 }
 
-static void run_read(struct at_pool *p, struct at_op *op, struct at_res *r) {
+static void run_read(struct at_op *op, struct at_res *r) {
     int fd = openat(op->dfd, op->name, op->flags | O_CLOEXEC);
     if (fd < 0) {
         r->result = -errno;
@@ -132,31 +148,55 @@ static void run_read(struct at_pool *p, struct at_op *op, struct at_res *r) {
     int64_t got = move_all(fd, 0, iov, 2, op->hb_len + op->len);
     close(fd);
     r->result = got;
-    if (got < 0) {
-        r->stage = ST_IO;
-        return;
-    }
-    if (p->xxh3 && op->hashed && (size_t)got == op->hb_len + op->len) r->csum = p->xxh3(op->buf, op->len);
+    if (got < 0) r->stage = ST_IO;
 }
 
-static void run_write(struct at_pool *p, struct at_op *op, struct at_res *r) {
+/* A write's work before its I/O, holding no token: the header's checksums (it was packed
+ * with a zero checksum: the payload's goes in, then the header's own over its body, see
+ * asynctier.integrity.pack_header), and its unnamed file (O_TMPFILE: an inode on the file
+ * system's orphan list, no data yet), as the tier's pool of files made ahead would. */
+static void prepare_write(struct at_pool *p, struct at_op *op, struct at_res *r) {
     if (op->body_len > 0) {
-        /* the header was packed with a zero checksum: put the payload's in, then the
-         * header's own checksum over its body (see asynctier.integrity.pack_header) */
         uint64_t c = p->xxh3(op->buf, op->len);
         put_u64le(op->hb + CSUM_OFFSET, c);
         put_u64le(op->hb + op->body_len, p->xxh3(op->hb, (size_t)op->body_len));
         r->csum = c;
     }
-    int fd = op->pre_fd;
-    if (fd < 0) {
-        fd = openat(op->dfd, ".", O_TMPFILE | op->flags | O_CLOEXEC, 0644);
-        if (fd < 0) {
+    if (op->pre_fd < 0) { /* a new unnamed file (else the caller's: made ahead, or a spare) */
+        op->fd = openat(op->dfd, ".", O_TMPFILE | op->flags | O_CLOEXEC, 0644);
+        if (op->fd < 0) {
             r->result = -errno;
             r->stage = ST_OPEN;
-            return;
         }
     }
+}
+
+static void run_spare(struct at_op *op, struct at_res *r) {
+    int fd = openat(op->dfd, op->name, op->flags | O_CLOEXEC);
+    if (fd < 0) {
+        r->result = -errno;
+        r->stage = ST_OPEN;
+        return;
+    }
+    if (renameat(op->dfd, op->name, op->dfd2, op->name2) != 0) {
+        r->result = -errno;
+        r->stage = ST_RENAME;
+        close(fd);
+        return;
+    }
+    r->result = fd;
+}
+
+static void run_unlink(struct at_op *op, struct at_res *r) {
+    if (unlinkat(op->dfd, op->name, 0) != 0) {
+        r->result = -errno;
+        r->stage = ST_UNLINK;
+    }
+}
+
+static void run_write(struct at_op *op, struct at_res *r) {
+    if (r->stage) return; /* failed in prepare_write */
+    int fd = op->pre_fd >= 0 ? op->pre_fd : op->fd;
     struct iovec iov[2] = {{op->hb, op->hb_len}, {op->buf, op->len}};
     int64_t n = move_all(fd, 1, iov, 2, op->hb_len + op->len);
     int stage = 0;
@@ -167,6 +207,11 @@ static void run_write(struct at_pool *p, struct at_op *op, struct at_res *r) {
     } else if (op->sync && fdatasync(fd) != 0) {
         stage = ST_DATASYNC;
         err = -errno;
+    } else if (op->name2[0]) { /* a named file overwritten in place: renamed into place */
+        if (renameat(op->dfd2, op->name2, op->dfd, op->name) != 0) {
+            stage = ST_RENAME;
+            err = -errno;
+        }
     } else {
         char path[48];
         snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
@@ -179,7 +224,10 @@ static void run_write(struct at_pool *p, struct at_op *op, struct at_res *r) {
             }
         }
     }
-    if (op->pre_fd < 0) close(fd); /* a file made ahead is the caller's to close */
+    if (op->pre_fd < 0) { /* a file made ahead is the caller's to close */
+        close(fd);
+        op->fd = -1;
+    }
     if (!stage && op->sync && fsync(op->dfd) != 0) {
         stage = ST_DIRSYNC;
         err = -errno;
@@ -188,49 +236,127 @@ static void run_write(struct at_pool *p, struct at_op *op, struct at_res *r) {
     r->result = stage ? err : n;
 }
 
+#define DO_IO 1   /* a job's system calls, holding a token */
+#define DO_POST 2 /* a read's checksum, after its I/O */
+#define DO_PREP 3 /* a write's checksums and file, before its I/O */
+
+/* What a worker may do next (with the lock held), in this order: the I/O of the first job
+ * in priority order that is ready, if a token is free; a read's checksum; a write's
+ * preparation. Returns the slot and sets *what, or -1. */
+static int pick(struct at_pool *p, int *what) {
+    int prep = -1;
+    for (int q = 0; q < NPRIO; q++) {
+        for (int i = p->head[q]; i >= 0; i = p->ops[i].next) {
+            struct at_op *op = &p->ops[i];
+            if (op->prep == PREP_NONE) {
+                if (p->ntokens > 0) {
+                    *what = DO_IO;
+                    return i;
+                }
+            } else if (op->prep == PREP_WANTED && prep < 0) {
+                prep = i;
+            }
+        }
+    }
+    if (p->post_head >= 0) {
+        *what = DO_POST;
+        return p->post_head;
+    }
+    *what = DO_PREP;
+    return prep;
+}
+
+static void unqueue(struct at_pool *p, int idx) {
+    int q = p->ops[idx].prio, prev = -1;
+    for (int i = p->head[q]; i >= 0; prev = i, i = p->ops[i].next) {
+        if (i != idx) continue;
+        if (prev < 0)
+            p->head[q] = p->ops[idx].next;
+        else
+            p->ops[prev].next = p->ops[idx].next;
+        if (p->tail[q] == idx) p->tail[q] = prev;
+        break;
+    }
+    p->queued--;
+}
+
+static void report(struct at_pool *p, int idx) {
+    /* with the lock held */
+    p->ops[idx].state = AT_DONE;
+    p->done[(p->done_head + p->done_count) % p->nops] = idx;
+    p->done_count++;
+    uint64_t one = 1;
+    /* the eventfd counts; a full counter (never, in practice) still leaves it readable */
+    ssize_t w = write(p->efd, &one, sizeof one);
+    (void)w;
+}
+
 static void *worker(void *arg) {
     struct at_pool *p = arg;
     pthread_mutex_lock(&p->mu);
     for (;;) {
+        int what = 0, idx;
         /* stopping: the queued jobs still run (their callers wait for them) */
-        while (!(p->queued > 0 && p->ntokens > 0) && !(p->stopping && p->queued == 0))
+        while ((idx = pick(p, &what)) < 0 && !(p->stopping && p->queued == 0 && p->post_head < 0))
             pthread_cond_wait(&p->work, &p->mu);
-        if (p->queued == 0) break;
-        int idx = -1;
-        for (int q = 0; q < NPRIO; q++) {
-            if (p->head[q] >= 0) {
-                idx = p->head[q];
-                p->head[q] = p->ops[idx].next;
-                if (p->head[q] < 0) p->tail[q] = -1;
-                break;
-            }
-        }
+        if (idx < 0) break;
         struct at_op *op = &p->ops[idx];
+        struct at_res *r = &p->res[idx];
+        if (what == DO_PREP) {
+            /* holding no token: at depth 1 the previous chunk's I/O goes on meanwhile */
+            op->prep = PREP_RUNNING;
+            op->state = AT_RUNNING; /* no longer taken back by at_cancel */
+            pthread_mutex_unlock(&p->mu);
+            memset(r, 0, sizeof *r);
+            prepare_write(p, op, r);
+            pthread_mutex_lock(&p->mu);
+            op->prep = PREP_NONE;
+            if (p->ntokens > 0) pthread_cond_signal(&p->work);
+            continue;
+        }
+        if (what == DO_POST) {
+            p->post_head = op->next;
+            pthread_mutex_unlock(&p->mu);
+            r->csum = p->xxh3(op->buf, op->len);
+            pthread_mutex_lock(&p->mu);
+            report(p, idx);
+            continue;
+        }
+        if (op->state != AT_RUNNING) memset(r, 0, sizeof *r); /* not prepared above */
+        unqueue(p, idx);
         op->state = AT_RUNNING;
-        p->queued--;
         p->ntokens--;
         if (++p->in_flight > p->peak) p->peak = p->in_flight;
+        int next = 0;
+        if (pick(p, &next) >= 0) pthread_cond_signal(&p->work); /* more to do: another worker */
         pthread_mutex_unlock(&p->mu);
 
-        struct at_res *r = &p->res[idx];
-        memset(r, 0, sizeof *r);
         if (op->kind == AT_READ)
-            run_read(p, op, r);
+            run_read(op, r);
+        else if (op->kind == AT_WRITE)
+            run_write(op, r);
+        else if (op->kind == AT_SPARE)
+            run_spare(op, r);
         else
-            run_write(p, op, r);
+            run_unlink(op, r);
 
         pthread_mutex_lock(&p->mu);
-        op->state = AT_DONE;
         p->in_flight--;
         p->ntokens++;
-        p->done[(p->done_head + p->done_count) % p->nops] = idx;
-        p->done_count++;
         pthread_cond_signal(&p->tokens);
-        if (p->queued > 0) pthread_cond_signal(&p->work);
-        uint64_t one = 1;
-        /* the eventfd counts; a full counter (never, in practice) still leaves it readable */
-        ssize_t w = write(p->efd, &one, sizeof one);
-        (void)w;
+        if (op->kind == AT_READ && p->xxh3 && op->hashed && r->result == (int64_t)(op->hb_len + op->len)) {
+            /* its checksum is left to another worker: this one goes on to the next I/O
+             * with no wake-up in between (one costs tens of microseconds on a VM) */
+            op->next = -1;
+            if (p->post_head < 0)
+                p->post_head = idx;
+            else
+                p->ops[p->post_tail].next = idx;
+            p->post_tail = idx;
+            pthread_cond_signal(&p->work);
+        } else {
+            report(p, idx);
+        }
     }
     pthread_mutex_unlock(&p->mu);
     return NULL;
@@ -252,6 +378,7 @@ struct at_pool *at_new(int nthreads, int ntokens, int nops, xxh3_fn xxh3) {
     pthread_cond_init(&p->work, NULL);
     pthread_cond_init(&p->tokens, NULL);
     for (int q = 0; q < NPRIO; q++) p->head[q] = p->tail[q] = -1;
+    p->post_head = p->post_tail = -1;
     p->ntokens = ntokens;
     p->nops = nops;
     p->xxh3 = xxh3;
@@ -282,14 +409,26 @@ int at_eventfd(struct at_pool *p) { return p->efd; }
 struct at_res *at_results(struct at_pool *p) { return p->res; }
 int at_has_xxh3(struct at_pool *p) { return p->xxh3 != NULL; }
 
-/* Queue slot `idx` (idle). For a write with body_len > 0 the pool must have xxh3.
+/* Queue slot `idx` (idle) for a job of `kind`:
+ *   AT_READ    openat(dfd, name, flags), preadv of hb and buf (EOF ends it short), close;
+ *              the xxh3 of buf if `hashed` and the pool has it;
+ *   AT_WRITE   an unnamed file (pre_fd, or O_TMPFILE in dfd with flags), pwritev of hb and
+ *              buf, [fdatasync], published under `name` by linkat, or by renameat of
+ *              `name2` in dfd2 (pre_fd is then that file, open), [fsync of dfd]; pre_fd is
+ *              left open.
+ *              body_len > 0: the header's checksums are filled in first (the pool must have
+ *              xxh3);
+ *   AT_SPARE   openat(dfd, name, flags), renameat to name2 in dfd2: the result is the
+ *              descriptor (a failed rename closes it);
+ *   AT_UNLINK  unlinkat(dfd, name).
  * Returns 0, or -EINVAL (bad slot or arguments), -EBUSY (slot in use), -ESHUTDOWN. */
-int at_submit(struct at_pool *p, int idx, int kind, int prio, int dfd, const char *name, int flags, int pre_fd,
-              int sync, void *hb, size_t hb_len, void *buf, size_t len, int body_len, int hashed) {
-    if (idx < 0 || idx >= p->nops || prio < 0 || prio >= NPRIO || (kind != AT_READ && kind != AT_WRITE))
-        return -EINVAL;
-    if (strlen(name) >= NAME_MAX_LEN || (body_len > 0 && (!p->xxh3 || (size_t)body_len + 8 > hb_len)))
-        return -EINVAL;
+int at_submit(struct at_pool *p, int idx, int kind, int prio, int dfd, const char *name, int dfd2,
+              const char *name2, int flags, int pre_fd, int sync, void *hb, size_t hb_len, void *buf, size_t len, int body_len,
+              int hashed) {
+    if (idx < 0 || idx >= p->nops || prio < 0 || prio >= NPRIO || kind < AT_READ || kind > AT_UNLINK) return -EINVAL;
+    if (strlen(name) >= NAME_MAX_LEN || strlen(name2) >= NAME_MAX_LEN) return -EINVAL;
+    if (body_len > 0 && (!p->xxh3 || (size_t)body_len + 8 > hb_len)) return -EINVAL;
+    if ((kind == AT_SPARE && !name2[0]) || (kind == AT_WRITE && name2[0] && pre_fd < 0)) return -EINVAL;
     pthread_mutex_lock(&p->mu);
     int rc = 0;
     struct at_op *op = &p->ops[idx];
@@ -306,7 +445,11 @@ int at_submit(struct at_pool *p, int idx, int kind, int prio, int dfd, const cha
         op->sync = sync;
         op->body_len = body_len;
         op->hashed = hashed;
+        op->prep = kind == AT_WRITE ? PREP_WANTED : PREP_NONE;
+        op->fd = -1;
         strcpy(op->name, name);
+        strcpy(op->name2, name2);
+        op->dfd2 = dfd2;
         op->hb = hb;
         op->hb_len = hb_len;
         op->buf = buf;
@@ -332,19 +475,9 @@ int at_cancel(struct at_pool *p, int idx) {
     pthread_mutex_lock(&p->mu);
     int taken = 0;
     struct at_op *op = &p->ops[idx];
-    if (op->state == AT_QUEUED) {
-        int q = op->prio, prev = -1;
-        for (int i = p->head[q]; i >= 0; prev = i, i = p->ops[i].next) {
-            if (i != idx) continue;
-            if (prev < 0)
-                p->head[q] = op->next;
-            else
-                p->ops[prev].next = op->next;
-            if (p->tail[q] == idx) p->tail[q] = prev;
-            break;
-        }
+    if (op->state == AT_QUEUED) { /* not being hashed, not started */
+        unqueue(p, idx);
         op->state = AT_IDLE;
-        p->queued--;
         taken = 1;
     }
     pthread_mutex_unlock(&p->mu);

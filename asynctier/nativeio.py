@@ -36,9 +36,9 @@ __all__ = ["NativeEngine", "NativePool", "Outcome", "problem"]
 
 T = TypeVar("T")
 
-READ, WRITE = 1, 2
+READ, WRITE, SPARE, UNLINK = 1, 2, 3, 4
 #: The step a job failed at (:attr:`Outcome.stage`); 0 when it did not fail.
-ST_OPEN, ST_IO, ST_DATASYNC, ST_LINK, ST_DIRSYNC = 1, 2, 3, 4, 5
+ST_OPEN, ST_IO, ST_DATASYNC, ST_LINK, ST_DIRSYNC, ST_RENAME, ST_UNLINK = 1, 2, 3, 4, 5, 6, 7
 _NAME_MAX = 256
 
 
@@ -74,12 +74,14 @@ def _find_library() -> tuple[ctypes.CDLL | None, str | None]:
     except OSError as e:
         return None, f"cannot load {path.name}: {e}"
     vp, c_int, c_size = ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t
-    # slot, kind, prio, dfd, name, flags, pre_fd, sync, hb, hb_len, buf, len, body_len, hashed
+    # pool, slot, kind, prio, dfd, name, dfd2, name2, flags, pre_fd, sync, hb, hb_len, buf, len, body_len, hashed
     submit_args = [
         vp,
         c_int,
         c_int,
         c_int,
+        c_int,
+        ctypes.c_char_p,
         c_int,
         ctypes.c_char_p,
         c_int,
@@ -197,26 +199,39 @@ class NativePool:
     ) -> Outcome:  # fmt: skip
         """``openat(dfd, name, flags)``, ``preadv`` of ``hb_len`` bytes to ``hb`` and ``n`` to
         ``buf`` (looped; EOF ends it short), ``close``; the payload's xxh3 if ``hashed``."""
-        return await self._run(slot, READ, prio, dfd, name, flags, -1, False, hb, hb_len, buf, n, 0, hashed)
+        return await self._run(slot, READ, prio, dfd, name, -1, b"", flags, -1, 0, hb, hb_len, buf, n, 0, int(hashed))
 
     async def write(
         self, slot: int, prio: int, dfd: int, name: bytes, flags: int, pre_fd: int, sync: bool,
-        hb: int, hb_len: int, buf: int, n: int, body_len: int,
+        hb: int, hb_len: int, buf: int, n: int, body_len: int, *, rename_from: tuple[int, bytes] = (-1, b""),
     ) -> Outcome:  # fmt: skip
         """An unnamed file (``pre_fd``, or a new ``O_TMPFILE`` in ``dfd`` opened with
         ``flags``), ``pwritev`` of header block and payload, [``fdatasync``], ``linkat``
         under ``name``, [``fsync`` of ``dfd``]; a new file is closed, ``pre_fd`` is not.
-        ``body_len`` > 0: the header block holds a header packed with a zero checksum and
-        ``body_len`` bytes before its own checksum; the worker fills both in."""
-        return await self._run(slot, WRITE, prio, dfd, name, flags, pre_fd, sync, hb, hb_len, buf, n, body_len, True)
+        ``rename_from`` (directory, name): ``pre_fd`` is the file of that name, overwritten in
+        place and published by ``renameat`` instead. ``body_len`` > 0: the header block holds a
+        header packed with a zero checksum and ``body_len`` bytes before its own checksum;
+        the worker fills both in."""
+        return await self._run(slot, WRITE, prio, dfd, name, *rename_from, flags, pre_fd, int(sync), hb, hb_len, buf, n,
+                               body_len, 1)  # fmt: skip
+
+    async def spare(
+        self, slot: int, prio: int, dfd: int, name: bytes, flags: int, new_dfd: int, new_name: bytes
+    ) -> Outcome:
+        """``openat(dfd, name, flags)``, then ``renameat`` to ``new_name`` in ``new_dfd``: the
+        result is the open descriptor (the caller's to close); a failed rename closes it."""
+        return await self._run(slot, SPARE, prio, dfd, name, new_dfd, new_name, flags, -1, 0, None, 0, None, 0, 0, 0)
+
+    async def unlink(self, slot: int, prio: int, dfd: int, name: bytes) -> Outcome:
+        """``unlinkat(dfd, name)``."""
+        return await self._run(slot, UNLINK, prio, dfd, name, -1, b"", 0, -1, 0, None, 0, None, 0, 0, 0)
 
     async def _run(self, slot: int, *args: Any) -> Outcome:
         if self._closed or self._loop is None:
             raise RuntimeError("native I/O pool is not running")
         fut: asyncio.Future[Outcome] = self._loop.create_future()
-        kind, prio, dfd, name, flags, pre_fd, sync, hb, hb_len, buf, n, body_len, hashed = args
-        rc = self._lib.at_submit(self._h, slot, kind, prio, dfd, name, flags, pre_fd, int(sync), hb, hb_len,
-                                 buf, n, body_len, int(hashed))  # fmt: skip
+        # kind, prio, dfd, name, dfd2, name2, flags, pre_fd, sync, hb, hb_len, buf, len, body_len, hashed
+        rc = self._lib.at_submit(self._h, slot, *args)
         if rc < 0:
             raise OSError(-rc, f"native I/O submit refused: {os.strerror(-rc)}")
         self._waiters[slot] = fut
@@ -347,7 +362,9 @@ class NativeEngine(engines.AsyncEngine):
 
     def start(self) -> None:
         loop = asyncio.get_running_loop()
-        pool = NativePool(self.bound, self.bound, self._workers)
+        # more threads than tokens: those beyond the bound hash while the others do I/O
+        threads = self.bound + min(self.bound, os.cpu_count() or 1)
+        pool = NativePool(threads, self.bound, self._workers)
         pool.attach(loop)
         self.pool = pool
         self.executor = concurrent.futures.ThreadPoolExecutor(self.bound, thread_name_prefix=f"{self._name}-slow")

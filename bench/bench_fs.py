@@ -304,12 +304,14 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     # "fs" is the default configuration (io_engine="auto": threads below depth 8 and for
     # chunks of 1 MiB or more, the ring otherwise); "fs other" is the engine it did not
     # pick, measured beside it at every point where a ring can be set up
-    from asynctier import ioring
+    from asynctier import ioring, nativeio
 
     variants: dict[str, dict[str, Any]] = {"fs": {}}
     if ioring.problem() is None:
         variants["fs other"] = {}  # filled in per point, from what "fs" resolved to
-    everywhere = {"fs", "fs other"}
+    if nativeio.problem() is None:
+        variants["fs native"] = {"io_engine": "native"}
+    everywhere = {"fs", "fs other", "fs native"}
     if args.variants:
         variants["fs publish=rename"] = {"publish": "rename"}
         variants["fs lru_times=False"] = {"lru_times": False}
@@ -469,9 +471,10 @@ def markdown(report: dict[str, Any]) -> str:
         full_head = " **full x fio** | full, recycle=False x fio | after idle x fio |" if side == "write" else ""
         lines += [
             f"| chunk | depth | engine | fs {side} GB/s | fio {side} GB/s | **fs x fio** | other engine x fio "
+            "| native x fio "
             f"| fio files x fio | bare C x fio | bare x fio | bare x bare C | fs x bare | naive x fio |{full_head} "
             "load avg |",
-            "| --- " * (14 + (3 if full_head else 0)) + "|",
+            "| --- " * (15 + (3 if full_head else 0)) + "|",
         ]
         for p in report["points"]:
             other = p.get("fs other_" + side + "_x_fio")
@@ -479,7 +482,7 @@ def markdown(report: dict[str, Any]) -> str:
             lines.append(
                 f"| {p['chunk_bytes'] // KiB} KiB | {p['depth']} | {p.get('io_engine')} | {gb(p['fs_' + side])} "
                 f"| {gb(p['fio_' + side])} | **{x(p['fs_' + side + '_x_fio'])}** "
-                f"| {other_cell} "
+                f"| {other_cell} | {x(p.get('fs native_' + side + '_x_fio'))} "
                 f"| {x(p.get('fio files_' + side + '_x_fio'))} | {x(p.get('bare C_' + side + '_x_fio'))} "
                 f"| {x(p.get('bare_' + side + '_x_fio'))} | {x(p.get('bare_' + side + '_x_bare C'))} "
                 f"| {x(p.get('fs_' + side + '_x_bare'))} | {x(p.get('naive_' + side + '_x_fio'))} "

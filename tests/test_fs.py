@@ -1438,7 +1438,7 @@ def hold_victim_deletion(
     """Stop the store that evicts ``victim`` after the index let go of it and before its file
     goes (unlink, or rename to be recycled); returns (stopped there, let it go on)."""
     stopped, go_on = threading.Event(), threading.Event()
-    if io_engine in ("threads", "native"):  # native: evicting stores take a slow-path thread
+    if io_engine == "threads":
         note_gone = tier._note_gone  # called on the worker thread just before the unlink or rename
 
         def held(key: bytes) -> None:
@@ -1449,15 +1449,17 @@ def hold_victim_deletion(
 
         monkeypatch.setattr(tier, "_note_gone", held)
     else:
-        ring_write = tier._ring_write  # its chain unlinks or renames the victims
+        # the ring's chain, or the native jobs, unlink or rename the victims
+        method = "_native_write" if io_engine == "native" else "_ring_write"
+        async_write = getattr(tier, method)
 
         async def held_write(key: bytes, cid: int, victims: list[bytes]) -> None:
             if victim in victims and not stopped.is_set():
                 stopped.set()
                 await asyncio.to_thread(go_on.wait, 30)
-            await ring_write(key, cid, victims)
+            await async_write(key, cid, victims)
 
-        monkeypatch.setattr(tier, "_ring_write", held_write)
+        monkeypatch.setattr(tier, method, held_write)
     return stopped, go_on
 
 

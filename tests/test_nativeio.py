@@ -208,3 +208,27 @@ async def test_a_failed_job_goes_to_the_slow_path_which_owns_errors(tmp_path: Pa
         assert res.succeeded == [b"b"] and view[3 * CHUNK : 4 * CHUNK] == view[CHUNK : 2 * CHUNK]
         assert isinstance(res.failed[b"a"], OSError), repr(res.failed[b"a"])
         assert tier.stats().extra["native_retries"] == 1
+
+
+@pytest.mark.parametrize("recycle", [True, False], ids=["recycle", "unlink"])
+async def test_evictions_run_as_native_jobs(tmp_path: Path, recycle: bool) -> None:
+    """Stores into a full tier evict as native jobs: the victim's file recycled (opened,
+    renamed away, overwritten, renamed into place) or unlinked; no retry on a thread, and
+    the disk holds exactly the chunks the index counts."""
+    per = HEADER_BLOCK + CHUNK
+    tier, view = make_tier(tmp_path, "native", capacity_bytes=4 * per, max_inflight=2, recycle=recycle)
+    view[:] = os.urandom(8 * CHUNK)
+    keys = [b"k%d" % i for i in range(8)]
+    async with tier:
+        for i in range(8):  # one at a time: each store past the fourth evicts the oldest
+            assert (await tier.offload([keys[i]], [i])).ok
+        extra = tier.stats().extra
+        assert tier.stats().evictions == 4 and extra.get("native_retries", 0) == 0
+        assert extra.get("recycled", 0) == (4 if recycle else 0)
+        assert await tier.lookup(keys) == [False] * 4 + [True] * 4
+        expect = bytes(view[4 * CHUNK :])
+        view[4 * CHUNK :] = bytes(4 * CHUNK)
+        assert (await tier.load(keys[4:], [4, 5, 6, 7])).ok
+        assert view[4 * CHUNK :] == expect
+        files = sorted(p.name for p in tier.dir.glob("??/*") if p.is_file())
+        assert files == sorted(key_token(k) for k in keys[4:])

@@ -76,6 +76,7 @@ import asyncio
 import base64
 import binascii
 import collections
+import contextlib
 import errno
 import fcntl
 import itertools
@@ -1282,14 +1283,17 @@ class FsTier(BlockingChunkTier):
         await self._async_store(key, t0, lambda victims: self._native_write(key, cid, victims))
 
     async def _native_write(self, key: bytes, cid: int, victims: list[bytes]) -> None:
-        """An unnamed file written and linked under its name by one native job (header
-        checksums filled in by the worker). Evictions (recycling the first victim's file),
-        publication by rename, and anything short of success take the blocking path on a
-        slow-path thread, which owns error handling."""
+        """Evict ``victims``, then write ``key``'s chunk, as native jobs: where the first
+        victim's file may be recycled, one job opens it and renames it away and the write
+        overwrites it, renamed into place; else the write fills an unnamed file (made ahead,
+        or by the worker) and links it under its name, and victims are unlinked first. The
+        worker fills in the header's checksums. A burst of evictions, publication by rename,
+        and anything short of success take the blocking path on a slow-path thread, which
+        owns error handling."""
         engine = self._nengine
         assert engine is not None and engine.pool is not None
         data = self._chunk(cid)
-        if victims or not self._use_tmpfile:
+        if len(victims) > 4 or not self._use_tmpfile:
             await engine.blocking(self._evict_then_write, key, data, victims)
             return
         pool = engine.pool
@@ -1307,46 +1311,125 @@ class FsTier(BlockingChunkTier):
                 csum = checksum(data)
             packed = pack_header(key, data.nbytes, csum, digest)
             body_len = 0
-        tmp_pool = self._pool
-        pooled: int | None = None  # an unnamed file made ahead: ours to close
-        if tmp_pool is not None and tmp_pool.flags == wflags:
-            pooled = tmp_pool.take()
-            if pooled is None:
-                self._stats.incr("tmpfile_pool_empty")
+        sync = self.durability == "fsync"
         slot = pool.take_slot()
+        spare: tuple[int, str] | None = None  # an evicted file (descriptor, name in dfd): ours to close
+        pooled: int | None = None  # an unnamed file made ahead: ours to close
         try:
+            rest = victims
+            if victims and self._recycle_on:
+                spare, evict_first = await self._native_spare_from(slot, victims[0], wflags, dfd)
+                if not evict_first:
+                    rest = victims[1:]
+            for v in rest:
+                await self._native_evict(slot, v)
+            tmp_pool = self._pool
+            if spare is None and tmp_pool is not None and tmp_pool.flags == wflags:
+                pooled = tmp_pool.take()
+                if pooled is None:
+                    self._stats.incr("tmpfile_pool_empty")
             hb = self._native_slot_hb(slot)
             hb[: len(packed)] = packed  # ~100 bytes of header, not chunk data
             hb[len(packed) :] = _ZEROS[len(packed) :]
-            res = await pool.write(slot, engines.PRIO_STORE, dfd, name.encode(), wflags,
-                                   -1 if pooled is None else pooled, self.durability == "fsync",
-                                   self._nhb_addr + slot * HEADER_BLOCK, HEADER_BLOCK, addr, data.nbytes,
-                                   body_len)  # fmt: skip
+            fd = spare[0] if spare is not None else -1 if pooled is None else pooled
+            res = await pool.write(slot, engines.PRIO_STORE, dfd, name.encode(), wflags, fd, sync,
+                                   self._nhb_addr + slot * HEADER_BLOCK, HEADER_BLOCK, addr, data.nbytes, body_len,
+                                   rename_from=(-1, b"") if spare is None else (dfd, spare[1].encode()))  # fmt: skip
         except BaseException:
-            if pooled is not None:  # never linked: closing it frees its inode and blocks
-                await engines.finish_on_thread(os.close, pooled)
+            # cancelled: the jobs have ended (a cancelled wait waits for a running job)
+            await engines.finish_on_thread(self._native_drop, pooled, spare, dfd)
             raise
         finally:
             pool.put_slot(slot)
         if pooled is not None:
             os.close(pooled)  # linked (or not: then it goes with its descriptor)
+        if spare is not None:
+            os.close(spare[0])  # renamed into place (or not: dropped below)
         if res.stage == 0:
             if res.info:
                 self._stats.incr("publish_exists")  # another writer published this key first
+            elif spare is not None:
+                self._stats.incr("recycled")
             return
         self._stats.incr("native_retries")
-        # a failed directory fsync follows the link: a name of unknown durability goes too
+        # a failed directory fsync follows the publication: a name of unknown durability goes too
         published = res.stage == nativeio.ST_DIRSYNC
+        leftover = spare[1] if spare is not None and res.stage != nativeio.ST_DIRSYNC else None
 
         def retry() -> None:
-            if published:
-                try:
-                    os.unlink(name, dir_fd=dfd)
-                except FileNotFoundError:
-                    pass
+            for gone in (name if published else None, leftover):
+                if gone is not None:
+                    try:
+                        os.unlink(gone, dir_fd=dfd)
+                    except FileNotFoundError:
+                        pass
             self.write_chunk(key, data)
 
         await engine.blocking(retry)  # it reads the caller's buffer: runs to its end
+
+    @staticmethod
+    def _native_drop(pooled: int | None, spare: tuple[int, str] | None, dfd: int) -> None:
+        """After a cancelled native write: close the file made ahead (never linked, it goes
+        with its descriptor) and close and remove the spare (renamed into place or not)."""
+        if pooled is not None:
+            os.close(pooled)
+        if spare is not None:
+            os.close(spare[0])
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(spare[1], dir_fd=dfd)
+
+    async def _native_spare_from(
+        self, slot: int, victim: bytes, flags: int, dfd: int
+    ) -> tuple[tuple[int, str] | None, bool]:
+        """:meth:`_spare_from` as a native job: the victim's file opened (``flags``) and
+        renamed to a private name in ``dfd`` (the new key's shard), then decided. Returns
+        (its descriptor and name, where it may be overwritten; else None, the file gone) and
+        whether the victim is still to be evicted by unlink (it could not be opened)."""
+        engine = self._nengine
+        assert engine is not None and engine.pool is not None
+        pool = engine.pool
+        self._note_gone(victim)
+        vfd, vname = self._name(victim)
+        spare = f"{self._tmp_tag}{next(self._tmp_seq)}"
+        res = await pool.spare(slot, engines.PRIO_STORE, vfd, vname.encode(), flags, dfd, spare.encode())
+        if res.stage == nativeio.ST_OPEN:
+            if res.result == -errno.ENOENT:
+                self._evicted(victim, None)
+                return None, False
+            return None, True  # not a file we can write: the ordinary eviction
+        if res.stage != 0:
+            r = -res.result
+            self._evicted(victim, None if r == errno.ENOENT else OSError(r, os.strerror(r)))
+            return None, False
+        self._evicted(victim, None)
+        fd = res.result
+        try:
+            # the check queries a lock: on a network file system that is a round trip to the
+            # server, which must not stall the event loop
+            if self._network_fs:
+                recycle = await asyncio.to_thread(self._may_recycle, victim)
+            else:
+                recycle = self._may_recycle(victim)
+        except BaseException:
+            await engines.finish_on_thread(self._native_drop, None, (fd, spare), dfd)
+            raise
+        if recycle:
+            return (fd, spare), False
+        os.close(fd)
+        res = await pool.unlink(slot, engines.PRIO_STORE, dfd, spare.encode())
+        if res.stage != 0 and res.result != -errno.ENOENT:
+            log.debug("fs tier: cannot remove %s: %s", spare, os.strerror(-res.result))
+        return None, False
+
+    async def _native_evict(self, slot: int, victim: bytes) -> None:
+        """:meth:`_evict` as a native job (unlink)."""
+        engine = self._nengine
+        assert engine is not None and engine.pool is not None
+        self._note_gone(victim)
+        vfd, vname = self._name(victim)
+        res = await engine.pool.unlink(slot, engines.PRIO_STORE, vfd, vname.encode())
+        r = -res.result if res.stage else 0
+        self._evicted(victim, None if r in (0, errno.ENOENT) else OSError(r, os.strerror(r)))
 
     async def _native_load_job(self, key: bytes, cid: int, t0: float) -> None:
         if self._scanning or self.shared:
