@@ -162,8 +162,11 @@ static void prepare_write(struct at_pool *p, struct at_op *op, struct at_res *r)
         put_u64le(op->hb + op->body_len, p->xxh3(op->hb, (size_t)op->body_len));
         r->csum = c;
     }
-    if (op->pre_fd < 0) { /* a new unnamed file (else the caller's: made ahead, or a spare) */
-        op->fd = openat(op->dfd, ".", O_TMPFILE | op->flags | O_CLOEXEC, 0644);
+    if (op->pre_fd < 0) { /* a new file (else the caller's: made ahead, or a spare) */
+        if (op->name2[0]) /* named: where unnamed files cannot be made, or are not wanted */
+            op->fd = openat(op->dfd2, op->name2, O_CREAT | O_EXCL | op->flags | O_CLOEXEC, 0644);
+        else
+            op->fd = openat(op->dfd, ".", O_TMPFILE | op->flags | O_CLOEXEC, 0644);
         if (op->fd < 0) {
             r->result = -errno;
             r->stage = ST_OPEN;
@@ -413,9 +416,9 @@ int at_has_xxh3(struct at_pool *p) { return p->xxh3 != NULL; }
  *   AT_READ    openat(dfd, name, flags), preadv of hb and buf (EOF ends it short), close;
  *              the xxh3 of buf if `hashed` and the pool has it;
  *   AT_WRITE   an unnamed file (pre_fd, or O_TMPFILE in dfd with flags), pwritev of hb and
- *              buf, [fdatasync], published under `name` by linkat, or by renameat of
- *              `name2` in dfd2 (pre_fd is then that file, open), [fsync of dfd]; pre_fd is
- *              left open.
+ *              buf, [fdatasync], published under `name` by linkat, [fsync of dfd]; or, with
+ *              `name2`, the file of that name in dfd2 (pre_fd: open already; else created,
+ *              O_EXCL), written the same way and published by renameat. pre_fd is left open.
  *              body_len > 0: the header's checksums are filled in first (the pool must have
  *              xxh3);
  *   AT_SPARE   openat(dfd, name, flags), renameat to name2 in dfd2: the result is the
@@ -428,7 +431,7 @@ int at_submit(struct at_pool *p, int idx, int kind, int prio, int dfd, const cha
     if (idx < 0 || idx >= p->nops || prio < 0 || prio >= NPRIO || kind < AT_READ || kind > AT_UNLINK) return -EINVAL;
     if (strlen(name) >= NAME_MAX_LEN || strlen(name2) >= NAME_MAX_LEN) return -EINVAL;
     if (body_len > 0 && (!p->xxh3 || (size_t)body_len + 8 > hb_len)) return -EINVAL;
-    if ((kind == AT_SPARE && !name2[0]) || (kind == AT_WRITE && name2[0] && pre_fd < 0)) return -EINVAL;
+    if (kind == AT_SPARE && !name2[0]) return -EINVAL;
     pthread_mutex_lock(&p->mu);
     int rc = 0;
     struct at_op *op = &p->ops[idx];

@@ -208,8 +208,9 @@ class NativePool:
         """An unnamed file (``pre_fd``, or a new ``O_TMPFILE`` in ``dfd`` opened with
         ``flags``), ``pwritev`` of header block and payload, [``fdatasync``], ``linkat``
         under ``name``, [``fsync`` of ``dfd``]; a new file is closed, ``pre_fd`` is not.
-        ``rename_from`` (directory, name): ``pre_fd`` is the file of that name, overwritten in
-        place and published by ``renameat`` instead. ``body_len`` > 0: the header block holds a
+        ``rename_from`` (directory, name): the file of that name (``pre_fd``, open already, is
+        overwritten in place; else it is created with ``O_EXCL``) is written and published
+        by ``renameat`` instead. ``body_len`` > 0: the header block holds a
         header packed with a zero checksum and ``body_len`` bytes before its own checksum;
         the worker fills both in."""
         return await self._run(slot, WRITE, prio, dfd, name, *rename_from, flags, pre_fd, int(sync), hb, hb_len, buf, n,

@@ -306,6 +306,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     # pick, measured beside it at every point where a ring can be set up
     from asynctier import ioring, nativeio
 
+    base_cfg: dict[str, Any] = {} if args.engine == "auto" else {"io_engine": args.engine}
     variants: dict[str, dict[str, Any]] = {"fs": {}}
     if ioring.problem() is None:
         variants["fs other"] = {}  # filled in per point, from what "fs" resolved to
@@ -342,7 +343,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                         continue  # variants only at the small-chunk, deep point
                     if name == "fs other":
                         cfg = {"io_engine": "threads" if extra.get("io_engine") == "io_uring" else "io_uring"}
-                    tw, tr, extra_v = await tier_point(fresh(base / "tier"), view, chunk, n, depth, cfg)
+                    tw, tr, extra_v = await tier_point(fresh(base / "tier"), view, chunk, n, depth, {**base_cfg, **cfg})
                     add(f"{name}_write", tw)
                     add(f"{name}_read", tr)
                     if name == "fs":
@@ -351,12 +352,12 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                         other_engine = extra_v.get("io_engine")
                 if not args.no_full:
                     for name, cfg in (("full", {}), ("full recycle=False", {"recycle": False})):
-                        fw, extra_f = await full_point(fresh(base / "tier"), view, chunk, n, depth, cfg)
+                        fw, extra_f = await full_point(fresh(base / "tier"), view, chunk, n, depth, {**base_cfg, **cfg})
                         add(f"{name}_write", fw)
                         if name == "full":
                             full_extra = extra_f
                 if not args.no_idle:
-                    iw, _ = await idle_point(fresh(base / "tier"), view, chunk, n, depth, {})
+                    iw, _ = await idle_point(fresh(base / "tier"), view, chunk, n, depth, base_cfg)
                     add("after idle_write", iw)
                 if not args.no_naive:
                     nw, nr = await naive_point(fresh(base / "naive"), view, chunk, n, depth)
@@ -528,6 +529,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--no-full", action="store_true", help="skip offloads into a full tier (evicting)")
     ap.add_argument("--no-idle", action="store_true", help="skip offloads after an idle spell (a pool made ahead)")
     ap.add_argument("--loop", choices=("asyncio", "uvloop"), default="asyncio")
+    ap.add_argument(
+        "--engine",
+        choices=("auto", "threads", "io_uring", "native"),
+        default="auto",
+        help="io_engine of the `fs`, `full` and `after idle` columns (default: the tier's own, 'auto')",
+    )
     ap.add_argument("--out", default=str(REPO / "bench" / "results"), help="directory for fs.json and fs.md")
     ap.add_argument("--name", default="fs", help="base name of the result files")
     args = ap.parse_args(argv)

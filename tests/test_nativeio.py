@@ -232,3 +232,17 @@ async def test_evictions_run_as_native_jobs(tmp_path: Path, recycle: bool) -> No
         assert view[4 * CHUNK :] == expect
         files = sorted(p.name for p in tier.dir.glob("??/*") if p.is_file())
         assert files == sorted(key_token(k) for k in keys[4:])
+
+
+async def test_publish_by_rename_runs_as_native_jobs(tmp_path: Path) -> None:
+    """publish="rename" (as where unnamed files cannot be made): each write creates a
+    temporary file, fills it and renames it into place in one job; none is left behind."""
+    tier, view = make_tier(tmp_path, "native", publish="rename", durability="fsync")
+    view[: 4 * CHUNK] = os.urandom(4 * CHUNK)
+    keys = [b"k%d" % i for i in range(4)]
+    async with tier:
+        assert (await tier.offload(keys, [0, 1, 2, 3])).ok
+        assert tier.stats().extra.get("native_retries", 0) == 0
+        assert sorted(p.name for p in tier.dir.glob("??/*")) == sorted(key_token(k) for k in keys)
+        assert (await tier.load(keys, [4, 5, 6, 7])).ok
+        assert view[4 * CHUNK :] == view[: 4 * CHUNK]

@@ -1286,14 +1286,14 @@ class FsTier(BlockingChunkTier):
         """Evict ``victims``, then write ``key``'s chunk, as native jobs: where the first
         victim's file may be recycled, one job opens it and renames it away and the write
         overwrites it, renamed into place; else the write fills an unnamed file (made ahead,
-        or by the worker) and links it under its name, and victims are unlinked first. The
-        worker fills in the header's checksums. A burst of evictions, publication by rename,
-        and anything short of success take the blocking path on a slow-path thread, which
-        owns error handling."""
+        or by the worker) and links it under its name (or, publishing by rename, fills a new
+        temporary file and renames it into place), and victims are unlinked first. The
+        worker fills in the header's checksums. A burst of evictions and anything short of
+        success take the blocking path on a slow-path thread, which owns error handling."""
         engine = self._nengine
         assert engine is not None and engine.pool is not None
         data = self._chunk(cid)
-        if len(victims) > 4 or not self._use_tmpfile:
+        if len(victims) > 4:
             await engine.blocking(self._evict_then_write, key, data, victims)
             return
         pool = engine.pool
@@ -1324,7 +1324,10 @@ class FsTier(BlockingChunkTier):
             for v in rest:
                 await self._native_evict(slot, v)
             tmp_pool = self._pool
-            if spare is None and tmp_pool is not None and tmp_pool.flags == wflags:
+            recycled = spare is not None
+            if spare is None and not self._use_tmpfile:  # publish by rename: a new temporary file
+                spare = (-1, f"{self._tmp_tag}{next(self._tmp_seq)}")
+            elif spare is None and tmp_pool is not None and tmp_pool.flags == wflags:
                 pooled = tmp_pool.take()
                 if pooled is None:
                     self._stats.incr("tmpfile_pool_empty")
@@ -1343,12 +1346,12 @@ class FsTier(BlockingChunkTier):
             pool.put_slot(slot)
         if pooled is not None:
             os.close(pooled)  # linked (or not: then it goes with its descriptor)
-        if spare is not None:
-            os.close(spare[0])  # renamed into place (or not: dropped below)
+        if spare is not None and spare[0] >= 0:
+            os.close(spare[0])  # renamed into place (or not: removed below)
         if res.stage == 0:
             if res.info:
                 self._stats.incr("publish_exists")  # another writer published this key first
-            elif spare is not None:
+            elif recycled:
                 self._stats.incr("recycled")
             return
         self._stats.incr("native_retries")
@@ -1370,11 +1373,13 @@ class FsTier(BlockingChunkTier):
     @staticmethod
     def _native_drop(pooled: int | None, spare: tuple[int, str] | None, dfd: int) -> None:
         """After a cancelled native write: close the file made ahead (never linked, it goes
-        with its descriptor) and close and remove the spare (renamed into place or not)."""
+        with its descriptor), close and remove the spare or temporary file (if it was not
+        renamed into place)."""
         if pooled is not None:
             os.close(pooled)
         if spare is not None:
-            os.close(spare[0])
+            if spare[0] >= 0:
+                os.close(spare[0])
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(spare[1], dir_fd=dfd)
 
