@@ -31,6 +31,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
+#include <sys/resource.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
@@ -101,6 +102,7 @@ struct at_pool {
     int done_head, done_count;
     int efd;
     int nthreads;
+    int nice; /* added to each worker's nice value at its start (0: none) */
     pthread_t *threads;
     xxh3_fn xxh3;
 };
@@ -296,6 +298,14 @@ static void report(struct at_pool *p, int idx) {
 
 static void *worker(void *arg) {
     struct at_pool *p = arg;
+    (void)pthread_setname_np(pthread_self(), "asynctier-nio"); /* for top, perf and tests */
+    /* below the event-loop thread: on a machine with fewer cores than workers, the loop's
+     * thread then wins the CPU when it wakes (best effort; a failure changes nothing) */
+    if (p->nice > 0) {
+        errno = 0;
+        int now = getpriority(PRIO_PROCESS, (id_t)gettid());
+        if (errno == 0) (void)setpriority(PRIO_PROCESS, (id_t)gettid(), now + p->nice);
+    }
     pthread_mutex_lock(&p->mu);
     for (;;) {
         int what = 0, idx;
@@ -368,9 +378,10 @@ static void *worker(void *arg) {
 void at_free(struct at_pool *p);
 
 /* A pool of `nthreads` workers sharing `ntokens` I/O tokens, with `nops` job slots.
- * `xxh3` may be NULL (then Python hashes). Returns NULL with errno set on failure. */
-struct at_pool *at_new(int nthreads, int ntokens, int nops, xxh3_fn xxh3) {
-    if (nthreads < 1 || ntokens < 1 || nops < 1) {
+ * `xxh3` may be NULL (then Python hashes). Workers raise their nice value by `nice` (>= 0).
+ * Returns NULL with errno set on failure. */
+struct at_pool *at_new(int nthreads, int ntokens, int nops, xxh3_fn xxh3, int nice) {
+    if (nthreads < 1 || ntokens < 1 || nops < 1 || nice < 0) {
         errno = EINVAL;
         return NULL;
     }
@@ -385,6 +396,7 @@ struct at_pool *at_new(int nthreads, int ntokens, int nops, xxh3_fn xxh3) {
     p->ntokens = ntokens;
     p->nops = nops;
     p->xxh3 = xxh3;
+    p->nice = nice;
     p->ops = calloc((size_t)nops, sizeof *p->ops);
     p->res = calloc((size_t)nops, sizeof *p->res);
     p->done = calloc((size_t)nops, sizeof *p->done);

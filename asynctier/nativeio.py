@@ -95,7 +95,7 @@ def _find_library() -> tuple[ctypes.CDLL | None, str | None]:
         c_int,
     ]
     sigs: dict[str, tuple[list[Any], Any]] = {
-        "at_new": ([c_int, c_int, c_int, vp], vp),
+        "at_new": ([c_int, c_int, c_int, vp, c_int], vp),
         "at_eventfd": ([vp], c_int),
         "at_results": ([vp], vp),
         "at_has_xxh3": ([vp], c_int),
@@ -143,7 +143,9 @@ def problem() -> str | None:
 
 
 class NativePool:
-    """``threads`` C workers sharing ``bound`` I/O tokens, with ``slots`` job slots.
+    """``threads`` C workers sharing ``bound`` I/O tokens, with ``slots`` job slots; each
+    worker raises its nice value by ``nice`` (>= 0) as it starts, so that where there are
+    fewer cores than workers the event-loop thread wins the CPU when it wakes.
 
     Use it from one event loop: :meth:`attach` it, take a slot (:meth:`take_slot`), await
     :meth:`read` or :meth:`write` with it, give it back (:meth:`put_slot`) once done with
@@ -151,11 +153,11 @@ class NativePool:
     ends: a cancelled wait takes a queued job back, or waits for a running one to end.
     """
 
-    def __init__(self, threads: int, bound: int, slots: int) -> None:
+    def __init__(self, threads: int, bound: int, slots: int, nice: int = 0) -> None:
         if _LIB is None:
             raise OSError(errno.ENOSYS, _PROBLEM)
         self._lib = _LIB
-        handle = _LIB.at_new(threads, bound, slots, _XXH3)
+        handle = _LIB.at_new(threads, bound, slots, _XXH3, nice)
         if not handle:
             e = ctypes.get_errno() or errno.ENOMEM
             raise OSError(e, f"cannot start native I/O workers: {os.strerror(e)}")
@@ -351,12 +353,13 @@ class NativeEngine(engines.AsyncEngine):
     tokens; slow paths run on :attr:`executor` threads, each holding a token.
 
     ``in_flight``, ``peak_in_flight`` and ``workers`` report the bound's view (tokens), not
-    the coroutines.
+    the coroutines. ``nice``: see :class:`NativePool`.
     """
 
-    def __init__(self, bound: int, name: str = "asynctier") -> None:
+    def __init__(self, bound: int, name: str = "asynctier", nice: int = 0) -> None:
         super().__init__(_coroutines(bound), name)
         self.bound = bound
+        self.nice = nice
         self.pool: NativePool | None = None
         self.executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._last = (0, 0, 0)
@@ -365,7 +368,7 @@ class NativeEngine(engines.AsyncEngine):
         loop = asyncio.get_running_loop()
         # more threads than tokens: those beyond the bound hash while the others do I/O
         threads = self.bound + min(self.bound, os.cpu_count() or 1)
-        pool = NativePool(threads, self.bound, self._workers)
+        pool = NativePool(threads, self.bound, self._workers, self.nice)
         pool.attach(loop)
         self.pool = pool
         self.executor = concurrent.futures.ThreadPoolExecutor(self.bound, thread_name_prefix=f"{self._name}-slow")

@@ -10,8 +10,9 @@ For each chunk size (256 KiB, 2 MiB) and depth (1, 4, 16), in one run and on one
   every chunk back into *other* slots of the primary buffer (zeroed first), verified;
 * **naive**: :func:`asynctier.benchkit.naive_aiofiles`, one file per chunk, ``depth`` at a
   time, synced and dropped the same way;
-* **other engine**: the tier again with the ``io_engine`` that the default (``"auto"``:
-  worker threads below depth 8 and for chunks of 1 MiB or more, io_uring otherwise) did not pick;
+* **each engine**: the tier again with each ``io_engine`` (native, threads, io_uring) that the
+  default (``"auto"``: the native workers where built; otherwise worker threads below depth 8
+  and for chunks of 1 MiB or more, io_uring otherwise) did not pick, where it can run;
 * **fio files**: fio over one file per block (a reference: what file-per-chunk costs here);
 * **bare**: the thread engine's system calls from plain threads, no tier around them
   (:func:`asynctier.benchkit.bare_file_per_chunk`); ``fs x bare`` is what the tier adds to
@@ -293,6 +294,11 @@ def med(values: list[float]) -> float:
     return statistics.median(values) if values else 0.0
 
 
+def engine_problems(ioring: Any, nativeio: Any) -> dict[str, str | None]:
+    """Each io_engine and why it cannot run here (None: it can)."""
+    return {"native": nativeio.problem(), "threads": None, "io_uring": ioring.problem()}
+
+
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     base = Path(args.dir)
     sizes = [int(s) * KiB for s in args.sizes_kib.split(",")]
@@ -301,18 +307,16 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     view = aligned_buffer(2 * total)  # offload from the first half, load into the second
     fill_random(view[:total])
     points: list[dict[str, Any]] = []
-    # "fs" is the default configuration (io_engine="auto": threads below depth 8 and for
-    # chunks of 1 MiB or more, the ring otherwise); "fs other" is the engine it did not
-    # pick, measured beside it at every point where a ring can be set up
+    # "fs" is the default configuration (io_engine="auto"); "fs <engine>" is each other
+    # engine that can run here, measured beside it (the one "fs" resolved to is not repeated)
     from asynctier import ioring, nativeio
 
     base_cfg: dict[str, Any] = {} if args.engine == "auto" else {"io_engine": args.engine}
     variants: dict[str, dict[str, Any]] = {"fs": {}}
-    if ioring.problem() is None:
-        variants["fs other"] = {}  # filled in per point, from what "fs" resolved to
-    if nativeio.problem() is None:
-        variants["fs native"] = {"io_engine": "native"}
-    everywhere = {"fs", "fs other", "fs native"}
+    engines_here = [e for e, why in engine_problems(ioring, nativeio).items() if why is None]
+    for engine in engines_here:
+        variants[f"fs {engine}"] = {"io_engine": engine}
+    everywhere = {"fs", *(f"fs {e}" for e in engines_here)}
     if args.variants:
         variants["fs publish=rename"] = {"publish": "rename"}
         variants["fs lru_times=False"] = {"lru_times": False}
@@ -329,7 +333,6 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
 
             extra: dict[str, Any] = {}
             full_extra: dict[str, Any] = {}
-            other_engine: str | None = None
             for _ in range(args.repeat):
                 fw, fr = fio_point(fresh(base / "fio"), chunk, depth, total)
                 add("fio_write", fw)
@@ -341,15 +344,13 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 for name, cfg in variants.items():
                     if name not in everywhere and not (chunk == sizes[0] and depth == depths[-1]):
                         continue  # variants only at the small-chunk, deep point
-                    if name == "fs other":
-                        cfg = {"io_engine": "threads" if extra.get("io_engine") == "io_uring" else "io_uring"}
+                    if cfg.get("io_engine") == extra.get("io_engine") and name != "fs":
+                        continue  # what "fs" resolved to: measured already
                     tw, tr, extra_v = await tier_point(fresh(base / "tier"), view, chunk, n, depth, {**base_cfg, **cfg})
                     add(f"{name}_write", tw)
                     add(f"{name}_read", tr)
                     if name == "fs":
                         extra = extra_v
-                    elif name == "fs other":
-                        other_engine = extra_v.get("io_engine")
                 if not args.no_full:
                     for name, cfg in (("full", {}), ("full recycle=False", {"recycle": False})):
                         fw, extra_f = await full_point(fresh(base / "tier"), view, chunk, n, depth, {**base_cfg, **cfg})
@@ -378,7 +379,6 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             point["tier_extra"] = extra
             point["full_extra"] = full_extra
             point["io_engine"] = extra.pop("io_engine", None)
-            point["other_io_engine"] = other_engine
             for side in ("write", "read"):
                 refs = m[f"fio_{side}"]
                 for name in [
@@ -461,7 +461,8 @@ def markdown(report: dict[str, Any]) -> str:
         f"{report['method']['bytes_per_point'] // MiB} MiB per point.",
         "",
         '`fs` is the default configuration (`io_engine="auto"`; the engine it took is in the '
-        "third column); `other engine` is the other engine, measured beside it. `full`: offloads "
+        "third column); `native`, `threads` and `io_uring` are the tier with that engine, measured "
+        "beside it (`= fs` where it is the one `fs` took). `full`: offloads "
         "into a tier at capacity, each new chunk evicting one (the steady state of a cache), with "
         "evicted files recycled (the default) and with `recycle=False` (new file + unlink). "
         "`after idle`: offloads into an empty tier (default engine) once a pool of files made ahead "
@@ -471,19 +472,21 @@ def markdown(report: dict[str, Any]) -> str:
     for side in ("write", "read"):
         full_head = " **full x fio** | full, recycle=False x fio | after idle x fio |" if side == "write" else ""
         lines += [
-            f"| chunk | depth | engine | fs {side} GB/s | fio {side} GB/s | **fs x fio** | other engine x fio "
-            "| native x fio "
+            f"| chunk | depth | engine | fs {side} GB/s | fio {side} GB/s | **fs x fio** | native x fio "
+            "| threads x fio | io_uring x fio "
             f"| fio files x fio | bare C x fio | bare x fio | bare x bare C | fs x bare | naive x fio |{full_head} "
             "load avg |",
-            "| --- " * (15 + (3 if full_head else 0)) + "|",
+            "| --- " * (16 + (3 if full_head else 0)) + "|",
         ]
         for p in report["points"]:
-            other = p.get("fs other_" + side + "_x_fio")
-            other_cell = f"{x(other)} ({p.get('other_io_engine')})" if other is not None else "-"
+            engine_cells = " | ".join(
+                "= fs" if p.get("io_engine") == e else x(p.get(f"fs {e}_{side}_x_fio"))
+                for e in ("native", "threads", "io_uring")
+            )
             lines.append(
                 f"| {p['chunk_bytes'] // KiB} KiB | {p['depth']} | {p.get('io_engine')} | {gb(p['fs_' + side])} "
                 f"| {gb(p['fio_' + side])} | **{x(p['fs_' + side + '_x_fio'])}** "
-                f"| {other_cell} | {x(p.get('fs native_' + side + '_x_fio'))} "
+                f"| {engine_cells} "
                 f"| {x(p.get('fio files_' + side + '_x_fio'))} | {x(p.get('bare C_' + side + '_x_fio'))} "
                 f"| {x(p.get('bare_' + side + '_x_fio'))} | {x(p.get('bare_' + side + '_x_bare C'))} "
                 f"| {x(p.get('fs_' + side + '_x_bare'))} | {x(p.get('naive_' + side + '_x_fio'))} "

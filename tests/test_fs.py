@@ -51,7 +51,8 @@ NCHUNKS = 16
 
 
 class TestFsConformance(TierConformance):
-    """Defaults: O_DIRECT where aligned (the suite's bytearray is not: buffered, counted)."""
+    """Defaults (``io_engine="auto"``: the native workers where built): O_DIRECT where
+    aligned (the suite's bytearray is not: buffered, counted)."""
 
     def tier_config(self, tmp_path: Path) -> dict[str, Any]:
         return {"type": "fs", "root": str(tmp_path / "kv")}
@@ -83,16 +84,16 @@ class TestFsConformanceRingDirectIO(TestFsConformanceRing):
 _NO_NATIVE = nativeio.problem()
 
 
-@pytest.mark.skipif(_NO_NATIVE is not None, reason=f"no native I/O workers: {_NO_NATIVE}")
-class TestFsConformanceNative(TestFsConformance):
-    """The native engine (C worker threads), buffered."""
+class TestFsConformanceThreads(TestFsConformance):
+    """The threads engine (what ``"auto"`` takes where neither the native workers nor a ring
+    fit), buffered."""
 
     def tier_config(self, tmp_path: Path) -> dict[str, Any]:
-        return {**super().tier_config(tmp_path), "io_engine": "native"}
+        return {**super().tier_config(tmp_path), "io_engine": "threads"}
 
 
-class TestFsConformanceNativeDirectIO(TestFsConformanceNative):
-    """The native engine with O_DIRECT."""
+class TestFsConformanceThreadsDirectIO(TestFsConformanceThreads):
+    """The threads engine with O_DIRECT."""
 
     page_aligned_buffer = True
 
@@ -642,27 +643,41 @@ async def test_the_rings_pool_refills_only_while_the_tier_is_idle(
         assert threads._pool is not None and threads._pool._hold is None
 
 
-async def test_io_engine_choice_and_bad_config(tmp_path: Path, io_engine: str) -> None:
+async def test_io_engine_choice_and_bad_config(tmp_path: Path, io_engine: str, monkeypatch: pytest.MonkeyPatch) -> None:
     tier, view = make_tier(tmp_path, io_engine="threads")
     spec = tier.offloading_spec
+    big = OffloadingSpec(1 << 20, 2, namespace="test/fs")
+    ring_or_threads = "io_uring" if _NO_RING is None else "threads"
     default = SecondaryTierFactory.create_secondary_tier({"type": "fs", "root": str(tmp_path)}, view, spec)
-    async with default:  # io_engine="auto", max_inflight 16
-        assert default.active_io_engine == ("io_uring" if _NO_RING is None else "threads")  # type: ignore[attr-defined]
+    async with default:  # io_engine="auto": the native workers wherever they are built
+        assert default.active_io_engine == ("native" if _NO_NATIVE is None else ring_or_threads)  # type: ignore[attr-defined]
+    if _NO_NATIVE is None:  # at any depth, publication and chunk size
+        for config in ({"max_inflight": 1}, {"publish": "tmpfile"}, {"publish": "rename", "durability": "fsync"}):
+            tier, _ = make_tier(tmp_path, io_engine="auto", **config)
+            async with tier:
+                assert tier.active_io_engine == "native"
+        big_tier = SecondaryTierFactory.create_secondary_tier(
+            {"type": "fs", "root": str(tmp_path)}, aligned_buffer(big.total_bytes), big
+        )
+        async with big_tier:
+            assert big_tier.active_io_engine == "native"  # type: ignore[attr-defined]
+    # where the extension is not built, "auto" falls back to the ring or threads by depth and size
+    monkeypatch.setattr(nativeio, "_PROBLEM", "asynctier/_nativeio was not built")
     tier, _ = make_tier(tmp_path, io_engine="auto")  # max_inflight 16 (the default)
     async with tier:
-        assert tier.active_io_engine == ("io_uring" if _NO_RING is None else "threads")
+        assert tier.active_io_engine == ring_or_threads
     tier, _ = make_tier(tmp_path, io_engine="auto", max_inflight=4)  # shallow: threads win there
     async with tier:
         assert tier.active_io_engine == "threads"
     tier, _ = make_tier(tmp_path, io_engine="auto", publish="tmpfile")  # the ring publishes by rename
     async with tier:
         assert tier.active_io_engine == "threads"
-    big = OffloadingSpec(1 << 20, 2, namespace="test/fs")  # large chunks: threads, at any depth
-    tier = SecondaryTierFactory.create_secondary_tier(
+    tier = SecondaryTierFactory.create_secondary_tier(  # large chunks: threads, at any depth
         {"type": "fs", "root": str(tmp_path), "max_inflight": 16}, aligned_buffer(big.total_bytes), big
     )
     async with tier:
         assert tier.active_io_engine == "threads"  # type: ignore[attr-defined]
+    monkeypatch.undo()
     with pytest.raises(TierConfigError, match="'auto', 'threads', 'io_uring' or 'native'"):
         make_tier(tmp_path, io_engine="aio")
     with pytest.raises(TierConfigError, match="publish='tmpfile'"):

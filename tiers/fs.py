@@ -22,9 +22,15 @@ debris, the inode dies with its descriptor). No reader ever sees a partial chunk
 path operation goes through a shard directory descriptor held open for the tier's lifetime
 (``openat``/``renameat``/``unlinkat``), and the hot path does no ``stat``.
 
-Two engines move the bytes (``io_engine``; the default, ``"auto"``, takes io_uring from
-``max_inflight`` 8 for chunks under 1 MiB where a ring can be set up, threads otherwise).
-``"threads"``: blocking system calls on ``max_inflight`` worker threads (open + pwritev +
+Three engines move the bytes (``io_engine``; the default, ``"auto"``, takes the native
+workers wherever their extension is built — Linux with a C compiler at install — and
+otherwise io_uring from ``max_inflight`` 8 for chunks under 1 MiB where a ring can be set
+up, threads below that). ``"native"``: C worker threads (:mod:`asynctier.nativeio`) run
+each chunk's whole job — open or ``O_TMPFILE``, ``pwritev`` of header + payload with the
+payload's xxh3, [``fdatasync``], ``linkat`` or ``renameat``, [directory ``fsync``], close;
+open, ``preadv``, xxh3, close — without the GIL, under the tier's bound, and tell the event
+loop of finished jobs through an eventfd in batches; no Python runs between one job and the
+next. ``"threads"``: blocking system calls on ``max_inflight`` worker threads (open + pwritev +
 linkat + close; open + preadv + close). ``"io_uring"``: the event-loop thread writes one linked chain of io_uring
 entries per chunk — [unlink of an evicted chunk], open into a registered file slot,
 [``ftruncate`` to its final size, for chunks of 1 MiB or more: the O_DIRECT write then does
@@ -35,9 +41,9 @@ under its name, [directory ``fsync``]; a load is open, ``readv``, close — and 
 chain to the kernel as soon as it is prepared, in its own ``io_uring_enter``
 (:mod:`asynctier.ioring`). No Python thread waits on the disk, so the event loop is not
 starved of the GIL by I/O threads, and there are no per-syscall thread hand-offs. Any
-chain that does not simply succeed (short write, ENOSPC, O_DIRECT refused, EIO) is handed
-to the thread path for one retry, which owns error classification, ENOSPC eviction and
-O_DIRECT fallback.
+chain (or native job) that does not simply succeed (short write, ENOSPC, O_DIRECT refused,
+EIO) is handed to the thread path for one retry, which owns error classification, ENOSPC
+eviction and O_DIRECT fallback.
 
 Eviction at capacity recycles (``recycle``): the evicted chunk's file is renamed to a
 temporary name, overwritten with the new chunk and renamed under its key, so a full tier
@@ -325,29 +331,32 @@ class FsTier(BlockingChunkTier):
             and can wait on the journal, on the latency path.
         stale_tmp_s: age after which another host's (or a live process's) temporary file is
             removed at ``open()``; those of dead local processes go at once.
-        io_engine: how offloads and loads reach the kernel. ``"threads"``: blocking system
-            calls on ``max_inflight`` worker threads. ``"io_uring"``: one io_uring driven
-            from the event-loop thread (:mod:`asynctier.ioring`); each chunk is one linked
-            chain (open into a registered slot, write or read, fsync, rename, close) handed
-            to the kernel as soon as it is ready, so no Python thread waits on the disk and the event
-            loop keeps its latency (publication is by linkat of a file made ahead, see
-            ``tmpfile_pool``, or by rename of a temporary made in the chain; removal,
-            lookup and fsck still use threads). ``"auto"``: io_uring where a ring can be set up (Linux
-            x86-64), ``max_inflight >= 8`` and chunks are under 1 MiB, unless
-            ``publish="tmpfile"``; threads otherwise (the default). Large chunks come few
-            per second, so threads leave the loop its share and wrote faster (2 MiB, depth
-            16: 0.64-0.80x of fio vs 0.55-0.73x on the ring in three runs). Measured on
-            the 2-core bench machine: at depth 16 with 256 KiB chunks the ring keeps the
-            event loop's p99 lag at 2.0-3.6 ms during a streaming offload
-            where 16 worker threads let it reach 5-25 ms (``bench/results/loop_lag.md``).
-            It pays in write throughput, as its kernel workers are capped at one per CPU
-            (see :class:`asynctier.ioring.LoopRing`): in two ``bench_fs.py`` runs its
-            256 KiB writes were 0.50x and 0.49x of fio against 0.52x and 0.58x for threads
-            (2 MiB: 0.61x/0.71x vs 0.65x/0.69x; reads mixed), and 10-40% lower at 256 KiB
-            in the streaming lag bench, which evicts as it goes. At depths 1 and 4 it was
-            slower than threads, hence the threshold. Any failure on the ring path is
-            retried once on a thread by the blocking code, which owns the error handling
-            (ENOSPC eviction, O_DIRECT refusal, error kinds).
+        io_engine: how offloads and loads reach the kernel. ``"native"``: C worker threads
+            (:mod:`asynctier.nativeio`) run each chunk's whole job, open to close with its
+            xxh3, holding no GIL, and report to the event loop in batches through an eventfd.
+            ``"threads"``: blocking system calls on ``max_inflight`` Python worker threads.
+            ``"io_uring"``: one io_uring driven from the event-loop thread
+            (:mod:`asynctier.ioring`); each chunk is one linked chain (open into a registered
+            slot, write or read, fsync, rename, close) handed to the kernel as soon as it is
+            ready (publication is by linkat of a file made ahead, see ``tmpfile_pool``, or by
+            rename of a temporary made in the chain). On every engine, removal, lookup, fsck
+            and the retry of anything that did not simply succeed run on threads.
+            ``"auto"`` (the default): native wherever the extension is built (Linux, built
+            at install with a C compiler); otherwise io_uring where a ring can be set up,
+            ``max_inflight >= 8``, chunks are under 1 MiB and ``publish`` is not
+            ``"tmpfile"``; threads otherwise. Why native: per chunk, Python threads pay a job
+            queue, a thread wake-up and a GIL hand-off per system call, and the ring's kernel
+            workers are capped at one per CPU; the C workers wrote 256 KiB chunks at
+            0.84-1.10x of fio where threads reached 0.68-0.90x, and read them at 0.96-0.99x
+            at depths 1-4 against 0.60-0.78x (bench/results/fs.md, bench/README.md "fs
+            tier"). At 2 MiB the engines are within noise of each other.
+        worker_nice: how much the native workers raise their nice value (0-19; default 5).
+            On a machine with fewer cores than workers (``max_inflight`` + up to one per
+            CPU), a stream of writes keeps them all runnable, and at nice 0 the event-loop
+            thread waited its turn behind them: p99 lag 12-17 ms during a 256 KiB, depth 16
+            offload stream on 2 cores, 3.6-5.6 ms at nice 5-19, with no loss of throughput
+            (``bench/bench_loop_lag.py``; bench/README.md). Raising nice needs no privilege;
+            the workers are named ``asynctier-nio``.
         tmpfile_pool: how many unnamed ``O_TMPFILE`` files a background thread keeps made
             ahead of need, so that a chunk's write does not wait for its file's creation
             (the io_uring engine writes one and links it in with io_uring ``linkat``,
@@ -401,6 +410,7 @@ class FsTier(BlockingChunkTier):
         lru_times: bool = True,
         stale_tmp_s: float = 3600.0,
         io_engine: Literal["auto", "threads", "io_uring", "native"] = "auto",
+        worker_nice: int = 5,
         tmpfile_pool: int | None = None,
         recycle: bool | Literal["auto"] = "auto",
         **kwargs: Any,
@@ -414,6 +424,9 @@ class FsTier(BlockingChunkTier):
         ):
             raise TierConfigError(f"tmpfile_pool must be an int >= 0 or None; got {tmpfile_pool!r}")
         self.tmpfile_pool = tmpfile_pool
+        if isinstance(worker_nice, bool) or not isinstance(worker_nice, int) or not 0 <= worker_nice <= 19:
+            raise TierConfigError(f"worker_nice must be an int from 0 to 19; got {worker_nice!r}")
+        self.worker_nice = worker_nice
         if io_engine not in ("auto", "threads", "io_uring", "native"):
             raise TierConfigError(f"io_engine must be 'auto', 'threads', 'io_uring' or 'native'; got {io_engine!r}")
         if io_engine == "io_uring" and publish == "tmpfile":
@@ -906,12 +919,16 @@ class FsTier(BlockingChunkTier):
 
     def _make_engine(self) -> Engine:
         self._ring_mode = self._native_mode = False
-        if self.io_engine == "native":
-            why = nativeio.problem()
-            if why is not None:
-                raise TierConfigError(f"io_engine='native' but native I/O workers are unavailable here: {why}")
+        native_why = nativeio.problem()
+        if self.io_engine == "native" and native_why is not None:
+            raise TierConfigError(f"io_engine='native' but native I/O workers are unavailable here: {native_why}")
+        if self.io_engine == "native" or (self.io_engine == "auto" and native_why is None):
+            # measured (bench/results/fs.md): C workers doing whole jobs reach fio where Python
+            # threads and the ring do not, and hold no GIL, so the loop keeps its latency
             self._native_mode = True
-            self._nengine = nativeio.NativeEngine(self.max_inflight or 1, name=f"asynctier-{self.tier_type}")
+            self._nengine = nativeio.NativeEngine(
+                self.max_inflight or 1, name=f"asynctier-{self.tier_type}", nice=self.worker_nice
+            )
             return self._nengine
         why = ioring.problem() if self.io_engine != "threads" else "io_engine='threads'"
         if self.io_engine == "io_uring" and why is not None:
