@@ -14,6 +14,9 @@ when CUDA is available) with random bytes, then for every tier, chunk size and d
    back to back, on a few more chunks: the p50/p99 a caller waiting for one chunk sees.
    These are loaded and verified too.
 
+Before each timed write (the tiers', fio's, the naive loop's) the device is let settle
+(:func:`asynctier.benchkit.settle`): on a file system mounted with ``discard``, the
+deletes of the previous point leave work that would otherwise land on whoever writes next.
 In the same run and on the same file system it measures fio (same block size and depth,
 O_DIRECT) and a naive aiofiles loop (one file per chunk), and reports the tiers' throughput
 as ratios of both. This module is imported lazily by the CLI: ``import asynctier`` stays light.
@@ -567,6 +570,8 @@ async def _run_point(
         tier = SecondaryTierFactory.create_secondary_tier(cfg, view, spec)
         async with tier:
             primary.restore()
+            if local:  # the previous point's deletes are not this one's to pay for
+                await asyncio.to_thread(benchkit.settle, pointdir)
             # 1. throughput: one call with every chunk, the tier keeping `depth` chunk I/Os in flight
             progress(f"{label}: offload", False)
             t = time.perf_counter()
@@ -656,6 +661,7 @@ async def _run_refs(
     label = f"reference {format_size(chunk)} depth {depth}"
     if opts.fio and state["engines"]:
         progress(f"{label}: fio write", False)
+        await asyncio.to_thread(benchkit.settle, workdir)
         ref.fio_write = await asyncio.to_thread(_fio, state, workdir / "fio", "write", chunk, depth, size)
         progress(f"{label}: fio read", False)
         ref.fio_read = await asyncio.to_thread(_fio, state, workdir / "fio", "read", chunk, depth, size)
@@ -664,6 +670,7 @@ async def _run_refs(
         view = primary.view[:size]
         try:
             progress(f"{label}: naive aiofiles write", False)
+            await asyncio.to_thread(benchkit.settle, workdir)
             lat: list[float] = []
             t = time.perf_counter()
             await benchkit.naive_aiofiles(d, view, chunk, chunks, depth=depth, mode="write", sync="none", latencies=lat)

@@ -312,6 +312,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     from asynctier import ioring, nativeio
 
     base_cfg: dict[str, Any] = {} if args.engine == "auto" else {"io_engine": args.engine}
+    if args.worker_nice is not None:
+        base_cfg["worker_nice"] = args.worker_nice
     variants: dict[str, dict[str, Any]] = {"fs": {}}
     engines_here = [e for e, why in engine_problems(ioring, nativeio).items() if why is None]
     for engine in engines_here:
@@ -537,6 +539,9 @@ def main(argv: list[str] | None = None) -> None:
         choices=("auto", "threads", "io_uring", "native"),
         default="auto",
         help="io_engine of the `fs`, `full` and `after idle` columns (default: the tier's own, 'auto')",
+    )
+    ap.add_argument(
+        "--worker-nice", type=int, default=None, help="worker_nice of every fs tier (default: the tier's own)"
     )
     ap.add_argument("--out", default=str(REPO / "bench" / "results"), help="directory for fs.json and fs.md")
     ap.add_argument("--name", default="fs", help="base name of the result files")

@@ -346,10 +346,14 @@ class FsTier(BlockingChunkTier):
             ``max_inflight >= 8``, chunks are under 1 MiB and ``publish`` is not
             ``"tmpfile"``; threads otherwise. Why native: per chunk, Python threads pay a job
             queue, a thread wake-up and a GIL hand-off per system call, and the ring's kernel
-            workers are capped at one per CPU; the C workers wrote 256 KiB chunks at
-            0.84-1.10x of fio where threads reached 0.68-0.90x, and read them at 0.96-0.99x
-            at depths 1-4 against 0.60-0.78x (bench/results/fs.md, bench/README.md "fs
-            tier"). At 2 MiB the engines are within noise of each other.
+            workers are capped at one per CPU. In a streaming offload into a full tier (256
+            KiB, asyncio, ``bench/results/loop_lag_native.md``) native moved 2.68 / 1.79
+            GB/s at depths 4 / 16 against 1.45 / 1.05 on threads and 0.81 / 0.94 on the
+            ring, with the loop's p99 lag at 0.47 / 2.28 ms against 3.23 / 11.79 and 1.67 /
+            1.63; single offload and load calls into an empty tier ran level with threads
+            within the disk's noise (two runs, bench/results/fs.md and fs_run2.md: 256 KiB
+            writes 0.55-0.84x of fio against 0.51-0.80x, reads 1.07-1.41x at depths 1-4
+            against 1.07-1.51x) and ahead of the ring.
         worker_nice: how much the native workers raise their nice value (0-19; default 5).
             On a machine with fewer cores than workers (``max_inflight`` + up to one per
             CPU), a stream of writes keeps them all runnable, and at nice 0 the event-loop

@@ -277,20 +277,29 @@ class TierConformance:
                 ]
                 await asyncio.sleep(0)  # every flood call has queued its stores
                 queued = h.tier.stats().queued
+                stored_before = h.tier.stats().offloaded
                 res = await h.tier.load([hot], [1])
+                stores_ahead = h.tier.stats().offloaded - stored_before
                 assert res.ok and h.chunk(1) == data[0]
                 results = await asyncio.gather(*flood)
                 assert all(r.ok for r in results)
                 s = h.tier.stats()
-                # Latencies run from a call's start to its chunk's completion on the medium, so
-                # the loop's own delays do not enter. Without priority the load would finish
-                # behind the stores queued ahead of it, about as late as the latest of them.
                 assert queued >= 8 * self.max_inflight, (
                     f"the flood never backed up (queued={queued}): this check needs a slower medium"
                 )
-                assert s.load_latency.max * 2 < s.offload_latency.max, (
-                    f"the load took {s.load_latency.max:.4f}s behind {queued} queued stores, "
-                    f"the slowest store {s.offload_latency.max:.4f}s: loads are not ahead of stores"
+                # Without priority the load would finish behind every store queued ahead of it:
+                # after (nearly) all of the flood, about as late as the latest store. Either
+                # sign that it went ahead suffices: few stores finished before it (an
+                # ordering; a medium's stall hits the stores alike), or its latency (a call's
+                # start to its chunk's completion, so the loop's own delays do not enter) was
+                # well under the slowest store's (where stores are quicker than the loop's
+                # hand-off of the load, as in memory, the count above says little).
+                few_ahead = stores_ahead < len(flood_keys) // 2
+                quicker = s.load_latency.max * 2 < s.offload_latency.max
+                assert few_ahead or quicker, (
+                    f"{stores_ahead} of {len(flood_keys)} stores finished before the load, which took "
+                    f"{s.load_latency.max:.4f}s behind {queued} queued stores (the slowest store "
+                    f"{s.offload_latency.max:.4f}s): loads are not ahead of stores"
                 )
 
         self.run(loop_factory, check)
