@@ -61,8 +61,14 @@ class OffloadingSpec:
     def __post_init__(self) -> None:
         for name in ("chunk_bytes", "num_chunks"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int):
+            if isinstance(value, bool):
                 raise TierConfigError(f"OffloadingSpec.{name} must be a positive int; got {value!r}")
+            try:
+                # integers of any kind (numpy's, torch's from tensor.numel()), stored as int
+                value = operator.index(value)
+            except TypeError:
+                raise TierConfigError(f"OffloadingSpec.{name} must be a positive int; got {value!r}") from None
+            object.__setattr__(self, name, value)
             if value <= 0:
                 raise TierConfigError(f"OffloadingSpec.{name} must be a positive int; got {value}")
         if not isinstance(self.namespace, str) or not self.namespace:

@@ -29,6 +29,19 @@ def test_bad_spec_says_what_is_accepted(kwargs: dict[str, object], needle: str) 
     assert issubclass(TierConfigError, ValueError)
 
 
+def test_integers_of_other_kinds_are_taken_as_int() -> None:
+    """Sizes often come from numpy or torch (``tensor.numel()``, ``np.prod(shape)``)."""
+    np = pytest.importorskip("numpy")
+    spec = OffloadingSpec(np.int64(4096), np.uint32(8), namespace="m")
+    assert type(spec.chunk_bytes) is int and type(spec.num_chunks) is int
+    assert spec == OffloadingSpec(4096, 8, namespace="m")
+    assert spec.layout_digest == OffloadingSpec(4096, 8, namespace="m").layout_digest
+    with pytest.raises(TierConfigError, match="chunk_bytes must be a positive int"):
+        OffloadingSpec(np.float64(4096), 8)  # type: ignore[arg-type]
+    with pytest.raises(TierConfigError, match="num_chunks must be a positive int"):
+        OffloadingSpec(4096, np.int64(-1))
+
+
 def test_total_bytes_and_digest_scope() -> None:
     a = OffloadingSpec(4096, 8, namespace="m/bf16")
     assert a.total_bytes == 4096 * 8
