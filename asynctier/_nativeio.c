@@ -93,6 +93,7 @@ struct at_pool {
     int head[NPRIO], tail[NPRIO];
     int queued;
     int ntokens, in_flight, peak;
+    int acq_waiting; /* threads in at_acquire: a freed token is theirs before a queued job's */
     int stopping;
     int nops;
     struct at_op *ops;
@@ -254,7 +255,9 @@ static int pick(struct at_pool *p, int *what) {
         for (int i = p->head[q]; i >= 0; i = p->ops[i].next) {
             struct at_op *op = &p->ops[i];
             if (op->prep == PREP_NONE) {
-                if (p->ntokens > 0) {
+                /* a worker that just gave its token back would otherwise take it again at
+                 * once, and a slow path waiting in at_acquire could wait for seconds */
+                if (p->ntokens > p->acq_waiting) {
                     *what = DO_IO;
                     return i;
                 }
@@ -283,6 +286,8 @@ static void unqueue(struct at_pool *p, int idx) {
         break;
     }
     p->queued--;
+    /* stopping: workers parked while jobs were queued must see the queue empty to leave */
+    if (p->stopping && p->queued == 0) pthread_cond_broadcast(&p->work);
 }
 
 static void report(struct at_pool *p, int idx) {
@@ -312,7 +317,10 @@ static void *worker(void *arg) {
         /* stopping: the queued jobs still run (their callers wait for them) */
         while ((idx = pick(p, &what)) < 0 && !(p->stopping && p->queued == 0 && p->post_head < 0))
             pthread_cond_wait(&p->work, &p->mu);
-        if (idx < 0) break;
+        if (idx < 0) {
+            pthread_cond_broadcast(&p->work); /* the others may be parked on what just ended */
+            break;
+        }
         struct at_op *op = &p->ops[idx];
         struct at_res *r = &p->res[idx];
         if (what == DO_PREP) {
@@ -518,13 +526,17 @@ int at_reap(struct at_pool *p, int32_t *out, int max) {
 /* A token for chunk I/O done outside the pool (blocks until one is free); 0, or -ESHUTDOWN. */
 int at_acquire(struct at_pool *p) {
     pthread_mutex_lock(&p->mu);
+    p->acq_waiting++;
     while (p->ntokens == 0 && !p->stopping) pthread_cond_wait(&p->tokens, &p->mu);
+    p->acq_waiting--;
     int rc = -ESHUTDOWN;
     if (p->ntokens > 0) {
         p->ntokens--;
         if (++p->in_flight > p->peak) p->peak = p->in_flight;
         rc = 0;
     }
+    /* tokens left beyond the other waiters: queued jobs may use them */
+    if (p->ntokens > p->acq_waiting && p->queued > 0) pthread_cond_signal(&p->work);
     pthread_mutex_unlock(&p->mu);
     return rc;
 }

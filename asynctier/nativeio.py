@@ -32,7 +32,7 @@ from typing import Any, NamedTuple, TypeVar
 
 from . import engines
 
-__all__ = ["NativeEngine", "NativePool", "Outcome", "problem"]
+__all__ = ["CANCELLED_OUTCOME", "NativeEngine", "NativePool", "Outcome", "problem"]
 
 T = TypeVar("T")
 
@@ -40,6 +40,11 @@ READ, WRITE, SPARE, UNLINK = 1, 2, 3, 4
 #: The step a job failed at (:attr:`Outcome.stage`); 0 when it did not fail.
 ST_OPEN, ST_IO, ST_DATASYNC, ST_LINK, ST_DIRSYNC, ST_RENAME, ST_UNLINK = 1, 2, 3, 4, 5, 6, 7
 _NAME_MAX = 256
+
+
+#: Attribute of the ``CancelledError`` raised by a job's wait when the job had started and
+#: ran to its end meanwhile: its :class:`Outcome` (for example a spare's open descriptor).
+CANCELLED_OUTCOME = "native_outcome"
 
 
 class Outcome(NamedTuple):
@@ -70,7 +75,7 @@ def _find_library() -> tuple[ctypes.CDLL | None, str | None]:
             "pip install -e . or pip install .)"
         )
     try:
-        lib = ctypes.CDLL(str(path))
+        lib = ctypes.CDLL(str(path), use_errno=True)  # at_new reports through errno
     except OSError as e:
         return None, f"cannot load {path.name}: {e}"
     vp, c_int, c_size = ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t
@@ -241,12 +246,16 @@ class NativePool:
         self._running += 1
         try:
             return await asyncio.shield(fut)
-        except asyncio.CancelledError:
+        except asyncio.CancelledError as exc:
             if self._lib.at_cancel(self._h, slot):  # taken back: never ran, never reported
                 self._waiters[slot] = None
                 self._running -= 1
             else:
                 await engines.wait_to_end(fut)  # it runs on the caller's buffers: to its end
+                if not fut.cancelled() and fut.exception() is None:
+                    # what the job did (a spare's open descriptor, a rename) is the caller's
+                    # to undo: see :data:`CANCELLED_OUTCOME`
+                    setattr(exc, CANCELLED_OUTCOME, fut.result())
             raise
 
     def _on_ready(self) -> None:

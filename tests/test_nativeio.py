@@ -126,6 +126,105 @@ async def test_failures_report_the_step_and_errno(tmp_path: Path) -> None:
         await bufs.read(pool, 0, dfd, "missing")
 
 
+async def test_a_slow_path_waiting_for_a_token_gets_the_next_one(tmp_path: Path) -> None:
+    """A worker that gives its token back must not take it again while a slow-path thread
+    waits in hold(): with the queue kept full, each hold() gets a token after at most the
+    jobs already running or picked (it once waited behind ~1200 jobs, seconds)."""
+    n = 4096
+    (tmp_path / "f").write_bytes(b"x" * (HB + n))
+    dfd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    pool = nativeio.NativePool(threads=3, bound=1, slots=6)
+    pool.attach(asyncio.get_running_loop())
+    bufs = Bufs(6, n)
+    jobs = 0
+    stop = False
+
+    async def keep_busy(slot: int) -> None:
+        nonlocal jobs
+        while not stop:
+            assert (await bufs.read(pool, slot, dfd, "f")).stage == 0
+            jobs += 1
+
+    busy = [asyncio.ensure_future(keep_busy(s)) for s in range(6)]
+    ahead: list[int] = []
+
+    def slow_path() -> None:
+        for _ in range(20):
+            asked = jobs
+            pool.hold(lambda asked=asked: ahead.append(jobs - asked))
+
+    try:
+        await wait_for(lambda: jobs > 50, "the queue is kept full")
+        await asyncio.to_thread(slow_path)
+    finally:
+        stop = True
+        await asyncio.gather(*busy)
+        await pool.aclose()
+        os.close(dfd)
+    # the counter is the loop's, a little behind the workers: a few jobs of slack, not hundreds
+    assert len(ahead) == 20 and max(ahead) <= 8, ahead
+
+
+def _nio_threads() -> int:
+    return sum(1 for t in Path("/proc/self/task").glob("*/comm") if t.read_text().strip() == "asynctier-nio")
+
+
+async def test_workers_told_to_stop_end_once_the_queue_drains(tmp_path: Path) -> None:
+    """at_shutdown (what a pool dropped without aclose does) with jobs queued behind a stuck
+    one: every worker ends when the last job does, none stays parked."""
+    os.mkfifo(tmp_path / "fifo")
+    dfd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    threads_before = _nio_threads()
+    pool = nativeio.NativePool(threads=4, bound=1, slots=4)
+    pool.attach(asyncio.get_running_loop())
+    bufs = Bufs(4, 64)
+    try:
+        stuck = asyncio.ensure_future(bufs.read(pool, 0, dfd, "fifo"))
+        await wait_for(lambda: pool.counts()[0] == 1, "the FIFO job holds the token")
+        queued = [asyncio.ensure_future(pool.unlink(s, 0, dfd, b"absent%d" % s)) for s in (1, 2)]
+        await wait_for(lambda: pool.counts()[2] == 2, "two jobs queued behind it")
+        pool._lib.at_shutdown(pool._h)
+        opener = open_fifo(tmp_path / "fifo")
+        await asyncio.gather(stuck, *queued)
+        await asyncio.to_thread(opener.join)
+        await wait_for(lambda: _nio_threads() == threads_before, "every worker ended")
+    finally:
+        await pool.aclose()
+        os.close(dfd)
+
+
+def test_a_pool_that_cannot_start_says_why() -> None:
+    with pytest.raises(OSError) as e:
+        nativeio.NativePool(threads=0, bound=1, slots=1)
+    assert e.value.errno == errno.EINVAL
+
+
+async def test_a_cancelled_spare_job_leaves_no_descriptor_and_hands_back_its_outcome(tmp_path: Path) -> None:
+    """A spare job (open the victim, rename it away) cancelled while running ends anyway;
+    its caller's CancelledError carries the outcome (the open descriptor) to undo."""
+    os.mkfifo(tmp_path / "victim")
+    dfd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    pool = nativeio.NativePool(threads=2, bound=1, slots=2)
+    pool.attach(asyncio.get_running_loop())
+    try:
+        job = asyncio.ensure_future(pool.spare(0, 0, dfd, b"victim", os.O_RDONLY, dfd, b"spare"))
+        await wait_for(lambda: pool.counts()[0] == 1, "the worker is in openat")
+        job.cancel()
+        opener = open_fifo(tmp_path / "victim")
+        with pytest.raises(asyncio.CancelledError) as e:
+            await job
+        await asyncio.to_thread(opener.join)
+        done = getattr(e.value, nativeio.CANCELLED_OUTCOME)
+        assert done.stage == 0 and done.result >= 0
+        held, spare = os.fstat(done.result), (tmp_path / "spare").stat()
+        assert (held.st_dev, held.st_ino) == (spare.st_dev, spare.st_ino)
+        os.close(done.result)
+        pool.put_slot(0)
+    finally:
+        await pool.aclose()
+        os.close(dfd)
+
+
 # -- the fs tier on native workers ----------------------------------------------------------
 def chunk_file(tier: FsTier, key: bytes) -> Path:
     return tier.dir / f"{_shard_of(key):02x}" / key_token(key)

@@ -1376,8 +1376,9 @@ class FsTier(BlockingChunkTier):
                 self._stats.incr("recycled")
             return
         self._stats.incr("native_retries")
-        # a failed directory fsync follows the publication: a name of unknown durability goes too
-        published = res.stage == nativeio.ST_DIRSYNC
+        # a failed directory fsync follows the publication: a name of unknown durability goes
+        # too, unless the name was another writer's (EEXIST on link): that copy is not ours
+        published = res.stage == nativeio.ST_DIRSYNC and not res.info
         leftover = spare[1] if spare is not None and res.stage != nativeio.ST_DIRSYNC else None
 
         def retry() -> None:
@@ -1417,7 +1418,15 @@ class FsTier(BlockingChunkTier):
         self._note_gone(victim)
         vfd, vname = self._name(victim)
         spare = f"{self._tmp_tag}{next(self._tmp_seq)}"
-        res = await pool.spare(slot, engines.PRIO_STORE, vfd, vname.encode(), flags, dfd, spare.encode())
+        try:
+            res = await pool.spare(slot, engines.PRIO_STORE, vfd, vname.encode(), flags, dfd, spare.encode())
+        except asyncio.CancelledError as e:
+            done = getattr(e, nativeio.CANCELLED_OUTCOME, None)
+            if done is not None and done.stage == 0:
+                # it ran: the victim's file left its name and is open; neither may outlive this
+                self._evicted(victim, None)
+                await engines.finish_on_thread(self._native_drop, None, (done.result, spare), dfd)
+            raise
         if res.stage == nativeio.ST_OPEN:
             if res.result == -errno.ENOENT:
                 self._evicted(victim, None)
