@@ -294,11 +294,6 @@ def med(values: list[float]) -> float:
     return statistics.median(values) if values else 0.0
 
 
-def engine_problems(ioring: Any, nativeio: Any) -> dict[str, str | None]:
-    """Each io_engine and why it cannot run here (None: it can)."""
-    return {"native": nativeio.problem(), "threads": None, "io_uring": ioring.problem()}
-
-
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     base = Path(args.dir)
     sizes = [int(s) * KiB for s in args.sizes_kib.split(",")]
@@ -315,7 +310,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     if args.worker_nice is not None:
         base_cfg["worker_nice"] = args.worker_nice
     variants: dict[str, dict[str, Any]] = {"fs": {}}
-    engines_here = [e for e, why in engine_problems(ioring, nativeio).items() if why is None]
+    why_not = {"native": nativeio.problem(), "threads": None, "io_uring": ioring.problem()}
+    engines_here = [e for e, why in why_not.items() if why is None]
     for engine in engines_here:
         variants[f"fs {engine}"] = {"io_engine": engine}
     everywhere = {"fs", *(f"fs {e}" for e in engines_here)}
