@@ -57,10 +57,10 @@ __all__ = [
 ]
 
 BUILTIN_TIERS = {
-    "memory": ("tiers.memory", "MemoryTier"),
-    "fs": ("tiers.fs", "FsTier"),
-    "nvme": ("tiers.nvme", "NvmeTier"),
-    "obj": ("tiers.obj", "ObjTier"),
+    "memory": ("asynctier.tiers.memory", "MemoryTier"),
+    "fs": ("asynctier.tiers.fs", "FsTier"),
+    "nvme": ("asynctier.tiers.nvme", "NvmeTier"),
+    "obj": ("asynctier.tiers.obj", "ObjTier"),
 }
 
 for _type, (_module, _cls) in BUILTIN_TIERS.items():

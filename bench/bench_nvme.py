@@ -45,7 +45,7 @@ sys.path.insert(0, str(ROOT))
 
 from asynctier import OffloadingSpec, SecondaryTierFactory, benchkit  # noqa: E402
 from asynctier.benchkit import fio_available, run_fio  # noqa: E402
-from tiers.nvme import _PUBLISH, Checkpoint, NvmeTier, _pack_record, read_checkpoint, write_checkpoint  # noqa: E402
+from asynctier.tiers.nvme import _PUBLISH, Checkpoint, NvmeTier, _pack_record, read_checkpoint, write_checkpoint  # noqa: E402
 
 MiB = 1 << 20
 

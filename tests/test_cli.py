@@ -15,7 +15,7 @@ from click.testing import CliRunner
 from asynctier import BlockingChunkTier, ChunkNotFoundError, OffloadingSpec, SecondaryTierFactory
 from asynctier.cli import main
 
-HAS_FS = importlib.util.find_spec("tiers.fs") is not None
+HAS_FS = importlib.util.find_spec("asynctier.tiers.fs") is not None
 
 
 def invoke(*args: str) -> Any:
@@ -29,7 +29,7 @@ def test_info_json_lists_builtin_tiers_with_parameters() -> None:
     tiers = {t["type"]: t for t in json.loads(r.output)}
     assert {"memory", "fs", "nvme", "obj"} <= set(tiers)
     mem = tiers["memory"]
-    assert mem["class"] == "tiers.memory.MemoryTier"
+    assert mem["class"] == "asynctier.tiers.memory.MemoryTier"
     assert mem["source"] == "registered"
     assert mem["parameters"]["max_inflight"] == "16"
     assert "capacity_bytes" in mem["parameters"]
@@ -75,7 +75,7 @@ def test_bench_tiny_run_verifies_every_byte_and_writes_json(tmp_path: Path) -> N
 
 
 def test_bench_reports_a_tier_that_cannot_be_imported_as_skipped(tmp_path: Path) -> None:
-    cfg = tmp_path / "tiers.toml"
+    cfg = tmp_path / "asynctier.tiers.toml"
     cfg.write_text(
         '[tiers.ghost]\ntype = "GhostTier"\nmodule_path = "no_such_module_anywhere"\n\n[tiers.mem]\ntype = "memory"\n'
     )
@@ -125,7 +125,7 @@ class ForgetfulTier(BlockingChunkTier):
 
 
 def test_bench_fails_when_bytes_come_back_different(tmp_path: Path) -> None:
-    cfg = tmp_path / "tiers.toml"
+    cfg = tmp_path / "asynctier.tiers.toml"
     cfg.write_text('[tiers.broken]\ntype = "ForgetfulTier"\nmodule_path = "test_cli"\n')
     r = invoke(*_bench_args(tmp_path), "--config", str(cfg), "--no-fio", "--no-naive")
     assert r.exit_code == 1, r.output
@@ -187,7 +187,7 @@ def _corrupt_on_medium(root: Path, payload: bytes) -> Path:
 
 
 TIERS = [
-    pytest.param(t, marks=pytest.mark.skipif(importlib.util.find_spec(f"tiers.{t}") is None, reason=f"no tiers/{t}.py"))
+    pytest.param(t, marks=pytest.mark.skipif(importlib.util.find_spec(f"asynctier.tiers.{t}") is None, reason=f"no tiers/{t}.py"))
     for t in ("fs", "nvme", "obj")
 ]
 

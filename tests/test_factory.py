@@ -25,13 +25,13 @@ def test_import_is_light_and_builtins_are_lazy() -> None:
         """
         import sys
         import asynctier
-        heavy = [m for m in ("tiers.memory", "tiers.fs", "tiers.nvme", "tiers.obj", "obstore", "torch",
+        heavy = [m for m in ("asynctier.tiers.memory", "asynctier.tiers.fs", "asynctier.tiers.nvme", "asynctier.tiers.obj", "obstore", "torch",
                              "numpy", "aiofiles", "rich") if m in sys.modules]
         assert not heavy, heavy
         types = {i.tier_type for i in asynctier.SecondaryTierFactory.registered()}
         assert {"memory", "fs", "nvme", "obj"} <= types, types
         asynctier.SecondaryTierFactory.get_tier_class({"type": "memory"})
-        assert "tiers.memory" in sys.modules
+        assert "asynctier.tiers.memory" in sys.modules
         print("ok")
         """
     )
@@ -41,7 +41,7 @@ def test_import_is_light_and_builtins_are_lazy() -> None:
 
 def test_register_duplicate_is_value_error() -> None:
     with pytest.raises(ValueError, match="already registered"):
-        SecondaryTierFactory.register_tier("memory", "tiers.memory", "MemoryTier")
+        SecondaryTierFactory.register_tier("memory", "asynctier.tiers.memory", "MemoryTier")
 
 
 def test_register_by_name_and_create() -> None:
@@ -119,7 +119,7 @@ def test_entry_point_group_adds_a_tier_without_code(tmp_path: Path, monkeypatch:
     pkg = tmp_path / "plugtier"
     pkg.mkdir()
     (pkg / "__init__.py").write_text(
-        "from tiers.memory import MemoryTier\n\nclass PlugTier(MemoryTier):\n    default_type = 'plug'\n"
+        "from asynctier.tiers.memory import MemoryTier\n\nclass PlugTier(MemoryTier):\n    default_type = 'plug'\n"
     )
     dist = tmp_path / "plugtier-1.0.dist-info"
     dist.mkdir()
@@ -143,7 +143,7 @@ def test_entry_points_are_read_as_entry_points(
     pkg = tmp_path / f"epmod{n}"
     pkg.mkdir()
     (pkg / "__init__.py").write_text(
-        "from tiers.memory import MemoryTier\n\n"
+        "from asynctier.tiers.memory import MemoryTier\n\n"
         "class PlugTier(MemoryTier):\n    pass\n\n"
         "class Outer:\n    class Inner(MemoryTier):\n        pass\n"
     )
@@ -184,7 +184,7 @@ async def test_a_tier_error_of_its_own_kind_is_counted_as_other_not_lost() -> No
     """A ChunkError subclass with a kind of its own: the failure was replaced by a KeyError
     from the stats and not counted."""
     from asynctier import ChunkError
-    from tiers.memory import MemoryTier
+    from asynctier.tiers.memory import MemoryTier
 
     class QuotaError(ChunkError):
         kind = "quota"
@@ -258,7 +258,7 @@ def test_a_missing_optional_dependency_names_its_extra(monkeypatch: pytest.Monke
             raise ModuleNotFoundError("No module named 'obstore'", name="obstore")
         return real_import(name, *args, **kw)  # type: ignore[arg-type]
 
-    monkeypatch.delitem(sys.modules, "tiers.obj", raising=False)
+    monkeypatch.delitem(sys.modules, "asynctier.tiers.obj", raising=False)
     monkeypatch.setattr(builtins, "__import__", no_obstore)
     with pytest.raises(TierConfigError, match=r"pip install 'asynctier\[s3\]'"):
         SecondaryTierFactory.create_secondary_tier({"type": "obj", "url": "memory://"}, view(), SPEC)

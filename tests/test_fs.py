@@ -43,7 +43,7 @@ from asynctier.errors import failure_kind
 from asynctier.integrity import key_token
 from asynctier.posix_io import aligned_buffer
 from asynctier.testing import TierConformance
-from tiers.fs import HEADER_BLOCK, FsTier, _TmpfilePool
+from asynctier.tiers.fs import HEADER_BLOCK, FsTier, _TmpfilePool
 
 REPO = Path(__file__).resolve().parent.parent
 CHUNK = 64 * 1024
@@ -152,7 +152,7 @@ def keys(n: int, tag: str = "k") -> list[bytes]:
 
 
 def chunk_file(tier: FsTier, key: bytes) -> Path:
-    from tiers.fs import _shard_of
+    from asynctier.tiers.fs import _shard_of
 
     return tier.dir / f"{_shard_of(key):02x}" / key_token(key)
 
@@ -449,7 +449,7 @@ async def test_restart_restores_lru_order_of_loads_and_touches(tmp_path: Path) -
 
 
 async def test_auto_scans_large_namespace_in_background(tmp_path: Path) -> None:
-    from tiers.fs import _shard_of
+    from asynctier.tiers.fs import _shard_of
 
     tier, view = make_tier(tmp_path)
     data = fill(view, 17)
@@ -503,7 +503,7 @@ async def test_direct_io_aligned_has_no_fallbacks_unaligned_counts_and_logs_once
     unaligned = memoryview(backing)[1:]  # an odd address: O_DIRECT impossible
     tier, view = make_tier(tmp_path / "u", unaligned, direct_io=True)
     data = fill(view, 10)
-    caplog.set_level(logging.WARNING, logger="tiers.fs")
+    caplog.set_level(logging.WARNING, logger="asynctier.tiers.fs")
     async with tier:
         assert (await tier.offload(keys(4), [0, 1, 2, 3])).ok
         res = await tier.load(keys(4), [4, 5, 6, 7])
@@ -596,7 +596,7 @@ async def test_the_rings_pool_refills_only_while_the_tier_is_idle(
     """A thread making files during a stream takes the GIL from the event loop the ring
     serves; the ring's pool is held while a call is in progress (the thread engine's is not),
     and the tier wakes it when the last call returns."""
-    monkeypatch.setattr("tiers.fs._POOL_HOLD_POLL_S", 3600.0)  # only the wake-up ends a hold
+    monkeypatch.setattr("asynctier.tiers.fs._POOL_HOLD_POLL_S", 3600.0)  # only the wake-up ends a hold
     tier, view = make_tier(tmp_path, max_inflight=8, io_engine="io_uring", tmpfile_pool=8)
     fill(view, 41)
     ks = keys(8, "H")
@@ -1081,7 +1081,7 @@ async def test_on_a_network_file_system_the_recycle_check_stays_off_the_loop(
 ) -> None:
     """The check that no other tier holds the namespace queries a lock; on NFS or Lustre that
     is a round trip to the server, so there it runs on a thread, never on the event loop."""
-    import tiers.fs as fs_mod
+    import asynctier.tiers.fs as fs_mod
 
     monkeypatch.setattr(fs_mod, "network_fs", lambda path: "nfs")  # what statfs would say there
     loop_thread = threading.get_ident()
@@ -1115,7 +1115,7 @@ async def test_the_ring_sizes_a_new_large_file_before_its_direct_write(
     a new file of a large chunk is sized first (where the kernel has io_uring ftruncate); a
     recycled one is sized already; small chunks, and files on a network file system (another
     round trip), are not. The published file is whole either way."""
-    import tiers.fs as fs_mod
+    import asynctier.tiers.fs as fs_mod
 
     if network:
         monkeypatch.setattr(fs_mod, "network_fs", lambda path: "nfs")
@@ -1174,7 +1174,7 @@ async def test_the_ring_hashes_large_chunks_off_the_event_loop(
     """The io_uring engine runs its chains from the event-loop thread; a 2 MiB checksum there
     (~250 us) would stall every other task. Chunks from 1 MiB are hashed on a thread, on
     offload and on load; smaller ones on the loop, where the hop would cost more."""
-    import tiers.fs as fs_mod
+    import asynctier.tiers.fs as fs_mod
 
     on_loop: list[bool] = []
     real = fs_mod.checksum
@@ -1315,7 +1315,7 @@ async def test_a_recycle_check_cancelled_on_its_thread_leaves_no_stray_file(
     """On a network file system the ring asks on a thread whether an evicted file may be
     recycled, with that file already open in a ring slot under a temporary name. Cancelled
     there (teardown), it closes the slot and removes the file before the cancellation goes on."""
-    import tiers.fs as fs_mod
+    import asynctier.tiers.fs as fs_mod
 
     monkeypatch.setattr(fs_mod, "network_fs", lambda path: "nfs")
     entered, release = threading.Event(), threading.Event()

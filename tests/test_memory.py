@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from asynctier import CapacityError, IntegrityError, OffloadingSpec, SecondaryTierFactory
 from asynctier.lru import LRUIndex, RemovalPending
-from tiers.memory import MemoryTier
+from asynctier.tiers.memory import MemoryTier
 
 SPEC = OffloadingSpec(1024, 8)
 

@@ -16,7 +16,7 @@ import pytest
 
 from asynctier import IntegrityError, OffloadingSpec, SecondaryTierFactory, TierConfigError, nativeio
 from asynctier.integrity import checksum, key_token
-from tiers.fs import HEADER_BLOCK, FsTier, _shard_of
+from asynctier.tiers.fs import HEADER_BLOCK, FsTier, _shard_of
 
 pytestmark = pytest.mark.skipif(nativeio.problem() is not None, reason=f"no native workers: {nativeio.problem()}")
 

@@ -25,7 +25,7 @@ from asynctier import IntegrityError, OffloadingSpec, SecondaryTierFactory, Tier
 from asynctier.errors import failure_kind
 from asynctier.posix_io import buffer_address
 from asynctier.testing import TierConformance
-from tiers.nvme import Checkpoint, NvmeTier, read_checkpoint, write_checkpoint
+from asynctier.tiers.nvme import Checkpoint, NvmeTier, read_checkpoint, write_checkpoint
 
 _NO_URING = ioring.problem()
 needs_uring = pytest.mark.skipif(_NO_URING is not None, reason=f"io_uring cannot be initialised here: {_NO_URING}")
@@ -472,7 +472,7 @@ async def test_a_store_found_stored_waits_for_its_own_record_only(tmp_path: Path
 def _journal_full_once(tier: NvmeTier) -> Callable[[int, memoryview], None]:
     """A ``_write_all`` whose first write to ``tier``'s journal lands half a batch, then fails
     with ENOSPC (simulated, once); every other write goes through."""
-    import tiers.nvme as nvme_mod
+    import asynctier.tiers.nvme as nvme_mod
 
     real_write = nvme_mod._write_all
     faults = [1]
@@ -496,7 +496,7 @@ async def test_a_failed_journal_write_is_mended_and_the_tier_goes_on(
     failed, what may be half-written is cut off and its records are written by the next
     flush, so stores go on once the fault is gone and everything acknowledged is there after
     a reopen (the journal used to refuse every store for the rest of the tier's life)."""
-    import tiers.nvme as nvme_mod
+    import asynctier.tiers.nvme as nvme_mod
 
     tier, view = _make(tmp_path / "rw.slab", io_engine=io_engine, max_inflight=2)
     data = _fill(view, CHUNK, 29)
@@ -566,7 +566,7 @@ async def test_a_failed_write_while_switching_generations_is_mended(
 ) -> None:
     """The last batch of a generation fails to write (ENOSPC) during a checkpoint: the
     checkpoint fails, the batch is cut back and queued again, and the tier goes on."""
-    import tiers.nvme as nvme_mod
+    import asynctier.tiers.nvme as nvme_mod
 
     p = tmp_path / "sw.slab"
     tier, view = _make(p, checkpoint_every=1 << 20)
@@ -729,7 +729,7 @@ async def test_a_stripe_refusing_o_direct_makes_every_stripe_buffered(
     """Where one of the paths refuses O_DIRECT (EINVAL, as a file system without it does),
     the others drop it too: chunks then go to every stripe unbounced, which a descriptor
     still asking for O_DIRECT failed with EINVAL on an unaligned view."""
-    import tiers.nvme as nvme_mod
+    import asynctier.tiers.nvme as nvme_mod
 
     paths = [tmp_path / "s0.slab", tmp_path / "s1.slab"]
     real_open = nvme_mod._open_noatime

@@ -526,7 +526,7 @@ async def test_config_errors_raise_at_construction(tmp_path: Path) -> None:
 
 
 def test_import_asynctier_does_not_import_obstore() -> None:
-    code = "import asynctier, sys; assert 'obstore' not in sys.modules and 'tiers.obj' not in sys.modules"
+    code = "import asynctier, sys; assert 'obstore' not in sys.modules and 'asynctier.tiers.obj' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).parent.parent)
 
 

@@ -1,0 +1,58 @@
+"""The ``io_engine`` parameter: one vocabulary for every tier that moves bytes with system calls.
+
+Two engines execute a tier's chunk protocol:
+
+* ``"threads"`` — Python worker threads making the system calls (``preadv``/``pwritev`` release
+  the GIL). Portable; the reference path and the fallback of the native engine.
+* ``"native"`` — C worker threads running each chunk's whole job (open to close) without the
+  GIL (:mod:`asynctier.nativeio`). Built when a C compiler was there at install time.
+
+``"auto"`` (the default) takes ``"native"`` where the tier supports it and it is built, else
+``"threads"``. Old values: ``"psync"`` (the nvme tier's former name for threads) still works
+for one release with a :class:`DeprecationWarning`; ``"io_uring"`` was retired (the project's
+own measurements: docs/benchmarks.md) and is refused with a message naming the current values.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Literal
+
+from .errors import TierConfigError
+
+__all__ = ["IO_ENGINES", "IoEngine", "check_io_engine"]
+
+IoEngine = Literal["auto", "threads", "native"]
+IO_ENGINES: tuple[IoEngine, ...] = ("auto", "threads", "native")
+
+_DEPRECATED = {"psync": "threads"}
+_RETIRED = ("io_uring", "ring", "uring")
+
+
+def check_io_engine(tier_type: str, value: object, supported: tuple[IoEngine, ...] = IO_ENGINES) -> IoEngine:
+    """``value`` as one of ``supported``; a deprecated name is mapped with a warning.
+
+    Raises :class:`TierConfigError` naming the accepted values for anything else, the retired
+    ``"io_uring"`` included.
+    """
+    accepted = ", ".join(map(repr, supported))
+    if not isinstance(value, str):
+        raise TierConfigError(f"io_engine must be a str, one of {accepted}; got {value!r}")
+    if value in _DEPRECATED:
+        new = _DEPRECATED[value]
+        warnings.warn(
+            f"{tier_type}: io_engine={value!r} is deprecated and will be refused in the next release; "
+            f"use io_engine={new!r} (the same worker threads)",
+            DeprecationWarning,
+            stacklevel=4,
+        )
+        value = new
+    if value in _RETIRED:
+        raise TierConfigError(
+            f"{tier_type}: io_engine={value!r} was retired (the native and threads engines measured faster); "
+            f"accepted: {accepted}"
+        )
+    for engine in supported:
+        if value == engine:
+            return engine
+    raise TierConfigError(f"{tier_type}: io_engine must be one of {accepted}; got {value!r}")
