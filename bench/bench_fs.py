@@ -10,9 +10,9 @@ For each chunk size (256 KiB, 2 MiB) and depth (1, 4, 16), in one run and on one
   every chunk back into *other* slots of the primary buffer (zeroed first), verified;
 * **naive**: :func:`asynctier.benchkit.naive_aiofiles`, one file per chunk, ``depth`` at a
   time, synced and dropped the same way;
-* **each engine**: the tier again with each ``io_engine`` (native, threads, io_uring) that the
-  default (``"auto"``: the native workers where built; otherwise worker threads below depth 8
-  and for chunks of 1 MiB or more, io_uring otherwise) did not pick, where it can run;
+* **each engine**: the tier again with each ``io_engine`` (native, threads) that the
+  default (``"auto"``: the native workers where built, worker threads otherwise) did not
+  pick, where it can run;
 * **fio files**: fio over one file per block (a reference: what file-per-chunk costs here);
 * **bare**: the thread engine's system calls from plain threads, no tier around them
   (:func:`asynctier.benchkit.bare_file_per_chunk`); ``fs x bare`` is what the tier adds to
@@ -304,13 +304,13 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     points: list[dict[str, Any]] = []
     # "fs" is the default configuration (io_engine="auto"); "fs <engine>" is each other
     # engine that can run here, measured beside it (the one "fs" resolved to is not repeated)
-    from asynctier import ioring, nativeio
+    from asynctier import nativeio
 
     base_cfg: dict[str, Any] = {} if args.engine == "auto" else {"io_engine": args.engine}
     if args.worker_nice is not None:
         base_cfg["worker_nice"] = args.worker_nice
     variants: dict[str, dict[str, Any]] = {"fs": {}}
-    why_not = {"native": nativeio.problem(), "threads": None, "io_uring": ioring.problem()}
+    why_not = {"native": nativeio.problem(), "threads": None}
     engines_here = [e for e, why in why_not.items() if why is None]
     for engine in engines_here:
         variants[f"fs {engine}"] = {"io_engine": engine}
@@ -459,7 +459,7 @@ def markdown(report: dict[str, Any]) -> str:
         f"{report['method']['bytes_per_point'] // MiB} MiB per point.",
         "",
         '`fs` is the default configuration (`io_engine="auto"`; the engine it took is in the '
-        "third column); `native`, `threads` and `io_uring` are the tier with that engine, measured "
+        "third column); `native` and `threads` are the tier with that engine, measured "
         "beside it (`= fs` where it is the one `fs` took). `full`: offloads "
         "into a tier at capacity, each new chunk evicting one (the steady state of a cache), with "
         "evicted files recycled (the default) and with `recycle=False` (new file + unlink). "
@@ -471,15 +471,15 @@ def markdown(report: dict[str, Any]) -> str:
         full_head = " **full x fio** | full, recycle=False x fio | after idle x fio |" if side == "write" else ""
         lines += [
             f"| chunk | depth | engine | fs {side} GB/s | fio {side} GB/s | **fs x fio** | native x fio "
-            "| threads x fio | io_uring x fio "
+            "| threads x fio "
             f"| fio files x fio | bare C x fio | bare x fio | bare x bare C | fs x bare | naive x fio |{full_head} "
             "load avg |",
-            "| --- " * (16 + (3 if full_head else 0)) + "|",
+            "| --- " * (15 + (3 if full_head else 0)) + "|",
         ]
         for p in report["points"]:
             engine_cells = " | ".join(
                 "= fs" if p.get("io_engine") == e else x(p.get(f"fs {e}_{side}_x_fio"))
-                for e in ("native", "threads", "io_uring")
+                for e in ("native", "threads")
             )
             lines.append(
                 f"| {p['chunk_bytes'] // KiB} KiB | {p['depth']} | {p.get('io_engine')} | {gb(p['fs_' + side])} "
@@ -532,7 +532,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--loop", choices=("asyncio", "uvloop"), default="asyncio")
     ap.add_argument(
         "--engine",
-        choices=("auto", "threads", "io_uring", "native"),
+        choices=("auto", "threads", "native"),
         default="auto",
         help="io_engine of the `fs`, `full` and `after idle` columns (default: the tier's own, 'auto')",
     )

@@ -210,7 +210,7 @@ def main() -> int:
     )
     ap.add_argument(
         "--nvme-engines",
-        default="psync,io_uring",
+        default="threads",
         help="io_engine values to run the nvme tier with",
     )
     ap.add_argument("--out", default=str(REPO / "bench" / "results"))

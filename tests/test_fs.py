@@ -28,6 +28,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from asynctier.benchkit import drop_page_cache
+from asynctier.tiers.fs import HEADER_BLOCK, FsTier, _TmpfilePool
 
 from asynctier import (
     CapacityError,
@@ -35,15 +37,12 @@ from asynctier import (
     OffloadingSpec,
     SecondaryTierFactory,
     TierConfigError,
-    ioring,
     nativeio,
 )
-from asynctier.benchkit import drop_page_cache
 from asynctier.errors import failure_kind
 from asynctier.integrity import key_token
 from asynctier.posix_io import aligned_buffer
 from asynctier.testing import TierConformance
-from asynctier.tiers.fs import HEADER_BLOCK, FsTier, _TmpfilePool
 
 REPO = Path(__file__).resolve().parent.parent
 CHUNK = 64 * 1024
@@ -64,29 +63,12 @@ class TestFsConformanceDirectIO(TestFsConformance):
     page_aligned_buffer = True
 
 
-_NO_RING_CLS = ioring.problem()
-
-
-@pytest.mark.skipif(_NO_RING_CLS is not None, reason=f"no io_uring: {_NO_RING_CLS}")
-class TestFsConformanceRing(TestFsConformance):
-    """The io_uring engine (opt-in), buffered."""
-
-    def tier_config(self, tmp_path: Path) -> dict[str, Any]:
-        return {**super().tier_config(tmp_path), "io_engine": "io_uring"}
-
-
-class TestFsConformanceRingDirectIO(TestFsConformanceRing):
-    """The io_uring engine with O_DIRECT."""
-
-    page_aligned_buffer = True
-
-
 _NO_NATIVE = nativeio.problem()
 
 
 class TestFsConformanceThreads(TestFsConformance):
-    """The threads engine (what ``"auto"`` takes where neither the native workers nor a ring
-    fit), buffered."""
+    """The threads engine (what ``"auto"`` takes where the native workers are not built),
+    buffered."""
 
     def tier_config(self, tmp_path: Path) -> dict[str, Any]:
         return {**super().tier_config(tmp_path), "io_engine": "threads"}
@@ -99,20 +81,16 @@ class TestFsConformanceThreadsDirectIO(TestFsConformanceThreads):
 
 
 # -- helpers ---------------------------------------------------------------------------------
-_NO_RING = ioring.problem()
 _ENGINE = {"name": "threads"}
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     """Every test function below runs on both engines (the conformance classes pick theirs)."""
     if metafunc.cls is None and "io_engine" in metafunc.fixturenames:
-        ring = pytest.param(
-            "io_uring", marks=pytest.mark.skipif(_NO_RING is not None, reason=f"no io_uring: {_NO_RING}")
-        )
         native = pytest.param(
             "native", marks=pytest.mark.skipif(_NO_NATIVE is not None, reason=f"no native workers: {_NO_NATIVE}")
         )
-        metafunc.parametrize("io_engine", [ring, "threads", native], indirect=True)
+        metafunc.parametrize("io_engine", ["threads", native], indirect=True)
 
 
 @pytest.fixture(autouse=True)
@@ -127,7 +105,7 @@ def make_tier(root: Path, view: memoryview | None = None, **config: Any) -> tupl
     spec = OffloadingSpec(CHUNK, NCHUNKS, namespace="test/fs")
     if view is None:
         view = memoryview(bytearray(spec.total_bytes))
-    config.setdefault("io_engine", _ENGINE["name"] if config.get("publish") != "tmpfile" else "threads")
+    config.setdefault("io_engine", _ENGINE["name"])
     tier = SecondaryTierFactory.create_secondary_tier({"type": "fs", "root": str(root), **config}, view, spec)
     assert isinstance(tier, FsTier)
     return tier, view
@@ -346,7 +324,7 @@ async def test_a_failed_eviction_is_reported_not_taken_for_success(
 ) -> None:
     """An evicted chunk whose file cannot be unlinked (here: a directory stands in its name,
     EISDIR) is logged as a failed eviction on both engines; the store that evicted it goes
-    on. (On the ring, an unlink flagged report-only-on-failure failed silently on 6.18.)"""
+    on."""
     per = HEADER_BLOCK + CHUNK
     tier, view = make_tier(tmp_path, capacity_bytes=per)
     fill(view, 22)
@@ -527,8 +505,6 @@ async def test_direct_io_off_and_bad_config(tmp_path: Path) -> None:
 async def test_files_made_ahead_are_used_and_closed(tmp_path: Path, io_engine: str) -> None:
     """tmpfile_pool: a thread makes unnamed files ahead of need; writes use them; aclose()
     closes the ones left; nothing of them shows on disk."""
-    if io_engine != "threads":
-        pytest.skip("publish='tmpfile' is the thread engine's (the ring's use of the pool: below)")
     fds_before = set(os.listdir("/proc/self/fd"))
     tier, view = make_tier(tmp_path, max_inflight=1, publish="tmpfile", tmpfile_pool=8)
     data = fill(view, 21)
@@ -589,15 +565,15 @@ def test_a_held_pool_makes_no_files_until_released(tmp_path: Path) -> None:
     assert not pool._thread.is_alive() and pool.ready == 0
 
 
-@pytest.mark.skipif(_NO_RING is not None, reason=f"no io_uring: {_NO_RING}")
-async def test_the_rings_pool_refills_only_while_the_tier_is_idle(
+@pytest.mark.skipif(_NO_NATIVE is not None, reason=f"no native workers: {_NO_NATIVE}")
+async def test_the_native_engines_pool_refills_only_while_the_tier_is_idle(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A thread making files during a stream takes the GIL from the event loop the ring
-    serves; the ring's pool is held while a call is in progress (the thread engine's is not),
-    and the tier wakes it when the last call returns."""
+    """A thread making files during a stream takes the GIL from the event loop that the
+    native workers leave alone; their pool is held while a call is in progress (the thread
+    engine's is not), and the tier wakes it when the last call returns."""
     monkeypatch.setattr("asynctier.tiers.fs._POOL_HOLD_POLL_S", 3600.0)  # only the wake-up ends a hold
-    tier, view = make_tier(tmp_path, max_inflight=8, io_engine="io_uring", tmpfile_pool=8)
+    tier, view = make_tier(tmp_path, max_inflight=8, io_engine="native", tmpfile_pool=8)
     fill(view, 41)
     ks = keys(8, "H")
     async with tier:
@@ -647,45 +623,47 @@ async def test_io_engine_choice_and_bad_config(tmp_path: Path, io_engine: str, m
     tier, view = make_tier(tmp_path, io_engine="threads")
     spec = tier.offloading_spec
     big = OffloadingSpec(1 << 20, 2, namespace="test/fs")
-    ring_or_threads = "io_uring" if _NO_RING is None else "threads"
     default = SecondaryTierFactory.create_secondary_tier({"type": "fs", "root": str(tmp_path)}, view, spec)
     async with default:  # io_engine="auto": the native workers wherever they are built
-        assert default.active_io_engine == ("native" if _NO_NATIVE is None else ring_or_threads)  # type: ignore[attr-defined]
+        assert default.active_io_engine == ("native" if _NO_NATIVE is None else "threads")  # type: ignore[attr-defined]
+    async with tier:
+        assert tier.active_io_engine == "threads"
     if _NO_NATIVE is None:  # at any depth, publication and chunk size
         for config in ({"max_inflight": 1}, {"publish": "tmpfile"}, {"publish": "rename", "durability": "fsync"}):
-            tier, _ = make_tier(tmp_path, io_engine="auto", **config)
-            async with tier:
-                assert tier.active_io_engine == "native"
+            for engine in ("auto", "native"):
+                tier, _ = make_tier(tmp_path, io_engine=engine, **config)
+                async with tier:
+                    assert tier.active_io_engine == "native"
         big_tier = SecondaryTierFactory.create_secondary_tier(
             {"type": "fs", "root": str(tmp_path)}, aligned_buffer(big.total_bytes), big
         )
         async with big_tier:
             assert big_tier.active_io_engine == "native"  # type: ignore[attr-defined]
-    # where the extension is not built, "auto" falls back to the ring or threads by depth and size
+    # where the extension is not built, "auto" takes threads at any depth and size; "native" says why not
     monkeypatch.setattr(nativeio, "_PROBLEM", "asynctier/_nativeio was not built")
-    tier, _ = make_tier(tmp_path, io_engine="auto")  # max_inflight 16 (the default)
-    async with tier:
-        assert tier.active_io_engine == ring_or_threads
-    tier, _ = make_tier(tmp_path, io_engine="auto", max_inflight=4)  # shallow: threads win there
-    async with tier:
-        assert tier.active_io_engine == "threads"
-    tier, _ = make_tier(tmp_path, io_engine="auto", publish="tmpfile")  # the ring publishes by rename
-    async with tier:
-        assert tier.active_io_engine == "threads"
-    tier = SecondaryTierFactory.create_secondary_tier(  # large chunks: threads, at any depth
+    for depth in (1, 4, 16):
+        tier, _ = make_tier(tmp_path, io_engine="auto", max_inflight=depth)
+        async with tier:
+            assert tier.active_io_engine == "threads"
+    tier = SecondaryTierFactory.create_secondary_tier(
         {"type": "fs", "root": str(tmp_path), "max_inflight": 16}, aligned_buffer(big.total_bytes), big
     )
     async with tier:
         assert tier.active_io_engine == "threads"  # type: ignore[attr-defined]
+    tier, _ = make_tier(tmp_path, io_engine="native")
+    with pytest.raises(TierConfigError, match=r"io_engine='native' but native I/O workers are unavailable.*not built"):
+        await tier.open()
     monkeypatch.undo()
-    with pytest.raises(TierConfigError, match="'auto', 'threads', 'io_uring' or 'native'"):
+    accepted = "'auto', 'threads', 'native'"
+    with pytest.raises(TierConfigError, match=f"io_engine must be one of {accepted}; got 'aio'"):
         make_tier(tmp_path, io_engine="aio")
-    with pytest.raises(TierConfigError, match="publish='tmpfile'"):
-        make_tier(tmp_path, io_engine="io_uring", publish="tmpfile")
-    if _NO_RING is not None:
-        tier, _ = make_tier(tmp_path, io_engine="io_uring")
-        with pytest.raises(TierConfigError, match="unavailable"):
-            await tier.open()
+    with pytest.raises(TierConfigError, match=f"io_engine='io_uring' was retired.*accepted: {accepted}"):
+        make_tier(tmp_path, io_engine="io_uring")
+    with pytest.raises(TierConfigError, match="io_engine must be a str"):
+        make_tier(tmp_path, io_engine=None)
+    with pytest.warns(DeprecationWarning, match="io_engine='psync' is deprecated"):
+        tier, _ = make_tier(tmp_path, io_engine="psync")
+    assert tier.io_engine == "threads"
 
 
 async def test_fsync_durability_and_rename_leave_no_temporaries(tmp_path: Path) -> None:
@@ -711,8 +689,8 @@ async def test_full_filesystem_evicts_instead_of_failing(tmp_path: Path, io_engi
                 assert res.ok, {key: repr(e) for key, e in res.failed.items()}
             s = tier.stats()
             assert s.extra["enospc_evictions"] > 0 and s.evictions > 0
-            # on the ring, ENOSPC goes to the blocking path, which evicts and retries
-            assert (s.extra.get("io_uring_retries", 0) > 0) == (io_engine == "io_uring")
+            # on the native engine, ENOSPC goes to the blocking path, which evicts and retries
+            assert (s.extra.get("native_retries", 0) > 0) == (io_engine == "native")
             res = await tier.load(k[-8:], list(range(8, 16)))  # the newest survived
             assert res.ok and [chunk(view, 8 + i) for i in range(8)] == data[:8]
 
@@ -823,8 +801,8 @@ async def test_eio_fails_only_those_keys_and_clears(tmp_path: Path, io_engine: s
             exc = res.failed[victim]
             assert isinstance(exc, OSError) and exc.errno == errno.EIO, repr(exc)
             assert failure_kind(exc) == "io" and tier.stats().failures["io"] == 1
-            if io_engine == "io_uring":  # the ring's failed read was retried on a thread, which reported it
-                assert tier.stats().extra["io_uring_retries"] == 1
+            if io_engine == "native":  # the failed job was retried on a thread, which reported it
+                assert tier.stats().extra["native_retries"] == 1
             assert await tier.lookup([victim]) == [True], "an I/O error is not proof the chunk is bad"
             restore_image(img, cut, tail)  # the fault clears
             drop_page_cache([str(f) for f in files])
@@ -1006,11 +984,11 @@ async def test_second_process_same_root_no_torn_reads(tmp_path: Path) -> None:
 
 
 async def test_dropped_without_aclose_releases_directory_descriptors(tmp_path: Path) -> None:
-    """Its directories' descriptors, and the io_uring engine's ring and eventfd (the ring
-    used to stay, registered with the event loop, for the life of the process)."""
+    """Its directories' descriptors, and the native engine's eventfd (registered with the
+    event loop, it must not stay for the life of the process)."""
     import gc
 
-    ring_kinds = ("anon_inode:[io_uring]", "anon_inode:[eventfd]")
+    ring_kinds = ("anon_inode:[eventfd]",)
 
     def targets() -> list[str]:
         out = []
@@ -1024,7 +1002,7 @@ async def test_dropped_without_aclose_releases_directory_descriptors(tmp_path: P
     rings_before = sum(t in ring_kinds for t in targets())
 
     def open_fds() -> int:
-        """Descriptors of this process that point into this test's directory, or rings new since."""
+        """Descriptors of this process that point into this test's directory, or eventfds new since."""
         ts = targets()
         return sum(t.startswith(str(tmp_path)) for t in ts) + sum(t in ring_kinds for t in ts) - rings_before
 
@@ -1106,215 +1084,14 @@ async def test_on_a_network_file_system_the_recycle_check_stays_off_the_loop(
         assert res.ok and [chunk(view, 8 + i) for i in range(4)] == data[4:8]
 
 
-@pytest.mark.skipif(_NO_RING is not None, reason=f"no io_uring: {_NO_RING}")
-@pytest.mark.parametrize(("chunk_bytes", "network"), [(1 << 20, False), (1 << 20, True), (CHUNK, False)])
-async def test_the_ring_sizes_a_new_large_file_before_its_direct_write(
-    tmp_path: Path, chunk_bytes: int, network: bool, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """An O_DIRECT write that extends its file waits in one of the ring's few kernel workers:
-    a new file of a large chunk is sized first (where the kernel has io_uring ftruncate); a
-    recycled one is sized already; small chunks, and files on a network file system (another
-    round trip), are not. The published file is whole either way."""
-    import asynctier.tiers.fs as fs_mod
-
-    if network:
-        monkeypatch.setattr(fs_mod, "network_fs", lambda path: "nfs")
-    sized: list[int] = []
-    real = ioring.Ring.prep_ftruncate
-
-    def prep_ftruncate(self: ioring.Ring, user_data: int, fd: int, length: int, *, sqe_flags: int = 0) -> None:
-        sized.append(length)
-        real(self, user_data, fd, length, sqe_flags=sqe_flags)
-
-    monkeypatch.setattr(ioring.Ring, "prep_ftruncate", prep_ftruncate)
-    per = HEADER_BLOCK + chunk_bytes
-    spec = OffloadingSpec(chunk_bytes, 12, namespace="test/fs")
-    view = aligned_buffer(spec.total_bytes)
-    conf = {"type": "fs", "root": str(tmp_path), "capacity_bytes": 4 * per, "max_inflight": 4, "io_engine": "io_uring"}
-    tier = SecondaryTierFactory.create_secondary_tier(conf, view, spec)
-    assert isinstance(tier, FsTier)
-    rnd = random.Random(34)
-    data = [rnd.randbytes(chunk_bytes) for _ in range(8)]
-    for i, d in enumerate(data):
-        view[i * chunk_bytes : (i + 1) * chunk_bytes] = d
-    async with tier:
-        assert tier._lring is not None
-        presize = chunk_bytes >= 1 << 20 and tier._lring.ring.supports(ioring.OP_FTRUNCATE) and not network
-        assert (await tier.offload(keys(4, "a"), [0, 1, 2, 3])).ok
-        assert sized == ([per] * 4 if presize else [])
-        assert tier.stats().extra.get("io_uring_retries", 0) == 0
-        for f in chunk_files(tier):
-            st = f.stat()
-            assert st.st_size == per and st.st_blocks * 512 >= per  # written through, no hole
-        assert (await tier.offload(keys(4, "b"), [4, 5, 6, 7])).ok  # at capacity: recycled
-        assert tier.stats().extra.get("recycled") == 4 and len(sized) == (4 if presize else 0)
-        view[8 * chunk_bytes :] = bytes(4 * chunk_bytes)
-        res = await tier.load(keys(4, "b"), [8, 9, 10, 11])
-        assert res.ok and [bytes(view[(8 + i) * chunk_bytes : (9 + i) * chunk_bytes]) for i in range(4)] == data[4:]
-
-
-def _ring_tier_with_two_chunks(tmp_path: Path, chunk_bytes: int, seed: int) -> tuple[FsTier, memoryview, list[bytes]]:
-    """An io_uring fs tier over a 4-chunk view whose first two chunks hold random data."""
-    spec = OffloadingSpec(chunk_bytes, 4, namespace="test/fs")
-    view = aligned_buffer(spec.total_bytes)
-    rnd = random.Random(seed)
-    data = [rnd.randbytes(chunk_bytes) for _ in range(2)]
-    view[: 2 * chunk_bytes] = b"".join(data)
-    conf = {"type": "fs", "root": str(tmp_path), "max_inflight": 4, "io_engine": "io_uring"}
-    tier = SecondaryTierFactory.create_secondary_tier(conf, view, spec)
-    assert isinstance(tier, FsTier)
-    return tier, view, data
-
-
-@pytest.mark.skipif(_NO_RING is not None, reason=f"no io_uring: {_NO_RING}")
-@pytest.mark.parametrize("chunk_bytes", [1 << 20, CHUNK])
-async def test_the_ring_hashes_large_chunks_off_the_event_loop(
-    tmp_path: Path, chunk_bytes: int, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The io_uring engine runs its chains from the event-loop thread; a 2 MiB checksum there
-    (~250 us) would stall every other task. Chunks from 1 MiB are hashed on a thread, on
-    offload and on load; smaller ones on the loop, where the hop would cost more."""
-    import asynctier.tiers.fs as fs_mod
-
-    on_loop: list[bool] = []
-    real = fs_mod.checksum
-
-    def where(data: Any) -> int:
-        on_loop.append(threading.current_thread() is threading.main_thread())
-        return real(data)
-
-    monkeypatch.setattr(fs_mod, "checksum", where)
-    tier, view, data = _ring_tier_with_two_chunks(tmp_path, chunk_bytes, 37)
-    async with tier:
-        assert (await tier.offload(keys(2), [0, 1])).ok
-        view[2 * chunk_bytes :] = bytes(2 * chunk_bytes)
-        assert (await tier.load(keys(2), [2, 3])).ok
-        assert tier.stats().extra.get("io_uring_retries", 0) == 0
-    assert [bytes(view[(2 + i) * chunk_bytes : (3 + i) * chunk_bytes]) for i in range(2)] == data
-    assert on_loop == [chunk_bytes < 1 << 20] * 4  # two stores, two loads
-
-
-@pytest.mark.skipif(_NO_RING is not None, reason=f"no io_uring: {_NO_RING}")
-async def test_a_failed_sizing_step_still_stores_the_chunk_whole(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """If the ring's ftruncate fails (here: an invalid length, EINVAL), the chunk is still
-    stored whole: where the kernel ends the chain on it, the thread path writes the chunk;
-    where it goes on without a word (Linux 6.18), the write extends the file as it would
-    unsized. No temporary file is left either way."""
-    real = ioring.Ring.prep_ftruncate
-
-    def bad_ftruncate(self: ioring.Ring, user_data: int, fd: int, length: int, *, sqe_flags: int = 0) -> None:
-        real(self, user_data, fd, (1 << 64) - 1, sqe_flags=sqe_flags)  # -1 to the kernel
-
-    monkeypatch.setattr(ioring.Ring, "prep_ftruncate", bad_ftruncate)
-    cb = 1 << 20
-    tier, view, data = _ring_tier_with_two_chunks(tmp_path, cb, 35)
-    async with tier:
-        assert tier._lring is not None
-        if not tier._ring_presize:
-            pytest.skip("this kernel's io_uring has no ftruncate (Linux 6.9+)")
-        assert (await tier.offload(keys(2), [0, 1])).ok
-        files = chunk_files(tier)
-        assert len(files) == 2 and all(f.stat().st_size == HEADER_BLOCK + cb for f in files)
-        assert not [p for p in tier.dir.glob("??/*") if p.name.startswith(".tmp")]
-        view[2 * cb :] = bytes(2 * cb)
-        assert (await tier.load(keys(2), [2, 3])).ok
-        assert [bytes(view[(2 + i) * cb : (3 + i) * cb]) for i in range(2)] == data
-
-
-@pytest.mark.skipif(_NO_RING is not None, reason=f"no io_uring: {_NO_RING}")
-@pytest.mark.parametrize("durability", ["none", "fsync"])
-async def test_the_ring_links_files_made_ahead(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, durability: str
-) -> None:
-    """With files made ahead, a ring chain writes one and links it under its name (io_uring
-    linkat of /proc/self/fd/N; with fsync: fdatasync of the file, then of the directory):
-    no create, no rename, no temporary name. A failed link (the name is taken by a
-    directory) goes to the thread path; every pooled descriptor is closed in the end."""
-    calls: dict[str, int] = {"link": 0, "rename": 0}
-    real_link, real_rename = ioring.Ring.prep_linkat, ioring.Ring.prep_renameat
-
-    def linkat(self: ioring.Ring, *args: Any, **kw: Any) -> Any:
-        calls["link"] += 1
-        return real_link(self, *args, **kw)
-
-    def renameat(self: ioring.Ring, *args: Any, **kw: Any) -> Any:
-        calls["rename"] += 1
-        return real_rename(self, *args, **kw)
-
-    monkeypatch.setattr(ioring.Ring, "prep_linkat", linkat)
-    monkeypatch.setattr(ioring.Ring, "prep_renameat", renameat)
-    fds_before = set(os.listdir("/proc/self/fd"))
-    tier, view = make_tier(
-        tmp_path,
-        aligned_buffer(CHUNK * NCHUNKS),
-        max_inflight=8,
-        io_engine="io_uring",
-        tmpfile_pool=8,
-        durability=durability,
-    )
-    data = fill(view, 38)
-    ks = keys(8, "L")
-    async with tier:
-        pool = tier._pool
-        assert pool is not None
-        for _ in range(200):
-            if pool.ready == 8:
-                break
-            await asyncio.sleep(0.01)
-        assert pool.ready == 8
-        assert (await tier.offload(ks[:4], [0, 1, 2, 3])).ok
-        extra = tier.stats().extra
-        assert calls == {"link": 4, "rename": 0}, calls
-        assert "io_uring_retries" not in extra and "tmpfile_pool_empty" not in extra
-        blocker = chunk_file(tier, ks[5])
-        blocker.mkdir(parents=True)
-        (blocker / "x").write_bytes(b"x")
-        res = await tier.offload(ks[4:], [4, 5, 6, 7])
-        assert set(res.succeeded) >= {ks[4], ks[6], ks[7]}
-        assert tier.stats().extra.get("io_uring_retries") == 1
-        assert not [p for p in tier.dir.glob("??/*") if p.name.startswith(".tmp")]
-        view[8 * CHUNK :] = bytes(8 * CHUNK)
-        good = [0, 1, 2, 3, 4, 6, 7]
-        assert (await tier.load([ks[i] for i in good], [8 + i for i in good])).ok
-        assert [chunk(view, 8 + i) for i in good] == [data[i] for i in good]
-    assert not set(os.listdir("/proc/self/fd")) - fds_before, "pooled files closed, linked or not"
-
-
-@pytest.mark.skipif(_NO_RING is not None, reason=f"no io_uring: {_NO_RING}")
-async def test_the_ring_sees_a_failed_rename(tmp_path: Path) -> None:
-    """On Linux 6.18 a failed io_uring renameat neither breaks its link nor posts a
-    completion flagged skip-on-success, so a failed publish went unseen: the chunk was
-    reported stored under no name and its temporary file stayed. The ring now asks for the
-    rename's result: the failure (here: its name is taken by a non-empty directory) goes to
-    the thread path, which owns the outcome, and no temporary file is left. (No files made
-    ahead: with them the chain links instead of renaming, tested above.)"""
-    tier, view = make_tier(
-        tmp_path, aligned_buffer(CHUNK * NCHUNKS), max_inflight=4, io_engine="io_uring", tmpfile_pool=0
-    )
-    data = fill(view, 36)
-    ks = keys(4, "p")
-    async with tier:
-        blocker = chunk_file(tier, ks[1])
-        blocker.mkdir(parents=True)
-        (blocker / "x").write_bytes(b"x")
-        res = await tier.offload(ks, [0, 1, 2, 3])
-        assert tier.stats().extra.get("io_uring_retries") == 1
-        assert not [p for p in tier.dir.glob("??/*") if p.name.startswith(".tmp")]
-        assert set(res.succeeded) >= {ks[0], ks[2], ks[3]}
-        view[4 * CHUNK : 8 * CHUNK] = bytes(4 * CHUNK)
-        assert (await tier.load([ks[0], ks[2], ks[3]], [4, 5, 6])).ok
-        assert [chunk(view, 4), chunk(view, 5), chunk(view, 6)] == [data[0], data[2], data[3]]
-
-
-@pytest.mark.skipif(_NO_RING is not None, reason=f"no io_uring: {_NO_RING}")
+@pytest.mark.skipif(_NO_NATIVE is not None, reason=f"no native workers: {_NO_NATIVE}")
 async def test_a_recycle_check_cancelled_on_its_thread_leaves_no_stray_file(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """On a network file system the ring asks on a thread whether an evicted file may be
-    recycled, with that file already open in a ring slot under a temporary name. Cancelled
-    there (teardown), it closes the slot and removes the file before the cancellation goes on."""
+    """On a network file system the native engine asks on a thread whether an evicted file
+    may be recycled, with that file already open under a temporary name. Cancelled there
+    (the engine's workers cancelled, as at a teardown), the store closes and removes the
+    file before the cancellation goes on, and fails."""
     import asynctier.tiers.fs as fs_mod
 
     monkeypatch.setattr(fs_mod, "network_fs", lambda path: "nfs")
@@ -1328,27 +1105,30 @@ async def test_a_recycle_check_cancelled_on_its_thread_leaves_no_stray_file(
 
     per = HEADER_BLOCK + CHUNK
     tier, view = make_tier(
-        tmp_path, aligned_buffer(CHUNK * NCHUNKS), capacity_bytes=per, max_inflight=8, io_engine="io_uring"
+        tmp_path,
+        aligned_buffer(CHUNK * NCHUNKS),
+        capacity_bytes=per,
+        max_inflight=8,
+        io_engine="native",
+        tmpfile_pool=0,  # no pool refilling once the call ends: every new descriptor would be a leak
     )
     fill(view, 37)
     async with tier:
         assert (await tier.offload([b"victim"], [0])).ok
-        assert tier.index.reserve(b"new", per) == [b"victim"]  # what a store at capacity does first
         monkeypatch.setattr(FsTier, "_alone", slow_alone)
-        lring = tier._lring
-        assert lring is not None
-        slot = lring.take_slot()
-        task = asyncio.ensure_future(tier._ring_spare_from(b"victim", slot, os.O_WRONLY))
+        fds_before = set(os.listdir("/proc/self/fd"))
+        store = asyncio.ensure_future(tier.offload([b"new"], [1]))
         assert await asyncio.to_thread(entered.wait, 10)
-        task.cancel()
+        engine = tier._nengine
+        assert engine is not None
+        for task in engine._tasks:
+            task.cancel()
         release.set()
-        with pytest.raises(asyncio.CancelledError):
-            await task
-        lring.put_slot(slot)
-        tier.index.abort(b"new")
+        res = await store
+        assert list(res.failed) == [b"new"]
         assert [p.name for p in tier.dir.glob("??/*")] == []  # the victim's file, renamed away, is gone
-        monkeypatch.setattr(FsTier, "_alone", real_alone)
-        assert (await tier.offload(keys(1), [1])).ok
+        assert set(os.listdir("/proc/self/fd")) <= fds_before  # and its descriptor closed
+        assert tier.stats().evictions == 1
 
 
 async def test_no_recycling_while_another_tier_has_the_namespace_open(tmp_path: Path, io_engine: str) -> None:
@@ -1464,8 +1244,8 @@ def hold_victim_deletion(
 
         monkeypatch.setattr(tier, "_note_gone", held)
     else:
-        # the ring's chain, or the native jobs, unlink or rename the victims
-        method = "_native_write" if io_engine == "native" else "_ring_write"
+        # the native jobs unlink or rename the victims
+        method = "_native_write"
         async_write = getattr(tier, method)
 
         async def held_write(key: bytes, cid: int, victims: list[bytes]) -> None:
@@ -1572,7 +1352,7 @@ async def test_a_remove_while_the_same_key_is_stored_leaves_disk_and_index_agree
 
         monkeypatch.setattr(tier, "write_chunk", held)
     else:
-        method = "_native_write" if io_engine == "native" else "_ring_write"
+        method = "_native_write"
         async_write = getattr(tier, method)
 
         async def held_write(key: bytes, cid: int, victims: list[bytes]) -> None:

@@ -22,28 +22,14 @@ debris, the inode dies with its descriptor). No reader ever sees a partial chunk
 path operation goes through a shard directory descriptor held open for the tier's lifetime
 (``openat``/``renameat``/``unlinkat``), and the hot path does no ``stat``.
 
-Three engines move the bytes (``io_engine``; the default, ``"auto"``, takes the native
-workers wherever their extension is built — Linux with a C compiler at install — and
-otherwise io_uring from ``max_inflight`` 8 for chunks under 1 MiB where a ring can be set
-up, threads below that). ``"native"``: C worker threads (:mod:`asynctier.nativeio`) run
-each chunk's whole job — open or ``O_TMPFILE``, ``pwritev`` of header + payload with the
-payload's xxh3, [``fdatasync``], ``linkat`` or ``renameat``, [directory ``fsync``], close;
-open, ``preadv``, xxh3, close — without the GIL, under the tier's bound, and tell the event
-loop of finished jobs through an eventfd in batches; no Python runs between one job and the
-next. ``"threads"``: blocking system calls on ``max_inflight`` worker threads (open + pwritev +
-linkat + close; open + preadv + close). ``"io_uring"``: the event-loop thread writes one linked chain of io_uring
-entries per chunk — [unlink of an evicted chunk], open into a registered file slot,
-[``ftruncate`` to its final size, for chunks of 1 MiB or more: the O_DIRECT write then does
-not extend the file and need not wait in a kernel worker], ``writev`` of header + payload,
-[``fdatasync``], ``renameat``, [directory ``fsync``], close; or, where the pool has an
-unnamed file made ahead (``tmpfile_pool``), ``writev`` into it, [``fdatasync``], ``linkat``
-under its name, [directory ``fsync``]; a load is open, ``readv``, close — and hands each
-chain to the kernel as soon as it is prepared, in its own ``io_uring_enter``
-(:mod:`asynctier.ioring`). No Python thread waits on the disk, so the event loop is not
-starved of the GIL by I/O threads, and there are no per-syscall thread hand-offs. Any
-chain (or native job) that does not simply succeed (short write, ENOSPC, O_DIRECT refused,
-EIO) is handed to the thread path for one retry, which owns error classification, ENOSPC
-eviction and O_DIRECT fallback.
+Two engines move the bytes (``io_engine``, see :mod:`asynctier.io_engine`; the default,
+``"auto"``, takes the native workers wherever their extension is built, else threads).
+``"native"``: C worker threads (:mod:`asynctier.nativeio`) run each chunk's whole job without
+the GIL, under the tier's bound, and tell the event loop of finished jobs through an eventfd
+in batches. ``"threads"``: blocking system calls on ``max_inflight`` worker threads. Any
+native job that does not simply succeed (short write, ENOSPC, O_DIRECT refused, EIO) is
+handed to the thread path for one retry, which owns error classification, ENOSPC eviction
+and O_DIRECT fallback.
 
 Eviction at capacity recycles (``recycle``): the evicted chunk's file is renamed to a
 temporary name, overwritten with the new chunk and renamed under its key, so a full tier
@@ -52,7 +38,7 @@ other tier has the namespace open: each open tier holds a shared lock on
 ``ROOT/v1-<digest>/.owners``, and a file is overwritten only if, after it left its name,
 no one else holds that lock (then no one else can have it open, nor open it later). On a
 network file system (NFS, Lustre, ...; :func:`asynctier.posix_io.network_fs`) that lock
-query is a round trip to the server, so the io_uring engine makes it on a thread.
+query is a round trip to the server, so the native engine makes it on a thread.
 
 Sharing a root between processes (two servers on one host): files are immutable once
 published (while another tier has the namespace open, none is recycled), so readers never
@@ -100,9 +86,10 @@ from typing import Any, Literal
 
 import xxhash
 
-from asynctier import BlockingChunkTier, ChunkNotFoundError, IntegrityError, TierConfigError, engines, ioring, nativeio
+from asynctier import BlockingChunkTier, ChunkNotFoundError, IntegrityError, TierConfigError, engines, nativeio
 from asynctier.engines import Engine
 from asynctier.integrity import ChunkHeader, checksum, header_matches, key_token, pack_header
+from asynctier.io_engine import IoEngine, check_io_engine
 from asynctier.lru import LRUIndex
 from asynctier.posix_io import O_DIRECT, O_NOATIME, aligned_buffer, buffer_address, logical_block_size, network_fs
 from asynctier.spec import FORMAT_VERSION
@@ -132,13 +119,8 @@ _HASHED_TOKEN = re.compile(r"h[0-9a-f]{64}")
 _SAFE_HOST = re.compile(r"[^A-Za-z0-9.-]")
 _instance_seq = itertools.count()
 _ZEROS = bytes(HEADER_BLOCK)
-_RING_MIN_DEPTH = 8  # io_engine="auto" takes the ring from this max_inflight on
-_RING_MAX_CHUNK = 1 << 20  # ... for chunks smaller than this
 _POOL_TARGET = 64  # tmpfile_pool=None: unnamed files kept made ahead (one descriptor each)
 _POOL_HOLD_POLL_S = 1.0  # a held pool looks again this often unless woken (wake())
-_AT_FDCWD = -100
-_AT_SYMLINK_FOLLOW = 0x400  # linkat of /proc/self/fd/N: the file it names (an O_TMPFILE inode)
-_PRESIZE_MIN = 1 << 20  # the ring sizes new files of chunks this large before writing them
 
 
 def _close_all(fds: list[int]) -> None:
@@ -152,15 +134,14 @@ def _close_all(fds: list[int]) -> None:
 class _TmpfilePool:
     """Unnamed files (``O_TMPFILE``) made ahead of need by a background thread.
 
-    Creating a file is a journaled metadata operation; on ext4 here ``open(O_TMPFILE)``
-    took 43 us at the median but 252 us on average (waits on the journal), a third of a
-    256 KiB chunk's time at depth 1. Made ahead, off the chunk's latency path, it overlaps
-    the writes in flight, and files made during an idle spell (their inodes committed by
-    the journal since) take a burst of stores at nearly twice the speed of making them in
-    the burst. An unnamed inode can be linked under any name on its file system and dies
-    with its descriptor (or at the next mount after a crash): a pooled file is invisible and
-    costs no disk space until it is written and linked. ``hold``, where given, pauses the
-    making while it returns True (the io_uring engine's pool: while the tier is busy).
+    Creating a file is a journaled metadata operation that can wait on the journal, a
+    large share of a small chunk's time (docs/benchmarks.md). Made ahead, off the chunk's
+    latency path, it overlaps the writes in flight, and files made during an idle spell
+    take a burst of stores faster than making them in the burst. An unnamed inode can be
+    linked under any name on its file system and dies with its descriptor (or at the next
+    mount after a crash): a pooled file is invisible and costs no disk space until it is
+    written and linked. ``hold``, where given, pauses the
+    making while it returns True (the native engine's pool: while the tier is busy).
     """
 
     def __init__(
@@ -331,55 +312,29 @@ class FsTier(BlockingChunkTier):
             and can wait on the journal, on the latency path.
         stale_tmp_s: age after which another host's (or a live process's) temporary file is
             removed at ``open()``; those of dead local processes go at once.
-        io_engine: how offloads and loads reach the kernel. ``"native"``: C worker threads
-            (:mod:`asynctier.nativeio`) run each chunk's whole job, open to close with its
-            xxh3, holding no GIL, and report to the event loop in batches through an eventfd.
-            ``"threads"``: blocking system calls on ``max_inflight`` Python worker threads.
-            ``"io_uring"``: one io_uring driven from the event-loop thread
-            (:mod:`asynctier.ioring`); each chunk is one linked chain (open into a registered
-            slot, write or read, fsync, rename, close) handed to the kernel as soon as it is
-            ready (publication is by linkat of a file made ahead, see ``tmpfile_pool``, or by
-            rename of a temporary made in the chain). On every engine, removal, lookup, fsck
-            and the retry of anything that did not simply succeed run on threads.
-            ``"auto"`` (the default): native wherever the extension is built (Linux, built
-            at install with a C compiler); otherwise io_uring where a ring can be set up,
-            ``max_inflight >= 8``, chunks are under 1 MiB and ``publish`` is not
-            ``"tmpfile"``; threads otherwise. Why native: per chunk, Python threads pay a job
-            queue, a thread wake-up and a GIL hand-off per system call, and the ring's kernel
-            workers are capped at one per CPU. In a streaming offload into a full tier (256
-            KiB, asyncio, ``bench/results/loop_lag_native.md``) native moved 2.68 / 1.79
-            GB/s at depths 4 / 16 against 1.45 / 1.05 on threads and 0.81 / 0.94 on the
-            ring, with the loop's p99 lag at 0.47 / 2.28 ms against 3.23 / 11.79 and 1.67 /
-            1.63; single offload and load calls into an empty tier ran level with threads
-            within the disk's noise (two runs, bench/results/fs.md and fs_run2.md: 256 KiB
-            writes 0.55-0.84x of fio against 0.51-0.80x, reads 1.07-1.41x at depths 1-4
-            against 1.07-1.51x) and ahead of the ring.
+        io_engine: how offloads and loads reach the kernel (:mod:`asynctier.io_engine`).
+            ``"native"``: C worker threads (:mod:`asynctier.nativeio`) run each chunk's whole
+            job, open to close with its xxh3, holding no GIL, and report to the event loop
+            in batches through an eventfd; refused, with the reason, where they are not
+            built. ``"threads"``: blocking system calls on ``max_inflight`` Python worker
+            threads. ``"auto"`` (the default): native wherever the extension is built,
+            threads otherwise. Why native: per chunk, Python threads pay a job queue, a
+            thread wake-up and a GIL hand-off per system call, which the C workers do not
+            (figures: docs/benchmarks.md). On either engine, removal, lookup, fsck and the
+            retry of anything that did not simply succeed run on threads.
         worker_nice: how much the native workers raise their nice value (0-19; default 5).
             On a machine with fewer cores than workers (``max_inflight`` + up to one per
             CPU), a stream of writes keeps them all runnable, and at nice 0 the event-loop
-            thread waited its turn behind them: p99 lag 12-17 ms during a 256 KiB, depth 16
-            offload stream on 2 cores, 3.6-5.6 ms at nice 5-19, with no loss of throughput
-            (``bench/bench_loop_lag.py``; bench/README.md). Raising nice needs no privilege;
-            the workers are named ``asynctier-nio``.
+            thread waits its turn behind them (docs/benchmarks.md). Raising nice needs no
+            privilege; the workers are named ``asynctier-nio``.
         tmpfile_pool: how many unnamed ``O_TMPFILE`` files a background thread keeps made
-            ahead of need, so that a chunk's write does not wait for its file's creation
-            (the io_uring engine writes one and links it in with io_uring ``linkat``,
-            instead of making a file in the chain). None (default): 64; 0: none. Each costs an open descriptor
-            and an empty inode until used (no data blocks); a crash leaves nothing behind.
-            Chunks that find the pool empty make their own
-            (``stats().extra["tmpfile_pool_empty"]``). Measured on the bench disk (O_DIRECT,
-            empty tier, 256 MiB per offload, 3 interleaved runs, medians as ratios of fio;
-            bench/README.md, "fs tier"): at 256 KiB, offloads straight after ``open()`` ran
-            at 0.69-0.74x with a pool against 0.37x without at depth 1 and 0.55-0.68x
-            against 0.43-0.51x at depth 4, no different at depth 16 (one thread cannot keep
-            16 writers supplied); with the pool made ahead (a burst after an idle spell)
-            0.72-0.84x at depths 1-4 and 0.68-0.73x against 0.36-0.39x at depth 16, for as
-            many chunks as it holds. At 2 MiB it made no difference (0.85-1.01x either way).
-            On the io_uring engine (256 KiB, depth 16, 5 runs): 0.33x without, 0.45x with
-            a pool of 64, 0.81x with one made ahead. The io_uring engine's pool refills only
-            while no call is in progress: its thread would take the GIL from the event loop
-            the ring serves (offload p99 lag 5.1-6.7 ms against 1.5-2.2 ms held, asyncio,
-            256 KiB, depth 16), so a stream beyond the files made ahead makes its own.
+            ahead of need, so that a chunk's write does not wait for its file's creation (a
+            journaled metadata operation). None (default): 64; 0: none. Each costs an open
+            descriptor and an empty inode until used (no data blocks); a crash leaves
+            nothing behind. Chunks that find the pool empty make their own
+            (``stats().extra["tmpfile_pool_empty"]``). On the native engine the pool refills
+            only while no call is in progress: its thread would take the GIL from the event
+            loop, so a stream beyond the files made ahead makes its own (docs/benchmarks.md).
         recycle: what eviction does with the file of the chunk it evicts to make room for a
             store. ``"auto"`` (default): recycle it when ``verify=True``; ``True``: recycle it;
             ``False``: unlink it. Recycling renames the file away from its name, then the
@@ -413,7 +368,7 @@ class FsTier(BlockingChunkTier):
         scan_sync_limit: int = 50_000,
         lru_times: bool = True,
         stale_tmp_s: float = 3600.0,
-        io_engine: Literal["auto", "threads", "io_uring", "native"] = "auto",
+        io_engine: str = "auto",
         worker_nice: int = 5,
         tmpfile_pool: int | None = None,
         recycle: bool | Literal["auto"] = "auto",
@@ -431,13 +386,7 @@ class FsTier(BlockingChunkTier):
         if isinstance(worker_nice, bool) or not isinstance(worker_nice, int) or not 0 <= worker_nice <= 19:
             raise TierConfigError(f"worker_nice must be an int from 0 to 19; got {worker_nice!r}")
         self.worker_nice = worker_nice
-        if io_engine not in ("auto", "threads", "io_uring", "native"):
-            raise TierConfigError(f"io_engine must be 'auto', 'threads', 'io_uring' or 'native'; got {io_engine!r}")
-        if io_engine == "io_uring" and publish == "tmpfile":
-            raise TierConfigError(
-                "io_engine='io_uring' publishes by rename when no file made ahead is ready; "
-                "it cannot be combined with publish='tmpfile'"
-            )
+        self.io_engine: IoEngine = check_io_engine(self.tier_type, io_engine)
         if not isinstance(root, (str, os.PathLike)) or not str(root):
             raise TierConfigError(f"root must be a directory path; got {root!r}")
         if direct_io not in ("auto", True, False):
@@ -482,17 +431,11 @@ class FsTier(BlockingChunkTier):
         self._scan_lock = threading.Lock()
         self._gone_during_scan: set[bytes] = set()
         self._touched: dict[bytes, int] = {}  # key -> time of last use (ns), stamped at close
-        self.io_engine = io_engine
-        self._ring_mode = False
         self._native_mode = False
         self._nengine: nativeio.NativeEngine | None = None
         self._nhb: memoryview | None = None  # one header block per native job slot
         self._nhb_addr = 0
-        self._lring: ioring.LoopRing | None = None
-        self._ring_hb: memoryview | None = None
-        self._ring_iovs: ioring.IovecTable | None = None  # one row per ring file slot
-        self._hb_addr = self._view_addr = 0
-        self._ring_presize = False  # the ring sizes a new file before its O_DIRECT write
+        self._view_addr = 0
         # Reads leave the access time alone: recency lives in mtime (see lru_times), and
         # relatime would otherwise dirty the inode of every chunk on its first load after a
         # store (a journal handle inside the read, inode-table writes at the next commit).
@@ -581,16 +524,14 @@ class FsTier(BlockingChunkTier):
             target = self.tmpfile_pool
             if target is None:
                 target = _POOL_TARGET
-            if target and self._use_tmpfile:  # the ring links them with io_uring linkat
+            if target and self._use_tmpfile:
                 flags = os.O_WRONLY | (O_DIRECT if self._use_direct else 0)
                 hold = None
-                if self._ring_mode or self._native_mode:
-                    # The ring refills its pool only while the tier is idle: a Python thread
-                    # making files during a stream takes the GIL from the event loop, the very
-                    # thing the ring is there to avoid. Paired lag runs on a quiet host (256 KiB,
-                    # depth 16, 6 pairs per loop): offload p99 3.2-4.6 ms (uvloop) and 5.1-6.7
-                    # ms (asyncio) refilling throughout, 1.0-1.4 and 1.8-4.6 ms with no pool, for
-                    # 15% more throughput. Files made while idle still take the next burst.
+                if self._native_mode:
+                    # The native engine's pool refills only while the tier is idle: a Python
+                    # thread making files during a stream takes the GIL from the event loop,
+                    # which the C workers otherwise leave alone (docs/benchmarks.md). Files
+                    # made while idle still take the next burst.
                     me = weakref.ref(self)  # the thread must not keep a dropped tier alive
 
                     def hold() -> bool:
@@ -905,7 +846,7 @@ class FsTier(BlockingChunkTier):
     def _became_idle(self) -> None:
         pool = self._pool
         if pool is not None:
-            pool.wake()  # a held pool (the ring's) refills now, not at its next look
+            pool.wake()  # a held pool (the native engine's) refills now, not at its next look
 
     def stats(self) -> TierStats:
         """The common counters; ``extra["tmpfile_pool_ready"]``: files made ahead, not yet used."""
@@ -915,45 +856,25 @@ class FsTier(BlockingChunkTier):
             s.extra["tmpfile_pool_ready"] = pool.ready
         return s
 
-    # -- io_uring engine ----------------------------------------------------------------------
+    # -- engines ----------------------------------------------------------------------------
     @property
     def active_io_engine(self) -> str:
-        """``"io_uring"``, ``"native"`` or ``"threads"``: what ``io_engine`` resolved to at ``open()``."""
-        return "io_uring" if self._ring_mode else "native" if self._native_mode else "threads"
+        """``"native"`` or ``"threads"``: what ``io_engine`` resolved to at ``open()``."""
+        return "native" if self._native_mode else "threads"
 
     def _make_engine(self) -> Engine:
-        self._ring_mode = self._native_mode = False
+        self._native_mode = False
         native_why = nativeio.problem()
         if self.io_engine == "native" and native_why is not None:
             raise TierConfigError(f"io_engine='native' but native I/O workers are unavailable here: {native_why}")
-        if self.io_engine == "native" or (self.io_engine == "auto" and native_why is None):
-            # measured (bench/results/fs.md): C workers doing whole jobs reach fio where Python
-            # threads and the ring do not, and hold no GIL, so the loop keeps its latency
-            self._native_mode = True
-            self._nengine = nativeio.NativeEngine(
-                self.max_inflight or 1, name=f"asynctier-{self.tier_type}", nice=self.worker_nice
-            )
-            return self._nengine
-        why = ioring.problem() if self.io_engine != "threads" else "io_engine='threads'"
-        if self.io_engine == "io_uring" and why is not None:
-            raise TierConfigError(f"io_engine='io_uring' but io_uring is unavailable here: {why}")
-        if self.io_engine == "auto" and (self.max_inflight or 1) < _RING_MIN_DEPTH:
-            # measured (bench/results/fs.md): below this depth a chain's hand-offs through the
-            # kernel's workers cost more latency than the ring saves, and a few threads do
-            # not starve the event loop
-            why = f"max_inflight < {_RING_MIN_DEPTH}"
-        elif self.io_engine == "auto" and self.offloading_spec.chunk_bytes >= _RING_MAX_CHUNK:
-            # large chunks: few per second, so 16 threads leave the loop its GIL share (2 MiB
-            # depth 16, offload p99 2.8-3.8 ms on threads vs 2.0-6.9 on the ring, loads
-            # 1.4-3.3 vs 4.2-5.4, two loop-lag runs) and wrote faster in three bench_fs runs
-            # (0.64-0.80x of fio vs 0.55-0.73x)
-            why = f"chunks of {_RING_MAX_CHUNK >> 20} MiB or more"
-        self._ring_mode = why is None and self.publish != "tmpfile"
-        if not self._ring_mode:
+        if self.io_engine == "threads" or native_why is not None:
             return super()._make_engine()
-        # the bound, priorities and cancellation stay the runtime's: its async engine runs
-        # one coroutine per in-flight chunk, each awaiting its chain on the ring
-        return engines.AsyncEngine(self.max_inflight or 1, name=f"asynctier-{self.tier_type}")
+        # C workers doing whole jobs hold no GIL, so the loop keeps its latency (docs/benchmarks.md)
+        self._native_mode = True
+        self._nengine = nativeio.NativeEngine(
+            self.max_inflight or 1, name=f"asynctier-{self.tier_type}", nice=self.worker_nice
+        )
+        return self._nengine
 
     async def _open_medium(self) -> None:
         await super()._open_medium()
@@ -962,338 +883,12 @@ class FsTier(BlockingChunkTier):
             self._nhb = aligned_buffer(HEADER_BLOCK * self._nengine.pool.slots)
             self._nhb_addr = buffer_address(self._nhb)
             self._view_addr = buffer_address(self._view)
-        if self._ring_mode:
-            slots = self.max_inflight or 1
-            try:
-                # A chain is at most 16 entries; 8 per slot leaves room for a batch of them.
-                # Each chain is submitted as soon as it is prepared: chunks are separate files,
-                # so one io_uring_enter for many gains no merging, and waiting for the end of
-                # the loop iteration held each chain behind up to wake_batch chunks' Python.
-                # A/B in one process, 256 KiB, cold loads: 1.11x at depth 8 (6 of 8 pairs faster)
-                # and at 16 (8 of 8, and 6 of 6 in an earlier run); offloads unchanged (1.00x,
-                # 8 pairs at each depth).
-                self._lring = ioring.LoopRing(
-                    entries=max(64, 1 << (8 * slots - 1).bit_length()), files=slots, eager_submit=True
-                )
-                weakref.finalize(self, self._lring.abandon)  # dropped without aclose(): no leak
-            except BaseException:
-                await super()._close_medium()
-                raise
-            if self._pool is not None and not self._lring.ring.supports(ioring.OP_LINKAT):
-                self._pool.close()  # no io_uring linkat (Linux < 5.15): named temporaries only
-                self._pool = None
-            self._ring_hb = aligned_buffer(HEADER_BLOCK * slots)
-            self._ring_iovs = ioring.IovecTable(slots)
-            # addresses by arithmetic on the hot path, not a buffer export per chunk
-            self._hb_addr = buffer_address(self._ring_hb)
-            self._view_addr = buffer_address(self._view)
-            # An O_DIRECT write that extends its file cannot be issued without waiting (the
-            # size changes at completion), so the kernel hands it to one of the ring's few
-            # workers (one per CPU), which waits out the whole transfer: new files were
-            # written two at a time. Sized first, the write lies within the file and is
-            # issued without waiting: empty-tier offloads at 2 MiB depth 16 went from
-            # 0.41-0.61 to 0.50-0.85 GB/s (A/B, one process, five pairs). But the write's
-            # block allocation and page pinning then run on the loop thread (submission took
-            # 2-3x longer per chunk, 13-18 -> 28-61 us at 256 KiB), which at 256 KiB raised
-            # the loop's p99 lag in 3 of 3 paired runs at the lag bench's capacity (1 of 2
-            # with an unbounded one) for a mixed throughput gain: only
-            # chunks of _PRESIZE_MIN or more are sized. Not on a network file system, where
-            # the size change is another round trip to the server.
-            self._ring_presize = (
-                self.offloading_spec.chunk_bytes >= _PRESIZE_MIN
-                and self._lring.ring.supports(ioring.OP_FTRUNCATE)
-                and self._network_fs is None
-            )
-
-    async def _close_medium(self) -> None:
-        lring, self._lring = self._lring, None
-        if lring is not None:
-            await lring.aclose()
-        iovs, self._ring_iovs = self._ring_iovs, None
-        if iovs is not None:
-            iovs.close()
-        await super()._close_medium()
 
     def _job_fn(self, op: str) -> Callable[..., Any]:
         if self._native_mode:
             assert self._nengine is not None
             return self._coroutine_job_fn(op, self._native_store_job, self._native_load_job, self._nengine.blocking)
-        if not self._ring_mode:
-            return super()._job_fn(op)
-        return self._coroutine_job_fn(op, self._ring_store_job, self._ring_load_job)
-
-    def _slot_hb(self, slot: int) -> memoryview:
-        assert self._ring_hb is not None
-        return self._ring_hb[slot * HEADER_BLOCK : (slot + 1) * HEADER_BLOCK]
-
-    async def _ring_store_job(self, key: bytes, cid: int, t0: float) -> None:
-        await self._async_store(key, t0, lambda victims: self._ring_write(key, cid, victims))
-
-    async def _ring_spare_from(self, victim: bytes, slot: int, flags: int) -> tuple[tuple[int, bytes] | None, bool]:
-        """:meth:`_spare_from` on the ring: one chain opens the victim's file into ``slot`` and
-        renames it away; then decide. Returns (the spare, open in ``slot``; or None with the
-        slot closed) and whether the victim is still to be evicted by unlink (it could not be
-        opened: not a regular file, say)."""
-        lring = self._lring
-        assert lring is not None
-        self._note_gone(victim)
-        vfd, vname = self._name(victim)
-        spare = f"{self._tmp_tag}{next(self._tmp_seq)}".encode()
-        bvname = vname.encode()
-
-        def prep(ring: ioring.Ring, ud: int) -> list[Any]:
-            return [
-                ring.prep_openat(ud, vfd, bvname, flags, slot=slot, sqe_flags=ioring.IOSQE_IO_LINK),
-                ring.prep_renameat(ud + 1, vfd, bvname, vfd, spare),
-            ]
-
-        r_open, r_rename = await lring.run(2, prep)
-        if r_open is not None and r_open < 0:
-            if r_open == -errno.ENOENT:
-                self._evicted(victim, None)
-                return None, False
-            return None, True
-        if r_rename == 0:
-            self._evicted(victim, None)
-
-            def drop(ring: ioring.Ring, ud: int) -> Any:
-                ring.prep_close(ud, slot=slot, sqe_flags=ioring.IOSQE_IO_HARDLINK)
-                return ring.prep_unlinkat(ud + 1, vfd, spare)
-
-            try:
-                # the check queries a lock: on a network file system that is a round trip to
-                # the server, which must not stall the event loop
-                if self._network_fs:
-                    recycle = await asyncio.to_thread(self._may_recycle, victim)
-                else:
-                    recycle = self._may_recycle(victim)
-            except BaseException:  # cancelled while on the thread: no open slot, no stray file
-                await lring.run(2, drop)
-                raise
-            if recycle:
-                return (vfd, spare), False
-            await lring.run(2, drop)
-            return None, False
-        r = r_rename or 0
-        self._evicted(victim, None if r == -errno.ENOENT else OSError(-r, os.strerror(-r)))
-        await lring.run(1, lambda ring, ud: ring.prep_close(ud, slot=slot))
-        return None, False
-
-    async def _ring_write(self, key: bytes, cid: int, victims: list[bytes]) -> None:
-        """Evict ``victims``, then write ``key`` as one chain: unlink.. open, writev, [fdatasync],
-        renameat, [fsync dir], close. Where the first victim's file may be recycled, a chain
-        before opens it and renames it away, and this one overwrites it instead of making a
-        new file. Else, where the pool has an unnamed file made ahead, the chain writes that
-        and links it under its name (writev, [fdatasync], linkat, [fsync dir]; closed here):
-        no file is made in the chain, which took one of the ring's few kernel workers for a
-        journaled create. Anything short of success goes to the blocking path."""
-        lring = self._lring
-        assert lring is not None
-        if len(victims) > 4:  # a chain holds 16 entries; a burst of evictions goes to a thread
-
-            def evict_all() -> None:
-                for v in victims:
-                    self._evict(v)
-
-            # to its end even if cancelled: the victims count as being removed until it is over
-            await engines.finish_on_thread(evict_all)
-            victims = []
-        data = self._chunk(cid)
-        addr = self._view_addr + cid * self.offloading_spec.chunk_bytes
-        dfd, name = self._name(key)
-        direct = self._direct_for(data, addr)
-        sync = self.durability == "fsync"
-        wflags = os.O_WRONLY | (O_DIRECT if direct else 0)
-        # hashed before a slot is taken: a cancellation here leaves nothing to undo
-        if data.nbytes >= engines.HASH_ON_THREAD_BYTES:
-            csum = await engines.finish_on_thread(checksum, data)
-        else:
-            csum = checksum(data)
-        slot = lring.take_slot()
-        spare: tuple[int, bytes] | None = None
-        pooled: int | None = None  # an unnamed file made ahead: a plain descriptor, ours to close
-        try:
-            if victims and self._recycle_on:
-                spare, unlink_it = await self._ring_spare_from(victims[0], slot, wflags)
-                if not unlink_it:
-                    victims = victims[1:]
-            presize = spare is None and direct and self._ring_presize
-            pool = self._pool
-            if spare is None and not presize and pool is not None and pool.flags == wflags:
-                pooled = pool.take()
-                if pooled is None:
-                    self._stats.incr("tmpfile_pool_empty")
-            hb = self._slot_hb(slot)
-            packed = pack_header(key, data.nbytes, csum, self.offloading_spec.layout_digest)
-            hb[: len(packed)] = packed  # ~100 bytes of header, not chunk data
-            hb[len(packed) :] = _ZEROS[len(packed) :]
-            if pooled is not None:
-                src_fd, src = _AT_FDCWD, f"/proc/self/fd/{pooled}".encode()
-            elif spare is None:
-                src_fd, src = dfd, f"{self._tmp_tag}{next(self._tmp_seq)}".encode()
-            else:  # open in the slot already, and of this size: overwritten, not extended
-                src_fd, src = spare
-            bname = name.encode()
-            assert self._ring_iovs is not None
-            iov = self._ring_iovs.pair(slot, self._hb_addr + slot * HEADER_BLOCK, HEADER_BLOCK, addr, data.nbytes)
-            vnames = [self._name(v) for v in victims]
-            for v in victims:
-                self._note_gone(v)
-            oflags = wflags | os.O_CREAT | os.O_EXCL
-            LINK, FIXED = ioring.IOSQE_IO_LINK, ioring.IOSQE_FIXED_FILE
-            # Open and write report only a failure (no wake-up per step), and such a failure
-            # ends the chain (a short write counts as one); the close ends it otherwise, so
-            # a slot is never reused before its file is closed. Unlink, sizing, rename, link
-            # and fsync always report: a failed unlinkat, renameat or ftruncate breaks no link
-            # on Linux 6.18 and, flagged skip-on-success, went unseen (the ring refuses the
-            # flag on them now): a failed rename reported the chunk stored under no name. A
-            # failed sizing is harmless: the write then extends the file, or fails itself.
-            SKIP = ioring.IOSQE_CQE_SKIP_SUCCESS
-            nv = len(victims)
-            at: dict[str, int] = {}
-            nxt = nv
-            publish = "link" if pooled is not None else "rename"
-            stages = (("open", spare is None and pooled is None), ("size", presize), ("write", True),
-                      ("datasync", sync), (publish, True), ("dirsync", sync), ("close", pooled is None))  # fmt: skip
-            for stage, wanted in stages:
-                if wanted:
-                    at[stage] = nxt
-                    nxt += 1
-            n = nxt
-            wfd, wfixed = (pooled, 0) if pooled is not None else (slot, FIXED)
-
-            def link(stage: str) -> int:  # the last entry links to nothing (see LoopRing.run)
-                return LINK if at[stage] != n - 1 else 0
-
-            def prep(ring: ioring.Ring, ud: int) -> list[Any]:
-                keep = []
-                for i, (vfd, vname) in enumerate(vnames):  # a failed unlink does not stop the write
-                    keep.append(ring.prep_unlinkat(ud + i, vfd, vname.encode(), sqe_flags=ioring.IOSQE_IO_HARDLINK))
-                if "open" in at:
-                    keep.append(
-                        ring.prep_openat(ud + at["open"], dfd, src, oflags, 0o644, slot=slot, sqe_flags=LINK | SKIP)
-                    )
-                if presize:
-                    size = HEADER_BLOCK + data.nbytes
-                    ring.prep_ftruncate(ud + at["size"], slot, size, sqe_flags=LINK | FIXED)
-                ring.prep_rw(ud + at["write"], True, wfd, iov, 0, sqe_flags=LINK | wfixed | SKIP)
-                if sync:
-                    ring.prep_fsync(ud + at["datasync"], wfd, datasync=True, sqe_flags=LINK | wfixed)
-                if pooled is not None:
-                    keep.append(ring.prep_linkat(ud + at["link"], src_fd, src, dfd, bname, _AT_SYMLINK_FOLLOW,
-                                                 sqe_flags=link("link")))  # fmt: skip
-                else:
-                    keep.append(
-                        ring.prep_renameat(ud + at["rename"], src_fd, src, dfd, bname, sqe_flags=link("rename"))
-                    )
-                if sync:
-                    ring.prep_fsync(ud + at["dirsync"], dfd, datasync=False, sqe_flags=link("dirsync"))
-                if pooled is None:
-                    ring.prep_close(ud + at["close"], slot=slot)
-                return keep
-
-            ends = tuple(at[stage] for stage in ("open", "write") if stage in at)
-            res = await lring.run(n, prep, keep=(iov, data), ends_on_report=ends)
-            for v, r in zip(victims, res[:nv]):
-                self._evicted(v, None if r in (None, 0, -errno.ENOENT) else OSError(-r, os.strerror(-r)))
-            r_open = res[at["open"]] if "open" in at else None
-            r_write, r_publish = res[at["write"]], res[at[publish]]
-            r_sync = [res[at["datasync"]], res[at["dirsync"]]] if sync else []
-            opened = r_open is None or r_open >= 0
-            if pooled is None and res[-1] != 0 and opened:  # the chain broke before its close: close the slot now
-                await lring.run(1, lambda ring, ud: ring.prep_close(ud, slot=slot))
-            ok = (
-                opened
-                and r_write in (None, HEADER_BLOCK + data.nbytes)
-                and r_publish in (None, 0)
-                and all(r in (None, 0) for r in r_sync)
-            )
-        except BaseException:
-            if pooled is not None:  # cancelled: the chain has finished (run waits for it)
-                await engines.finish_on_thread(os.close, pooled)  # unlinked, it frees its blocks
-            raise
-        finally:
-            lring.put_slot(slot)
-        if pooled is not None and r_publish in (None, 0):
-            os.close(pooled)  # linked: nothing to free (6 us median, 42 us max of 500 measured)
-            pooled = None
-        if ok:
-            if spare is not None:
-                self._stats.incr("recycled")
-            return
-        # the blocking path sorts it out: removes our temporary file, then writes (ENOSPC
-        # eviction, O_DIRECT refusal and the error to report all live there)
-        self._stats.incr("io_uring_retries")
-        # a failed open or write cancels the rename or link (it reports -ECANCELED); a
-        # failed fsync may not, and then a file of unknown durability is published: it goes too
-        published = r_publish in (None, 0)
-
-        def retry() -> None:
-            if pooled is not None:
-                os.close(pooled)  # never linked: its inode and blocks go with it
-            if opened:
-                try:
-                    if published:
-                        os.unlink(name, dir_fd=dfd)
-                    elif pooled is None:
-                        os.unlink(src, dir_fd=src_fd)
-                except FileNotFoundError:
-                    pass
-            self.write_chunk(key, data)
-
-        await engines.finish_on_thread(retry)  # it reads the caller's buffer: runs to its end
-
-    async def _ring_load_job(self, key: bytes, cid: int, t0: float) -> None:
-        if self._scanning or self.shared:
-            entry = await asyncio.to_thread(self._pin_for_load, key)  # may look on disk
-        else:
-            entry = self._pin_for_load(key)
-        await self._async_load(
-            key, t0, lambda: self._ring_read(key, cid), lambda: asyncio.to_thread(self.delete_chunk, key), entry
-        )
-
-    async def _ring_read(self, key: bytes, cid: int) -> None:
-        """One chain: open (into a slot), readv header + payload, close; then verify."""
-        lring = self._lring
-        assert lring is not None
-        out = self._chunk(cid)
-        addr = self._view_addr + cid * self.offloading_spec.chunk_bytes
-        dfd, name = self._name(key)
-        # a refused O_NOATIME (EPERM) fails the chain and is mended on the thread retry
-        flags = self._read_flags | (O_DIRECT if self._direct_for(out, addr) else 0)
-        slot = lring.take_slot()
-        try:
-            hb = self._slot_hb(slot)
-            assert self._ring_iovs is not None
-            iov = self._ring_iovs.pair(slot, self._hb_addr + slot * HEADER_BLOCK, HEADER_BLOCK, addr, out.nbytes)
-            bname = name.encode()
-
-            def prep(ring: ioring.Ring, ud: int) -> Any:
-                skip = ioring.IOSQE_CQE_SKIP_SUCCESS
-                keep = ring.prep_openat(ud, dfd, bname, flags, slot=slot, sqe_flags=ioring.IOSQE_IO_LINK | skip)
-                # a failed read still closes the slot (hard link)
-                ring.prep_rw(ud + 1, False, slot, iov, 0, sqe_flags=ioring.IOSQE_IO_HARDLINK | ioring.IOSQE_FIXED_FILE)
-                ring.prep_close(ud + 2, slot=slot)
-                return keep
-
-            r_open, got, r_close = await lring.run(3, prep, keep=(iov, out), ends_on_report=(0,))
-            opened = r_open is None or r_open >= 0
-            if r_close != 0 and opened:
-                await lring.run(1, lambda ring, ud: ring.prep_close(ud, slot=slot))
-            if r_open == -errno.ENOENT:
-                raise ChunkNotFoundError(f"no chunk stored under key {key.hex()[:32]}", key)
-            if opened and got is not None and got >= 0:
-                # the header is still in this slot's buffer: the slot is held until checked
-                if out.nbytes >= engines.HASH_ON_THREAD_BYTES and self.verify:
-                    await engines.finish_on_thread(self._check_read, key, hb, out, got)
-                else:
-                    self._check_read(key, hb, out, got)
-                return
-        finally:
-            lring.put_slot(slot)
-        self._stats.incr("io_uring_retries")
-        # errors and O_DIRECT refusal live there; it fills the caller's buffer: runs to its end
-        await engines.finish_on_thread(self.read_chunk, key, out)
+        return super()._job_fn(op)
 
     # -- native engine ------------------------------------------------------------------------
     def _native_slot_hb(self, slot: int) -> memoryview:
