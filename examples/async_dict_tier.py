@@ -1,12 +1,13 @@
 """A custom tier whose primitives are coroutines (for tiers built on async clients).
 
-Chunks live in a dict; each primitive yields to the event loop as an async client would.
+Chunks live in a dict; each primitive yields to the event loop as an async client would
+(through anyio, so the tier runs on asyncio, uvloop and trio).
 Use it with: {"type": "AsyncDictTier", "module_path": "async_dict_tier"}
 """
 
 from __future__ import annotations
 
-import asyncio
+import anyio
 from typing import Any
 
 from asynctier import AsyncChunkTier, ChunkNotFoundError
@@ -18,11 +19,11 @@ class AsyncDictTier(AsyncChunkTier):
         self._chunks: dict[bytes, bytes] = {}
 
     async def write_chunk(self, key: bytes, data: memoryview) -> None:
-        await asyncio.sleep(0)  # where a real client would await the network
+        await anyio.sleep(0)  # where a real client would await the network
         self._chunks[key] = bytes(data)
 
     async def read_chunk(self, key: bytes, out: memoryview) -> None:
-        await asyncio.sleep(0)
+        await anyio.sleep(0)
         try:
             out[:] = self._chunks[key]
         except KeyError:

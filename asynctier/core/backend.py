@@ -1,0 +1,184 @@
+"""The few places where the runtime meets the event loop, for asyncio (uvloop) and trio alike.
+
+Everything else is written on anyio. Two things anyio does not offer are here:
+
+* :func:`loop_caller` — run a callback on the event loop's thread *from a worker thread, without
+  blocking that thread* (asyncio: ``call_soon_threadsafe``; trio: ``TrioToken.run_sync_soon``).
+  anyio's ``from_thread.run_sync`` waits for the loop, which would stall an I/O worker.
+* :func:`wait_uninterrupted` — wait for an event through any number of cancellations. anyio's
+  shielded scopes stop anyio and trio cancellation, but on asyncio a plain ``task.cancel()``
+  (``wait_for``, ``asyncio.timeout``) still interrupts a shielded wait; this waits again.
+
+Both serve one rule (docs/cancellation.md): a cancelled call returns only after every I/O that
+touches the caller's buffer has finished.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol, TypeVar
+
+import anyio
+import sniffio
+
+__all__ = [
+    "CloseHandle",
+    "LoopCaller",
+    "start_close",
+    "loop_caller",
+    "run_on_thread_to_end",
+    "run_to_completion",
+    "wait_uninterrupted",
+]
+
+T = TypeVar("T")
+
+
+class LoopCaller(Protocol):
+    def __call__(self, fn: Callable[[], object], /) -> None: ...
+
+
+def loop_caller() -> LoopCaller:
+    """For the running event loop: a function that schedules ``fn()`` on the loop's thread
+    from any thread. Once the loop is gone, the call is dropped (nobody waits any more)."""
+    library = sniffio.current_async_library()
+    if library == "trio":
+        import trio
+
+        token = trio.lowlevel.current_trio_token()
+
+        def call_trio(fn: Callable[[], object]) -> None:
+            try:
+                token.run_sync_soon(fn)
+            except trio.RunFinishedError:
+                pass
+
+        return call_trio
+    if library == "asyncio":
+        loop = asyncio.get_running_loop()
+
+        def call_asyncio(fn: Callable[[], object]) -> None:
+            try:
+                loop.call_soon_threadsafe(fn)
+            except RuntimeError:  # the loop is closed
+                pass
+
+        return call_asyncio
+    raise RuntimeError(f"asynctier runs on asyncio (uvloop) and trio; got {library!r}")
+
+
+async def wait_uninterrupted(event: anyio.Event) -> BaseException | None:
+    """Wait until ``event`` is set, whatever cancellation comes; return the first
+    cancellation that came (the caller re-raises it), or None."""
+    cancelled: BaseException | None = None
+    while not event.is_set():
+        try:
+            with anyio.CancelScope(shield=True):
+                await event.wait()
+        except anyio.get_cancelled_exc_class() as e:  # asyncio's task.cancel() pierces the shield
+            if cancelled is None:
+                cancelled = e
+    return cancelled
+
+
+_shared_executor: concurrent.futures.ThreadPoolExecutor | None = None
+
+
+def _default_executor() -> concurrent.futures.ThreadPoolExecutor:
+    global _shared_executor
+    if _shared_executor is None:
+        # slow paths only (open, close, listing, rare fallbacks); chunk I/O has its own workers
+        _shared_executor = concurrent.futures.ThreadPoolExecutor(32, thread_name_prefix="asynctier-blocking")
+    return _shared_executor
+
+
+async def run_on_thread_to_end(
+    fn: Callable[..., T], *args: Any, executor: concurrent.futures.Executor | None = None
+) -> T:
+    """``fn(*args)`` on a thread of ``executor`` (default: a shared pool for slow paths).
+
+    If the caller is cancelled before ``fn`` started, it never starts. Once it runs, it runs
+    to its end before the cancellation goes on (it may touch the caller's buffer or hold the
+    medium's descriptors); its own outcome is then dropped.
+    """
+    done = anyio.Event()
+    call = loop_caller()
+    fut = (executor or _default_executor()).submit(fn, *args)
+    fut.add_done_callback(lambda _: call(done.set))
+    try:
+        await done.wait()
+    except anyio.get_cancelled_exc_class():
+        if not fut.cancel():  # it started: wait for its end
+            await wait_uninterrupted(done)
+        raise
+    return fut.result()
+
+
+async def run_to_completion(fn: Callable[[], Awaitable[T]]) -> T:
+    """Run ``fn()`` to its end even if the caller is cancelled meanwhile; then re-raise the
+    cancellation (for closing and undoing, which must never stop half-way).
+
+    trio and anyio honour a shielded scope; asyncio's ``task.cancel()`` does not, so there the
+    work runs as a task of its own that the caller waits for.
+    """
+    if sniffio.current_async_library() != "asyncio":
+        with anyio.CancelScope(shield=True):
+            return await fn()
+    task = asyncio.ensure_future(fn())
+    cancelled: BaseException | None = None
+    while not task.done():
+        try:
+            await asyncio.shield(task)
+        except asyncio.CancelledError as e:
+            if task.done():
+                break
+            cancelled = cancelled or e
+    if cancelled is not None:
+        if not task.cancelled():
+            task.exception()  # retrieved: the cancellation wins
+        raise cancelled
+    return task.result()
+
+
+class CloseHandle:
+    """A close in progress that several callers wait for (:func:`start_close`).
+
+    asyncio: the close is a task of its own, so a cancelled waiter returns at once and the
+    close goes on. trio has no detached tasks: the first waiter runs the close in a shielded
+    scope and the others wait for it.
+    """
+
+    def __init__(self, fn: Callable[[], Awaitable[None]]) -> None:
+        self._fn: Callable[[], Awaitable[None]] | None = fn
+        self._task: asyncio.Future[None] | None = None
+        self._done = anyio.Event()
+        self._error: BaseException | None = None
+        if sniffio.current_async_library() == "asyncio":
+            self._task = asyncio.ensure_future(fn())
+            self._task.add_done_callback(lambda t: t.cancelled() or t.exception())  # waiters re-raise it
+            self._fn = None
+
+    async def wait(self) -> None:
+        """Until the close is over; its failure, if any, is raised to every waiter."""
+        if self._task is not None:
+            await asyncio.shield(self._task)
+            return
+        fn, self._fn = self._fn, None
+        if fn is not None:  # the first waiter runs it
+            with anyio.CancelScope(shield=True):
+                try:
+                    await fn()
+                except BaseException as e:
+                    self._error = e
+                finally:
+                    self._done.set()
+        await self._done.wait()
+        if self._error is not None:
+            raise self._error
+
+
+def start_close(fn: Callable[[], Awaitable[None]]) -> CloseHandle:
+    """Begin ``fn()`` so that no caller's cancellation stops it half-way."""
+    return CloseHandle(fn)

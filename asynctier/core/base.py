@@ -1,0 +1,403 @@
+"""The runtime every helper-based tier inherits: common parameters, lifecycle, the contract's
+argument checks, the scheduler, stats.
+
+:class:`ChunkTier` runs each call as jobs on the tier's engine (:mod:`asynctier.core.engine_base`)
+and turns their outcomes into a :class:`~asynctier.stats.TransferResult`. Tier authors subclass
+:class:`~asynctier.core.blocking.BlockingChunkTier` or :class:`~asynctier.core.coroutine.AsyncChunkTier`
+instead; the hooks a subclass may override are listed in docs/writing-a-tier.md.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import weakref
+from collections.abc import Callable, Sequence
+from typing import Any, ClassVar, Literal
+
+import anyio
+
+from ..contract import SecondaryTierManager
+from ..errors import BackpressureError, TierClosedError, TierConfigError, TierNotOpenError
+from ..lru import LRUIndex
+from ..spec import OffloadingSpec
+from ..stats import StatsRecorder, TierStats, TransferResult
+from .backend import CloseHandle, run_to_completion, start_close
+from .bookkeeping import Bookkeeping
+from .engine_base import Engine
+from .jobs import CANCELLED, Batch, Job
+from .ops import Op
+from .validation import check_keys, check_pairs, non_negative_float, positive_int
+
+__all__ = ["ChunkTier", "MAX_INFLIGHT"]
+
+log = logging.getLogger("asynctier.chunked")
+
+#: The most chunk I/Os a tier may keep in flight (each is a worker thread or task).
+MAX_INFLIGHT = 1024
+
+_NEW, _OPEN, _CLOSING, _CLOSED = "new", "open", "closing", "closed"
+
+
+class ChunkTier(Bookkeeping, SecondaryTierManager):
+    """Everything but the primitives; subclass :class:`BlockingChunkTier` or :class:`AsyncChunkTier`.
+
+    Args (the common knobs every built-in tier shares):
+        max_inflight: chunk I/Os running at once, across all callers (default 16).
+        store_backpressure: ``"wait"`` (stores wait for a free slot) or ``"drop"`` (a store
+            that gets no slot within ``backpressure_timeout_s`` fails with
+            :class:`~asynctier.errors.BackpressureError`). Loads are never dropped.
+        backpressure_timeout_s: how long a store may wait in ``"drop"`` mode (default 0.05).
+        capacity_bytes: bytes the tier may hold (None = unbounded); least recently used
+            chunks are evicted to make room. Needs a tier with ``uses_index = True``.
+        durability: ``"none"`` or ``"fsync"`` (tiers list what they support).
+        verify: verify checksums on load (default True).
+        timeout_s: deadline per chunk I/O (None = none); enforced by the engine for async
+            tiers, by the tier's client for blocking ones.
+    """
+
+    #: Durability modes this tier can honour.
+    supported_durability: ClassVar[tuple[str, ...]] = ("none",)
+    #: Keep an authoritative in-memory :class:`LRUIndex` of stored chunks (O(1) lookup,
+    #: capacity with LRU eviction, skip of chunks already present).
+    uses_index: ClassVar[bool] = False
+    #: The tier enforces ``capacity_bytes`` itself (a fixed slab, its own LRU); without this
+    #: or ``uses_index``, ``capacity_bytes`` is refused rather than accepted and ignored.
+    handles_capacity: ClassVar[bool] = False
+
+    def __init__(
+        self,
+        *,
+        offloading_spec: OffloadingSpec,
+        primary_kv_view: memoryview,
+        tier_type: str | None = None,
+        max_inflight: int = 16,
+        store_backpressure: Literal["wait", "drop"] = "wait",
+        backpressure_timeout_s: float = 0.05,
+        capacity_bytes: int | None = None,
+        durability: Literal["none", "fsync"] = "none",
+        verify: bool = True,
+        timeout_s: float | None = None,
+    ) -> None:
+        if not isinstance(offloading_spec, OffloadingSpec):
+            raise TypeError(f"offloading_spec must be an OffloadingSpec; got {type(offloading_spec).__name__}")
+        self.offloading_spec = offloading_spec
+        self.tier_type = tier_type or self.default_type or type(self).__name__
+        self._view = offloading_spec.check_view(primary_kv_view, writable=False)
+        self.max_inflight = positive_int("max_inflight", max_inflight)
+        if self.max_inflight is not None and self.max_inflight > MAX_INFLIGHT:
+            raise TierConfigError(f"max_inflight must be at most {MAX_INFLIGHT}; got {max_inflight!r}")
+        if store_backpressure not in ("wait", "drop"):
+            raise TierConfigError(f"store_backpressure must be 'wait' or 'drop'; got {store_backpressure!r}")
+        self.store_backpressure = store_backpressure
+        self.backpressure_timeout_s = non_negative_float("backpressure_timeout_s", backpressure_timeout_s)
+        self.capacity_bytes = positive_int("capacity_bytes", capacity_bytes, allow_none=True)
+        if self.capacity_bytes is not None and not (self.uses_index or self.handles_capacity):
+            raise TierConfigError(
+                f"the {self.tier_type!r} tier does not bound what it holds: capacity_bytes is accepted only by "
+                "tiers with uses_index = True (or handles_capacity = True); leave it out (None)"
+            )
+        if durability not in self.supported_durability:
+            raise TierConfigError(
+                f"durability={durability!r} is not supported by the {self.tier_type!r} tier; "
+                f"accepted: {', '.join(map(repr, self.supported_durability))}"
+            )
+        self.durability = durability
+        if not isinstance(verify, bool):
+            raise TierConfigError(f"verify must be True or False; got {verify!r}")
+        self.verify = verify
+        self.timeout_s = non_negative_float("timeout_s", timeout_s, allow_none=True)
+        if self.uses_index:
+            self.index: LRUIndex | None = LRUIndex(self.capacity_bytes, track_removals=True)
+        else:
+            self.index = None
+        self._stats = StatsRecorder()
+        self._state = _NEW
+        self._engine: Engine | None = None
+        self._open_lock: anyio.Lock | None = None  # open() and the close, one at a time
+        self._closing: CloseHandle | None = None  # the close every aclose() waits for
+        self._active = 0
+        self._idle: anyio.Event | None = None
+
+    # -- hooks for subclasses (docs/writing-a-tier.md) -------------------------------------
+    def _make_engine(self) -> Engine:
+        raise NotImplementedError
+
+    async def _open_medium(self) -> None:
+        raise NotImplementedError
+
+    async def _close_medium(self) -> None:
+        raise NotImplementedError
+
+    def _job_fn(self, op: Op) -> Callable[..., Any]:
+        """The body of a one-chunk job of ``op``: ``fn(key, chunk_id, t0)``."""
+        raise NotImplementedError
+
+    def _group_size(self, op: Op, n: int) -> int:
+        """Chunks per job for a call of ``n`` chunks (default 1: one job per chunk).
+
+        A tier that can move several chunks in one I/O (adjacent slots, say) returns more
+        than 1 for stores and loads and implements :meth:`_group_job_fn`. A group job holds one
+        in-flight slot, runs ahead of or behind others by the same priorities, is dropped or
+        withdrawn as a whole, and returns one outcome per chunk.
+        """
+        return 1
+
+    def _group_job_fn(self, op: Op) -> Callable[[list[bytes], list[int], float], list[BaseException | None]]:
+        """The body of a group job: ``fn(keys, chunk_ids, t0)`` -> each chunk's failure or None."""
+        raise NotImplementedError
+
+    def _became_idle(self) -> None:
+        """Called on the event-loop thread when the last call in progress returns (default:
+        nothing). For background work that must keep off the loop's way while calls run."""
+
+    async def _list_chunks(self) -> list[bytes]:
+        raise NotImplementedError
+
+    def _stored_chunks(self) -> int | None:
+        """Chunks held, for tiers without an index (None = unknown)."""
+        return None
+
+    def _used_bytes(self) -> int | None:
+        """Bytes held, for tiers without an index (None = unknown)."""
+        return None
+
+    # -- lifecycle -------------------------------------------------------------------------
+    @property
+    def is_open(self) -> bool:
+        """True between a successful ``open()`` and ``aclose()``."""
+        return self._state == _OPEN
+
+    def _refuse_reopen(self) -> None:
+        if self._state in (_CLOSING, _CLOSED) or self._closing is not None:
+            raise TierClosedError(f"{self!r} is closed; create a new tier instead of reopening")
+
+    async def open(self) -> ChunkTier:
+        if self._state == _OPEN:
+            return self
+        self._refuse_reopen()
+        if self._open_lock is None:
+            self._open_lock = anyio.Lock()
+        async with self._open_lock:
+            if self._state == _OPEN:
+                return self
+            self._refuse_reopen()  # closed while we waited
+            engine = self._make_engine()
+            try:
+                engine.start()
+                await self._open_medium()
+            except BaseException:
+                await run_to_completion(engine.stop)  # a failed or cancelled open leaves nothing running
+                raise
+            self._engine = engine
+            # a tier dropped without aclose() must not leave its workers behind
+            weakref.finalize(self, engine.stop_nowait)
+            self._idle = anyio.Event()
+            self._idle.set()
+            self._state = _OPEN
+        return self
+
+    async def aclose(self) -> None:
+        # One close for all callers; every aclose() returns once the medium is released. A
+        # cancelled aclose() does not stop the close: on asyncio it goes on as a task (the
+        # caller returns at once, as asyncio code expects); on trio the first caller's close
+        # is shielded.
+        if self._state == _CLOSED:
+            return
+        if self._closing is None:
+            if self._state == _OPEN:
+                self._state = _CLOSING  # no new calls from here on
+            self._closing = start_close(self._close)
+        await self._closing.wait()
+
+    async def _close(self) -> None:
+        if self._open_lock is None:
+            self._open_lock = anyio.Lock()
+        async with self._open_lock:  # an open() in progress ends first; then it is closed here
+            if self._state == _CLOSED:
+                return
+            if self._state == _NEW:  # never opened
+                self._state = _CLOSED
+                return
+            self._state = _CLOSING
+            try:
+                await self.drain()
+                await self._close_medium()
+            finally:
+                if self._engine is not None:
+                    await self._engine.stop()
+                self._state = _CLOSED
+
+    async def drain(self) -> None:
+        while self._idle is not None and not self._idle.is_set():
+            await self._idle.wait()
+
+    def _check_open(self) -> None:
+        if self._state == _OPEN:
+            return
+        if self._state == _NEW:
+            raise TierNotOpenError(f"{self!r} is not open: use 'async with tier:' or 'await tier.open()' first")
+        raise TierClosedError(f"{self!r} is closed")
+
+    # -- the contract ----------------------------------------------------------------------
+    async def offload(self, keys: Sequence[bytes], chunk_ids: Sequence[int]) -> TransferResult:
+        ks, ids = check_pairs(self.offloading_spec, self._view, keys, chunk_ids, load=False)
+        self._check_open()
+        return await self._run(Op.STORE, ks, ids)
+
+    async def load(self, keys: Sequence[bytes], chunk_ids: Sequence[int]) -> TransferResult:
+        ks, ids = check_pairs(self.offloading_spec, self._view, keys, chunk_ids, load=True)
+        self._check_open()
+        return await self._run(Op.LOAD, ks, ids)
+
+    async def remove(self, keys: Sequence[bytes]) -> TransferResult:
+        ks = check_keys(keys)
+        self._check_open()
+        return await self._run(Op.REMOVE, ks, [0] * len(ks))
+
+    async def lookup(self, keys: Sequence[bytes]) -> list[bool]:
+        ks = check_keys(keys)
+        self._check_open()
+        if self.index is not None:
+            idx = self.index
+            return [k in idx for k in ks]
+        res = await self._run(Op.LOOKUP, ks, [0] * len(ks))
+        # an unreachable medium answers "not stored": lookup is a hint, load is the truth
+        return [k in res.succeeded for k in ks]
+
+    async def touch(self, keys: Sequence[bytes]) -> None:
+        ks = check_keys(keys)
+        self._check_open()
+        if self.index is not None:
+            self.index.touch(ks)
+
+    async def stored_keys(self) -> list[bytes]:
+        """Every key the tier holds (from the index, else by listing the medium)."""
+        self._check_open()
+        if self.index is not None:
+            return self.index.keys()
+        return await self._list_chunks()
+
+    async def verify_chunks(self, keys: Sequence[bytes], *, remove_bad: bool = False) -> TransferResult:
+        """Read ``keys`` into scratch memory and check them (as ``fsck`` does).
+
+        The primary buffer is not touched. A chunk that fails verification is in ``failed``
+        with its :class:`IntegrityError`; it is deleted only with ``remove_bad=True``.
+        Checksums are checked when the tier was built with ``verify=True`` (the default).
+        """
+        ks = check_keys(keys)
+        self._check_open()
+        return await self._run(Op.VERIFY, ks, [int(remove_bad)] * len(ks))
+
+    def stats(self) -> TierStats:
+        s = self._stats
+        eng = self._engine
+        idx = self.index
+        with s._lock:
+            failures = dict(s.failures)
+            extra = dict(s.extra)
+            counters = (s.offloaded, s.loaded, s.skipped, s.removed, s.bytes_written, s.bytes_read, s.evictions)
+        return TierStats(
+            tier_type=self.tier_type,
+            in_flight=eng.in_flight if eng else 0,
+            peak_in_flight=eng.peak_in_flight if eng else 0,
+            queued=eng.queued if eng else 0,
+            max_inflight=self.max_inflight or 0,
+            offloaded=counters[0],
+            loaded=counters[1],
+            skipped=counters[2],
+            removed=counters[3],
+            bytes_written=counters[4],
+            bytes_read=counters[5],
+            failures=failures,
+            evictions=counters[6],
+            stored_chunks=len(idx) if idx is not None else self._stored_chunks(),
+            used_bytes=idx.used_bytes if idx is not None else self._used_bytes(),
+            capacity_bytes=self.capacity_bytes,
+            offload_latency=s.latency("offload"),
+            load_latency=s.latency("load"),
+            extra=extra,
+        )
+
+    # -- the scheduler ---------------------------------------------------------------------
+    def _jobs(self, op: Op, keys: list[bytes], ids: list[int]) -> list[Job]:
+        t0 = time.perf_counter()
+        g = self._group_size(op, len(keys))
+        if g > 1:
+            gfn = self._group_job_fn(op)
+            batch = Batch.for_threads(-(-len(keys) // g))
+            return [
+                Job(op, gfn, (keys[i : i + g], ids[i : i + g], t0), keys[i : i + g], batch, grouped=True)
+                for i in range(0, len(keys), g)
+            ]
+        fn = self._job_fn(op)
+        batch = Batch.for_threads(len(keys))
+        return [Job(op, fn, (k, c, t0), (k,), batch) for k, c in zip(keys, ids)]
+
+    async def _run(self, op: Op, keys: list[bytes], ids: list[int]) -> TransferResult:
+        if not keys:
+            return TransferResult("load" if op is Op.LOOKUP else op.value)  # type: ignore[arg-type]
+        t0 = time.perf_counter()
+        jobs = self._jobs(op, keys, ids)
+        engine = self._engine
+        assert engine is not None and self._idle is not None
+        self._active += 1
+        if self._active == 1:
+            self._idle = anyio.Event()
+        drop = op is Op.STORE and self.store_backpressure == "drop"
+        try:
+            await engine.run(
+                jobs,
+                drop_after=(self.backpressure_timeout_s or 0.0) if drop else None,
+                on_drop=self._dropped if drop else None,
+            )
+        finally:
+            self._active -= 1
+            if self._active == 0:
+                self._idle.set()
+                self._became_idle()
+        return self._result(op, jobs, time.perf_counter() - t0)
+
+    def _dropped(self, jobs: list[Job]) -> None:
+        msg = f"store dropped: no I/O slot within {self.backpressure_timeout_s}s (max_inflight={self.max_inflight})"
+        for j in jobs:
+            errs: list[BaseException | None] = [BackpressureError(msg, k) for k in j.keys]
+            for e in errs:
+                self._stats.record_failure(e)  # type: ignore[arg-type]
+            if j.grouped:
+                j.result = errs
+            else:
+                j.exc = errs[0]
+
+    def _result(self, op: Op, jobs: list[Job], elapsed: float) -> TransferResult:
+        if op is Op.LOOKUP:
+            res = TransferResult("load")  # op is not user-visible for lookups
+            res.succeeded = [j.keys[0] for j in jobs if j.exc is None and j.result]
+            return res
+        res = TransferResult(op.value)  # type: ignore[arg-type]
+        nbytes = 0
+        chunk = self.offloading_spec.chunk_bytes if op is not Op.REMOVE else 0
+        for j in jobs:
+            per: list[BaseException | None]
+            if j.exc is not None:
+                per = [j.exc] * len(j.keys)
+            elif j.state == CANCELLED and j.result is None:  # withdrawn; only a cancelled caller gets here
+                per = [anyio.get_cancelled_exc_class()()] * len(j.keys)
+            elif j.grouped:
+                per = j.result  # a group's outcomes (or its back-pressure drops)
+                if not isinstance(per, list) or len(per) != len(j.keys):
+                    # a group body that does not account for every chunk must not let the
+                    # unaccounted ones pass as stored or loaded
+                    bad = RuntimeError(f"group job returned {per!r:.80} for {len(j.keys)} chunks")
+                    per = [bad] * len(j.keys)
+            else:
+                per = [None]
+            for k, e in zip(j.keys, per):
+                if e is None:
+                    res.succeeded.append(k)
+                    nbytes += chunk
+                else:
+                    res.failed[k] = e
+        res.bytes_transferred = nbytes
+        res.elapsed_s = elapsed
+        return res

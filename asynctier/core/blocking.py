@@ -1,0 +1,201 @@
+"""Base class for tiers whose per-chunk primitives block (system calls, sync clients).
+
+They run on ``max_inflight`` worker threads of the threads engine
+(:mod:`asynctier.core.thread_engine`); everything else comes from
+:class:`~asynctier.core.base.ChunkTier`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import anyio
+
+from .backend import run_on_thread_to_end, run_to_completion
+from .base import ChunkTier
+from .bookkeeping import is_not_found
+from .engine_base import Engine
+from .ops import Op
+from .thread_engine import ThreadEngine
+
+__all__ = ["BlockingChunkTier"]
+
+log = logging.getLogger("asynctier.chunked")
+
+
+class BlockingChunkTier(ChunkTier):
+    """A tier whose primitives block; they run on ``max_inflight`` worker threads.
+
+    Subclasses implement :meth:`write_chunk`, :meth:`read_chunk`, :meth:`chunk_exists`,
+    :meth:`delete_chunk`, and optionally :meth:`open_medium` / :meth:`close_medium`.
+    Primitives are called from several threads at once.
+    """
+
+    # -- primitives ------------------------------------------------------------------------
+    def write_chunk(self, key: bytes, data: memoryview) -> None:
+        """Store ``data`` (read-only, ``chunk_bytes`` long) under ``key``, atomically."""
+        raise NotImplementedError
+
+    def read_chunk(self, key: bytes, out: memoryview) -> None:
+        """Fill ``out`` with the chunk stored under ``key``.
+
+        Raise :class:`ChunkNotFoundError` (or ``FileNotFoundError``) when absent and
+        :class:`IntegrityError` when the stored copy is bad (the base class deletes it).
+        """
+        raise NotImplementedError
+
+    def chunk_exists(self, key: bytes) -> bool:
+        """Whether a chunk is stored under ``key``."""
+        raise NotImplementedError
+
+    def delete_chunk(self, key: bytes) -> bool:
+        """Delete the chunk stored under ``key``; return whether one was there."""
+        raise NotImplementedError
+
+    def list_chunks(self) -> list[bytes]:
+        """Every key stored on the medium (for ``fsck``); tiers with an index need not override."""
+        raise NotImplementedError(f"the {self.tier_type!r} tier cannot list its chunks")
+
+    def open_medium(self) -> None:
+        """Blocking setup run once by ``open()`` in a worker thread (scan, connect, recover)."""
+
+    def close_medium(self) -> None:
+        """Blocking teardown run once by ``aclose()`` after draining."""
+
+    # -- wiring ----------------------------------------------------------------------------
+    def _make_engine(self) -> Engine:
+        return ThreadEngine(self.max_inflight or 1, name=f"asynctier-{self.tier_type}")
+
+    async def _open_medium(self) -> None:
+        opened = False
+
+        def setup() -> None:
+            nonlocal opened
+            self.open_medium()
+            opened = True
+
+        try:
+            await run_on_thread_to_end(setup)
+        except anyio.get_cancelled_exc_class():
+            # The thread ran to its end: undo what it set up (descriptors, locks, threads)
+            # before the cancellation goes on; else they outlive the tier.
+            if opened:
+                try:
+                    await run_to_completion(lambda: run_on_thread_to_end(self.close_medium))
+                except Exception as e:
+                    log.warning("%s: closing after a cancelled open failed: %r", self.tier_type, e)
+            raise
+
+    async def _list_chunks(self) -> list[bytes]:
+        return await run_on_thread_to_end(self.list_chunks)
+
+    async def _close_medium(self) -> None:
+        await run_on_thread_to_end(self.close_medium)
+
+    def _job_fn(self, op: Op) -> Callable[..., Any]:
+        return {
+            "offload": self._store_job,
+            "load": self._load_job,
+            "remove": self._remove_job,
+            "lookup": self._lookup_job,
+            "verify": self._verify_job,
+        }[op]
+
+    def _coroutine_job_fn(
+        self,
+        op: Op,
+        offload: Callable[..., Awaitable[Any]],
+        load: Callable[..., Awaitable[Any]],
+        run: Callable[..., Awaitable[Any]] | None = None,
+    ) -> Callable[..., Any]:
+        """Job bodies for a blocking tier whose engine runs coroutines (the native engine): the
+        ``offload``/``load`` coroutines on the hot path; the blocking bodies of the other
+        operations (remove, lookup, verify: rare) on a thread, through ``run`` (default
+        :func:`~asynctier.core.backend.run_on_thread_to_end`)."""
+        if op == "offload":
+            return offload
+        if op == "load":
+            return load
+        blocking = BlockingChunkTier._job_fn(self, op)
+        runner = run or run_on_thread_to_end
+
+        async def on_thread(*args: Any) -> Any:
+            return await runner(blocking, *args)
+
+        return on_thread
+
+    def _verify_job(self, key: bytes, remove_bad: int, t0: float) -> None:
+        try:
+            from ..posix_io import aligned_buffer  # page-aligned: read as a load is (O_DIRECT)
+
+            self.read_chunk(key, aligned_buffer(self.offloading_spec.chunk_bytes))
+        except BaseException as e:
+            if self._end_verify(key, e, bool(remove_bad)):
+                try:
+                    self._delete_bad_copy(key, e)
+                except Exception as de:  # the chunk's failure stays the verification's
+                    log.warning("%s: removing bad chunk %s failed: %r", self.tier_type, key.hex()[:32], de)
+                finally:
+                    self._removed([key])
+            raise
+
+    def _store_job(self, key: bytes, cid: int, t0: float) -> None:
+        victims = self._reserve_store_blocking(key, t0)
+        if victims is None:
+            return
+        try:
+            try:
+                for v in victims:
+                    self._evict(v)
+            finally:
+                self._removed(victims)
+            self.write_chunk(key, self._chunk(cid))
+        except BaseException as e:
+            self._end_store(key, t0, e)
+            raise
+        self._end_store(key, t0, None)
+
+    def _evict(self, key: bytes) -> None:
+        try:
+            self.delete_chunk(key)
+        except Exception as e:
+            self._evicted(key, e)
+        else:
+            self._evicted(key, None)
+
+    def _load_job(self, key: bytes, cid: int, t0: float) -> None:
+        entry = self._pin_for_load(key)
+        try:
+            self.read_chunk(key, self._chunk(cid))
+        except BaseException as e:
+            if self._end_load(key, t0, e, entry):
+                try:
+                    self._delete_bad_copy(key, e)
+                except Exception as de:
+                    log.warning("%s: removing bad chunk %s failed: %r", self.tier_type, key.hex()[:32], de)
+                finally:
+                    self._removed([key])
+            raise
+        self._end_load(key, t0, None, entry)
+
+    def _delete_bad_copy(self, key: bytes, exc: BaseException) -> None:
+        """Delete the copy of ``key`` that failed verification with ``exc``: by key here; a
+        tier that can name the copy it read (``IntegrityError.copy``) drops that one only."""
+        self.delete_chunk(key)
+
+    def _remove_job(self, key: bytes, cid: int, t0: float) -> None:
+        if self._after_removal(self._begin_remove, key):
+            try:
+                self.delete_chunk(key)
+            except BaseException as e:
+                if not is_not_found(e):
+                    self._end_remove(key, t0, e)
+                    raise
+            finally:
+                self._removed([key])
+        self._end_remove(key, t0, None)
+
+    def _lookup_job(self, key: bytes, cid: int, t0: float) -> bool:
+        return self.chunk_exists(key)

@@ -1,0 +1,142 @@
+"""Base class for tiers whose per-chunk primitives are coroutines (async clients).
+
+They run on the tasks engine (:mod:`asynctier.core.task_engine`), on whichever event loop
+calls them: asyncio, uvloop or trio.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import anyio
+
+from ..errors import ChunkTimeoutError
+from .base import ChunkTier
+from .bookkeeping import is_not_found
+from .engine_base import Engine
+from .ops import Op
+from .task_engine import TaskEngine
+
+__all__ = ["AsyncChunkTier"]
+
+log = logging.getLogger("asynctier.chunked")
+
+T = TypeVar("T")
+
+
+class AsyncChunkTier(ChunkTier):
+    """A tier whose primitives are coroutines; at most ``max_inflight`` run at once.
+
+    Same primitives as :class:`~asynctier.core.blocking.BlockingChunkTier`, as ``async def``.
+    ``timeout_s`` bounds each chunk I/O (a late one fails with :class:`ChunkTimeoutError`).
+    """
+
+    async def write_chunk(self, key: bytes, data: memoryview) -> None:
+        """Store ``data`` under ``key``, atomically."""
+        raise NotImplementedError
+
+    async def read_chunk(self, key: bytes, out: memoryview) -> None:
+        """Fill ``out`` with the chunk stored under ``key`` (see :meth:`BlockingChunkTier.read_chunk`)."""
+        raise NotImplementedError
+
+    async def chunk_exists(self, key: bytes) -> bool:
+        """Whether a chunk is stored under ``key``."""
+        raise NotImplementedError
+
+    async def delete_chunk(self, key: bytes) -> bool:
+        """Delete the chunk stored under ``key``; return whether one was there."""
+        raise NotImplementedError
+
+    async def list_chunks(self) -> list[bytes]:
+        """Every key stored on the medium (for ``fsck``); tiers with an index need not override."""
+        raise NotImplementedError(f"the {self.tier_type!r} tier cannot list its chunks")
+
+    async def open_medium(self) -> None:
+        """Setup run once by ``open()``."""
+
+    async def close_medium(self) -> None:
+        """Teardown run once by ``aclose()`` after draining."""
+
+    def _make_engine(self) -> Engine:
+        return TaskEngine(self.max_inflight or 1, name=f"asynctier-{self.tier_type}")
+
+    async def _deadline(self, coro: Awaitable[T]) -> T:
+        """Run one primitive under ``timeout_s``; on expiry it is cancelled (its I/O stops) first."""
+        if self.timeout_s is None:
+            return await coro
+        with anyio.move_on_after(self.timeout_s) as scope:
+            return await coro
+        assert scope.cancelled_caught
+        raise ChunkTimeoutError(f"chunk I/O exceeded timeout_s={self.timeout_s}")
+
+    async def _open_medium(self) -> None:
+        await self.open_medium()
+
+    async def _list_chunks(self) -> list[bytes]:
+        return await self.list_chunks()
+
+    async def _close_medium(self) -> None:
+        await self.close_medium()
+
+    def _job_fn(self, op: Op) -> Callable[..., Any]:
+        return {
+            "offload": self._store_job,
+            "load": self._load_job,
+            "remove": self._remove_job,
+            "lookup": self._lookup_job,
+            "verify": self._verify_job,
+        }[op]
+
+    async def _verify_job(self, key: bytes, remove_bad: int, t0: float) -> None:
+        try:
+            await self._deadline(self.read_chunk(key, memoryview(bytearray(self.offloading_spec.chunk_bytes))))
+        except BaseException as e:
+            if self._end_verify(key, e, bool(remove_bad)):
+                try:
+                    await self._deadline(self.delete_chunk(key))
+                except Exception as de:  # the chunk's failure stays the verification's
+                    log.warning("%s: removing bad chunk %s failed: %r", self.tier_type, key.hex()[:32], de)
+                finally:
+                    self._removed([key])
+            raise
+
+    async def _store_job(self, key: bytes, cid: int, t0: float) -> None:
+        async def evict_then_write(victims: list[bytes]) -> None:
+            for v in victims:
+                try:
+                    await self._deadline(self.delete_chunk(v))
+                except Exception as e:
+                    self._evicted(v, e)
+                else:
+                    self._evicted(v, None)
+            self._removed(victims)  # re-stores of them may go on (_async_store repeats this harmlessly)
+            await self._deadline(self.write_chunk(key, self._chunk(cid)))
+
+        await self._async_store(key, t0, evict_then_write)
+
+    async def _load_job(self, key: bytes, cid: int, t0: float) -> None:
+        entry = self._pin_for_load(key)
+        await self._async_load(
+            key,
+            t0,
+            lambda: self._deadline(self.read_chunk(key, self._chunk(cid))),
+            lambda: self._deadline(self.delete_chunk(key)),  # a stalled server must not hang the load
+            entry,
+        )
+
+    async def _remove_job(self, key: bytes, cid: int, t0: float) -> None:
+        if await self._after_removal_async(self._begin_remove, key):
+            try:
+                await self._deadline(self.delete_chunk(key))
+            except BaseException as e:
+                if not is_not_found(e):
+                    self._end_remove(key, t0, e)
+                    raise
+            finally:
+                self._removed([key])
+        self._end_remove(key, t0, None)
+
+    async def _lookup_job(self, key: bytes, cid: int, t0: float) -> bool:
+        return await self._deadline(self.chunk_exists(key))

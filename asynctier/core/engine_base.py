@@ -1,0 +1,75 @@
+"""What the scheduler needs from an engine (:class:`Engine`), and the counters every engine keeps.
+
+An engine runs :class:`~asynctier.core.jobs.Job` objects under the tier's bound, lowest
+priority first (loads ahead of queued stores). :meth:`Engine.run` is the whole life of one
+call's jobs, cancellation included: when the awaiting task is cancelled, the pending jobs are
+withdrawn, the running ones finish, and only then does the cancellation go on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Protocol
+
+from .jobs import Job
+
+__all__ = ["DropHandler", "Engine", "EngineCounters"]
+
+#: Called with the store jobs withdrawn because no I/O slot came in time (``store_backpressure="drop"``).
+DropHandler = Callable[[list[Job]], None]
+
+
+class Engine(Protocol):
+    """What a tier needs from an engine."""
+
+    @property
+    def in_flight(self) -> int: ...
+    @property
+    def peak_in_flight(self) -> int: ...
+    @property
+    def queued(self) -> int: ...
+    @property
+    def workers(self) -> int: ...
+    def start(self) -> None: ...
+    async def run(
+        self, jobs: list[Job], *, drop_after: float | None = None, on_drop: DropHandler | None = None
+    ) -> None:
+        """Run ``jobs`` (one call's, sharing one batch); return when each is done or withdrawn.
+
+        ``drop_after``: seconds after which jobs still waiting for a slot are withdrawn and
+        handed to ``on_drop``. On cancellation: withdraw the pending jobs, wait for the running
+        ones, re-raise.
+        """
+        ...
+
+    def cancel_pending(self, jobs: Iterable[Job]) -> list[Job]: ...
+    async def stop(self) -> None: ...
+    def stop_nowait(self) -> None: ...
+
+
+class EngineCounters:
+    """Counters every engine keeps, read by ``stats()`` without a lock (ints: GIL-atomic)."""
+
+    def __init__(self, workers: int, name: str) -> None:
+        self._workers = workers
+        self._name = name
+        self._in_flight = 0
+        self._peak = 0
+        self._queued = 0
+        self._stopping = False
+
+    @property
+    def in_flight(self) -> int:
+        return self._in_flight
+
+    @property
+    def peak_in_flight(self) -> int:
+        return self._peak
+
+    @property
+    def queued(self) -> int:
+        return self._queued
+
+    @property
+    def workers(self) -> int:
+        return self._workers

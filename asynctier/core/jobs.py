@@ -1,0 +1,88 @@
+"""A :class:`Job` is one unit of chunk I/O under the bound; a :class:`Batch` is the jobs of one call.
+
+A job is one chunk, or a group of adjacent chunks a tier moves in one I/O (the nvme tier's
+coalescing): :attr:`Job.keys` always lists the chunks it covers, and :attr:`Job.grouped` says
+whether its body returns one outcome per chunk. A job is ``PENDING`` until an engine claims it,
+then ``RUNNING``, then ``DONE``; a caller may withdraw pending jobs (``CANCELLED``), never a
+running one: that is what lets a cancelled call wait for every I/O touching its buffer.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import anyio
+
+from .backend import LoopCaller, loop_caller
+from .ops import Op
+
+__all__ = ["Batch", "CANCELLED", "DONE", "Job", "PENDING", "RUNNING"]
+
+PENDING, RUNNING, DONE, CANCELLED = range(4)
+
+_seq = itertools.count()
+
+
+class Batch:
+    """The jobs of one call. :attr:`event` is set once none is left pending or running; engines
+    call :meth:`one_done` (loop thread) or :meth:`one_done_threadsafe` (worker threads), under
+    their own lock, once per job."""
+
+    __slots__ = ("_call", "event", "remaining")
+
+    def __init__(self, size: int, call: LoopCaller | None = None) -> None:
+        self.event = anyio.Event()
+        self.remaining = size
+        self._call = call
+
+    @classmethod
+    def for_threads(cls, size: int) -> Batch:
+        """A batch whose jobs finish on worker threads (the loop is woken once, at the end)."""
+        return cls(size, loop_caller())
+
+    def one_done(self) -> bool:
+        """On the loop thread: count one job out; True if it was the last."""
+        self.remaining -= 1
+        if self.remaining == 0:
+            self.event.set()
+            return True
+        return False
+
+    def one_done_threadsafe(self) -> bool:
+        """From any thread (the engine's lock held): count one job out; the last wakes the loop."""
+        self.remaining -= 1
+        if self.remaining == 0:
+            assert self._call is not None, "Batch.for_threads() for jobs finishing on threads"
+            self._call(self.event.set)
+            return True
+        return False
+
+
+class Job:
+    """One chunk I/O (or one group): ``fn(*args)`` run by an engine; outcome in ``result``/``exc``."""
+
+    __slots__ = ("args", "batch", "exc", "fn", "grouped", "keys", "op", "priority", "result", "seq", "state")
+
+    def __init__(
+        self,
+        op: Op,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...],
+        keys: Sequence[bytes],
+        batch: Batch,
+        *,
+        grouped: bool = False,
+    ) -> None:
+        self.op = op
+        self.priority = op.priority
+        self.seq = next(_seq)  # FIFO within one priority
+        self.fn = fn
+        self.args = args
+        self.keys = keys
+        self.grouped = grouped
+        self.batch = batch
+        self.state = PENDING
+        self.result: Any = None
+        self.exc: BaseException | None = None

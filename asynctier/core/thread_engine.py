@@ -1,0 +1,142 @@
+"""The threads engine: ``max_inflight`` OS threads run blocking job bodies, lowest priority first.
+
+Workers pull the next job from one priority queue themselves, so a freed slot is refilled
+without a round trip through the event loop, and the loop is woken once per call (when its
+last job ends), not once per chunk. Blocking system calls (``preadv``/``pwritev``) and sync
+clients release the GIL, so the threads overlap their I/O.
+"""
+
+from __future__ import annotations
+
+import heapq
+import threading
+from collections.abc import Iterable
+
+import anyio
+
+from .backend import run_on_thread_to_end, wait_uninterrupted
+from .engine_base import DropHandler, EngineCounters
+from .jobs import CANCELLED, DONE, PENDING, RUNNING, Batch, Job
+
+__all__ = ["EngineStoppedError", "ThreadEngine"]
+
+
+class EngineStoppedError(RuntimeError):
+    """Jobs were handed to an engine that has been stopped (the tier is closed)."""
+
+
+class ThreadEngine(EngineCounters):
+    """``workers`` daemon threads running blocking callables, lowest priority first."""
+
+    def __init__(self, workers: int, name: str = "asynctier") -> None:
+        super().__init__(workers, name)
+        self._cv = threading.Condition(threading.Lock())
+        self._threads: list[threading.Thread] = []
+        # (priority, seq, job): tuples compare in C; seq is unique, so jobs are never compared
+        self._heap: list[tuple[int, int, Job]] = []
+
+    def start(self) -> None:
+        try:
+            for i in range(self._workers):
+                t = threading.Thread(target=self._work, name=f"{self._name}-io-{i}", daemon=True)
+                t.start()
+                self._threads.append(t)
+        except BaseException:  # e.g. "can't start new thread": end those that started
+            self.stop_nowait()
+            raise
+
+    def submit(self, jobs: Iterable[Job]) -> None:
+        with self._cv:
+            if self._stopping:
+                raise EngineStoppedError("engine is stopped")
+            n = 0
+            for job in jobs:
+                heapq.heappush(self._heap, (job.priority, job.seq, job))
+                n += 1
+            self._queued += n
+            if n == 1:
+                self._cv.notify()
+            elif n:
+                self._cv.notify(min(n, self._workers))
+
+    async def run(
+        self, jobs: list[Job], *, drop_after: float | None = None, on_drop: DropHandler | None = None
+    ) -> None:
+        if not jobs:
+            return
+        batch = jobs[0].batch
+        self.submit(jobs)
+        try:
+            if drop_after is not None:
+                with anyio.move_on_after(drop_after):
+                    await batch.event.wait()
+                if not batch.event.is_set() and on_drop is not None:
+                    on_drop(self.cancel_pending(jobs))
+            await batch.event.wait()
+        except anyio.get_cancelled_exc_class():
+            # No new I/O of this call starts; I/O already running touches the caller's
+            # buffer, so the caller hears of the cancellation only once it has finished.
+            self.cancel_pending(jobs)
+            await wait_uninterrupted(batch.event)
+            raise
+
+    def cancel_pending(self, jobs: Iterable[Job]) -> list[Job]:
+        """Withdraw the jobs not started yet (called on the loop thread)."""
+        taken = []
+        emptied: list[Batch] = []
+        with self._cv:
+            for job in jobs:
+                if job.state == PENDING:
+                    job.state = CANCELLED
+                    taken.append(job)
+                    job.batch.remaining -= 1
+                    if job.batch.remaining == 0:
+                        emptied.append(job.batch)
+            self._queued -= len(taken)
+        for b in emptied:
+            b.event.set()
+        return taken
+
+    def _work(self) -> None:
+        cv = self._cv
+        while True:
+            with cv:
+                while not self._heap and not self._stopping:
+                    cv.wait()
+                if not self._heap:
+                    return
+                job = heapq.heappop(self._heap)[2]
+                if job.state != PENDING:
+                    continue
+                job.state = RUNNING
+                self._queued -= 1
+                self._in_flight += 1
+                if self._in_flight > self._peak:
+                    self._peak = self._in_flight
+            try:
+                job.result = job.fn(*job.args)
+            except BaseException as e:  # delivered to the caller as that chunk's failure
+                job.exc = e
+            with cv:
+                self._in_flight -= 1
+                job.state = DONE
+                job.batch.one_done_threadsafe()
+            del job
+
+    def stop_nowait(self) -> None:
+        """Tell workers to end once the queue is empty, without waiting for them."""
+        with self._cv:
+            self._stopping = True
+            self._cv.notify_all()
+
+    async def stop(self) -> None:
+        """Let workers finish the queue, then join them (on a thread: joining blocks)."""
+        self.stop_nowait()
+        threads, self._threads = self._threads, []
+        if threads:
+
+            def join_all() -> None:
+                for t in threads:
+                    t.join()
+
+            await run_on_thread_to_end(join_all)

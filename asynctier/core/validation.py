@@ -1,0 +1,74 @@
+"""Argument and parameter checks that run before any I/O (programmer errors raise at once)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import KeysView, Sequence
+from collections.abc import Set as AbstractSet
+
+from ..errors import TierConfigError
+from ..spec import OffloadingSpec
+
+__all__ = ["MAX_KEY_BYTES", "check_keys", "check_pairs", "non_negative_float", "positive_int"]
+
+#: Longest key accepted (keys are prefix hashes; this leaves room for them in chunk headers).
+MAX_KEY_BYTES = 1024
+
+
+def positive_int(name: str, value: object, *, allow_none: bool = False) -> int | None:
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        accepted = "a positive int" + (" or None" if allow_none else "")
+        raise TierConfigError(f"{name} must be {accepted}; got {value!r}")
+    return value
+
+
+def non_negative_float(name: str, value: object, *, allow_none: bool = False) -> float | None:
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
+        accepted = "a finite number >= 0" + (" or None" if allow_none else "")
+        raise TierConfigError(f"{name} must be {accepted}; got {value!r}")
+    return float(value)
+
+
+def _unordered(items: object) -> bool:
+    """A set: iterated in hash order (a dict and its keys() keep insertion order)."""
+    return isinstance(items, AbstractSet) and not isinstance(items, KeysView)
+
+
+def check_keys(keys: Sequence[bytes]) -> list[bytes]:
+    if isinstance(keys, (bytes, bytearray, memoryview, str)):
+        raise TypeError("keys must be a sequence of bytes keys (for example [key]), not a single key")
+    if _unordered(keys):  # keys would meet the wrong slots
+        raise TypeError(f"keys must be an ordered sequence (a list or tuple), paired with chunk_ids by "
+                        f"position; got a {type(keys).__name__}")  # fmt: skip
+    out = list(keys)
+    for k in out:
+        if type(k) is not bytes:
+            raise TypeError(f"each key must be bytes; got {type(k).__name__} {k!r:.60}")
+        if not k or len(k) > MAX_KEY_BYTES:
+            raise ValueError(f"each key must be 1..{MAX_KEY_BYTES} bytes long; got {len(k)} bytes")
+    if len(set(out)) != len(out):
+        raise ValueError("keys must be distinct within one call")
+    return out
+
+
+def check_pairs(
+    spec: OffloadingSpec, view: memoryview, keys: Sequence[bytes], chunk_ids: Sequence[int], *, load: bool
+) -> tuple[list[bytes], list[int]]:
+    ks = check_keys(keys)
+    if isinstance(chunk_ids, (bytes, bytearray, str)) or _unordered(chunk_ids):
+        raise TypeError(
+            f"chunk_ids must be an ordered sequence of ints (a list or tuple); got a {type(chunk_ids).__name__}"
+        )
+    ids = [spec.check_chunk_id(c) for c in chunk_ids]
+    if len(ks) != len(ids):
+        raise ValueError(f"got {len(ks)} keys but {len(ids)} chunk ids; they pair up one to one")
+    if load:
+        if view.readonly:
+            raise TypeError("primary_kv_view is read-only; load needs a writable buffer")
+        if len(set(ids)) != len(ids):
+            raise ValueError("chunk ids must be distinct within one load (two keys cannot fill one slot)")
+    return ks, ids
