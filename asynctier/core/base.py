@@ -25,6 +25,7 @@ from ..stats import StatsRecorder, TierStats, TransferResult
 from .backend import CloseHandle, run_to_completion, start_close
 from .bookkeeping import Bookkeeping
 from .engine_base import Engine
+from .framing import Framing
 from .jobs import CANCELLED, Batch, Job
 from .ops import Op
 from .validation import check_keys, check_pairs, non_negative_float, positive_int
@@ -64,6 +65,10 @@ class ChunkTier(Bookkeeping, SecondaryTierManager):
     #: The tier enforces ``capacity_bytes`` itself (a fixed slab, its own LRU); without this
     #: or ``uses_index``, ``capacity_bytes`` is refused rather than accepted and ignored.
     handles_capacity: ClassVar[bool] = False
+    #: The tier stores and checks the project's chunk header itself (the built-in tiers do, in
+    #: their own formats). Otherwise the base class frames each chunk for ``write_chunk`` and
+    #: checks what ``read_chunk`` returns (:mod:`asynctier.core.framing`).
+    frames_own_bytes: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -112,6 +117,7 @@ class ChunkTier(Bookkeeping, SecondaryTierManager):
         else:
             self.index = None
         self._stats = StatsRecorder()
+        self._framing = Framing(offloading_spec, verify)
         self._state = _NEW
         self._engine: Engine | None = None
         self._open_lock: anyio.Lock | None = None  # open() and the close, one at a time

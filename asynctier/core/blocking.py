@@ -64,6 +64,21 @@ class BlockingChunkTier(ChunkTier):
     def close_medium(self) -> None:
         """Blocking teardown run once by ``aclose()`` after draining."""
 
+    # -- framing (asynctier.core.framing) ---------------------------------------------------
+    def _write_framed(self, key: bytes, payload: memoryview) -> None:
+        if self.frames_own_bytes:
+            self.write_chunk(key, payload)
+        else:
+            self.write_chunk(key, self._framing.frame(key, payload, per_thread=True))
+
+    def _read_checked(self, key: bytes, out: memoryview) -> None:
+        if self.frames_own_bytes:
+            self.read_chunk(key, out)
+        else:
+            record = self._framing.buffer(key, per_thread=True)
+            self.read_chunk(key, record)
+            self._framing.unframe(key, record, out)
+
     # -- wiring ----------------------------------------------------------------------------
     def _make_engine(self) -> Engine:
         return ThreadEngine(self.max_inflight or 1, name=f"asynctier-{self.tier_type}")
@@ -130,7 +145,7 @@ class BlockingChunkTier(ChunkTier):
         try:
             from ..posix_io import aligned_buffer  # page-aligned: read as a load is (O_DIRECT)
 
-            self.read_chunk(key, aligned_buffer(self.offloading_spec.chunk_bytes))
+            self._read_checked(key, aligned_buffer(self.offloading_spec.chunk_bytes))
         except BaseException as e:
             if self._end_verify(key, e, bool(remove_bad)):
                 try:
@@ -151,7 +166,7 @@ class BlockingChunkTier(ChunkTier):
                     self._evict(v)
             finally:
                 self._removed(victims)
-            self.write_chunk(key, self._chunk(cid))
+            self._write_framed(key, self._chunk(cid))
         except BaseException as e:
             self._end_store(key, t0, e)
             raise
@@ -168,7 +183,7 @@ class BlockingChunkTier(ChunkTier):
     def _load_job(self, key: bytes, cid: int, t0: float) -> None:
         entry = self._pin_for_load(key)
         try:
-            self.read_chunk(key, self._chunk(cid))
+            self._read_checked(key, self._chunk(cid))
         except BaseException as e:
             if self._end_load(key, t0, e, entry):
                 try:

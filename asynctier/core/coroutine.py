@@ -59,6 +59,21 @@ class AsyncChunkTier(ChunkTier):
     async def close_medium(self) -> None:
         """Teardown run once by ``aclose()`` after draining."""
 
+    # -- framing (asynctier.core.framing) ---------------------------------------------------
+    async def _write_framed(self, key: bytes, payload: memoryview) -> None:
+        if self.frames_own_bytes:
+            await self.write_chunk(key, payload)
+        else:
+            await self.write_chunk(key, self._framing.frame(key, payload, per_thread=False))
+
+    async def _read_checked(self, key: bytes, out: memoryview) -> None:
+        if self.frames_own_bytes:
+            await self.read_chunk(key, out)
+        else:
+            record = self._framing.buffer(key, per_thread=False)
+            await self.read_chunk(key, record)
+            self._framing.unframe(key, record, out)
+
     def _make_engine(self) -> Engine:
         return TaskEngine(self.max_inflight or 1, name=f"asynctier-{self.tier_type}")
 
@@ -91,7 +106,7 @@ class AsyncChunkTier(ChunkTier):
 
     async def _verify_job(self, key: bytes, remove_bad: int, t0: float) -> None:
         try:
-            await self._deadline(self.read_chunk(key, memoryview(bytearray(self.offloading_spec.chunk_bytes))))
+            await self._deadline(self._read_checked(key, memoryview(bytearray(self.offloading_spec.chunk_bytes))))
         except BaseException as e:
             if self._end_verify(key, e, bool(remove_bad)):
                 try:
@@ -112,7 +127,7 @@ class AsyncChunkTier(ChunkTier):
                 else:
                     self._evicted(v, None)
             self._removed(victims)  # re-stores of them may go on (_async_store repeats this harmlessly)
-            await self._deadline(self.write_chunk(key, self._chunk(cid)))
+            await self._deadline(self._write_framed(key, self._chunk(cid)))
 
         await self._async_store(key, t0, evict_then_write)
 
@@ -121,7 +136,7 @@ class AsyncChunkTier(ChunkTier):
         await self._async_load(
             key,
             t0,
-            lambda: self._deadline(self.read_chunk(key, self._chunk(cid))),
+            lambda: self._deadline(self._read_checked(key, self._chunk(cid))),
             lambda: self._deadline(self.delete_chunk(key)),  # a stalled server must not hang the load
             entry,
         )

@@ -1,0 +1,69 @@
+"""Integrity framing for tiers built on the helper base classes.
+
+A tier that stores opaque records (``frames_own_bytes = False``, the default) receives in
+``write_chunk`` the chunk *framed*: the project's header (format version, key, payload length,
+xxh3 of the payload, layout digest; see :mod:`asynctier.integrity`) followed by the payload.
+``read_chunk`` fills a buffer of :func:`frame_size` bytes with what was stored, and the base
+class checks it before one byte reaches the caller's slot. A bad record fails its key with
+:class:`~asynctier.errors.IntegrityError` and is removed.
+
+Framing costs one copy each way (header and payload are made contiguous for the tier). The
+built-in tiers place the header themselves, zero-copy, and set ``frames_own_bytes = True``.
+"""
+
+from __future__ import annotations
+
+import threading
+
+from ..errors import IntegrityError
+from ..integrity import ChunkHeader, checksum, pack_header
+from ..spec import OffloadingSpec
+
+__all__ = ["Framing", "frame_size"]
+
+
+def frame_size(key: bytes, chunk_bytes: int) -> int:
+    """Bytes a framed chunk of ``key`` occupies: header plus payload."""
+    return ChunkHeader.packed_size(len(key)) + chunk_bytes
+
+
+class Framing:
+    """Frames and checks records for one tier (its spec and ``verify`` setting)."""
+
+    def __init__(self, spec: OffloadingSpec, verify: bool) -> None:
+        self.chunk_bytes = spec.chunk_bytes
+        self.digest = spec.layout_digest
+        self.verify = verify
+        self._scratch = threading.local()  # one record buffer per worker thread
+
+    def buffer(self, key: bytes, *, per_thread: bool) -> memoryview:
+        """A writable buffer of exactly :func:`frame_size` bytes (per worker thread, or fresh)."""
+        n = frame_size(key, self.chunk_bytes)
+        if not per_thread:
+            return memoryview(bytearray(n))
+        buf: bytearray | None = getattr(self._scratch, "buf", None)
+        if buf is None or len(buf) < n:
+            buf = self._scratch.buf = bytearray(n)
+        return memoryview(buf)[:n]
+
+    def frame(self, key: bytes, payload: memoryview, *, per_thread: bool) -> memoryview:
+        """Header and payload of ``key`` as one read-only record."""
+        header = pack_header(key, payload.nbytes, checksum(payload), self.digest)
+        out = self.buffer(key, per_thread=per_thread)
+        h = len(header)
+        out[:h] = header
+        out[h:] = payload
+        return out.toreadonly()
+
+    def unframe(self, key: bytes, record: memoryview, out: memoryview) -> None:
+        """Check ``record`` (as read back for ``key``) and copy its payload into ``out``.
+
+        Raises :class:`IntegrityError` for a record of another key, layout or length, a torn
+        header, or (with ``verify``) a payload that does not match its checksum.
+        """
+        header = ChunkHeader.unpack(record, key=key)
+        payload = record[header.size :]
+        if payload.nbytes != out.nbytes:
+            raise IntegrityError(f"stored record holds {payload.nbytes} payload bytes, expected {out.nbytes}", key)
+        header.verify(payload, layout_digest=self.digest, payload_len=out.nbytes, check_data=self.verify)
+        out[:] = payload
