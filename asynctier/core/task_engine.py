@@ -118,6 +118,8 @@ class TaskEngine(EngineCounters):
                 continue
             got = False
             try:
+                # a call cancelled while this worker ran a shielded body starts nothing more
+                await anyio.lowlevel.checkpoint_if_cancelled()
                 with anyio.move_on_after(deadline - anyio.current_time()):
                     await self._slots.acquire(job.priority, job.seq)
                     got = True
