@@ -1,8 +1,12 @@
-"""Primary buffers as torch tensors, seen as memoryviews with no copy (extra ``torch``)."""
+"""Primary buffers as torch tensors, seen as memoryviews with no copy (extra ``torch``).
+
+Needs torch only (no numpy): the view is made over the tensor's memory with ctypes.
+"""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+import ctypes
+from typing import TYPE_CHECKING
 
 from .spec import OffloadingSpec
 
@@ -29,8 +33,9 @@ def tensor_view(tensor: torch.Tensor) -> memoryview:
     if not tensor.is_contiguous():
         raise TypeError("tensor must be contiguous; call .contiguous() first (that copies)")
     flat = tensor.reshape(-1).view(torch.uint8)  # reinterpret, no copy (any dtype, bf16 too)
-    arr: Any = flat.numpy()  # shares storage; numpy keeps the tensor alive
-    return memoryview(arr).cast("B")
+    raw = (ctypes.c_ubyte * flat.numel()).from_address(flat.data_ptr())
+    raw.tensor = flat  # type: ignore[attr-defined]  # the view keeps raw alive, raw the tensor
+    return memoryview(raw).cast("B")
 
 
 def allocate_primary(spec: OffloadingSpec, *, pin_memory: bool | None = None) -> tuple[torch.Tensor, memoryview]:

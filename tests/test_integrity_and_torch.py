@@ -5,6 +5,8 @@ from __future__ import annotations
 import base64
 import os
 import random
+import subprocess
+import sys
 
 import pytest
 
@@ -125,3 +127,21 @@ async def test_torch_buffer_round_trip_through_a_tier() -> None:
         t.zero_()
         assert (await tier.load(keys, list(range(8)))).ok
     assert bytes(view) == original
+
+
+def test_torch_path_needs_no_numpy() -> None:
+    """The README's torch line with torch alone installed: numpy is made unimportable in a
+    fresh interpreter and allocate_primary still gives a shared view (it crashed with
+    'Numpy is not available')."""
+    pytest.importorskip("torch")
+    code = (
+        "import sys; sys.modules['numpy'] = None\n"
+        "from asynctier import OffloadingSpec\n"
+        "from asynctier.torch_interop import allocate_primary\n"
+        "t, v = allocate_primary(OffloadingSpec(4096, 2), pin_memory=False)\n"
+        "v[0:2] = b'\\x07\\x09'\n"
+        "assert t[:2].tolist() == [7, 9], t[:2]\n"
+        "assert 'numpy' not in sys.modules or sys.modules['numpy'] is None\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
