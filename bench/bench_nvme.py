@@ -12,8 +12,8 @@ Figures (all O_DIRECT, same block size and depth as the tier's chunk size and
 * 64 KiB chunks at depth 16: chunk operations per second vs fio's IOPS; and the same on a
   memory file system (``--ceiling-dir``, default /dev/shm) where the device is never the
   limit: the rate the tier's per-chunk path allows on these CPUs.
-* Each tier figure for both slot I/O engines (``io_engine="psync"``: preadv/pwritev on the
-  worker threads; ``"io_uring"``: one ring served by the event loop).
+* Each tier figure on the threads engine (``io_engine="threads"``: preadv/pwritev on the
+  worker threads), the nvme tier's only one.
 * The naive loop (:func:`asynctier.benchkit.naive_aiofiles`, one file per chunk), the floor.
 * Reopen with 1M slots indexed: a 1M-entry checkpoint plus a full journal generation
   (``checkpoint_every`` records) to replay.
@@ -43,9 +43,13 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from asynctier import OffloadingSpec, SecondaryTierFactory, benchkit  # noqa: E402
-from asynctier.benchkit import fio_available, run_fio  # noqa: E402
-from asynctier.tiers.nvme import _PUBLISH, Checkpoint, NvmeTier, _pack_record, read_checkpoint, write_checkpoint  # noqa: E402
+from asynctier.tiers.nvme import Checkpoint, NvmeTier, read_checkpoint, write_checkpoint  # noqa: E402
+from asynctier.tiers.nvme.format import PUBLISH as _PUBLISH  # noqa: E402
+from asynctier.tiers.nvme.format import pack_record as _pack_record  # noqa: E402
+
+from asynctier import OffloadingSpec, SecondaryTierFactory  # noqa: E402
+from asynctier.cli import benchkit  # noqa: E402
+from asynctier.cli.benchkit import fio_available, run_fio  # noqa: E402
 
 MiB = 1 << 20
 
@@ -64,7 +68,7 @@ def _tier(
 
 
 async def _stream(
-    d: Path, chunk: int, depth: int, total: int, durability: str, nprimary: int = 256, io_engine: str = "psync"
+    d: Path, chunk: int, depth: int, total: int, durability: str, nprimary: int = 256, io_engine: str = "threads"
 ) -> dict[str, float]:
     """Offload then load ``total`` bytes of ``chunk``-sized chunks at ``depth``; bytes/s and ops/s."""
     n = total // chunk
@@ -82,7 +86,7 @@ async def _stream(
         t0 = time.perf_counter()
         await _offload_all(tier, keys, nprimary)
         if durability == "none":
-            for fd in tier._fds:  # what fio's end_fsync does
+            for fd in tier._slabs.fds:  # what fio's end_fsync does
                 os.fdatasync(fd)
         t_off = time.perf_counter() - t0
         t0 = time.perf_counter()
@@ -256,16 +260,7 @@ def main() -> None:
     runs: list[dict[str, Any]] = []
     small = 64 * 1024
     configs = [(2 * MiB, 16, total, 64), (2 * MiB, 1, total // 4, 64), (small, 16, args.small_ops * small, 256)]
-    try:
-        from asynctier.ioring import problem
-
-        why = problem()
-    except Exception as e:  # any failure means: measure psync only
-        why = repr(e)
-    engines = ["psync"] if why else ["psync", "io_uring"]
-    results["io_uring_unavailable"] = why
-    if why:
-        print(f"io_uring unavailable ({why}): psync only", flush=True)
+    engines = ["threads"]
     for chunk, depth, size, nprimary in configs:
         # The disk is shared and noisy: each repetition measures fio, the naive loop and every
         # tier configuration back to back; ratios pair each tier run with its neighbours.
@@ -349,9 +344,8 @@ def _markdown(r: dict[str, Any]) -> str:
         f"Medians of {r['reps']} repetitions; each repetition runs fio (io_uring and psync: `fio` is the "
         "faster of the two, O_DIRECT, same block size and depth), the naive loop and every tier "
         "configuration back to back, and a ratio divides a tier run by the fio (or naive) run of its "
-        "own repetition, so the disk's drift hits both sides. Tier engines (`io_engine`): `psync` = "
-        "preadv/pwritev on the worker threads, `io_uring` = slot I/O as readv/writev entries on one "
-        "ring served by the event loop (no worker threads).",
+        "own repetition, so the disk's drift hits both sides. Tier engine (`io_engine`): `threads` = "
+        "preadv/pwritev on the worker threads.",
         "",
         "| chunk | depth | durability | tier engine | offload GB/s | fio write GB/s | **x fio** | x naive | "
         "load GB/s | fio read GB/s | **x fio** | x naive | offload ops/s | load ops/s |",
@@ -385,17 +379,15 @@ def _markdown(r: dict[str, Any]) -> str:
         "Notes: offload with `durability=none` ends with one fdatasync of the slab (as fio's `end_fsync=1`); "
         "`fsync` acknowledges every chunk durable (slab then journal fdatasync, group commit). Every load "
         "verifies the slot header and the payload's xxh3. 64 KiB calls are coalesced (16 chunks per job, "
-        "one pwritev/preadv, or one readv/writev entry, per run of adjacent slots). The naive loop is "
+        "one pwritev/preadv per run of adjacent slots). The naive loop is "
         "`benchkit.naive_aiofiles` (one file per chunk, a bytes() copy per write, synced at the end, read "
         "cold).",
     ]
-    if r.get("io_uring_unavailable"):
-        lines[-1] += f" io_uring was unavailable here ({r['io_uring_unavailable']}): psync only."
     c = r.get("ceiling")
     if c:
         lines += [
             "",
-            f"CPU ceiling (64 KiB, depth 16, psync, `durability=none`, slab on `{c['dir']}`, a memory file "
+            f"CPU ceiling (64 KiB, depth 16, threads, `durability=none`, slab on `{c['dir']}`, a memory file "
             "system that O_DIRECT copies to: the device is never the limit, so this is what the tier's "
             f"per-chunk path allows on these CPUs): **{c['offload_ops']:,.0f} offloads/s**, "
             f"{c['load_ops']:,.0f} loads/s; fio on the same file system: {c['fio_write_iops']:,.0f} writes/s.",

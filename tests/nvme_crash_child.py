@@ -4,9 +4,8 @@ Usage: ``python nvme_crash_child.py SLAB CAPACITY CHUNK_BYTES START ALIGNED``
 
 Prints ``ready`` once the tier is open, then ``P <hex key>`` after each offload that
 returned success, ``D <hex key>`` before each remove and ``R <hex key>`` after each remove
-that returned success, flushing
-every line, until killed. Every fifth batch removes one key of the previous batch, so freed
-slots get reused. Chunk contents derive from the key (:func:`chunk_data`), so the parent
+that returned success, flushing every line, until killed. Every fifth batch removes one key
+of the previous batch, so freed slots get reused. Chunk contents derive from the key (:func:`chunk_data`), so the parent
 can check any chunk it is served.
 """
 
@@ -40,12 +39,11 @@ def report(out: Any, line: str) -> None:
     out.flush()
 
 
-async def main(slab: str, capacity: int, chunk_bytes: int, start: int, aligned: bool, engine: str) -> None:
+async def main(slab: str, capacity: int, chunk_bytes: int, start: int, aligned: bool) -> None:
     spec = OffloadingSpec(chunk_bytes, BATCH, namespace="crash-test")
     buf: bytearray | mmap.mmap = mmap.mmap(-1, spec.total_bytes) if aligned else bytearray(spec.total_bytes)
     view = memoryview(buf)
     cfg = {"type": "nvme", "path": slab, "capacity_bytes": capacity, "durability": "fsync", "max_inflight": 4}
-    cfg["io_engine"] = engine
     tier = SecondaryTierFactory.create_secondary_tier(cfg, view, spec)
     out = sys.stdout
     async with tier:
@@ -72,4 +70,4 @@ async def main(slab: str, capacity: int, chunk_bytes: int, start: int, aligned: 
 
 if __name__ == "__main__":
     a = sys.argv[1:]
-    asyncio.run(main(a[0], int(a[1]), int(a[2]), int(a[3]), a[4] == "1", a[5] if len(a) > 5 else "psync"))
+    asyncio.run(main(a[0], int(a[1]), int(a[2]), int(a[3]), a[4] == "1"))

@@ -1,0 +1,376 @@
+"""Which key is in which slot, in memory and on disk, and the order rules that keep the two
+consistent through a crash: allocate (evicting when full), publish after the data, evict
+before reuse, never reuse a sequence number; recovery at open; checkpoints.
+
+Memory holds the authoritative :class:`~.slots.SlotIndex`; the disk holds a checkpoint plus
+the journal records written after it (docs/tiers/nvme.md).
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import threading
+import weakref
+from collections.abc import Callable
+from pathlib import Path
+
+from asynctier import CapacityError, ChunkNotFoundError
+
+from .checkpoint import read_checkpoint, write_checkpoint
+from .format import EVICT, PUBLISH, pack_record
+from .journal import Journal, replay
+from .slots import SlotIndex
+
+__all__ = ["Catalog"]
+
+log = logging.getLogger(__name__)
+
+EPOCH_SHIFT = 32  # seq = epoch << 32 | counter
+_CKPT_RETRY_MIN_S, _CKPT_RETRY_MAX_S = 0.5, 60.0  # pause after a failed checkpoint, doubling
+
+#: per key position in a group: (slot, seq)
+Slots = dict[int, tuple[int, int]]
+
+
+class Catalog:
+    """The slot index and its journal, with the operations that change them together.
+
+    ``count`` is the tier's stats counter. Every method takes the index lock itself, except
+    those named ``*_locked``.
+    """
+
+    def __init__(
+        self, prefix: Path, slab_id: bytes, epoch: int, nslots: int, data_fds: list[int], *, durable: bool,
+        evict_batch: int, checkpoint_every: int, count: Callable[..., None],
+    ) -> None:  # fmt: skip
+        self.prefix = prefix
+        self.slab_id = slab_id
+        self.epoch = epoch
+        self.counter = 0
+        self.evict_batch = evict_batch
+        self.checkpoint_every = checkpoint_every
+        self._count = count
+        self.ckpt_path = prefix.with_name(prefix.name + ".ckpt")
+        self.index = SlotIndex(nslots)
+        self.journal = Journal(prefix, slab_id, data_fds, durable, count)
+        self._ckpt_lock = threading.Lock()
+        self._ckpt_wake = threading.Event()
+        self._ckpt_stop = False
+        #: the checkpointer waits out a failed checkpoint; stores do not wake it meanwhile
+        self.ckpt_retrying = False
+        self._ckpt_thread: threading.Thread | None = None
+
+    # -- recovery and lifetime ---------------------------------------------------------------
+    def recover(self, fresh: bool) -> None:
+        """Rebuild the index (checkpoint, then every journal generation from its own on) and
+        open the journal for appending; ``fresh``: a new slab set, so forget any old files."""
+        prefix, journal, nslots = self.prefix, self.journal, self.index.nslots
+        prefix.parent.mkdir(parents=True, exist_ok=True)
+        gens = sorted(
+            int(p.name.rsplit(".", 1)[1])
+            for p in prefix.parent.glob(prefix.name + ".journal.*")
+            if p.name.rsplit(".", 1)[1].isdigit()
+        )
+        idx = self.index
+        ck = None if fresh else read_checkpoint(self.ckpt_path)
+        if ck is not None and (ck.slab_id != self.slab_id or ck.nslots != nslots):
+            ck = None
+        start_gen = 1
+        if ck is not None:
+            idx.load(ck)
+            start_gen = ck.gen
+        elif not fresh and gens:
+            start_gen = gens[0]
+        last_gen, last_end = 0, None
+        if not fresh:
+            for g in gens:
+                if g < start_gen:
+                    continue
+                end = replay(journal.path(g), self.slab_id, nslots, idx)
+                if end is not None:
+                    last_gen, last_end = g, end
+        # drop what recovery did not use: older generations, other slab sets
+        for g in gens:
+            if fresh or g < start_gen or (g > last_gen and last_gen):
+                journal.path(g).unlink(missing_ok=True)
+        if fresh:
+            self.ckpt_path.unlink(missing_ok=True)
+        if last_end is not None:
+            journal.open_gen(last_gen, last_end)
+        else:
+            journal.open_gen(max(start_gen, 1), None)
+        idx.rebuild_free()
+        self._count("recovered_chunks", len(idx.entries))
+
+    def start_checkpointer(self, fds: list[int]) -> None:
+        """Start the checkpoint thread. It holds only a weak reference, so a tier dropped
+        without ``aclose()`` can still be collected; a finalizer then ends the thread and
+        closes the journal and ``fds``."""
+        self._ckpt_stop = False
+        self._ckpt_thread = threading.Thread(
+            target=_checkpointer, args=(weakref.ref(self), self._ckpt_wake), name="asynctier-nvme-ckpt", daemon=True
+        )
+        self._ckpt_thread.start()
+        weakref.finalize(self, _release, self._ckpt_wake, fds, self.journal)
+
+    def stop_checkpointer(self) -> None:
+        self._ckpt_stop = True
+        self._ckpt_wake.set()
+        if self._ckpt_thread is not None:
+            self._ckpt_thread.join()
+            self._ckpt_thread = None
+
+    def close(self) -> None:
+        """Stop the checkpointer and write a final checkpoint (a clean reopen replays nothing)."""
+        self.stop_checkpointer()
+        try:
+            if self.journal.broken is None:
+                self.checkpoint()
+        finally:
+            self.journal.close()
+
+    # -- checkpoints ---------------------------------------------------------------------------
+    def checkpoint(self) -> None:
+        """Write the whole index to a new checkpoint and start a new journal generation (blocking)."""
+        idx, journal = self.index, self.journal
+        with self._ckpt_lock:
+            with idx.lock:
+                old_gen = journal.gen
+                ck = idx.snapshot(self.slab_id, old_gen + 1)
+                journal.rotate(old_gen + 1)
+            write_checkpoint(self.ckpt_path, ck)
+            for g in range(old_gen, 0, -1):
+                p = journal.path(g)
+                if not p.exists():
+                    break
+                p.unlink()
+            self._count("checkpoints")
+
+    def checkpoint_if_due(self) -> None:
+        """Wake the checkpointer once enough records are queued (not while it waits to retry)."""
+        if self.journal.since_checkpoint >= self.checkpoint_every and not self.ckpt_retrying:
+            self._ckpt_wake.set()
+
+    # -- stores ----------------------------------------------------------------------------------
+    def next_seq(self) -> int:
+        # under the index lock
+        self.counter += 1
+        if self.counter >= 1 << EPOCH_SHIFT:  # pragma: no cover - 2**32 stores in one open
+            raise OSError(errno.EOVERFLOW, "sequence numbers exhausted for this open; reopen the tier")
+        return (self.epoch << EPOCH_SHIFT) | self.counter
+
+    def allocate(self, key: bytes) -> tuple[int, int, int]:
+        """Take a free slot (evicting LRU entries when none is): (slot, seq, ticket to await)."""
+        with self.index.lock:
+            return self.allocate_locked(key)
+
+    def allocate_locked(self, key: bytes) -> tuple[int, int, int]:
+        """:meth:`allocate` for a caller that holds the index lock."""
+        idx, journal = self.index, self.journal
+        if not idx.free:
+            # evict a batch: one journal flush then covers the next few stores; at most an
+            # eighth of the slots, or a small slab is emptied whole (chunks just stored too)
+            victims = idx.oldest_unpinned(min(self.evict_batch, max(1, idx.nslots // 8)))
+            for s in victims:
+                k = idx.slot_key[s]
+                assert k
+                idx.drop(k)
+                t = journal.append(pack_record(EVICT, k, s, idx.slot_seq[s], 0))
+                idx.release(s, t)
+            if victims:
+                self._count("evictions", len(victims))
+            self.checkpoint_if_due()
+            if not idx.free:
+                raise CapacityError(f"no free slot: all {idx.nslots} slots are being written or read", key)
+        slot = idx.free.pop()
+        ticket = idx.reuse_ticket.pop(slot, 0)
+        seq = self.next_seq()
+        idx.slot_seq[slot] = seq
+        idx.writing[key] = idx.writing.get(key, 0) + 1
+        return slot, seq, ticket
+
+    def allocate_many(self, keys: list[bytes]) -> tuple[Slots, dict[int, BaseException], int, list[int], int]:
+        """Under one lock, a slot for every key not stored yet: (position -> (slot, seq), the
+        positions that got none with why, the journal ticket to flush before writing any of
+        them, the positions found stored already and the ticket to flush before saying so:
+        the record that published them may still be queued)."""
+        idx = self.index
+        slots: Slots = {}
+        failed: dict[int, BaseException] = {}
+        wait = skip_ticket = 0
+        skipped: list[int] = []
+        with idx.lock:
+            for p, k in enumerate(keys):
+                have = idx.entries.get(k)
+                if have is not None:  # already stored: skip the write
+                    idx.touch_slot(have)
+                    skipped.append(p)
+                    skip_ticket = max(skip_ticket, idx.slot_ticket[have])
+                    continue
+                try:
+                    slot, seq, ticket = self.allocate_locked(k)
+                except BaseException as e:
+                    failed[p] = e
+                    continue
+                slots[p] = (slot, seq)
+                if ticket > wait:
+                    wait = ticket
+        return slots, failed, wait, skipped, skip_ticket
+
+    def stored_ticket(self, key: bytes) -> int | None:
+        """For a store of ``key``: None if it is not stored, else (made most recently used)
+        the ticket of the record that published it, to await before saying it is stored."""
+        idx = self.index
+        with idx.lock:
+            slot = idx.entries.get(key)
+            if slot is None:
+                return None
+            idx.touch_slot(slot)
+            return int(idx.slot_ticket[slot])
+
+    def publish(self, key: bytes, slot: int, seq: int, csum: int) -> int:
+        """Make ``key`` -> ``slot`` visible and queue its record; return the ticket to await."""
+        return self.publish_many([key], [0], {0: (slot, seq)}, {0: csum})
+
+    def publish_many(self, keys: list[bytes], written: list[int], slots: Slots, csums: dict[int, int]) -> int:
+        """Publish the chunks at positions ``written`` under one lock (records queued in index
+        order); return the journal ticket to await (0: nothing published)."""
+        idx, journal = self.index, self.journal
+        last = 0
+        with idx.lock:
+            recs: list[bytes] = []
+            puts: list[tuple[bytes, int]] = []
+            for p in written:
+                k = keys[p]
+                slot, seq = slots[p]
+                if self._done_writing(k, seq):  # removed while being written: nothing to publish
+                    idx.release(slot, 0)
+                    continue
+                idx.slot_csum[slot] = csums[p]
+                recs.append(pack_record(PUBLISH, k, slot, seq, csums[p]))
+                puts.append((k, slot))
+            if recs:
+                last = journal.append_many(recs)
+                for t, (k, slot) in enumerate(puts, last - len(recs) + 1):
+                    idx.slot_ticket[slot] = t
+                    old = idx.put(k, slot)
+                    if old is not None:  # an earlier store of the same key won: free its slot
+                        idx.release(old, t)
+                self.checkpoint_if_due()
+        return last
+
+    def abort(self, key: bytes, slot: int, ticket: int = 0) -> None:
+        """A write into ``slot`` failed: free it, still behind ``ticket`` (its ``EVICT`` record,
+        which may not be in the journal yet if waiting for it is what failed)."""
+        with self.index.lock:
+            self._done_writing(key, 0)
+            self.index.release(slot, ticket)
+
+    def _done_writing(self, key: bytes, seq: int) -> bool:
+        """The write of ``key`` numbered ``seq`` ended (under the index lock); True if ``key``
+        was removed while it ran (a store that began after the removal is not affected)."""
+        idx = self.index
+        killed = seq <= idx.killed.get(key, -1)
+        n = idx.writing.get(key, 0) - 1
+        if n > 0:
+            idx.writing[key] = n
+        else:
+            idx.writing.pop(key, None)
+            idx.killed.pop(key, None)
+        return killed
+
+    def forget(self, key: bytes, slot: int | None = None, seq: int | None = None) -> int:
+        """Drop ``key`` from the index; return a ticket or 0. With ``slot`` and ``seq`` (a bad
+        copy just read), only that very copy: not one stored since, though it may have got
+        the same slot back; without, whatever the key maps to, and the stores of it in
+        flight are cancelled (an explicit removal)."""
+        idx = self.index
+        with idx.lock:
+            if slot is None and key in idx.writing:  # the writes in flight now: numbered up to here
+                idx.killed[key] = (self.epoch << EPOCH_SHIFT) | self.counter
+            cur = idx.entries.get(key)
+            if cur is None or (slot is not None and (cur != slot or idx.slot_seq[cur] != seq)):
+                return 0
+            idx.drop(key)
+            ticket = self.journal.append(pack_record(EVICT, key, cur, idx.slot_seq[cur], 0))
+            idx.release(cur, ticket)
+            return ticket
+
+    # -- loads -------------------------------------------------------------------------------------
+    def pin(self, key: bytes) -> tuple[int, int, int]:
+        """Pin the slot of ``key`` for a read (made most recently used): (slot, seq, checksum)."""
+        with self.index.lock:
+            return self._pin_locked(key)
+
+    def pin_many(self, keys: list[bytes]) -> tuple[dict[int, tuple[int, int, int]], dict[int, BaseException]]:
+        """Under one lock, pin the slot of every key stored: (position -> (slot, seq,
+        checksum), the positions not stored with their error)."""
+        found: dict[int, tuple[int, int, int]] = {}
+        missing: dict[int, BaseException] = {}
+        with self.index.lock:
+            for p, k in enumerate(keys):
+                try:
+                    found[p] = self._pin_locked(k)
+                except ChunkNotFoundError as e:
+                    missing[p] = e
+        return found, missing
+
+    def _pin_locked(self, key: bytes) -> tuple[int, int, int]:
+        idx = self.index
+        slot = idx.entries.get(key)
+        if slot is None:
+            raise ChunkNotFoundError(f"no chunk stored under key {key.hex()[:32]}", key)
+        idx.touch_slot(slot)
+        idx.pin(slot)
+        return slot, idx.slot_seq[slot], idx.slot_csum[slot]
+
+    def unpin(self, slots: list[int]) -> None:
+        with self.index.lock:
+            for slot in slots:
+                self.index.unpin(slot)
+
+    def touch(self, keys: list[bytes]) -> None:
+        """Make the stored ones of ``keys`` most recently used."""
+        idx = self.index
+        with idx.lock:
+            for k in keys:
+                slot = idx.entries.get(k)
+                if slot is not None:
+                    idx.touch_slot(slot)
+
+
+def _checkpointer(ref: weakref.ReferenceType[Catalog], wake: threading.Event) -> None:
+    """Body of a catalog's checkpoint thread: a checkpoint each time the journal asks for one.
+
+    A failed checkpoint (a full or failing index directory) is retried after a pause that
+    doubles up to :data:`_CKPT_RETRY_MAX_S`, not on every store: each try snapshots the whole
+    index under its lock. The journal keeps every record meanwhile; only replay grows.
+    """
+    delay: float | None = None
+    while True:
+        wake.wait(delay)
+        wake.clear()
+        cat = ref()
+        if cat is None or cat._ckpt_stop:
+            return
+        try:
+            cat.checkpoint()
+        except Exception as e:
+            delay = min(_CKPT_RETRY_MAX_S, 2 * delay if delay else _CKPT_RETRY_MIN_S)
+            cat.ckpt_retrying = True
+            cat._count("checkpoint_failures")
+            log.warning("nvme: checkpoint failed (%r); the journal holds everything, next try in %.1f s", e, delay)
+        else:
+            delay = None
+            cat.ckpt_retrying = False
+        del cat
+
+
+def _release(wake: threading.Event, fds: list[int], journal: Journal) -> None:
+    """Finalizer of a catalog collected without ``close()``: end its thread, close its files."""
+    wake.set()
+    journal.close()
+    while fds:
+        os.close(fds.pop())

@@ -1,0 +1,161 @@
+"""The checkpoint file: the whole slot index as flat per-slot arrays, one checksum.
+
+Reading it back is a few bulk copies, so reopening a large index stays fast
+(``bench/bench_nvme.py`` measures it; figures in docs/benchmarks.md).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from array import array
+from collections.abc import Sequence
+from dataclasses import dataclass
+from itertools import accumulate
+from pathlib import Path
+
+import xxhash
+
+from asynctier.posix_io import fsync_dir
+
+from . import sysio
+from .format import CHECKPOINT_HEAD, CK_MAGIC, U64, VERSION, xxh
+
+__all__ = ["Checkpoint", "read_checkpoint", "write_checkpoint"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Checkpoint:
+    """The whole index as per-slot arrays, so that reading it back is a few bulk copies.
+
+    ``slot_key[s]`` is the key stored in slot ``s`` (``b""``: free; keys are never empty); ``prev``/``nxt`` link the
+    used slots from least (``head``) to most (``tail``) recently used (-1 ends the list);
+    ``slot_seq``/``slot_csum`` are each slot's sequence number and payload checksum. ``gen``
+    is the first journal generation to replay on top of it.
+    """
+
+    slab_id: bytes
+    gen: int
+    nslots: int
+    head: int
+    tail: int
+    slot_key: list[bytes]
+    prev: array[int]
+    nxt: array[int]
+    slot_seq: array[int]
+    slot_csum: array[int]
+
+    @classmethod
+    def from_lru(
+        cls,
+        slab_id: bytes,
+        gen: int,
+        nslots: int,
+        entries: Sequence[tuple[bytes, int]],
+        slot_seq: array[int] | None = None,
+        slot_csum: array[int] | None = None,
+    ) -> Checkpoint:
+        """Build a checkpoint from ``(key, slot)`` pairs, least recently used first."""
+        slot_key = [b""] * nslots
+        prev = array("i", [-1]) * nslots
+        nxt = array("i", [-1]) * nslots
+        last = -1
+        for k, s in entries:
+            slot_key[s] = k
+            prev[s] = last
+            if last >= 0:
+                nxt[last] = s
+            last = s
+        head = entries[0][1] if entries else -1
+        zeros = array("Q", bytes(8 * nslots))
+        return cls(
+            slab_id,
+            gen,
+            nslots,
+            head,
+            last,
+            slot_key,
+            prev,
+            nxt,
+            slot_seq if slot_seq is not None else zeros,
+            slot_csum if slot_csum is not None else array("Q", zeros),
+        )
+
+    def lru(self) -> list[tuple[bytes, int]]:
+        """``(key, slot)`` pairs, least recently used first."""
+        out: list[tuple[bytes, int]] = []
+        s = self.head
+        while s >= 0:
+            out.append((self.slot_key[s], s))
+            s = self.nxt[s]
+        return out
+
+
+def write_checkpoint(path: Path, ck: Checkpoint) -> None:
+    """Write ``ck`` to ``path`` atomically and durably (temporary file, fsync, rename, fsync dir)."""
+    n = ck.nslots
+    if not (len(ck.slot_key) == len(ck.prev) == len(ck.nxt) == len(ck.slot_seq) == len(ck.slot_csum) == n):
+        raise ValueError("inconsistent checkpoint arrays")
+    keylens = array("H", map(len, ck.slot_key))
+    blob = b"".join(ck.slot_key)
+    head = CHECKPOINT_HEAD.pack(CK_MAGIC, VERSION, 0, ck.gen, ck.slab_id, n, ck.head, ck.tail, len(blob))
+    parts: list[bytes | memoryview] = [
+        head,
+        memoryview(keylens).cast("B"),
+        blob,
+        memoryview(ck.prev).cast("B"),
+        memoryview(ck.nxt).cast("B"),
+        memoryview(ck.slot_seq).cast("B"),
+        memoryview(ck.slot_csum).cast("B"),
+    ]
+    h = xxhash.xxh3_64()
+    for p in parts:
+        h.update(p)
+    parts.append(U64.pack(h.intdigest()))
+    tmp = path.with_name(path.name + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        for p in parts:
+            sysio.write_all(fd, memoryview(p))
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
+
+
+def read_checkpoint(path: Path) -> Checkpoint | None:
+    """Read a checkpoint; None when absent, torn or corrupt (the caller starts from empty)."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return None
+    if len(data) < CHECKPOINT_HEAD.size + 8:
+        return None
+    body = memoryview(data)[:-8]
+    if xxh(body) != U64.unpack_from(data, len(data) - 8)[0]:
+        log.warning("nvme: checkpoint %s fails its checksum; ignoring it", path)
+        return None
+    magic, version, _flags, gen, slab_id, n, head, tail, keys_len = CHECKPOINT_HEAD.unpack_from(data)
+    if magic != CK_MAGIC or version != VERSION:
+        return None
+    off = CHECKPOINT_HEAD.size
+    keylens = array("H")
+    keylens.frombytes(body[off : off + 2 * n])
+    off += 2 * n
+    blob = data[off : off + keys_len]
+    off += keys_len
+    arrays: list[array[int]] = []
+    for code, size in (("i", 4), ("i", 4), ("Q", 8), ("Q", 8)):
+        a = array(code)
+        a.frombytes(body[off : off + size * n])
+        off += size * n
+        arrays.append(a)
+    if off != len(body):
+        return None
+    # bulk slicing (map over slices runs in C): free slots come out as b""
+    ends = list(accumulate(keylens))
+    slot_key = list(map(blob.__getitem__, map(slice, [0, *ends[:-1]], ends)))
+    return Checkpoint(slab_id, gen, n, head, tail, slot_key, *arrays)

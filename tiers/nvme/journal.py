@@ -1,0 +1,264 @@
+"""The journal: an append-only log of ``PUBLISH`` / ``EVICT`` records after the checkpoint,
+written with group commit; and its replay at open."""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+from asynctier.posix_io import fsync_dir
+
+from . import sysio
+from .format import EVICT, JOURNAL_HEAD, JR_MAGIC, PUBLISH, RECORD, U64, VERSION, pack_journal_head, xxh
+from .slots import SlotIndex
+
+__all__ = ["Journal", "replay"]
+
+log = logging.getLogger(__name__)
+
+
+class Journal:
+    """Append-only record log with group commit.
+
+    Records are queued in memory (:meth:`append`, under the index lock so the journal's order
+    is the index's order) and written by whichever waiter first finds no flush running
+    (:meth:`wait`); one write (and, when durable, one ``fdatasync`` of the slabs then one of
+    the journal) covers every record queued meanwhile. A ticket is the record's position.
+    """
+
+    def __init__(
+        self,
+        prefix: Path,
+        slab_id: bytes,
+        data_fds: list[int],
+        durable: bool,
+        count: Callable[[str], None] = lambda name: None,
+    ) -> None:
+        self.prefix = prefix
+        self._count = count  # the tier's stats counter
+        self.slab_id = slab_id
+        self.data_fds = data_fds
+        self.durable = durable
+        self.fd = -1
+        self.gen = 0
+        self._cv = threading.Condition(threading.Lock())
+        self._pending: list[bytes] = []
+        self._appended = 0
+        self._done = 0
+        self._busy = False
+        self.since_checkpoint = 0
+        self.flushes = 0
+        #: flushes that failed and were mended (their records cut off and queued again)
+        self.mended = 0
+        self.broken: BaseException | None = None
+        self._end = 0  # the file's length up to the last record flushed
+
+    def path(self, gen: int) -> Path:
+        return self.prefix.with_name(f"{self.prefix.name}.journal.{gen:08d}")
+
+    def open_gen(self, gen: int, valid_end: int | None) -> None:
+        """Append to generation ``gen``: truncate it to ``valid_end``, or create it afresh."""
+        p = self.path(gen)
+        fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644) if valid_end is None else os.open(p, os.O_WRONLY)
+        try:
+            if valid_end is None:
+                sysio.write_all(fd, memoryview(pack_journal_head(gen, self.slab_id)))
+                os.fsync(fd)
+                fsync_dir(p.parent)  # the new file must exist after a crash before records in it count
+            else:
+                os.ftruncate(fd, valid_end)  # drop a torn tail so new records are not hidden behind it
+                os.fsync(fd)
+            end = os.lseek(fd, 0, os.SEEK_END)
+        except BaseException:
+            os.close(fd)  # not ours to keep: the current generation's descriptor stays
+            raise
+        self._end = end
+        if self.fd >= 0:
+            os.close(self.fd)
+        self.fd = fd
+        self.gen = gen
+
+    def append(self, rec: bytes) -> int:
+        with self._cv:
+            self._pending.append(rec)
+            self._appended += 1
+            self.since_checkpoint += 1
+            return self._appended
+
+    def append_many(self, recs: list[bytes]) -> int:
+        """Queue several records at once; return the last one's ticket (the first's is
+        ``last - len(recs) + 1``)."""
+        with self._cv:
+            self._pending += recs
+            self._appended += len(recs)
+            self.since_checkpoint += len(recs)
+            return self._appended
+
+    @property
+    def appended(self) -> int:
+        """The ticket of the last record queued (read it under the index lock, which orders appends)."""
+        return self._appended
+
+    def flushed(self, ticket: int) -> bool:
+        """Whether record ``ticket`` is in the journal already (no waiting, no I/O)."""
+        return ticket <= self._done and self.broken is None
+
+    def wait(self, ticket: int) -> None:
+        """Return once record ``ticket`` is in the journal file (and synced, when durable)."""
+        if ticket <= 0:
+            return
+        cv = self._cv
+        with cv:
+            while self._done < ticket:
+                if self.broken is not None:
+                    raise OSError(errno.EIO, f"nvme journal unusable: {self.broken!r}")
+                if not self._busy:
+                    self._busy = True
+                    batch, self._pending = self._pending, []
+                    target = self._appended
+                    break
+                cv.wait()
+            else:
+                return
+        self._flush(batch, target)
+
+    def _flush(self, batch: list[bytes], target: int, rotate_to: int | None = None) -> None:
+        """Write ``batch`` (records up to ``target``); with ``rotate_to``, then sync and switch
+        to that journal generation. The caller holds ``_busy``."""
+        err: BaseException | None = None
+        written = False
+        start = self._end
+        data = b"".join(batch)
+        try:
+            if self.durable:
+                for fd in self.data_fds:  # slot data before the records that publish it
+                    os.fdatasync(fd)
+            if batch:
+                sysio.write_all(self.fd, memoryview(data))
+            if self.durable or rotate_to is not None:
+                os.fdatasync(self.fd)
+            self._end = start + len(data)
+            written = True
+            if rotate_to is not None:
+                self.open_gen(rotate_to, None)
+        except BaseException as e:
+            err = e
+        mended = False
+        if written:
+            if err is not None:
+                # The records are in; only the switch failed (open_gen left this generation
+                # current): go on appending here, a later checkpoint tries again.
+                log.warning(
+                    "nvme journal %s: cannot start generation %s (%r); appending to this one",
+                    self.path(self.gen),
+                    rotate_to,
+                    err,
+                )
+        elif err is not None:
+            mended = self._cut_back(start, err)
+        self._settle(batch, target, written, mended, err, rotate_to)
+        if err is not None:
+            raise err
+
+    def _cut_back(self, start: int, err: BaseException) -> bool:
+        """A flush failed before its records were all in. A full or failing disk may recover:
+        cut off what may be half-written (the batch is queued again by :meth:`_settle`, ahead
+        of what came meanwhile, and the next wait() writes it). Its waiters hear of this
+        failure now (a store so reported may still end up stored). False: it cannot be cut."""
+        mended = False
+        try:
+            os.ftruncate(self.fd, start)
+            os.lseek(self.fd, start, os.SEEK_SET)
+            mended = True
+        except OSError:
+            pass
+        what = "cut back, its records are queued again" if mended else "cannot cut back: no more stores"
+        log.warning("nvme journal %s: a flush failed (%r); %s", self.path(self.gen), err, what)
+        return mended
+
+    def _settle(
+        self, batch: list[bytes], target: int, written: bool, mended: bool, err: BaseException | None,
+        rotate_to: int | None,
+    ) -> None:  # fmt: skip
+        """Publish a flush's outcome to the waiters (and the next flusher)."""
+        with self._cv:
+            self._busy = False
+            if written:
+                self._done = target
+                self.flushes += 1
+                if err is None and rotate_to is not None:
+                    self.since_checkpoint = 0
+            elif mended:
+                self._pending[:0] = batch
+                self.mended += 1
+                self._count("journal_mended")
+            else:  # records may be half-written and cannot be cut off: no more acknowledgements
+                self.broken = err
+            self._cv.notify_all()
+
+    def rotate(self, new_gen: int) -> None:
+        """Flush what is queued into the current generation, then switch to ``new_gen``.
+
+        Called with the index lock held, so no record is queued meanwhile; the records up to
+        here are exactly those the caller's snapshot reflects.
+        """
+        with self._cv:
+            while self._busy:
+                self._cv.wait()
+            self._busy = True
+            batch, self._pending = self._pending, []
+            target = self._appended
+        self._flush(batch, target, rotate_to=new_gen)
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+def replay(path: Path, slab_id: bytes, nslots: int, index: SlotIndex) -> int | None:
+    """Apply one journal generation to ``index``; return its valid length (None if unusable).
+
+    Replay stops at the first record that fails its checksum or names a slot out of range:
+    the torn tail of a crash, cut off by the caller before new records are appended.
+    """
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return None
+    hs = JOURNAL_HEAD.size + 8
+    if len(data) < hs:
+        return None
+    magic, version, _pad, _gen, sid = JOURNAL_HEAD.unpack_from(data)
+    if magic != JR_MAGIC or version != VERSION or sid != slab_id:
+        return None
+    if xxh(memoryview(data)[: JOURNAL_HEAD.size]) != U64.unpack_from(data, JOURNAL_HEAD.size)[0]:
+        return None
+    mv = memoryview(data)
+    off = hs
+    n = len(data)
+    rs = RECORD.size
+    entries = index.entries
+    seqs = index.slot_seq
+    csums = index.slot_csum
+    put = index.put
+    while off + rs + 8 <= n:
+        typ, _, klen, slot, seq, csum = RECORD.unpack_from(data, off)
+        end = off + rs + klen
+        if end + 8 > n or xxh(mv[off:end]) != U64.unpack_from(data, end)[0]:
+            break  # torn tail
+        if slot >= nslots or typ not in (PUBLISH, EVICT):
+            break
+        key = data[off + rs : end]
+        if typ == PUBLISH:
+            put(key, slot)
+            seqs[slot] = seq
+            csums[slot] = csum
+        elif entries.get(key) == slot and seqs[slot] == seq:
+            index.drop(key)
+        off = end + 8
+    return off

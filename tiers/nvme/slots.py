@@ -1,0 +1,171 @@
+"""The in-memory slot index: key -> slot in LRU order, per-slot sequence numbers and
+checksums, free slots, pins."""
+
+from __future__ import annotations
+
+import operator
+import threading
+from array import array
+from itertools import compress
+
+from .checkpoint import Checkpoint
+
+__all__ = ["SlotIndex"]
+
+
+class SlotIndex:
+    """Key -> slot, slots linked in LRU order, per-slot seq/checksum, free slots, pins.
+
+    The LRU list runs through two per-slot arrays (``prev``/``nxt``) rather than an
+    OrderedDict, so a checkpoint restores it with two bulk copies. One lock guards it all.
+    A free slot carries the journal ticket that must be flushed before it may be rewritten
+    (its ``EVICT`` record); slots being read are pinned and freed only when unpinned.
+    """
+
+    def __init__(self, nslots: int) -> None:
+        self.nslots = nslots
+        self.lock = threading.Lock()
+        self.entries: dict[bytes, int] = {}
+        self.slot_key = [b""] * nslots  # b"": free (keys are never empty)
+        self.prev = array("i", [-1]) * nslots
+        self.nxt = array("i", [-1]) * nslots
+        self.head = -1  # least recently used
+        self.tail = -1  # most recently used
+        self.slot_seq = array("Q", bytes(8 * nslots))
+        self.slot_csum = array("Q", bytes(8 * nslots))
+        # the journal ticket of the record that published each slot's key (0: recovered, so
+        # already in the journal): a store that finds its key stored waits for that one only
+        self.slot_ticket = array("Q", bytes(8 * nslots))
+        self.free: list[int] = []
+        self.reuse_ticket: dict[int, int] = {}
+        self.pins: dict[int, int] = {}
+        self.zombies: dict[int, int] = {}  # freed while pinned: slot -> ticket
+        self.writing: dict[bytes, int] = {}
+        # a removal cancels the writes of a key in flight when it ran: those with a sequence
+        # number up to this one (stores that start after it are new ones)
+        self.killed: dict[bytes, int] = {}
+
+    def load(self, ck: Checkpoint) -> None:
+        """Adopt a checkpoint's arrays (bulk operations only: this is the reopen fast path)."""
+        entries = dict(zip(ck.slot_key, range(ck.nslots)))
+        entries.pop(b"", None)
+        self.entries = entries
+        self.slot_key = ck.slot_key
+        self.prev, self.nxt, self.head, self.tail = ck.prev, ck.nxt, ck.head, ck.tail
+        self.slot_seq, self.slot_csum = ck.slot_seq, ck.slot_csum
+
+    def snapshot(self, slab_id: bytes, gen: int) -> Checkpoint:
+        """A copy of the index as a checkpoint (call with the lock held)."""
+        return Checkpoint(
+            slab_id,
+            gen,
+            self.nslots,
+            self.head,
+            self.tail,
+            list(self.slot_key),
+            self.prev[:],
+            self.nxt[:],
+            self.slot_seq[:],
+            self.slot_csum[:],
+        )
+
+    def _unlink(self, s: int) -> None:
+        p, q = self.prev[s], self.nxt[s]
+        if p >= 0:
+            self.nxt[p] = q
+        else:
+            self.head = q
+        if q >= 0:
+            self.prev[q] = p
+        else:
+            self.tail = p
+        self.prev[s] = self.nxt[s] = -1
+
+    def _link_tail(self, s: int) -> None:
+        t = self.tail
+        self.prev[s] = t
+        self.nxt[s] = -1
+        if t >= 0:
+            self.nxt[t] = s
+        else:
+            self.head = s
+        self.tail = s
+
+    def touch_slot(self, s: int) -> None:
+        """Make slot ``s`` most recently used."""
+        if self.tail != s:
+            self._unlink(s)
+            self._link_tail(s)
+
+    def put(self, key: bytes, slot: int) -> int | None:
+        """Map ``key`` to ``slot`` as most recently used; return the slot it had before, if any."""
+        other = self.slot_key[slot]
+        if other and other != key:  # only an inconsistent journal gets here
+            self.drop(other)
+        old = self.entries.get(key)
+        if old is not None:
+            self._unlink(old)
+            self.slot_key[old] = b""
+        self.entries[key] = slot
+        self.slot_key[slot] = key
+        self._link_tail(slot)
+        return old if old != slot else None
+
+    def drop(self, key: bytes) -> int | None:
+        """Forget ``key``; return the slot it had."""
+        slot = self.entries.pop(key, None)
+        if slot is not None:
+            self._unlink(slot)
+            self.slot_key[slot] = b""
+        return slot
+
+    def oldest_unpinned(self, n: int) -> list[int]:
+        """Up to ``n`` used slots, least recently used first, skipping pinned ones."""
+        out: list[int] = []
+        s = self.head
+        pins = self.pins
+        while s >= 0 and len(out) < n:
+            if not pins.get(s):
+                out.append(s)
+            s = self.nxt[s]
+        return out
+
+    def keys_lru(self) -> list[bytes]:
+        """Every key, least recently used first."""
+        out: list[bytes] = []
+        s = self.head
+        while s >= 0:
+            k = self.slot_key[s]
+            assert k
+            out.append(k)
+            s = self.nxt[s]
+        return out
+
+    def rebuild_free(self) -> None:
+        """Free = every slot without a key; a stack popped from the end, so low slots go first
+        and consecutive stores rotate across stripes."""
+        self.free = list(compress(range(self.nslots - 1, -1, -1), map(operator.not_, reversed(self.slot_key))))
+
+    def pin(self, slot: int) -> None:
+        """Keep ``slot`` from being freed while it is read (call with the lock held)."""
+        self.pins[slot] = self.pins.get(slot, 0) + 1
+
+    def unpin(self, slot: int) -> None:
+        """End a read of ``slot``; a slot freed meanwhile is freed now (call with the lock held)."""
+        n = self.pins[slot] - 1
+        if n:
+            self.pins[slot] = n
+        else:
+            del self.pins[slot]
+            t = self.zombies.pop(slot, None)
+            if t is not None:
+                self.release(slot, t)
+
+    def release(self, slot: int, ticket: int) -> None:
+        """Free ``slot`` once unpinned; it may be rewritten after journal ticket ``ticket``."""
+        if self.pins.get(slot):
+            self.zombies[slot] = max(ticket, self.zombies.get(slot, 0))
+            return
+        if ticket:
+            self.reuse_ticket[slot] = ticket
+        self.free.append(slot)

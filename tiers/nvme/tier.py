@@ -1,0 +1,279 @@
+"""The ``nvme`` tier: configuration, open and close, and the per-chunk primitives, wired
+from the slab set (:mod:`.slab`), the catalog (:mod:`.catalog`) and the coalesced jobs
+(:mod:`.groups`)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import stat
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from asynctier import IntegrityError, TierConfigError
+from asynctier.core.validation import check_keys
+from asynctier.integrity import checksum, pack_header
+from asynctier.io_engine import check_io_engine
+
+from .catalog import Catalog
+from .groups import CoalescedJobs
+from .slab import SlabSet
+
+__all__ = ["NvmeTier"]
+
+
+class NvmeTier(CoalescedJobs):
+    """Chunks in fixed slots of preallocated slab files or block devices, with O_DIRECT.
+
+    Args (besides the common knobs of :class:`~asynctier.chunked.ChunkTier`):
+        path: a slab file (created and preallocated if absent) or a block device.
+        paths: several slabs to stripe slots across (instead of ``path``).
+        capacity_bytes: total slab bytes (split evenly across ``paths``); defaults to the
+            size of an existing slab or device.
+        index_dir: where the checkpoint and journal live (default: next to the first slab;
+            required for a block device).
+        preallocate: ``fallocate`` slab files (default True); False leaves them sparse.
+        direct_io: use O_DIRECT (default True); falls back to buffered I/O, counted in
+            ``direct_io_fallbacks``, where the file system refuses it.
+        checkpoint_every: journal records between checkpoints (bounds replay at open).
+        evict_batch: LRU entries evicted at once when no slot is free (one journal flush);
+            at most an eighth of the slots.
+        coalesce_bytes: a call of many small chunks runs as jobs of up to this many slot
+            bytes (default 1 MiB; 0: one job per chunk); adjacent slots in a job move with
+            one ``pwritev``/``preadv``.
+        io_engine: ``"auto"`` (default) or ``"threads"``: ``preadv``/``pwritev`` on
+            ``max_inflight`` worker threads (``"psync"``, the former name, still works with a
+            DeprecationWarning). The nvme tier has no native engine.
+    """
+
+    default_type = "nvme"
+    supported_durability = ("none", "fsync")
+    handles_capacity = True  # the slab's size: its slots are the bound
+
+    def __init__(
+        self,
+        *,
+        path: str | os.PathLike[str] | None = None,
+        paths: Sequence[str | os.PathLike[str]] | None = None,
+        index_dir: str | os.PathLike[str] | None = None,
+        preallocate: bool = True,
+        direct_io: bool = True,
+        checkpoint_every: int = 1 << 16,
+        evict_batch: int = 16,
+        coalesce_bytes: int = 1 << 20,
+        io_engine: str = "auto",
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.paths = _slab_paths(path, paths)
+        self.index_dir = Path(os.fspath(index_dir)) if index_dir is not None else None
+        for name, v in (("preallocate", preallocate), ("direct_io", direct_io)):
+            if not isinstance(v, bool):
+                raise TierConfigError(f"{name} must be True or False; got {v!r}")
+        for name, iv in (("checkpoint_every", checkpoint_every), ("evict_batch", evict_batch)):
+            if isinstance(iv, bool) or not isinstance(iv, int) or iv <= 0:
+                raise TierConfigError(f"{name} must be a positive int; got {iv!r}")
+        self.preallocate = preallocate
+        self.direct_io = direct_io
+        self.checkpoint_every = checkpoint_every
+        self.evict_batch = evict_batch
+        if isinstance(coalesce_bytes, bool) or not isinstance(coalesce_bytes, int) or coalesce_bytes < 0:
+            raise TierConfigError(f"coalesce_bytes must be an int >= 0; got {coalesce_bytes!r}")
+        self.coalesce_bytes = coalesce_bytes
+        if io_engine == "native":
+            raise TierConfigError(
+                "nvme: io_engine='native' is not available: the nvme tier runs on the threads engine; "
+                "accepted: 'auto', 'threads'"
+            )
+        self.io_engine = check_io_engine("nvme", io_engine, supported=("auto", "threads"))
+        self._slabs = SlabSet(self.paths, direct_io=direct_io, preallocate=preallocate, count=self._stats.incr)
+        self._catalog = None
+        self._zc_all = False
+
+    # -- geometry ------------------------------------------------------------------------------
+    def stored_size(self) -> int:
+        """Bytes one chunk occupies: its whole slot (header block + rounded payload)."""
+        geo = self._slabs.geo
+        return geo.slot_size if geo is not None else self.offloading_spec.chunk_bytes
+
+    @property
+    def nslots(self) -> int:
+        """Slots in the slab set (0 before ``open()``)."""
+        geo = self._slabs.geo
+        return geo.nslots if geo is not None else 0
+
+    @property
+    def active_io_engine(self) -> str:
+        """The engine moving slots: always ``"threads"`` (what ``"auto"`` resolves to)."""
+        return "threads"
+
+    # -- open / close --------------------------------------------------------------------------
+    def _index_prefix(self) -> Path:
+        first = self.paths[0]
+        base = self.index_dir if self.index_dir is not None else first.parent
+        return base / (first.name + ".atidx")
+
+    def open_medium(self) -> None:
+        """Open the slabs, check or format their superblocks, recover the index."""
+        if any(stat.S_ISBLK(p.stat().st_mode) for p in self.paths if p.exists()) and self.index_dir is None:
+            raise TierConfigError("an nvme tier on a block device needs 'index_dir' for its checkpoint and journal")
+        spec, slabs = self.offloading_spec, self._slabs
+        fresh = slabs.open(self.capacity_bytes, spec.chunk_bytes, spec.layout_digest)
+        assert slabs.geo is not None
+        cat = Catalog(
+            self._index_prefix(),
+            slabs.slab_id,
+            slabs.epoch,
+            slabs.geo.nslots,
+            slabs.fds,
+            durable=self.durability == "fsync",
+            evict_batch=self.evict_batch,
+            checkpoint_every=self.checkpoint_every,
+            count=self._stats.incr,
+        )
+        try:
+            cat.recover(fresh)
+            self._zc_all = slabs.all_zero_copy(self._view, spec.chunk_bytes)
+        except BaseException:
+            cat.journal.close()
+            slabs.close()
+            raise
+        self._catalog = cat
+        cat.start_checkpointer(slabs.fds)
+
+    def close_medium(self) -> None:
+        """Stop the checkpointer, write a final checkpoint (a clean reopen replays nothing), close."""
+        try:
+            if self._catalog is not None:
+                self._catalog.close()
+        finally:
+            self._slabs.close()
+
+    def checkpoint(self) -> None:
+        """Write the whole index to a new checkpoint and start a new journal generation (blocking)."""
+        assert self._catalog is not None
+        self._catalog.checkpoint()
+
+    # -- the primitives ------------------------------------------------------------------------
+    def write_chunk(self, key: bytes, data: memoryview) -> None:
+        """Write ``data`` into a free slot, then publish it (docs/tiers/nvme.md has the order)."""
+        slabs, cat = self._slabs, self._catalog
+        assert cat is not None
+        slot, seq, ticket = cat.allocate(key)
+        try:
+            cat.journal.wait(ticket)  # the slot's EVICT record first: never overwrite a live mapping
+            csum = checksum(data)
+            head = pack_header(key, data.nbytes, csum, self.offloading_spec.layout_digest, seq)
+            fd, off = slabs.locate(slot)
+            slabs.pwritev(fd, slabs.write_iov(slabs.buffer(1), head, data, slabs.zero_copy_ok(data)), off)
+        except BaseException:
+            cat.abort(key, slot, ticket)
+            raise
+        cat.journal.wait(cat.publish(key, slot, seq, csum))
+
+    def read_chunk(self, key: bytes, out: memoryview) -> None:
+        """Read the slot of ``key`` into ``out`` and verify header (and payload, with ``verify``)."""
+        slabs, cat = self._slabs, self._catalog
+        assert cat is not None
+        slot, seq, csum = cat.pin(key)
+        try:
+            fd, off = slabs.locate(slot)
+            region = slabs.buffer(1)
+            direct = slabs.zero_copy_ok(out)
+            got = slabs.preadv(fd, slabs.read_iov(region, out, direct), off)
+            payload = slabs.payload(region, out, direct)
+            H = slabs.hdr_area
+            bad = (
+                IntegrityError(f"short read of slot {slot}: {got} bytes", key)
+                if got < H + out.nbytes
+                else self._check_loaded(key, slot, seq, csum, region[:H], payload)
+            )
+            if bad is not None:
+                bad.copy = (slot, seq)  # the copy to drop: not one stored since (_delete_bad_copy)
+                raise bad
+            if not direct:
+                out[:] = payload  # bounce copy (unaligned view)
+                self._stats.incr("bounce_copies")
+        finally:
+            # a bad copy is dropped by the caller: a load deletes it, fsck only when asked to
+            cat.unpin([slot])
+
+    def chunk_exists(self, key: bytes) -> bool:
+        """Whether ``key`` is indexed."""
+        assert self._catalog is not None
+        return key in self._catalog.index.entries
+
+    def _delete_bad_copy(self, key: bytes, exc: BaseException) -> None:
+        """Drop the slot that failed verification, if ``key`` still maps to it with the same
+        sequence number: a remove and a new store of ``key`` may have come in between, and a
+        store in flight is not cancelled."""
+        where = exc.copy if isinstance(exc, IntegrityError) else None
+        if isinstance(where, tuple):
+            cat = self._catalog
+            assert cat is not None
+            cat.journal.wait(cat.forget(key, *where))
+
+    def delete_chunk(self, key: bytes) -> bool:
+        """Drop ``key`` (an ``EVICT`` record; its slot is rewritten only after that record)."""
+        cat = self._catalog
+        assert cat is not None
+        ticket = cat.forget(key)
+        cat.journal.wait(ticket)
+        return ticket > 0
+
+    def list_chunks(self) -> list[bytes]:
+        """Every indexed key, least recently used first."""
+        assert self._catalog is not None
+        idx = self._catalog.index
+        with idx.lock:
+            return idx.keys_lru()
+
+    # -- index-backed contract methods (O(1), no I/O) ------------------------------------------
+    def _begin_store(self, key: bytes) -> list[bytes] | None:
+        cat = self._catalog
+        assert cat is not None
+        ticket = cat.stored_ticket(key)
+        if ticket is None:
+            return []
+        cat.journal.wait(ticket)  # (worker threads only) acknowledged as stored once it is journaled
+        return None  # already stored: skip the write
+
+    async def lookup(self, keys: Sequence[bytes]) -> list[bool]:
+        """Whether each key is indexed (O(1) each; a load still verifies the slot)."""
+        ks = check_keys(keys)
+        self._check_open()
+        assert self._catalog is not None
+        entries = self._catalog.index.entries
+        return [k in entries for k in ks]
+
+    async def touch(self, keys: Sequence[bytes]) -> None:
+        """Make stored keys most recently used."""
+        ks = check_keys(keys)
+        self._check_open()
+        assert self._catalog is not None
+        # the index lock is held across a checkpoint snapshot and journal sync: take it on a
+        # thread, never on the event loop
+        await asyncio.to_thread(self._catalog.touch, ks)
+
+    def _stored_chunks(self) -> int | None:
+        return len(self._catalog.index.entries) if self._catalog is not None else 0
+
+    def _used_bytes(self) -> int | None:
+        return len(self._catalog.index.entries) * self.stored_size() if self._catalog is not None else 0
+
+
+def _slab_paths(path: str | os.PathLike[str] | None, paths: Sequence[str | os.PathLike[str]] | None) -> list[Path]:
+    """The slabs named by exactly one of ``path`` or ``paths``, checked."""
+    if (path is None) == (paths is None):
+        raise TierConfigError("the nvme tier needs exactly one of 'path' or 'paths'")
+    if paths is not None:
+        if isinstance(paths, (str, bytes, os.PathLike)) or not paths:
+            raise TierConfigError(f"paths must be a non-empty list of paths; got {paths!r}")
+        out = [Path(os.fspath(p)) for p in paths]
+    else:
+        assert path is not None
+        out = [Path(os.fspath(path))]
+    if len(set(out)) != len(out):
+        raise TierConfigError("paths must be distinct")
+    return out
