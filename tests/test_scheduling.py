@@ -490,3 +490,50 @@ def test_capacity_on_a_tier_that_cannot_bound_itself_is_refused() -> None:
         uses_index = True
 
     assert Indexed(offloading_spec=SPEC, primary_kv_view=view, capacity_bytes=8 * 4096).capacity_bytes == 8 * 4096
+
+
+def test_max_inflight_has_a_documented_cap() -> None:
+    """100,000 workers raised "can't start new thread" from open() and left hundreds of
+    threads behind; the cap refuses it at construction, naming the maximum."""
+    from asynctier.chunked import MAX_INFLIGHT
+
+    with pytest.raises(TierConfigError, match=f"at most {MAX_INFLIGHT}"):
+        make(max_inflight=100_000)
+    assert make(max_inflight=MAX_INFLIGHT)[0].max_inflight == MAX_INFLIGHT
+
+
+async def test_an_open_that_cannot_start_its_workers_leaves_none_behind(monkeypatch: pytest.MonkeyPatch) -> None:
+    tier, _ = make(max_inflight=8)
+    started = 0
+    real_start = threading.Thread.start
+
+    def start_some(self: threading.Thread) -> None:
+        nonlocal started
+        if self.name.startswith("asynctier-") and started == 3:
+            raise RuntimeError("can't start new thread")
+        started += self.name.startswith("asynctier-")
+        real_start(self)
+
+    before = {t for t in threading.enumerate() if t.name.startswith("asynctier-GatedTier-io")}
+    monkeypatch.setattr(threading.Thread, "start", start_some)
+    with pytest.raises(RuntimeError, match="can't start new thread"):
+        await tier.open()
+    monkeypatch.undo()
+    for _ in range(200):
+        left = {t for t in threading.enumerate() if t.name.startswith("asynctier-GatedTier-io")} - before
+        if not left:
+            break
+        await asyncio.sleep(0.01)
+    assert not left, left
+    assert not tier.is_open
+
+
+async def test_calls_after_the_workers_stopped_at_exit_raise_tier_closed() -> None:
+    """At interpreter exit the tier's finalizer stops its workers; a call made then (from a
+    daemon thread's loop) got a bare RuntimeError('engine is stopped')."""
+    tier, _ = make()
+    async with tier:
+        assert tier._engine is not None
+        tier._engine.stop_nowait()  # what the finalizer does at exit
+        with pytest.raises(TierClosedError, match="workers have stopped"):
+            await tier.offload([b"k"], [0])

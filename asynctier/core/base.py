@@ -28,6 +28,7 @@ from .engine_base import Engine
 from .framing import Framing
 from .jobs import CANCELLED, Batch, Job
 from .ops import Op
+from .thread_engine import EngineStoppedError
 from .validation import check_keys, check_pairs, non_negative_float, positive_int
 
 __all__ = ["ChunkTier", "MAX_INFLIGHT"]
@@ -357,6 +358,8 @@ class ChunkTier(Bookkeeping, SecondaryTierManager):
                 drop_after=(self.backpressure_timeout_s or 0.0) if drop else None,
                 on_drop=self._dropped if drop else None,
             )
+        except EngineStoppedError:  # its workers were told to end: the process is exiting
+            raise TierClosedError(f"{self!r} is closed (its I/O workers have stopped)") from None
         finally:
             self._active -= 1
             if self._active == 0:
