@@ -304,7 +304,7 @@ def main() -> None:
 if __name__ == "__main__":
     main()
     # The raw async-API baseline used obstore's async API, which can abort this process at
-    # interpreter exit (SIGABRT from its runtime threads; see tiers/obj.py). Results are
+    # interpreter exit (SIGABRT from its runtime threads; see docs/tiers/obj.md). Results are
     # written: leave without interpreter teardown so the exit status stays honest.
     sys.stdout.flush()
     sys.stderr.flush()

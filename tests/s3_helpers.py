@@ -1,12 +1,16 @@
-"""Test helpers for the obj tier: a moto S3 server on loopback and a fault-injecting TCP proxy.
+"""Test helpers for the obj tier: a moto S3 server on loopback, a fault-injecting TCP proxy,
+and the rig (spec, primary buffer, keys) the obj tests build tiers on.
 
 Only loopback traffic: the server and the proxy listen on 127.0.0.1.
 """
 
 from __future__ import annotations
 
+import asyncio
 import atexit
 import contextlib
+import functools
+import os
 import socket
 import struct
 import subprocess
@@ -14,9 +18,29 @@ import sys
 import threading
 import time
 import urllib.request
+import uuid
 from collections.abc import Iterator
+from typing import Any
 
-__all__ = ["FaultProxy", "MotoS3", "create_bucket"]
+from asynctier import OffloadingSpec, SecondaryTierFactory
+from asynctier.errors import failure_kind
+
+__all__ = [
+    "BUCKET",
+    "CHUNK",
+    "FAST_FAULTS",
+    "FaultProxy",
+    "MotoS3",
+    "Rig",
+    "create_bucket",
+    "env",
+    "keys",
+    "kinds",
+    "moto",
+    "on_asyncio_only",
+    "s3_config",
+    "until_ok",
+]
 
 CREDS = {"AWS_ACCESS_KEY_ID": "testing-akid", "AWS_SECRET_ACCESS_KEY": "testing-secret-do-not-log"}
 
@@ -266,8 +290,6 @@ class FaultProxy:
 @contextlib.contextmanager
 def env(**values: str) -> Iterator[None]:
     """Set environment variables for the duration of a block."""
-    import os
-
     old = {k: os.environ.get(k) for k in values}
     os.environ.update(values)
     try:
@@ -278,3 +300,103 @@ def env(**values: str) -> Iterator[None]:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+# -- the obj tests' rig ----------------------------------------------------------------------
+BUCKET = "asynctier-test"
+_MOTO: MotoS3 | None = None
+
+
+def moto() -> MotoS3:
+    """One moto server for the whole test session (started on first use, stopped at exit)."""
+    global _MOTO
+    if _MOTO is None:
+        _MOTO = MotoS3()
+        create_bucket(_MOTO.endpoint, BUCKET)
+    return _MOTO
+
+
+def s3_config(endpoint: str | None = None, **extra: Any) -> dict[str, Any]:
+    ep = endpoint or moto().endpoint
+    return {
+        "type": "obj",
+        "url": f"s3://{BUCKET}/{uuid.uuid4().hex[:12]}",
+        "endpoint": ep,
+        "region": "us-east-1",
+        "credentials": {
+            "access_key_id": CREDS["AWS_ACCESS_KEY_ID"],
+            "secret_access_key": CREDS["AWS_SECRET_ACCESS_KEY"],
+        },
+        "client_options": {"allow_http": True},
+        **extra,
+    }
+
+
+CHUNK = 64 * 1024
+
+
+class Rig:
+    """A spec, a primary buffer with random chunks, and tiers built on it."""
+
+    def __init__(self, chunk_bytes: int = CHUNK, num_chunks: int = 16, namespace: str = "obj/test") -> None:
+        self.spec = OffloadingSpec(chunk_bytes, num_chunks, namespace=namespace)
+        self.buf = bytearray(os.urandom(self.spec.total_bytes))
+        self.orig = bytes(self.buf)
+
+    def tier(self, config: dict[str, Any]) -> Any:
+        return SecondaryTierFactory.create_secondary_tier(dict(config), memoryview(self.buf), self.spec)
+
+    def chunk(self, cid: int) -> bytes:
+        c = self.spec.chunk_bytes
+        return bytes(self.buf[cid * c : (cid + 1) * c])
+
+    def orig_chunk(self, cid: int) -> bytes:
+        c = self.spec.chunk_bytes
+        return self.orig[cid * c : (cid + 1) * c]
+
+    def zero(self) -> None:
+        self.buf[:] = bytes(len(self.buf))
+
+
+def keys(n: int, tag: str = "k") -> list[bytes]:
+    salt = uuid.uuid4().hex[:8]
+    return [f"{tag}-{salt}-{i}".encode() for i in range(n)]
+
+
+def kinds(res: Any) -> set[str]:
+    return {failure_kind(e) for e in res.failed.values()}
+
+
+async def until_ok(make_call: Any, attempts: int = 100, pause: float = 0.1) -> Any:
+    """Retry a call until it fully succeeds (bounded attempts; no timing assertion)."""
+    res = None
+    for _ in range(attempts):
+        res = await make_call()
+        if res.ok:
+            return res
+        await asyncio.sleep(pause)
+    raise AssertionError(f"never recovered: {res.failed if res is not None else None}")
+
+
+def on_asyncio_only(fn: Any) -> Any:
+    """Run an async test once, on the stock asyncio loop (not once per loop: these tests are
+    about the server, not the loop, and moto is slow)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> None:
+        asyncio.run(fn(*args, **kwargs))
+
+    return wrapper
+
+
+FAST_FAULTS = {
+    "timeout_s": 1.0,
+    "connect_timeout_s": 0.5,
+    "max_retries": 2,
+    "retry_timeout_s": 1.0,
+    "retry_backoff_s": 0.02,
+    "retry_max_backoff_s": 0.1,
+    "breaker_threshold": 3,
+    "breaker_cooldown_s": 0.2,
+    "max_inflight": 4,
+}

@@ -1,0 +1,89 @@
+"""Checks of the tier's numeric parameters (durations, counts), each refused with its accepted range."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from asynctier.errors import TierConfigError
+
+__all__ = ["MAX_SECONDS", "Deadlines", "integer", "seconds"]
+
+#: Durations beyond a day are mistakes (inf, milliseconds taken for seconds), and the HTTP
+#: client refuses some of them only when the store is built.
+MAX_SECONDS = 86400.0
+
+
+def seconds(name: str, value: object, *, zero_ok: bool) -> float:
+    """A duration in seconds: a real number (not a bool), > 0 (or >= 0) and <= MAX_SECONDS; NaN refused."""
+    if (
+        isinstance(value, (int, float))
+        and not isinstance(value, bool)
+        and (value >= 0 if zero_ok else value > 0)  # NaN fails this and the next
+        and value <= MAX_SECONDS
+    ):
+        return float(value)
+    bound = ">= 0" if zero_ok else "> 0"
+    raise TierConfigError(f"{name} must be a number of seconds {bound} and <= {MAX_SECONDS:g}; got {value!r}")
+
+
+def integer(name: str, value: object, minimum: int = 1, maximum: int | None = None) -> int:
+    """An int (not a bool) from ``minimum`` (to ``maximum``)."""
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int)
+        or value < minimum
+        or (maximum is not None and value > maximum)
+    ):
+        bound = f">= {minimum}" if maximum is None else f"from {minimum} to {maximum}"
+        raise TierConfigError(f"{name} must be an int {bound}; got {value!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class Deadlines:
+    """How long a request may take, and how it is retried (obstore's client and retry config).
+
+    ``timeout_s`` bounds each HTTP request; ``connect_timeout_s`` its connect phase.
+    Retryable errors are retried at most ``max_retries`` times with exponential backoff from
+    ``retry_backoff_s`` to ``retry_max_backoff_s``, and not after ``retry_timeout_s`` since
+    the first attempt.
+    """
+
+    timeout_s: float | None
+    connect_timeout_s: float
+    max_retries: int
+    retry_timeout_s: float
+    retry_backoff_s: float
+    retry_max_backoff_s: float
+
+    @classmethod
+    def parse(
+        cls,
+        timeout_s: float | None,
+        connect_timeout_s: object,
+        max_retries: object,
+        retry_timeout_s: object,
+        retry_backoff_s: object,
+        retry_max_backoff_s: object,
+    ) -> Deadlines:
+        """Check the values (``timeout_s`` was checked by the base class); fill the defaults."""
+        default_rt = timeout_s if timeout_s else 30.0
+        return cls(
+            timeout_s=timeout_s,
+            connect_timeout_s=seconds(
+                "connect_timeout_s",
+                connect_timeout_s if connect_timeout_s is not None else min(5.0, timeout_s or 5.0),
+                zero_ok=False,
+            ),
+            max_retries=integer("max_retries", max_retries, minimum=0, maximum=1000),
+            retry_timeout_s=seconds(
+                "retry_timeout_s", default_rt if retry_timeout_s is None else retry_timeout_s, zero_ok=True
+            ),
+            retry_backoff_s=seconds("retry_backoff_s", retry_backoff_s, zero_ok=False),
+            retry_max_backoff_s=seconds("retry_max_backoff_s", retry_max_backoff_s, zero_ok=False),
+        )
+
+    @property
+    def worst_request_s(self) -> float:
+        """Longest a single chunk I/O can take (the exit hook's bound)."""
+        return (self.timeout_s or 30.0) + self.retry_timeout_s + self.retry_max_backoff_s + 1.0

@@ -1,0 +1,115 @@
+"""Building the obstore store from the tier's options, the environment and its deadlines.
+
+obstore 0.12 replaces the client options it read from the environment (``AWS_ALLOW_HTTP``,
+``AWS_TIMEOUT``, ...) with any ``client_options`` passed in. The tier always passes some (its
+deadlines), so it reads those variables itself first and lets explicit options override them.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from obstore.store import LocalStore, MemoryStore, from_url
+
+from .params import Deadlines
+from .url import StoreURL
+
+if TYPE_CHECKING:
+    from obstore.store import ClientConfig, ObjectStore, RetryConfig
+
+__all__ = ["CLIENT_ENV_KEYS", "StoreOptions"]
+
+#: obstore ClientConfig keys that may also come from ``<PREFIX><KEY>`` environment variables.
+CLIENT_ENV_KEYS = (
+    "allow_http",
+    "allow_invalid_certificates",
+    "connect_timeout",
+    "default_content_type",
+    "http1_only",
+    "http2_keep_alive_interval",
+    "http2_keep_alive_timeout",
+    "http2_keep_alive_while_idle",
+    "http2_only",
+    "pool_idle_timeout",
+    "pool_max_idle_per_host",
+    "proxy_url",
+    "proxy_ca_certificate",
+    "proxy_excludes",
+    "randomize_addresses",
+    "timeout",
+    "user_agent",
+)
+
+
+@dataclass(frozen=True)
+class StoreOptions:
+    """Everything that goes into building the store; :meth:`build` does it (no I/O)."""
+
+    url: StoreURL
+    deadlines: Deadlines
+    endpoint: str | None = None
+    region: str | None = None
+    credentials: Mapping[str, Any] = field(default_factory=dict)
+    config: Mapping[str, Any] = field(default_factory=dict)
+    client_options: Mapping[str, Any] = field(default_factory=dict)
+    given: ObjectStore | None = None
+
+    def client_config(self) -> dict[str, Any]:
+        """Client options: environment (obstore drops it once any are passed), defaults, explicit."""
+        opts: dict[str, Any] = {}
+        prefix = self.url.env_prefix or ""
+        for key in CLIENT_ENV_KEYS:
+            value = os.environ.get(prefix + key.upper())
+            if value is not None:
+                opts[key] = value
+        d = self.deadlines
+        if d.timeout_s:
+            opts.setdefault("timeout", datetime.timedelta(seconds=d.timeout_s))
+        opts.setdefault("connect_timeout", datetime.timedelta(seconds=d.connect_timeout_s))
+        opts.update(self.client_options)
+        return opts
+
+    def retry_config(self) -> RetryConfig:
+        d = self.deadlines
+        return {
+            "max_retries": d.max_retries,
+            "retry_timeout": datetime.timedelta(seconds=d.retry_timeout_s),
+            "backoff": {
+                "init_backoff": datetime.timedelta(seconds=d.retry_backoff_s),
+                "max_backoff": datetime.timedelta(seconds=d.retry_max_backoff_s),
+                "base": 2,
+            },
+        }
+
+    def store_config(self) -> dict[str, Any]:
+        """Store config keys: ``endpoint`` and ``region``, then ``config``, then ``credentials``."""
+        cfg: dict[str, Any] = {}
+        if self.endpoint is not None:
+            cfg["endpoint"] = self.endpoint
+        if self.region is not None:
+            cfg["region"] = self.region
+        cfg.update(self.config)
+        cfg.update(self.credentials)
+        return cfg
+
+    def build(self) -> ObjectStore:
+        if self.given is not None:
+            return self.given
+        if self.url.scheme == "memory":
+            return MemoryStore()
+        if self.url.scheme == "file":
+            local: ObjectStore = LocalStore.from_url(self.url.raw, mkdir=True)
+            return local
+        cfg = self.store_config()
+        client: ClientConfig = self.client_config()  # type: ignore[assignment]
+        store: ObjectStore = from_url(
+            self.url.raw,
+            config=cfg or None,  # type: ignore[arg-type]
+            client_options=client,
+            retry_config=self.retry_config(),
+        )
+        return store

@@ -1,0 +1,419 @@
+"""The obj tier's wiring: the runtime's primitives (write, read, exists, delete, list) on an
+object store, with the breaker, the exit guard, the lookup cache and the capacity account."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import obstore
+
+from asynctier import BlockingChunkTier, ChunkError, ChunkNotFoundError, IntegrityError, TierConfigError
+from asynctier.core.validation import check_keys
+from asynctier.errors import CapacityError, TierUnavailableError
+from asynctier.integrity import ChunkHeader
+from asynctier.lru import LRUIndex
+from asynctier.stats import TierStats
+
+from .breaker import Breaker
+from .exit_guard import EXIT
+from .format import (
+    frame_header,
+    header_probe_size,
+    is_hashed_name,
+    key_from_plain_name,
+    object_name,
+    object_size,
+)
+from .guard import RequestGuard
+from .lookup_cache import LookupCache
+from .params import Deadlines, integer
+from .redact import Scrubber
+from .store import StoreOptions
+from .transfer import get_into, put_object, verify_payload
+from .url import parse_url
+
+if TYPE_CHECKING:
+    from obstore.store import ObjectStore
+
+__all__ = ["ObjTier"]
+
+log = logging.getLogger(__name__)
+
+_MIB = 1 << 20
+#: S3's smallest multipart part (all but the last).
+_S3_MIN_PART = 5 * _MIB
+
+
+class ObjTier(BlockingChunkTier):
+    """Chunks as objects in an object store, through obstore (docs/tiers/obj.md).
+
+    Args:
+        url: ``s3://bucket/prefix``, ``gs://bucket/prefix``, ``az://container/prefix``,
+            ``file:///dir`` or ``memory://``.
+        endpoint: store endpoint (S3-compatible servers, Azurite, ...).
+        region: S3 region.
+        credentials: store credential keys (``access_key_id``, ``secret_access_key``,
+            ``session_token``; ``service_account_key``; ``account_key``, ...); never shown.
+        config: further obstore store config keys (override the URL and the environment).
+        client_options: obstore ``ClientConfig`` (override the environment and the defaults
+            this tier sets: ``timeout``, ``connect_timeout``).
+        store: an obstore store object to use instead of building one from ``url`` (for
+            example one ``MemoryStore`` shared by two tiers); ``url`` is then a label.
+        part_size: chunks larger than this go in parallel parts/ranges (default 8 MiB;
+            S3 needs parts of at least 5 MiB).
+        part_concurrency: parts of one chunk in flight at once (default 8).
+        max_retries, retry_timeout_s, retry_backoff_s, retry_max_backoff_s: obstore retry
+            configuration (defaults 3, ``timeout_s``, 0.05, 2.0).
+        connect_timeout_s: deadline of the connect phase (default ``min(5, timeout_s)``).
+        breaker_threshold, breaker_cooldown_s: circuit breaker (defaults 5, 5.0).
+        lookup_ttl_s, lookup_negative_ttl_s, lookup_cache_entries: lookup cache (defaults
+            10.0, 1.0, 100_000; a TTL of 0 turns that side off).
+        **kwargs: the common knobs of :class:`~asynctier.ChunkTier` (``max_inflight``,
+            ``capacity_bytes``, ``timeout_s``, ``verify``, ...).
+    """
+
+    default_type = "obj"
+    supported_durability: ClassVar[tuple[str, ...]] = ("none",)
+    # The store is the authority (other servers write to it); an index is kept only for
+    # capacity, as self._lru.
+    uses_index = False
+    handles_capacity = True  # its own LRU, by DELETE
+
+    def __init__(
+        self,
+        *,
+        url: str,
+        endpoint: str | None = None,
+        region: str | None = None,
+        credentials: Mapping[str, str] | None = None,
+        config: Mapping[str, Any] | None = None,
+        client_options: Mapping[str, Any] | None = None,
+        store: ObjectStore | None = None,
+        part_size: int = 8 * _MIB,
+        part_concurrency: int = 8,
+        max_retries: int = 3,
+        retry_timeout_s: float | None = None,
+        retry_backoff_s: float = 0.05,
+        retry_max_backoff_s: float = 2.0,
+        connect_timeout_s: float | None = None,
+        breaker_threshold: int = 5,
+        breaker_cooldown_s: float = 5.0,
+        lookup_ttl_s: float = 10.0,
+        lookup_negative_ttl_s: float = 1.0,
+        lookup_cache_entries: int = 100_000,
+        timeout_s: float | None = 30.0,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(timeout_s=timeout_s, **kwargs)
+        where = parse_url(url, store_given=store is not None)
+        self.url = where.shown
+        for name, value in (("credentials", credentials), ("config", config), ("client_options", client_options)):
+            if value is not None and not isinstance(value, Mapping):
+                raise TierConfigError(f"{name} must be a dict; got {type(value).__name__}")
+        self.part_size = integer("part_size", part_size)
+        if where.is_s3 and self.part_size < _S3_MIN_PART:
+            raise TierConfigError(
+                f"part_size must be at least 5 MiB on S3 (its smallest multipart part); got {part_size}"
+            )
+        self.part_concurrency = integer("part_concurrency", part_concurrency)
+        self.deadlines = Deadlines.parse(
+            self.timeout_s, connect_timeout_s, max_retries, retry_timeout_s, retry_backoff_s, retry_max_backoff_s
+        )
+        self._options = StoreOptions(
+            where, self.deadlines, endpoint, region, dict(credentials or {}), dict(config or {}),
+            dict(client_options or {}), store,
+        )  # fmt: skip
+        self._breaker = Breaker.configured(breaker_threshold, breaker_cooldown_s)
+        self._cache = LookupCache.configured(lookup_cache_entries, lookup_ttl_s, lookup_negative_ttl_s)
+        self._lru: LRUIndex | None = (
+            LRUIndex(self.capacity_bytes, track_removals=True) if self.capacity_bytes is not None else None
+        )
+        self._scrubber = Scrubber.for_store(
+            where.raw, self._options.credentials, self._options.config, where.env_prefix
+        )
+        self._requests = RequestGuard(self._breaker, self._scrubber, self.timeout_s)
+        self._store: ObjectStore | None = None
+        self._prefix = self.offloading_spec.layout_id + "/"
+        EXIT.allow_for(self.deadlines.worst_request_s)
+
+    # -- representation (never credentials) -----------------------------------------------
+    def __repr__(self) -> str:
+        return f"<ObjTier type={self.tier_type!r} url={self.url!r} namespace={self.offloading_spec.namespace!r}>"
+
+    def _scrub(self, text: str) -> str:
+        return self._scrubber.scrub(text)
+
+    # -- open and close --------------------------------------------------------------------
+    def open_medium(self) -> None:
+        try:
+            self._store = self._options.build()
+        except Exception as e:
+            raise TierConfigError(f"obj tier {self.url}: cannot build the store: {self._scrub(str(e))}") from None
+        if self._lru is not None:
+            try:
+                self._recover_index()
+            except ChunkError as e:
+                # a cache must come up even while its store is down; capacity then counts
+                # only what this instance stores from now on
+                log.warning("obj tier %s: could not list existing chunks for capacity accounting: %s", self.url, e)
+
+    def _recover_index(self) -> None:
+        """Account the chunks already under the prefix (oldest first) for capacity."""
+        assert self._lru is not None
+        found = sorted((meta["last_modified"].timestamp(), key, meta["size"]) for key, meta in self._listed_keys())
+        for _, key, size in found:
+            self._lru.add(key, size)
+        failed = self._evict_all(self._lru.evict_over_capacity())
+        if failed:
+            log.warning("obj tier %s: %d chunk(s) over capacity could not be deleted (%r); still counted",
+                        self.url, len(failed), failed[0])  # fmt: skip
+
+    def close_medium(self) -> None:
+        self._store = None
+
+    # -- every request: breaker, exit guard, error mapping --------------------------------
+    def _guarded(self, key: bytes) -> contextlib.AbstractContextManager[None]:
+        """Run one object-store operation: breaker, exit guard, error mapping."""
+        return self._requests.request(key)
+
+    def _path(self, key: bytes) -> str:
+        return self._prefix + object_name(key)
+
+    def _st(self) -> ObjectStore:
+        st = self._store
+        if st is None:
+            raise TierUnavailableError("the object store is not open")
+        return st
+
+    # -- primitives ------------------------------------------------------------------------
+    def write_chunk(self, key: bytes, data: memoryview) -> None:
+        lru = self._lru
+        if lru is not None and not self._reserve_room(lru, key, data.nbytes):
+            return
+        try:
+            header = frame_header(key, data, self.offloading_spec.layout_digest)
+            with self._guarded(key):
+                if len(header) + data.nbytes > self.part_size:
+                    self._stats.incr("multipart_uploads")
+                put_object(self._st(), self._path(key), header, data, self.part_size, self.part_concurrency)
+        except BaseException:
+            if lru is not None:
+                lru.abort(key)
+            raise
+        if lru is not None:
+            lru.commit(key)
+        self._cache.put(key, True)
+
+    def _reserve_room(self, lru: LRUIndex, key: bytes, nbytes: int) -> bool:
+        """Reserve ``key``'s room in the capacity account, evicting by DELETE; False: the key
+        is stored already (the write is skipped)."""
+        size = object_size(len(key), nbytes)
+        # an old copy's DELETE must not land after this PUT: wait it out
+        victims = self._after_removal(lru.reserve, key, size)
+        if victims is None:
+            # The account says stored; the store says so too, or it is stored again: another
+            # server on the prefix, or a lifecycle rule, may have deleted it since.
+            if self.chunk_exists(key):
+                self._stats.incr("skipped_known_stored")
+                return False
+            lru.discard(key)
+            victims = self._after_removal(lru.reserve, key, size)
+            if victims is None:  # stored here meanwhile
+                self._stats.incr("skipped_known_stored")
+                return False
+        failed = self._evict_all(victims)
+        if failed:
+            lru.abort(key)
+            raise CapacityError(
+                f"no room within capacity_bytes: deleting {len(failed)} least recently used chunk(s) "
+                f"failed: {failed[0]}",
+                key,
+            ) from failed[0]
+        return True
+
+    def read_chunk(self, key: bytes, out: memoryview) -> None:
+        lru = self._lru
+        # Pinned before the GET, and taken into the account if absent (another server stored
+        # it): a removal or a write of the key here meanwhile is seen. None: it is being
+        # removed or written here now; read it, but leave the account to them.
+        entry = lru.adopt_pinned_entry(key, object_size(len(key), out.nbytes)) if lru is not None else None
+        ok = False
+        try:
+            self._get_into(key, out)
+            ok = True
+        except ChunkNotFoundError:
+            self._cache.forget(key)
+            if lru is not None and entry is not None:
+                lru.discard(key, entry=entry)
+            raise
+        except IntegrityError:
+            # the object is still there: it leaves the account when it is deleted (a load
+            # deletes it; a verification without remove_bad keeps it)
+            self._cache.forget(key)
+            raise
+        finally:
+            if lru is not None and entry is not None:
+                lru.unpin(key, touch=ok, entry=entry)
+        self._cache.put(key, True)
+
+    def _get_into(self, key: bytes, out: memoryview) -> None:
+        """GET the object into ``out`` and verify it; a bad copy's IntegrityError names its
+        ETag (``copy``), so that deleting it cannot take a copy stored since."""
+        etag: list[str | None] = [None]
+        try:
+            with self._guarded(key):
+                if object_size(len(key), out.nbytes) > self.part_size:
+                    self._stats.incr("ranged_downloads")
+                header = get_into(
+                    self._st(), self._path(key), key, out, self.part_size, self.offloading_spec.layout_digest, etag
+                )
+            if self.verify:
+                verify_payload(out, header, key)
+        except IntegrityError as e:
+            if e.copy is None and etag[0] is not None:
+                e.copy = ("etag", etag[0])
+            raise
+
+    def _delete_bad_copy(self, key: bytes, exc: BaseException) -> None:
+        """Delete the object that failed verification, unless another was stored under its
+        name since (this server or another): its ETag is compared first. A copy stored
+        between that HEAD and the DELETE can still be taken (S3 has no conditional DELETE)."""
+        copy = getattr(exc, "copy", None)
+        if isinstance(copy, tuple) and copy[0] == "etag":
+            self._stats.incr("head_requests")
+            try:
+                with self._guarded(key):
+                    now = obstore.head(self._st(), self._path(key)).get("e_tag")
+            except ChunkNotFoundError:
+                return  # gone already
+            if now != copy[1]:
+                self._stats.incr("bad_copy_replaced")
+                return  # a copy stored since: not ours to delete
+        self.delete_chunk(key)
+
+    def chunk_exists(self, key: bytes) -> bool:
+        self._stats.incr("head_requests")
+        try:
+            with self._guarded(key):
+                obstore.head(self._st(), self._path(key))
+        except ChunkNotFoundError:
+            self._cache.put(key, False)
+            return False
+        self._cache.put(key, True)
+        return True
+
+    def delete_chunk(self, key: bytes) -> bool:
+        lru = self._lru
+        if lru is not None and not self._after_removal(lru.begin_remove, key):
+            return False  # a write of the key runs: it wins, as if this came first
+        try:
+            return self._delete_object(key)
+        finally:
+            if lru is not None:
+                lru.removed([key])
+
+    def _delete_object(self, key: bytes) -> bool:
+        self._cache.forget(key)
+        try:
+            with self._guarded(key):
+                obstore.delete(self._st(), self._path(key))
+        except ChunkNotFoundError:
+            return False
+        self._cache.put(key, False)
+        return True
+
+    def _evict_all(self, victims: list[bytes]) -> list[Exception]:
+        """Delete the objects of ``victims`` (handed out by the account, held as being removed
+        till now). One whose DELETE fails is still in the bucket: it goes back into the
+        account as least recently used (tried first next time), never silently dropped from
+        it; the failures are returned."""
+        lru = self._lru
+        assert lru is not None
+        failed: list[tuple[bytes, Exception]] = []
+        try:
+            for v in victims:
+                try:
+                    self._delete_object(v)
+                except Exception as e:
+                    failed.append((v, e))
+                else:
+                    self._evicted(v, None)
+        finally:
+            lru.removed(victims)
+        if failed:
+            self._stats.incr("eviction_failures", len(failed))
+            back = [(0, v, object_size(len(v), self.offloading_spec.chunk_bytes)) for v, _ in failed]
+            lru.merge_older(back, set())
+        return [e for _, e in failed]
+
+    # -- listing ---------------------------------------------------------------------------
+    def list_chunks(self) -> list[bytes]:
+        return [key for key, _ in self._listed_keys()]
+
+    def _listed_keys(self) -> Iterator[tuple[bytes, Any]]:
+        """(key, object metadata) of every chunk object under the prefix."""
+        with self._guarded(b"list"):
+            pages = list(obstore.list(self._st(), self._prefix, chunk_size=1000))
+        for page in pages:
+            for meta in page:
+                name = meta["path"].rsplit("/", 1)[-1]
+                key = self._key_from_name(name, meta["size"])
+                if key is not None:
+                    yield key, meta
+
+    def _key_from_name(self, name: str, size: int) -> bytes | None:
+        """The key an object name stands for (reads the header of hashed names)."""
+        key = key_from_plain_name(name)
+        if key is not None or not is_hashed_name(name):
+            return key
+        try:
+            with self._guarded(b"list"):
+                head = obstore.get_range(self._st(), self._prefix + name, start=0, length=header_probe_size(size))
+            return ChunkHeader.unpack(memoryview(head)).key
+        except Exception as e:
+            log.warning("obj tier %s: skipping unreadable object %s: %s", self.url, name, self._scrub(str(e)))
+            return None
+
+    # -- lookup: cache, then HEADs in parallel ----------------------------------------------
+    async def lookup(self, keys: Sequence[bytes]) -> list[bool]:
+        """Whether each key is stored: cached answers, then one HEAD per miss, in parallel."""
+        ks = check_keys(keys)
+        self._check_open()
+        now = time.monotonic()
+        answers: list[bool | None] = [self._cache.get(k, now) for k in ks]
+        misses = [k for k, a in zip(ks, answers) if a is None]
+        self._stats.incr("lookup_cache_hits", len(ks) - len(misses))
+        if misses:
+            self._stats.incr("lookup_cache_misses", len(misses))
+            found = iter(await super().lookup(misses))  # HEADs as lookup jobs, under the in-flight bound
+            answers = [a if a is not None else next(found) for a in answers]
+        return [bool(a) for a in answers]
+
+    async def touch(self, keys: Sequence[bytes]) -> None:
+        ks = check_keys(keys)
+        self._check_open()
+        if self._lru is not None:
+            self._lru.touch(ks)
+
+    # -- stats -----------------------------------------------------------------------------
+    def _stored_chunks(self) -> int | None:
+        return len(self._lru) if self._lru is not None else None
+
+    def _used_bytes(self) -> int | None:
+        return self._lru.used_bytes if self._lru is not None else None
+
+    def stats(self) -> TierStats:
+        s = super().stats()
+        s.extra["breaker_opened"] = self._breaker.opened
+        s.extra["breaker_fast_failed"] = self._breaker.fast_failed
+        s.extra["lookup_cache_entries"] = len(self._cache)
+        return s
+
+    @property
+    def breaker_state(self) -> str:
+        """The circuit breaker: ``closed``, ``open`` or ``half-open``."""
+        return self._breaker.state

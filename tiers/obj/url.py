@@ -1,0 +1,53 @@
+"""The tier's ``url``: which kind of store it names, and how it may be shown."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+from asynctier.errors import TierConfigError
+
+from .redact import redact_url
+
+__all__ = ["ENV_PREFIX", "StoreURL", "parse_url"]
+
+#: Cloud schemes, and the prefix of the environment variables obstore reads for each.
+ENV_PREFIX = {
+    "s3": "AWS_",
+    "s3a": "AWS_",
+    "gs": "GOOGLE_",
+    "az": "AZURE_",
+    "adl": "AZURE_",
+    "azure": "AZURE_",
+    "abfs": "AZURE_",
+    "abfss": "AZURE_",
+}
+
+
+@dataclass(frozen=True)
+class StoreURL:
+    """A checked ``url``: ``raw`` goes to obstore only, ``shown`` everywhere else."""
+
+    raw: str
+    scheme: str
+    shown: str
+
+    @property
+    def env_prefix(self) -> str | None:
+        return ENV_PREFIX.get(self.scheme)
+
+    @property
+    def is_s3(self) -> bool:
+        return self.scheme in ("s3", "s3a")
+
+
+def parse_url(url: object, *, store_given: bool) -> StoreURL:
+    """Check ``url``; with an obstore store object given (``store_given``) it is only a label."""
+    if not isinstance(url, str) or "://" not in url:
+        raise TierConfigError(f"url must be a store URL such as 's3://bucket/prefix'; got {url!r:.80}")
+    scheme = urlsplit(url).scheme.lower()
+    if not store_given and scheme not in (*ENV_PREFIX, "file", "memory"):
+        raise TierConfigError(
+            f"unsupported url scheme {scheme!r}; accepted: s3, gs, az (and Azure aliases), file, memory"
+        )
+    return StoreURL(raw=url, scheme=scheme, shown=redact_url(url))
