@@ -10,6 +10,10 @@ of that:
 * a class that is not a :class:`SecondaryTierManager` is a clear error, not an ``assert``;
 * an unknown config key is an error that names the parameters the tier accepts;
 * the caller's config dict is never modified.
+
+A tier config is code: ``module_path`` is imported (its module runs) before the class is
+checked, exactly as a Python ``import`` would. Take configs only from sources you would take
+code from (docs/security.md).
 """
 
 from __future__ import annotations
@@ -53,7 +57,18 @@ class TierInfo:
 _EXTRAS = {"obstore": "s3"}
 
 
+def _looks_like_a_path(module_path: str) -> bool:
+    return "/" in module_path or "\\" in module_path or module_path.endswith(".py")
+
+
 def _import_class(module_path: str, class_name: str, what: str) -> type[SecondaryTierManager]:
+    if _looks_like_a_path(module_path):
+        stem = module_path.replace("\\", "/").rsplit("/", 1)[-1].removesuffix(".py")
+        raise TierConfigError(
+            f"{what}: module_path must be a module name such as 'mypackage.mytier', not a file path; got "
+            f"{module_path!r}. Make its directory importable (install the package, or put the directory on "
+            f"PYTHONPATH) and write module_path={stem!r}"
+        )
     try:
         module = importlib.import_module(module_path)
     except ImportError as e:

@@ -262,3 +262,9 @@ def test_a_missing_optional_dependency_names_its_extra(monkeypatch: pytest.Monke
     monkeypatch.setattr(builtins, "__import__", no_obstore)
     with pytest.raises(TierConfigError, match=r"pip install 'asynctier\[s3\]'"):
         SecondaryTierFactory.create_secondary_tier({"type": "obj", "url": "memory://"}, view(), SPEC)
+
+
+@pytest.mark.parametrize("path", ["examples/dir_tier.py", "./dir_tier", "dir_tier.py", "C:\\\\tiers\\\\dir_tier.py"])
+def test_module_path_that_is_a_file_path_says_it_must_be_a_module_name(path: str) -> None:
+    with pytest.raises(TierConfigError, match=r"module name such as .* not a file path.*module_path='dir_tier'"):
+        SecondaryTierFactory.get_tier_class({"type": "DirTier", "module_path": path})
