@@ -25,8 +25,9 @@ def test_import_is_light_and_builtins_are_lazy() -> None:
         """
         import sys
         import asynctier
-        heavy = [m for m in ("asynctier.tiers.memory", "asynctier.tiers.fs", "asynctier.tiers.nvme", "asynctier.tiers.obj", "obstore", "torch",
-                             "numpy", "aiofiles", "rich") if m in sys.modules]
+        tiers = ("asynctier.tiers.memory", "asynctier.tiers.fs", "asynctier.tiers.nvme", "asynctier.tiers.obj")
+        heavy = [m for m in (*tiers, "obstore", "torch", "numpy", "aiofiles", "rich", "trio", "asynctier.cli")
+                 if m in sys.modules]
         assert not heavy, heavy
         types = {i.tier_type for i in asynctier.SecondaryTierFactory.registered()}
         assert {"memory", "fs", "nvme", "obj"} <= types, types
