@@ -4,7 +4,9 @@ bad values refused at construction.
 
 from __future__ import annotations
 
+import socket
 import sys
+import traceback
 import uuid
 from pathlib import Path
 
@@ -12,6 +14,12 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 from s3_helpers import BUCKET, FAST_FAULTS, Rig, env, keys, kinds, moto, on_asyncio_only, s3_config
+
+from asynctier.errors import failure_kind
+
+
+def kinds_of(errors: list[BaseException]) -> set[str]:
+    return {failure_kind(e) for e in errors}
 
 
 async def test_standard_env_configuration_keeps_allow_http_with_client_options() -> None:
@@ -57,6 +65,63 @@ async def test_credentials_never_in_reprs_errors_or_logs(caplog: pytest.LogCaptu
         text += caplog.text
         assert secret not in text
         assert kinds(res) == {"unavailable"}
+
+
+def _refused_port() -> int:
+    """A loopback port nothing listens on (bound, then closed)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _all_text(exc: BaseException) -> str:
+    """What a caller or a log can show of an exception: str, repr and the whole traceback."""
+    return " ".join([str(exc), repr(exc), "".join(traceback.format_exception(exc))])
+
+
+@on_asyncio_only
+async def test_no_text_shows_user_info_or_query_strings(caplog: pytest.LogCaptureFixture) -> None:
+    """An endpoint with user info (``http://user:PASS@host:port``) and a URL with a query
+    string: neither the user info nor the query shows in any text the tier produces (per-chunk
+    errors, the client's wrapped errors, tracebacks, config errors, repr, stats, logs). The
+    endpoint's user info used to appear verbatim in every per-chunk error, and a URL without
+    ``//`` was echoed whole, query string and all, in its TierConfigError."""
+    from asynctier import TierConfigError
+
+    tag = uuid.uuid4().hex
+    user, password, query = f"user{tag[:8]}", f"PASS{tag}", f"sig{tag}"
+    shown: list[str] = []
+    rig = Rig()
+    for url in (
+        f"s3:/{BUCKET}?sig={query}",
+        f"s3:{user}:{password}@{BUCKET}/x",
+        f"ftp://{user}:{password}@h/x?q={query}",
+    ):
+        with pytest.raises(TierConfigError) as info:
+            rig.tier({"type": "obj", "url": url})
+        shown.append(_all_text(info.value))
+    endpoint = f"http://{user}:{password}@127.0.0.1:{_refused_port()}"
+    caplog.set_level("DEBUG")
+    bad_client = s3_config(endpoint=endpoint, client_options={"allow_http": True, "timeout": "soon"})
+    with pytest.raises(TierConfigError) as info:
+        async with rig.tier(bad_client):
+            pass
+    shown.append(_all_text(info.value))
+    cfg = s3_config(endpoint=endpoint, capacity_bytes=1 << 30, **FAST_FAULTS)  # capacity: a listing at open
+    cfg["url"] += f"?sig={query}"
+    tier = rig.tier(cfg)
+    async with tier:
+        ks = keys(2)
+        failed = [*(await tier.offload(ks, [0, 1])).failed.values(), *(await tier.load(ks, [2, 3])).failed.values()]
+        assert len(failed) == 4 and kinds_of(failed) <= {"unavailable", "io"}, failed
+        assert await tier.lookup(ks) == [False, False]
+        shown += [_all_text(e) for e in failed]
+        shown += [repr(tier), str(tier), str(tier.stats()), tier.url]
+    shown += [r.getMessage() for r in caplog.records] + [caplog.text]
+    assert any("127.0.0.1" in t for t in shown)  # the texts are there, only the secrets are not
+    for text in shown:
+        for secret in (password, query, f"{user}:", f"{user}@"):
+            assert secret not in text, text
 
 
 async def test_config_errors_raise_at_construction(tmp_path: Path) -> None:

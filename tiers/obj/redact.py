@@ -1,40 +1,70 @@
 """Keeping secrets out of every text the tier produces (errors, reprs, logs).
 
-Credentials, secret-looking store config values, the matching environment variables and the
-URL's user info and query string are collected once; any text shown is scrubbed of them.
+Two layers. Every URL in a text loses its user info and its query string (an endpoint's
+password, an Azure SAS token); the URL the tier was given is shown the same way. And the
+values known to be secret — credentials, secret-looking store config values, the matching
+environment variables, the passwords and query values of the URLs given — are replaced
+wherever they appear, in whatever form the client printed them.
 """
 
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterable, Mapping
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import parse_qsl, quote, unquote, urlsplit
 
-__all__ = ["Scrubber", "redact_url"]
+__all__ = ["Scrubber", "redact_text", "redact_url"]
 
 #: Store config keys whose values are secrets.
 _SECRET_HINTS = ("secret", "token", "key", "password", "sas", "credential")
 #: obstore appends a multi-line dump of the error's fields; the first lines say it all.
 _DEBUG_DUMP = "\n\nDebug source:"
 _MAX_SHOWN = 600
+_MASK = "***"
+# scheme://[userinfo@]rest[?query][#fragment] inside free text; the user info runs to the
+# last "@" before the path, as a URL parser reads it
+_URL_IN_TEXT = re.compile(
+    r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.-]*://)(?P<userinfo>[^/\s?#]*@)?(?P<rest>[^\s?#\"'<>]*)"
+    r"(?P<query>\?[^\s#\"'<>)]*)?(?P<fragment>#[^\s\"'<>)]*)?"
+)
 
 
 def redact_url(url: str) -> str:
-    """The URL without user info or query (an Azure SAS token can hide in either)."""
-    parts = urlsplit(url)
-    host = parts.hostname or ""
-    if parts.port:
-        host = f"{host}:{parts.port}"
-    return f"{parts.scheme}://{host}{parts.path}"
+    """``url`` without user info, query string or fragment (with or without ``//``)."""
+    head = re.split(r"[?#]", url, maxsplit=1)[0]
+    scheme, sep, rest = head.partition(":")
+    if not sep:
+        return head
+    slashes = len(rest) - len(rest.lstrip("/"))
+    authority, slash, path = rest[slashes:].partition("/")
+    if "@" in authority:
+        authority = authority.rsplit("@", 1)[1]
+    return f"{scheme}:{'/' * slashes}{authority}{slash}{path}"
+
+
+def redact_text(text: str) -> str:
+    """``text`` with every ``scheme://`` URL in it redacted as :func:`redact_url` does."""
+    return _URL_IN_TEXT.sub(lambda m: m["scheme"] + m["rest"], text)
 
 
 def _is_secret_name(name: str) -> bool:
     return any(h in name.lower() for h in _SECRET_HINTS)
 
 
+def _url_secrets(value: str) -> list[str]:
+    """The password and query values of a URL-like ``value``, as given, decoded and encoded."""
+    parts = urlsplit(value)
+    out = [p for p in (parts.password, parts.query, parts.fragment) if p]
+    if "@" in value and parts.password is None and parts.username:  # "user@host": the whole user info
+        out.append(parts.username)
+    out += [v for _, v in parse_qsl(parts.query or value.partition("?")[2], keep_blank_values=False)]
+    return [form for s in out for form in (s, unquote(s), quote(s, safe=""))]
+
+
 class Scrubber:
-    """Replaces every known secret in a text with ``***``."""
+    """Replaces every known secret in a text with ``***`` and redacts the URLs in it."""
 
     def __init__(self, secrets: Iterable[str]) -> None:
         self._secrets = sorted({s for s in secrets if s}, key=len, reverse=True)
@@ -42,21 +72,27 @@ class Scrubber:
     @classmethod
     def for_store(
         cls,
-        url: str,
+        urls: Iterable[str | None],
         credentials: Mapping[str, Any],
         config: Mapping[str, Any],
+        client_options: Mapping[str, Any],
         env_prefix: str | None,
     ) -> Scrubber:
+        """The secrets of a store's options: ``urls`` (the tier's url, the endpoint),
+        credentials, secret-looking config values and environment variables, and the URLs
+        among the config and client options (a proxy URL may hold a password)."""
         out = [v for v in credentials.values() if isinstance(v, str)]
         out += [v for k, v in config.items() if isinstance(v, str) and _is_secret_name(k)]
         if env_prefix:
             out += [v for k, v in os.environ.items() if k.startswith(env_prefix) and _is_secret_name(k)]
-        parts = urlsplit(url)
-        out += [p for p in (parts.password, parts.username, parts.query) if p]
+        given = [u for u in urls if isinstance(u, str)]
+        given += [v for v in (*config.values(), *client_options.values()) if isinstance(v, str) and ":" in v]
+        for u in given:
+            out += _url_secrets(u)
         return cls(out)
 
     def scrub(self, text: str) -> str:
-        for s in self._secrets:
-            text = text.replace(s, "***")
         text = text.split(_DEBUG_DUMP, 1)[0].strip()
-        return text[:_MAX_SHOWN]
+        for s in self._secrets:
+            text = text.replace(s, _MASK)
+        return redact_text(text)[:_MAX_SHOWN]

@@ -132,8 +132,9 @@ class ObjTier(BlockingChunkTier):
         self._lru: LRUIndex | None = (
             LRUIndex(self.capacity_bytes, track_removals=True) if self.capacity_bytes is not None else None
         )
+        o = self._options
         self._scrubber = Scrubber.for_store(
-            where.raw, self._options.credentials, self._options.config, where.env_prefix
+            (where.raw, endpoint), o.credentials, o.config, o.client_options, where.env_prefix
         )
         self._requests = RequestGuard(self._breaker, self._scrubber, self.timeout_s)
         self._store: ObjectStore | None = None

@@ -24,6 +24,10 @@ ENV_PREFIX = {
 }
 
 
+def _shown(value: object) -> str:
+    return repr(redact_url(value) if isinstance(value, str) else value)[:80]
+
+
 @dataclass(frozen=True)
 class StoreURL:
     """A checked ``url``: ``raw`` goes to obstore only, ``shown`` everywhere else."""
@@ -44,7 +48,7 @@ class StoreURL:
 def parse_url(url: object, *, store_given: bool) -> StoreURL:
     """Check ``url``; with an obstore store object given (``store_given``) it is only a label."""
     if not isinstance(url, str) or "://" not in url:
-        raise TierConfigError(f"url must be a store URL such as 's3://bucket/prefix'; got {url!r:.80}")
+        raise TierConfigError(f"url must be a store URL such as 's3://bucket/prefix'; got {_shown(url)}")
     scheme = urlsplit(url).scheme.lower()
     if not store_given and scheme not in (*ENV_PREFIX, "file", "memory"):
         raise TierConfigError(
