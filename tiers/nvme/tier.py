@@ -50,6 +50,7 @@ class NvmeTier(CoalescedJobs):
     default_type = "nvme"
     supported_durability = ("none", "fsync")
     handles_capacity = True  # the slab's size: its slots are the bound
+    frames_own_bytes = True  # the slot header is placed here, beside the payload (zero-copy)
 
     def __init__(
         self,
