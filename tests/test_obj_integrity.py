@@ -221,3 +221,28 @@ async def test_an_object_written_by_hand_loads_byte_exact(tmp_path: Path, part_s
         res = await tier.load(ks, [3, 5])
         assert res.ok, res.failed
         assert rig.chunk(3) == payloads[0] and rig.chunk(5) == payloads[1]
+
+
+async def test_a_part_size_smaller_than_the_largest_header_is_refused(tmp_path: Path) -> None:
+    """Every load reads the header from the first part: a part_size smaller than the header
+    of the longest key made every load of such a chunk fail as corrupt and delete it. It is
+    refused at construction; at the smallest part_size accepted, a chunk of the longest key
+    goes up in parts and comes back whole."""
+    from asynctier import TierConfigError
+    from asynctier.chunked import MAX_KEY_BYTES
+    from asynctier.integrity import ChunkHeader
+
+    smallest = ChunkHeader.packed_size(MAX_KEY_BYTES)
+    rig = Rig()
+    for url in ("memory://", f"file://{tmp_path}/store", "gs://bucket/prefix", "az://container/prefix"):
+        with pytest.raises(TierConfigError, match="part_size"):
+            rig.tier({"type": "obj", "url": url, "part_size": smallest - 1})
+    tier = rig.tier({"type": "obj", "url": f"file://{tmp_path}/store", "part_size": smallest})
+    async with tier:
+        ks = [b"k" * MAX_KEY_BYTES, b"short"]
+        assert (await tier.offload(ks, [0, 1])).ok
+        rig.zero()
+        res = await tier.load(ks, [2, 3])
+        assert res.ok, res.failed
+        assert rig.chunk(2) == rig.orig_chunk(0) and rig.chunk(3) == rig.orig_chunk(1)
+        assert tier.stats().extra["ranged_downloads"] == 2

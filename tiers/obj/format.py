@@ -11,21 +11,27 @@ from __future__ import annotations
 import base64
 
 from asynctier.chunked import MAX_KEY_BYTES
-from asynctier.errors import IntegrityError
+from asynctier.errors import IntegrityError, TierConfigError
 from asynctier.integrity import ChunkHeader, checksum, key_token
+
+from .params import integer
 
 __all__ = [
     "HASHED_NAME_LEN",
+    "S3_MIN_PART",
     "check_size",
     "frame_header",
     "header_probe_size",
     "is_hashed_name",
     "key_from_plain_name",
+    "check_part_size",
     "object_name",
     "object_size",
     "read_header",
 ]
 
+#: S3's smallest multipart part (all but the last).
+S3_MIN_PART = 5 << 20
 #: Length of a hashed key token (``"h"`` + 64 hex digits); never a base32 length, so the two
 #: kinds of names cannot be confused.
 HASHED_NAME_LEN = 65
@@ -59,6 +65,17 @@ def key_from_plain_name(name: str) -> bytes | None:
 
 def is_hashed_name(name: str) -> bool:
     return name.startswith("h") and len(name) == HASHED_NAME_LEN
+
+
+def check_part_size(value: object, *, s3: bool) -> int:
+    """``part_size`` checked: the header of the longest key must fit in the first part, which
+    a load reads (and checks) before the rest; S3 refuses parts under 5 MiB."""
+    size = integer("part_size", value)
+    smallest = S3_MIN_PART if s3 else ChunkHeader.packed_size(MAX_KEY_BYTES)
+    if size < smallest:
+        why = "S3's smallest multipart part" if s3 else f"the header of a {MAX_KEY_BYTES}-byte key"
+        raise TierConfigError(f"part_size must be at least {smallest} bytes ({why}); got {size}")
+    return size
 
 
 def header_probe_size(object_bytes: int) -> int:

@@ -21,6 +21,7 @@ from asynctier.stats import TierStats
 from .breaker import Breaker
 from .exit_guard import EXIT
 from .format import (
+    check_part_size,
     frame_header,
     header_probe_size,
     is_hashed_name,
@@ -44,8 +45,6 @@ __all__ = ["ObjTier"]
 log = logging.getLogger(__name__)
 
 _MIB = 1 << 20
-#: S3's smallest multipart part (all but the last).
-_S3_MIN_PART = 5 * _MIB
 
 
 class ObjTier(BlockingChunkTier):
@@ -114,11 +113,7 @@ class ObjTier(BlockingChunkTier):
         for name, value in (("credentials", credentials), ("config", config), ("client_options", client_options)):
             if value is not None and not isinstance(value, Mapping):
                 raise TierConfigError(f"{name} must be a dict; got {type(value).__name__}")
-        self.part_size = integer("part_size", part_size)
-        if where.is_s3 and self.part_size < _S3_MIN_PART:
-            raise TierConfigError(
-                f"part_size must be at least 5 MiB on S3 (its smallest multipart part); got {part_size}"
-            )
+        self.part_size = check_part_size(part_size, s3=where.is_s3)
         self.part_concurrency = integer("part_concurrency", part_concurrency)
         self.deadlines = Deadlines.parse(
             self.timeout_s, connect_timeout_s, max_retries, retry_timeout_s, retry_backoff_s, retry_max_backoff_s
