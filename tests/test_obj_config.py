@@ -147,3 +147,30 @@ async def test_config_errors_raise_at_construction(tmp_path: Path) -> None:
     ):
         with pytest.raises((TierConfigError, TypeError)):
             rig.tier({"type": "obj", **bad})
+
+
+async def test_file_urls_need_an_absolute_directory_other_than_the_root(tmp_path: Path) -> None:
+    """``file://`` resolved to the file system root (chunks were written under /), and a
+    relative ``file://dir`` was refused only at open() by a parse error from inside the
+    client. Both are refused at construction, with the root in any spelling; a directory
+    that does not exist yet is created (with its parents) by open()."""
+    from asynctier import TierConfigError
+
+    rig = Rig()
+    for url, why in (
+        ("file://", "absolute directory"),
+        ("file://relative/dir", "absolute directory"),
+        ("file://host/tmp/x", "absolute directory"),
+        ("file:///", "root"),
+        ("file:////", "root"),
+        ("file:///tmp/..", "root"),
+        (f"file://{tmp_path}/x?y=1", "query"),
+    ):
+        with pytest.raises(TierConfigError, match=why):
+            rig.tier({"type": "obj", "url": url})
+    where = tmp_path / "not" / "there" / "yet"
+    tier = rig.tier({"type": "obj", "url": f"file://{where}"})
+    assert not where.exists()  # the constructor does no I/O
+    async with tier:
+        assert where.is_dir()
+        assert (await tier.offload(keys(1), [0])).ok

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import posixpath
 from dataclasses import dataclass
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 from asynctier.errors import TierConfigError
 
@@ -54,4 +55,24 @@ def parse_url(url: object, *, store_given: bool) -> StoreURL:
         raise TierConfigError(
             f"unsupported url scheme {scheme!r}; accepted: s3, gs, az (and Azure aliases), file, memory"
         )
+    if scheme == "file" and not store_given:
+        _check_file_url(url)
     return StoreURL(raw=url, scheme=scheme, shown=redact_url(url))
+
+
+def _check_file_url(url: str) -> None:
+    """``file:///abs/dir``: an absolute directory (created by open() if missing), not the root.
+
+    ``file://dir`` names a host, not a relative directory, and ``file://`` the root: both
+    reached the client, which failed deep inside or wrote chunks under ``/``.
+    """
+    parts = urlsplit(url)
+    example = "file:///path/to/dir"
+    if parts.query or parts.fragment:
+        raise TierConfigError(f"a file:// url takes no query or fragment ({example}); got {_shown(url)}")
+    if parts.netloc or not parts.path.startswith("/"):
+        raise TierConfigError(
+            f"a file:// url needs an absolute directory after the two slashes ({example}); got {_shown(url)}"
+        )
+    if posixpath.normpath(unquote(parts.path)) in ("/", "//"):
+        raise TierConfigError(f"a file:// url must not name the file system root; got {_shown(url)}")
