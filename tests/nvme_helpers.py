@@ -122,6 +122,50 @@ def corrupt_payload(tier: NvmeTier, key: bytes) -> None:
         os.close(fd)
 
 
+def _slot(tier: NvmeTier, key: bytes) -> tuple[Path, int, int]:
+    """(slab path, offset of the slot, offset of its payload) of ``key``."""
+    assert tier._catalog is not None and tier._slabs.geo is not None
+    geo = tier._slabs.geo
+    stripe, off = geo.locate(tier._catalog.index.entries[key])
+    return tier.paths[stripe], off, off + geo.hdr_area
+
+
+def damage_slot(tier: NvmeTier, key: bytes, how: str) -> None:
+    """On the medium, ``"flip"`` one payload byte of ``key``'s slot, or ``"truncate"`` it: the
+    second half of the payload zeroed, as a write cut short leaves a fixed slot."""
+    path, _, payload = _slot(tier, key)
+    n = tier.offloading_spec.chunk_bytes
+    fd = os.open(path, os.O_RDWR)
+    try:
+        if how == "flip":
+            b = os.pread(fd, 1, payload + n // 3)
+            os.pwrite(fd, bytes([b[0] ^ 0x01]), payload + n // 3)
+        elif how == "truncate":
+            os.pwrite(fd, bytes(n - n // 2), payload + n // 2)
+        else:
+            raise ValueError(how)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def swap_slots(tier: NvmeTier, key_a: bytes, key_b: bytes) -> None:
+    """On the medium, swap the whole slots (header and payload) of two keys."""
+    assert tier._slabs.geo is not None
+    size = tier._slabs.geo.slot_size
+    (pa, a, _), (pb, b, _) = _slot(tier, key_a), _slot(tier, key_b)
+    fa, fb = os.open(pa, os.O_RDWR), os.open(pb, os.O_RDWR)
+    try:
+        ba, bb = os.pread(fa, size, a), os.pread(fb, size, b)
+        os.pwrite(fa, bb, a)
+        os.pwrite(fb, ba, b)
+        os.fsync(fa)
+        os.fsync(fb)
+    finally:
+        os.close(fa)
+        os.close(fb)
+
+
 def hold_first_flush(tier: NvmeTier, held: threading.Event, go_on: threading.Event) -> None:
     """The journal's next flush sets ``held`` and waits for ``go_on`` before it writes."""
     assert tier._catalog is not None

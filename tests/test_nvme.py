@@ -17,15 +17,24 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from nvme_helpers import CHUNK, chunk_at, fill, make
+from asynctier.tiers.nvme import NvmeTier
+from nvme_helpers import CHUNK, chunk_at, damage_slot, fill, make, swap_slots
 
 from asynctier import OffloadingSpec, SecondaryTierFactory, TierConfigError
 from asynctier.errors import failure_kind
-from asynctier.testing import TierConformance
+from asynctier.testing import Harness, TierConformance
 
 
 class TestNvmeTier(TierConformance):
     """The suite's bytearray primary buffer is not page-aligned: this runs the bounce path."""
+
+    async def corrupt_stored(self, h: Harness, key: bytes, how: str) -> None:
+        assert isinstance(h.tier, NvmeTier)
+        damage_slot(h.tier, key, how)
+
+    async def swap_stored(self, h: Harness, key_a: bytes, key_b: bytes) -> None:
+        assert isinstance(h.tier, NvmeTier)
+        swap_slots(h.tier, key_a, key_b)
 
     def tier_config(self, tmp_path: Path) -> dict[str, Any]:
         # sparse: ~70 suite checks x 145 MB of fallocate would be 10 GB of disk per run;

@@ -4,12 +4,13 @@ from the slab set (:mod:`.slab`), the catalog (:mod:`.catalog`) and the coalesce
 
 from __future__ import annotations
 
-import asyncio
 import os
 import stat
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+import anyio
 
 from asynctier import IntegrityError, TierConfigError
 from asynctier.core.validation import check_keys
@@ -255,7 +256,7 @@ class NvmeTier(CoalescedJobs):
         assert self._catalog is not None
         # the index lock is held across a checkpoint snapshot and journal sync: take it on a
         # thread, never on the event loop
-        await asyncio.to_thread(self._catalog.touch, ks)
+        await anyio.to_thread.run_sync(self._catalog.touch, ks)
 
     def _stored_chunks(self) -> int | None:
         return len(self._catalog.index.entries) if self._catalog is not None else 0
