@@ -4,29 +4,56 @@
 
 from __future__ import annotations
 
-import asyncio
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import anyio
+import anyio.to_thread
+import obstore
 import pytest
 
-from asynctier.testing import TierConformance
+from asynctier.testing import Harness, TierConformance
 
 sys.path.insert(0, str(Path(__file__).parent))
 from s3_helpers import s3_config
 
 
 # -- conformance ------------------------------------------------------------------------------
-class TestObjMemoryConformance(TierConformance):
+class ObjConformance(TierConformance):
+    """The suite's integrity checks damage objects on the store itself: this tier frames its
+    own bytes (the header in front of the payload, docs/tiers/obj.md)."""
+
+    async def corrupt_stored(self, h: Harness, key: bytes, how: str) -> None:
+        def damage() -> None:
+            st, path = h.tier._st(), h.tier._path(key)
+            body = bytearray(obstore.get(st, path).bytes())
+            if how == "flip":
+                body[-1] ^= 0xFF  # the payload's last byte
+            else:
+                del body[-100:]
+            obstore.put(st, path, bytes(body))
+
+        await anyio.to_thread.run_sync(damage)
+
+    async def swap_stored(self, h: Harness, key_a: bytes, key_b: bytes) -> None:
+        def swap() -> None:
+            st, a, b = h.tier._st(), h.tier._path(key_a), h.tier._path(key_b)
+            body_a, body_b = obstore.get(st, a).bytes(), obstore.get(st, b).bytes()
+            obstore.put(st, a, body_b)
+            obstore.put(st, b, body_a)
+
+        await anyio.to_thread.run_sync(swap)
+
+
+class TestObjMemoryConformance(ObjConformance):
     def tier_config(self, tmp_path: Path) -> dict[str, Any]:
         return {"type": "obj", "url": "memory://"}
 
 
-class TestObjFileConformance(TierConformance):
+class TestObjFileConformance(ObjConformance):
     def tier_config(self, tmp_path: Path) -> dict[str, Any]:
         return {"type": "obj", "url": f"file://{tmp_path}/store"}
 
@@ -34,7 +61,7 @@ class TestObjFileConformance(TierConformance):
 SLOW = os.environ.get("ASYNCTIER_SLOW_TESTS") == "1"
 
 
-class TestObjS3Conformance(TierConformance):
+class TestObjS3Conformance(ObjConformance):
     """The suite against moto's S3 server on 127.0.0.1, on the stock asyncio loop only.
 
     The two checks that make a thousand requests or more run only with
@@ -43,20 +70,18 @@ class TestObjS3Conformance(TierConformance):
     memory:// and file://.
     """
 
-    @pytest.fixture(params=["asyncio"])
-    def loop_factory(self, request: pytest.FixtureRequest) -> Iterator[Any]:
-        yield asyncio.new_event_loop
+    backends = ("asyncio",)
 
     def tier_config(self, tmp_path: Path) -> dict[str, Any]:
         return s3_config()
 
     @pytest.mark.skipif(not SLOW, reason="2000 requests to a slow moto; set ASYNCTIER_SLOW_TESTS=1")
-    def test_loads_not_starved_by_store_flood(self, tmp_path: Path, loop_factory: Any) -> None:
-        super().test_loads_not_starved_by_store_flood(tmp_path, loop_factory)
+    def test_loads_not_starved_by_store_flood(self, tmp_path: Path, backend: Any) -> None:
+        super().test_loads_not_starved_by_store_flood(tmp_path, backend)
 
     @pytest.mark.skipif(not SLOW, reason="1200 requests to a slow moto; set ASYNCTIER_SLOW_TESTS=1")
-    def test_inflight_bound_under_1000_concurrent_calls(self, tmp_path: Path, loop_factory: Any) -> None:
-        super().test_inflight_bound_under_1000_concurrent_calls(tmp_path, loop_factory)
+    def test_inflight_bound_under_1000_concurrent_calls(self, tmp_path: Path, backend: Any) -> None:
+        super().test_inflight_bound_under_1000_concurrent_calls(tmp_path, backend)
 
 
 def test_import_asynctier_does_not_import_obstore() -> None:
