@@ -88,18 +88,6 @@ async def test_checkpoint_rotates_journal(tmp_path: Path) -> None:
         assert await tier.lookup(keys) == [True] * 16
 
 
-async def test_other_layout_reformats(tmp_path: Path) -> None:
-    p = tmp_path / "lay.slab"
-    tier, view = make(p)
-    fill(view, CHUNK, 10)
-    async with tier:
-        assert (await tier.offload([b"z"], [0])).ok
-    tier, view = make(p, namespace="another/model")
-    async with tier:
-        assert await tier.lookup([b"z"]) == [False]
-        assert tier.stats().stored_chunks == 0
-
-
 async def test_striping_across_paths(tmp_path: Path) -> None:
     """Slots rotate across the stripes; a grouped call (max_inflight=2) spans all three."""
     paths = [tmp_path / "s0.slab", tmp_path / "s1.slab", tmp_path / "s2.slab"]
@@ -187,7 +175,10 @@ async def _block_device(tmp_path: Path, dev: str) -> None:
     tier, _ = make(Path(dev), slots=None)
     with pytest.raises(TierConfigError, match="index_dir"):
         await tier.open()
-    tier, view = make(Path(dev), slots=None, index_dir=str(tmp_path / "idx"))
+    tier, _ = make(Path(dev), slots=None, index_dir=str(tmp_path / "idx"))
+    with pytest.raises(TierConfigError, match="not an nvme slab"):  # a blank device is not a slab
+        await tier.open()
+    tier, view = make(Path(dev), slots=None, index_dir=str(tmp_path / "idx"), reformat=True)
     data = fill(view, CHUNK, 16)
     keys = [b"bd%d" % i for i in range(16)]
     async with tier:

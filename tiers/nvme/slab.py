@@ -19,7 +19,7 @@ from asynctier.integrity import ChunkHeader, checksum, header_matches
 from asynctier.posix_io import O_DIRECT, aligned_buffer, buffer_address, logical_block_size
 
 from . import sysio
-from .format import VERSION, Superblock, round_up
+from .format import SB_MAGIC, VERSION, Superblock, round_up
 
 __all__ = ["Geometry", "SlabSet", "slot_error"]
 
@@ -70,27 +70,36 @@ class SlabSet:
         self.slab_id = b""
         self.epoch = 0
         self._bufs = _Buffers()
+        #: files the last open created (True) or found empty (False): undone if it fails
+        self._made: list[tuple[Path, bool]] = []
 
     # -- open / close --------------------------------------------------------------------------
-    def open(self, capacity_bytes: int | None, chunk_bytes: int, layout_digest: bytes) -> bool:
+    def open(self, capacity_bytes: int | None, chunk_bytes: int, layout_digest: bytes, *, reformat: bool) -> bool:
         """Open every slab, check or write the superblocks and bump the epoch (so sequence
-        numbers are never reused); True if the set was formatted afresh (no index to recover)."""
+        numbers are never reused); True if the set was formatted afresh (no index to recover).
+
+        Slabs of another layout, and files or devices that are not slabs, are refused with
+        :class:`TierConfigError` (nothing written) unless ``reformat``. On any failure the
+        files this open created are removed (see :meth:`abandon`).
+        """
         self.direct = bool(self.direct_io and O_DIRECT)
         self.fds = []  # a new list: a finalizer of an earlier open may still hold the old one
+        self._made = []
         n = len(self.paths)
         per = capacity_bytes // n if capacity_bytes is not None else None
         try:
-            sizes: list[int] = []
+            found: list[int] = []  # each slab's size as found
             for p in self.paths:
                 p.parent.mkdir(parents=True, exist_ok=True)
-                fd, size = self._open_one(p, per)
+                fd, cur = self._open_one(p)
                 self.fds.append(fd)
-                sizes.append(size)
+                found.append(cur)
             if not self.direct:  # one path refused O_DIRECT: one mode for all (chunks go unbounced)
                 for fd in self.fds:
                     fl = fcntl.fcntl(fd, fcntl.F_GETFL)
                     if fl & O_DIRECT:
                         fcntl.fcntl(fd, fcntl.F_SETFL, fl & ~O_DIRECT)
+            sizes = [self._stripe_size(p, cur, per) for p, cur in zip(self.paths, found)]
             block = max(logical_block_size(p) for p in self.paths)
             geo = Geometry(block, chunk_bytes, min(sizes), n)
             if geo.per_stripe <= 0:
@@ -99,22 +108,27 @@ class SlabSet:
                 )
             self.geo = geo
             self._hdr = geo.hdr_area
-            fresh = not self._read_superblocks(chunk_bytes, layout_digest)
+            fresh = self._adopt([self._look(fd, cur) for fd, cur in zip(self.fds, found)], chunk_bytes,
+                                layout_digest, reformat)  # fmt: skip
             if fresh:
                 self.slab_id = uuidlib.uuid4().bytes
                 self.epoch = 0
                 log.info("nvme: formatting %s (%d slots of %d bytes)", self.paths, geo.nslots, geo.slot_size)
             self.epoch += 1
+            # superblocks before sizing: a process killed in between leaves a slab of ours (or an
+            # empty file), never a file of zeros that the next open would take for foreign data
             self._write_superblocks(chunk_bytes, layout_digest)
+            self._size_files(found, sizes)
         except BaseException:
-            self.close()
+            self.abandon()
             raise
         return fresh
 
-    def _open_one(self, p: Path, size: int | None) -> tuple[int, int]:
-        """Open (creating and sizing if needed) one slab; return (fd, its size in bytes)."""
+    def _open_one(self, p: Path) -> tuple[int, int]:
+        """Open one slab, creating a file that is not there; (fd, its size as found)."""
         flags = os.O_RDWR | getattr(os, "O_CLOEXEC", 0)
-        is_blk = p.exists() and stat.S_ISBLK(p.stat().st_mode)
+        existed = os.path.lexists(p)
+        is_blk = existed and stat.S_ISBLK(p.stat().st_mode)
         if not is_blk:
             flags |= os.O_CREAT
         fd = -1
@@ -131,47 +145,100 @@ class SlabSet:
             self.direct = False
         try:
             cur = os.lseek(fd, 0, os.SEEK_END)
-            if is_blk:
-                return fd, min(cur, size) if size else cur
-            if size is None:
-                if cur == 0:
-                    raise TierConfigError(f"capacity_bytes is required to create the nvme slab {str(p)!r}")
-                return fd, cur
-            if cur < size:
+        except BaseException:
+            os.close(fd)
+            raise
+        if not existed:
+            self._made.append((p, True))
+        elif not is_blk and cur == 0:
+            self._made.append((p, False))  # an empty file given: emptied again if the open fails
+        return fd, cur
+
+    @staticmethod
+    def _stripe_size(p: Path, cur: int, per: int | None) -> int:
+        """The bytes slab ``p`` (``cur`` bytes now) gives the slab set."""
+        if stat.S_ISBLK(p.stat().st_mode):
+            return min(cur, per) if per else cur
+        if per is None:
+            if cur == 0:
+                raise TierConfigError(f"capacity_bytes is required to create the nvme slab {str(p)!r}")
+            return cur
+        return per
+
+    def _size_files(self, found: list[int], sizes: list[int]) -> None:
+        """Extend the slab files shorter than their share (decided to be ours by now)."""
+        for fd, cur, size in zip(self.fds, found, sizes):
+            if cur < size and not stat.S_ISBLK(os.fstat(fd).st_mode):
                 if self.preallocate:
                     os.posix_fallocate(fd, 0, size)
                 else:
                     os.ftruncate(fd, size)
-            return fd, size
-        except BaseException:
-            os.close(fd)
-            raise
+                os.fdatasync(fd)  # the size, as the superblock's own sync made it durable before
 
-    def _read_superblocks(self, chunk_bytes: int, layout_digest: bytes) -> bool:
-        """True if every stripe carries a superblock of this geometry and layout (same slab set)."""
+    def _look(self, fd: int, size: int) -> Superblock | str:
+        """What slab ``fd`` starts with: its superblock, or ``"empty"``, ``"damaged"`` (the
+        slab magic, a bad checksum: a torn superblock of ours) or ``"foreign"``."""
+        assert self.geo is not None
+        if size == 0:
+            return "empty"
+        buf = aligned_buffer(self.geo.data_off)
+        got = os.preadv(fd, [buf], 0)
+        if got < len(SB_MAGIC) or bytes(buf[: len(SB_MAGIC)]) != SB_MAGIC:
+            return "foreign"
+        sb = Superblock.unpack(buf[:got])
+        return sb if sb is not None else "damaged"
+
+    def _adopt(self, found: list[Superblock | str], chunk_bytes: int, layout_digest: bytes, reformat: bool) -> bool:
+        """Reuse the slab set found (False), format it afresh (True: empty or damaged slabs,
+        or ``reformat``), or refuse with an error that says what is there."""
+        problems: list[str] = []
+        ours: list[Superblock] = []
+        for i, (p, what) in enumerate(zip(self.paths, found)):
+            if what == "foreign":
+                kind = "device" if stat.S_ISBLK(p.stat().st_mode) else "file"
+                problems.append(f"{p} is not an nvme slab (a {kind} that does not start with a slab superblock)")
+            elif isinstance(what, Superblock):
+                diff = self._differences(what, i, chunk_bytes, layout_digest)
+                if diff:
+                    problems.append(f"{p} holds an nvme slab of another layout ({'; '.join(diff)})")
+                else:
+                    ours.append(what)
+        if not problems and len({sb.slab_id for sb in ours}) > 1:
+            problems.append(f"{', '.join(map(str, self.paths))} are slabs of different slab sets")
+        if problems and not reformat:
+            raise TierConfigError(
+                f"nvme: {'; '.join(problems)}. Nothing was written: pass reformat=True to format over it "
+                "(what it holds is lost), or use another path."
+            )
+        if problems:
+            log.warning("nvme: reformat=True: formatting over what is there: %s", "; ".join(problems))
+            return True
+        if len(ours) == len(self.paths):
+            self.slab_id = ours[0].slab_id
+            self.epoch = max(sb.epoch for sb in ours)
+            return False
+        if ours or "damaged" in found:
+            log.warning("nvme: %s: an incomplete or damaged slab set; formatting it afresh", self.paths)
+        return True
+
+    def _differences(self, sb: Superblock, stripe: int, chunk_bytes: int, layout_digest: bytes) -> list[str]:
+        """How superblock ``sb`` (of stripe ``stripe``) differs from this configuration."""
         geo = self.geo
         assert geo is not None
-        buf = aligned_buffer(geo.data_off)
-        ids: set[bytes] = set()
-        epochs: list[int] = []
-        for i, fd in enumerate(self.fds):
-            if os.preadv(fd, [buf], 0) < Superblock.SIZE:
-                return False
-            sb = Superblock.unpack(buf)
-            if sb is None:
-                return False
-            have = (sb.version, sb.block, sb.chunk_bytes, sb.slot_size, sb.per_stripe, sb.stripe, sb.stripes)
-            want = (VERSION, geo.block, chunk_bytes, geo.slot_size, geo.per_stripe, i, len(self.fds))
-            if have != want or (sb.layout_digest, sb.data_off) != (layout_digest, geo.data_off):
-                log.warning("nvme: %s holds another layout or geometry; reformatting", self.paths[i])
-                return False
-            ids.add(sb.slab_id)
-            epochs.append(sb.epoch)
-        if len(ids) != 1:
-            return False
-        self.slab_id = ids.pop()
-        self.epoch = max(epochs)
-        return True
+        fields = [
+            ("format version", sb.version, VERSION),
+            ("chunk_bytes", sb.chunk_bytes, chunk_bytes),
+            ("block", sb.block, geo.block),
+            ("slot_size", sb.slot_size, geo.slot_size),
+            ("slots", sb.per_stripe, geo.per_stripe),
+            ("stripe", sb.stripe, stripe),
+            ("stripes", sb.stripes, len(self.paths)),
+            ("data_off", sb.data_off, geo.data_off),
+        ]
+        out = [f"{name} {have} there, {want} here" for name, have, want in fields if have != want]
+        if sb.layout_digest != layout_digest:
+            out.append("layout digest differs: another namespace or chunk size")
+        return out
 
     def _write_superblocks(self, chunk_bytes: int, layout_digest: bytes) -> None:
         geo = self.geo
@@ -199,6 +266,20 @@ class SlabSet:
         fds = self.fds  # emptied in place: the journal and the finalizer share this list
         while fds:
             os.close(fds.pop())
+
+    def abandon(self) -> None:
+        """Close after a failed open, leaving nothing the open made: files it created are
+        removed, an empty file it was given is emptied again."""
+        self.close()
+        made, self._made = self._made, []
+        for p, created in made:
+            try:
+                if created:
+                    p.unlink()
+                else:
+                    os.truncate(p, 0)
+            except OSError as e:  # the open's own error is the one to report
+                log.warning("nvme: cannot undo %s after a failed open: %r", p, e)
 
     # -- slot I/O ------------------------------------------------------------------------------
     @property

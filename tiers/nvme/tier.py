@@ -43,6 +43,10 @@ class NvmeTier(CoalescedJobs):
         coalesce_bytes: a call of many small chunks runs as jobs of up to this many slot
             bytes (default 1 MiB; 0: one job per chunk); adjacent slots in a job move with
             one ``pwritev``/``preadv``.
+        reformat: format over what the paths hold when it is not a slab set of this layout
+            (a slab of another namespace, chunk size or capacity, or a file or device that is
+            not a slab); default False: refuse with an error saying what is there. A slab set
+            of this layout is reused either way.
         io_engine: ``"auto"`` (default) or ``"threads"``: ``preadv``/``pwritev`` on
             ``max_inflight`` worker threads (``"psync"``, the former name, still works with a
             DeprecationWarning). The nvme tier has no native engine.
@@ -64,13 +68,14 @@ class NvmeTier(CoalescedJobs):
         checkpoint_every: int = 1 << 16,
         evict_batch: int = 16,
         coalesce_bytes: int = 1 << 20,
+        reformat: bool = False,
         io_engine: str = "auto",
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         self.paths = _slab_paths(path, paths)
         self.index_dir = Path(os.fspath(index_dir)) if index_dir is not None else None
-        for name, v in (("preallocate", preallocate), ("direct_io", direct_io)):
+        for name, v in (("preallocate", preallocate), ("direct_io", direct_io), ("reformat", reformat)):
             if not isinstance(v, bool):
                 raise TierConfigError(f"{name} must be True or False; got {v!r}")
         for name, iv in (("checkpoint_every", checkpoint_every), ("evict_batch", evict_batch)):
@@ -78,6 +83,7 @@ class NvmeTier(CoalescedJobs):
                 raise TierConfigError(f"{name} must be a positive int; got {iv!r}")
         self.preallocate = preallocate
         self.direct_io = direct_io
+        self.reformat = reformat
         self.checkpoint_every = checkpoint_every
         self.evict_batch = evict_batch
         if isinstance(coalesce_bytes, bool) or not isinstance(coalesce_bytes, int) or coalesce_bytes < 0:
@@ -121,7 +127,7 @@ class NvmeTier(CoalescedJobs):
         if any(stat.S_ISBLK(p.stat().st_mode) for p in self.paths if p.exists()) and self.index_dir is None:
             raise TierConfigError("an nvme tier on a block device needs 'index_dir' for its checkpoint and journal")
         spec, slabs = self.offloading_spec, self._slabs
-        fresh = slabs.open(self.capacity_bytes, spec.chunk_bytes, spec.layout_digest)
+        fresh = slabs.open(self.capacity_bytes, spec.chunk_bytes, spec.layout_digest, reformat=self.reformat)
         assert slabs.geo is not None
         cat = Catalog(
             self._index_prefix(),
@@ -139,7 +145,7 @@ class NvmeTier(CoalescedJobs):
             self._zc_all = slabs.all_zero_copy(self._view, spec.chunk_bytes)
         except BaseException:
             cat.journal.close()
-            slabs.close()
+            slabs.abandon()  # a slab this open created or formatted from empty does not stay
             raise
         self._catalog = cat
         cat.start_checkpointer(slabs.fds)
