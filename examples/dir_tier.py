@@ -1,7 +1,11 @@
 """A custom tier in a few dozen lines: one file per chunk in a directory.
 
 Only the four per-chunk primitives are written here; the in-flight bound, loads ahead of
-stores, back-pressure, stats and cancellation safety come from BlockingChunkTier.
+stores, back-pressure, stats, cancellation safety and integrity come from BlockingChunkTier.
+With ``frames_own_bytes = False`` the base class hands ``write_chunk`` each chunk as one record
+(a header with the key, length, layout and checksum, then the payload) and checks the record
+``read_chunk`` returns: a damaged, truncated or misplaced file fails its key and is removed,
+with no checksum code here.
 Use it with: {"type": "DirTier", "module_path": "dir_tier", "root": "/tmp/kv"}
 """
 
@@ -11,11 +15,13 @@ import os
 from pathlib import Path
 from typing import Any
 
-from asynctier import BlockingChunkTier, ChunkNotFoundError
+from asynctier import BlockingChunkTier, ChunkNotFoundError, IntegrityError
 from asynctier.integrity import key_token
 
 
 class DirTier(BlockingChunkTier):
+    frames_own_bytes = False  # the base class frames and checks every record
+
     def __init__(self, *, root: str, **kwargs: Any) -> None:
         super().__init__(**kwargs)  # the common knobs: max_inflight, store_backpressure, ...
         self.dir = Path(root) / self.offloading_spec.layout_id  # never mix layouts
@@ -29,17 +35,17 @@ class DirTier(BlockingChunkTier):
     def write_chunk(self, key: bytes, data: memoryview) -> None:
         tmp = self._path(key).with_suffix(f".tmp{os.getpid()}-{id(data)}")
         with open(tmp, "wb") as f:
-            f.write(data)  # from the primary buffer's slice, no copy
+            f.write(data)
         os.replace(tmp, self._path(key))  # readers never see a partial chunk
 
     def read_chunk(self, key: bytes, out: memoryview) -> None:
         try:
             with open(self._path(key), "rb", buffering=0) as f:
-                n = f.readinto(out)  # straight into the primary slot
+                n = f.readinto(out)
         except FileNotFoundError:
             raise ChunkNotFoundError("not stored", key) from None
-        if n != len(out):
-            raise ChunkNotFoundError(f"truncated chunk ({n} bytes)", key)
+        if n != len(out):  # a bad copy: the base class removes it
+            raise IntegrityError(f"stored record is {n} bytes, expected {len(out)}", key)
 
     def chunk_exists(self, key: bytes) -> bool:
         return self._path(key).exists()
