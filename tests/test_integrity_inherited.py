@@ -1,0 +1,149 @@
+"""Integrity a tier inherits from the base classes (``frames_own_bytes = False``): a tier that
+writes only the four primitives, with no checksum code, still never delivers a damaged,
+truncated or misplaced chunk.
+
+* a BlockingChunkTier on a real sqlite3 file passes the whole conformance suite, integrity
+  checks included;
+* a tier whose ``read_chunk`` hands back a byte changed fails that key (IntegrityError, one
+  checksum failure), where a tier trusted with its own bytes reported it loaded;
+* the AsyncChunkTier example (examples/async_dict_tier.py, on a dict) and the README's DirTier
+  rely on the same framing and pass the suite in test_conformance_builtin.py.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from pathlib import Path
+from typing import Any
+
+import anyio.lowlevel
+import pytest
+
+from asynctier import (
+    AsyncChunkTier,
+    BlockingChunkTier,
+    ChunkNotFoundError,
+    IntegrityError,
+    OffloadingSpec,
+    SecondaryTierFactory,
+)
+from asynctier.testing import BACKENDS, TierConformance, run_on_backend
+
+
+class SqliteTier(BlockingChunkTier):
+    """One row per chunk in a sqlite3 file: the four primitives and nothing else."""
+
+    frames_own_bytes = False
+
+    def __init__(self, *, path: str, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.path = path
+        self._local = threading.local()  # a connection per worker thread
+        self._all: list[sqlite3.Connection] = []
+        self._lock = threading.Lock()
+
+    def _db(self) -> sqlite3.Connection:
+        db: sqlite3.Connection | None = getattr(self._local, "db", None)
+        if db is None:
+            db = sqlite3.connect(self.path, timeout=30, isolation_level=None, check_same_thread=False)
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("PRAGMA synchronous=OFF")  # a cache: durability="none"
+            self._local.db = db
+            with self._lock:
+                self._all.append(db)
+        return db
+
+    def open_medium(self) -> None:
+        self._db().execute("CREATE TABLE IF NOT EXISTS chunks (key BLOB PRIMARY KEY, record BLOB NOT NULL)")
+
+    def close_medium(self) -> None:
+        with self._lock:
+            for db in self._all:
+                db.close()
+            self._all.clear()
+
+    def write_chunk(self, key: bytes, data: memoryview) -> None:
+        self._db().execute("INSERT OR REPLACE INTO chunks (key, record) VALUES (?, ?)", (key, data))
+
+    def read_chunk(self, key: bytes, out: memoryview) -> None:
+        row = self._db().execute("SELECT record FROM chunks WHERE key = ?", (key,)).fetchone()
+        if row is None:
+            raise ChunkNotFoundError("not stored", key)
+        record: bytes = row[0]
+        if len(record) != len(out):  # a bad copy: the base class removes it
+            raise IntegrityError(f"stored record is {len(record)} bytes, expected {len(out)}", key)
+        out[:] = record
+
+    def chunk_exists(self, key: bytes) -> bool:
+        return self._db().execute("SELECT 1 FROM chunks WHERE key = ?", (key,)).fetchone() is not None
+
+    def delete_chunk(self, key: bytes) -> bool:
+        return self._db().execute("DELETE FROM chunks WHERE key = ?", (key,)).rowcount > 0
+
+
+class FlippingSqliteTier(SqliteTier):
+    """Hands back every record with one payload byte changed (a medium that corrupts reads)."""
+
+    def read_chunk(self, key: bytes, out: memoryview) -> None:
+        super().read_chunk(key, out)
+        out[-1] ^= 0x01
+
+
+class AsyncFlippingDictTier(AsyncChunkTier):
+    """The coroutine counterpart: records in a dict, every read handed back with a byte changed."""
+
+    frames_own_bytes = False
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._records: dict[bytes, bytes] = {}
+
+    async def write_chunk(self, key: bytes, data: memoryview) -> None:
+        await anyio.lowlevel.checkpoint()
+        self._records[key] = bytes(data)
+
+    async def read_chunk(self, key: bytes, out: memoryview) -> None:
+        await anyio.lowlevel.checkpoint()
+        out[:] = self._records[key]
+        out[-1] ^= 0x01
+
+    async def chunk_exists(self, key: bytes) -> bool:
+        return key in self._records
+
+    async def delete_chunk(self, key: bytes) -> bool:
+        return self._records.pop(key, None) is not None
+
+
+class TestSqliteTier(TierConformance):
+    def tier_config(self, tmp_path: Path) -> dict[str, Any]:
+        return {"type": "SqliteTier", "module_path": __name__, "path": str(tmp_path / "kv.sqlite3")}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize(
+    "config",
+    [
+        pytest.param({"type": "FlippingSqliteTier", "module_path": __name__}, id="blocking"),
+        pytest.param({"type": "AsyncFlippingDictTier", "module_path": __name__}, id="coroutine"),
+    ],
+)
+def test_a_read_handed_back_changed_fails_its_key(tmp_path: Path, config: dict[str, Any], backend: str) -> None:
+    spec = OffloadingSpec(4096, 4, namespace="integrity/inherited")
+    buf = bytearray(b"\xa5" * spec.total_bytes)
+    if config["type"] == "FlippingSqliteTier":
+        config = {**config, "path": str(tmp_path / "kv.sqlite3")}
+    tier = SecondaryTierFactory.create_secondary_tier(config, memoryview(buf), spec)
+
+    async def check() -> None:
+        async with tier:
+            assert (await tier.offload([b"k0", b"k1"], [0, 1])).ok
+            buf[2 * 4096 :] = bytes(2 * 4096)
+            res = await tier.load([b"k0"], [2])
+            assert not res.succeeded, "a chunk read back changed was reported loaded"
+            assert isinstance(res.failed[b"k0"], IntegrityError), res.failed
+            s = tier.stats()
+            assert s.failures["checksum"] == 1 and s.loaded == 0
+            assert await tier.lookup([b"k0", b"k1"]) == [False, True], "the bad copy was not removed"
+
+    run_on_backend(backend, check)
