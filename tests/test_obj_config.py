@@ -174,3 +174,109 @@ async def test_file_urls_need_an_absolute_directory_other_than_the_root(tmp_path
     async with tier:
         assert where.is_dir()
         assert (await tier.offload(keys(1), [0])).ok
+
+
+@pytest.mark.parametrize(
+    ("url", "where", "options"),
+    [
+        ("s3://b/p", "config", {"allow_http": True}),  # a client option among the store keys: a panic
+        ("s3://b/p", "credentials", {"timeout": "5s"}),
+        ("s3://b/p", "config", {"AWS_ALLOW_HTTP": True}),
+        ("gs://b/p", "config", {"allow_http": True}),
+        ("az://account/c/p", "config", {"timeout": "5s"}),
+        ("s3://b/p", "config", {"nonsense": "x"}),  # unknown: refused only at open() before
+        ("gs://b/p", "credentials", {"access_key_id": "x"}),  # an S3 key on GCS
+        ("s3://b/p", "client_options", {"access_key_id": "x"}),
+        ("s3://b/p", "client_options", {"nonsense": "x"}),
+    ],
+)
+def test_option_keys_are_checked_at_construction(url: str, where: str, options: dict[str, object]) -> None:
+    """Keys are checked against the keys obstore documents for the store and its client. A
+    client option (``allow_http``, ``timeout``) among the store keys made obstore panic when
+    the store was built: pyo3's PanicException (a BaseException) out of open(), and a Rust
+    panic printed; an unknown key failed only at open()."""
+    from asynctier import TierConfigError
+
+    with pytest.raises(TierConfigError, match=rf"{where}\[") as info:
+        Rig().tier({"type": "obj", "url": url, where: options})
+    if where != "client_options" and "nonsense" not in options and "access_key_id" not in options:
+        assert "client_options" in str(info.value)  # it says where the key belongs
+
+
+async def test_documented_spellings_of_store_keys_are_accepted() -> None:
+    """A store key as its field name or its environment variable, in any case."""
+    rig = Rig()
+    cfg = s3_config(config={"AWS_DEFAULT_REGION": "us-east-1", "virtual_hosted_style_request": False})
+    cfg["credentials"] = {"AWS_ACCESS_KEY_ID": "akid", "Secret_Access_Key": "secret"}
+    async with rig.tier(cfg) as tier:
+        ks = keys(1)
+        assert (await tier.offload(ks, [0])).ok
+        assert (await tier.load(ks, [1])).ok and rig.chunk(1) == rig.orig_chunk(0)
+
+
+def test_the_key_tables_match_the_obstore_stubs() -> None:
+    """The tier's key tables are the keys obstore's stubs document (checked against the
+    obstore installed; its typed dicts cannot be imported at run time)."""
+    import ast
+    import re
+
+    import obstore
+    from asynctier.tiers.obj.store_keys import CLIENT_KEYS, STORE_KEYS
+
+    stubs = Path(obstore.__file__).parent / "_store"
+    if not stubs.is_dir():
+        pytest.skip("this obstore ships no stubs")
+
+    def documented(file: str, cls: str) -> dict[str, tuple[str, ...]]:
+        tree = ast.parse((stubs / file).read_text())
+        body = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == cls).body
+        out = {}
+        for i, st in enumerate(body):
+            if isinstance(st, ast.AnnAssign) and isinstance(st.target, ast.Name):
+                doc = body[i + 1] if i + 1 < len(body) else None
+                text = doc.value.value if isinstance(doc, ast.Expr) and isinstance(doc.value, ast.Constant) else ""
+                out[st.target.id] = tuple(dict.fromkeys(re.findall(r"`([A-Z][A-Z0-9_]+)`", str(text))))
+        return out
+
+    assert STORE_KEYS["S3"][1] == documented("_aws.pyi", "S3Config")
+    assert STORE_KEYS["GCS"][1] == documented("_gcs.pyi", "GCSConfig")
+    assert STORE_KEYS["Azure"][1] == documented("_azure.pyi", "AzureConfig")
+    assert set(CLIENT_KEYS) == set(documented("_client.pyi", "ClientConfig"))
+
+
+def test_a_panic_of_the_client_building_the_store_is_a_config_error() -> None:
+    """Any panic inside obstore while the store is built (here a client option among the
+    store keys, past the checks) comes out of open() as a TierConfigError, not as pyo3's
+    PanicException."""
+    from asynctier.tiers.obj.params import Deadlines
+    from asynctier.tiers.obj.store import StoreOptions
+    from asynctier.tiers.obj.url import parse_url
+
+    from asynctier import TierConfigError
+
+    deadlines = Deadlines.parse(30.0, None, 3, None, 0.05, 2.0)
+    unchecked = StoreOptions(parse_url("s3://b/p", store_given=False), deadlines, config={"allow_http": True})
+    with pytest.raises(TierConfigError, match="cannot build the store"):
+        unchecked.build(str)
+
+
+async def test_a_panic_of_the_client_in_a_request_fails_the_key() -> None:
+    """A panic inside obstore during a request (here: ranges past the end of an object, which
+    obstore 0.12 answers with a panic) fails that key with an I/O error and leaves the
+    breaker closed; it used to escape as pyo3's PanicException, a BaseException."""
+    import obstore
+
+    from asynctier.errors import ChunkError
+
+    rig = Rig()
+    tier = rig.tier({"type": "obj", "url": "memory://", "breaker_threshold": 1})
+    async with tier:
+        ks = keys(1)
+        assert (await tier.offload(ks, [0])).ok
+        st, path = tier._st(), tier._path(ks[0])
+        size = len(obstore.get(st, path).bytes())
+        with pytest.raises(ChunkError) as info, tier._guarded(ks[0]):
+            obstore.get_ranges(st, path, starts=[0, size + 2], lengths=[5, 100])
+        assert failure_kind(info.value) == "io" and "client failed" in str(info.value)
+        assert tier.breaker_state == "closed"
+        assert (await tier.load(ks, [1])).ok

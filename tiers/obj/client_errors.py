@@ -11,13 +11,19 @@ import re
 
 from asynctier.errors import ChunkError, ChunkTimeoutError, TierUnavailableError
 
-__all__ = ["ObjectStoreIOError", "map_client_error"]
+__all__ = ["ObjectStoreIOError", "is_client_panic", "map_client_error"]
 
 
 class ObjectStoreIOError(ChunkError, ConnectionError):
     """An object-store request failed (connection lost, server error); counted as ``io``."""
 
     kind = "io"
+
+
+def is_client_panic(exc: BaseException) -> bool:
+    """A Rust panic inside obstore, raised by pyo3 as ``PanicException`` (a ``BaseException``
+    that is no answer from the store: a bug or an unchecked input on the client's side)."""
+    return type(exc).__name__ == "PanicException" and type(exc).__module__ == "pyo3_runtime"
 
 
 # (not "retry_timeout", which every retry error's debug dump contains)

@@ -11,7 +11,7 @@ from obstore.exceptions import NotFoundError
 from asynctier.errors import ChunkError, ChunkNotFoundError, IntegrityError
 
 from .breaker import Breaker
-from .client_errors import map_client_error
+from .client_errors import ObjectStoreIOError, is_client_panic, map_client_error
 from .exit_guard import EXIT
 from .redact import Scrubber
 
@@ -51,10 +51,12 @@ class RequestGuard:
             else:
                 breaker.failure(probe)
             raise mapped from None
-        except BaseException:
-            # not an answer either way (an interrupt): the probe's turn must still end, or
-            # the breaker waits for it for good and refuses everything
+        except BaseException as e:
+            # not an answer either way (an interrupt, a panic in the client): the probe's turn
+            # must still end, or the breaker waits for it for good and refuses everything
             breaker.neutral(probe)
-            raise
+            if not is_client_panic(e):
+                raise
+            raise ObjectStoreIOError(f"the object-store client failed: {self.scrubber.scrub(str(e))}", key) from None
         else:
             breaker.success(probe)

@@ -9,13 +9,17 @@ from __future__ import annotations
 
 import datetime
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from obstore.store import LocalStore, MemoryStore, from_url
 
+from asynctier.errors import TierConfigError
+
+from .client_errors import is_client_panic
 from .params import Deadlines
+from .store_keys import check_client_keys, check_store_keys, store_kind
 from .url import StoreURL
 
 if TYPE_CHECKING:
@@ -58,6 +62,34 @@ class StoreOptions:
     client_options: Mapping[str, Any] = field(default_factory=dict)
     given: ObjectStore | None = None
 
+    @classmethod
+    def checked(
+        cls,
+        url: StoreURL,
+        deadlines: Deadlines,
+        *,
+        endpoint: str | None,
+        region: str | None,
+        credentials: object,
+        config: object,
+        client_options: object,
+        given: ObjectStore | None,
+    ) -> StoreOptions:
+        """The options, checked: the three option dicts are dicts, and their keys are keys
+        obstore documents for this store (refused here rather than when the store is built)."""
+        dicts: list[dict[Any, Any]] = []
+        for name, value in (("credentials", credentials), ("config", config), ("client_options", client_options)):
+            if value is not None and not isinstance(value, Mapping):
+                raise TierConfigError(f"{name} must be a dict; got {type(value).__name__}")
+            dicts.append(dict(value or {}))
+        creds, cfg, client = dicts
+        if given is None and url.env_prefix is not None:
+            kind = store_kind(url.scheme)
+            check_store_keys(kind, cfg, "config")
+            check_store_keys(kind, creds, "credentials")
+            check_client_keys(client)
+        return cls(url, deadlines, endpoint, region, creds, cfg, client, given)
+
     def client_config(self) -> dict[str, Any]:
         """Client options: environment (obstore drops it once any are passed), defaults, explicit."""
         opts: dict[str, Any] = {}
@@ -96,7 +128,17 @@ class StoreOptions:
         cfg.update(self.credentials)
         return cfg
 
-    def build(self) -> ObjectStore:
+    def build(self, scrub: Callable[[str], str]) -> ObjectStore:
+        """The obstore store (no I/O); any failure of the client, a panic included, is a
+        :class:`TierConfigError` whose text went through ``scrub``."""
+        try:
+            return self._build()
+        except BaseException as e:
+            if not (isinstance(e, Exception) or is_client_panic(e)):
+                raise
+            raise TierConfigError(f"obj tier {self.url.shown}: cannot build the store: {scrub(str(e))}") from None
+
+    def _build(self) -> ObjectStore:
         if self.given is not None:
             return self.given
         if self.url.scheme == "memory":

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import obstore
 
-from asynctier import BlockingChunkTier, ChunkError, ChunkNotFoundError, IntegrityError, TierConfigError
+from asynctier import BlockingChunkTier, ChunkError, ChunkNotFoundError, IntegrityError
 from asynctier.core.validation import check_keys
 from asynctier.errors import CapacityError, TierUnavailableError
 from asynctier.integrity import ChunkHeader
@@ -110,17 +110,14 @@ class ObjTier(BlockingChunkTier):
         super().__init__(timeout_s=timeout_s, **kwargs)
         where = parse_url(url, store_given=store is not None)
         self.url = where.shown
-        for name, value in (("credentials", credentials), ("config", config), ("client_options", client_options)):
-            if value is not None and not isinstance(value, Mapping):
-                raise TierConfigError(f"{name} must be a dict; got {type(value).__name__}")
         self.part_size = check_part_size(part_size, s3=where.is_s3)
         self.part_concurrency = integer("part_concurrency", part_concurrency)
         self.deadlines = Deadlines.parse(
             self.timeout_s, connect_timeout_s, max_retries, retry_timeout_s, retry_backoff_s, retry_max_backoff_s
         )
-        self._options = StoreOptions(
-            where, self.deadlines, endpoint, region, dict(credentials or {}), dict(config or {}),
-            dict(client_options or {}), store,
+        self._options = StoreOptions.checked(
+            where, self.deadlines, endpoint=endpoint, region=region, credentials=credentials, config=config,
+            client_options=client_options, given=store,
         )  # fmt: skip
         self._breaker = Breaker.configured(breaker_threshold, breaker_cooldown_s)
         self._cache = LookupCache.configured(lookup_cache_entries, lookup_ttl_s, lookup_negative_ttl_s)
@@ -145,10 +142,7 @@ class ObjTier(BlockingChunkTier):
 
     # -- open and close --------------------------------------------------------------------
     def open_medium(self) -> None:
-        try:
-            self._store = self._options.build()
-        except Exception as e:
-            raise TierConfigError(f"obj tier {self.url}: cannot build the store: {self._scrub(str(e))}") from None
+        self._store = self._options.build(self._scrub)
         if self._lru is not None:
             try:
                 self._recover_index()
