@@ -26,7 +26,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from asynctier import BlockingChunkTier, OffloadingSpec, benchkit  # noqa: E402
+from asynctier import BlockingChunkTier, OffloadingSpec  # noqa: E402
+from asynctier.cli import benchkit  # noqa: E402
 from asynctier.testing import loop_factories  # noqa: E402
 
 

@@ -56,7 +56,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from asynctier import OffloadingSpec, SecondaryTierFactory, benchkit  # noqa: E402
+from asynctier import OffloadingSpec, SecondaryTierFactory  # noqa: E402
+from asynctier.cli import benchkit  # noqa: E402
 from asynctier.posix_io import aligned_buffer  # noqa: E402
 
 KiB, MiB = 1 << 10, 1 << 20

@@ -33,7 +33,7 @@ import obstore
 from obstore.store import LocalStore, S3Store
 
 from asynctier import OffloadingSpec, SecondaryTierFactory
-from asynctier.benchkit import machine_info, md_table, write_results
+from asynctier.cli.benchkit import machine_info, md_table, write_results
 
 ROOT = Path(__file__).resolve().parent
 BUCKET = "asynctier-bench"

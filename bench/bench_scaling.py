@@ -35,8 +35,9 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from asynctier import OffloadingSpec, SecondaryTierFactory, benchkit  # noqa: E402
-from asynctier.bench import format_size, parse_size  # noqa: E402
+from asynctier import OffloadingSpec, SecondaryTierFactory  # noqa: E402
+from asynctier.cli import benchkit  # noqa: E402
+from asynctier.cli.sizes import format_size, parse_size  # noqa: E402
 from asynctier.lru import LRUIndex  # noqa: E402
 from asynctier.posix_io import aligned_buffer  # noqa: E402
 

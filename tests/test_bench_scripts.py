@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from asynctier import benchkit
+from asynctier.cli import benchkit
 
 REPO = Path(__file__).resolve().parent.parent
 needs_fio = pytest.mark.skipif(not benchkit.fio_available(), reason="fio is not installed")

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from asynctier import benchkit
+from asynctier.cli import benchkit
 
 
 def test_settle_waits_for_a_quiet_device_after_deletions(tmp_path: Path) -> None:

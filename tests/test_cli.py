@@ -1,4 +1,6 @@
-"""The ``asynctier`` command line: ``info``, ``bench`` and ``fsck`` on real tiers and real files."""
+"""The ``asynctier`` command line: ``info``, ``selfcheck``, ``bench`` and ``fsck`` on real tiers
+and real files, and what a new user meets first: the plan and the bar, checks made before any
+byte moves, tables that fit the terminal, one-line errors, sizes, roots, module paths, exit codes."""
 
 from __future__ import annotations
 
@@ -6,6 +8,8 @@ import asyncio
 import importlib.util
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -132,7 +136,8 @@ def test_bench_fails_when_bytes_come_back_different(tmp_path: Path) -> None:
     report = json.loads((tmp_path / "bench.json").read_text())
     assert report["ok"] is False
     assert all(not p["ok"] and "came back different" in p["error"] for p in report["points"])
-    assert "FAILED" in r.output
+    assert "FAILED" in r.output and "came back different" in r.output
+    assert "points did not verify" in r.output
 
 
 def test_bench_plot_writes_a_png(tmp_path: Path) -> None:
@@ -187,7 +192,9 @@ def _corrupt_on_medium(root: Path, payload: bytes) -> Path:
 
 
 TIERS = [
-    pytest.param(t, marks=pytest.mark.skipif(importlib.util.find_spec(f"asynctier.tiers.{t}") is None, reason=f"no tiers/{t}.py"))
+    pytest.param(
+        t, marks=pytest.mark.skipif(importlib.util.find_spec(f"asynctier.tiers.{t}") is None, reason=f"no tiers/{t}.py")
+    )
     for t in ("fs", "nvme", "obj")
 ]
 
@@ -297,3 +304,270 @@ def test_bench_checks_its_outputs_and_its_config_before_running(tmp_path: Path) 
     cfg.write_text('[bench]\nchunk_sizes = "4K,8K"\ndepths = "1"\n\n[tiers.memory]\ntype = "memory"\n')
     r = invoke("bench", "--config", str(cfg), "--no-fio", "--no-naive", "-q", "--data-size", "64K")
     assert r.exit_code == 0 and "2/2 points ok" in r.output, r.output
+
+
+# -- the first hour: plan and progress ------------------------------------------------------------
+
+QUICK = ["--chunk-sizes", "64K", "--depths", "1", "--data-size", "256K", "--no-fio"]
+
+
+def test_bench_shows_the_plan_and_a_progress_bar_and_q_turns_both_off(tmp_path: Path) -> None:
+    args = ["bench", "--tier", "memory", "--root", str(tmp_path / "r"), *QUICK]
+    # rich draws its bar only on a terminal: these variables make the runner's stderr count as one
+    tty = {"TTY_COMPATIBLE": "1", "TTY_INTERACTIVE": "1", "COLUMNS": "120"}
+    r = CliRunner().invoke(main, args, env=tty, catch_exceptions=False)
+    assert r.exit_code == 0, r.output
+    plan = r.stderr
+    assert "plan: 1 tier (memory) x 1 chunk size (64 KiB) x 1 depth (1) = 1 points" in plan
+    assert "references at each chunk size and depth: the naive loop" in plan
+    # 4 chunks and 4 one-chunk probes, each offloaded and loaded, and the naive loop's 256 KiB both ways
+    assert "moves 1.5 MiB" in plan and "rough estimate" in plan
+    assert "ETA" in plan and "memory 64 KiB depth 1" in plan  # the bar, with the phase running
+    r = CliRunner().invoke(main, [*args, "-q"], env=tty, catch_exceptions=False)
+    assert r.exit_code == 0, r.output
+    assert r.stderr == "" and "1/1 points ok" in r.stdout
+
+
+def test_the_bar_counts_exactly_the_bytes_the_plan_announced(tmp_path: Path) -> None:
+    from asynctier.cli.bench.plan import BenchOptions
+    from asynctier.cli.bench.runner import make_plan, run_bench
+
+    class Recorder:
+        def __init__(self) -> None:
+            self.done = 0
+            self.phases: list[str] = []
+
+        def phase(self, description: str) -> None:
+            self.phases.append(description)
+
+        def advance(self, nbytes: int) -> None:
+            assert nbytes >= 0
+            self.done += nbytes
+
+    cfg = tmp_path / "tiers.toml"  # one tier that works and one whose every point fails
+    cfg.write_text('[tiers.mem]\ntype = "memory"\n\n[tiers.broken]\ntype = "ForgetfulTier"\nmodule_path = "test_cli"\n')
+    from asynctier.cli.tierfile import load_tier_file
+
+    opts = BenchOptions(
+        tiers=load_tier_file(cfg).tiers, chunk_sizes=[64 << 10], depths=[1, 2], data_bytes=256 << 10,
+        root=str(tmp_path), fio=False, repeat=2,
+    )  # fmt: skip
+    plan = make_plan(opts)
+    rec = Recorder()
+    report = asyncio.run(run_bench(opts, rec, plan))
+    assert {p.tier: p.ok for p in report.points} == {"mem": True, "broken": False}
+    assert rec.done == plan.total_bytes > 0
+    assert "mem 64 KiB depth 2: load" in rec.phases
+
+
+# -- the first hour: checks before any byte moves -----------------------------------------------
+
+
+def _nothing_ran(root: Path) -> bool:
+    return not root.exists() or not any(root.iterdir())
+
+
+def test_bench_checks_named_tiers_before_fio_or_the_naive_loop_run(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    for tiers, needle in (
+        (["--tier", "bogus"], "Unknown secondary tier type: 'bogus'"),
+        (["--tier", "memory", "--tier", "bogus"], "'bogus'"),
+    ):
+        r = CliRunner().invoke(main, ["bench", *tiers, "--root", str(root), "--json", str(tmp_path / "o.json")])
+        assert r.exit_code == 2 and needle in r.output and "--tier" in r.output, r.output
+        assert "Traceback" not in r.output and _nothing_ran(root) and not (tmp_path / "o.json").exists()
+    cfg = tmp_path / "tiers.toml"
+    cfg.write_text('[tiers.kv]\ntype = "memory"\nno_such_knob = 1\n')
+    r = CliRunner().invoke(main, ["bench", "--config", str(cfg), "--root", str(root), *QUICK])
+    assert r.exit_code == 2 and "no_such_knob" in r.output and "accepted:" in r.output, r.output
+    assert _nothing_ran(root)
+
+
+def test_bench_checks_every_output_before_running(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    root = tmp_path / "root"
+    base = ["bench", "--tier", "memory", "--root", str(root), *QUICK]
+    (tmp_path / "adir").mkdir()
+    for flag, target, needle in (
+        ("--json", tmp_path / "nodir" / "o.json", "not a writable directory"),
+        ("--markdown", tmp_path / "nodir" / "o.md", "not a writable directory"),
+        ("--json", tmp_path / "adir", "is a directory"),
+    ):
+        r = CliRunner().invoke(main, [*base, flag, str(target)])
+        assert r.exit_code == 2 and needle in r.output and flag in r.output, r.output
+        assert _nothing_ran(root)
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # as on an install without the bench extra
+    r = CliRunner().invoke(main, [*base, "--plot", str(tmp_path / "o.png")])
+    assert r.exit_code == 2 and "asynctier[bench]" in r.output and "--plot" in r.output, r.output
+    assert _nothing_ran(root)
+
+
+@pytest.mark.parametrize("where", ["/proc", "/sys"])
+def test_a_root_that_takes_no_files_is_one_line_and_exit_2(tmp_path: Path, where: str) -> None:
+    if not os.path.isdir(where):
+        pytest.skip(f"no {where} here")
+    r = CliRunner().invoke(main, ["bench", "--tier", "fs", "--root", where, *QUICK, "-q"])
+    assert r.exit_code == 2 and (r.exception is None or isinstance(r.exception, SystemExit)), r.output
+    assert "Traceback" not in r.output and f"cannot create files in '{where}'" in r.output, r.output
+    errors = [line for line in r.output.splitlines() if line.startswith("Error:")]
+    assert len(errors) == 1, r.output
+
+
+def test_bench_creates_a_missing_root_only_when_its_parent_exists(tmp_path: Path) -> None:
+    deep = tmp_path / "a" / "b" / "root"
+    r = CliRunner().invoke(main, ["bench", "--tier", "memory", "--root", str(deep), *QUICK, "-q"])
+    assert r.exit_code == 2 and "neither does its parent" in r.output, r.output
+    assert not (tmp_path / "a").exists()
+    r = invoke("bench", "--tier", "memory", "--root", str(tmp_path / "new"), *QUICK, "-q")
+    assert r.exit_code == 0 and (tmp_path / "new").is_dir(), r.output
+
+
+# -- the first hour: tables that fit the terminal -----------------------------------------------
+
+
+def test_tables_fit_the_width_and_keep_the_tier_name(tmp_path: Path) -> None:
+    cfg = tmp_path / "tiers.toml"
+    cfg.write_text('[tiers.kv-memory-tier]\ntype = "memory"\n')
+    args = ["bench", "--config", str(cfg), "--root", str(tmp_path / "r"), "--chunk-sizes", "64K", "--depths", "1,4"]
+    args += ["--data-size", "512K", "--fio-engines", "psync", "-q"]
+    headers = {}
+    for width in (80, 100, 200):
+        r = CliRunner().invoke(main, args, env={"COLUMNS": str(width)}, catch_exceptions=False)
+        assert r.exit_code == 0, r.output
+        lines = r.stdout.splitlines()
+        too_wide = [line for line in lines if len(line) > width]
+        assert not too_wide, f"{width} columns: {too_wide}"
+        rows = [line for line in lines if "kv-memory-tier" in line]
+        assert len(rows) >= 3, r.stdout  # two points and the summary, the name whole
+        headers[width] = r.stdout
+    assert "lookups/s" in headers[200] and "offload p50 / p99 ms" in headers[200]  # every column when wide
+    assert "lookups" not in headers[80]  # fewer columns when narrow
+
+
+# -- the first hour: sizes, roots and module paths ----------------------------------------------
+
+
+def test_sizes_are_accepted_wherever_a_size_goes(tmp_path: Path) -> None:
+    from asynctier.cli.tierfile import normalize_config
+
+    typed = {"capacity_bytes": "64MiB", "part_size": "8M", "coalesce_bytes": "0", "label_bytes": "abc"}
+    got = normalize_config("--param", {**typed, "root": "128M", "nested": {"capacity_bytes": "1K"}})
+    assert got == {
+        **{"capacity_bytes": 64 << 20, "part_size": 8 << 20, "coalesce_bytes": 0, "label_bytes": "abc"},
+        **{"root": "128M", "nested": {"capacity_bytes": 1024}},  # a size only under a size's name
+    }
+    r = invoke(
+        "selfcheck", "--tier", "memory", "--chunks", "4", "--chunk-bytes", "4K", "--param", "capacity_bytes=64MiB"
+    )
+    assert r.exit_code == 0 and "4 x 4096 B" in r.output, r.output
+    cfg = tmp_path / "tiers.toml"
+    cfg.write_text('[bench]\ndata_size = "256K"\n\n[tiers.kv]\ntype = "memory"\ncapacity_bytes = "64MiB"\n')
+    r = invoke("bench", "--config", str(cfg), "--root", str(tmp_path / "r"), "--chunk-sizes", "64K", "--depths",
+               "1", "--no-fio", "--no-naive", "-q", "--json", str(tmp_path / "o.json"))  # fmt: skip
+    assert r.exit_code == 0, r.output
+    assert json.loads((tmp_path / "o.json").read_text())["tiers"]["kv"]["config"]["capacity_bytes"] == 64 << 20
+
+
+def test_selfcheck_creates_a_missing_root_only_when_its_parent_exists(tmp_path: Path) -> None:
+    deep = tmp_path / "a" / "b" / "c"
+    r = CliRunner().invoke(main, ["selfcheck", "--tier", "fs", "--chunks", "2", "--param", f"root={deep}"])
+    assert r.exit_code == 2 and "neither does its parent" in r.output, r.output
+    assert not (tmp_path / "a").exists()
+    r = invoke("selfcheck", "--tier", "fs", "--chunks", "2", "--param", f"root={tmp_path / 'new'}")
+    assert r.exit_code == 0 and (tmp_path / "new").is_dir(), r.output
+    assert "created only when its parent directory exists" in " ".join(invoke("selfcheck", "--help").output.split())
+    assert "fsck never creates anything" in " ".join(invoke("fsck", "--help").output.split())
+
+
+def test_selfcheck_primary_buffer_is_page_aligned_so_fs_does_not_warn(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from asynctier.cli.selfcheck import primary_buffer
+    from asynctier.posix_io import buffer_address
+
+    assert buffer_address(primary_buffer(3 * 4096 + 100)) % 4096 == 0
+    with caplog.at_level("WARNING"):
+        r = invoke("selfcheck", "--tier", "fs", "--chunks", "4", "--chunk-bytes", "64K", "--param", f"root={tmp_path}")
+    assert r.exit_code == 0, r.output
+    assert not [rec for rec in caplog.records if "aligned" in rec.getMessage()], caplog.text
+
+
+_DICT_TIER = """
+from asynctier import BlockingChunkTier, ChunkNotFoundError
+
+
+class DictTier(BlockingChunkTier):
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.chunks = {}
+
+    def write_chunk(self, key, data):
+        self.chunks[key] = bytes(data)
+
+    def read_chunk(self, key, out):
+        if key not in self.chunks:
+            raise ChunkNotFoundError("not stored", key)
+        out[:] = self.chunks[key]
+
+    def chunk_exists(self, key):
+        return key in self.chunks
+
+    def delete_chunk(self, key):
+        return self.chunks.pop(key, None) is not None
+"""
+
+
+def test_module_path_is_a_module_name_found_only_where_the_user_says(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sys, "path", list(sys.path))  # --path adds to it
+    (tmp_path / "cli_dict_tier.py").write_text(_DICT_TIER)
+    base = ["selfcheck", "--tier", "DictTier", "--chunks", "2", "--chunk-bytes", "4K"]
+    for mp in ("./cli_dict_tier.py", "cli_dict_tier.py", str(tmp_path / "cli_dict_tier")):
+        r = CliRunner().invoke(main, [*base, "--param", f"module_path={mp}"])
+        assert r.exit_code == 2 and "looks like a file path" in r.output and "--path" in r.output, r.output
+    cfg = tmp_path / "tiers.toml"
+    cfg.write_text('[spec]\nchunk_bytes = 4096\n\n[tiers.kv]\ntype = "DictTier"\nmodule_path = "cli_dict_tier.py"\n')
+    r = CliRunner().invoke(main, ["fsck", "--config", str(cfg)])
+    assert r.exit_code == 2 and "looks like a file path" in r.output, r.output
+
+    # the current directory is not searched unless named, run as `python -m asynctier.cli` too
+    cmd = [sys.executable, "-m", "asynctier.cli", *base, "--param", "module_path=cli_dict_tier"]
+    out = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and "cannot import module 'cli_dict_tier'" in out.stderr, out.stderr
+    out = subprocess.run([*cmd, "--path", "."], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and "selfcheck ok: 2 x 4096 B through 'DictTier'" in out.stdout, out.stderr
+    try:
+        r = invoke(*base, "--param", "module_path=cli_dict_tier", "--path", str(tmp_path))
+        assert r.exit_code == 0, r.output
+    finally:
+        sys.modules.pop("cli_dict_tier", None)
+
+
+# -- the first hour: exit codes -----------------------------------------------------------------
+
+
+def test_exit_codes_are_documented_and_distinct(tmp_path: Path) -> None:
+    help_text = invoke("bench", "--help").output
+    for line in ("0  every byte verified", "1  data did not verify", "2  usage or configuration error",
+                 "3  data verified, but an output file could not be written", "4  could not run"):  # fmt: skip
+        assert line in help_text, help_text
+    assert "Exit status:" in invoke("--help").output
+    # 3: the run verified, one output could not be written (a full device), the others were
+    if not os.path.exists("/dev/full"):
+        pytest.skip("no /dev/full")
+    md = tmp_path / "o.md"
+    r = CliRunner().invoke(main, ["bench", "--tier", "memory", "--root", str(tmp_path / "r"), *QUICK, "-q",
+                                  "--json", "/dev/full", "--markdown", str(md)])  # fmt: skip
+    assert r.exit_code == 3, r.output
+    assert "could not write --json /dev/full" in r.output and md.read_text().startswith("Run ")
+    # 4: no tier could run (the only one of the file cannot be imported)
+    cfg = tmp_path / "tiers.toml"
+    cfg.write_text('[tiers.ghost]\ntype = "GhostTier"\nmodule_path = "no_such_module_anywhere"\n')
+    r = CliRunner().invoke(main, ["bench", "--config", str(cfg), "--root", str(tmp_path / "r"), *QUICK, "-q"])
+    assert r.exit_code == 4 and "no tier ran" in r.output, r.output
+
+
+def test_import_asynctier_does_not_import_the_command_line() -> None:
+    code = "import asynctier, sys; print([m for m in sys.modules if m.startswith(('asynctier.cli', 'rich', 'click'))])"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() == "[]", out.stdout + out.stderr

@@ -1,8 +1,8 @@
 """Measuring against the machine: fio as the physical limit, a naive aiofiles loop as the floor.
 
-Benchmarks in ``bench/`` and ``asynctier bench`` report a tier's throughput as ratios of
-these, measured in the same run, on the same file system, with the same block size and
-queue depth.
+The helpers the scripts in ``bench/`` import. They and ``asynctier bench`` report a tier's
+throughput as ratios of these, measured in the same run, on the same file system, with the
+same block size and queue depth.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 __all__ = [
+    "SETTLE_LIMIT_S",
     "FioResult",
     "bare_file_per_chunk",
     "drop_page_cache",
@@ -73,6 +74,47 @@ def fio_version() -> str | None:
     return out.stdout.strip() or None
 
 
+def _fio_args(
+    directory: Path,
+    rw: str,
+    bs: int,
+    iodepth: int,
+    size: int,
+    ioengine: str,
+    sync_engine: bool,
+    direct: bool,
+    file_per_block: bool,
+) -> list[str]:
+    """The fio command line of one job (:func:`run_fio`): a synchronous engine reaches the
+    depth with ``iodepth`` jobs, each moving its share of ``size``."""
+    numjobs = iodepth if sync_engine else 1
+    per_job = max(bs, (size // numjobs) // bs * bs)
+    args = [
+        "fio",
+        "--name=asynctier",
+        f"--directory={directory}",
+        f"--rw={rw}",
+        f"--bs={bs}",
+        f"--size={per_job}",
+        f"--ioengine={ioengine}",
+        f"--iodepth={1 if sync_engine else iodepth}",
+        f"--numjobs={numjobs}",
+        f"--direct={int(direct)}",
+        "--group_reporting=1",
+        "--output-format=json",
+        "--invalidate=1",
+    ]
+    if file_per_block:
+        args += [
+            f"--nrfiles={max(1, per_job // bs)}",
+            f"--filesize={bs}",
+            "--file_service_type=sequential",
+            f"--openfiles={max(1, iodepth)}",
+        ]
+        args = [a for a in args if not a.startswith("--size=")]
+    return args
+
+
 def run_fio(
     directory: str | os.PathLike[str],
     *,
@@ -101,30 +143,7 @@ def run_fio(
     directory.mkdir(parents=True, exist_ok=True)
     sync_engine = ioengine in ("psync", "sync", "pvsync", "pvsync2")
     numjobs = iodepth if sync_engine else 1
-    per_job = max(bs, (size // numjobs) // bs * bs)
-    args = [
-        "fio",
-        "--name=asynctier",
-        f"--directory={directory}",
-        f"--rw={rw}",
-        f"--bs={bs}",
-        f"--size={per_job}",
-        f"--ioengine={ioengine}",
-        f"--iodepth={1 if sync_engine else iodepth}",
-        f"--numjobs={numjobs}",
-        f"--direct={int(direct)}",
-        "--group_reporting=1",
-        "--output-format=json",
-        "--invalidate=1",
-    ]
-    if file_per_block:
-        args += [
-            f"--nrfiles={max(1, per_job // bs)}",
-            f"--filesize={bs}",
-            "--file_service_type=sequential",
-            f"--openfiles={max(1, iodepth)}",
-        ]
-        args = [a for a in args if not a.startswith("--size=")]
+    args = _fio_args(directory, rw, bs, iodepth, size, ioengine, sync_engine, direct, file_per_block)
     if rw.endswith("write") and fsync_at_end:
         args.append("--end_fsync=1")
     if runtime_s is not None:
@@ -202,12 +221,16 @@ def _device_stat(path: str | os.PathLike[str]) -> Path | None:
     return p if p.exists() else None
 
 
-def settle(path: str | os.PathLike[str], *, quiet_s: float = 0.3, limit_s: float = 15.0) -> float:
+#: The longest :func:`settle` waits for a quiet device by default.
+SETTLE_LIMIT_S = 15.0
+
+
+def settle(path: str | os.PathLike[str], *, quiet_s: float = 0.3, limit_s: float = SETTLE_LIMIT_S) -> float:
     """Flush the file system holding ``path`` and wait until its device is idle.
 
     Deleting the previous measurement's files leaves work for the device after ``unlink``
     returns: journal commits, writeback and, on a file system mounted with ``discard``,
-    a discard of every freed extent (thousands of requests on a throttled virtual disk).
+    a discard of every freed extent.
     Measured next, a contender would pay for its predecessor. This waits until the device
     has done no I/O and has none in flight for ``quiet_s`` (at most ``limit_s``); returns the
     seconds waited. Without ``/sys/dev/block`` it only flushes.
@@ -236,8 +259,8 @@ def sync_tree(directory: str | os.PathLike[str], *, per_file: bool = False) -> i
 
     Benchmarks time this after a buffered write phase so that a figure means "bytes on the
     medium", as fio's ``end_fsync`` does. By default one ``syncfs`` call flushes the file
-    system (one journal commit: on ext4 here an fdatasync of each new file cost ~50-90 ms,
-    which would swamp the figure with per-file journal commits no tier needs); ``per_file``
+    system in one journal commit: an fdatasync of each new file would swamp the figure with
+    per-file journal commits no tier needs (docs/benchmarks.md has what they cost). ``per_file``
     (or a platform without syncfs) fdatasyncs each file and directory instead.
     """
     files = files_under(directory)
@@ -339,7 +362,7 @@ def bare_file_per_chunk(
     mode: str,
     shards: int = 256,
     header_bytes: int = 4096,
-) -> float:
+) -> float:  # long: one chunk's system calls stay in one closure, no extra layers timed
     """The system calls of a file-per-chunk tier, from ``depth`` plain threads; returns bytes/s.
 
     No tier around them: no event loop, checksum, header contents, index or error handling.
@@ -356,7 +379,7 @@ def bare_file_per_chunk(
         raise OSError(errno.EOPNOTSUPP, "bare_file_per_chunk needs O_TMPFILE (Linux)")
     from concurrent.futures import ThreadPoolExecutor
 
-    from .posix_io import O_DIRECT, aligned_buffer, buffer_address
+    from ..posix_io import O_DIRECT, aligned_buffer, buffer_address
 
     directory = Path(directory)
     dirs = [directory / f"{i:03x}" for i in range(shards)]

@@ -1,0 +1,54 @@
+"""``asynctier info``: the registered tiers, where each comes from, and its parameters."""
+
+from __future__ import annotations
+
+import inspect
+import json
+from typing import Any
+
+import click
+
+from ..factory import SecondaryTierFactory, TierInfo, accepted_parameters
+
+__all__ = ["info"]
+
+
+def describe(tier: TierInfo) -> dict[str, Any]:
+    """One tier type as ``info`` shows it: class, source, parameters with defaults, first doc line."""
+    out: dict[str, Any] = {
+        "type": tier.tier_type,
+        "class": f"{tier.module_path}.{tier.class_name}",
+        "source": tier.source,
+    }
+    try:
+        cls = SecondaryTierFactory.get_tier_class({"type": tier.tier_type})
+    except Exception as e:  # a tier whose module or client library is missing
+        out["error"] = str(e)
+        return out
+    params = {}
+    for name, p in sorted(accepted_parameters(cls).items()):
+        params[name] = "required" if p.default is inspect.Parameter.empty else repr(p.default)
+    out["parameters"] = params
+    out["doc"] = (inspect.getdoc(cls) or "").split("\n")[0]
+    return out
+
+
+@click.command()
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
+def info(as_json: bool) -> None:
+    """List the registered tiers, where each comes from, and its parameters."""
+    tiers = [describe(i) for i in SecondaryTierFactory.registered()]
+    if as_json:
+        click.echo(json.dumps(tiers, indent=2))
+        return
+    from rich.table import Table
+
+    from .console import output_console
+
+    table = Table(title="asynctier tiers", show_lines=True)
+    for col in ("type", "class", "source", "parameters (default)"):
+        table.add_column(col, overflow="fold", no_wrap=col == "type")
+    for t in tiers:
+        params = t.get("error") or ", ".join(f"{k}={v}" for k, v in t["parameters"].items())
+        table.add_row(t["type"], t["class"], t["source"], params)
+    output_console().print(table)
