@@ -1,14 +1,18 @@
 """The conformance suite, on asyncio, uvloop and trio, against the built-in memory tier and
-the example out-of-tree tiers (which rely on the base class's integrity framing)."""
+the example out-of-tree tiers (which rely on the base class's integrity framing); its
+cancellation and deadline checks also against slow test tiers, blocking and coroutine."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
+import anyio
 from asynctier.tiers.memory import MemoryTier
 
-from asynctier.testing import Harness, TierConformance
+from asynctier import AsyncChunkTier, BlockingChunkTier, ChunkNotFoundError
+from asynctier.testing import CancellationChecks, Harness, TierConformance
 
 
 class MemoryTierDamage(TierConformance):
@@ -57,3 +61,74 @@ class TestAsyncDictTier(TierConformance):
 
     def tier_config(self, tmp_path: Path) -> dict[str, Any]:
         return {"type": "AsyncDictTier", "module_path": "async_dict_tier"}
+
+
+# -- interrupted calls on a slow medium ----------------------------------------------------------
+# On a fast medium the chunk I/O still running when an interruption lands ends within
+# microseconds, before the caller could see it; these tiers take milliseconds per primitive, so
+# a runtime that let the caller go before its I/O ended fails the checks below.
+SLOW_IO_S = 0.002
+
+
+class SlowDictTier(BlockingChunkTier):
+    """Records in a dict; every read and write takes a few milliseconds on its worker thread."""
+
+    frames_own_bytes = False
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._records: dict[bytes, bytes] = {}
+
+    def write_chunk(self, key: bytes, data: memoryview) -> None:
+        time.sleep(SLOW_IO_S)
+        self._records[key] = bytes(data)
+
+    def read_chunk(self, key: bytes, out: memoryview) -> None:
+        time.sleep(SLOW_IO_S)
+        try:
+            out[:] = self._records[key]
+        except KeyError:
+            raise ChunkNotFoundError("not stored", key) from None
+
+    def chunk_exists(self, key: bytes) -> bool:
+        return key in self._records
+
+    def delete_chunk(self, key: bytes) -> bool:
+        return self._records.pop(key, None) is not None
+
+
+class SlowAsyncDictTier(AsyncChunkTier):
+    """The coroutine counterpart: every read and write awaits a few milliseconds."""
+
+    frames_own_bytes = False
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._records: dict[bytes, bytes] = {}
+
+    async def write_chunk(self, key: bytes, data: memoryview) -> None:
+        await anyio.sleep(SLOW_IO_S)
+        self._records[key] = bytes(data)
+
+    async def read_chunk(self, key: bytes, out: memoryview) -> None:
+        await anyio.sleep(SLOW_IO_S)
+        try:
+            out[:] = self._records[key]
+        except KeyError:
+            raise ChunkNotFoundError("not stored", key) from None
+
+    async def chunk_exists(self, key: bytes) -> bool:
+        return key in self._records
+
+    async def delete_chunk(self, key: bytes) -> bool:
+        return self._records.pop(key, None) is not None
+
+
+class TestSlowBlockingTierInterrupted(CancellationChecks):
+    def tier_config(self, tmp_path: Path) -> dict[str, Any]:
+        return {"type": "SlowDictTier", "module_path": __name__}
+
+
+class TestSlowAsyncTierInterrupted(CancellationChecks):
+    def tier_config(self, tmp_path: Path) -> dict[str, Any]:
+        return {"type": "SlowAsyncDictTier", "module_path": __name__}

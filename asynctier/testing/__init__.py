@@ -23,7 +23,12 @@ or pick some at the command line: ``pytest -k "trio"``, ``pytest -k "not uvloop"
 (``task.cancel()``, asyncio's own way to cancel) runs on asyncio and uvloop only.
 
 Override the class attributes to fit the medium (``chunk_bytes``, ``num_chunks``,
-``max_inflight``, ``page_aligned_buffer``).
+``max_inflight``, ``page_aligned_buffer``). :class:`TierConformance` is four groups of checks,
+each a class of its own to subclass alone where that is all a test needs:
+:class:`ContractChecks`, :class:`ConcurrencyChecks`, :class:`CancellationChecks` (cancel
+scopes, ``move_on_after`` / ``fail_after`` deadlines and ``task.cancel()``: on a fast medium
+the I/O an interruption finds running ends before the caller could see it, so run these on a
+slow one too) and :class:`IntegrityChecks`.
 
 Integrity checks damage a stored chunk and require the load to fail that key with
 :class:`~asynctier.errors.IntegrityError`, never delivering wrong bytes. They do it through
@@ -41,7 +46,22 @@ saying so.
 from __future__ import annotations
 
 from .backends import BACKENDS, loop_factories, run_on_backend
+from .checks_cancellation import CancellationChecks
+from .checks_concurrency import ConcurrencyChecks
+from .checks_contract import ContractChecks
+from .checks_integrity import IntegrityChecks
 from .conformance import TierConformance
 from .harness import Harness, new_keys
 
-__all__ = ["BACKENDS", "Harness", "TierConformance", "loop_factories", "new_keys", "run_on_backend"]
+__all__ = [
+    "BACKENDS",
+    "CancellationChecks",
+    "ConcurrencyChecks",
+    "ContractChecks",
+    "Harness",
+    "IntegrityChecks",
+    "TierConformance",
+    "loop_factories",
+    "new_keys",
+    "run_on_backend",
+]
