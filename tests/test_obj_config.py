@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
+from obstore.store import MemoryStore
 from s3_helpers import BUCKET, FAST_FAULTS, Rig, env, keys, kinds, moto, on_asyncio_only, s3_config
 
 from asynctier.errors import failure_kind
@@ -215,17 +216,19 @@ async def test_documented_spellings_of_store_keys_are_accepted() -> None:
 
 
 def test_the_key_tables_match_the_obstore_stubs() -> None:
-    """The tier's key tables are the keys obstore's stubs document (checked against the
-    obstore installed; its typed dicts cannot be imported at run time)."""
+    """The tier's key tables are the keys obstore's stubs document, with the environment
+    variables named in their docs, and its bool store keys those typed ``bool`` (checked
+    against the obstore installed; its typed dicts cannot be imported at run time)."""
     import ast
     import re
 
     import obstore
-    from asynctier.tiers.obj.store_keys import CLIENT_KEYS, STORE_KEYS
+    from asynctier.tiers.obj.store_keys import BOOL_STORE_KEYS, CLIENT_KEYS, STORE_KEYS
 
     stubs = Path(obstore.__file__).parent / "_store"
     if not stubs.is_dir():
         pytest.skip("this obstore ships no stubs")
+    bools: set[str] = set()
 
     def documented(file: str, cls: str) -> dict[str, tuple[str, ...]]:
         tree = ast.parse((stubs / file).read_text())
@@ -236,12 +239,15 @@ def test_the_key_tables_match_the_obstore_stubs() -> None:
                 doc = body[i + 1] if i + 1 < len(body) else None
                 text = doc.value.value if isinstance(doc, ast.Expr) and isinstance(doc.value, ast.Constant) else ""
                 out[st.target.id] = tuple(dict.fromkeys(re.findall(r"`([A-Z][A-Z0-9_]+)`", str(text))))
+                if cls != "ClientConfig" and ast.unparse(st.annotation) == "bool":
+                    bools.add(st.target.id)
         return out
 
     assert STORE_KEYS["S3"][1] == documented("_aws.pyi", "S3Config")
     assert STORE_KEYS["GCS"][1] == documented("_gcs.pyi", "GCSConfig")
     assert STORE_KEYS["Azure"][1] == documented("_azure.pyi", "AzureConfig")
     assert set(CLIENT_KEYS) == set(documented("_client.pyi", "ClientConfig"))
+    assert bools == BOOL_STORE_KEYS
 
 
 def test_a_panic_of_the_client_building_the_store_is_a_config_error() -> None:
@@ -280,3 +286,75 @@ async def test_a_panic_of_the_client_in_a_request_fails_the_key() -> None:
         assert failure_kind(info.value) == "io" and "client failed" in str(info.value)
         assert tier.breaker_state == "closed"
         assert (await tier.load(ks, [1])).ok
+
+
+_S3 = {"url": "s3://b/p"}
+_MEM = {"url": "memory://"}
+
+
+@pytest.mark.parametrize(
+    ("config", "says"),
+    [
+        # nonsense refused at construction (it used to fail each chunk, or open(), later)
+        ({**_MEM, "store": "junk"}, r"store must be an obstore store .*MemoryStore"),
+        ({**_MEM, "store": {}}, r"store must be an obstore store"),
+        ({"url": "file:///tmp/a\0b"}, r"url .*NUL"),
+        ({"url": "s3://b/p\0"}, r"url .*NUL"),
+        ({**_S3, "endpoint": "http://h\0:9"}, r"endpoint .*NUL"),
+        ({**_S3, "config": {"sts_endpoint": "http://h/\0"}}, r"config\['sts_endpoint'\] .*NUL"),
+        ({**_S3, "endpoint": 5}, r"endpoint must be a str"),
+        ({**_S3, "region": True}, r"region must be a str"),
+        ({**_MEM, "endpoint": "http://h:9"}, r"endpoint does not apply to a memory:// store"),
+        ({"url": "file:///tmp/x", "credentials": {"access_key_id": "a"}}, r"credentials does not apply to a file://"),
+        ({**_MEM, "store": MemoryStore(), "client_options": {"allow_http": True}}, r"client_options does not apply"),
+        # option values of the wrong type, named with what is accepted
+        ({**_S3, "client_options": {"allow_http": "yes"}}, r"client_options\['allow_http'\] must be True or False"),
+        ({**_S3, "client_options": {"allow_http": 1}}, r"client_options\['allow_http'\] must be True or False"),
+        ({**_S3, "config": {"skip_signature": "true"}}, r"config\['skip_signature'\] must be True or False"),
+        ({**_S3, "client_options": {"timeout": 5}}, r"client_options\['timeout'\] must be a datetime.timedelta or"),
+        ({**_S3, "client_options": {"pool_max_idle_per_host": True}}, r"pool_max_idle_per_host'\] must be an int"),
+        ({**_S3, "client_options": {"default_headers": {"a": 1}}}, r"default_headers'\] must be a dict"),
+        ({**_S3, "config": {"region": 5}}, r"config\['region'\] must be a str"),
+        ({**_S3, "credentials": {"access_key_id": b"akid"}}, r"credentials\['access_key_id'\] must be a str"),
+        ({**_S3, "config": {"request_payer": 1}}, r"request_payer'\] must be True, False or"),
+        # the tier's own numbers: an int is an int (not a bool), a duration a number (not a bool)
+        ({**_MEM, "part_concurrency": True}, r"part_concurrency must be an int"),
+        ({**_MEM, "part_size": float(8 << 20)}, r"part_size must be an int"),
+        ({**_MEM, "max_retries": False}, r"max_retries must be an int"),
+        ({**_MEM, "breaker_threshold": 2.0}, r"breaker_threshold must be an int"),
+        ({**_MEM, "lookup_cache_entries": True}, r"lookup_cache_entries must be an int"),
+        ({**_MEM, "breaker_cooldown_s": True}, r"breaker_cooldown_s must be a number"),
+        ({**_MEM, "lookup_ttl_s": "10"}, r"lookup_ttl_s must be a number"),
+        ({**_MEM, "timeout_s": True}, r"timeout_s must be"),
+        ({**_MEM, "verify": 1}, r"verify must be True or False"),
+        ({**_MEM, "max_inflight": True}, r"max_inflight must be"),
+    ],
+)
+def test_wrong_types_and_nonsense_are_refused_at_construction(config: dict[str, object], says: str) -> None:
+    """Every bool option takes a real bool, every int a real int (not a bool), strings are
+    strings without NUL, ``store`` is an obstore store, and options a store cannot use are
+    refused: each at construction, with a TierConfigError naming what is accepted."""
+    from asynctier import TierConfigError
+
+    with pytest.raises(TierConfigError, match=says):
+        Rig().tier({"type": "obj", **config})
+
+
+async def test_accepted_option_values_reach_the_store() -> None:
+    """The types the checks accept open and work against a real server (moto)."""
+    import datetime
+
+    rig = Rig()
+    client = {
+        "allow_http": True,
+        "timeout": datetime.timedelta(seconds=20),
+        "connect_timeout": "5s",
+        "pool_max_idle_per_host": 4,
+        "default_headers": {"x-test": "1"},
+        "user_agent": "asynctier-test",
+    }
+    cfg = s3_config(client_options=client, config={"virtual_hosted_style_request": False, "request_payer": False})
+    async with rig.tier(cfg) as tier:
+        ks = keys(1)
+        assert (await tier.offload(ks, [0])).ok
+        assert (await tier.load(ks, [1])).ok and rig.chunk(1) == rig.orig_chunk(0)

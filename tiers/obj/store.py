@@ -13,13 +13,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from obstore.store import LocalStore, MemoryStore, from_url
+from obstore.store import AzureStore, GCSStore, HTTPStore, LocalStore, MemoryStore, S3Store, from_url
 
 from asynctier.errors import TierConfigError
 
 from .client_errors import is_client_panic
 from .params import Deadlines
-from .store_keys import check_client_keys, check_store_keys, store_kind
+from .store_keys import check_client_options, check_store_options, check_str, store_kind
 from .url import StoreURL
 
 if TYPE_CHECKING:
@@ -49,6 +49,20 @@ CLIENT_ENV_KEYS = (
 )
 
 
+_STORE_TYPES = (S3Store, GCSStore, AzureStore, HTTPStore, LocalStore, MemoryStore)
+
+
+def _refuse_unused(url: StoreURL, given: bool, options: Mapping[str, object]) -> None:
+    """Options a local store (or a store object handed in) cannot use are mistakes."""
+    for name, value in options.items():
+        if value is not None and value != {}:
+            where = "a store= object" if given else f"a {url.scheme}:// store"
+            raise TierConfigError(
+                f"{name} does not apply to {where}, which takes no endpoint, region, credentials, config or "
+                "client_options"
+            )
+
+
 @dataclass(frozen=True)
 class StoreOptions:
     """Everything that goes into building the store; :meth:`build` does it (no I/O)."""
@@ -68,27 +82,41 @@ class StoreOptions:
         url: StoreURL,
         deadlines: Deadlines,
         *,
-        endpoint: str | None,
-        region: str | None,
+        endpoint: object,
+        region: object,
         credentials: object,
         config: object,
         client_options: object,
-        given: ObjectStore | None,
+        given: object,
     ) -> StoreOptions:
-        """The options, checked: the three option dicts are dicts, and their keys are keys
-        obstore documents for this store (refused here rather than when the store is built)."""
-        dicts: list[dict[Any, Any]] = []
+        """The options, checked against what obstore documents (keys and value types) and
+        what the store can use; refused here rather than when the store is built."""
+        store: ObjectStore | None = None
+        if given is not None:
+            if not isinstance(given, _STORE_TYPES):
+                names = ", ".join(t.__name__ for t in _STORE_TYPES)
+                raise TierConfigError(f"store must be an obstore store ({names}) or None; got {type(given).__name__}")
+            store = given
+        named = {"endpoint": endpoint, "region": region}
+        dicts: dict[str, Mapping[object, object]] = {}
         for name, value in (("credentials", credentials), ("config", config), ("client_options", client_options)):
             if value is not None and not isinstance(value, Mapping):
                 raise TierConfigError(f"{name} must be a dict; got {type(value).__name__}")
-            dicts.append(dict(value or {}))
-        creds, cfg, client = dicts
-        if given is None and url.env_prefix is not None:
-            kind = store_kind(url.scheme)
-            check_store_keys(kind, cfg, "config")
-            check_store_keys(kind, creds, "credentials")
-            check_client_keys(client)
-        return cls(url, deadlines, endpoint, region, creds, cfg, client, given)
+            dicts[name] = value or {}
+        if store is not None or url.env_prefix is None:
+            _refuse_unused(url, store is not None, {**named, **dicts})
+            return cls(url, deadlines, given=store)
+        endpoint, region = (None if v is None else check_str(n, v) for n, v in named.items())
+        kind = store_kind(url.scheme)
+        return cls(
+            url,
+            deadlines,
+            endpoint,
+            region,
+            check_store_options(kind, dicts["credentials"], "credentials"),
+            check_store_options(kind, dicts["config"], "config"),
+            check_client_options(dicts["client_options"]),
+        )
 
     def client_config(self) -> dict[str, Any]:
         """Client options: environment (obstore drops it once any are passed), defaults, explicit."""

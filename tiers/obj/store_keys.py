@@ -11,11 +11,22 @@ the obstore installed.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import datetime
+from collections.abc import Callable, Mapping
+from typing import NoReturn
 
 from asynctier.errors import TierConfigError
 
-__all__ = ["CLIENT_KEYS", "STORE_KEYS", "check_client_keys", "check_store_keys", "store_kind"]
+__all__ = [
+    "BOOL_STORE_KEYS",
+    "CLIENT_KEYS",
+    "CLIENT_KINDS",
+    "STORE_KEYS",
+    "check_client_options",
+    "check_store_options",
+    "check_str",
+    "store_kind",
+]
 
 # key -> the environment variables that also name it (any case)
 _S3: dict[str, tuple[str, ...]] = {
@@ -116,6 +127,55 @@ CLIENT_KEYS = (
     "timeout",
     "user_agent",
 )
+#: Store keys whose value is a bool (every other store key takes a str).
+BOOL_STORE_KEYS = frozenset(
+    {
+        "disable_bulk_delete",
+        "disable_tagging",
+        "imdsv1_fallback",
+        "s3_express",
+        "skip_signature",
+        "sse_bucket_key_enabled",
+        "unsigned_payload",
+        "use_azure_cli",
+        "use_emulator",
+        "use_fabric_endpoint",
+        "virtual_hosted_style_request",
+    }
+)
+#: What each client option takes (obstore types ``http2_keep_alive_while_idle`` as a str; it
+#: is a switch, and obstore takes a bool for it).
+CLIENT_KINDS = {
+    "allow_http": "bool",
+    "allow_invalid_certificates": "bool",
+    "connect_timeout": "duration",
+    "default_content_type": "str",
+    "default_headers": "headers",
+    "http1_only": "bool",
+    "http2_keep_alive_interval": "duration",
+    "http2_keep_alive_timeout": "duration",
+    "http2_keep_alive_while_idle": "bool",
+    "http2_only": "bool",
+    "pool_idle_timeout": "duration",
+    "pool_max_idle_per_host": "count",
+    "proxy_url": "str",
+    "proxy_ca_certificate": "str",
+    "proxy_excludes": "str",
+    "root_certificate": "pem",
+    "randomize_addresses": "bool",
+    "read_timeout": "duration",
+    "timeout": "duration",
+    "user_agent": "str",
+}
+_ACCEPTED = {
+    "bool": "True or False",
+    "str": "a str",
+    "payer": "True, False or 'requester'",
+    "duration": "a datetime.timedelta or a duration string such as '30s'",
+    "count": "an int >= 0 (or a str of digits)",
+    "headers": "a dict of str names to str or bytes values",
+    "pem": "a str or bytes (PEM)",
+}
 _SCHEME_KIND = {"s3": "S3", "s3a": "S3", "gs": "GCS"}
 
 
@@ -140,33 +200,85 @@ def _as_client_key(name: str, prefix: str) -> str | None:
     return low if low in CLIENT_KEYS else None
 
 
-def check_store_keys(kind: str, options: Mapping[object, object], what: str) -> dict[str, str]:
-    """Refuse keys of ``options`` (the tier's ``config`` or ``credentials``) that are not
-    documented keys of a ``kind`` store; return each given key -> the documented key."""
-    spellings = _spellings(kind)
-    prefix = STORE_KEYS[kind][0]
-    out: dict[str, str] = {}
-    for name in options:
-        if not isinstance(name, str):
-            raise TierConfigError(f"{what} keys must be str; got {name!r:.60}")
-        key = spellings.get(name.lower())
-        if key is not None:
-            out[name] = key
-        elif (client := _as_client_key(name, prefix)) is not None:
-            raise TierConfigError(
-                f"{what}[{name!r}] is an HTTP client option, not a {kind} store key: pass it in client_options "
-                f"as {client!r}"
-            )
-        else:
-            accepted = ", ".join(sorted(STORE_KEYS[kind][1]))
-            raise TierConfigError(f"{what}[{name!r}] is not a {kind} store key; accepted: {accepted}")
+def _documented_key(kind: str, name: object, what: str) -> str:
+    """The documented key a given key of ``what`` (``config``, ``credentials``) spells."""
+    if not isinstance(name, str):
+        raise TierConfigError(f"{what} keys must be str; got {type(name).__name__}")
+    key = _spellings(kind).get(name.lower())
+    if key is not None:
+        return key
+    client = _as_client_key(name, STORE_KEYS[kind][0])
+    if client is not None:
+        raise TierConfigError(
+            f"{what}[{name!r}] is an HTTP client option, not a {kind} store key: "
+            f"pass it in client_options as {client!r}"
+        )
+    accepted = ", ".join(sorted(STORE_KEYS[kind][1]))
+    raise TierConfigError(f"{what}[{name!r}] is not a {kind} store key; accepted: {accepted}")
+
+
+def check_str(what: str, value: object) -> str:
+    """A str without NUL (which no URL, path or header may hold)."""
+    if not isinstance(value, str):
+        raise TierConfigError(f"{what} must be a str; got {type(value).__name__}")
+    if "\0" in value:
+        raise TierConfigError(f"{what} must not contain NUL")
+    return value
+
+
+def _headers(value: object) -> bool:
+    return isinstance(value, Mapping) and all(
+        isinstance(k, str) and isinstance(v, (str, bytes)) for k, v in value.items()
+    )
+
+
+#: Kinds that also take a str, and the test of every other value of each kind.
+_TAKES_STR = frozenset({"str", "payer", "duration", "count", "pem"})
+_OTHER_VALUES: dict[str, Callable[[object], bool]] = {
+    "bool": lambda v: isinstance(v, bool),
+    "payer": lambda v: isinstance(v, bool),
+    "duration": lambda v: isinstance(v, datetime.timedelta),
+    "count": lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0,
+    "headers": _headers,
+    "pem": lambda v: isinstance(v, bytes),
+}
+
+
+def _check_value(what: str, kind: str, value: object) -> object:
+    """``value`` as obstore takes it, or a TierConfigError naming what is accepted (the value
+    itself is never shown: it may be a secret)."""
+    if isinstance(value, str) and kind in _TAKES_STR:
+        if kind == "count" and not value.isdigit():
+            _refuse(what, kind, value)
+        return check_str(what, value)
+    test = _OTHER_VALUES.get(kind)
+    if test is None or not test(value):
+        _refuse(what, kind, value)
+    return str(value) if kind == "count" else value  # obstore reads a count from a str only
+
+
+def _refuse(what: str, kind: str, value: object) -> NoReturn:
+    raise TierConfigError(f"{what} must be {_ACCEPTED[kind]}; got {type(value).__name__}")
+
+
+def check_store_options(kind: str, options: Mapping[object, object], what: str) -> dict[str, object]:
+    """``options`` (the tier's ``config`` or ``credentials``) checked against the keys and
+    value types obstore documents for a ``kind`` store."""
+    out: dict[str, object] = {}
+    for name, value in options.items():
+        key = _documented_key(kind, name, what)
+        vkind = "bool" if key in BOOL_STORE_KEYS else "payer" if key == "request_payer" else "str"
+        out[str(name)] = _check_value(f"{what}[{name!r}]", vkind, value)
     return out
 
 
-def check_client_keys(options: Mapping[object, object]) -> None:
-    """Refuse keys of ``client_options`` that obstore's ``ClientConfig`` does not have."""
-    for name in options:
-        if name not in CLIENT_KEYS:
+def check_client_options(options: Mapping[object, object]) -> dict[str, object]:
+    """``client_options`` checked against obstore's ``ClientConfig`` keys and value types."""
+    out: dict[str, object] = {}
+    for name, value in options.items():
+        if not isinstance(name, str) or name not in CLIENT_KINDS:
             raise TierConfigError(
                 f"client_options[{name!r:.60}] is not an HTTP client option; accepted: {', '.join(CLIENT_KEYS)}"
             )
+        out[name] = _check_value(f"client_options[{name!r}]", CLIENT_KINDS[name], value)
+    return out

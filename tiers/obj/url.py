@@ -50,6 +50,8 @@ def parse_url(url: object, *, store_given: bool) -> StoreURL:
     """Check ``url``; with an obstore store object given (``store_given``) it is only a label."""
     if not isinstance(url, str) or "://" not in url:
         raise TierConfigError(f"url must be a store URL such as 's3://bucket/prefix'; got {_shown(url)}")
+    if "\0" in url:
+        raise TierConfigError(f"url must not contain NUL; got {_shown(url)}")
     scheme = urlsplit(url).scheme.lower()
     if not store_given and scheme not in (*ENV_PREFIX, "file", "memory"):
         raise TierConfigError(
