@@ -1,19 +1,20 @@
 /* Native I/O workers for the fs tier (asynctier.nativeio loads this with ctypes).
  *
  * Why C: from Python threads, each chunk pays the job queue, a thread wake-up and a GIL
- * hand-off per system call; over the fs tier's own files, C threads doing the same calls
- * read 1.07-1.25x faster than fio where Python threads reached 0.93-1.16x and the tier
- * 0.66-0.82x (bench/README.md, "fs tier"). Here a pool of POSIX threads pulls chunk jobs
- * from its own queue and runs each from open to close (plus the xxh3 of the payload)
- * without ever taking the GIL; Python queues jobs ahead and books their outcomes in
- * batches, off the threads' way.
+ * hand-off per system call, which C threads do not (figures: docs/benchmarks.md). Here a
+ * pool of POSIX threads pulls chunk jobs from its own queue and runs each from open to
+ * close (plus the xxh3 of the payload) without ever taking the GIL; Python queues jobs
+ * ahead and books their outcomes in batches, off the threads' way.
  *
  * Plain C (no Python.h): the pool is driven through ctypes, and the interpreter is never
- * touched from these threads. Jobs live in a fixed table of `nops` slots owned by the
- * caller's side; a slot is queued by at_submit, run by one worker, and reported once
- * through the completion ring (its index) and the eventfd. Anything but the plain case
- * (an error of any kind, a short file) is reported with the step that failed and left to
- * the Python code, which owns error handling.
+ * touched from these threads. A job is described by a `struct at_job` (the fs tier's plan
+ * of one store, load, spare or unlink: tiers/fs/protocol.py), passed by pointer and copied
+ * into a fixed table of `nops` slots owned by the caller's side; a slot is queued by
+ * at_submit, run by one worker, and reported once through the completion ring (its index)
+ * and the eventfd. Anything but the plain case (an error of any kind, a short file) is
+ * reported with the step that failed and left to the Python code, which owns error
+ * handling. The xxh3 function is the system xxHash library's public XXH3_64bits, whose
+ * address the caller passes in (dlopen'ed by asynctier.nativeio).
  *
  * The bound: a worker takes one of `tokens` before a job's first system call and gives it
  * back after its last; Python code doing chunk I/O for the same tier outside the pool
@@ -60,6 +61,22 @@
 
 typedef uint64_t (*xxh3_fn)(const void *, size_t);
 
+/* One job, as the caller describes it (laid out as nativeio.Job). */
+struct at_job {
+    int32_t kind, prio;
+    int32_t dfd, flags;
+    int32_t fd;   /* writes: the file to fill (made ahead, or taken over), left open; -1: make one */
+    int32_t dfd2; /* the directory of name2 */
+    int32_t sync, hashed;
+    int32_t body_len, pad_;
+    void *hb;
+    size_t hb_len;
+    void *buf;
+    size_t len;
+    char name[NAME_MAX_LEN];
+    char name2[NAME_MAX_LEN]; /* writes: publish by renaming this (the file's name); spares: the new name */
+};
+
 /* What Python reads back; one per slot, laid out as nativeio._Result. */
 struct at_res {
     int64_t result;  /* bytes moved, or -errno of the failed step */
@@ -74,16 +91,10 @@ struct at_res {
 #define PREP_RUNNING 2 /* being hashed */
 
 struct at_op {
-    int32_t kind, prio, state, dfd, flags, pre_fd, sync, body_len, hashed, prep;
-    int32_t fd;   /* the unnamed file opened by prepare_write, or -1 */
-    int32_t dfd2; /* the directory of name2 */
+    struct at_job job;
+    int32_t state, prep;
+    int32_t fd;   /* the file opened by prepare_write, or -1 */
     int32_t next; /* queue link */
-    char name[NAME_MAX_LEN];
-    char name2[NAME_MAX_LEN]; /* writes: publish by renaming this (pre_fd's name); spares: the new name */
-    char *hb;
-    size_t hb_len;
-    char *buf;
-    size_t len;
 };
 
 struct at_pool {
@@ -141,14 +152,15 @@ static void put_u64le(char *p, uint64_t v) {
 }
 
 static void run_read(struct at_op *op, struct at_res *r) {
-    int fd = openat(op->dfd, op->name, op->flags | O_CLOEXEC);
+    struct at_job *j = &op->job;
+    int fd = openat(j->dfd, j->name, j->flags | O_CLOEXEC);
     if (fd < 0) {
         r->result = -errno;
         r->stage = ST_OPEN;
         return;
     }
-    struct iovec iov[2] = {{op->hb, op->hb_len}, {op->buf, op->len}};
-    int64_t got = move_all(fd, 0, iov, 2, op->hb_len + op->len);
+    struct iovec iov[2] = {{j->hb, j->hb_len}, {j->buf, j->len}};
+    int64_t got = move_all(fd, 0, iov, 2, j->hb_len + j->len);
     close(fd);
     r->result = got;
     if (got < 0) r->stage = ST_IO;
@@ -159,17 +171,19 @@ static void run_read(struct at_op *op, struct at_res *r) {
  * asynctier.integrity.pack_header), and its unnamed file (O_TMPFILE: an inode on the file
  * system's orphan list, no data yet), as the tier's pool of files made ahead would. */
 static void prepare_write(struct at_pool *p, struct at_op *op, struct at_res *r) {
-    if (op->body_len > 0) {
-        uint64_t c = p->xxh3(op->buf, op->len);
-        put_u64le(op->hb + CSUM_OFFSET, c);
-        put_u64le(op->hb + op->body_len, p->xxh3(op->hb, (size_t)op->body_len));
+    struct at_job *j = &op->job;
+    if (j->body_len > 0) {
+        char *hb = j->hb;
+        uint64_t c = p->xxh3(j->buf, j->len);
+        put_u64le(hb + CSUM_OFFSET, c);
+        put_u64le(hb + j->body_len, p->xxh3(hb, (size_t)j->body_len));
         r->csum = c;
     }
-    if (op->pre_fd < 0) { /* a new file (else the caller's: made ahead, or a spare) */
-        if (op->name2[0]) /* named: where unnamed files cannot be made, or are not wanted */
-            op->fd = openat(op->dfd2, op->name2, O_CREAT | O_EXCL | op->flags | O_CLOEXEC, 0644);
+    if (j->fd < 0) { /* a new file (else the caller's: made ahead, or a spare) */
+        if (j->name2[0]) /* named: where unnamed files cannot be made, or are not wanted */
+            op->fd = openat(j->dfd2, j->name2, O_CREAT | O_EXCL | j->flags | O_CLOEXEC, 0644);
         else
-            op->fd = openat(op->dfd, ".", O_TMPFILE | op->flags | O_CLOEXEC, 0644);
+            op->fd = openat(j->dfd, ".", O_TMPFILE | j->flags | O_CLOEXEC, 0644);
         if (op->fd < 0) {
             r->result = -errno;
             r->stage = ST_OPEN;
@@ -178,13 +192,14 @@ static void prepare_write(struct at_pool *p, struct at_op *op, struct at_res *r)
 }
 
 static void run_spare(struct at_op *op, struct at_res *r) {
-    int fd = openat(op->dfd, op->name, op->flags | O_CLOEXEC);
+    struct at_job *j = &op->job;
+    int fd = openat(j->dfd, j->name, j->flags | O_CLOEXEC);
     if (fd < 0) {
         r->result = -errno;
         r->stage = ST_OPEN;
         return;
     }
-    if (renameat(op->dfd, op->name, op->dfd2, op->name2) != 0) {
+    if (renameat(j->dfd, j->name, j->dfd2, j->name2) != 0) {
         r->result = -errno;
         r->stage = ST_RENAME;
         close(fd);
@@ -194,7 +209,7 @@ static void run_spare(struct at_op *op, struct at_res *r) {
 }
 
 static void run_unlink(struct at_op *op, struct at_res *r) {
-    if (unlinkat(op->dfd, op->name, 0) != 0) {
+    if (unlinkat(op->job.dfd, op->job.name, 0) != 0) {
         r->result = -errno;
         r->stage = ST_UNLINK;
     }
@@ -202,26 +217,27 @@ static void run_unlink(struct at_op *op, struct at_res *r) {
 
 static void run_write(struct at_op *op, struct at_res *r) {
     if (r->stage) return; /* failed in prepare_write */
-    int fd = op->pre_fd >= 0 ? op->pre_fd : op->fd;
-    struct iovec iov[2] = {{op->hb, op->hb_len}, {op->buf, op->len}};
-    int64_t n = move_all(fd, 1, iov, 2, op->hb_len + op->len);
+    struct at_job *j = &op->job;
+    int fd = j->fd >= 0 ? j->fd : op->fd;
+    struct iovec iov[2] = {{j->hb, j->hb_len}, {j->buf, j->len}};
+    int64_t n = move_all(fd, 1, iov, 2, j->hb_len + j->len);
     int stage = 0;
     int64_t err = 0;
     if (n < 0) {
         stage = ST_IO;
         err = n;
-    } else if (op->sync && fdatasync(fd) != 0) {
+    } else if (j->sync && fdatasync(fd) != 0) {
         stage = ST_DATASYNC;
         err = -errno;
-    } else if (op->name2[0]) { /* a named file overwritten in place: renamed into place */
-        if (renameat(op->dfd2, op->name2, op->dfd, op->name) != 0) {
+    } else if (j->name2[0]) { /* a named file (new, or taken over): renamed into place */
+        if (renameat(j->dfd2, j->name2, j->dfd, j->name) != 0) {
             stage = ST_RENAME;
             err = -errno;
         }
     } else {
         char path[48];
         snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
-        if (linkat(AT_FDCWD, path, op->dfd, op->name, AT_SYMLINK_FOLLOW) != 0) {
+        if (linkat(AT_FDCWD, path, j->dfd, j->name, AT_SYMLINK_FOLLOW) != 0) {
             if (errno == EEXIST)
                 r->info = 1; /* another writer published this key first: its copy stays */
             else {
@@ -230,11 +246,11 @@ static void run_write(struct at_op *op, struct at_res *r) {
             }
         }
     }
-    if (op->pre_fd < 0) { /* a file made ahead is the caller's to close */
+    if (j->fd < 0) { /* a file made ahead or taken over is the caller's to close */
         close(fd);
         op->fd = -1;
     }
-    if (!stage && op->sync && fsync(op->dfd) != 0) {
+    if (!stage && j->sync && fsync(j->dfd) != 0) {
         stage = ST_DIRSYNC;
         err = -errno;
     }
@@ -275,7 +291,7 @@ static int pick(struct at_pool *p, int *what) {
 }
 
 static void unqueue(struct at_pool *p, int idx) {
-    int q = p->ops[idx].prio, prev = -1;
+    int q = p->ops[idx].job.prio, prev = -1;
     for (int i = p->head[q]; i >= 0; prev = i, i = p->ops[i].next) {
         if (i != idx) continue;
         if (prev < 0)
@@ -338,7 +354,7 @@ static void *worker(void *arg) {
         if (what == DO_POST) {
             p->post_head = op->next;
             pthread_mutex_unlock(&p->mu);
-            r->csum = p->xxh3(op->buf, op->len);
+            r->csum = p->xxh3(op->job.buf, op->job.len);
             pthread_mutex_lock(&p->mu);
             report(p, idx);
             continue;
@@ -352,11 +368,12 @@ static void *worker(void *arg) {
         if (pick(p, &next) >= 0) pthread_cond_signal(&p->work); /* more to do: another worker */
         pthread_mutex_unlock(&p->mu);
 
-        if (op->kind == AT_READ)
+        int kind = op->job.kind;
+        if (kind == AT_READ)
             run_read(op, r);
-        else if (op->kind == AT_WRITE)
+        else if (kind == AT_WRITE)
             run_write(op, r);
-        else if (op->kind == AT_SPARE)
+        else if (kind == AT_SPARE)
             run_spare(op, r);
         else
             run_unlink(op, r);
@@ -365,7 +382,7 @@ static void *worker(void *arg) {
         p->in_flight--;
         p->ntokens++;
         pthread_cond_signal(&p->tokens);
-        if (op->kind == AT_READ && p->xxh3 && op->hashed && r->result == (int64_t)(op->hb_len + op->len)) {
+        if (kind == AT_READ && op->job.hashed && r->result == (int64_t)(op->job.hb_len + op->job.len)) {
             /* its checksum is left to another worker: this one goes on to the next I/O
              * with no wake-up in between (one costs tens of microseconds on a VM) */
             op->next = -1;
@@ -385,11 +402,11 @@ static void *worker(void *arg) {
 
 void at_free(struct at_pool *p);
 
-/* A pool of `nthreads` workers sharing `ntokens` I/O tokens, with `nops` job slots.
- * `xxh3` may be NULL (then Python hashes). Workers raise their nice value by `nice` (>= 0).
+/* A pool of `nthreads` workers sharing `ntokens` I/O tokens, with `nops` job slots, hashing
+ * with `xxh3` (XXH3_64bits). Workers raise their nice value by `nice` (>= 0).
  * Returns NULL with errno set on failure. */
 struct at_pool *at_new(int nthreads, int ntokens, int nops, xxh3_fn xxh3, int nice) {
-    if (nthreads < 1 || ntokens < 1 || nops < 1 || nice < 0) {
+    if (nthreads < 1 || ntokens < 1 || nops < 1 || nice < 0 || !xxh3) {
         errno = EINVAL;
         return NULL;
     }
@@ -430,28 +447,26 @@ struct at_pool *at_new(int nthreads, int ntokens, int nops, xxh3_fn xxh3, int ni
 
 int at_eventfd(struct at_pool *p) { return p->efd; }
 struct at_res *at_results(struct at_pool *p) { return p->res; }
-int at_has_xxh3(struct at_pool *p) { return p->xxh3 != NULL; }
+uint64_t at_hash(struct at_pool *p, const void *buf, size_t len) { return p->xxh3(buf, len); }
 
-/* Queue slot `idx` (idle) for a job of `kind`:
+/* Queue slot `idx` (idle) for the job `j` (copied: the caller may reuse it at once):
  *   AT_READ    openat(dfd, name, flags), preadv of hb and buf (EOF ends it short), close;
- *              the xxh3 of buf if `hashed` and the pool has it;
- *   AT_WRITE   an unnamed file (pre_fd, or O_TMPFILE in dfd with flags), pwritev of hb and
- *              buf, [fdatasync], published under `name` by linkat, [fsync of dfd]; or, with
- *              `name2`, the file of that name in dfd2 (pre_fd: open already; else created,
- *              O_EXCL), written the same way and published by renameat. pre_fd is left open.
- *              body_len > 0: the header's checksums are filled in first (the pool must have
- *              xxh3);
+ *              the xxh3 of buf if `hashed`;
+ *   AT_WRITE   the file `fd`, or a new one: O_TMPFILE in dfd with flags, or, with `name2`,
+ *              name2 in dfd2 created O_EXCL; pwritev of hb and buf, [fdatasync], published
+ *              under `name` in dfd by linkat (no name2) or renameat of name2, [fsync of dfd].
+ *              `fd` is left open, a new file closed. body_len > 0: the header's checksums
+ *              are filled in first;
  *   AT_SPARE   openat(dfd, name, flags), renameat to name2 in dfd2: the result is the
  *              descriptor (a failed rename closes it);
  *   AT_UNLINK  unlinkat(dfd, name).
- * Returns 0, or -EINVAL (bad slot or arguments), -EBUSY (slot in use), -ESHUTDOWN. */
-int at_submit(struct at_pool *p, int idx, int kind, int prio, int dfd, const char *name, int dfd2,
-              const char *name2, int flags, int pre_fd, int sync, void *hb, size_t hb_len, void *buf, size_t len, int body_len,
-              int hashed) {
-    if (idx < 0 || idx >= p->nops || prio < 0 || prio >= NPRIO || kind < AT_READ || kind > AT_UNLINK) return -EINVAL;
-    if (strlen(name) >= NAME_MAX_LEN || strlen(name2) >= NAME_MAX_LEN) return -EINVAL;
-    if (body_len > 0 && (!p->xxh3 || (size_t)body_len + 8 > hb_len)) return -EINVAL;
-    if (kind == AT_SPARE && !name2[0]) return -EINVAL;
+ * Returns 0, or -EINVAL (bad slot or job), -EBUSY (slot in use), -ESHUTDOWN. */
+int at_submit(struct at_pool *p, int idx, const struct at_job *j) {
+    if (idx < 0 || idx >= p->nops || j->prio < 0 || j->prio >= NPRIO || j->kind < AT_READ || j->kind > AT_UNLINK)
+        return -EINVAL;
+    if (!memchr(j->name, 0, NAME_MAX_LEN) || !memchr(j->name2, 0, NAME_MAX_LEN)) return -EINVAL;
+    if (j->body_len > 0 && (size_t)j->body_len + 8 > j->hb_len) return -EINVAL;
+    if (j->kind == AT_SPARE && !j->name2[0]) return -EINVAL;
     pthread_mutex_lock(&p->mu);
     int rc = 0;
     struct at_op *op = &p->ops[idx];
@@ -460,23 +475,10 @@ int at_submit(struct at_pool *p, int idx, int kind, int prio, int dfd, const cha
     else if (op->state != AT_IDLE)
         rc = -EBUSY;
     if (rc == 0) {
-        op->kind = kind;
-        op->prio = prio;
-        op->dfd = dfd;
-        op->flags = flags;
-        op->pre_fd = pre_fd;
-        op->sync = sync;
-        op->body_len = body_len;
-        op->hashed = hashed;
-        op->prep = kind == AT_WRITE ? PREP_WANTED : PREP_NONE;
+        int prio = j->prio;
+        op->job = *j;
+        op->prep = j->kind == AT_WRITE ? PREP_WANTED : PREP_NONE;
         op->fd = -1;
-        strcpy(op->name, name);
-        strcpy(op->name2, name2);
-        op->dfd2 = dfd2;
-        op->hb = hb;
-        op->hb_len = hb_len;
-        op->buf = buf;
-        op->len = len;
         op->next = -1;
         op->state = AT_QUEUED;
         if (p->tail[prio] >= 0)

@@ -1,19 +1,23 @@
 """Native I/O workers: C threads that run whole chunk jobs, driven from the event loop.
 
-Why: the tier's per-chunk Python around each system call (a job queue, a thread wake-up and
-a GIL hand-off per call) is what kept 256 KiB loads short of fio from Python threads; over
-the fs tier's own files, C threads doing the same calls outran fio (bench/README.md, "fs
-tier"). :class:`NativePool` is a pool of POSIX threads (``asynctier/_nativeio.c``, built at
-install as an optional extension and loaded with ctypes) that take chunk jobs from their
-own priority queue and run each from ``open`` to ``close``, with the xxh3 of the payload,
-never taking the GIL. The event loop queues jobs ahead of the workers and hears of their
-ends through an eventfd, in batches, so no Python runs between one job and the next on a
-worker. :class:`NativeEngine` is the runtime's engine around it.
+Why: the per-chunk Python around each system call (a job queue, a thread wake-up and a GIL
+hand-off per call) is what kept loads short of fio from Python threads (docs/benchmarks.md).
+:class:`NativePool` is a pool of POSIX threads (``asynctier/_nativeio.c``, built at install
+as an optional extension and loaded with ctypes) that take chunk jobs from their own
+priority queue and run each from ``open`` to ``close``, with the xxh3 of the payload, never
+taking the GIL. A job is one :class:`Job` descriptor passed by pointer. The event loop
+queues jobs ahead of the workers and hears of their ends through an eventfd, in batches,
+so no Python runs between one job and the next on a worker. :class:`NativeEngine` is the
+runtime's engine around it.
+
+The workers hash with ``XXH3_64bits`` of the system's xxHash library (``libxxhash.so.0``;
+Debian and Ubuntu: package ``libxxhash0``), its public C API, checked at load against the
+:mod:`xxhash` module the rest of asynctier hashes with.
 
 The bound: the pool hands out ``bound`` I/O tokens; a worker holds one for each job, and a
 tier's slow paths that do chunk I/O on Python threads hold one too (:meth:`NativePool.hold`),
 so ``max_inflight`` holds across both. :func:`problem` says why the pool cannot be used
-here (not built, not Linux), or None.
+here (not built, not Linux, no xxHash library), or None.
 """
 
 from __future__ import annotations
@@ -32,14 +36,17 @@ from typing import Any, NamedTuple, TypeVar
 
 from . import engines
 
-__all__ = ["CANCELLED_OUTCOME", "NativeEngine", "NativePool", "Outcome", "problem"]
+__all__ = ["CANCELLED_OUTCOME", "Job", "NativeEngine", "NativePool", "Outcome", "job", "problem"]
 
 T = TypeVar("T")
 
+#: Job kinds (:attr:`Job.kind`).
 READ, WRITE, SPARE, UNLINK = 1, 2, 3, 4
 #: The step a job failed at (:attr:`Outcome.stage`); 0 when it did not fail.
 ST_OPEN, ST_IO, ST_DATASYNC, ST_LINK, ST_DIRSYNC, ST_RENAME, ST_UNLINK = 1, 2, 3, 4, 5, 6, 7
 _NAME_MAX = 256
+#: Where the system's xxHash library is looked for (dlopen's search path).
+XXHASH_LIBS = ("libxxhash.so.0", "libxxhash.so")
 
 
 #: Attribute of the ``CancelledError`` raised by a job's wait when the job had started and
@@ -54,6 +61,62 @@ class Outcome(NamedTuple):
     csum: int  #: xxh3-64 of the payload (reads that got all of it, when asked; writes)
     stage: int  #: ``ST_*`` of the failed step, 0 if none
     info: int  #: writes: 1 if the name was taken already (another writer published first)
+
+
+class Job(ctypes.Structure):
+    """One job for the workers, laid out as ``struct at_job`` in ``asynctier/_nativeio.c``.
+
+    ``kind`` (:data:`READ` ...), ``prio`` (0 runs first), the directory ``dfd`` and ``name``
+    of the file, open ``flags``; writes: ``fd`` (a file to fill, left open; -1: the worker
+    makes one), ``name2`` in ``dfd2`` (publish by renaming that name; empty: by linkat),
+    ``sync``, ``body_len`` (> 0: the worker fills in the header's checksums); spares: the
+    new name ``name2`` in ``dfd2``; reads: ``hashed``. ``hb``/``hb_len`` and ``buf``/``len``:
+    the header block and the payload (addresses that stay valid until the job ends).
+    """
+
+    _fields_ = [
+        ("kind", ctypes.c_int32),
+        ("prio", ctypes.c_int32),
+        ("dfd", ctypes.c_int32),
+        ("flags", ctypes.c_int32),
+        ("fd", ctypes.c_int32),
+        ("dfd2", ctypes.c_int32),
+        ("sync", ctypes.c_int32),
+        ("hashed", ctypes.c_int32),
+        ("body_len", ctypes.c_int32),
+        ("pad_", ctypes.c_int32),
+        ("hb", ctypes.c_void_p),
+        ("hb_len", ctypes.c_size_t),
+        ("buf", ctypes.c_void_p),
+        ("len", ctypes.c_size_t),
+        ("name", ctypes.c_char * _NAME_MAX),
+        ("name2", ctypes.c_char * _NAME_MAX),
+    ]
+
+
+def job(
+    kind: int,
+    prio: int,
+    dfd: int,
+    name: bytes,
+    *,
+    flags: int = 0,
+    fd: int = -1,
+    dfd2: int = -1,
+    name2: bytes = b"",
+    sync: bool = False,
+    hb: int = 0,
+    hb_len: int = 0,
+    buf: int = 0,
+    n: int = 0,
+    body_len: int = 0,
+    hashed: bool = False,
+) -> Job:
+    """A :class:`Job`; a name that does not fit the descriptor is refused here (OSError)."""
+    if len(name) >= _NAME_MAX or len(name2) >= _NAME_MAX:
+        raise OSError(errno.ENAMETOOLONG, f"native I/O job refused: a name of {_NAME_MAX} bytes or more")
+    return Job(kind, prio, dfd, flags, fd, dfd2, int(sync), int(hashed), body_len, 0, hb or None, hb_len,
+               buf or None, n, name, name2)  # fmt: skip
 
 
 class _Result(ctypes.Structure):
@@ -79,32 +142,12 @@ def _find_library() -> tuple[ctypes.CDLL | None, str | None]:
     except OSError as e:
         return None, f"cannot load {path.name}: {e}"
     vp, c_int, c_size = ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t
-    # pool, slot, kind, prio, dfd, name, dfd2, name2, flags, pre_fd, sync, hb, hb_len, buf, len, body_len, hashed
-    submit_args = [
-        vp,
-        c_int,
-        c_int,
-        c_int,
-        c_int,
-        ctypes.c_char_p,
-        c_int,
-        ctypes.c_char_p,
-        c_int,
-        c_int,
-        c_int,
-        vp,
-        c_size,
-        vp,
-        c_size,
-        c_int,
-        c_int,
-    ]
     sigs: dict[str, tuple[list[Any], Any]] = {
         "at_new": ([c_int, c_int, c_int, vp, c_int], vp),
         "at_eventfd": ([vp], c_int),
         "at_results": ([vp], vp),
-        "at_has_xxh3": ([vp], c_int),
-        "at_submit": (submit_args, c_int),
+        "at_hash": ([vp, vp, c_size], ctypes.c_uint64),
+        "at_submit": ([vp, c_int, ctypes.POINTER(Job)], c_int),
         "at_cancel": ([vp, c_int], c_int),
         "at_reap": ([vp, vp, c_int], c_int),
         "at_acquire": ([vp], c_int),
@@ -120,26 +163,35 @@ def _find_library() -> tuple[ctypes.CDLL | None, str | None]:
     return lib, None
 
 
-def _find_xxh3() -> int | None:
-    """The address of ``XXH3_64bits`` in the xxhash module's own library (the one
-    :func:`asynctier.integrity.checksum` uses), checked against it; None if not found."""
-    try:
-        import xxhash
-        import xxhash._xxhash as impl  # type: ignore[import-not-found]
+def find_xxh3(names: tuple[str, ...] = XXHASH_LIBS) -> tuple[int | None, str | None]:
+    """The address of ``XXH3_64bits`` in the system's xxHash library, checked against the
+    :mod:`xxhash` module on a sample; or None and why not."""
+    import xxhash
 
-        fn = ctypes.CDLL(impl.__file__).XXH3_64bits
-    except (ImportError, OSError, AttributeError):
-        return None
-    fn.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
-    fn.restype = ctypes.c_uint64
     sample = bytes(range(256)) * 33
-    if fn(sample, len(sample)) != xxhash.xxh3_64_intdigest(sample):
-        return None
-    return ctypes.cast(fn, ctypes.c_void_p).value
+    tried = []
+    for name in names:
+        try:
+            fn = ctypes.CDLL(name).XXH3_64bits
+        except (OSError, AttributeError) as e:
+            tried.append(f"{name}: {e}")
+            continue
+        fn.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
+        fn.restype = ctypes.c_uint64
+        if fn(sample, len(sample)) != xxhash.xxh3_64_intdigest(sample):
+            tried.append(f"{name}: XXH3_64bits disagrees with the xxhash module")
+            continue
+        return ctypes.cast(fn, ctypes.c_void_p).value, None
+    return None, (
+        "the native workers hash with the system xxHash library (libxxhash.so.0; Debian and Ubuntu: "
+        f"apt-get install libxxhash0), which was not found ({'; '.join(tried)})"
+    )
 
 
 _LIB, _PROBLEM = _find_library()
-_XXH3 = _find_xxh3() if _LIB is not None else None
+_XXH3: int | None = None
+if _LIB is not None:
+    _XXH3, _PROBLEM = find_xxh3()
 
 
 def problem() -> str | None:
@@ -153,8 +205,8 @@ class NativePool:
     fewer cores than workers the event-loop thread wins the CPU when it wakes.
 
     Use it from one event loop: :meth:`attach` it, take a slot (:meth:`take_slot`), await
-    :meth:`read` or :meth:`write` with it, give it back (:meth:`put_slot`) once done with
-    the buffers it names. Buffers (header block and payload) must stay valid until the job
+    :meth:`run` of a :class:`Job` in it, give it back (:meth:`put_slot`) once done with the
+    buffers it names. Buffers (header block and payload) must stay valid until the job
     ends: a cancelled wait takes a queued job back, or waits for a running one to end.
     """
 
@@ -162,14 +214,12 @@ class NativePool:
         if _LIB is None:
             raise OSError(errno.ENOSYS, _PROBLEM)
         self._lib = _LIB
-        handle = _LIB.at_new(threads, bound, slots, _XXH3, nice)
+        handle = _LIB.at_new(threads, bound, slots, _XXH3, nice)  # EINVAL without xxh3
         if not handle:
             e = ctypes.get_errno() or errno.ENOMEM
             raise OSError(e, f"cannot start native I/O workers: {os.strerror(e)}")
         self._h: int = handle
         self.slots = slots
-        #: whether the workers hash payloads (else the caller does)
-        self.hashes = bool(_LIB.at_has_xxh3(handle))
         self._res = (_Result * slots).from_address(_LIB.at_results(handle))
         self._efd: int = _LIB.at_eventfd(handle)
         self._reaped = (ctypes.c_int32 * slots)()
@@ -200,46 +250,20 @@ class NativePool:
         """Give a slot back once its job is over and its buffers are no longer needed."""
         self._free.append(slot)
 
-    async def read(
-        self, slot: int, prio: int, dfd: int, name: bytes, flags: int, hb: int, hb_len: int, buf: int, n: int,
-        *, hashed: bool,
-    ) -> Outcome:  # fmt: skip
-        """``openat(dfd, name, flags)``, ``preadv`` of ``hb_len`` bytes to ``hb`` and ``n`` to
-        ``buf`` (looped; EOF ends it short), ``close``; the payload's xxh3 if ``hashed``."""
-        return await self._run(slot, READ, prio, dfd, name, -1, b"", flags, -1, 0, hb, hb_len, buf, n, 0, int(hashed))
+    def hash(self, data: memoryview | bytes) -> int:
+        """The workers' xxh3-64 of ``data`` (for checks: it must equal :mod:`xxhash`'s)."""
+        buf = (ctypes.c_char * len(data)).from_buffer_copy(data)
+        return int(self._lib.at_hash(self._h, buf, len(data)))
 
-    async def write(
-        self, slot: int, prio: int, dfd: int, name: bytes, flags: int, pre_fd: int, sync: bool,
-        hb: int, hb_len: int, buf: int, n: int, body_len: int, *, rename_from: tuple[int, bytes] = (-1, b""),
-    ) -> Outcome:  # fmt: skip
-        """An unnamed file (``pre_fd``, or a new ``O_TMPFILE`` in ``dfd`` opened with
-        ``flags``), ``pwritev`` of header block and payload, [``fdatasync``], ``linkat``
-        under ``name``, [``fsync`` of ``dfd``]; a new file is closed, ``pre_fd`` is not.
-        ``rename_from`` (directory, name): the file of that name (``pre_fd``, open already, is
-        overwritten in place; else it is created with ``O_EXCL``) is written and published
-        by ``renameat`` instead. ``body_len`` > 0: the header block holds a
-        header packed with a zero checksum and ``body_len`` bytes before its own checksum;
-        the worker fills both in."""
-        return await self._run(slot, WRITE, prio, dfd, name, *rename_from, flags, pre_fd, int(sync), hb, hb_len, buf, n,
-                               body_len, 1)  # fmt: skip
+    async def run(self, slot: int, job: Job) -> Outcome:
+        """Run ``job`` in ``slot`` (taken with :meth:`take_slot`); its outcome.
 
-    async def spare(
-        self, slot: int, prio: int, dfd: int, name: bytes, flags: int, new_dfd: int, new_name: bytes
-    ) -> Outcome:
-        """``openat(dfd, name, flags)``, then ``renameat`` to ``new_name`` in ``new_dfd``: the
-        result is the open descriptor (the caller's to close); a failed rename closes it."""
-        return await self._run(slot, SPARE, prio, dfd, name, new_dfd, new_name, flags, -1, 0, None, 0, None, 0, 0, 0)
-
-    async def unlink(self, slot: int, prio: int, dfd: int, name: bytes) -> Outcome:
-        """``unlinkat(dfd, name)``."""
-        return await self._run(slot, UNLINK, prio, dfd, name, -1, b"", 0, -1, 0, None, 0, None, 0, 0, 0)
-
-    async def _run(self, slot: int, *args: Any) -> Outcome:
+        A cancelled wait takes a queued job back, or waits for a running one to end; then
+        its :class:`Outcome` rides on the ``CancelledError`` (:data:`CANCELLED_OUTCOME`)."""
         if self._closed or self._loop is None:
             raise RuntimeError("native I/O pool is not running")
         fut: asyncio.Future[Outcome] = self._loop.create_future()
-        # kind, prio, dfd, name, dfd2, name2, flags, pre_fd, sync, hb, hb_len, buf, len, body_len, hashed
-        rc = self._lib.at_submit(self._h, slot, *args)
+        rc = self._lib.at_submit(self._h, slot, ctypes.byref(job))
         if rc < 0:
             raise OSError(-rc, f"native I/O submit refused: {os.strerror(-rc)}")
         self._waiters[slot] = fut

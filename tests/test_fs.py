@@ -27,9 +27,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
-from asynctier.benchkit import drop_page_cache
-from asynctier.tiers.fs import HEADER_BLOCK, FsTier, _TmpfilePool
+from asynctier.tiers.fs import HEADER_BLOCK, FsTier
+from asynctier.tiers.fs.layout import shard_of
+from asynctier.tiers.fs.pool import TmpfilePool
+from asynctier.tiers.fs.protocol import ChunkProtocol
 
 from asynctier import (
     CapacityError,
@@ -39,22 +42,46 @@ from asynctier import (
     TierConfigError,
     nativeio,
 )
+from asynctier.cli.benchkit import drop_page_cache
 from asynctier.errors import failure_kind
 from asynctier.integrity import key_token
 from asynctier.posix_io import aligned_buffer
-from asynctier.testing import TierConformance
+from asynctier.testing import Harness, TierConformance
 
 REPO = Path(__file__).resolve().parent.parent
 CHUNK = 64 * 1024
 NCHUNKS = 16
 
 
+def _damage(path: Path, how: str) -> None:
+    raw = bytearray(path.read_bytes())
+    if how == "flip":
+        raw[HEADER_BLOCK + 1] ^= 0x40
+    else:
+        del raw[HEADER_BLOCK + (len(raw) - HEADER_BLOCK) // 2 :]
+    path.write_bytes(bytes(raw))
+
+
+def _swap(a: Path, b: Path) -> None:
+    raw_a, raw_b = a.read_bytes(), b.read_bytes()
+    a.write_bytes(raw_b)
+    b.write_bytes(raw_a)
+
+
 class TestFsConformance(TierConformance):
-    """Defaults (``io_engine="auto"``: the native workers where built): O_DIRECT where
-    aligned (the suite's bytearray is not: buffered, counted)."""
+    """Defaults (``io_engine="auto"``: the native workers where built, on asyncio loops):
+    O_DIRECT where aligned (the suite's bytearray is not: buffered, counted)."""
 
     def tier_config(self, tmp_path: Path) -> dict[str, Any]:
         return {"type": "fs", "root": str(tmp_path / "kv")}
+
+    async def corrupt_stored(self, h: Harness, key: bytes, how: str) -> None:
+        assert isinstance(h.tier, FsTier)
+        await anyio.to_thread.run_sync(_damage, chunk_file(h.tier, key), how)
+
+    async def swap_stored(self, h: Harness, key_a: bytes, key_b: bytes) -> None:
+        assert isinstance(h.tier, FsTier)
+        await anyio.to_thread.run_sync(_swap, chunk_file(h.tier, key_a), chunk_file(h.tier, key_b))
 
 
 class TestFsConformanceDirectIO(TestFsConformance):
@@ -130,9 +157,7 @@ def keys(n: int, tag: str = "k") -> list[bytes]:
 
 
 def chunk_file(tier: FsTier, key: bytes) -> Path:
-    from asynctier.tiers.fs import _shard_of
-
-    return tier.dir / f"{_shard_of(key):02x}" / key_token(key)
+    return tier.dir / f"{shard_of(key):02x}" / key_token(key)
 
 
 def chunk_files(tier: FsTier) -> list[Path]:
@@ -243,13 +268,13 @@ async def test_healthy_loads_take_the_fast_header_check(
     """A load whose header is exactly what was stored is accepted by one compare; the
     field-by-field parse runs only for a bad file (its precise error) or verify=False."""
     slow: list[bytes] = []
-    parse = FsTier._check_read_slow
+    parse = ChunkProtocol.check_slow
 
-    def counted(self: FsTier, key: bytes, *args: Any) -> None:
+    def counted(self: ChunkProtocol, key: bytes, *args: Any) -> None:
         slow.append(key)
         parse(self, key, *args)
 
-    monkeypatch.setattr(FsTier, "_check_read_slow", counted)
+    monkeypatch.setattr(ChunkProtocol, "check_slow", counted)
     tier, view = make_tier(tmp_path)
     data = fill(view, 4)
     k = keys(4)
@@ -378,9 +403,9 @@ async def test_restart_rebuilds_index_cleans_debris_restores_lru(tmp_path: Path,
     for rank, i in enumerate([3, 0, 1, 2, 4, 5]):
         os.utime(chunk_file(tier, k[i]), (base + rank, base + rank))
     shard = chunk_file(tier, k[0]).parent
-    dead = shard / f".tmp~{tier._host}~999999~0~1"  # a writer that died mid-write
+    dead = shard / f".tmp~{tier.names.host}~999999~0~1"  # a writer that died mid-write
     dead.write_bytes(b"x" * 100)
-    live = shard / f".tmp~{tier._host}~{os.getpid()}~99~1"  # a live writer of this process: kept
+    live = shard / f".tmp~{tier.names.host}~{os.getpid()}~99~1"  # a live writer of this process: kept
     live.write_bytes(b"x")
     old_foreign = shard / ".tmp~otherhost~1~0~1"  # another host's, long abandoned
     old_foreign.write_bytes(b"x")
@@ -427,16 +452,14 @@ async def test_restart_restores_lru_order_of_loads_and_touches(tmp_path: Path) -
 
 
 async def test_auto_scans_large_namespace_in_background(tmp_path: Path) -> None:
-    from asynctier.tiers.fs import _shard_of
-
     tier, view = make_tier(tmp_path)
     data = fill(view, 17)
-    k = [key for key in keys(4000) if _shard_of(key) == 0][:2] + keys(6, "x")  # shard 00 is sampled
+    k = [key for key in keys(4000) if shard_of(key) == 0][:2] + keys(6, "x")  # shard 00 is sampled
     async with tier:
         assert (await tier.offload(k, list(range(len(k))))).ok
     tier2, view2 = make_tier(tmp_path, scan_sync_limit=100)  # 2 files in shard 00 -> ~512 estimated
     async with tier2:
-        assert tier2._scan_thread is not None, "auto did not choose a background scan"
+        assert tier2.recovery.thread is not None, "auto did not choose a background scan"
         assert await tier2.lookup(k) == [True] * len(k)
         assert (await tier2.load(k[:2], [10, 11])).ok and chunk(view2, 10) == data[0]
         assert sorted(await tier2.stored_keys()) == sorted(k)
@@ -467,7 +490,7 @@ async def test_direct_io_aligned_has_no_fallbacks_unaligned_counts_and_logs_once
     data = fill(view, 9)
     try:
         async with tier:
-            if not tier._use_direct:
+            if not tier.protocol.use_direct:
                 pytest.skip("the file system under tmp_path refuses O_DIRECT")
             assert (await tier.offload(keys(4), [0, 1, 2, 3])).ok
             view[: 4 * CHUNK] = bytes(4 * CHUNK)
@@ -510,7 +533,7 @@ async def test_files_made_ahead_are_used_and_closed(tmp_path: Path, io_engine: s
     data = fill(view, 21)
     k = keys(8)
     async with tier:
-        pool = tier._pool
+        pool = tier.protocol.pool
         assert pool is not None
         for _ in range(200):  # the thread fills it in the background
             if pool.ready == 8:
@@ -523,16 +546,16 @@ async def test_files_made_ahead_are_used_and_closed(tmp_path: Path, io_engine: s
         res = await tier.load(k, list(range(8, 16)))
         assert res.ok and [chunk(view, 8 + i) for i in range(8)] == data[:8]
         assert sorted(p.name for p in chunk_files(tier)) == sorted(chunk_file(tier, key).name for key in k)
-    assert tier._pool is None and not pool._thread.is_alive()
+    assert tier.protocol.pool is None and not pool._thread.is_alive()
     # (fds other tests leaked may be closed by the garbage collector meanwhile: only new ones count)
     assert not set(os.listdir("/proc/self/fd")) - fds_before, "pooled files and shard directories are closed"
     for depth in (1, 4, 16):  # on by default at every depth: 64 files
         tier, _ = make_tier(tmp_path, max_inflight=depth, io_engine="threads")
         async with tier:
-            assert tier._pool is not None and tier._pool._target == 64
+            assert tier.protocol.pool is not None and tier.protocol.pool._target == 64
     tier, _ = make_tier(tmp_path, max_inflight=4, tmpfile_pool=0, io_engine="threads")
     async with tier:
-        assert tier._pool is None
+        assert tier.protocol.pool is None
     with pytest.raises(TierConfigError, match="tmpfile_pool must be an int >= 0 or None"):
         make_tier(tmp_path, tmpfile_pool=-1)
 
@@ -540,7 +563,7 @@ async def test_files_made_ahead_are_used_and_closed(tmp_path: Path, io_engine: s
 def test_a_held_pool_makes_no_files_until_released(tmp_path: Path) -> None:
     held = True
     dfd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
-    pool = _TmpfilePool([dfd], os.O_WRONLY, 4, "test-pool", lambda: held)
+    pool = TmpfilePool([dfd], os.O_WRONLY, 4, "test-pool", lambda: held)
     try:
         time.sleep(0.3)  # unheld, the thread makes 4 files in well under a millisecond each
         assert pool.ready == 0, "made files while held"
@@ -572,12 +595,12 @@ async def test_the_native_engines_pool_refills_only_while_the_tier_is_idle(
     """A thread making files during a stream takes the GIL from the event loop that the
     native workers leave alone; their pool is held while a call is in progress (the thread
     engine's is not), and the tier wakes it when the last call returns."""
-    monkeypatch.setattr("asynctier.tiers.fs._POOL_HOLD_POLL_S", 3600.0)  # only the wake-up ends a hold
+    monkeypatch.setattr("asynctier.tiers.fs.pool.POOL_HOLD_POLL_S", 3600.0)  # only the wake-up ends a hold
     tier, view = make_tier(tmp_path, max_inflight=8, io_engine="native", tmpfile_pool=8)
     fill(view, 41)
     ks = keys(8, "H")
     async with tier:
-        pool = tier._pool
+        pool = tier.protocol.pool
         assert pool is not None and pool._hold is not None
         for _ in range(500):
             if pool.ready == 8:
@@ -616,7 +639,7 @@ async def test_the_native_engines_pool_refills_only_while_the_tier_is_idle(
         assert pool.ready == 8, "the end of the last call did not wake the held pool"
     threads, _ = make_tier(tmp_path, max_inflight=8, io_engine="threads", tmpfile_pool=8)
     async with threads:
-        assert threads._pool is not None and threads._pool._hold is None
+        assert threads.protocol.pool is not None and threads.protocol.pool._hold is None
 
 
 async def test_io_engine_choice_and_bad_config(tmp_path: Path, io_engine: str, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -1059,7 +1082,7 @@ async def test_on_a_network_file_system_the_recycle_check_stays_off_the_loop(
 ) -> None:
     """The check that no other tier holds the namespace queries a lock; on NFS or Lustre that
     is a round trip to the server, so there it runs on a thread, never on the event loop."""
-    import asynctier.tiers.fs as fs_mod
+    import asynctier.tiers.fs.tier as fs_mod
 
     monkeypatch.setattr(fs_mod, "network_fs", lambda path: "nfs")  # what statfs would say there
     loop_thread = threading.get_ident()
@@ -1075,7 +1098,7 @@ async def test_on_a_network_file_system_the_recycle_check_stays_off_the_loop(
     tier, view = make_tier(tmp_path, aligned_buffer(CHUNK * NCHUNKS), capacity_bytes=4 * per, max_inflight=4)
     data = fill(view, 33)
     async with tier:
-        assert tier._network_fs == "nfs"
+        assert tier.network_fs == "nfs"
         assert (await tier.offload(keys(4, "a"), [0, 1, 2, 3])).ok
         assert (await tier.offload(keys(4, "b"), [4, 5, 6, 7])).ok
         assert tier.stats().extra.get("recycled") == 4
@@ -1089,10 +1112,10 @@ async def test_a_recycle_check_cancelled_on_its_thread_leaves_no_stray_file(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """On a network file system the native engine asks on a thread whether an evicted file
-    may be recycled, with that file already open under a temporary name. Cancelled there
-    (the engine's workers cancelled, as at a teardown), the store closes and removes the
-    file before the cancellation goes on, and fails."""
-    import asynctier.tiers.fs as fs_mod
+    may be recycled, with that file already open under a temporary name. A store cancelled
+    there (a job body is shielded from its caller; this cancels it directly) closes and
+    removes the file before the cancellation goes on."""
+    import asynctier.tiers.fs.tier as fs_mod
 
     monkeypatch.setattr(fs_mod, "network_fs", lambda path: "nfs")
     entered, release = threading.Event(), threading.Event()
@@ -1110,25 +1133,30 @@ async def test_a_recycle_check_cancelled_on_its_thread_leaves_no_stray_file(
         capacity_bytes=per,
         max_inflight=8,
         io_engine="native",
-        tmpfile_pool=0,  # no pool refilling once the call ends: every new descriptor would be a leak
+        tmpfile_pool=0,  # no pool refilling meanwhile: every new descriptor would be a leak
     )
     fill(view, 37)
     async with tier:
         assert (await tier.offload([b"victim"], [0])).ok
+        victims = tier.index.reserve(b"new", per)  # what a store at capacity does first
+        assert victims == [b"victim"]
         monkeypatch.setattr(FsTier, "_alone", slow_alone)
+        native = tier._native
+        assert native is not None
         fds_before = set(os.listdir("/proc/self/fd"))
-        store = asyncio.ensure_future(tier.offload([b"new"], [1]))
+        task = asyncio.ensure_future(native.store(b"new", 1, victims))
         assert await asyncio.to_thread(entered.wait, 10)
-        engine = tier._nengine
-        assert engine is not None
-        for task in engine._tasks:
-            task.cancel()
+        task.cancel()
         release.set()
-        res = await store
-        assert list(res.failed) == [b"new"]
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        tier.index.removed(victims)
+        tier.index.abort(b"new")
         assert [p.name for p in tier.dir.glob("??/*")] == []  # the victim's file, renamed away, is gone
-        assert set(os.listdir("/proc/self/fd")) <= fds_before  # and its descriptor closed
+        assert not set(os.listdir("/proc/self/fd")) - fds_before  # and its descriptor closed
         assert tier.stats().evictions == 1
+        monkeypatch.setattr(FsTier, "_alone", real_alone)
+        assert (await tier.offload(keys(1), [1])).ok
 
 
 async def test_no_recycling_while_another_tier_has_the_namespace_open(tmp_path: Path, io_engine: str) -> None:
@@ -1342,15 +1370,15 @@ async def test_a_remove_while_the_same_key_is_stored_leaves_disk_and_index_agree
     data = fill(view, 43)
     writing, go_on = threading.Event(), threading.Event()
     if io_engine == "threads":
-        write_chunk = tier.write_chunk
+        real_store = tier.threads.store
 
-        def held(key: bytes, data: memoryview) -> None:
+        def held(key: bytes, data: memoryview, spare: Any = None) -> None:
             if key == b"K":
                 writing.set()
                 go_on.wait(30)
-            write_chunk(key, data)
+            real_store(key, data, spare)
 
-        monkeypatch.setattr(tier, "write_chunk", held)
+        monkeypatch.setattr(tier.threads, "store", held)
     else:
         method = "_native_write"
         async_write = getattr(tier, method)

@@ -1,24 +1,30 @@
 """The native I/O workers (asynctier.nativeio): the pool's bound, queue and cancellation
-against real blocking files (FIFOs), and the fs tier on them: files it writes are the
-files the other engines write, byte for byte, with or without the workers hashing."""
+against real blocking files (FIFOs), its hash (the system xxHash library's), and the fs
+tier on them: files it writes are the files the threads engine writes, byte for byte; where
+the extension or the library is missing, "auto" takes threads and "native" says why."""
 
 from __future__ import annotations
 
 import asyncio
 import ctypes
 import errno
+import json
 import os
+import subprocess
+import sys
+import textwrap
 import threading
 from pathlib import Path
 from typing import Any
 
 import pytest
+from asynctier.tiers.fs import HEADER_BLOCK, FsTier
+from asynctier.tiers.fs.layout import shard_of
 
 from asynctier import IntegrityError, OffloadingSpec, SecondaryTierFactory, TierConfigError, nativeio
 from asynctier.integrity import checksum, key_token
-from asynctier.tiers.fs import HEADER_BLOCK, FsTier, _shard_of
 
-pytestmark = pytest.mark.skipif(nativeio.problem() is not None, reason=f"no native workers: {nativeio.problem()}")
+native_only = pytest.mark.skipif(nativeio.problem() is not None, reason=f"no native workers: {nativeio.problem()}")
 
 CHUNK = 64 * 1024
 HB = 64  # header block of the pool-level tests (any size: the pool does not parse it)
@@ -33,8 +39,16 @@ class Bufs:
         self.n = n
 
     def read(self, pool: nativeio.NativePool, slot: int, dfd: int, name: str) -> Any:
-        return pool.read(slot, 0, dfd, name.encode(), os.O_RDONLY, ctypes.addressof(self.hb[slot]), HB,
-                         ctypes.addressof(self.buf[slot]), self.n, hashed=True)  # fmt: skip
+        job = nativeio.job(nativeio.READ, 0, dfd, name.encode(), flags=os.O_RDONLY,
+                           hb=ctypes.addressof(self.hb[slot]), hb_len=HB, buf=ctypes.addressof(self.buf[slot]),
+                           n=self.n, hashed=True)  # fmt: skip
+        return pool.run(slot, job)
+
+    def write(self, pool: nativeio.NativePool, slot: int, dfd: int, name: bytes, sync: bool = False) -> Any:
+        job = nativeio.job(nativeio.WRITE, 0, dfd, name, flags=os.O_WRONLY, sync=sync,
+                           hb=ctypes.addressof(self.hb[slot]), hb_len=HB, buf=ctypes.addressof(self.buf[slot]),
+                           n=self.n)  # fmt: skip
+        return pool.run(slot, job)
 
 
 async def wait_for(cond: Any, what: str) -> None:
@@ -57,6 +71,7 @@ def open_fifo(path: Path) -> threading.Thread:
     return t
 
 
+@native_only
 async def test_the_bound_queues_jobs_and_a_queued_job_is_taken_back_on_cancel(tmp_path: Path) -> None:
     """One token: a job stuck opening a FIFO holds it, the next jobs queue behind it; a
     cancelled queued job never runs; the stuck one runs on the caller's buffers to its end
@@ -98,6 +113,7 @@ async def test_the_bound_queues_jobs_and_a_queued_job_is_taken_back_on_cancel(tm
         os.close(dfd)
 
 
+@native_only
 async def test_failures_report_the_step_and_errno(tmp_path: Path) -> None:
     dfd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
     pool = nativeio.NativePool(threads=1, bound=1, slots=2)
@@ -109,16 +125,19 @@ async def test_failures_report_the_step_and_errno(tmp_path: Path) -> None:
         (tmp_path / "dir").mkdir()
         res = await bufs.read(pool, 0, dfd, "dir")  # opens; reading a directory fails
         assert (res.result, res.stage) == (-errno.EISDIR, nativeio.ST_IO)
-        hb, buf = ctypes.addressof(bufs.hb[1]), ctypes.addressof(bufs.buf[1])
         (tmp_path / "taken").write_bytes(b"first")
-        res = await pool.write(1, 0, dfd, b"taken", os.O_WRONLY, -1, False, hb, HB, buf, 100, 0)
+        res = await bufs.write(pool, 1, dfd, b"taken")
         assert (res.stage, res.info) == (0, 1)  # the name was taken: the first copy stays
         assert (tmp_path / "taken").read_bytes() == b"first"
-        res = await pool.write(1, 0, dfd, b"new", os.O_WRONLY, -1, True, hb, HB, buf, 100, 0)
+        res = await bufs.write(pool, 1, dfd, b"new", sync=True)
         assert (res.result, res.stage, res.info) == (HB + 100, 0, 0)
         assert (tmp_path / "new").stat().st_size == HB + 100
-        with pytest.raises(OSError, match="refused"):  # a name too long for the job table
-            await pool.write(1, 0, dfd, b"x" * 300, os.O_WRONLY, -1, False, hb, HB, buf, 100, 0)
+        with pytest.raises(OSError, match="refused"):  # a name too long for the job descriptor
+            await bufs.write(pool, 1, dfd, b"x" * 300)
+        unterminated = nativeio.job(nativeio.UNLINK, 0, dfd, b"x")
+        unterminated.name = b"y" * 256  # no room for its end: the workers refuse it, not overrun it
+        with pytest.raises(OSError, match="submit refused"):
+            await pool.run(1, unterminated)
     finally:
         await pool.aclose()
         os.close(dfd)
@@ -126,6 +145,7 @@ async def test_failures_report_the_step_and_errno(tmp_path: Path) -> None:
         await bufs.read(pool, 0, dfd, "missing")
 
 
+@native_only
 async def test_a_slow_path_waiting_for_a_token_gets_the_next_one(tmp_path: Path) -> None:
     """A worker that gives its token back must not take it again while a slow-path thread
     waits in hold(): with the queue kept full, each hold() gets a token after at most the
@@ -178,6 +198,7 @@ def _native_workers() -> dict[int, int]:
     return out
 
 
+@native_only
 async def test_workers_told_to_stop_end_once_the_queue_drains(tmp_path: Path) -> None:
     """at_shutdown (what a pool dropped without aclose does) with jobs queued behind a stuck
     one: every worker ends when the last job does, none stays parked."""
@@ -190,7 +211,9 @@ async def test_workers_told_to_stop_end_once_the_queue_drains(tmp_path: Path) ->
     try:
         stuck = asyncio.ensure_future(bufs.read(pool, 0, dfd, "fifo"))
         await wait_for(lambda: pool.counts()[0] == 1, "the FIFO job holds the token")
-        queued = [asyncio.ensure_future(pool.unlink(s, 0, dfd, b"absent%d" % s)) for s in (1, 2)]
+        queued = [
+            asyncio.ensure_future(pool.run(s, nativeio.job(nativeio.UNLINK, 0, dfd, b"absent%d" % s))) for s in (1, 2)
+        ]
         await wait_for(lambda: pool.counts()[2] == 2, "two jobs queued behind it")
         pool._lib.at_shutdown(pool._h)
         opener = open_fifo(tmp_path / "fifo")
@@ -202,12 +225,14 @@ async def test_workers_told_to_stop_end_once_the_queue_drains(tmp_path: Path) ->
         os.close(dfd)
 
 
+@native_only
 def test_a_pool_that_cannot_start_says_why() -> None:
     with pytest.raises(OSError) as e:
         nativeio.NativePool(threads=0, bound=1, slots=1)
     assert e.value.errno == errno.EINVAL
 
 
+@native_only
 async def test_a_cancelled_spare_job_leaves_no_descriptor_and_hands_back_its_outcome(tmp_path: Path) -> None:
     """A spare job (open the victim, rename it away) cancelled while running ends anyway;
     its caller's CancelledError carries the outcome (the open descriptor) to undo."""
@@ -216,7 +241,8 @@ async def test_a_cancelled_spare_job_leaves_no_descriptor_and_hands_back_its_out
     pool = nativeio.NativePool(threads=2, bound=1, slots=2)
     pool.attach(asyncio.get_running_loop())
     try:
-        job = asyncio.ensure_future(pool.spare(0, 0, dfd, b"victim", os.O_RDONLY, dfd, b"spare"))
+        spare = nativeio.job(nativeio.SPARE, 0, dfd, b"victim", flags=os.O_RDONLY, dfd2=dfd, name2=b"spare")
+        job = asyncio.ensure_future(pool.run(0, spare))
         await wait_for(lambda: pool.counts()[0] == 1, "the worker is in openat")
         job.cancel()
         opener = open_fifo(tmp_path / "victim")
@@ -236,7 +262,7 @@ async def test_a_cancelled_spare_job_leaves_no_descriptor_and_hands_back_its_out
 
 # -- the fs tier on native workers ----------------------------------------------------------
 def chunk_file(tier: FsTier, key: bytes) -> Path:
-    return tier.dir / f"{_shard_of(key):02x}" / key_token(key)
+    return tier.dir / f"{shard_of(key):02x}" / key_token(key)
 
 
 def make_tier(root: Path, engine: str, view: memoryview | None = None, **config: Any) -> tuple[FsTier, memoryview]:
@@ -250,26 +276,21 @@ def make_tier(root: Path, engine: str, view: memoryview | None = None, **config:
     return tier, view
 
 
-@pytest.mark.parametrize("hashing", ["workers", "python"])
+@native_only
 @pytest.mark.parametrize("durability", ["none", "fsync"])
-async def test_files_are_those_of_the_threads_engine(
-    tmp_path: Path, hashing: str, durability: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
+@pytest.mark.parametrize("publish", ["auto", "rename"])
+async def test_files_are_those_of_the_threads_engine(tmp_path: Path, durability: str, publish: str) -> None:
     """Native writes are byte for byte what the threads engine writes (the workers fill in
-    both header checksums, or Python does where the pool has no xxh3), and each engine loads
-    the other's files; a damaged payload fails its key either way."""
-    if hashing == "python":
-        monkeypatch.setattr(nativeio, "_XXH3", None)
+    both header checksums), and each engine loads the other's files; a damaged payload
+    fails its key either way."""
     view = memoryview(bytearray(8 * CHUNK))
     for i in range(4):
         view[i * CHUNK : (i + 1) * CHUNK] = os.urandom(CHUNK)
     keys = [b"k%d" % i for i in range(4)]
-    native, _ = make_tier(tmp_path / "n", "native", view, durability=durability)
-    threads, _ = make_tier(tmp_path / "t", "threads", view, durability=durability)
+    native, _ = make_tier(tmp_path / "n", "native", view, durability=durability, publish=publish)
+    threads, _ = make_tier(tmp_path / "t", "threads", view, durability=durability, publish=publish)
     async with native, threads:
-        assert native.active_io_engine == "native"
-        assert native._nengine is not None and native._nengine.pool is not None
-        assert native._nengine.pool.hashes is (hashing == "workers")
+        assert native.active_io_engine == "native" and threads.active_io_engine == "threads"
         assert (await native.offload(keys, [0, 1, 2, 3])).ok
         assert (await threads.offload(keys, [0, 1, 2, 3])).ok
         for k in keys:
@@ -291,6 +312,7 @@ async def test_files_are_those_of_the_threads_engine(
         assert list(res.failed) == [keys[1]] and isinstance(res.failed[keys[1]], IntegrityError)
 
 
+@native_only
 @pytest.mark.parametrize("nice", [0, 7])
 async def test_workers_run_below_the_event_loop_by_worker_nice(tmp_path: Path, nice: int) -> None:
     """On a 2-core machine 18 busy workers took the loop's p99 lag to 12-17 ms during a
@@ -308,49 +330,129 @@ async def test_workers_run_below_the_event_loop_by_worker_nice(tmp_path: Path, n
             make_tier(tmp_path, "native", worker_nice=bad)
 
 
-async def test_an_engine_cancelled_while_an_eviction_runs_leaves_no_file_nor_descriptor(tmp_path: Path) -> None:
+@native_only
+async def test_a_store_cancelled_while_its_eviction_runs_leaves_no_file_nor_descriptor(tmp_path: Path) -> None:
     """At capacity a store first takes the victim's file (open, rename away: a native job).
-    If the engine's worker is cancelled while that job runs (what ``asyncio.run`` does to the
-    tasks of a tier never closed), the job still ends, and the file it took is closed and
-    removed; the store fails, it is not reported stored. (A cancelled offload call does not
-    cancel a running chunk: it waits for it.)"""
-    tier, _ = make_tier(tmp_path, "native", capacity_bytes=HEADER_BLOCK + CHUNK, max_inflight=1, tmpfile_pool=0)
+    If the store is cancelled while that job runs (a job body is shielded from its caller;
+    this cancels it directly), the job still ends, and the file it took is closed and
+    removed before the cancellation goes on; the victim counts as evicted."""
+    per = HEADER_BLOCK + CHUNK
+    tier, _ = make_tier(tmp_path, "native", capacity_bytes=per, max_inflight=1, tmpfile_pool=0)
     async with tier:
         assert (await tier.offload([b"victim"], [0])).ok
         victim = chunk_file(tier, b"victim")
         victim.unlink()
         os.mkfifo(victim)  # the eviction's open (for writing) waits for a reader
         fds_before = set(os.listdir("/proc/self/fd"))
-        store = asyncio.ensure_future(tier.offload([b"new"], [1]))
-        engine = tier._nengine
-        assert engine is not None and engine.pool is not None
-        pool = engine.pool
+        victims = tier.index.reserve(b"new", per)
+        assert victims == [b"victim"]
+        native = tier._native
+        assert native is not None and native.engine.pool is not None
+        pool = native.engine.pool
+        store = asyncio.ensure_future(native.store(b"new", 1, victims))
         await wait_for(lambda: pool.counts()[0] == 1, "the eviction's open waits on the FIFO")
-        for task in engine._tasks:
-            task.cancel()
+        store.cancel()
         await asyncio.sleep(0.05)
         assert not store.done(), "the job runs on: the store must wait for it"
         reader = threading.Thread(target=lambda: os.close(os.open(victim, os.O_RDONLY)))
         reader.start()
-        res = await store
+        with pytest.raises(asyncio.CancelledError):
+            await store
         await asyncio.to_thread(reader.join)
-        assert list(res.failed) == [b"new"] and isinstance(res.failed[b"new"], ConnectionAbortedError)
+        tier.index.removed(victims)
+        tier.index.abort(b"new")
         assert set(os.listdir("/proc/self/fd")) <= fds_before  # the spare's descriptor is closed
         assert list(tier.dir.glob("??/.tmp~*")) == []  # and the file it renamed away is gone
         assert not victim.exists() and not chunk_file(tier, b"new").exists()
         assert tier.stats().evictions == 1
 
 
-async def test_unavailable_native_workers_say_why(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(nativeio, "_PROBLEM", "asynctier/_nativeio was not built (no C compiler)")
-    tier, _ = make_tier(tmp_path, "native")
-    with pytest.raises(TierConfigError, match=r"io_engine='native'.*not built"):
+@native_only
+async def test_the_workers_hash_with_the_system_xxhash_as_the_xxhash_module_does() -> None:
+    """The workers' xxh3 (the system library's XXH3_64bits) equals ``xxhash.xxh3_64`` on
+    random data of many lengths, the empty and unaligned ones included."""
+    import xxhash
+
+    pool = nativeio.NativePool(threads=1, bound=1, slots=1)
+    pool.attach(asyncio.get_running_loop())
+    try:
+        for n in (0, 1, 3, 16, 17, 128, 129, 240, 241, 1000, 4096, 65536 + 7, 1 << 20):
+            data = os.urandom(n)
+            assert pool.hash(data) == xxhash.xxh3_64(data).intdigest() == checksum(data), n
+            assert pool.hash(memoryview(data)[1:]) == xxhash.xxh3_64_intdigest(data[1:]), n
+    finally:
+        await pool.aclose()
+
+
+@native_only
+def test_without_the_xxhash_library_the_reason_names_it() -> None:
+    addr, why = nativeio.find_xxh3(("libxxhash-not-here.so.0",))
+    assert addr is None and why is not None
+    assert "libxxhash.so.0" in why and "libxxhash0" in why and "libxxhash-not-here.so.0" in why
+    addr, why = nativeio.find_xxh3()
+    assert addr and why is None
+
+
+@pytest.mark.parametrize(
+    "why",
+    [
+        "asynctier/_nativeio was not built (install asynctier from source with a C compiler)",
+        nativeio.find_xxh3(("libxxhash-not-here.so.0",))[1],
+    ],
+    ids=["not-built", "no-xxhash"],
+)
+async def test_unavailable_native_workers_say_why(tmp_path: Path, why: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(nativeio, "_PROBLEM", why)
+    tier, view = make_tier(tmp_path, "native")
+    with pytest.raises(TierConfigError, match=r"io_engine='native' but native I/O workers are unavailable") as e:
         await tier.open()
-    tier, _ = make_tier(tmp_path, "auto")  # auto never picks what is not there
+    assert why in str(e.value)
+    tier, view = make_tier(tmp_path, "auto", view)  # auto never picks what is not there
+    view[:CHUNK] = os.urandom(CHUNK)
     async with tier:
-        assert tier.active_io_engine != "native"
+        assert tier.active_io_engine == "threads"
+        assert (await tier.offload([b"a"], [0])).ok and (await tier.load([b"a"], [1])).ok
+        assert view[CHUNK : 2 * CHUNK] == view[:CHUNK]
 
 
+def test_an_install_without_the_extension_runs_on_threads(tmp_path: Path) -> None:
+    """As after an install without a C compiler (the extension is optional): no
+    ``_nativeio`` shared object to be found. ``problem()`` says it was not built, "auto"
+    stores and loads on threads, "native" is refused with that reason."""
+    code = f"""
+        import asyncio, importlib.machinery, json, os
+        importlib.machinery.EXTENSION_SUFFIXES[:] = [".not-built.so"]  # as if never compiled
+        from asynctier import OffloadingSpec, SecondaryTierFactory, TierConfigError, nativeio
+
+        async def main():
+            spec = OffloadingSpec(4096, 4, namespace="test/no-extension")
+            view = memoryview(bytearray(os.urandom(spec.total_bytes)))
+            out = {{"problem": nativeio.problem()}}
+            for engine in ("auto", "native"):
+                conf = {{"type": "fs", "root": {str(tmp_path)!r}, "io_engine": engine}}
+                tier = SecondaryTierFactory.create_secondary_tier(conf, view, spec)
+                try:
+                    async with tier:
+                        out[engine] = [tier.active_io_engine, (await tier.offload([b"k"], [0])).ok,
+                                       (await tier.load([b"k"], [1])).ok, view[4096:8192] == view[:4096]]
+                except TierConfigError as e:
+                    out[engine] = str(e)
+            print(json.dumps(out))
+
+        asyncio.run(main())
+    """
+    repo = Path(__file__).resolve().parent.parent
+    r = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=60,
+                       cwd=repo)  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert "was not built" in out["problem"]
+    assert out["auto"] == ["threads", True, True, True]
+    assert "io_engine='native' but native I/O workers are unavailable" in out["native"]
+    assert "was not built" in out["native"]
+
+
+@native_only
 async def test_a_failed_job_goes_to_the_slow_path_which_owns_errors(tmp_path: Path) -> None:
     """A job that fails past open (here: the chunk's name is a directory, EISDIR on read)
     is counted and handed to the blocking path: that key fails with the error the threads
@@ -368,6 +470,7 @@ async def test_a_failed_job_goes_to_the_slow_path_which_owns_errors(tmp_path: Pa
         assert tier.stats().extra["native_retries"] == 1
 
 
+@native_only
 @pytest.mark.parametrize("recycle", [True, False], ids=["recycle", "unlink"])
 async def test_evictions_run_as_native_jobs(tmp_path: Path, recycle: bool) -> None:
     """Stores into a full tier evict as native jobs: the victim's file recycled (opened,
@@ -392,6 +495,7 @@ async def test_evictions_run_as_native_jobs(tmp_path: Path, recycle: bool) -> No
         assert files == sorted(key_token(k) for k in keys[4:])
 
 
+@native_only
 async def test_publish_by_rename_runs_as_native_jobs(tmp_path: Path) -> None:
     """publish="rename" (as where unnamed files cannot be made): each write creates a
     temporary file, fills it and renames it into place in one job; none is left behind."""

@@ -1,0 +1,206 @@
+"""The native engine: the chunk protocol's jobs run by the C workers (:mod:`asynctier.nativeio`).
+
+Each job of a plan (:mod:`.protocol`) goes to the workers as one :class:`~asynctier.nativeio.Job`
+descriptor; they run it open to close, with the payload's xxh3, holding no GIL, and report
+its :class:`~.protocol.Outcome` in batches through an eventfd. What follows an outcome is
+the protocol's; a job that does not simply succeed is done again by the threads engine,
+which owns recovery and errors (:meth:`NativeIO._fall_back`, the one way across).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import logging
+import os
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from asynctier import engines, nativeio
+from asynctier.posix_io import aligned_buffer, buffer_address
+
+from .layout import HEADER_BLOCK
+from .protocol import Outcome, Spare, Step, StoreJob, not_found
+
+if TYPE_CHECKING:
+    from .tier import FsTier
+
+__all__ = ["NativeIO"]
+
+log = logging.getLogger(__name__)
+
+#: A store evicting more files than this evicts them (and writes) on a slow-path thread.
+_MAX_NATIVE_VICTIMS = 4
+
+
+def _outcome(res: nativeio.Outcome) -> Outcome:
+    if res.stage:
+        return Outcome(Step(res.stage), -res.result)
+    return Outcome(result=res.result, name_taken=bool(res.info), csum=res.csum)
+
+
+class NativeIO:
+    """The chunk protocol of ``tier`` on the workers of ``engine`` (from the event loop)."""
+
+    def __init__(self, tier: FsTier, engine: nativeio.NativeEngine) -> None:
+        self._tier = tier
+        self.engine = engine
+        self._hb: memoryview | None = None  # one header block per job slot
+        self._hb_addr = 0
+        self._view_addr = 0
+
+    def start(self) -> None:
+        """Once the engine runs: the header blocks, and addresses by arithmetic on the hot
+        path (not a buffer export per chunk)."""
+        self._hb = aligned_buffer(HEADER_BLOCK * self._pool.slots)
+        self._hb_addr = buffer_address(self._hb)
+        self._view_addr = buffer_address(self._tier._view)
+
+    @property
+    def _pool(self) -> nativeio.NativePool:
+        pool = self.engine.pool
+        assert pool is not None
+        return pool
+
+    def _slot_hb(self, slot: int) -> memoryview:
+        assert self._hb is not None
+        return self._hb[slot * HEADER_BLOCK : (slot + 1) * HEADER_BLOCK]
+
+    async def _run(self, slot: int, job: nativeio.Job) -> Outcome:
+        return _outcome(await self._pool.run(slot, job))
+
+    async def _fall_back(self, fn: Callable[..., Any], *args: Any) -> None:
+        """The one way from this engine to the threads engine: a job that did not simply
+        succeed (the workers report the step that failed) is counted and its chunk done
+        again by ``fn`` on a slow-path thread holding an I/O token. Runs to its end if
+        cancelled: it reads or fills the caller's buffer."""
+        self._tier._stats.incr("native_retries")
+        await self.engine.blocking(fn, *args)
+
+    # -- stores ----------------------------------------------------------------------------
+    async def store(self, key: bytes, cid: int, victims: list[bytes]) -> None:
+        """Evict ``victims``, then store chunk ``cid`` under ``key``, as native jobs: into the
+        first victim's file where it may be recycled. The workers fill in the checksums."""
+        tier = self._tier
+        proto = tier.protocol
+        data = tier._chunk(cid)
+        if len(victims) > _MAX_NATIVE_VICTIMS:
+            await self.engine.blocking(tier.threads.evict_then_store, key, data, victims)
+            return
+        addr = self._view_addr + cid * tier.offloading_spec.chunk_bytes
+        flags = proto.write_flags(data, addr)
+        dfd = proto.name(key)[0]
+        slot = self._pool.take_slot()
+        spare: Spare | None = None
+        job: StoreJob | None = None
+        try:
+            rest = victims
+            if victims and tier.recycle_on:
+                spare, unlink_first = await self._take_spare(slot, victims[0], flags, dfd)
+                if not unlink_first:
+                    rest = victims[1:]
+            for v in rest:
+                await self._evict(slot, v)
+            job = proto.store(key, data, None, spare, flags)
+            out = await self._run(slot, self._store_job(slot, job, addr, data.nbytes))
+        except BaseException:
+            # cancelled: the jobs have ended (a cancelled wait waits for a running job)
+            await engines.finish_on_thread(proto.abandon, job, spare)
+            raise
+        finally:
+            self._pool.put_slot(slot)
+        proto.release(job)
+        if out.ok:
+            proto.stored(job, out)
+            return
+        await self._fall_back(self._store_again, job, out, data)
+
+    def _store_job(self, slot: int, job: StoreJob, addr: int, n: int) -> nativeio.Job:
+        hb = self._slot_hb(slot)
+        size = len(job.header)
+        hb[:size] = job.header  # ~100 bytes of header, not chunk data
+        hb[size:] = bytes(HEADER_BLOCK - size)
+        return nativeio.job(
+            nativeio.WRITE, engines.PRIO_STORE, job.dfd, job.name.encode(), flags=job.flags, fd=job.fd,
+            dfd2=job.dfd if job.temp else -1, name2=job.temp.encode(), sync=job.sync,
+            hb=self._hb_addr + slot * HEADER_BLOCK, hb_len=HEADER_BLOCK, buf=addr, n=n,
+            body_len=size - 8 if job.fill else 0,
+        )  # fmt: skip
+
+    def _store_again(self, job: StoreJob, out: Outcome, data: memoryview) -> None:
+        self._tier.protocol.remove_leftovers(job, out)
+        self._tier.threads.store(job.key, data)
+
+    async def _take_spare(self, slot: int, victim: bytes, flags: int, dfd: int) -> tuple[Spare | None, bool]:
+        """:meth:`.threads.ThreadsIO.take_spare` as native jobs."""
+        tier = self._tier
+        proto = tier.protocol
+        tier._note_gone(victim)
+        job = proto.spare(victim, flags, dfd)
+        desc = nativeio.job(nativeio.SPARE, engines.PRIO_STORE, job.dfd, job.name.encode(), flags=flags,
+                            dfd2=job.new_dfd, name2=job.temp.encode())  # fmt: skip
+        try:
+            out = await self._run(slot, desc)
+        except asyncio.CancelledError as e:
+            done = getattr(e, nativeio.CANCELLED_OUTCOME, None)
+            if done is not None and done.stage == 0:
+                # it ran: the victim's file left its name and is open; neither may outlive this
+                tier._evicted(victim, None)
+                await engines.finish_on_thread(proto.abandon, None, Spare(done.result, dfd, job.temp))
+            raise
+        spare, exc, unlink_it = proto.spare_taken(job, out)
+        if unlink_it:
+            return None, True
+        tier._evicted(victim, exc)
+        if spare is None:
+            return None, False
+        try:
+            # the check queries a lock: on a network file system that is a round trip to the
+            # server, which must not stall the event loop
+            if tier.network_fs:
+                keep = await asyncio.to_thread(tier._may_recycle, victim)
+            else:
+                keep = tier._may_recycle(victim)
+        except BaseException:
+            await engines.finish_on_thread(proto.abandon, None, spare)
+            raise
+        if keep:
+            return spare, False
+        os.close(spare.fd)
+        res = await self._run(slot, nativeio.job(nativeio.UNLINK, engines.PRIO_STORE, dfd, spare.temp.encode()))
+        if not res.ok and res.err != errno.ENOENT:
+            log.debug("fs tier: cannot remove %s: %s", spare.temp, os.strerror(res.err))
+        return None, False
+
+    async def _evict(self, slot: int, victim: bytes) -> None:
+        """Evict ``victim`` by unlinking its file, as a native job."""
+        tier = self._tier
+        tier._note_gone(victim)
+        job = tier.protocol.unlink(victim)
+        out = await self._run(slot, nativeio.job(nativeio.UNLINK, engines.PRIO_STORE, job.dfd, job.name.encode()))
+        tier._evicted(victim, None if out.ok or out.err == errno.ENOENT else out.error())
+
+    # -- loads -----------------------------------------------------------------------------
+    async def load(self, key: bytes, cid: int) -> None:
+        """One native job: open, read header block and payload into the caller's slice,
+        close, the payload's xxh3; then the header is checked here."""
+        tier = self._tier
+        out = tier._chunk(cid)
+        addr = self._view_addr + cid * tier.offloading_spec.chunk_bytes
+        # a refused O_NOATIME (EPERM) or O_DIRECT (EINVAL) fails the job; the retry mends it
+        job = tier.protocol.load(key, out, addr)
+        slot = self._pool.take_slot()
+        try:
+            desc = nativeio.job(nativeio.READ, engines.PRIO_LOAD, job.dfd, job.name.encode(), flags=job.flags,
+                                hb=self._hb_addr + slot * HEADER_BLOCK, hb_len=HEADER_BLOCK, buf=addr,
+                                n=out.nbytes, hashed=tier.verify)  # fmt: skip
+            res = await self._run(slot, desc)
+            if res.step == Step.OPEN and res.err == errno.ENOENT:
+                raise not_found(key)
+            if res.ok:
+                # the header is still in this slot's block: the slot is held until checked
+                tier.check_read(key, self._slot_hb(slot), out, res.result, res.csum if tier.verify else None)
+                return
+        finally:
+            self._pool.put_slot(slot)
+        await self._fall_back(tier.threads.load, key, out)

@@ -1,0 +1,504 @@
+"""The ``fs`` tier: configuration and wiring of layout, ownership, recovery, pool and engines."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+import weakref
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+from asynctier import BlockingChunkTier, ChunkNotFoundError, TierConfigError, nativeio
+from asynctier.engines import Engine, Op
+from asynctier.io_engine import IoEngine, check_io_engine
+from asynctier.lru import LRUIndex
+from asynctier.posix_io import O_DIRECT, logical_block_size, network_fs
+from asynctier.stats import TierStats
+
+from . import owners
+from .layout import HEADER_BLOCK, N_SHARDS, TempNames, namespace_dir, write_layout_note
+from .native import NativeIO
+from .pool import POOL_TARGET, TmpfilePool, close_tier_fds
+from .protocol import ChunkProtocol, not_found
+from .scan import Recovery, count_in_first_shard, list_keys
+from .threads import ThreadsIO
+
+__all__ = ["FsTier"]
+
+_O_DIRECTORY: int = getattr(os, "O_DIRECTORY", 0)
+_MAX_PENDING_TOUCHES = 1 << 16  # touched keys remembered for stamping at close (beyond: approximate)
+_ENOSPC_EVICT_CHUNKS = 8  # a full file system: evict this many chunks' worth, then retry once
+
+
+def _check_config(
+    root: object, direct_io: object, publish: object, shared: object, background_scan: object,
+    scan_sync_limit: object, lru_times: object, stale_tmp_s: object, worker_nice: object,
+    tmpfile_pool: object, recycle: object,
+) -> None:  # fmt: skip
+    """Raise :class:`TierConfigError` naming what is accepted, for the first bad value."""
+    if recycle not in ("auto", True, False):
+        raise TierConfigError(f"recycle must be 'auto', True or False; got {recycle!r}")
+    if tmpfile_pool is not None and (
+        isinstance(tmpfile_pool, bool) or not isinstance(tmpfile_pool, int) or tmpfile_pool < 0
+    ):
+        raise TierConfigError(f"tmpfile_pool must be an int >= 0 or None; got {tmpfile_pool!r}")
+    if isinstance(worker_nice, bool) or not isinstance(worker_nice, int) or not 0 <= worker_nice <= 19:
+        raise TierConfigError(f"worker_nice must be an int from 0 to 19; got {worker_nice!r}")
+    if not isinstance(root, (str, os.PathLike)) or not str(root):
+        raise TierConfigError(f"root must be a directory path; got {root!r}")
+    if direct_io not in ("auto", True, False):
+        raise TierConfigError(f"direct_io must be 'auto', True or False; got {direct_io!r}")
+    if publish not in ("auto", "tmpfile", "rename"):
+        raise TierConfigError(f"publish must be 'auto', 'tmpfile' or 'rename'; got {publish!r}")
+    if background_scan not in ("auto", True, False):
+        raise TierConfigError(f"background_scan must be 'auto', True or False; got {background_scan!r}")
+    for name, flag in (("shared", shared), ("lru_times", lru_times)):
+        if not isinstance(flag, bool):
+            raise TierConfigError(f"{name} must be True or False; got {flag!r}")
+    if isinstance(scan_sync_limit, bool) or not isinstance(scan_sync_limit, int) or scan_sync_limit < 0:
+        raise TierConfigError(f"scan_sync_limit must be an int >= 0; got {scan_sync_limit!r}")
+    if isinstance(stale_tmp_s, bool) or not isinstance(stale_tmp_s, (int, float)) or not stale_tmp_s >= 0:
+        raise TierConfigError(f"stale_tmp_s must be a number >= 0; got {stale_tmp_s!r}")
+
+
+def _not_on_asyncio() -> str | None:
+    """Why the native workers cannot serve this event loop: they report through the asyncio
+    loop's reader callbacks (asyncio and uvloop), not trio's."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return "the native engine runs on asyncio event loops (asyncio, uvloop); this is another (trio?)"
+    return None
+
+
+class FsTier(BlockingChunkTier):
+    """One checksummed file per chunk under ``root``; atomic, capacity-bounded, restart-safe.
+
+    The on-disk format, publication, recycling and recovery: docs/tiers/fs.md.
+
+    Args:
+        root: directory to keep chunks in (created if missing). The tier uses the
+            subdirectory named after the layout digest, so several models share a root.
+        direct_io: ``"auto"`` (default): O_DIRECT where the file system supports it and the
+            buffer address and length are block-aligned, buffered I/O otherwise;
+            ``True``: as auto, but ``open()`` fails if the file system refuses O_DIRECT;
+            ``False``: always buffered. Each chunk that wanted O_DIRECT but could not have it
+            (unaligned view) is counted in ``stats().extra["direct_io_fallbacks"]`` and the
+            first is logged.
+        publish: ``"auto"`` (``O_TMPFILE`` + ``linkat`` where available), ``"tmpfile"`` or
+            ``"rename"`` (temporary name + ``renameat``; needed on NFS).
+        shared: another process may store into the same root: on an index miss, ``lookup`` and
+            ``load`` look on disk and adopt what they find. Loads open files with
+            ``O_NOATIME``; a process that does not own them (another user's files, without
+            CAP_FOWNER) is refused it once, logged and counted in
+            ``stats().extra["noatime_refused"]``, and reads on without it.
+        background_scan: ``"auto"`` (scan in the background when the namespace looks larger
+            than ``scan_sync_limit`` files), ``True`` or ``False``. While a scan runs, index
+            misses are checked on disk, so no answer is wrong meanwhile; capacity counts only
+            the chunks known so far, and the scan evicts down to ``capacity_bytes`` when done.
+        scan_sync_limit: estimated file count above which ``"auto"`` scans in the background.
+        lru_times: at ``aclose()``, stamp each file loaded or touched since ``open()`` with
+            the time of its last use, so a restart (the scan sorts by mtime; a write stamps
+            its own) restores LRU order. Not done per load: a ``futimens`` dirties the inode
+            and can wait on the journal, on the latency path.
+        stale_tmp_s: age after which another host's (or a live process's) temporary file is
+            removed at ``open()``; those of dead local processes go at once.
+        io_engine: how offloads and loads reach the kernel (:mod:`asynctier.io_engine`).
+            ``"native"``: C worker threads (:mod:`asynctier.nativeio`) run each chunk's whole
+            job, open to close with its xxh3, holding no GIL, and report to the event loop
+            in batches through an eventfd; refused, with the reason, where they are not
+            built. ``"threads"``: blocking system calls on ``max_inflight`` Python worker
+            threads. ``"auto"`` (the default): native wherever the extension is built,
+            threads otherwise. Why native: per chunk, Python threads pay a job queue, a
+            thread wake-up and a GIL hand-off per system call, which the C workers do not
+            (figures: docs/benchmarks.md). On either engine, removal, lookup, fsck and the
+            retry of anything that did not simply succeed run on threads.
+        worker_nice: how much the native workers raise their nice value (0-19; default 5).
+            On a machine with fewer cores than workers (``max_inflight`` + up to one per
+            CPU), a stream of writes keeps them all runnable, and at nice 0 the event-loop
+            thread waits its turn behind them (docs/benchmarks.md). Raising nice needs no
+            privilege; the workers are named ``asynctier-nio``.
+        tmpfile_pool: how many unnamed ``O_TMPFILE`` files a background thread keeps made
+            ahead of need, so that a chunk's write does not wait for its file's creation (a
+            journaled metadata operation). None (default): 64; 0: none. Each costs an open
+            descriptor and an empty inode until used (no data blocks); a crash leaves
+            nothing behind. Chunks that find the pool empty make their own
+            (``stats().extra["tmpfile_pool_empty"]``). On the native engine the pool refills
+            only while no call is in progress: its thread would take the GIL from the event
+            loop, so a stream beyond the files made ahead makes its own (docs/benchmarks.md).
+        recycle: what eviction does with the file of the chunk it evicts to make room for a
+            store. ``"auto"`` (default): recycle it when ``verify=True``; ``True``: recycle it;
+            ``False``: unlink it. Recycling renames the file away from its name, then the
+            store overwrites it in place and renames it under the new key: at capacity (a
+            cache's steady state) no file is created, allocated, freed or trimmed per chunk.
+            It happens only while no other tier, in this process or another, has the
+            namespace open (:mod:`.owners`; where locks are not available nothing is
+            recycled), and not for a key stored again meanwhile. A crash during the
+            overwrite may leave, after a power loss, the old name with mixed content: the
+            checksum rejects it on load, hence ``"auto"`` only with ``verify=True``.
+            Counted in ``stats().extra``: ``recycled``, ``recycle_refused`` (another tier had
+            the namespace open), ``recycle_retries`` (an overwrite failed; the ordinary path
+            wrote the chunk).
+        **kwargs: the common knobs (``max_inflight``, ``capacity_bytes``, ``durability`` in
+            ``"none"``/``"fsync"``, ``verify``, ...), see :class:`asynctier.ChunkTier`.
+    """
+
+    default_type = "fs"
+    supported_durability = ("none", "fsync")
+    uses_index = True
+
+    def __init__(
+        self,
+        *,
+        root: str | os.PathLike[str],
+        direct_io: bool | Literal["auto"] = "auto",
+        publish: Literal["auto", "tmpfile", "rename"] = "auto",
+        shared: bool = False,
+        background_scan: bool | Literal["auto"] = "auto",
+        scan_sync_limit: int = 50_000,
+        lru_times: bool = True,
+        stale_tmp_s: float = 3600.0,
+        io_engine: str = "auto",
+        worker_nice: int = 5,
+        tmpfile_pool: int | None = None,
+        recycle: bool | Literal["auto"] = "auto",
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        _check_config(root, direct_io, publish, shared, background_scan, scan_sync_limit, lru_times,
+                      stale_tmp_s, worker_nice, tmpfile_pool, recycle)  # fmt: skip
+        self.io_engine: IoEngine = check_io_engine(self.tier_type, io_engine)
+        self.root = Path(root)
+        self.dir = namespace_dir(self.root, self.offloading_spec)
+        self.direct_io = direct_io
+        self.publish = publish
+        self.shared = shared
+        self.background_scan = background_scan
+        self.scan_sync_limit = scan_sync_limit
+        self.lru_times = lru_times
+        self.stale_tmp_s = float(stale_tmp_s)
+        self.worker_nice = worker_nice
+        self.tmpfile_pool = tmpfile_pool
+        self.recycle = recycle
+        self.index: LRUIndex = LRUIndex(self.capacity_bytes, track_removals=True)
+        self.names = TempNames()
+        self.protocol = ChunkProtocol(self.dir, self.offloading_spec, [], self.names, self._stats,
+                                      sync=self.durability == "fsync", verify=self.verify)  # fmt: skip
+        label = f"fs tier {self.dir}"
+        self.recovery = Recovery(self.index, self._stats, self.names, self.stale_tmp_s, self._evict, label)
+        self.threads = ThreadsIO(self)
+        self._native: NativeIO | None = None
+        #: whether evicted files are overwritten in place (decided at open)
+        self.recycle_on = False
+        #: NFS, Lustre, ...: lock queries may wait on a server
+        self.network_fs: str | None = None
+        self._chunk_size = HEADER_BLOCK + self.offloading_spec.chunk_bytes
+        self._lock_fd = -1
+        self._fd_finalizer: weakref.finalize[[list[int], list[TmpfilePool]], FsTier] | None = None
+        self._touched: dict[bytes, int] = {}  # key -> time of last use (ns), stamped at close
+
+    def stored_size(self) -> int:
+        """Header block plus payload, rounded up to the file system block."""
+        return self._chunk_size
+
+    # -- bookkeeping the engines share -----------------------------------------------------
+    def _note_gone(self, key: bytes) -> None:
+        self.recovery.note_gone(key)
+
+    def _alone(self) -> bool:
+        """Whether no other open tier holds this namespace (:func:`.owners.alone`)."""
+        return owners.alone(self._lock_fd)
+
+    def _may_recycle(self, victim: bytes) -> bool:
+        """After the victim's file left its name: may it be overwritten in place?
+
+        Not if a new copy of the same key was stored meanwhile (its writer may have found this
+        file under the name and published it: a reader of the new copy may hold it), nor if
+        another tier has the namespace open (it may be reading it).
+        """
+        if self.index.has_entry(victim) or not self._alone():
+            self._stats.incr("recycle_refused")
+            return False
+        return True
+
+    def relieve_nospace(self) -> bool:
+        """The file system is full (ours or others' data): evict from the LRU end; False if
+        there was nothing to evict."""
+        victims = self.index.pop_lru(_ENOSPC_EVICT_CHUNKS * self._chunk_size)
+        if not victims:
+            return False
+        self._stats.incr("enospc_evictions", len(victims))
+        try:
+            for v in victims:
+                self._evict(v)
+        finally:
+            self.index.removed(victims)
+        return True
+
+    def check_read(self, key: bytes, hb: memoryview, out: memoryview, got: int, csum: int | None = None) -> None:
+        """The protocol's header check, and the key's time of use for ``lru_times``."""
+        self.protocol.check_read(key, hb, out, got, csum)
+        if self.lru_times and len(self._touched) < _MAX_PENDING_TOUCHES:
+            # stamped at close, not here: a futimens per load dirties the inode and can wait
+            # on the journal, on the latency path
+            self._touched[key] = time.time_ns()
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    def open_medium(self) -> None:
+        """Create/open the namespace, probe O_DIRECT and O_TMPFILE, rebuild the index."""
+        fds = self._open_shards()
+        self.protocol.shard_fds = fds
+        self._lock_fd = owners.hold_namespace(self.dir)
+        self.network_fs = network_fs(self.dir)
+        self.recycle_on = self._lock_fd >= 0 and (self.recycle is True or (self.recycle == "auto" and self.verify))
+        pools: list[TmpfilePool] = []
+        # a tier dropped without aclose() must not leak its descriptors or its pool's thread
+        owned = fds if self._lock_fd < 0 else [*fds, self._lock_fd]
+        self._fd_finalizer = weakref.finalize(self, close_tier_fds, owned, pools)
+        try:
+            # the alignment O_DIRECT needs; at most the header block (a larger f_bsize, as on
+            # Lustre, is a preference; a real refusal switches O_DIRECT off)
+            self.protocol.block = min(max(512, logical_block_size(self.dir)), HEADER_BLOCK)
+            self.protocol.probe(self.publish, self.direct_io)
+            background = self.background_scan
+            if background == "auto":
+                background = count_in_first_shard(fds) > self.scan_sync_limit
+            self.recovery.start(fds, self._chunk_size, bool(background))
+            self._start_pool(fds, pools)
+        except BaseException:
+            self._close_fds()
+            raise
+
+    def _open_shards(self) -> list[int]:
+        fds: list[int] = []
+        try:
+            if not self.dir.is_dir():
+                self.dir.mkdir(parents=True, exist_ok=True)
+            write_layout_note(self.dir, self.offloading_spec, self.names.next())
+            dfd = os.open(self.dir, os.O_RDONLY | _O_DIRECTORY)
+            try:
+                for i in range(N_SHARDS):
+                    name = f"{i:02x}"
+                    try:
+                        fds.append(os.open(name, os.O_RDONLY | _O_DIRECTORY, dir_fd=dfd))
+                    except FileNotFoundError:
+                        os.mkdir(name, dir_fd=dfd)
+                        fds.append(os.open(name, os.O_RDONLY | _O_DIRECTORY, dir_fd=dfd))
+            finally:
+                os.close(dfd)
+        except BaseException:
+            for fd in fds:
+                os.close(fd)
+            raise
+        return fds
+
+    def _start_pool(self, fds: list[int], pools: list[TmpfilePool]) -> None:
+        target = POOL_TARGET if self.tmpfile_pool is None else self.tmpfile_pool
+        if not (target and self.protocol.use_tmpfile):
+            return
+        flags = os.O_WRONLY | (O_DIRECT if self.protocol.use_direct else 0)
+        hold: Callable[[], bool] | None = None
+        if self._native is not None:
+            # The native engine's pool refills only while the tier is idle: a Python thread
+            # making files during a stream takes the GIL from the event loop, which the C
+            # workers otherwise leave alone (docs/benchmarks.md). Files made while idle
+            # still take the next burst.
+            me = weakref.ref(self)  # the thread must not keep a dropped tier alive
+
+            def hold() -> bool:
+                tier = me()
+                return tier is not None and tier._active > 0
+
+        pool = TmpfilePool(fds, flags, target, f"asynctier-fs-tmpfiles-{self.dir.name[:8]}", hold)
+        self.protocol.pool = pool
+        pools.append(pool)
+
+    def close_medium(self) -> None:
+        """Stop a background scan, stamp touched files' times, release the shard descriptors."""
+        self.recovery.stop()
+        if self.lru_times and self._touched:
+            touched, self._touched = self._touched, {}
+            for key, used_ns in touched.items():
+                fd, name = self.protocol.name(key)
+                try:
+                    os.utime(name, ns=(used_ns, used_ns), dir_fd=fd)  # the time of last use, as a write stamps its own
+                except OSError:
+                    pass  # best effort: gone, or a read-only root
+        self._close_fds()
+
+    def _close_fds(self) -> None:
+        self.protocol.shard_fds = []
+        self.protocol.pool = None
+        self._lock_fd = -1
+        self.recycle_on = False
+        fin = self._fd_finalizer
+        if fin is not None:
+            fin()  # closes each descriptor once, whichever comes first: this or garbage collection
+
+    # -- an incomplete index: misses are checked on disk -----------------------------------
+    @property
+    def _index_incomplete(self) -> bool:
+        return self.recovery.scanning or self.recovery.failed or self.shared
+
+    def _on_disk(self, key: bytes) -> bool:
+        """A whole chunk file is published under ``key`` (a truncated one does not count)."""
+        fd, name = self.protocol.name(key)
+        try:
+            st = os.stat(name, dir_fd=fd)
+        except OSError:
+            return False
+        return st.st_size == self._chunk_size
+
+    def _begin_load(self, key: bytes) -> object | None:
+        entry = self.index.pin_entry(key)
+        if entry is not None:
+            return entry
+        if self._index_incomplete and self._on_disk(key):
+            entry = self.index.adopt_pinned_entry(key, self._chunk_size)
+            if entry is not None:
+                return entry
+        raise not_found(key)
+
+    async def lookup(self, keys: Sequence[bytes]) -> list[bool]:
+        """Whether each key is stored: from the index; index misses are checked on disk while
+        a background scan runs or with ``shared=True``."""
+        hits = await super().lookup(keys)
+        if not self._index_incomplete or all(hits):
+            return hits
+        misses = [k for k, h in zip(keys, hits) if not h]
+        on_disk = await asyncio.to_thread(lambda: [self._on_disk(k) for k in misses])
+        found = iter(on_disk)
+        return [h or next(found) for h in hits]
+
+    async def touch(self, keys: Sequence[bytes]) -> None:
+        """Mark keys most recently used; their file times are stamped at close (``lru_times``)."""
+        await super().touch(keys)
+        if self.lru_times and len(self._touched) < _MAX_PENDING_TOUCHES:
+            now = time.time_ns()
+            self._touched.update(dict.fromkeys(keys, now))
+
+    async def stored_keys(self) -> list[bytes]:
+        """Every key in the index (after waiting for a background scan to finish)."""
+        t = self.recovery.thread
+        if t is not None and t.is_alive():
+            await asyncio.to_thread(t.join)
+        return await super().stored_keys()
+
+    def _became_idle(self) -> None:
+        pool = self.protocol.pool
+        if pool is not None:
+            pool.wake()  # a held pool (the native engine's) refills now, not at its next look
+
+    def stats(self) -> TierStats:
+        """The common counters; ``extra["tmpfile_pool_ready"]``: files made ahead, not yet used."""
+        s = super().stats()
+        pool = self.protocol.pool
+        if pool is not None:
+            s.extra["tmpfile_pool_ready"] = pool.ready
+        return s
+
+    # -- engines ---------------------------------------------------------------------------
+    @property
+    def active_io_engine(self) -> str:
+        """``"native"`` or ``"threads"``: what ``io_engine`` resolved to at ``open()``."""
+        return "native" if self._native is not None else "threads"
+
+    def _make_engine(self) -> Engine:
+        self._native = None
+        why = nativeio.problem() or _not_on_asyncio()
+        if self.io_engine == "native" and why is not None:
+            raise TierConfigError(f"io_engine='native' but native I/O workers are unavailable here: {why}")
+        if self.io_engine == "threads" or why is not None:
+            return super()._make_engine()
+        name = f"asynctier-{self.tier_type}"
+        engine = nativeio.NativeEngine(self.max_inflight or 1, name=name, nice=self.worker_nice)
+        self._native = NativeIO(self, engine)
+        return engine
+
+    async def _open_medium(self) -> None:
+        await super()._open_medium()
+        if self._native is not None:
+            self._native.start()
+
+    def _job_fn(self, op: Op) -> Callable[..., Any]:
+        if self._native is None:
+            return super()._job_fn(op)
+        return self._coroutine_job_fn(op, self._native_store_job, self._native_load_job, self._native.engine.blocking)
+
+    async def _native_store_job(self, key: bytes, cid: int, t0: float) -> None:
+        await self._async_store(key, t0, lambda victims: self._native_write(key, cid, victims))
+
+    async def _native_write(self, key: bytes, cid: int, victims: list[bytes]) -> None:
+        assert self._native is not None
+        await self._native.store(key, cid, victims)
+
+    async def _native_load_job(self, key: bytes, cid: int, t0: float) -> None:
+        native = self._native
+        assert native is not None
+        if self._index_incomplete:
+            entry = await asyncio.to_thread(self._pin_for_load, key)  # may look on disk
+        else:
+            entry = self._pin_for_load(key)
+        blocking = native.engine.blocking
+        await self._async_load(key, t0, lambda: native.load(key, cid), lambda: blocking(self.delete_chunk, key), entry)
+
+    def _store_job(self, key: bytes, cid: int, t0: float) -> None:
+        """Evict, then write: into the first victim's file where it may be recycled."""
+        victims = self._reserve_store_blocking(key, t0)
+        if victims is None:
+            return
+        try:
+            self.threads.evict_then_store(key, self._chunk(cid), victims)
+        except BaseException as e:
+            self._end_store(key, t0, e)
+            raise
+        self._end_store(key, t0, None)
+
+    def _evict(self, key: bytes) -> None:
+        self.threads.evict(key)
+
+    def _verify_job(self, key: bytes, remove_bad: int, t0: float) -> None:
+        if self.recycle_on:
+            # pinned like a load: an evicted file may be overwritten in place. Unindexed, it
+            # is either being recycled right now or not ours (no other tier is open here)
+            try:
+                self._begin_load(key)
+            except ChunkNotFoundError as e:
+                self._end_verify(key, e, bool(remove_bad))
+                raise
+        elif not self.index.pin(key):
+            super()._verify_job(key, remove_bad, t0)  # another process's file is verified too
+            return
+        try:
+            super()._verify_job(key, remove_bad, t0)
+        finally:
+            self.index.unpin(key, touch=False)
+
+    # -- the primitives ----------------------------------------------------------------------
+    def write_chunk(self, key: bytes, data: memoryview) -> None:
+        """Header + payload in one pwritev to a new file, published atomically."""
+        self.threads.store(key, data)
+
+    def read_chunk(self, key: bytes, out: memoryview) -> None:
+        """Header + payload in one preadv, the payload straight into ``out``; then verify."""
+        self.threads.load(key, out)
+
+    def chunk_exists(self, key: bytes) -> bool:
+        """Whether the chunk's file exists."""
+        return self._on_disk(key)
+
+    def delete_chunk(self, key: bytes) -> bool:
+        """Unlink the chunk's file (a reader holding it open still reads it whole)."""
+        self._note_gone(key)
+        fd, name = self.protocol.name(key)
+        try:
+            os.unlink(name, dir_fd=fd)
+        except FileNotFoundError:
+            return False
+        return True
+
+    def list_chunks(self) -> list[bytes]:
+        """Every key stored in the namespace on disk (for fsck)."""
+        return list_keys(self.protocol.shard_fds)
