@@ -31,14 +31,18 @@ the I/O an interruption finds running ends before the caller could see it, so ru
 slow one too) and :class:`IntegrityChecks`.
 
 Integrity checks damage a stored chunk and require the load to fail that key with
-:class:`~asynctier.errors.IntegrityError`, never delivering wrong bytes. They do it through
+:class:`~asynctier.errors.IntegrityError` (counted as a checksum failure), never delivering
+wrong bytes, while the other keys load; the bad copy must then be gone (``lookup`` says so, a
+second load fails) and the key storable again. They damage chunks through
 two hooks, ``async def corrupt_stored(self, h, key, how)`` (``how``: ``"flip"`` one payload
 byte, or ``"truncate"`` the stored chunk) and ``async def swap_stored(self, h, key_a, key_b)``
 (each key then holds the other's bytes), where ``h`` is the check's :class:`Harness`
 (``h.tier`` is the open tier). A tier that lets the base class frame its chunks
 (``frames_own_bytes = False`` on :class:`~asynctier.BlockingChunkTier` or
 :class:`~asynctier.AsyncChunkTier`) needs nothing: the default hooks rewrite its records
-through its own ``read_chunk`` / ``write_chunk``. A tier that frames its own bytes must
+through its own ``read_chunk`` / ``write_chunk`` (its ``read_chunk`` must report a stored
+record shorter than the buffer it fills with an IntegrityError, as examples/dir_tier.py
+does: only the tier knows how much it read). A tier that frames its own bytes must
 override both hooks, damaging the chunk on its medium; until it does, those checks fail
 saying so.
 """

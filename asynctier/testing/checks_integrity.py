@@ -24,6 +24,7 @@ class IntegrityChecks(SuiteBase):
     ) -> None:
         """Store a few chunks, ``damage(keys)`` some (it returns which), and load them all."""
         n = min(8, self.num_chunks // 2)
+        assert n >= 3, f"the integrity checks need num_chunks >= 6; this class has {self.num_chunks}"
         data = h.fill(21)
         keys = new_keys(n, "intact")
         assert (await h.tier.offload(keys, list(range(n)))).ok
@@ -63,8 +64,9 @@ class IntegrityChecks(SuiteBase):
             async with h.tier:
 
                 async def damage(keys: list[bytes]) -> list[bytes]:
-                    await self.corrupt_stored(h, keys[3], how)
-                    return [keys[3]]
+                    bad = keys[len(keys) // 2]
+                    await self.corrupt_stored(h, bad, how)
+                    return [bad]
 
                 await self._damaged_keys_fail(h, damage, what)
 
@@ -76,8 +78,9 @@ class IntegrityChecks(SuiteBase):
             async with h.tier:
 
                 async def damage(keys: list[bytes]) -> list[bytes]:
-                    await self.swap_stored(h, keys[2], keys[5])
-                    return [keys[2], keys[5]]
+                    a, b = keys[1], keys[-1]  # keys[0] stays intact
+                    await self.swap_stored(h, a, b)
+                    return [a, b]
 
                 await self._damaged_keys_fail(h, damage, "swapped" if verify else "swapped (verify=False)")
 
