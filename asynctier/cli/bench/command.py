@@ -151,7 +151,7 @@ def _run(opts: BenchOptions, plan: Plan, quiet: bool) -> Any:
     if not quiet:
         err = progress_console()
         for line in plan.describe():
-            err.print(line, markup=False, highlight=False, soft_wrap=True)
+            err.print(line, markup=False, highlight=False)
         bar = BarProgress(plan.total_bytes, err)
     try:
         with bar or nullcontext():
@@ -270,11 +270,6 @@ def bench(
         tfile = load_tier_file(config_path) if config_path else None
         sizes, deps, data = _sweep(tfile, chunk_sizes, depths, data_size)
         _check_outputs(outputs)
-        if root is not None:
-            try:
-                usable_directory(root)
-            except TierConfigError as e:
-                raise click.BadParameter(str(e), param_hint="--root") from None
         opts = BenchOptions(
             tiers=resolve_tiers(tier_names, tfile),
             chunk_sizes=sizes,
@@ -289,6 +284,11 @@ def bench(
         )
         plan = make_plan(opts)
         _check_tiers(opts, tier_names, tfile, plan)
+        if root is not None:  # last: the one check that may create something (the root itself)
+            try:
+                usable_directory(root)
+            except TierConfigError as e:
+                raise click.BadParameter(str(e), param_hint="--root") from None
     except (TierConfigError, ValueError) as e:  # BadParameter is a UsageError, not a ValueError: it passes
         raise click.UsageError(str(e)) from None
     report = _run(opts, plan, quiet)
