@@ -52,18 +52,21 @@ class ObjTier(BlockingChunkTier):
 
     Args:
         url: ``s3://bucket/prefix``, ``gs://bucket/prefix``, ``az://container/prefix``,
-            ``file:///dir`` or ``memory://``.
+            ``file:///dir`` (an absolute directory other than ``/``, created by ``open()``)
+            or ``memory://``.
         endpoint: store endpoint (S3-compatible servers, Azurite, ...).
         region: S3 region.
         credentials: store credential keys (``access_key_id``, ``secret_access_key``,
             ``session_token``; ``service_account_key``; ``account_key``, ...); never shown.
         config: further obstore store config keys (override the URL and the environment).
+            Keys and value types of these three dicts are checked against obstore's
+            documented ones at construction.
         client_options: obstore ``ClientConfig`` (override the environment and the defaults
             this tier sets: ``timeout``, ``connect_timeout``).
         store: an obstore store object to use instead of building one from ``url`` (for
             example one ``MemoryStore`` shared by two tiers); ``url`` is then a label.
-        part_size: chunks larger than this go in parallel parts/ranges (default 8 MiB;
-            S3 needs parts of at least 5 MiB).
+        part_size: chunks larger than this go in parallel parts/ranges (default 8 MiB; at
+            least the header of the longest key, 1084 bytes, and on S3 at least 5 MiB).
         part_concurrency: parts of one chunk in flight at once (default 8).
         max_retries, retry_timeout_s, retry_backoff_s, retry_max_backoff_s: obstore retry
             configuration (defaults 3, ``timeout_s``, 0.05, 2.0).
