@@ -52,7 +52,7 @@ async def test_corrupted_chunk_fails_verification_and_is_removed() -> None:
     tier, _ = make()
     async with tier:
         assert (await tier.offload([b"a", b"b"], [0, 1])).ok
-        stored, _ = tier._chunks[b"a"]
+        stored = tier._chunks[b"a"]
         stored[100] ^= 0xFF  # flip bits in the stored copy, as bad memory or a bug would
         res = await tier.load([b"a", b"b"], [5, 6])
         assert res.succeeded == [b"b"] and isinstance(res.failed[b"a"], IntegrityError)
@@ -65,7 +65,7 @@ async def test_verify_chunks_reports_without_removing_unless_asked() -> None:
     tier, buf = make()
     async with tier:
         assert (await tier.offload([b"a", b"b"], [0, 1])).ok
-        tier._chunks[b"b"][0][0] ^= 1
+        tier._chunks[b"b"][-1] ^= 1  # the last payload byte
         before = bytes(buf)
         res = await tier.verify_chunks(await tier.stored_keys())
         assert res.succeeded == [b"a"] and isinstance(res.failed[b"b"], IntegrityError)

@@ -14,16 +14,16 @@ import threading
 from typing import Any
 
 from asynctier import BlockingChunkTier, ChunkNotFoundError, IntegrityError
-from asynctier.integrity import checksum
 
 __all__ = ["MemoryTier"]
 
 
 class MemoryTier(BlockingChunkTier):
-    """Chunks in process memory with LRU eviction; checksummed so ``verify`` means the same here.
+    """Chunks in process memory with LRU eviction.
 
-    Copies run on worker threads: a multi-megabyte ``memcpy`` would otherwise stall the
-    event loop.
+    Each chunk is kept as the record the base class frames (header with key, layout digest
+    and checksum, then the payload), so ``verify`` means here what it means on disk. Copies
+    run on worker threads: a multi-megabyte ``memcpy`` would otherwise stall the event loop.
     """
 
     default_type = "memory"
@@ -31,26 +31,23 @@ class MemoryTier(BlockingChunkTier):
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self._chunks: dict[bytes, tuple[bytearray, int]] = {}
+        self._chunks: dict[bytes, bytearray] = {}
         self._lock = threading.Lock()
 
     def write_chunk(self, key: bytes, data: memoryview) -> None:
         copy = bytearray(data)  # the medium itself: one copy is the point
-        entry = (copy, checksum(copy))
         with self._lock:
-            self._chunks[key] = entry
+            self._chunks[key] = copy
 
-    def read_chunk(self, key: bytes, out: memoryview) -> None:
+    def read_chunk(self, key: bytes, out: memoryview) -> int:
         with self._lock:
-            entry = self._chunks.get(key)
-        if entry is None:
+            data = self._chunks.get(key)
+        if data is None:
             raise ChunkNotFoundError(f"no chunk stored under key {key.hex()[:32]}", key)
-        data, csum = entry
         if len(data) != len(out):
-            raise IntegrityError(f"stored chunk is {len(data)} bytes, expected {len(out)}", key)
+            raise IntegrityError(f"stored record is {len(data)} bytes, expected {len(out)}", key)
         out[:] = data
-        if self.verify and checksum(out) != csum:
-            raise IntegrityError("chunk payload checksum mismatch", key)
+        return len(data)
 
     def chunk_exists(self, key: bytes) -> bool:
         with self._lock:

@@ -69,7 +69,7 @@ class ChunkTier(Bookkeeping, SecondaryTierManager):
     #: The tier stores and checks the project's chunk header itself (the built-in tiers do, in
     #: their own formats). Otherwise the base class frames each chunk for ``write_chunk`` and
     #: checks what ``read_chunk`` returns (:mod:`asynctier.core.framing`).
-    frames_own_bytes: ClassVar[bool] = True
+    frames_own_bytes: ClassVar[bool] = False
 
     def __init__(
         self,

@@ -38,8 +38,9 @@ class BlockingChunkTier(ChunkTier):
         """Store ``data`` (read-only, ``chunk_bytes`` long) under ``key``, atomically."""
         raise NotImplementedError
 
-    def read_chunk(self, key: bytes, out: memoryview) -> None:
-        """Fill ``out`` with the chunk stored under ``key``.
+    def read_chunk(self, key: bytes, out: memoryview) -> int | None:
+        """Fill ``out`` with what ``write_chunk`` stored under ``key``; optionally return how
+        many bytes that was (fewer than ``len(out)``: a truncated copy).
 
         Raise :class:`ChunkNotFoundError` (or ``FileNotFoundError``) when absent and
         :class:`IntegrityError` when the stored copy is bad (the base class deletes it).
@@ -75,8 +76,9 @@ class BlockingChunkTier(ChunkTier):
         if self.frames_own_bytes:
             self.read_chunk(key, out)
         else:
-            record = self._framing.buffer(key, per_thread=True)
-            self.read_chunk(key, record)
+            record = self._framing.read_buffer(key, per_thread=True)
+            filled = self.read_chunk(key, record)
+            self._framing.check_filled(key, record, filled)
             self._framing.unframe(key, record, out)
 
     # -- wiring ----------------------------------------------------------------------------

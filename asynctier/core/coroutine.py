@@ -37,7 +37,7 @@ class AsyncChunkTier(ChunkTier):
         """Store ``data`` under ``key``, atomically."""
         raise NotImplementedError
 
-    async def read_chunk(self, key: bytes, out: memoryview) -> None:
+    async def read_chunk(self, key: bytes, out: memoryview) -> int | None:
         """Fill ``out`` with the chunk stored under ``key`` (see :meth:`BlockingChunkTier.read_chunk`)."""
         raise NotImplementedError
 
@@ -70,8 +70,9 @@ class AsyncChunkTier(ChunkTier):
         if self.frames_own_bytes:
             await self.read_chunk(key, out)
         else:
-            record = self._framing.buffer(key, per_thread=False)
-            await self.read_chunk(key, record)
+            record = self._framing.read_buffer(key, per_thread=False)
+            filled = await self.read_chunk(key, record)
+            self._framing.check_filled(key, record, filled)
             self._framing.unframe(key, record, out)
 
     def _make_engine(self) -> Engine:

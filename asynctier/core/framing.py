@@ -3,8 +3,9 @@
 A tier that stores opaque records (``frames_own_bytes = False``, the default) receives in
 ``write_chunk`` the chunk *framed*: the project's header (format version, key, payload length,
 xxh3 of the payload, layout digest; see :mod:`asynctier.integrity`) followed by the payload.
-``read_chunk`` fills a buffer of :func:`frame_size` bytes with what was stored, and the base
-class checks it before one byte reaches the caller's slot. A bad record fails its key with
+``read_chunk`` fills a buffer of :func:`frame_size` bytes with what was stored (and may return
+how many bytes it filled), and the base class checks it before one byte reaches the caller's
+slot. A bad record fails its key with
 :class:`~asynctier.errors.IntegrityError` and is removed.
 
 Framing costs one copy each way (header and payload are made contiguous for the tier). The
@@ -45,6 +46,19 @@ class Framing:
         if buf is None or len(buf) < n:
             buf = self._scratch.buf = bytearray(n)
         return memoryview(buf)[:n]
+
+    def read_buffer(self, key: bytes, *, per_thread: bool) -> memoryview:
+        """:meth:`buffer` for a read: its last byte is changed first, so that a short read into
+        a reused buffer cannot leave an earlier record's tail there to pass the checksum."""
+        out = self.buffer(key, per_thread=per_thread)
+        out[-1] ^= 0xFF
+        return out
+
+    def check_filled(self, key: bytes, record: memoryview, filled: object) -> None:
+        """``read_chunk`` may return the number of bytes it filled; fewer than the record's
+        is a truncated copy."""
+        if isinstance(filled, int) and not isinstance(filled, bool) and filled != record.nbytes:
+            raise IntegrityError(f"stored record is {filled} bytes, expected {record.nbytes} (truncated)", key)
 
     def frame(self, key: bytes, payload: memoryview, *, per_thread: bool) -> memoryview:
         """Header and payload of ``key`` as one read-only record."""

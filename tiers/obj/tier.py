@@ -84,6 +84,7 @@ class ObjTier(BlockingChunkTier):
     # capacity, as self._lru.
     uses_index = False
     handles_capacity = True  # its own LRU, by DELETE
+    frames_own_bytes = True  # the header travels in front of the payload in each object
 
     def __init__(
         self,
