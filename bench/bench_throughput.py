@@ -1,6 +1,6 @@
 """The throughput sweep: ``asynctier bench`` with its results written to bench/results/.
 
-Runs the same code as the command (:mod:`asynctier.bench`): every tier (fs, nvme slab and
+Runs the same code as the command (:mod:`asynctier.cli.bench`): every tier (fs, nvme slab and
 obj on ``file://`` by default) at every chunk size (256 KiB, 2 MiB, 16 MiB) and depth (1, 4,
 16): offload, lookup, load back from a cold page cache, verify every byte; fio (O_DIRECT,
 same block size and depth) and a naive aiofiles loop measured in the same run, as ratios.
