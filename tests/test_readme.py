@@ -39,3 +39,13 @@ def test_readme_main_job_runs() -> None:
     assert out.returncode == 0, out.stderr[-2000:]
     for tier in ("fs", "nvme", "obj"):
         assert tier in out.stdout
+
+
+def test_ci_runs_the_readme_test_install_and_command() -> None:
+    first = re.search(r"```bash\n(.*?)```", README, re.S)
+    assert first is not None
+    test_line = first.group(1).strip().splitlines()[1].split("#")[0].strip()
+    install, command = (part.strip() for part in test_line.split("&&"))
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert f"python -m {install}" in ci, (install, ci)
+    assert command in ci.splitlines(), command
