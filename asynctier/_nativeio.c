@@ -317,6 +317,8 @@ static void report(struct at_pool *p, int idx) {
     (void)w;
 }
 
+/* One loop for the three kinds of work (I/O, a read's checksum, a write's preparation):
+ * they are picked under one lock in one order (pick), so it reads best in one place. */
 static void *worker(void *arg) {
     struct at_pool *p = arg;
     (void)pthread_setname_np(pthread_self(), "asynctier-nio"); /* for top, perf and tests */
@@ -383,8 +385,8 @@ static void *worker(void *arg) {
         p->ntokens++;
         pthread_cond_signal(&p->tokens);
         if (kind == AT_READ && op->job.hashed && r->result == (int64_t)(op->job.hb_len + op->job.len)) {
-            /* its checksum is left to another worker: this one goes on to the next I/O
-             * with no wake-up in between (one costs tens of microseconds on a VM) */
+            /* its checksum is left to another worker: this one goes on to the next I/O at
+             * once, without a thread wake-up between the two */
             op->next = -1;
             if (p->post_head < 0)
                 p->post_head = idx;

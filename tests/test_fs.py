@@ -31,6 +31,7 @@ import anyio
 import pytest
 from asynctier.tiers.fs import HEADER_BLOCK, FsTier
 from asynctier.tiers.fs.layout import shard_of
+from asynctier.tiers.fs.native import NativeIO
 from asynctier.tiers.fs.pool import TmpfilePool
 from asynctier.tiers.fs.protocol import ChunkProtocol
 
@@ -1273,16 +1274,15 @@ def hold_victim_deletion(
         monkeypatch.setattr(tier, "_note_gone", held)
     else:
         # the native jobs unlink or rename the victims
-        method = "_native_write"
-        async_write = getattr(tier, method)
+        async_write = NativeIO.store
 
-        async def held_write(key: bytes, cid: int, victims: list[bytes]) -> None:
+        async def held_write(self: NativeIO, key: bytes, cid: int, victims: list[bytes]) -> None:
             if victim in victims and not stopped.is_set():
                 stopped.set()
                 await asyncio.to_thread(go_on.wait, 30)
-            await async_write(key, cid, victims)
+            await async_write(self, key, cid, victims)
 
-        monkeypatch.setattr(tier, method, held_write)
+        monkeypatch.setattr(NativeIO, "store", held_write)
     return stopped, go_on
 
 
@@ -1380,16 +1380,15 @@ async def test_a_remove_while_the_same_key_is_stored_leaves_disk_and_index_agree
 
         monkeypatch.setattr(tier.threads, "store", held)
     else:
-        method = "_native_write"
-        async_write = getattr(tier, method)
+        async_write = NativeIO.store
 
-        async def held_write(key: bytes, cid: int, victims: list[bytes]) -> None:
+        async def held_write(self: NativeIO, key: bytes, cid: int, victims: list[bytes]) -> None:
             if key == b"K":
                 writing.set()
                 await asyncio.to_thread(go_on.wait, 30)
-            await async_write(key, cid, victims)
+            await async_write(self, key, cid, victims)
 
-        monkeypatch.setattr(tier, method, held_write)
+        monkeypatch.setattr(NativeIO, "store", held_write)
     async with tier:
         store = asyncio.ensure_future(tier.offload([b"K"], [0]))
         assert await asyncio.to_thread(writing.wait, 30)

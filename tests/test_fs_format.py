@@ -61,7 +61,8 @@ async def test_a_chunk_file_written_by_the_documented_format_loads_byte_exact(tm
         (shard / file_name(key)).write_bytes(chunk_bytes(key, payload, digest))
     spec = OffloadingSpec(CHUNK, 4, namespace=NAMESPACE)
     view = memoryview(bytearray(spec.total_bytes))
-    config = {"type": "fs", "root": str(tmp_path), "io_engine": io_engine}
+    # one worker: the store below runs on the thread whose header buffer the loads filled
+    config = {"type": "fs", "root": str(tmp_path), "io_engine": io_engine, "max_inflight": 1}
     tier = SecondaryTierFactory.create_secondary_tier(config, view, spec)
     async with tier:
         assert sorted(await tier.stored_keys()) == sorted(keys)  # the scan trusted both

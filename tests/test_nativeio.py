@@ -315,8 +315,9 @@ async def test_files_are_those_of_the_threads_engine(tmp_path: Path, durability:
 @native_only
 @pytest.mark.parametrize("nice", [0, 7])
 async def test_workers_run_below_the_event_loop_by_worker_nice(tmp_path: Path, nice: int) -> None:
-    """On a 2-core machine 18 busy workers took the loop's p99 lag to 12-17 ms during a
-    256 KiB offload stream, 3.6-5.6 ms once they ran at nice 5-19 (bench/README.md)."""
+    """Workers run at the loop's nice value plus ``worker_nice``, so that where there are
+    fewer cores than busy workers the event loop's thread wins the CPU when it wakes (why:
+    docs/benchmarks.md); the loop's own thread is left as it was."""
     mine = os.getpriority(os.PRIO_PROCESS, 0)
     before = set(_native_workers())
     tier, _ = make_tier(tmp_path, "native", max_inflight=3, worker_nice=nice)

@@ -77,6 +77,19 @@ class NativeIO:
         self._tier._stats.incr("native_retries")
         await self.engine.blocking(fn, *args)
 
+    # -- the job bodies the runtime runs -----------------------------------------------------
+    async def store_job(self, key: bytes, cid: int, t0: float) -> None:
+        await self._tier._async_store(key, t0, lambda victims: self.store(key, cid, victims))
+
+    async def load_job(self, key: bytes, cid: int, t0: float) -> None:
+        tier = self._tier
+        if tier.index_incomplete:
+            entry = await asyncio.to_thread(tier._pin_for_load, key)  # may look on disk
+        else:
+            entry = tier._pin_for_load(key)
+        blocking = self.engine.blocking
+        await tier._async_load(key, t0, lambda: self.load(key, cid), lambda: blocking(tier.delete_chunk, key), entry)
+
     # -- stores ----------------------------------------------------------------------------
     async def store(self, key: bytes, cid: int, victims: list[bytes]) -> None:
         """Evict ``victims``, then store chunk ``cid`` under ``key``, as native jobs: into the

@@ -27,6 +27,8 @@ if TYPE_CHECKING:
 
 __all__ = ["ThreadsIO", "run_load", "run_spare", "run_store", "run_unlink"]
 
+_ENOSPC_EVICT_CHUNKS = 8  # a full file system: evict this many chunks' worth, then retry once
+
 
 def _all_io(fn: Callable[[int, list[memoryview], int], int], fd: int, bufs: list[memoryview], offset: int) -> int:
     """``preadv``/``pwritev`` all of ``bufs`` at ``offset``, looping on short transfers.
@@ -185,10 +187,25 @@ class ThreadsIO:
                 continue
             if proto.mend(job, out):
                 continue
-            if out.err in NOSPACE and nospace_retry and tier.relieve_nospace():
+            if out.err in NOSPACE and nospace_retry and self._relieve_nospace():
                 nospace_retry = False
                 continue
             raise out.error(job.name)
+
+    def _relieve_nospace(self) -> bool:
+        """The file system is full (ours or others' data): evict from the LRU end; False if
+        there was nothing to evict."""
+        tier = self._tier
+        victims = tier.index.pop_lru(_ENOSPC_EVICT_CHUNKS * tier.stored_size())
+        if not victims:
+            return False
+        tier._stats.incr("enospc_evictions", len(victims))
+        try:
+            for v in victims:
+                self.evict(v)
+        finally:
+            tier.index.removed(victims)
+        return True
 
     def evict_then_store(self, key: bytes, data: memoryview, victims: list[bytes]) -> None:
         """Evict ``victims`` (reserved for ``key``), then store ``data``: into the first
@@ -239,6 +256,7 @@ class ThreadsIO:
         IntegrityError or the OSError of the read."""
         proto = self._tier.protocol
         hb = self._header_block()
+        self._tls.hlen = HEADER_BLOCK  # the read fills the whole block: a store must zero it all
         job = proto.load(key, out)
         while True:
             res = run_load(job, hb, out)

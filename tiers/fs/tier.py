@@ -29,7 +29,6 @@ __all__ = ["FsTier"]
 
 _O_DIRECTORY: int = getattr(os, "O_DIRECTORY", 0)
 _MAX_PENDING_TOUCHES = 1 << 16  # touched keys remembered for stamping at close (beyond: approximate)
-_ENOSPC_EVICT_CHUNKS = 8  # a full file system: evict this many chunks' worth, then retry once
 
 
 def _check_config(
@@ -148,6 +147,7 @@ class FsTier(BlockingChunkTier):
     default_type = "fs"
     supported_durability = ("none", "fsync")
     uses_index = True
+    frames_own_bytes = True  # the header block sits in front of the payload in each file (zero-copy)
 
     def __init__(
         self,
@@ -221,20 +221,6 @@ class FsTier(BlockingChunkTier):
         if self.index.has_entry(victim) or not self._alone():
             self._stats.incr("recycle_refused")
             return False
-        return True
-
-    def relieve_nospace(self) -> bool:
-        """The file system is full (ours or others' data): evict from the LRU end; False if
-        there was nothing to evict."""
-        victims = self.index.pop_lru(_ENOSPC_EVICT_CHUNKS * self._chunk_size)
-        if not victims:
-            return False
-        self._stats.incr("enospc_evictions", len(victims))
-        try:
-            for v in victims:
-                self._evict(v)
-        finally:
-            self.index.removed(victims)
         return True
 
     def check_read(self, key: bytes, hb: memoryview, out: memoryview, got: int, csum: int | None = None) -> None:
@@ -339,7 +325,8 @@ class FsTier(BlockingChunkTier):
 
     # -- an incomplete index: misses are checked on disk -----------------------------------
     @property
-    def _index_incomplete(self) -> bool:
+    def index_incomplete(self) -> bool:
+        """While a background scan runs, after one failed, or with ``shared=True``."""
         return self.recovery.scanning or self.recovery.failed or self.shared
 
     def _on_disk(self, key: bytes) -> bool:
@@ -355,7 +342,7 @@ class FsTier(BlockingChunkTier):
         entry = self.index.pin_entry(key)
         if entry is not None:
             return entry
-        if self._index_incomplete and self._on_disk(key):
+        if self.index_incomplete and self._on_disk(key):
             entry = self.index.adopt_pinned_entry(key, self._chunk_size)
             if entry is not None:
                 return entry
@@ -365,7 +352,7 @@ class FsTier(BlockingChunkTier):
         """Whether each key is stored: from the index; index misses are checked on disk while
         a background scan runs or with ``shared=True``."""
         hits = await super().lookup(keys)
-        if not self._index_incomplete or all(hits):
+        if not self.index_incomplete or all(hits):
             return hits
         misses = [k for k, h in zip(keys, hits) if not h]
         on_disk = await asyncio.to_thread(lambda: [self._on_disk(k) for k in misses])
@@ -425,24 +412,8 @@ class FsTier(BlockingChunkTier):
     def _job_fn(self, op: Op) -> Callable[..., Any]:
         if self._native is None:
             return super()._job_fn(op)
-        return self._coroutine_job_fn(op, self._native_store_job, self._native_load_job, self._native.engine.blocking)
-
-    async def _native_store_job(self, key: bytes, cid: int, t0: float) -> None:
-        await self._async_store(key, t0, lambda victims: self._native_write(key, cid, victims))
-
-    async def _native_write(self, key: bytes, cid: int, victims: list[bytes]) -> None:
-        assert self._native is not None
-        await self._native.store(key, cid, victims)
-
-    async def _native_load_job(self, key: bytes, cid: int, t0: float) -> None:
         native = self._native
-        assert native is not None
-        if self._index_incomplete:
-            entry = await asyncio.to_thread(self._pin_for_load, key)  # may look on disk
-        else:
-            entry = self._pin_for_load(key)
-        blocking = native.engine.blocking
-        await self._async_load(key, t0, lambda: native.load(key, cid), lambda: blocking(self.delete_chunk, key), entry)
+        return self._coroutine_job_fn(op, native.store_job, native.load_job, native.engine.blocking)
 
     def _store_job(self, key: bytes, cid: int, t0: float) -> None:
         """Evict, then write: into the first victim's file where it may be recycled."""
