@@ -106,7 +106,13 @@ def test_bench_repeat_reports_the_median_of_verified_runs(tmp_path: Path) -> Non
 
 
 class ForgetfulTier(BlockingChunkTier):
-    """A real tier that is broken on purpose: it remembers keys but never stores or returns bytes."""
+    """A real tier that is broken on purpose: it remembers keys but never stores or returns bytes.
+
+    It claims to check its own bytes (``frames_own_bytes``), so nothing but the bench's own
+    byte-for-byte verification stands between it and a wrong result.
+    """
+
+    frames_own_bytes = True
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)

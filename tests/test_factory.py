@@ -260,7 +260,8 @@ def test_a_missing_optional_dependency_names_its_extra(monkeypatch: pytest.Monke
             raise ModuleNotFoundError("No module named 'obstore'", name="obstore")
         return real_import(name, *args, **kw)  # type: ignore[arg-type]
 
-    monkeypatch.delitem(sys.modules, "asynctier.tiers.obj", raising=False)
+    for name in [m for m in sys.modules if m == "asynctier.tiers.obj" or m.startswith("asynctier.tiers.obj.")]:
+        monkeypatch.delitem(sys.modules, name)  # the package and its modules are imported afresh
     monkeypatch.setattr(builtins, "__import__", no_obstore)
     with pytest.raises(TierConfigError, match=r"pip install 'asynctier\[s3\]'"):
         SecondaryTierFactory.create_secondary_tier({"type": "obj", "url": "memory://"}, view(), SPEC)
