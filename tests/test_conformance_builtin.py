@@ -23,7 +23,10 @@ class TestMemoryTier(TierConformance):
 
 
 class TestMemoryTierWithCapacity(TierConformance):
-    """Capacity generous enough for the checks; eviction itself is tested in test_memory.py."""
+    """Capacity generous enough for the checks; eviction itself is tested in test_memory.py.
+    The event loops are covered by TestMemoryTier: one backend here."""
+
+    backends = ("asyncio",)
 
     def tier_config(self, tmp_path: Path) -> dict[str, Any]:
         return {"type": "memory", "capacity_bytes": 4096 * self.chunk_bytes}
