@@ -22,7 +22,6 @@ here (not built, not Linux, no xxHash library), or None.
 
 from __future__ import annotations
 
-import asyncio
 import concurrent.futures
 import ctypes
 import errno
@@ -34,9 +33,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple, TypeVar
 
-from . import engines
+import anyio
 
-__all__ = ["CANCELLED_OUTCOME", "Job", "NativeEngine", "NativePool", "Outcome", "job", "problem"]
+from .core.backend import ReadableWatch, run_on_thread_to_end, wait_uninterrupted, watch_readable
+from .core.task_engine import TaskEngine
+
+__all__ = ["Job", "NativeEngine", "NativePool", "Outcome", "job", "problem"]
 
 T = TypeVar("T")
 
@@ -47,11 +49,6 @@ ST_OPEN, ST_IO, ST_DATASYNC, ST_LINK, ST_DIRSYNC, ST_RENAME, ST_UNLINK = 1, 2, 3
 _NAME_MAX = 256
 #: Where the system's xxHash library is looked for (dlopen's search path).
 XXHASH_LIBS = ("libxxhash.so.0", "libxxhash.so")
-
-
-#: Attribute of the ``CancelledError`` raised by a job's wait when the job had started and
-#: ran to its end meanwhile: its :class:`Outcome` (for example a spare's open descriptor).
-CANCELLED_OUTCOME = "native_outcome"
 
 
 class Outcome(NamedTuple):
@@ -204,10 +201,11 @@ class NativePool:
     worker raises its nice value by ``nice`` (>= 0) as it starts, so that where there are
     fewer cores than workers the event-loop thread wins the CPU when it wakes.
 
-    Use it from one event loop: :meth:`attach` it, take a slot (:meth:`take_slot`), await
-    :meth:`run` of a :class:`Job` in it, give it back (:meth:`put_slot`) once done with the
-    buffers it names. Buffers (header block and payload) must stay valid until the job
-    ends: a cancelled wait takes a queued job back, or waits for a running one to end.
+    Use it from one event loop (asyncio, uvloop or trio): :meth:`attach` it, take a slot
+    (:meth:`take_slot`), await :meth:`run` of a :class:`Job` in it, give it back
+    (:meth:`put_slot`) once done with the buffers it names. Buffers (header block and
+    payload) must stay valid until the job ends: a cancelled wait takes a queued job back,
+    or waits for a running one to end.
     """
 
     def __init__(self, threads: int, bound: int, slots: int, nice: int = 0) -> None:
@@ -224,9 +222,10 @@ class NativePool:
         self._efd: int = _LIB.at_eventfd(handle)
         self._reaped = (ctypes.c_int32 * slots)()
         self._counts = (ctypes.c_int32 * 3)()
-        self._waiters: list[asyncio.Future[Outcome] | None] = [None] * slots
+        self._waiters: list[anyio.Event | None] = [None] * slots
+        self._outcomes: list[Outcome | None] = [None] * slots
         self._free = list(range(slots - 1, -1, -1))
-        self._loop: asyncio.AbstractEventLoop | None = None
+        self._watch: ReadableWatch | None = None
         self._running = 0  # jobs submitted and not yet reaped
         self._closed = False
         self._abandoned = False
@@ -235,10 +234,9 @@ class NativePool:
         self._finalizer = weakref.finalize(self, _LIB.at_shutdown, handle)
 
     # -- the event-loop side ----------------------------------------------------------------
-    def attach(self, loop: asyncio.AbstractEventLoop) -> None:
-        """Serve completions on ``loop`` (call once, from it)."""
-        self._loop = loop
-        loop.add_reader(self._efd, self._on_ready)
+    def attach(self) -> None:
+        """Serve completions on the running event loop (call once, from it)."""
+        self._watch = watch_readable(self._efd, self._on_ready)
 
     def take_slot(self) -> int:
         """A free job slot (the caller's bound keeps one available)."""
@@ -255,32 +253,35 @@ class NativePool:
         buf = (ctypes.c_char * len(data)).from_buffer_copy(data)
         return int(self._lib.at_hash(self._h, buf, len(data)))
 
-    async def run(self, slot: int, job: Job) -> Outcome:
+    async def run(self, slot: int, job: Job, *, on_cancelled: Callable[[Outcome], object] | None = None) -> Outcome:
         """Run ``job`` in ``slot`` (taken with :meth:`take_slot`); its outcome.
 
-        A cancelled wait takes a queued job back, or waits for a running one to end; then
-        its :class:`Outcome` rides on the ``CancelledError`` (:data:`CANCELLED_OUTCOME`)."""
-        if self._closed or self._loop is None:
+        A cancelled wait takes a queued job back, or waits for a running one to end; in that
+        case ``on_cancelled`` receives what the job did (for example a spare's open
+        descriptor, the caller's to undo) before the cancellation goes on."""
+        if self._closed or self._watch is None:
             raise RuntimeError("native I/O pool is not running")
-        fut: asyncio.Future[Outcome] = self._loop.create_future()
+        done = anyio.Event()
         rc = self._lib.at_submit(self._h, slot, ctypes.byref(job))
         if rc < 0:
             raise OSError(-rc, f"native I/O submit refused: {os.strerror(-rc)}")
-        self._waiters[slot] = fut
+        self._waiters[slot] = done
         self._running += 1
         try:
-            return await asyncio.shield(fut)
-        except asyncio.CancelledError as exc:
+            await done.wait()
+        except anyio.get_cancelled_exc_class():
             if self._lib.at_cancel(self._h, slot):  # taken back: never ran, never reported
                 self._waiters[slot] = None
                 self._running -= 1
             else:
-                await engines.wait_to_end(fut)  # it runs on the caller's buffers: to its end
-                if not fut.cancelled() and fut.exception() is None:
-                    # what the job did (a spare's open descriptor, a rename) is the caller's
-                    # to undo: see :data:`CANCELLED_OUTCOME`
-                    setattr(exc, CANCELLED_OUTCOME, fut.result())
+                await wait_uninterrupted(done)  # it runs on the caller's buffers: to its end
+                outcome = self._outcomes[slot]
+                if on_cancelled is not None and outcome is not None:
+                    on_cancelled(outcome)
             raise
+        outcome = self._outcomes[slot]
+        assert outcome is not None
+        return outcome
 
     def _on_ready(self) -> None:
         try:
@@ -293,11 +294,12 @@ class NativePool:
             for i in range(n):
                 slot = reaped[i]
                 r = res[slot]
-                fut = waiters[slot]
+                done = waiters[slot]
                 waiters[slot] = None
                 self._running -= 1
-                if fut is not None and not fut.done():
-                    fut.set_result(Outcome(r.result, r.csum, r.stage, r.info))
+                if done is not None:
+                    self._outcomes[slot] = Outcome(r.result, r.csum, r.stage, r.info)
+                    done.set()
             if n < self.slots:
                 break
         if self._abandoned and not self._running:
@@ -329,15 +331,12 @@ class NativePool:
         if self._closed:
             return
         self._lib.at_shutdown(self._h)
-        loop = self._loop
-        if loop is None or loop.is_closed():  # no reader left to serve: nothing reaps
+        watch = self._watch
+        if watch is None:  # never served: nothing reaps
             if not self._running:
                 self._free_now()
             return
-        try:
-            loop.call_soon_threadsafe(self._abandon_on_loop)
-        except RuntimeError:  # the loop closed meanwhile
-            pass
+        watch.call_soon(self._abandon_on_loop)  # dropped if the loop is gone
 
     def _abandon_on_loop(self) -> None:
         self._abandoned = True
@@ -350,8 +349,8 @@ class NativePool:
         if self._closed:
             return
         self._closed = True
-        if self._loop is not None and not self._loop.is_closed():
-            self._loop.remove_reader(self._efd)
+        if self._watch is not None:
+            self._watch.close()
         self._finalizer.detach()
         self._lib.at_free(self._h)
 
@@ -359,19 +358,17 @@ class NativePool:
         """Wait for the jobs submitted, stop the workers and free the pool (idempotent)."""
         if self._closed:
             return
-        while self._running and self._loop is not None:
-            pending = [f for f in self._waiters if f is not None]
-            if not pending:
-                break
-            await asyncio.wait(pending)
+        for done in list(self._waiters):
+            if done is not None:
+                await wait_uninterrupted(done)
         if self._closed:  # abandoned, and freed once the last job ended
             return
-        if self._loop is not None:
-            self._loop.remove_reader(self._efd)
+        if self._watch is not None:
+            self._watch.close()
         self._finalizer.detach()
         self._closed = True
         # joining may wait for a worker's last system call: not on the loop thread
-        await asyncio.to_thread(self._lib.at_free, self._h)
+        await run_on_thread_to_end(self._lib.at_free, self._h)
 
 
 def _coroutines(bound: int) -> int:
@@ -380,7 +377,7 @@ def _coroutines(bound: int) -> int:
     return bound + max(bound, 8)
 
 
-class NativeEngine(engines.AsyncEngine):
+class NativeEngine(TaskEngine):
     """The runtime's engine for a :class:`NativePool`: coroutine workers (more than the
     bound, so jobs queue ahead in the pool) whose chunk I/O the pool runs under ``bound``
     tokens; slow paths run on :attr:`executor` threads, each holding a token.
@@ -398,11 +395,10 @@ class NativeEngine(engines.AsyncEngine):
         self._last = (0, 0, 0)
 
     def start(self) -> None:
-        loop = asyncio.get_running_loop()
         # more threads than tokens: those beyond the bound hash while the others do I/O
         threads = self.bound + min(self.bound, os.cpu_count() or 1)
         pool = NativePool(threads, self.bound, self._workers, self.nice)
-        pool.attach(loop)
+        pool.attach()
         self.pool = pool
         self.executor = concurrent.futures.ThreadPoolExecutor(self.bound, thread_name_prefix=f"{self._name}-slow")
         super().start()
@@ -411,7 +407,7 @@ class NativeEngine(engines.AsyncEngine):
         """``fn(*args)`` on a slow-path thread holding an I/O token; runs to its end even if
         the caller is cancelled (it may touch the caller's buffer)."""
         assert self.pool is not None
-        return await engines.finish_on_thread(self.pool.hold, fn, *args, executor=self.executor)
+        return await run_on_thread_to_end(self.pool.hold, fn, *args, executor=self.executor)
 
     def _pool_counts(self) -> tuple[int, int, int]:
         if self.pool is not None:

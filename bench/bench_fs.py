@@ -479,8 +479,7 @@ def markdown(report: dict[str, Any]) -> str:
         ]
         for p in report["points"]:
             engine_cells = " | ".join(
-                "= fs" if p.get("io_engine") == e else x(p.get(f"fs {e}_{side}_x_fio"))
-                for e in ("native", "threads")
+                "= fs" if p.get("io_engine") == e else x(p.get(f"fs {e}_{side}_x_fio")) for e in ("native", "threads")
             )
             lines.append(
                 f"| {p['chunk_bytes'] // KiB} KiB | {p['depth']} | {p.get('io_engine')} | {gb(p['fs_' + side])} "

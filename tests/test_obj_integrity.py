@@ -164,7 +164,7 @@ async def test_deleting_a_bad_copy_leaves_a_copy_stored_since(where: str) -> Non
             errs.append(info.value)
         assert (await tier.offload(ks[:1], [0])).ok  # a good copy of ks[0], after the bad GET
         for k, e in zip(ks, errs):
-            await asyncio.to_thread(tier._delete_bad_copy, k, e)
+            await asyncio.to_thread(tier.delete_bad_copy, k, e)
         assert tier.stats().extra["bad_copy_replaced"] == 1
         rig.zero()
         res = await tier.load(ks[:1], [2])

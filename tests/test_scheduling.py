@@ -233,10 +233,10 @@ async def test_a_group_job_that_misreports_fails_its_chunks_never_succeeds_them(
     """A tier's group body must account for every chunk; one that does not cannot pass them off as done."""
 
     class ShortGroups(GatedTier):
-        def _group_size(self, op: str, n: int) -> int:
+        def group_size(self, op: str, n: int) -> int:
             return 4 if op == "offload" else 1
 
-        def _group_job_fn(self, op: str) -> Any:
+        def group_body(self, op: str) -> Any:
             def body(keys: list[bytes], ids: list[int], t0: float) -> list[BaseException | None]:
                 return [None] * (len(keys) - 1)  # forgets the last chunk of each group
 

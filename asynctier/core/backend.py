@@ -26,6 +26,8 @@ import sniffio
 __all__ = [
     "CloseHandle",
     "LoopCaller",
+    "ReadableWatch",
+    "watch_readable",
     "start_close",
     "loop_caller",
     "run_on_thread_to_end",
@@ -182,3 +184,55 @@ class CloseHandle:
 def start_close(fn: Callable[[], Awaitable[None]]) -> CloseHandle:
     """Begin ``fn()`` so that no caller's cancellation stops it half-way."""
     return CloseHandle(fn)
+
+
+class ReadableWatch:
+    """Calls ``callback()`` on the event loop's thread whenever ``fd`` becomes readable, until
+    :meth:`close` (:func:`watch_readable`).
+
+    asyncio (uvloop too): the loop's own ``add_reader``. trio: a system task waiting in
+    ``wait_readable``; it needs no nursery of the caller's and ends with the run.
+    """
+
+    def __init__(self, fd: int, callback: Callable[[], object]) -> None:
+        self.fd = fd
+        self.call_soon: LoopCaller = loop_caller()
+        self._closed = False
+        self._scope: anyio.CancelScope | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        if sniffio.current_async_library() == "asyncio":
+            self._loop = asyncio.get_running_loop()
+            self._loop.add_reader(fd, callback)
+            return
+        import trio
+
+        self._scope = anyio.CancelScope()
+        scope = self._scope
+
+        async def watch() -> None:
+            with scope:
+                while True:
+                    await trio.lowlevel.wait_readable(fd)
+                    callback()
+
+        trio.lowlevel.spawn_system_task(watch, name=f"asynctier-fd{fd}-watch")
+
+    def close(self) -> None:
+        """Stop watching (on the loop's thread; idempotent). Before closing ``fd``."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._loop is not None:
+            if not self._loop.is_closed():
+                self._loop.remove_reader(self.fd)
+        else:
+            import trio
+
+            assert self._scope is not None
+            self._scope.cancel()
+            trio.lowlevel.notify_closing(self.fd)
+
+
+def watch_readable(fd: int, callback: Callable[[], object]) -> ReadableWatch:
+    """Run ``callback()`` on the current event loop each time ``fd`` is readable."""
+    return ReadableWatch(fd, callback)

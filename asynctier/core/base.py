@@ -127,7 +127,7 @@ class ChunkTier(Bookkeeping, SecondaryTierManager):
         self._idle: anyio.Event | None = None
 
     # -- hooks for subclasses (docs/writing-a-tier.md) -------------------------------------
-    def _make_engine(self) -> Engine:
+    def make_engine(self) -> Engine:
         raise NotImplementedError
 
     async def _open_medium(self) -> None:
@@ -136,36 +136,36 @@ class ChunkTier(Bookkeeping, SecondaryTierManager):
     async def _close_medium(self) -> None:
         raise NotImplementedError
 
-    def _job_fn(self, op: Op) -> Callable[..., Any]:
+    def job_body(self, op: Op) -> Callable[..., Any]:
         """The body of a one-chunk job of ``op``: ``fn(key, chunk_id, t0)``."""
         raise NotImplementedError
 
-    def _group_size(self, op: Op, n: int) -> int:
+    def group_size(self, op: Op, n: int) -> int:
         """Chunks per job for a call of ``n`` chunks (default 1: one job per chunk).
 
         A tier that can move several chunks in one I/O (adjacent slots, say) returns more
-        than 1 for stores and loads and implements :meth:`_group_job_fn`. A group job holds one
+        than 1 for stores and loads and implements :meth:`group_body`. A group job holds one
         in-flight slot, runs ahead of or behind others by the same priorities, is dropped or
         withdrawn as a whole, and returns one outcome per chunk.
         """
         return 1
 
-    def _group_job_fn(self, op: Op) -> Callable[[list[bytes], list[int], float], list[BaseException | None]]:
+    def group_body(self, op: Op) -> Callable[[list[bytes], list[int], float], list[BaseException | None]]:
         """The body of a group job: ``fn(keys, chunk_ids, t0)`` -> each chunk's failure or None."""
         raise NotImplementedError
 
-    def _became_idle(self) -> None:
+    def on_idle(self) -> None:
         """Called on the event-loop thread when the last call in progress returns (default:
         nothing). For background work that must keep off the loop's way while calls run."""
 
     async def _list_chunks(self) -> list[bytes]:
         raise NotImplementedError
 
-    def _stored_chunks(self) -> int | None:
+    def stored_chunk_count(self) -> int | None:
         """Chunks held, for tiers without an index (None = unknown)."""
         return None
 
-    def _used_bytes(self) -> int | None:
+    def used_byte_count(self) -> int | None:
         """Bytes held, for tiers without an index (None = unknown)."""
         return None
 
@@ -189,7 +189,7 @@ class ChunkTier(Bookkeeping, SecondaryTierManager):
             if self._state == _OPEN:
                 return self
             self._refuse_reopen()  # closed while we waited
-            engine = self._make_engine()
+            engine = self.make_engine()
             try:
                 engine.start()
                 await self._open_medium()
@@ -318,8 +318,8 @@ class ChunkTier(Bookkeeping, SecondaryTierManager):
             bytes_read=counters[5],
             failures=failures,
             evictions=counters[6],
-            stored_chunks=len(idx) if idx is not None else self._stored_chunks(),
-            used_bytes=idx.used_bytes if idx is not None else self._used_bytes(),
+            stored_chunks=len(idx) if idx is not None else self.stored_chunk_count(),
+            used_bytes=idx.used_bytes if idx is not None else self.used_byte_count(),
             capacity_bytes=self.capacity_bytes,
             offload_latency=s.latency("offload"),
             load_latency=s.latency("load"),
@@ -329,15 +329,15 @@ class ChunkTier(Bookkeeping, SecondaryTierManager):
     # -- the scheduler ---------------------------------------------------------------------
     def _jobs(self, op: Op, keys: list[bytes], ids: list[int]) -> list[Job]:
         t0 = time.perf_counter()
-        g = self._group_size(op, len(keys))
+        g = self.group_size(op, len(keys))
         if g > 1:
-            gfn = self._group_job_fn(op)
+            gfn = self.group_body(op)
             batch = Batch.for_threads(-(-len(keys) // g))
             return [
                 Job(op, gfn, (keys[i : i + g], ids[i : i + g], t0), keys[i : i + g], batch, grouped=True)
                 for i in range(0, len(keys), g)
             ]
-        fn = self._job_fn(op)
+        fn = self.job_body(op)
         batch = Batch.for_threads(len(keys))
         return [Job(op, fn, (k, c, t0), (k,), batch) for k, c in zip(keys, ids)]
 
@@ -364,7 +364,7 @@ class ChunkTier(Bookkeeping, SecondaryTierManager):
             self._active -= 1
             if self._active == 0:
                 self._idle.set()
-                self._became_idle()
+                self.on_idle()
         return self._result(op, jobs, time.perf_counter() - t0)
 
     def _dropped(self, jobs: list[Job]) -> None:

@@ -82,7 +82,7 @@ class BlockingChunkTier(ChunkTier):
             self._framing.unframe(key, record, out)
 
     # -- wiring ----------------------------------------------------------------------------
-    def _make_engine(self) -> Engine:
+    def make_engine(self) -> Engine:
         return ThreadEngine(self.max_inflight or 1, name=f"asynctier-{self.tier_type}")
 
     async def _open_medium(self) -> None:
@@ -111,35 +111,26 @@ class BlockingChunkTier(ChunkTier):
     async def _close_medium(self) -> None:
         await run_on_thread_to_end(self.close_medium)
 
-    def _job_fn(self, op: Op) -> Callable[..., Any]:
+    def job_body(self, op: Op) -> Callable[..., Any]:
+        """The blocking body of a one-chunk job of ``op``: ``fn(key, chunk_id, t0)``."""
         return {
-            "offload": self._store_job,
-            "load": self._load_job,
-            "remove": self._remove_job,
-            "lookup": self._lookup_job,
-            "verify": self._verify_job,
+            Op.STORE: self._store_job,
+            Op.LOAD: self._load_job,
+            Op.REMOVE: self._remove_job,
+            Op.LOOKUP: self._lookup_job,
+            Op.VERIFY: self._verify_job,
         }[op]
 
-    def _coroutine_job_fn(
-        self,
-        op: Op,
-        offload: Callable[..., Awaitable[Any]],
-        load: Callable[..., Awaitable[Any]],
-        run: Callable[..., Awaitable[Any]] | None = None,
-    ) -> Callable[..., Any]:
-        """Job bodies for a blocking tier whose engine runs coroutines (the native engine): the
-        ``offload``/``load`` coroutines on the hot path; the blocking bodies of the other
-        operations (remove, lookup, verify: rare) on a thread, through ``run`` (default
-        :func:`~asynctier.core.backend.run_on_thread_to_end`)."""
-        if op == "offload":
-            return offload
-        if op == "load":
-            return load
-        blocking = BlockingChunkTier._job_fn(self, op)
-        runner = run or run_on_thread_to_end
+    @staticmethod
+    def on_thread(
+        body: Callable[..., Any], run: Callable[..., Awaitable[Any]] = run_on_thread_to_end
+    ) -> Callable[..., Awaitable[Any]]:
+        """A blocking job body as a coroutine that runs it on a thread through ``run``, for a
+        tier whose engine runs coroutines (the fs tier's native engine runs its rare
+        operations this way)."""
 
         async def on_thread(*args: Any) -> Any:
-            return await runner(blocking, *args)
+            return await run(body, *args)
 
         return on_thread
 
@@ -151,7 +142,7 @@ class BlockingChunkTier(ChunkTier):
         except BaseException as e:
             if self._end_verify(key, e, bool(remove_bad)):
                 try:
-                    self._delete_bad_copy(key, e)
+                    self.delete_bad_copy(key, e)
                 except Exception as de:  # the chunk's failure stays the verification's
                     log.warning("%s: removing bad chunk %s failed: %r", self.tier_type, key.hex()[:32], de)
                 finally:
@@ -189,7 +180,7 @@ class BlockingChunkTier(ChunkTier):
         except BaseException as e:
             if self._end_load(key, t0, e, entry):
                 try:
-                    self._delete_bad_copy(key, e)
+                    self.delete_bad_copy(key, e)
                 except Exception as de:
                     log.warning("%s: removing bad chunk %s failed: %r", self.tier_type, key.hex()[:32], de)
                 finally:
@@ -197,7 +188,7 @@ class BlockingChunkTier(ChunkTier):
             raise
         self._end_load(key, t0, None, entry)
 
-    def _delete_bad_copy(self, key: bytes, exc: BaseException) -> None:
+    def delete_bad_copy(self, key: bytes, exc: BaseException) -> None:
         """Delete the copy of ``key`` that failed verification with ``exc``: by key here; a
         tier that can name the copy it read (``IntegrityError.copy``) drops that one only."""
         self.delete_chunk(key)

@@ -68,7 +68,7 @@ class Bookkeeping:
                 self.index.abort(key)
             self._stats.record_failure(exc)
 
-    def _begin_load(self, key: bytes) -> object | None:
+    def begin_load(self, key: bytes) -> object | None:
         """Pin ``key`` for a load; returns the index entry pinned (None without an index)."""
         if self.index is None:
             return None
@@ -171,7 +171,7 @@ class Bookkeeping:
         """Begin a load (the chunk is pinned against eviction; returns the entry for
         :meth:`_end_load`); a failure is counted and raised."""
         try:
-            return self._begin_load(key)
+            return self.begin_load(key)
         except BaseException as e:
             self._stats.record_failure(e)
             raise

@@ -75,7 +75,7 @@ class AsyncChunkTier(ChunkTier):
             self._framing.check_filled(key, record, filled)
             self._framing.unframe(key, record, out)
 
-    def _make_engine(self) -> Engine:
+    def make_engine(self) -> Engine:
         return TaskEngine(self.max_inflight or 1, name=f"asynctier-{self.tier_type}")
 
     async def _deadline(self, coro: Awaitable[T]) -> T:
@@ -96,7 +96,7 @@ class AsyncChunkTier(ChunkTier):
     async def _close_medium(self) -> None:
         await self.close_medium()
 
-    def _job_fn(self, op: Op) -> Callable[..., Any]:
+    def job_body(self, op: Op) -> Callable[..., Any]:
         return {
             "offload": self._store_job,
             "load": self._load_job,

@@ -9,14 +9,17 @@ which owns recovery and errors (:meth:`NativeIO._fall_back`, the one way across)
 
 from __future__ import annotations
 
-import asyncio
 import errno
 import logging
 import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from asynctier import engines, nativeio
+import anyio
+
+from asynctier import nativeio
+from asynctier.core.backend import run_on_thread_to_end, run_to_completion
+from asynctier.core.ops import PRIO_LOAD, PRIO_STORE
 from asynctier.posix_io import aligned_buffer, buffer_address
 
 from .layout import HEADER_BLOCK
@@ -84,7 +87,7 @@ class NativeIO:
     async def load_job(self, key: bytes, cid: int, t0: float) -> None:
         tier = self._tier
         if tier.index_incomplete:
-            entry = await asyncio.to_thread(tier._pin_for_load, key)  # may look on disk
+            entry = await run_on_thread_to_end(tier._pin_for_load, key)  # may look on disk
         else:
             entry = tier._pin_for_load(key)
         blocking = self.engine.blocking
@@ -118,7 +121,7 @@ class NativeIO:
             out = await self._run(slot, self._store_job(slot, job, addr, data.nbytes))
         except BaseException:
             # cancelled: the jobs have ended (a cancelled wait waits for a running job)
-            await engines.finish_on_thread(proto.abandon, job, spare)
+            await run_on_thread_to_end(proto.abandon, job, spare)
             raise
         finally:
             self._pool.put_slot(slot)
@@ -134,7 +137,7 @@ class NativeIO:
         hb[:size] = job.header  # ~100 bytes of header, not chunk data
         hb[size:] = bytes(HEADER_BLOCK - size)
         return nativeio.job(
-            nativeio.WRITE, engines.PRIO_STORE, job.dfd, job.name.encode(), flags=job.flags, fd=job.fd,
+            nativeio.WRITE, PRIO_STORE, job.dfd, job.name.encode(), flags=job.flags, fd=job.fd,
             dfd2=job.dfd if job.temp else -1, name2=job.temp.encode(), sync=job.sync,
             hb=self._hb_addr + slot * HEADER_BLOCK, hb_len=HEADER_BLOCK, buf=addr, n=n,
             body_len=size - 8 if job.fill else 0,
@@ -150,16 +153,17 @@ class NativeIO:
         proto = tier.protocol
         tier._note_gone(victim)
         job = proto.spare(victim, flags, dfd)
-        desc = nativeio.job(nativeio.SPARE, engines.PRIO_STORE, job.dfd, job.name.encode(), flags=flags,
+        desc = nativeio.job(nativeio.SPARE, PRIO_STORE, job.dfd, job.name.encode(), flags=flags,
                             dfd2=job.new_dfd, name2=job.temp.encode())  # fmt: skip
+        ran: list[nativeio.Outcome] = []
         try:
-            out = await self._run(slot, desc)
-        except asyncio.CancelledError as e:
-            done = getattr(e, nativeio.CANCELLED_OUTCOME, None)
-            if done is not None and done.stage == 0:
+            out = _outcome(await self._pool.run(slot, desc, on_cancelled=ran.append))
+        except anyio.get_cancelled_exc_class():
+            if ran and ran[0].stage == 0:
                 # it ran: the victim's file left its name and is open; neither may outlive this
                 tier._evicted(victim, None)
-                await engines.finish_on_thread(proto.abandon, None, Spare(done.result, dfd, job.temp))
+                spare_left = Spare(ran[0].result, dfd, job.temp)
+                await run_to_completion(lambda: run_on_thread_to_end(proto.abandon, None, spare_left))
             raise
         spare, exc, unlink_it = proto.spare_taken(job, out)
         if unlink_it:
@@ -171,16 +175,16 @@ class NativeIO:
             # the check queries a lock: on a network file system that is a round trip to the
             # server, which must not stall the event loop
             if tier.network_fs:
-                keep = await asyncio.to_thread(tier._may_recycle, victim)
+                keep = await run_on_thread_to_end(tier._may_recycle, victim)
             else:
                 keep = tier._may_recycle(victim)
         except BaseException:
-            await engines.finish_on_thread(proto.abandon, None, spare)
+            await run_on_thread_to_end(proto.abandon, None, spare)
             raise
         if keep:
             return spare, False
         os.close(spare.fd)
-        res = await self._run(slot, nativeio.job(nativeio.UNLINK, engines.PRIO_STORE, dfd, spare.temp.encode()))
+        res = await self._run(slot, nativeio.job(nativeio.UNLINK, PRIO_STORE, dfd, spare.temp.encode()))
         if not res.ok and res.err != errno.ENOENT:
             log.debug("fs tier: cannot remove %s: %s", spare.temp, os.strerror(res.err))
         return None, False
@@ -190,7 +194,7 @@ class NativeIO:
         tier = self._tier
         tier._note_gone(victim)
         job = tier.protocol.unlink(victim)
-        out = await self._run(slot, nativeio.job(nativeio.UNLINK, engines.PRIO_STORE, job.dfd, job.name.encode()))
+        out = await self._run(slot, nativeio.job(nativeio.UNLINK, PRIO_STORE, job.dfd, job.name.encode()))
         tier._evicted(victim, None if out.ok or out.err == errno.ENOENT else out.error())
 
     # -- loads -----------------------------------------------------------------------------
@@ -204,7 +208,7 @@ class NativeIO:
         job = tier.protocol.load(key, out, addr)
         slot = self._pool.take_slot()
         try:
-            desc = nativeio.job(nativeio.READ, engines.PRIO_LOAD, job.dfd, job.name.encode(), flags=job.flags,
+            desc = nativeio.job(nativeio.READ, PRIO_LOAD, job.dfd, job.name.encode(), flags=job.flags,
                                 hb=self._hb_addr + slot * HEADER_BLOCK, hb_len=HEADER_BLOCK, buf=addr,
                                 n=out.nbytes, hashed=tier.verify)  # fmt: skip
             res = await self._run(slot, desc)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import os
 import time
 import weakref
@@ -11,6 +10,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from asynctier import BlockingChunkTier, ChunkNotFoundError, TierConfigError, nativeio
+from asynctier.core.backend import run_on_thread_to_end
 from asynctier.engines import Engine, Op
 from asynctier.io_engine import IoEngine, check_io_engine
 from asynctier.lru import LRUIndex
@@ -60,16 +60,6 @@ def _check_config(
         raise TierConfigError(f"scan_sync_limit must be an int >= 0; got {scan_sync_limit!r}")
     if isinstance(stale_tmp_s, bool) or not isinstance(stale_tmp_s, (int, float)) or not stale_tmp_s >= 0:
         raise TierConfigError(f"stale_tmp_s must be a number >= 0; got {stale_tmp_s!r}")
-
-
-def _not_on_asyncio() -> str | None:
-    """Why the native workers cannot serve this event loop: they report through the asyncio
-    loop's reader callbacks (asyncio and uvloop), not trio's."""
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return "the native engine runs on asyncio event loops (asyncio, uvloop); this is another (trio?)"
-    return None
 
 
 class FsTier(BlockingChunkTier):
@@ -187,8 +177,8 @@ class FsTier(BlockingChunkTier):
         self.protocol = ChunkProtocol(self.dir, self.offloading_spec, [], self.names, self._stats,
                                       sync=self.durability == "fsync", verify=self.verify)  # fmt: skip
         label = f"fs tier {self.dir}"
-        self.recovery = Recovery(self.index, self._stats, self.names, self.stale_tmp_s, self._evict, label)
         self.threads = ThreadsIO(self)
+        self.recovery = Recovery(self.index, self._stats, self.names, self.stale_tmp_s, self.threads.evict, label)
         self._native: NativeIO | None = None
         #: whether evicted files are overwritten in place (decided at open)
         self.recycle_on = False
@@ -253,6 +243,8 @@ class FsTier(BlockingChunkTier):
                 background = count_in_first_shard(fds) > self.scan_sync_limit
             self.recovery.start(fds, self._chunk_size, bool(background))
             self._start_pool(fds, pools)
+            if self._native is not None:  # its engine started before open_medium
+                self._native.start()
         except BaseException:
             self._close_fds()
             raise
@@ -338,7 +330,7 @@ class FsTier(BlockingChunkTier):
             return False
         return st.st_size == self._chunk_size
 
-    def _begin_load(self, key: bytes) -> object | None:
+    def begin_load(self, key: bytes) -> object | None:
         entry = self.index.pin_entry(key)
         if entry is not None:
             return entry
@@ -355,7 +347,7 @@ class FsTier(BlockingChunkTier):
         if not self.index_incomplete or all(hits):
             return hits
         misses = [k for k, h in zip(keys, hits) if not h]
-        on_disk = await asyncio.to_thread(lambda: [self._on_disk(k) for k in misses])
+        on_disk = await run_on_thread_to_end(lambda: [self._on_disk(k) for k in misses])
         found = iter(on_disk)
         return [h or next(found) for h in hits]
 
@@ -370,10 +362,10 @@ class FsTier(BlockingChunkTier):
         """Every key in the index (after waiting for a background scan to finish)."""
         t = self.recovery.thread
         if t is not None and t.is_alive():
-            await asyncio.to_thread(t.join)
+            await run_on_thread_to_end(t.join)
         return await super().stored_keys()
 
-    def _became_idle(self) -> None:
+    def on_idle(self) -> None:
         pool = self.protocol.pool
         if pool is not None:
             pool.wake()  # a held pool (the native engine's) refills now, not at its next look
@@ -392,30 +384,33 @@ class FsTier(BlockingChunkTier):
         """``"native"`` or ``"threads"``: what ``io_engine`` resolved to at ``open()``."""
         return "native" if self._native is not None else "threads"
 
-    def _make_engine(self) -> Engine:
+    def make_engine(self) -> Engine:
         self._native = None
-        why = nativeio.problem() or _not_on_asyncio()
+        why = nativeio.problem()
         if self.io_engine == "native" and why is not None:
             raise TierConfigError(f"io_engine='native' but native I/O workers are unavailable here: {why}")
         if self.io_engine == "threads" or why is not None:
-            return super()._make_engine()
+            return super().make_engine()
         name = f"asynctier-{self.tier_type}"
         engine = nativeio.NativeEngine(self.max_inflight or 1, name=name, nice=self.worker_nice)
         self._native = NativeIO(self, engine)
         return engine
 
-    async def _open_medium(self) -> None:
-        await super()._open_medium()
-        if self._native is not None:
-            self._native.start()
-
-    def _job_fn(self, op: Op) -> Callable[..., Any]:
-        if self._native is None:
-            return super()._job_fn(op)
+    def job_body(self, op: Op) -> Callable[..., Any]:
         native = self._native
-        return self._coroutine_job_fn(op, native.store_job, native.load_job, native.engine.blocking)
+        if native is not None and op is Op.STORE:
+            return native.store_job
+        if native is not None and op is Op.LOAD:
+            return native.load_job
+        if op is Op.STORE:
+            body: Callable[..., Any] = self._store_evicting
+        elif op is Op.VERIFY:
+            body = self._verify_pinned
+        else:
+            body = super().job_body(op)
+        return body if native is None else self.on_thread(body, native.engine.blocking)
 
-    def _store_job(self, key: bytes, cid: int, t0: float) -> None:
+    def _store_evicting(self, key: bytes, cid: int, t0: float) -> None:
         """Evict, then write: into the first victim's file where it may be recycled."""
         victims = self._reserve_store_blocking(key, t0)
         if victims is None:
@@ -427,23 +422,21 @@ class FsTier(BlockingChunkTier):
             raise
         self._end_store(key, t0, None)
 
-    def _evict(self, key: bytes) -> None:
-        self.threads.evict(key)
-
-    def _verify_job(self, key: bytes, remove_bad: int, t0: float) -> None:
+    def _verify_pinned(self, key: bytes, remove_bad: int, t0: float) -> None:
+        verify = super().job_body(Op.VERIFY)
         if self.recycle_on:
             # pinned like a load: an evicted file may be overwritten in place. Unindexed, it
             # is either being recycled right now or not ours (no other tier is open here)
             try:
-                self._begin_load(key)
+                self.begin_load(key)
             except ChunkNotFoundError as e:
                 self._end_verify(key, e, bool(remove_bad))
                 raise
         elif not self.index.pin(key):
-            super()._verify_job(key, remove_bad, t0)  # another process's file is verified too
+            verify(key, remove_bad, t0)  # another process's file is verified too
             return
         try:
-            super()._verify_job(key, remove_bad, t0)
+            verify(key, remove_bad, t0)
         finally:
             self.index.unpin(key, touch=False)
 

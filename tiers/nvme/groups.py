@@ -32,7 +32,7 @@ class CoalescedJobs(BlockingChunkTier):
     #: every primary chunk can go straight to the medium (:meth:`SlabSet.all_zero_copy`)
     _zc_all: bool
 
-    def _group_size(self, op: str, n: int) -> int:
+    def group_size(self, op: str, n: int) -> int:
         """Chunks per job for a call of ``n`` chunks (1: one job per chunk, the base path)."""
         geo = self._slabs.geo
         if op not in ("offload", "load") or n < 2 or geo is None:
@@ -43,7 +43,7 @@ class CoalescedJobs(BlockingChunkTier):
         # keep at least one job per worker so the device still sees the full depth
         return max(1, min(cmax, n // (self.max_inflight or 1)))
 
-    def _group_job_fn(self, op: str) -> Callable[[list[bytes], list[int], float], Outcomes]:
+    def group_body(self, op: str) -> Callable[[list[bytes], list[int], float], Outcomes]:
         return self._store_group if op == "offload" else self._load_group
 
     def _check_loaded(

@@ -198,7 +198,7 @@ class NvmeTier(CoalescedJobs):
                 else self._check_loaded(key, slot, seq, csum, region[:H], payload)
             )
             if bad is not None:
-                bad.copy = (slot, seq)  # the copy to drop: not one stored since (_delete_bad_copy)
+                bad.copy = (slot, seq)  # the copy to drop: not one stored since (delete_bad_copy)
                 raise bad
             if not direct:
                 out[:] = payload  # bounce copy (unaligned view)
@@ -212,7 +212,7 @@ class NvmeTier(CoalescedJobs):
         assert self._catalog is not None
         return key in self._catalog.index.entries
 
-    def _delete_bad_copy(self, key: bytes, exc: BaseException) -> None:
+    def delete_bad_copy(self, key: bytes, exc: BaseException) -> None:
         """Drop the slot that failed verification, if ``key`` still maps to it with the same
         sequence number: a remove and a new store of ``key`` may have come in between, and a
         store in flight is not cancelled."""
@@ -264,10 +264,10 @@ class NvmeTier(CoalescedJobs):
         # thread, never on the event loop
         await anyio.to_thread.run_sync(self._catalog.touch, ks)
 
-    def _stored_chunks(self) -> int | None:
+    def stored_chunk_count(self) -> int | None:
         return len(self._catalog.index.entries) if self._catalog is not None else 0
 
-    def _used_bytes(self) -> int | None:
+    def used_byte_count(self) -> int | None:
         return len(self._catalog.index.entries) * self.stored_size() if self._catalog is not None else 0
 
 

@@ -272,7 +272,7 @@ class ObjTier(BlockingChunkTier):
                 e.copy = ("etag", etag[0])
             raise
 
-    def _delete_bad_copy(self, key: bytes, exc: BaseException) -> None:
+    def delete_bad_copy(self, key: bytes, exc: BaseException) -> None:
         """Delete the object that failed verification, unless another was stored under its
         name since (this server or another): its ETag is compared first. A copy stored
         between that HEAD and the DELETE can still be taken (S3 has no conditional DELETE)."""
@@ -394,10 +394,10 @@ class ObjTier(BlockingChunkTier):
             self._lru.touch(ks)
 
     # -- stats -----------------------------------------------------------------------------
-    def _stored_chunks(self) -> int | None:
+    def stored_chunk_count(self) -> int | None:
         return len(self._lru) if self._lru is not None else None
 
-    def _used_bytes(self) -> int | None:
+    def used_byte_count(self) -> int | None:
         return self._lru.used_bytes if self._lru is not None else None
 
     def stats(self) -> TierStats:
