@@ -43,13 +43,12 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from asynctier.tiers.nvme import Checkpoint, NvmeTier, read_checkpoint, write_checkpoint  # noqa: E402
-from asynctier.tiers.nvme.format import PUBLISH as _PUBLISH  # noqa: E402
-from asynctier.tiers.nvme.format import pack_record as _pack_record  # noqa: E402
-
 from asynctier import OffloadingSpec, SecondaryTierFactory  # noqa: E402
 from asynctier.cli import benchkit  # noqa: E402
 from asynctier.cli.benchkit import fio_available, run_fio  # noqa: E402
+from asynctier.tiers.nvme import Checkpoint, NvmeTier, read_checkpoint, write_checkpoint  # noqa: E402
+from asynctier.tiers.nvme.format import PUBLISH as _PUBLISH  # noqa: E402
+from asynctier.tiers.nvme.format import pack_record as _pack_record  # noqa: E402
 
 MiB = 1 << 20
 

@@ -11,11 +11,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from asynctier.tiers.nvme import NvmeTier
-from asynctier.tiers.nvme import sysio as nvme_sysio
-
 from asynctier import OffloadingSpec, SecondaryTierFactory
 from asynctier.posix_io import buffer_address
+from asynctier.tiers.nvme import NvmeTier
+from asynctier.tiers.nvme import sysio as nvme_sysio
 
 CHUNK = 64 * 1024
 NS = "nvme/test"

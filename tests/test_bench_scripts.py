@@ -99,3 +99,21 @@ def test_bench_engine_reports_each_loop(tmp_path: Path) -> None:
     for row in report["rows"]:
         for name in ("batch_chunk_ops_per_s", "single_call_round_trip_us", "concurrent_single_calls_per_s"):
             assert row[name] > 0, (row["loop"], name)
+
+
+def test_bench_loop_cpu_reports_every_backend(tmp_path: Path) -> None:
+    out = tmp_path / "cpu.json"
+    _run("bench_loop_cpu.py", "--tier", "fs", "--engines", "native,threads", "--chunk-kib", "16", "--chunks", "64",
+         "--repeat", "1", "--root", str(tmp_path), "--json", str(out))  # fmt: skip
+    rows = json.loads(out.read_text())["rows"]
+    assert {(r["engine"], r["backend"]) for r in rows} == {
+        (e, b) for e in ("native", "threads") for b in ("asyncio", "uvloop", "trio")
+    }
+    from asynctier import nativeio
+
+    for r in rows:
+        if r["engine"] == "native" and nativeio.problem() is not None:
+            assert "unavailable" in r["error"], r  # io_engine='native' refused, and says why
+            continue
+        assert r["error"] is None, r
+        assert r["offload"]["us_per_chunk"] > 0 and r["load"]["gbps"] > 0

@@ -184,9 +184,8 @@ async def test_unordered_keys_or_ids_are_refused_before_any_io() -> None:
 async def test_a_tier_error_of_its_own_kind_is_counted_as_other_not_lost() -> None:
     """A ChunkError subclass with a kind of its own: the failure was replaced by a KeyError
     from the stats and not counted."""
-    from asynctier.tiers.memory import MemoryTier
-
     from asynctier import ChunkError
+    from asynctier.tiers.memory import MemoryTier
 
     class QuotaError(ChunkError):
         kind = "quota"

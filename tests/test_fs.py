@@ -29,11 +29,6 @@ from typing import Any
 
 import anyio
 import pytest
-from asynctier.tiers.fs import HEADER_BLOCK, FsTier
-from asynctier.tiers.fs.layout import shard_of
-from asynctier.tiers.fs.native import NativeIO
-from asynctier.tiers.fs.pool import TmpfilePool
-from asynctier.tiers.fs.protocol import ChunkProtocol
 
 from asynctier import (
     CapacityError,
@@ -48,6 +43,11 @@ from asynctier.errors import failure_kind
 from asynctier.integrity import key_token
 from asynctier.posix_io import aligned_buffer
 from asynctier.testing import Harness, TierConformance
+from asynctier.tiers.fs import HEADER_BLOCK, FsTier
+from asynctier.tiers.fs.layout import shard_of
+from asynctier.tiers.fs.native import NativeIO
+from asynctier.tiers.fs.pool import TmpfilePool
+from asynctier.tiers.fs.protocol import ChunkProtocol
 
 REPO = Path(__file__).resolve().parent.parent
 CHUNK = 64 * 1024
@@ -70,8 +70,8 @@ def _swap(a: Path, b: Path) -> None:
 
 
 class TestFsConformance(TierConformance):
-    """Defaults (``io_engine="auto"``: the native workers where built, on asyncio loops):
-    O_DIRECT where aligned (the suite's bytearray is not: buffered, counted)."""
+    """Defaults (``io_engine="auto"``: the native workers where built): O_DIRECT where aligned
+    (the suite's bytearray is not: buffered, counted). On asyncio, uvloop and trio."""
 
     def tier_config(self, tmp_path: Path) -> dict[str, Any]:
         return {"type": "fs", "root": str(tmp_path / "kv")}
@@ -86,9 +86,11 @@ class TestFsConformance(TierConformance):
 
 
 class TestFsConformanceDirectIO(TestFsConformance):
-    """A page-aligned primary buffer: chunks move with O_DIRECT straight from and into it."""
+    """A page-aligned primary buffer: chunks move with O_DIRECT straight from and into it.
+    The I/O path differs, not the loop: one backend."""
 
     page_aligned_buffer = True
+    backends = ("asyncio",)
 
 
 _NO_NATIVE = nativeio.problem()
@@ -103,9 +105,10 @@ class TestFsConformanceThreads(TestFsConformance):
 
 
 class TestFsConformanceThreadsDirectIO(TestFsConformanceThreads):
-    """The threads engine with O_DIRECT."""
+    """The threads engine with O_DIRECT (one backend, as above)."""
 
     page_aligned_buffer = True
+    backends = ("asyncio",)
 
 
 # -- helpers ---------------------------------------------------------------------------------

@@ -6,12 +6,12 @@ import asyncio
 import threading
 
 import pytest
-from asynctier.tiers.memory import MemoryTier
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from asynctier import CapacityError, IntegrityError, OffloadingSpec, SecondaryTierFactory
 from asynctier.lru import LRUIndex, RemovalPending
+from asynctier.tiers.memory import MemoryTier
 
 SPEC = OffloadingSpec(1024, 8)
 

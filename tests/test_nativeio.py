@@ -18,11 +18,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from asynctier.tiers.fs import HEADER_BLOCK, FsTier
-from asynctier.tiers.fs.layout import shard_of
 
 from asynctier import IntegrityError, OffloadingSpec, SecondaryTierFactory, TierConfigError, nativeio
 from asynctier.integrity import checksum, key_token
+from asynctier.tiers.fs import HEADER_BLOCK, FsTier
+from asynctier.tiers.fs.layout import shard_of
 
 native_only = pytest.mark.skipif(nativeio.problem() is not None, reason=f"no native workers: {nativeio.problem()}")
 

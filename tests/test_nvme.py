@@ -17,12 +17,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from asynctier.tiers.nvme import NvmeTier
 from nvme_helpers import CHUNK, chunk_at, damage_slot, fill, make, swap_slots
 
 from asynctier import OffloadingSpec, SecondaryTierFactory, TierConfigError
 from asynctier.errors import failure_kind
 from asynctier.testing import Harness, TierConformance
+from asynctier.tiers.nvme import NvmeTier
 
 
 class TestNvmeTier(TierConformance):

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 import xxhash
-from asynctier.tiers.nvme import NvmeTier
 from nvme_helpers import aligned, chunk_at
 
 from asynctier import OffloadingSpec, SecondaryTierFactory
+from asynctier.tiers.nvme import NvmeTier
 
 CHUNK = 10_000  # not a block multiple: the payload area is rounded up
 NAMESPACE = "format/pinned"

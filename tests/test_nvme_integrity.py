@@ -9,8 +9,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from asynctier.tiers.nvme import format as nvme_format
-from asynctier.tiers.nvme import sysio as nvme_sysio
 from nvme_helpers import (
     CHUNK,
     NS,
@@ -27,6 +25,8 @@ from nvme_helpers import (
 
 from asynctier import IntegrityError, OffloadingSpec
 from asynctier.errors import failure_kind
+from asynctier.tiers.nvme import format as nvme_format
+from asynctier.tiers.nvme import sysio as nvme_sysio
 
 
 async def test_corrupt_payload_or_header_is_a_miss_not_garbage(tmp_path: Path) -> None:

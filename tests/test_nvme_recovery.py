@@ -17,13 +17,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from asynctier.tiers.nvme import Checkpoint, NvmeTier, read_checkpoint, write_checkpoint
-from asynctier.tiers.nvme import sysio as nvme_sysio
 from nvme_helpers import CHUNK, NS, aligned, append, chunk_at, crash, fill, make
 
 from asynctier import OffloadingSpec, SecondaryTierFactory, TierConfigError
 from asynctier.errors import failure_kind
 from asynctier.posix_io import O_DIRECT
+from asynctier.tiers.nvme import Checkpoint, NvmeTier, read_checkpoint, write_checkpoint
+from asynctier.tiers.nvme import sysio as nvme_sysio
 
 
 async def test_reopen_recovers_index_and_lru_order(tmp_path: Path) -> None:

@@ -223,6 +223,7 @@ def test_the_key_tables_match_the_obstore_stubs() -> None:
     import re
 
     import obstore
+
     from asynctier.tiers.obj.store_keys import BOOL_STORE_KEYS, CLIENT_KEYS, STORE_KEYS
 
     stubs = Path(obstore.__file__).parent / "_store"
@@ -254,11 +255,10 @@ def test_a_panic_of_the_client_building_the_store_is_a_config_error() -> None:
     """Any panic inside obstore while the store is built (here a client option among the
     store keys, past the checks) comes out of open() as a TierConfigError, not as pyo3's
     PanicException."""
+    from asynctier import TierConfigError
     from asynctier.tiers.obj.params import Deadlines
     from asynctier.tiers.obj.store import StoreOptions
     from asynctier.tiers.obj.url import parse_url
-
-    from asynctier import TierConfigError
 
     deadlines = Deadlines.parse(30.0, None, 3, None, 0.05, 2.0)
     unchecked = StoreOptions(parse_url("s3://b/p", store_given=False), deadlines, config={"allow_http": True})
