@@ -7,8 +7,8 @@ built.
 
 from __future__ import annotations
 
-from .chunked import AsyncChunkTier, BlockingChunkTier, ChunkTier
 from .contract import SecondaryTierManager
+from .core import AsyncChunkTier, BlockingChunkTier, ChunkTier
 from .errors import (
     AsyncTierError,
     BackpressureError,

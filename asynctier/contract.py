@@ -40,7 +40,7 @@ class SecondaryTierManager(abc.ABC):
     """A secondary storage tier for chunks of the primary KV buffer, driven from async code.
 
     Implement this directly for full control, or subclass
-    :class:`asynctier.chunked.BlockingChunkTier` / :class:`asynctier.chunked.AsyncChunkTier`
+    :class:`asynctier.core.BlockingChunkTier` / :class:`asynctier.core.AsyncChunkTier`
     and write only the per-chunk primitives.
 
     The factory constructs tiers as ``cls(offloading_spec=..., primary_kv_view=...,

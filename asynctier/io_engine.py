@@ -5,7 +5,7 @@ Two engines execute a tier's chunk protocol:
 * ``"threads"`` — Python worker threads making the system calls (``preadv``/``pwritev`` release
   the GIL). Portable; the reference path and the fallback of the native engine.
 * ``"native"`` — C worker threads running each chunk's whole job (open to close) without the
-  GIL (:mod:`asynctier.nativeio`). Built when a C compiler was there at install time.
+  GIL (:mod:`asynctier.engines.native`). Built when a C compiler was there at install time.
 
 ``"auto"`` (the default) takes ``"native"`` where the tier supports it and it is built, else
 ``"threads"``. Old values: ``"psync"`` (the nvme tier's former name for threads) still works

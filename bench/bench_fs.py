@@ -305,7 +305,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     points: list[dict[str, Any]] = []
     # "fs" is the default configuration (io_engine="auto"); "fs <engine>" is each other
     # engine that can run here, measured beside it (the one "fs" resolved to is not repeated)
-    from asynctier import nativeio
+    from asynctier.engines import native as nativeio
 
     base_cfg: dict[str, Any] = {} if args.engine == "auto" else {"io_engine": args.engine}
     if args.worker_nice is not None:

@@ -109,7 +109,7 @@ def test_bench_loop_cpu_reports_every_backend(tmp_path: Path) -> None:
     assert {(r["engine"], r["backend"]) for r in rows} == {
         (e, b) for e in ("native", "threads") for b in ("asyncio", "uvloop", "trio")
     }
-    from asynctier import nativeio
+    from asynctier.engines import native as nativeio
 
     for r in rows:
         if r["engine"] == "native" and nativeio.problem() is not None:

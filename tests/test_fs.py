@@ -667,7 +667,7 @@ async def test_io_engine_choice_and_bad_config(tmp_path: Path, io_engine: str, m
         async with big_tier:
             assert big_tier.active_io_engine == "native"  # type: ignore[attr-defined]
     # where the extension is not built, "auto" takes threads at any depth and size; "native" says why not
-    monkeypatch.setattr(nativeio, "_PROBLEM", "asynctier/_nativeio was not built")
+    monkeypatch.setattr(nativeio, "_PROBLEM", "asynctier/engines/_nativeio was not built")
     for depth in (1, 4, 16):
         tier, _ = make_tier(tmp_path, io_engine="auto", max_inflight=depth)
         async with tier:

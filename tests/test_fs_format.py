@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 import xxhash
 
-from asynctier import OffloadingSpec, SecondaryTierFactory, nativeio
+from asynctier import OffloadingSpec, SecondaryTierFactory
+from asynctier.engines import native as nativeio
 
 CHUNK = 8192
 NAMESPACE = "test/format"

@@ -1,4 +1,4 @@
-"""The native I/O workers (asynctier.nativeio): the pool's bound, queue and cancellation
+"""The native I/O workers (asynctier.engines.native): the pool's bound, queue and cancellation
 against real blocking files (FIFOs), its hash (the system xxHash library's), and the fs
 tier on them: files it writes are the files the threads engine writes, byte for byte; where
 the extension or the library is missing, "auto" takes threads and "native" says why."""
@@ -19,7 +19,8 @@ from typing import Any
 
 import pytest
 
-from asynctier import IntegrityError, OffloadingSpec, SecondaryTierFactory, TierConfigError, nativeio
+from asynctier import IntegrityError, OffloadingSpec, SecondaryTierFactory, TierConfigError
+from asynctier.engines import native as nativeio
 from asynctier.integrity import checksum, key_token
 from asynctier.tiers.fs import HEADER_BLOCK, FsTier
 from asynctier.tiers.fs.layout import shard_of
@@ -399,7 +400,7 @@ def test_without_the_xxhash_library_the_reason_names_it() -> None:
 @pytest.mark.parametrize(
     "why",
     [
-        "asynctier/_nativeio was not built (install asynctier from source with a C compiler)",
+        "asynctier/engines/_nativeio was not built (install asynctier from source with a C compiler)",
         nativeio.find_xxh3(("libxxhash-not-here.so.0",))[1],
     ],
     ids=["not-built", "no-xxhash"],
@@ -425,7 +426,8 @@ def test_an_install_without_the_extension_runs_on_threads(tmp_path: Path) -> Non
     code = f"""
         import asyncio, importlib.machinery, json, os
         importlib.machinery.EXTENSION_SUFFIXES[:] = [".not-built.so"]  # as if never compiled
-        from asynctier import OffloadingSpec, SecondaryTierFactory, TierConfigError, nativeio
+        from asynctier import OffloadingSpec, SecondaryTierFactory, TierConfigError
+        from asynctier.engines import native as nativeio
 
         async def main():
             spec = OffloadingSpec(4096, 4, namespace="test/no-extension")

@@ -229,7 +229,7 @@ async def test_a_part_size_smaller_than_the_largest_header_is_refused(tmp_path: 
     refused at construction; at the smallest part_size accepted, a chunk of the longest key
     goes up in parts and comes back whole."""
     from asynctier import TierConfigError
-    from asynctier.chunked import MAX_KEY_BYTES
+    from asynctier.core import MAX_KEY_BYTES
     from asynctier.integrity import ChunkHeader
 
     smallest = ChunkHeader.packed_size(MAX_KEY_BYTES)

@@ -251,7 +251,7 @@ async def test_a_group_job_that_misreports_fails_its_chunks_never_succeeds_them(
 
 async def test_finish_on_thread_lets_a_cancelled_caller_go_only_after_the_thread_is_done() -> None:
     """A thread touching the caller's buffer cannot be stopped: cancellation waits for it."""
-    from asynctier.engines import finish_on_thread
+    from asynctier.core.backend import run_on_thread_to_end as finish_on_thread
 
     release = threading.Event()
     done: list[bool] = []
@@ -277,7 +277,7 @@ async def test_finish_on_thread_lets_a_cancelled_caller_go_only_after_the_thread
 async def test_finish_on_thread_keeps_the_cancellation_when_the_thread_then_fails() -> None:
     """Cancelled while the thread runs, and the thread then raises: the caller still hears
     the cancellation (the thread's error used to replace it, and the task went on)."""
-    from asynctier.engines import finish_on_thread
+    from asynctier.core.backend import run_on_thread_to_end as finish_on_thread
 
     release = threading.Event()
 
@@ -495,7 +495,7 @@ def test_capacity_on_a_tier_that_cannot_bound_itself_is_refused() -> None:
 def test_max_inflight_has_a_documented_cap() -> None:
     """100,000 workers raised "can't start new thread" from open() and left hundreds of
     threads behind; the cap refuses it at construction, naming the maximum."""
-    from asynctier.chunked import MAX_INFLIGHT
+    from asynctier.core import MAX_INFLIGHT
 
     with pytest.raises(TierConfigError, match=f"at most {MAX_INFLIGHT}"):
         make(max_inflight=100_000)

@@ -57,7 +57,7 @@ def _check_layout_exists(name: str, tier: Any, spec: OffloadingSpec) -> None:
 
 def _build_for_check(name: str, config: Mapping[str, Any], spec: OffloadingSpec) -> Any:
     """The tier, built to list and verify everything it holds (checksums on, no background scan)."""
-    from ..chunked import ChunkTier
+    from ..core import ChunkTier
     from ..posix_io import aligned_buffer
 
     cfg = dict(config)

@@ -1,7 +1,7 @@
 """The runtime every helper-based tier inherits: common parameters, lifecycle, the contract's
 argument checks, the scheduler, stats.
 
-:class:`ChunkTier` runs each call as jobs on the tier's engine (:mod:`asynctier.core.engine_base`)
+:class:`ChunkTier` runs each call as jobs on the tier's engine (:mod:`asynctier.engines.base`)
 and turns their outcomes into a :class:`~asynctier.stats.TransferResult`. Tier authors subclass
 :class:`~asynctier.core.blocking.BlockingChunkTier` or :class:`~asynctier.core.coroutine.AsyncChunkTier`
 instead; the hooks a subclass may override are listed in docs/writing-a-tier.md.
@@ -18,22 +18,22 @@ from typing import Any, ClassVar, Literal
 import anyio
 
 from ..contract import SecondaryTierManager
+from ..engines.base import Engine
+from ..engines.threads import EngineStoppedError
 from ..errors import BackpressureError, TierClosedError, TierConfigError, TierNotOpenError
 from ..lru import LRUIndex
 from ..spec import OffloadingSpec
 from ..stats import StatsRecorder, TierStats, TransferResult
 from .backend import CloseHandle, run_to_completion, start_close
 from .bookkeeping import Bookkeeping
-from .engine_base import Engine
 from .framing import Framing
 from .jobs import CANCELLED, Batch, Job
 from .ops import Op
-from .thread_engine import EngineStoppedError
 from .validation import check_keys, check_pairs, non_negative_float, positive_int
 
 __all__ = ["ChunkTier", "MAX_INFLIGHT"]
 
-log = logging.getLogger("asynctier.chunked")
+log = logging.getLogger("asynctier.core")
 
 #: The most chunk I/Os a tier may keep in flight (each is a worker thread or task).
 MAX_INFLIGHT = 1024

@@ -1,7 +1,7 @@
 """Base class for tiers whose per-chunk primitives block (system calls, sync clients).
 
 They run on ``max_inflight`` worker threads of the threads engine
-(:mod:`asynctier.core.thread_engine`); everything else comes from
+(:mod:`asynctier.engines.threads`); everything else comes from
 :class:`~asynctier.core.base.ChunkTier`.
 """
 
@@ -13,16 +13,16 @@ from typing import Any
 
 import anyio
 
+from ..engines.base import Engine
+from ..engines.threads import ThreadEngine
 from .backend import run_on_thread_to_end, run_to_completion
 from .base import ChunkTier
 from .bookkeeping import is_not_found
-from .engine_base import Engine
 from .ops import Op
-from .thread_engine import ThreadEngine
 
 __all__ = ["BlockingChunkTier"]
 
-log = logging.getLogger("asynctier.chunked")
+log = logging.getLogger("asynctier.core")
 
 
 class BlockingChunkTier(ChunkTier):

@@ -21,7 +21,7 @@ from .backend import run_on_thread_to_end
 
 __all__ = ["Bookkeeping", "REMOVAL_WAIT_S", "is_not_found"]
 
-log = logging.getLogger("asynctier.chunked")
+log = logging.getLogger("asynctier.core")
 
 T = TypeVar("T")
 

@@ -1,6 +1,6 @@
 """Base class for tiers whose per-chunk primitives are coroutines (async clients).
 
-They run on the tasks engine (:mod:`asynctier.core.task_engine`), on whichever event loop
+They run on the tasks engine (:mod:`asynctier.engines.tasks`), on whichever event loop
 calls them: asyncio, uvloop or trio.
 """
 
@@ -12,16 +12,16 @@ from typing import Any, TypeVar
 
 import anyio
 
+from ..engines.base import Engine
+from ..engines.tasks import TaskEngine
 from ..errors import ChunkTimeoutError
 from .base import ChunkTier
 from .bookkeeping import is_not_found
-from .engine_base import Engine
 from .ops import Op
-from .task_engine import TaskEngine
 
 __all__ = ["AsyncChunkTier"]
 
-log = logging.getLogger("asynctier.chunked")
+log = logging.getLogger("asynctier.core")
 
 T = TypeVar("T")
 

@@ -1,6 +1,6 @@
-"""The native engine: the chunk protocol's jobs run by the C workers (:mod:`asynctier.nativeio`).
+"""The native engine: the chunk protocol's jobs run by the C workers (:mod:`asynctier.engines.native`).
 
-Each job of a plan (:mod:`.protocol`) goes to the workers as one :class:`~asynctier.nativeio.Job`
+Each job of a plan (:mod:`.protocol`) goes to the workers as one :class:`~asynctier.engines.native.Job`
 descriptor; they run it open to close, with the payload's xxh3, holding no GIL, and report
 its :class:`~.protocol.Outcome` in batches through an eventfd. What follows an outcome is
 the protocol's; a job that does not simply succeed is done again by the threads engine,
@@ -17,9 +17,9 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from asynctier import nativeio
 from asynctier.core.backend import run_on_thread_to_end, run_to_completion
 from asynctier.core.ops import PRIO_LOAD, PRIO_STORE
+from asynctier.engines import native as nativeio
 from asynctier.posix_io import aligned_buffer, buffer_address
 
 from .layout import HEADER_BLOCK

@@ -9,9 +9,11 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
-from asynctier import BlockingChunkTier, ChunkNotFoundError, TierConfigError, nativeio
+from asynctier import BlockingChunkTier, ChunkNotFoundError, TierConfigError
+from asynctier.core import Op
 from asynctier.core.backend import run_on_thread_to_end
-from asynctier.engines import Engine, Op
+from asynctier.engines import Engine
+from asynctier.engines import native as nativeio
 from asynctier.io_engine import IoEngine, check_io_engine
 from asynctier.lru import LRUIndex
 from asynctier.posix_io import O_DIRECT, logical_block_size, network_fs
@@ -95,7 +97,7 @@ class FsTier(BlockingChunkTier):
         stale_tmp_s: age after which another host's (or a live process's) temporary file is
             removed at ``open()``; those of dead local processes go at once.
         io_engine: how offloads and loads reach the kernel (:mod:`asynctier.io_engine`).
-            ``"native"``: C worker threads (:mod:`asynctier.nativeio`) run each chunk's whole
+            ``"native"``: C worker threads (:mod:`asynctier.engines.native`) run each chunk's whole
             job, open to close with its xxh3, holding no GIL, and report to the event loop
             in batches through an eventfd; refused, with the reason, where they are not
             built. ``"threads"``: blocking system calls on ``max_inflight`` Python worker

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from asynctier import IntegrityError, TierConfigError
-from asynctier.chunked import MAX_KEY_BYTES
+from asynctier.core import MAX_KEY_BYTES
 from asynctier.integrity import ChunkHeader, checksum, header_matches
 from asynctier.posix_io import O_DIRECT, aligned_buffer, buffer_address, logical_block_size
 

@@ -27,7 +27,7 @@ __all__ = ["NvmeTier"]
 class NvmeTier(CoalescedJobs):
     """Chunks in fixed slots of preallocated slab files or block devices, with O_DIRECT.
 
-    Args (besides the common knobs of :class:`~asynctier.chunked.ChunkTier`):
+    Args (besides the common knobs of :class:`~asynctier.core.ChunkTier`):
         path: a slab file (created and preallocated if absent) or a block device.
         paths: several slabs to stripe slots across (instead of ``path``).
         capacity_bytes: total slab bytes (split evenly across ``paths``); defaults to the

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import base64
 
-from asynctier.chunked import MAX_KEY_BYTES
+from asynctier.core import MAX_KEY_BYTES
 from asynctier.errors import IntegrityError, TierConfigError
 from asynctier.integrity import ChunkHeader, checksum, key_token
 

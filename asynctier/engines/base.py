@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Protocol
 
-from .jobs import Job
+from ..core.jobs import Job
 
 __all__ = ["DropHandler", "Engine", "EngineCounters"]
 

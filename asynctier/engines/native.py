@@ -2,7 +2,7 @@
 
 Why: the per-chunk Python around each system call (a job queue, a thread wake-up and a GIL
 hand-off per call) is what kept loads short of fio from Python threads (docs/benchmarks.md).
-:class:`NativePool` is a pool of POSIX threads (``asynctier/_nativeio.c``, built at install
+:class:`NativePool` is a pool of POSIX threads (``asynctier/engines/_nativeio.c``, built at install
 as an optional extension and loaded with ctypes) that take chunk jobs from their own
 priority queue and run each from ``open`` to ``close``, with the xxh3 of the payload, never
 taking the GIL. A job is one :class:`Job` descriptor passed by pointer. The event loop
@@ -35,8 +35,8 @@ from typing import Any, NamedTuple, TypeVar
 
 import anyio
 
-from .core.backend import ReadableWatch, run_on_thread_to_end, wait_uninterrupted, watch_readable
-from .core.task_engine import TaskEngine
+from ..core.backend import ReadableWatch, run_on_thread_to_end, wait_uninterrupted, watch_readable
+from .tasks import TaskEngine
 
 __all__ = ["Job", "NativeEngine", "NativePool", "Outcome", "job", "problem"]
 
@@ -61,7 +61,7 @@ class Outcome(NamedTuple):
 
 
 class Job(ctypes.Structure):
-    """One job for the workers, laid out as ``struct at_job`` in ``asynctier/_nativeio.c``.
+    """One job for the workers, laid out as ``struct at_job`` in ``asynctier/engines/_nativeio.c``.
 
     ``kind`` (:data:`READ` ...), ``prio`` (0 runs first), the directory ``dfd`` and ``name``
     of the file, open ``flags``; writes: ``fd`` (a file to fill, left open; -1: the worker
@@ -131,7 +131,7 @@ def _find_library() -> tuple[ctypes.CDLL | None, str | None]:
             break
     else:
         return None, (
-            "asynctier/_nativeio was not built (install asynctier from source with a C compiler: "
+            "asynctier/engines/_nativeio was not built (install asynctier from source with a C compiler: "
             "pip install -e . or pip install .)"
         )
     try:

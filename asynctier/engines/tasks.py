@@ -18,9 +18,9 @@ from typing import Any
 
 import anyio
 
-from .engine_base import DropHandler, EngineCounters
-from .jobs import CANCELLED, DONE, PENDING, RUNNING, Job
-from .thread_engine import EngineStoppedError
+from ..core.jobs import CANCELLED, DONE, PENDING, RUNNING, Job
+from .base import DropHandler, EngineCounters
+from .threads import EngineStoppedError
 
 __all__ = ["PrioritySlots", "TaskEngine"]
 

@@ -14,9 +14,9 @@ from collections.abc import Iterable
 
 import anyio
 
-from .backend import run_on_thread_to_end, wait_uninterrupted
-from .engine_base import DropHandler, EngineCounters
-from .jobs import CANCELLED, DONE, PENDING, RUNNING, Batch, Job
+from ..core.backend import run_on_thread_to_end, wait_uninterrupted
+from ..core.jobs import CANCELLED, DONE, PENDING, RUNNING, Batch, Job
+from .base import DropHandler, EngineCounters
 
 __all__ = ["EngineStoppedError", "ThreadEngine"]
 
