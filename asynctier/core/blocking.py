@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
+from functools import partial
 from typing import Any
 
 import anyio
@@ -141,12 +142,7 @@ class BlockingChunkTier(ChunkTier):
             self._read_checked(key, aligned_buffer(self.offloading_spec.chunk_bytes))
         except BaseException as e:
             if self._end_verify(key, e, bool(remove_bad)):
-                try:
-                    self.delete_bad_copy(key, e)
-                except Exception as de:  # the chunk's failure stays the verification's
-                    log.warning("%s: removing bad chunk %s failed: %r", self.tier_type, key.hex()[:32], de)
-                finally:
-                    self._removed([key])
+                self._drop_bad_copy(key, partial(self.delete_bad_copy, key, e))
             raise
 
     def _store_job(self, key: bytes, cid: int, t0: float) -> None:
@@ -179,12 +175,7 @@ class BlockingChunkTier(ChunkTier):
             self._read_checked(key, self._chunk(cid))
         except BaseException as e:
             if self._end_load(key, t0, e, entry):
-                try:
-                    self.delete_bad_copy(key, e)
-                except Exception as de:
-                    log.warning("%s: removing bad chunk %s failed: %r", self.tier_type, key.hex()[:32], de)
-                finally:
-                    self._removed([key])
+                self._drop_bad_copy(key, partial(self.delete_bad_copy, key, e))
             raise
         self._end_load(key, t0, None, entry)
 

@@ -205,14 +205,29 @@ class Bookkeeping:
             await read()
         except BaseException as e:
             if self._end_load(key, t0, e, entry):
-                try:
-                    await delete()
-                except Exception as de:
-                    log.warning("%s: removing bad chunk %s failed: %r", self.tier_type, key.hex()[:32], de)
-                finally:
-                    self._removed([key])
+                await self._drop_bad_copy_async(key, delete)
             raise
         self._end_load(key, t0, None, entry)
+
+    # -- a copy that failed verification: deleted once, whatever the deletion does ---------
+    def _drop_bad_copy(self, key: bytes, delete: Callable[[], object]) -> None:
+        """``delete()`` the bad copy of ``key``; a failure to delete is logged (the chunk's
+        failure stays the verification's), and the deletion is over either way."""
+        try:
+            delete()
+        except Exception as de:
+            log.warning("%s: removing bad chunk %s failed: %r", self.tier_type, key.hex()[:32], de)
+        finally:
+            self._removed([key])
+
+    async def _drop_bad_copy_async(self, key: bytes, delete: Callable[[], Awaitable[object]]) -> None:
+        """:meth:`_drop_bad_copy` with a coroutine."""
+        try:
+            await delete()
+        except Exception as de:
+            log.warning("%s: removing bad chunk %s failed: %r", self.tier_type, key.hex()[:32], de)
+        finally:
+            self._removed([key])
 
     def _evicted(self, key: bytes, exc: BaseException | None) -> None:
         self._stats.incr("evictions")

@@ -110,12 +110,7 @@ class AsyncChunkTier(ChunkTier):
             await self._deadline(self._read_checked(key, memoryview(bytearray(self.offloading_spec.chunk_bytes))))
         except BaseException as e:
             if self._end_verify(key, e, bool(remove_bad)):
-                try:
-                    await self._deadline(self.delete_chunk(key))
-                except Exception as de:  # the chunk's failure stays the verification's
-                    log.warning("%s: removing bad chunk %s failed: %r", self.tier_type, key.hex()[:32], de)
-                finally:
-                    self._removed([key])
+                await self._drop_bad_copy_async(key, lambda: self._deadline(self.delete_chunk(key)))
             raise
 
     async def _store_job(self, key: bytes, cid: int, t0: float) -> None:
