@@ -36,9 +36,9 @@ from asynctier import (
     OffloadingSpec,
     SecondaryTierFactory,
     TierConfigError,
-    nativeio,
 )
 from asynctier.cli.benchkit import drop_page_cache
+from asynctier.engines import native as nativeio
 from asynctier.errors import failure_kind
 from asynctier.integrity import key_token
 from asynctier.posix_io import aligned_buffer
