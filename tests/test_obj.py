@@ -64,7 +64,8 @@ SLOW = os.environ.get("ASYNCTIER_SLOW_TESTS") == "1"
 
 
 class TestObjS3Conformance(ObjConformance):
-    """The suite against moto's S3 server on 127.0.0.1, on the stock asyncio loop only.
+    """The suite against moto's S3 server on 127.0.0.1, on asyncio and trio (uvloop runs the
+    same tier code above, on file://).
 
     The two checks that make a thousand requests or more run only with
     ``ASYNCTIER_SLOW_TESTS=1``: moto answers slowly (figures in docs/benchmarks.md). They test
@@ -72,7 +73,7 @@ class TestObjS3Conformance(ObjConformance):
     memory:// and file://.
     """
 
-    backends = ("asyncio",)
+    backends = ("asyncio", "trio")
 
     def tier_config(self, tmp_path: Path) -> dict[str, Any]:
         return s3_config()
