@@ -33,6 +33,7 @@
 #include <string.h>
 #include <sys/eventfd.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
@@ -151,14 +152,36 @@ static void put_u64le(char *p, uint64_t v) {
     for (int i = 0; i < 8; i++) p[i] = (char)(v >> (8 * i));
 }
 
-static void run_read(struct at_op *op, struct at_res *r) {
-    struct at_job *j = &op->job;
+/* Open an existing chunk file (the caller's flags carry O_NOFOLLOW and O_NONBLOCK): a
+ * regular file only. Anything else someone put at the name fails the job without reading
+ * it: a directory as reading it would (EISDIR at the I/O step), a FIFO or a device at the
+ * open step with ENXIO; the Python code says what it was. */
+static int open_regular(struct at_job *j, struct at_res *r) {
     int fd = openat(j->dfd, j->name, j->flags | O_CLOEXEC);
     if (fd < 0) {
         r->result = -errno;
         r->stage = ST_OPEN;
-        return;
+        return -1;
     }
+    struct stat st;
+    int64_t bad = 0;
+    if (fstat(fd, &st) != 0)
+        bad = -errno;
+    else if (!S_ISREG(st.st_mode))
+        bad = S_ISDIR(st.st_mode) ? -EISDIR : -ENXIO;
+    if (bad) {
+        r->result = bad;
+        r->stage = bad == -EISDIR ? ST_IO : ST_OPEN;
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+static void run_read(struct at_op *op, struct at_res *r) {
+    struct at_job *j = &op->job;
+    int fd = open_regular(j, r);
+    if (fd < 0) return;
     struct iovec iov[2] = {{j->hb, j->hb_len}, {j->buf, j->len}};
     int64_t got = move_all(fd, 0, iov, 2, j->hb_len + j->len);
     close(fd);
@@ -193,12 +216,8 @@ static void prepare_write(struct at_pool *p, struct at_op *op, struct at_res *r)
 
 static void run_spare(struct at_op *op, struct at_res *r) {
     struct at_job *j = &op->job;
-    int fd = openat(j->dfd, j->name, j->flags | O_CLOEXEC);
-    if (fd < 0) {
-        r->result = -errno;
-        r->stage = ST_OPEN;
-        return;
-    }
+    int fd = open_regular(j, r);
+    if (fd < 0) return;
     if (renameat(j->dfd, j->name, j->dfd2, j->name2) != 0) {
         r->result = -errno;
         r->stage = ST_RENAME;

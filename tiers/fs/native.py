@@ -126,9 +126,10 @@ class NativeIO:
         finally:
             self._pool.put_slot(slot)
         proto.release(job)
-        if out.ok:
+        if out.ok and not out.name_taken:
             proto.stored(job, out)
             return
+        # a name found taken is checked on the threads engine (is it this key's chunk?)
         await self._fall_back(self._store_again, job, out, data)
 
     def _store_job(self, slot: int, job: StoreJob, addr: int, n: int) -> nativeio.Job:
@@ -153,7 +154,7 @@ class NativeIO:
         proto = tier.protocol
         tier._note_gone(victim)
         job = proto.spare(victim, flags, dfd)
-        desc = nativeio.job(nativeio.SPARE, PRIO_STORE, job.dfd, job.name.encode(), flags=flags,
+        desc = nativeio.job(nativeio.SPARE, PRIO_STORE, job.dfd, job.name.encode(), flags=job.flags,
                             dfd2=job.new_dfd, name2=job.temp.encode())  # fmt: skip
         ran: list[nativeio.Outcome] = []
         try:

@@ -27,6 +27,7 @@ import enum
 import errno
 import logging
 import os
+import stat
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -57,6 +58,35 @@ log = logging.getLogger(__name__)
 
 #: errno values of a full file system (or quota): evict and retry once.
 NOSPACE = (errno.ENOSPC, errno.EDQUOT)
+#: Every open of an existing chunk file: never through a symbolic link (ELOOP), never
+#: blocking on a FIFO someone put at the name (harmless for regular files).
+SAFE_OPEN = os.O_NOFOLLOW | os.O_NONBLOCK
+#: What the C workers report for a non-regular file at a chunk's name (after fstat).
+_NOT_REGULAR = (errno.EISDIR, errno.ENXIO, errno.ELOOP)
+
+
+def describe(mode: int) -> str:
+    """What kind of file ``mode`` (``st_mode``) stands for, for an error message."""
+    for test, what in (
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISLNK, "a symbolic link"),
+    ):
+        if test(mode):
+            return what
+    return "not a regular file"
+
+
+def not_regular(fd: int) -> Outcome | None:
+    """The failed open's outcome if ``fd`` is not a regular file (closing it), else None."""
+    mode = os.fstat(fd).st_mode
+    if stat.S_ISREG(mode):
+        return None
+    os.close(fd)
+    return Outcome(Step.OPEN, errno.EISDIR if stat.S_ISDIR(mode) else errno.ENXIO, what=describe(mode))
 
 
 class Step(enum.IntEnum):
@@ -93,14 +123,25 @@ class Outcome:
     name_taken: bool = False
     #: the payload's xxh3 where the job computed it
     csum: int | None = None
+    #: what was found at the name where a regular file was wanted ("a FIFO", ...)
+    what: str = ""
 
     @property
     def ok(self) -> bool:
         return self.step == Step.NONE
 
+    @property
+    def not_regular(self) -> bool:
+        """The open found something else than a regular file at the name (or a link)."""
+        return bool(self.what) or (self.step == Step.OPEN and self.err == errno.ELOOP)
+
     def error(self, name: str = "") -> OSError:
         """The failure as the :class:`OSError` subclass Python raises for its errno."""
-        return OSError(self.err, os.strerror(self.err), name) if name else OSError(self.err, os.strerror(self.err))
+        text = os.strerror(self.err)
+        what = self.what or ("a symbolic link" if self.step == Step.OPEN and self.err == errno.ELOOP else "")
+        if what:
+            text = f"{text} ({what} at the chunk's name)"
+        return OSError(self.err, text, name) if name else OSError(self.err, text)
 
 
 @dataclass(slots=True)
@@ -208,7 +249,7 @@ class ChunkProtocol:
         self.block = HEADER_BLOCK  #: the alignment O_DIRECT needs
         # Reads leave the access time alone: recency lives in mtime, and relatime would
         # otherwise dirty the inode of every chunk on its first load after a store.
-        self.read_flags = os.O_RDONLY | O_NOATIME
+        self.read_flags = os.O_RDONLY | O_NOATIME | SAFE_OPEN
         self._digest = spec.layout_digest
         self._stats = stats
         self._fallback_logged = False
@@ -274,19 +315,20 @@ class ChunkProtocol:
     def spare(self, victim: bytes, flags: int, new_dfd: int) -> SpareJob:
         """Take over ``victim``'s file for a store into the shard ``new_dfd``."""
         vfd, vname = self.name(victim)
-        return SpareJob(victim, vfd, vname, flags, new_dfd, self.names.next())
+        return SpareJob(victim, vfd, vname, flags | SAFE_OPEN, new_dfd, self.names.next())
 
     def unlink(self, victim: bytes) -> UnlinkJob:
         vfd, vname = self.name(victim)
         return UnlinkJob(victim, vfd, vname)
 
     # -- after a job -----------------------------------------------------------------------
-    @staticmethod
-    def spare_taken(job: SpareJob, out: Outcome) -> tuple[Spare | None, BaseException | None, bool]:
+    def spare_taken(self, job: SpareJob, out: Outcome) -> tuple[Spare | None, BaseException | None, bool]:
         """What a spare job left: (the file taken, or None; the victim's eviction error, None
         if it went or was gone; whether it is still to be evicted by unlink: its file could
         not be opened for writing, say it is not a regular file)."""
         if out.step == Step.OPEN:
+            if out.not_regular or out.err in _NOT_REGULAR:
+                self._stats.incr("not_regular_files")
             return None, None, out.err != errno.ENOENT
         if not out.ok:
             return None, None if out.err == errno.ENOENT else out.error(job.name), False
@@ -323,6 +365,29 @@ class ChunkProtocol:
         if spare is not None and (job is None or job.source != Source.RECYCLED):
             os.close(spare.fd)
             remove_quietly(spare.dfd, spare.temp)
+
+    def taken_by(self, job: StoreJob, size: int) -> str:
+        """After a link found ``job.name`` taken: "" if what is there is a chunk of this key
+        (another writer published it first), else what it is. Anything else at the name (a
+        directory, a link, a foreign file) must not pass for this key's chunk."""
+        try:
+            fd = os.open(job.name, os.O_RDONLY | SAFE_OPEN | os.O_CLOEXEC, dir_fd=job.dfd)
+        except OSError as e:
+            return "a symbolic link" if e.errno == errno.ELOOP else f"an unreadable file ({os.strerror(e.errno or 0)})"
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                return describe(st.st_mode)
+            head = os.pread(fd, HEADER_BLOCK, 0) if st.st_size == HEADER_BLOCK + size else b""
+        finally:
+            os.close(fd)
+        try:
+            header = ChunkHeader.unpack(head, key=job.key)
+        except IntegrityError:
+            return "a file that is not this key's chunk"
+        if header.layout_digest != self._digest or header.payload_len != size:
+            return "a file that is not this key's chunk"
+        return ""
 
     def stored(self, job: StoreJob, out: Outcome) -> None:
         if out.name_taken:

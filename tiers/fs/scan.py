@@ -22,6 +22,7 @@ from asynctier.lru import LRUIndex
 from asynctier.stats import StatsRecorder
 
 from .layout import HEADER_BLOCK, N_SHARDS, TMP_PREFIX, TempNames, is_hashed_token, shard_of, token_key
+from .protocol import SAFE_OPEN
 
 __all__ = ["Recovery", "key_from_header", "list_keys"]
 
@@ -31,10 +32,13 @@ _COUNTS = ("scan_files", "scan_removed_tmp", "scan_removed_bad", "scan_foreign")
 
 
 def key_from_header(name: str, dfd: int) -> bytes | None:
-    """The key in the header of the file ``name`` (a hashed token), if it names that file."""
+    """The key in the header of the file ``name`` (a hashed token), if it names that file
+    (a regular one: a FIFO, a link or a directory at the name is not opened or not read)."""
     try:
-        fd = os.open(name, os.O_RDONLY, dir_fd=dfd)
+        fd = os.open(name, os.O_RDONLY | SAFE_OPEN | os.O_CLOEXEC, dir_fd=dfd)
         try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                return None
             head = os.pread(fd, HEADER_BLOCK, 0)
         finally:
             os.close(fd)
@@ -56,6 +60,8 @@ def list_keys(shard_fds: list[int]) -> list[bytes]:
     keys: list[bytes] = []
     for shard, fd in enumerate(shard_fds):
         for ent in os.scandir(fd):
+            if not ent.is_file(follow_symlinks=False):
+                continue
             key = _key_of(ent.name, shard, fd)
             if key is not None:
                 keys.append(key)
@@ -167,8 +173,10 @@ class Recovery:
             if self._names.is_stale(name, st.st_mtime, self._stale_tmp_s, now):
                 return self._unlink(name, fd, "scan_removed_tmp")
             return None
+        if not stat.S_ISREG(st.st_mode):  # not opened: a FIFO would block, a link leads out
+            return "scan_foreign"
         key = _key_of(name, shard, fd)
-        if key is None or not stat.S_ISREG(st.st_mode):
+        if key is None:
             return "scan_foreign"
         if st.st_size != expect:  # truncated or foreign: never serve it
             return self._unlink(name, fd, "scan_removed_bad")

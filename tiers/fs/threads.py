@@ -20,7 +20,19 @@ from asynctier.posix_io import aligned_buffer
 
 from .layout import HEADER_BLOCK
 from .pool import O_TMPFILE
-from .protocol import NOSPACE, LoadJob, Outcome, Source, Spare, SpareJob, Step, StoreJob, UnlinkJob, not_found
+from .protocol import (
+    NOSPACE,
+    LoadJob,
+    Outcome,
+    Source,
+    Spare,
+    SpareJob,
+    Step,
+    StoreJob,
+    UnlinkJob,
+    not_found,
+    not_regular,
+)
 
 if TYPE_CHECKING:
     from .tier import FsTier
@@ -101,12 +113,14 @@ def run_store(job: StoreJob, hb: memoryview, data: memoryview) -> Outcome:
 
 
 def run_load(job: LoadJob, hb: memoryview, out: memoryview) -> Outcome:
-    """Run a load job: open, read header block and payload (looped; end of file ends it
-    short), close."""
+    """Run a load job: open (a regular file only), read header block and payload (looped;
+    end of file ends it short), close."""
     try:
         fd = os.open(job.name, job.flags, dir_fd=job.dfd)
     except OSError as e:
         return Outcome(Step.OPEN, e.errno or errno.EIO)
+    if (bad := not_regular(fd)) is not None:
+        return bad
     try:
         got = _all_io(os.preadv, fd, [hb, out], 0)
     except OSError as e:
@@ -117,11 +131,14 @@ def run_load(job: LoadJob, hb: memoryview, out: memoryview) -> Outcome:
 
 
 def run_spare(job: SpareJob) -> Outcome:
-    """Run a spare job: open the victim's file, rename it away; the result is its descriptor."""
+    """Run a spare job: open the victim's file (a regular file only), rename it away; the
+    result is its descriptor."""
     try:
         fd = os.open(job.name, job.flags, dir_fd=job.dfd)
     except OSError as e:
         return Outcome(Step.OPEN, e.errno or errno.EIO)
+    if (bad := not_regular(fd)) is not None:
+        return bad
     try:
         os.rename(job.name, job.temp, src_dir_fd=job.dfd, dst_dir_fd=job.new_dfd)
     except OSError as e:
@@ -177,6 +194,8 @@ class ThreadsIO:
                 proto.abandon(job, None)
                 raise
             proto.release(job)
+            if out.ok and out.name_taken and (what := proto.taken_by(job, data.nbytes)):
+                out = Outcome(Step.LINK, errno.EEXIST, what=what)  # not another writer's copy
             if out.ok:
                 proto.stored(job, out)
                 return
@@ -264,6 +283,8 @@ class ThreadsIO:
                 break
             if res.step == Step.OPEN and res.err == errno.ENOENT:
                 raise not_found(key)
+            if res.not_regular:
+                self._tier._stats.incr("not_regular_files")
             if not proto.mend(job, res):
                 raise res.error(job.name)
             job = proto.load(key, out)

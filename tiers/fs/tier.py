@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import stat
 import time
 import weakref
 from collections.abc import Callable, Sequence
@@ -327,10 +328,10 @@ class FsTier(BlockingChunkTier):
         """A whole chunk file is published under ``key`` (a truncated one does not count)."""
         fd, name = self.protocol.name(key)
         try:
-            st = os.stat(name, dir_fd=fd)
+            st = os.stat(name, dir_fd=fd, follow_symlinks=False)
         except OSError:
             return False
-        return st.st_size == self._chunk_size
+        return stat.S_ISREG(st.st_mode) and st.st_size == self._chunk_size
 
     def begin_load(self, key: bytes) -> object | None:
         entry = self.index.pin_entry(key)
