@@ -24,6 +24,7 @@ import anyio
 import sniffio
 
 __all__ = [
+    "spawn_service",
     "CloseHandle",
     "LoopCaller",
     "ReadableWatch",
@@ -236,3 +237,22 @@ class ReadableWatch:
 def watch_readable(fd: int, callback: Callable[[], object]) -> ReadableWatch:
     """Run ``callback()`` on the current event loop each time ``fd`` is readable."""
     return ReadableWatch(fd, callback)
+
+
+_service_tasks: set[asyncio.Task[None]] = set()  # asyncio keeps only weak references to tasks
+
+
+def spawn_service(fn: Callable[[], Awaitable[None]], name: str) -> None:
+    """Start ``fn()`` as a task that lives beyond the caller (an engine's workers, from
+    ``open()`` to ``aclose()``). asyncio: a task of the loop; trio: a system task. ``fn`` must
+    not raise: on trio a system task's exception ends the whole run."""
+    if sniffio.current_async_library() == "asyncio":
+        coro = fn()
+        assert asyncio.iscoroutine(coro), "spawn_service takes a coroutine function"
+        task: asyncio.Task[None] = asyncio.get_running_loop().create_task(coro, name=name)
+        _service_tasks.add(task)
+        task.add_done_callback(_service_tasks.discard)
+        return
+    import trio
+
+    trio.lowlevel.spawn_system_task(fn, name=name)

@@ -12,7 +12,7 @@
 from __future__ import annotations
 
 from .base import DropHandler, Engine, EngineCounters
-from .tasks import PrioritySlots, TaskEngine
+from .tasks import TaskEngine
 from .threads import EngineStoppedError, ThreadEngine
 
 __all__ = [

@@ -11,6 +11,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Protocol
 
+import anyio
+
+from ..core.backend import wait_uninterrupted
 from ..core.jobs import Job
 
 __all__ = ["DropHandler", "Engine", "EngineCounters"]
@@ -73,3 +76,33 @@ class EngineCounters:
     @property
     def workers(self) -> int:
         return self._workers
+
+    # -- what every engine does with one call's jobs ---------------------------------------
+    def submit(self, jobs: Iterable[Job]) -> None:
+        raise NotImplementedError
+
+    def cancel_pending(self, jobs: Iterable[Job]) -> list[Job]:
+        raise NotImplementedError
+
+    async def run(
+        self, jobs: list[Job], *, drop_after: float | None = None, on_drop: DropHandler | None = None
+    ) -> None:
+        """Queue ``jobs`` for the workers and wait until each is done or withdrawn (the one
+        cancellation primitive: docs/cancellation.md)."""
+        if not jobs:
+            return
+        done = jobs[0].batch.event
+        self.submit(jobs)
+        try:
+            if drop_after is not None:
+                with anyio.move_on_after(drop_after):
+                    await done.wait()
+                if not done.is_set() and on_drop is not None:
+                    on_drop(self.cancel_pending(jobs))
+            await done.wait()
+        except anyio.get_cancelled_exc_class():
+            # No new I/O of this call starts; I/O already running touches the caller's
+            # buffer, so the caller hears of the cancellation only once it has finished.
+            self.cancel_pending(jobs)
+            await wait_uninterrupted(done)
+            raise

@@ -1,80 +1,60 @@
-"""The tasks engine: coroutine job bodies (async clients) run by the calling task's own workers.
+"""The tasks engine: coroutine job bodies (async clients, the native engine's jobs).
 
-Each call runs its jobs in a task group of its own (structured concurrency: nothing outlives
-the call), with at most ``max_inflight`` jobs of all callers running at once. Slots are handed
-out by :class:`PrioritySlots` in priority order across callers, so a load that arrives after
-a flood of stores still runs next. A running job body is shielded from the caller's
-cancellation (it may be writing into the caller's buffer); a job still waiting for a slot is
-withdrawn.
+``workers`` coroutines, started at ``open()`` as service tasks of the event loop
+(:func:`~asynctier.core.backend.spawn_service`), pull jobs from one priority queue, lowest
+priority first, so a load that arrives after a flood of stores runs next. A worker goes on to
+the next job with no round trip through the caller; it sleeps on an event only when the queue
+is empty. Callers wait for their batch (:meth:`EngineCounters.run`), and a cancelled caller
+withdraws its pending jobs and waits for the running ones: the workers themselves are never
+cancelled by a caller, so a body that started always runs to its end.
 """
 
 from __future__ import annotations
 
 import heapq
-import math
-from collections import deque
 from collections.abc import Awaitable, Iterable
 from typing import Any
 
 import anyio
 
+from ..core.backend import LoopCaller, loop_caller, spawn_service, wait_uninterrupted
 from ..core.jobs import CANCELLED, DONE, PENDING, RUNNING, Job
-from .base import DropHandler, EngineCounters
+from .base import EngineCounters
 from .threads import EngineStoppedError
 
-__all__ = ["PrioritySlots", "TaskEngine"]
-
-
-class _Waiter:
-    __slots__ = ("event", "gone", "granted")
-
-    def __init__(self) -> None:
-        self.event = anyio.Event()
-        self.granted = False
-        self.gone = False
-
-
-class PrioritySlots:
-    """``total`` slots granted lowest ``(priority, seq)`` first; loop thread only."""
-
-    def __init__(self, total: int) -> None:
-        self.free = total
-        self._waiters: list[tuple[int, int, _Waiter]] = []
-
-    async def acquire(self, priority: int, seq: int) -> None:
-        if self.free > 0 and not self._waiters:
-            self.free -= 1
-            return
-        w = _Waiter()
-        heapq.heappush(self._waiters, (priority, seq, w))
-        try:
-            await w.event.wait()
-        except BaseException:
-            if w.granted:  # granted as we were cancelled: pass the slot on
-                self.release()
-            else:
-                w.gone = True
-            raise
-
-    def release(self) -> None:
-        while self._waiters:
-            w = heapq.heappop(self._waiters)[2]
-            if not w.gone:
-                w.granted = True
-                w.event.set()
-                return
-        self.free += 1
+__all__ = ["TaskEngine"]
 
 
 class TaskEngine(EngineCounters):
-    """Runs coroutine job bodies, at most ``workers`` at once across all callers."""
+    """``workers`` coroutines running coroutine callables, lowest priority first."""
 
     def __init__(self, workers: int, name: str = "asynctier") -> None:
         super().__init__(workers, name)
-        self._slots = PrioritySlots(workers)
+        # (priority, seq, job): tuples compare in C; seq is unique, so jobs are never compared
+        self._heap: list[tuple[int, int, Job]] = []
+        self._idle: list[anyio.Event] = []  # one per worker waiting for work
+        self._running_workers = 0
+        self._ended: anyio.Event | None = None
+        self._call: LoopCaller | None = None
 
     def start(self) -> None:
-        """Nothing to start: each call brings its own tasks."""
+        self._call = loop_caller()
+        self._ended = anyio.Event()
+        for i in range(self._workers):
+            self._running_workers += 1
+            spawn_service(self._work, name=f"{self._name}-io-{i}")
+
+    def submit(self, jobs: Iterable[Job]) -> None:
+        if self._stopping or self._ended is None:
+            raise EngineStoppedError("engine is not running")
+        n = 0
+        for job in jobs:
+            heapq.heappush(self._heap, (job.priority, job.seq, job))
+            n += 1
+        self._queued += n
+        while n and self._idle:
+            self._idle.pop().set()
+            n -= 1
 
     def cancel_pending(self, jobs: Iterable[Job]) -> list[Job]:
         taken = [j for j in jobs if j.state == PENDING]
@@ -84,66 +64,31 @@ class TaskEngine(EngineCounters):
         self._queued -= len(taken)
         return taken
 
-    async def run(
-        self, jobs: list[Job], *, drop_after: float | None = None, on_drop: DropHandler | None = None
-    ) -> None:
-        if self._stopping:
-            raise EngineStoppedError("engine is stopped")
-        self._queued += len(jobs)
-        queue = deque(jobs)
-        deadline = anyio.current_time() + drop_after if drop_after is not None else math.inf
-        try:
-            async with anyio.create_task_group() as outer:
-                if drop_after is not None:
-                    outer.start_soon(self._drop_at, deadline, queue, on_drop)
-                async with anyio.create_task_group() as tg:
-                    for _ in range(min(len(jobs), self._workers)):
-                        tg.start_soon(self._work, queue, deadline, on_drop)
-                outer.cancel_scope.cancel()  # every job ran: no drop to come
-        finally:
-            self.cancel_pending(queue)  # left unstarted by a cancelled call
-
-    async def _drop_at(self, deadline: float, queue: deque[Job], on_drop: DropHandler | None) -> None:
-        """At the back-pressure deadline, drop the stores of this call that no worker took yet."""
-        await anyio.sleep_until(deadline)
-        dropped = self.cancel_pending(queue)
-        queue.clear()
-        if on_drop is not None and dropped:
-            on_drop(dropped)
-
-    async def _work(self, queue: deque[Job], deadline: float, on_drop: DropHandler | None) -> None:
-        while queue:
-            job = queue.popleft()
+    async def _work(self) -> None:
+        heap = self._heap
+        while True:
+            if not heap:
+                if self._stopping:
+                    break
+                wake = anyio.Event()
+                self._idle.append(wake)
+                await wake.wait()
+                continue
+            job = heapq.heappop(heap)[2]
             if job.state != PENDING:
                 continue
-            got = False
-            try:
-                # a call cancelled while this worker ran a shielded body starts nothing more
-                await anyio.lowlevel.checkpoint_if_cancelled()
-                with anyio.move_on_after(deadline - anyio.current_time()):
-                    await self._slots.acquire(job.priority, job.seq)
-                    got = True
-            finally:
-                if not got:  # cancelled, or no slot in time: this job never starts
-                    queue.appendleft(job)
-            if not got:  # store back-pressure: every store of this call still waiting is dropped
-                dropped = self.cancel_pending(queue)
-                queue.clear()
-                if on_drop is not None:
-                    on_drop(dropped)
-                return
             job.state = RUNNING
             self._queued -= 1
             self._in_flight += 1
-            self._peak = max(self._peak, self._in_flight)
-            try:
-                with anyio.CancelScope(shield=True):
-                    await self._body(job)
-            finally:
-                self._in_flight -= 1
-                job.state = DONE
-                job.batch.one_done()
-                self._slots.release()
+            if self._in_flight > self._peak:
+                self._peak = self._in_flight
+            await self._body(job)
+            self._in_flight -= 1
+            job.state = DONE
+            job.batch.one_done()
+        self._running_workers -= 1
+        if self._running_workers == 0 and self._ended is not None:
+            self._ended.set()
 
     @staticmethod
     async def _body(job: Job) -> None:
@@ -151,15 +96,27 @@ class TaskEngine(EngineCounters):
             coro: Awaitable[Any] = job.fn(*job.args)
             job.result = await coro
         except anyio.get_cancelled_exc_class() as e:
-            # shielded, so not aimed at this job: a cancelled future inside the primitive
+            # workers are not cancelled by callers: a cancelled future inside the primitive
             job.exc = ConnectionAbortedError(f"chunk I/O cancelled inside the tier: {e!r}")
-        except (KeyboardInterrupt, SystemExit):
-            raise
         except BaseException as e:  # delivered to the caller as that chunk's failure
             job.exc = e
 
+    def _wake_all(self) -> None:
+        idle, self._idle = self._idle, []
+        for wake in idle:
+            wake.set()
+
     def stop_nowait(self) -> None:
+        """Tell workers to end once the queue is empty (from any thread), without waiting."""
+        if self._stopping:
+            return
         self._stopping = True
+        if self._call is not None:
+            self._call(self._wake_all)
 
     async def stop(self) -> None:
+        """Let workers finish the queue, then end them."""
         self._stopping = True
+        self._wake_all()
+        if self._ended is not None and self._running_workers:
+            await wait_uninterrupted(self._ended)

@@ -12,11 +12,9 @@ import heapq
 import threading
 from collections.abc import Iterable
 
-import anyio
-
-from ..core.backend import run_on_thread_to_end, wait_uninterrupted
+from ..core.backend import run_on_thread_to_end
 from ..core.jobs import CANCELLED, DONE, PENDING, RUNNING, Batch, Job
-from .base import DropHandler, EngineCounters
+from .base import EngineCounters
 
 __all__ = ["EngineStoppedError", "ThreadEngine"]
 
@@ -58,27 +56,6 @@ class ThreadEngine(EngineCounters):
                 self._cv.notify()
             elif n:
                 self._cv.notify(min(n, self._workers))
-
-    async def run(
-        self, jobs: list[Job], *, drop_after: float | None = None, on_drop: DropHandler | None = None
-    ) -> None:
-        if not jobs:
-            return
-        batch = jobs[0].batch
-        self.submit(jobs)
-        try:
-            if drop_after is not None:
-                with anyio.move_on_after(drop_after):
-                    await batch.event.wait()
-                if not batch.event.is_set() and on_drop is not None:
-                    on_drop(self.cancel_pending(jobs))
-            await batch.event.wait()
-        except anyio.get_cancelled_exc_class():
-            # No new I/O of this call starts; I/O already running touches the caller's
-            # buffer, so the caller hears of the cancellation only once it has finished.
-            self.cancel_pending(jobs)
-            await wait_uninterrupted(batch.event)
-            raise
 
     def cancel_pending(self, jobs: Iterable[Job]) -> list[Job]:
         """Withdraw the jobs not started yet (called on the loop thread)."""
