@@ -11,6 +11,7 @@ import itertools
 import logging
 import os
 import re
+import secrets
 import time
 from pathlib import Path
 
@@ -83,7 +84,9 @@ class TempNames:
 
     def __init__(self) -> None:
         self.host = _SAFE_HOST.sub("_", os.uname().nodename)[:64] or "host"
-        self.tag = f"{TMP_PREFIX}{self.host}~{os.getpid()}~{next(_instance_seq)}~"
+        # the random part makes the names unguessable: none can be planted ahead (a link
+        # there would make a store fail, O_EXCL, not write through it)
+        self.tag = f"{TMP_PREFIX}{self.host}~{os.getpid()}~{next(_instance_seq)}{secrets.token_hex(4)}~"
         self._seq = itertools.count()
 
     def next(self) -> str:
@@ -109,22 +112,35 @@ class TempNames:
         return False
 
 
-def write_layout_note(directory: Path, spec: OffloadingSpec, temp: str) -> None:
-    """Write ``LAYOUT`` (once): what the namespace directory's digest stands for."""
-    note = directory / LAYOUT_NOTE
-    if note.exists():
+def write_layout_note(dfd: int, spec: OffloadingSpec) -> None:
+    """Write ``LAYOUT`` (once) in the namespace directory ``dfd``: what its digest stands for.
+
+    Through a temporary of an unguessable name made with ``O_EXCL | O_NOFOLLOW``: nothing
+    planted in the directory beforehand can redirect the write."""
+    try:
+        os.stat(LAYOUT_NOTE, dir_fd=dfd, follow_symlinks=False)
+        return
+    except FileNotFoundError:
+        pass
+    except OSError as e:
+        log.debug("fs tier: cannot look at %s: %r", LAYOUT_NOTE, e)
         return
     text = (
         f"asynctier fs tier, format v{FORMAT_VERSION}\nnamespace: {spec.namespace}\n"
         f"chunk_bytes: {spec.chunk_bytes}\nheader_block: {HEADER_BLOCK}\nshards: {N_SHARDS}\n"
     )
-    tmp = directory / temp
+    tmp = f"{TMP_PREFIX}layout~{secrets.token_hex(16)}"
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
     try:
-        tmp.write_text(text)
-        os.replace(tmp, note)
-    except OSError as e:  # a read-only root still serves loads
-        log.debug("fs tier: cannot write %s: %r", note, e)
+        fd = os.open(tmp, flags, 0o644, dir_fd=dfd)
         try:
-            tmp.unlink(missing_ok=True)
+            os.write(fd, text.encode())
+        finally:
+            os.close(fd)
+        os.replace(tmp, LAYOUT_NOTE, src_dir_fd=dfd, dst_dir_fd=dfd)
+    except OSError as e:  # a read-only root still serves loads
+        log.debug("fs tier: cannot write %s: %r", LAYOUT_NOTE, e)
+        try:
+            os.unlink(tmp, dir_fd=dfd)
         except OSError:
             pass

@@ -12,6 +12,7 @@ from __future__ import annotations
 import fcntl
 import logging
 import os
+import stat
 import struct
 from pathlib import Path
 
@@ -29,20 +30,25 @@ _HOLD = struct.pack(_FLOCK, fcntl.F_RDLCK, os.SEEK_SET, 0, 1, 0)
 _ANYONE_ELSE = struct.pack(_FLOCK, fcntl.F_WRLCK, os.SEEK_SET, 0, 1, 0)
 
 
-def hold_namespace(directory: Path) -> int:
-    """Take a shared lock on ``directory/.owners``; returns its descriptor (the lock lasts as
-    long as it is open), or -1 where no such lock can be held (then nothing is recycled)."""
+def hold_namespace(dfd: int, directory: Path) -> int:
+    """Take a shared lock on ``.owners`` in the namespace directory ``dfd`` (``directory``,
+    for messages); returns its descriptor (the lock lasts as long as it is open), or -1 where
+    no such lock can be held (then nothing is recycled). A link at the name is not followed
+    (nor created through, dangling): no lock then."""
     if _F_OFD_SETLK is None or struct.calcsize("P") != 8:
         return -1
     path = directory / OWNERS
     fd = -1
     for flags in (os.O_RDWR | os.O_CREAT, os.O_RDONLY):  # a read-only root: if it exists
         try:
-            fd = os.open(path, flags | os.O_CLOEXEC, 0o644)
+            fd = os.open(OWNERS, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644, dir_fd=dfd)
             break
         except OSError:
             continue
     if fd < 0:
+        return -1
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
         return -1
     try:
         fcntl.fcntl(fd, _F_OFD_SETLK, _HOLD)

@@ -34,6 +34,19 @@ _O_DIRECTORY: int = getattr(os, "O_DIRECTORY", 0)
 _MAX_PENDING_TOUCHES = 1 << 16  # touched keys remembered for stamping at close (beyond: approximate)
 
 
+def _subdir(parent: int, name: str) -> int:
+    """Open (made if missing) the directory ``name`` in ``parent``: not through a link."""
+    flags = os.O_RDONLY | _O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        return os.open(name, flags, dir_fd=parent)
+    except FileNotFoundError:
+        try:
+            os.mkdir(name, dir_fd=parent)
+        except FileExistsError:
+            pass  # made by another tier meanwhile
+        return os.open(name, flags, dir_fd=parent)
+
+
 def _check_config(
     root: object, direct_io: object, publish: object, shared: object, background_scan: object,
     scan_sync_limit: object, lru_times: object, stale_tmp_s: object, worker_nice: object,
@@ -229,7 +242,6 @@ class FsTier(BlockingChunkTier):
         """Create/open the namespace, probe O_DIRECT and O_TMPFILE, rebuild the index."""
         fds = self._open_shards()
         self.protocol.shard_fds = fds
-        self._lock_fd = owners.hold_namespace(self.dir)
         self.network_fs = network_fs(self.dir)
         self.recycle_on = self._lock_fd >= 0 and (self.recycle is True or (self.recycle == "auto" and self.verify))
         pools: list[TmpfilePool] = []
@@ -253,20 +265,21 @@ class FsTier(BlockingChunkTier):
             raise
 
     def _open_shards(self) -> list[int]:
+        """The shard directories' descriptors; the namespace and the shards are opened relative
+        to their parent and never through a symbolic link (the root itself is the user's path)."""
         fds: list[int] = []
         try:
-            if not self.dir.is_dir():
-                self.dir.mkdir(parents=True, exist_ok=True)
-            write_layout_note(self.dir, self.offloading_spec, self.names.next())
-            dfd = os.open(self.dir, os.O_RDONLY | _O_DIRECTORY)
+            self.root.mkdir(parents=True, exist_ok=True)
+            root_fd = os.open(self.root, os.O_RDONLY | _O_DIRECTORY | os.O_CLOEXEC)
             try:
+                dfd = _subdir(root_fd, self.dir.name)
+            finally:
+                os.close(root_fd)
+            try:
+                write_layout_note(dfd, self.offloading_spec)
                 for i in range(N_SHARDS):
-                    name = f"{i:02x}"
-                    try:
-                        fds.append(os.open(name, os.O_RDONLY | _O_DIRECTORY, dir_fd=dfd))
-                    except FileNotFoundError:
-                        os.mkdir(name, dir_fd=dfd)
-                        fds.append(os.open(name, os.O_RDONLY | _O_DIRECTORY, dir_fd=dfd))
+                    fds.append(_subdir(dfd, f"{i:02x}"))
+                self._lock_fd = owners.hold_namespace(dfd, self.dir)
             finally:
                 os.close(dfd)
         except BaseException:
@@ -304,7 +317,8 @@ class FsTier(BlockingChunkTier):
             for key, used_ns in touched.items():
                 fd, name = self.protocol.name(key)
                 try:
-                    os.utime(name, ns=(used_ns, used_ns), dir_fd=fd)  # the time of last use, as a write stamps its own
+                    # the time of last use, as a write stamps its own; a link is not followed
+                    os.utime(name, ns=(used_ns, used_ns), dir_fd=fd, follow_symlinks=False)
                 except OSError:
                     pass  # best effort: gone, or a read-only root
         self._close_fds()
