@@ -42,6 +42,8 @@
 #define AT_SPARE 3  /* open a file (to be overwritten) and rename it away: result is the fd */
 #define AT_UNLINK 4 /* unlink a name */
 
+#define AT_MODE_FIX 0x10000 /* the umask would strip bits of the mode: set it after creation */
+
 #define AT_QUEUED 1
 #define AT_RUNNING 2
 #define AT_DONE 3
@@ -69,7 +71,8 @@ struct at_job {
     int32_t fd;   /* writes: the file to fill (made ahead, or taken over), left open; -1: make one */
     int32_t dfd2; /* the directory of name2 */
     int32_t sync, hashed;
-    int32_t body_len, pad_;
+    int32_t body_len;
+    int32_t mode; /* writes: the mode of a file the job makes (0: 0644); AT_MODE_FIX: fchmod it too */
     void *hb;
     size_t hb_len;
     void *buf;
@@ -203,10 +206,17 @@ static void prepare_write(struct at_pool *p, struct at_op *op, struct at_res *r)
         r->csum = c;
     }
     if (j->fd < 0) { /* a new file (else the caller's: made ahead, or a spare) */
+        mode_t mode = j->mode ? (mode_t)(j->mode & 07777) : 0644;
         if (j->name2[0]) /* named: where unnamed files cannot be made, or are not wanted */
-            op->fd = openat(j->dfd2, j->name2, O_CREAT | O_EXCL | j->flags | O_CLOEXEC, 0644);
+            op->fd = openat(j->dfd2, j->name2, O_CREAT | O_EXCL | j->flags | O_CLOEXEC, mode);
         else
-            op->fd = openat(j->dfd, ".", O_TMPFILE | j->flags | O_CLOEXEC, 0644);
+            op->fd = openat(j->dfd, ".", O_TMPFILE | j->flags | O_CLOEXEC, mode);
+        if (op->fd >= 0 && (j->mode & AT_MODE_FIX) && fchmod(op->fd, mode) != 0) {
+            int e = errno;
+            close(op->fd);
+            op->fd = -1;
+            errno = e;
+        }
         if (op->fd < 0) {
             r->result = -errno;
             r->stage = ST_OPEN;

@@ -60,13 +60,18 @@ class Outcome(NamedTuple):
     info: int  #: writes: 1 if the name was taken already (another writer published first)
 
 
+#: or'ed into a job's ``mode``: the umask would strip bits of it, fchmod the new file
+MODE_FIX = 0x10000
+
+
 class Job(ctypes.Structure):
     """One job for the workers, laid out as ``struct at_job`` in ``asynctier/engines/_nativeio.c``.
 
     ``kind`` (:data:`READ` ...), ``prio`` (0 runs first), the directory ``dfd`` and ``name``
     of the file, open ``flags``; writes: ``fd`` (a file to fill, left open; -1: the worker
     makes one), ``name2`` in ``dfd2`` (publish by renaming that name; empty: by linkat),
-    ``sync``, ``body_len`` (> 0: the worker fills in the header's checksums); spares: the
+    ``sync``, ``body_len`` (> 0: the worker fills in the header's checksums), ``mode`` (of a
+    file it makes; 0: 0644; ``MODE_FIX`` or'ed in: set after creation too); spares: the
     new name ``name2`` in ``dfd2``; reads: ``hashed``. ``hb``/``hb_len`` and ``buf``/``len``:
     the header block and the payload (addresses that stay valid until the job ends).
     """
@@ -81,7 +86,7 @@ class Job(ctypes.Structure):
         ("sync", ctypes.c_int32),
         ("hashed", ctypes.c_int32),
         ("body_len", ctypes.c_int32),
-        ("pad_", ctypes.c_int32),
+        ("mode", ctypes.c_int32),
         ("hb", ctypes.c_void_p),
         ("hb_len", ctypes.c_size_t),
         ("buf", ctypes.c_void_p),
@@ -108,11 +113,12 @@ def job(
     n: int = 0,
     body_len: int = 0,
     hashed: bool = False,
+    mode: int = 0,
 ) -> Job:
     """A :class:`Job`; a name that does not fit the descriptor is refused here (OSError)."""
     if len(name) >= _NAME_MAX or len(name2) >= _NAME_MAX:
         raise OSError(errno.ENAMETOOLONG, f"native I/O job refused: a name of {_NAME_MAX} bytes or more")
-    return Job(kind, prio, dfd, flags, fd, dfd2, int(sync), int(hashed), body_len, 0, hb or None, hb_len,
+    return Job(kind, prio, dfd, flags, fd, dfd2, int(sync), int(hashed), body_len, mode, hb or None, hb_len,
                buf or None, n, name, name2)  # fmt: skip
 
 

@@ -112,7 +112,25 @@ class TempNames:
         return False
 
 
-def write_layout_note(dfd: int, spec: OffloadingSpec) -> None:
+def current_umask() -> int:
+    """The process's umask, read without changing it (Linux); 0o022 where it cannot be read."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    return 0o022
+
+
+def set_mode(fd: int, mode: int, fix: bool) -> None:
+    """After creating ``fd`` with ``mode``: set it exactly where the umask stripped bits."""
+    if fix:
+        os.fchmod(fd, mode)
+
+
+def write_layout_note(dfd: int, spec: OffloadingSpec, mode: int = 0o600, fix: bool = False) -> None:
     """Write ``LAYOUT`` (once) in the namespace directory ``dfd``: what its digest stands for.
 
     Through a temporary of an unguessable name made with ``O_EXCL | O_NOFOLLOW``: nothing
@@ -132,8 +150,9 @@ def write_layout_note(dfd: int, spec: OffloadingSpec) -> None:
     tmp = f"{TMP_PREFIX}layout~{secrets.token_hex(16)}"
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
     try:
-        fd = os.open(tmp, flags, 0o644, dir_fd=dfd)
+        fd = os.open(tmp, flags, mode, dir_fd=dfd)
         try:
+            set_mode(fd, mode, fix)
             os.write(fd, text.encode())
         finally:
             os.close(fd)

@@ -133,6 +133,7 @@ class NativeIO:
         await self._fall_back(self._store_again, job, out, data)
 
     def _store_job(self, slot: int, job: StoreJob, addr: int, n: int) -> nativeio.Job:
+        proto = self._tier.protocol
         hb = self._slot_hb(slot)
         size = len(job.header)
         hb[:size] = job.header  # ~100 bytes of header, not chunk data
@@ -142,6 +143,7 @@ class NativeIO:
             dfd2=job.dfd if job.temp else -1, name2=job.temp.encode(), sync=job.sync,
             hb=self._hb_addr + slot * HEADER_BLOCK, hb_len=HEADER_BLOCK, buf=addr, n=n,
             body_len=size - 8 if job.fill else 0,
+            mode=proto.file_mode | (nativeio.MODE_FIX if proto.fix_mode else 0),
         )  # fmt: skip
 
     def _store_again(self, job: StoreJob, out: Outcome, data: memoryview) -> None:

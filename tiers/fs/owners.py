@@ -30,7 +30,7 @@ _HOLD = struct.pack(_FLOCK, fcntl.F_RDLCK, os.SEEK_SET, 0, 1, 0)
 _ANYONE_ELSE = struct.pack(_FLOCK, fcntl.F_WRLCK, os.SEEK_SET, 0, 1, 0)
 
 
-def hold_namespace(dfd: int, directory: Path) -> int:
+def hold_namespace(dfd: int, directory: Path, mode: int = 0o600, fix: bool = False) -> int:
     """Take a shared lock on ``.owners`` in the namespace directory ``dfd`` (``directory``,
     for messages); returns its descriptor (the lock lasts as long as it is open), or -1 where
     no such lock can be held (then nothing is recycled). A link at the name is not followed
@@ -39,12 +39,15 @@ def hold_namespace(dfd: int, directory: Path) -> int:
         return -1
     path = directory / OWNERS
     fd = -1
-    for flags in (os.O_RDWR | os.O_CREAT, os.O_RDONLY):  # a read-only root: if it exists
+    # made with O_EXCL first: the mode is set only on a file this tier made
+    for flags in (os.O_RDWR | os.O_CREAT | os.O_EXCL, os.O_RDWR, os.O_RDONLY):  # read-only root: if it exists
         try:
-            fd = os.open(OWNERS, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644, dir_fd=dfd)
-            break
+            fd = os.open(OWNERS, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, mode, dir_fd=dfd)
         except OSError:
             continue
+        if flags & os.O_EXCL and fix:
+            os.fchmod(fd, mode)
+        break
     if fd < 0:
         return -1
     if not stat.S_ISREG(os.fstat(fd).st_mode):

@@ -31,9 +31,16 @@ class TmpfilePool:
     """
 
     def __init__(
-        self, dir_fds: list[int], flags: int, target: int, name: str, hold: Callable[[], bool] | None = None
+        self,
+        dir_fds: list[int],
+        flags: int,
+        target: int,
+        name: str,
+        hold: Callable[[], bool] | None = None,
+        mode: tuple[int, bool] = (0o600, False),
     ) -> None:
         self.flags = flags
+        self._mode, self._fix_mode = mode  # the files' mode; whether the umask strips bits of it
         self._dir_fds = list(dir_fds)
         self._target = target
         self._hold = hold  # while it returns True, make no file (looked at before each)
@@ -88,7 +95,9 @@ class TmpfilePool:
                 self._held = False
             try:
                 dfd = self._dir_fds[made % len(self._dir_fds)]  # spread over the shards, as writers are
-                fd = os.open(".", O_TMPFILE | self.flags, 0o644, dir_fd=dfd)
+                fd = os.open(".", O_TMPFILE | self.flags, self._mode, dir_fd=dfd)
+                if self._fix_mode:
+                    os.fchmod(fd, self._mode)
             except OSError:
                 # read-only, full, or no O_TMPFILE/O_DIRECT here: writers make their own files
                 # (and meet the error themselves); try again later, less often while it lasts

@@ -244,6 +244,9 @@ class ChunkProtocol:
         self.sync = sync
         self.verify = verify
         self.pool: TmpfilePool | None = None
+        #: the mode of the chunk files made, and whether the umask strips bits of it (set at open)
+        self.file_mode = 0o600
+        self.fix_mode = False
         self.use_tmpfile = False
         self.use_direct = False
         self.block = HEADER_BLOCK  #: the alignment O_DIRECT needs
@@ -472,9 +475,9 @@ class ChunkProtocol:
             temp = "" if self.use_tmpfile else self.names.next()
             try:
                 if temp:
-                    fd = os.open(temp, os.O_CREAT | os.O_EXCL | flags, 0o644, dir_fd=dfd)
+                    fd = os.open(temp, os.O_CREAT | os.O_EXCL | flags, self.file_mode, dir_fd=dfd)
                 else:
-                    fd = os.open(".", O_TMPFILE | flags, 0o644, dir_fd=dfd)
+                    fd = os.open(".", O_TMPFILE | flags, self.file_mode, dir_fd=dfd)
             except OSError as e:
                 out = Outcome(Step.OPEN, e.errno or errno.EIO)
                 source = Source.TEMP if temp else Source.TMPFILE

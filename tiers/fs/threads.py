@@ -67,7 +67,7 @@ def _all_io(fn: Callable[[int, list[memoryview], int], int], fd: int, bufs: list
     return done
 
 
-def run_store(job: StoreJob, hb: memoryview, data: memoryview) -> Outcome:
+def run_store(job: StoreJob, hb: memoryview, data: memoryview, mode: tuple[int, bool] = (0o600, False)) -> Outcome:
     """Run a store job: [make the file], write header block and payload, [fdatasync],
     link or rename it under its name, [fsync the shard]. A file the job made is closed;
     one it was given is not."""
@@ -76,10 +76,12 @@ def run_store(job: StoreJob, hb: memoryview, data: memoryview) -> Outcome:
     try:
         if fd < 0:
             if job.source == Source.TMPFILE:
-                fd = os.open(".", O_TMPFILE | job.flags, 0o644, dir_fd=job.dfd)
+                fd = os.open(".", O_TMPFILE | job.flags, mode[0], dir_fd=job.dfd)
             else:
-                fd = os.open(job.temp, os.O_CREAT | os.O_EXCL | job.flags, 0o644, dir_fd=job.dfd)
+                fd = os.open(job.temp, os.O_CREAT | os.O_EXCL | job.flags, mode[0], dir_fd=job.dfd)
             made = True
+            if mode[1]:  # the umask stripped bits of the mode
+                os.fchmod(fd, mode[0])
         step = Step.IO
         moved = _all_io(os.pwritev, fd, [hb, data], 0)
         if job.sync:
@@ -189,7 +191,7 @@ class ThreadsIO:
         while True:
             job = proto.store(key, data, csum, spare)
             try:
-                out = run_store(job, self._header_block(job.header), data)
+                out = run_store(job, self._header_block(job.header), data, (proto.file_mode, proto.fix_mode))
             except BaseException:
                 proto.abandon(job, None)
                 raise

@@ -21,7 +21,7 @@ from asynctier.posix_io import O_DIRECT, logical_block_size, network_fs
 from asynctier.stats import TierStats
 
 from . import owners
-from .layout import HEADER_BLOCK, N_SHARDS, TempNames, namespace_dir, write_layout_note
+from .layout import HEADER_BLOCK, N_SHARDS, TempNames, current_umask, namespace_dir, write_layout_note
 from .native import NativeIO
 from .pool import POOL_TARGET, TmpfilePool, close_tier_fds
 from .protocol import ChunkProtocol, not_found
@@ -34,17 +34,27 @@ _O_DIRECTORY: int = getattr(os, "O_DIRECTORY", 0)
 _MAX_PENDING_TOUCHES = 1 << 16  # touched keys remembered for stamping at close (beyond: approximate)
 
 
-def _subdir(parent: int, name: str) -> int:
-    """Open (made if missing) the directory ``name`` in ``parent``: not through a link."""
+def _subdir(parent: int, name: str, mode: int, fix: bool) -> int:
+    """Open (made with ``mode`` if missing) the directory ``name`` in ``parent``: not through
+    a link. ``fix``: the umask strips bits of ``mode``, set it after making it."""
     flags = os.O_RDONLY | _O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
     try:
         return os.open(name, flags, dir_fd=parent)
     except FileNotFoundError:
+        made = True
         try:
-            os.mkdir(name, dir_fd=parent)
+            os.mkdir(name, mode, dir_fd=parent)
         except FileExistsError:
-            pass  # made by another tier meanwhile
-        return os.open(name, flags, dir_fd=parent)
+            made = False  # made by another tier meanwhile
+        fd = os.open(name, flags, dir_fd=parent)
+        if made and fix:
+            os.fchmod(fd, mode)
+        return fd
+
+
+def _check_mode(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 0o777:
+        raise TierConfigError(f"{name} must be an int from 0 to 0o777 (permission bits, e.g. 0o600); got {value!r}")
 
 
 def _check_config(
@@ -170,9 +180,15 @@ class FsTier(BlockingChunkTier):
         worker_nice: int = 5,
         tmpfile_pool: int | None = None,
         recycle: bool | Literal["auto"] = "auto",
+        file_mode: int = 0o600,
+        dir_mode: int = 0o700,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        _check_mode("file_mode", file_mode)
+        _check_mode("dir_mode", dir_mode)
+        self.file_mode = file_mode
+        self.dir_mode = dir_mode
         _check_config(root, direct_io, publish, shared, background_scan, scan_sync_limit, lru_times,
                       stale_tmp_s, worker_nice, tmpfile_pool, recycle)  # fmt: skip
         self.io_engine: IoEngine = check_io_engine(self.tier_type, io_engine)
@@ -268,18 +284,25 @@ class FsTier(BlockingChunkTier):
         """The shard directories' descriptors; the namespace and the shards are opened relative
         to their parent and never through a symbolic link (the root itself is the user's path)."""
         fds: list[int] = []
+        umask = current_umask()
+        proto = self.protocol
+        proto.file_mode, proto.fix_mode = self.file_mode, bool(self.file_mode & umask)
+        fix_dirs = bool(self.dir_mode & umask)
         try:
-            self.root.mkdir(parents=True, exist_ok=True)
+            made_root = not self.root.exists()  # the root itself may be a link: the user's path
+            self.root.mkdir(self.dir_mode, parents=True, exist_ok=True)
             root_fd = os.open(self.root, os.O_RDONLY | _O_DIRECTORY | os.O_CLOEXEC)
+            if made_root and fix_dirs:
+                os.fchmod(root_fd, self.dir_mode)
             try:
-                dfd = _subdir(root_fd, self.dir.name)
+                dfd = _subdir(root_fd, self.dir.name, self.dir_mode, fix_dirs)
             finally:
                 os.close(root_fd)
             try:
-                write_layout_note(dfd, self.offloading_spec)
+                write_layout_note(dfd, self.offloading_spec, self.file_mode, proto.fix_mode)
                 for i in range(N_SHARDS):
-                    fds.append(_subdir(dfd, f"{i:02x}"))
-                self._lock_fd = owners.hold_namespace(dfd, self.dir)
+                    fds.append(_subdir(dfd, f"{i:02x}", self.dir_mode, fix_dirs))
+                self._lock_fd = owners.hold_namespace(dfd, self.dir, self.file_mode, proto.fix_mode)
             finally:
                 os.close(dfd)
         except BaseException:
@@ -305,7 +328,8 @@ class FsTier(BlockingChunkTier):
                 tier = me()
                 return tier is not None and tier._active > 0
 
-        pool = TmpfilePool(fds, flags, target, f"asynctier-fs-tmpfiles-{self.dir.name[:8]}", hold)
+        pool = TmpfilePool(fds, flags, target, f"asynctier-fs-tmpfiles-{self.dir.name[:8]}", hold,
+                           (self.protocol.file_mode, self.protocol.fix_mode))  # fmt: skip
         self.protocol.pool = pool
         pools.append(pool)
 
