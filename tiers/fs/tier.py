@@ -52,6 +52,21 @@ def _subdir(parent: int, name: str, mode: int, fix: bool) -> int:
         return fd
 
 
+def _check_private(fd: int, path: Path) -> None:
+    """Refuse a directory others may write into: they could put links, FIFOs or files of
+    their own at a chunk's name, or replace ours. Allowed: not writable by others, nor by
+    its group unless it is ours; or sticky and ours (others cannot rename or remove our names)."""
+    st = os.fstat(fd)
+    mine = st.st_uid == os.geteuid()
+    others_write = st.st_mode & stat.S_IWOTH or (st.st_mode & stat.S_IWGRP and not mine)
+    if others_write and not (st.st_mode & stat.S_ISVTX and mine):
+        raise TierConfigError(
+            f"fs tier: {path} is writable by others (mode {stat.S_IMODE(st.st_mode):#o}, owner uid {st.st_uid}): "
+            "anyone who can write there can plant files or links at a chunk's name; use a directory that is "
+            "not writable by others (chmod go-w), or sticky and owned by this user"
+        )
+
+
 def _check_mode(name: str, value: object) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 0o777:
         raise TierConfigError(f"{name} must be an int from 0 to 0o777 (permission bits, e.g. 0o600); got {value!r}")
@@ -295,13 +310,16 @@ class FsTier(BlockingChunkTier):
             if made_root and fix_dirs:
                 os.fchmod(root_fd, self.dir_mode)
             try:
+                _check_private(root_fd, self.root)
                 dfd = _subdir(root_fd, self.dir.name, self.dir_mode, fix_dirs)
             finally:
                 os.close(root_fd)
             try:
+                _check_private(dfd, self.dir)
                 write_layout_note(dfd, self.offloading_spec, self.file_mode, proto.fix_mode)
                 for i in range(N_SHARDS):
                     fds.append(_subdir(dfd, f"{i:02x}", self.dir_mode, fix_dirs))
+                    _check_private(fds[-1], self.dir / f"{i:02x}")
                 self._lock_fd = owners.hold_namespace(dfd, self.dir, self.file_mode, proto.fix_mode)
             finally:
                 os.close(dfd)
