@@ -171,6 +171,11 @@ class FsTier(BlockingChunkTier):
             Counted in ``stats().extra``: ``recycled``, ``recycle_refused`` (another tier had
             the namespace open), ``recycle_retries`` (an overwrite failed; the ordinary path
             wrote the chunk).
+        file_mode: permission bits of every file the tier makes (an int, default ``0o600``);
+            set exactly, whatever the umask.
+        dir_mode: permission bits of every directory the tier makes (default ``0o700``). A
+            root, namespace or shard directory others may write into is refused at ``open()``
+            (docs/security.md).
         **kwargs: the common knobs (``max_inflight``, ``capacity_bytes``, ``durability`` in
             ``"none"``/``"fsync"``, ``verify``, ...), see :class:`asynctier.ChunkTier`.
     """
