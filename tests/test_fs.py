@@ -918,7 +918,8 @@ def test_loads_of_another_users_files_go_on_without_noatime(tmp_path: Path, io_e
         async def main():
             spec = OffloadingSpec({CHUNK}, {NCHUNKS}, namespace="test/fs")
             buf = bytearray(random.Random(2).randbytes(spec.total_bytes))
-            conf = {{"type": "fs", "root": {str(root)!r}, "io_engine": {io_engine!r}, "max_inflight": 4}}
+            conf = {{"type": "fs", "root": {str(root)!r}, "io_engine": {io_engine!r}, "max_inflight": 4,
+                     "file_mode": 0o644, "dir_mode": 0o755}}  # shared with another user on purpose
             out = {{}}
             async with SecondaryTierFactory.create_secondary_tier(conf, memoryview(buf), spec) as tier:
                 keys = [b"k%d" % i for i in range(4)]

@@ -86,6 +86,7 @@ class TaskEngine(EngineCounters):
             self._in_flight -= 1
             job.state = DONE
             job.batch.one_done()
+            del job  # an idle worker must not keep the last job (and through it the tier) alive
         self._running_workers -= 1
         if self._running_workers == 0 and self._ended is not None:
             self._ended.set()
