@@ -8,13 +8,14 @@ withdrawn, the running ones finish, and only then does the cancellation go on.
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Callable, Iterable
 from typing import Protocol
 
 import anyio
 
 from ..core.backend import wait_uninterrupted
-from ..core.jobs import Job
+from ..core.jobs import PENDING, RUNNING, Job
 
 __all__ = ["DropHandler", "Engine", "EngineCounters"]
 
@@ -60,6 +61,23 @@ class EngineCounters:
         self._peak = 0
         self._queued = 0
         self._stopping = False
+        # (priority, seq, job): tuples compare in C; seq is unique, so jobs are never compared
+        self._heap: list[tuple[int, int, Job]] = []
+
+    def _claim(self) -> Job | None:
+        """The next pending job off the queue, marked running and counted; None when none is
+        left (the threads engine calls this under its lock)."""
+        heap = self._heap
+        while heap:
+            job = heapq.heappop(heap)[2]
+            if job.state == PENDING:
+                job.state = RUNNING
+                self._queued -= 1
+                self._in_flight += 1
+                if self._in_flight > self._peak:
+                    self._peak = self._in_flight
+                return job
+        return None
 
     @property
     def in_flight(self) -> int:

@@ -18,7 +18,7 @@ from typing import Any
 import anyio
 
 from ..core.backend import LoopCaller, loop_caller, spawn_service, wait_uninterrupted
-from ..core.jobs import CANCELLED, DONE, PENDING, RUNNING, Job
+from ..core.jobs import CANCELLED, DONE, PENDING, Job
 from .base import EngineCounters
 from .threads import EngineStoppedError
 
@@ -30,8 +30,6 @@ class TaskEngine(EngineCounters):
 
     def __init__(self, workers: int, name: str = "asynctier") -> None:
         super().__init__(workers, name)
-        # (priority, seq, job): tuples compare in C; seq is unique, so jobs are never compared
-        self._heap: list[tuple[int, int, Job]] = []
         self._idle: list[anyio.Event] = []  # one per worker waiting for work
         self._running_workers = 0
         self._ended: anyio.Event | None = None
@@ -65,23 +63,15 @@ class TaskEngine(EngineCounters):
         return taken
 
     async def _work(self) -> None:
-        heap = self._heap
         while True:
-            if not heap:
+            job = self._claim()
+            if job is None:
                 if self._stopping:
                     break
                 wake = anyio.Event()
                 self._idle.append(wake)
                 await wake.wait()
                 continue
-            job = heapq.heappop(heap)[2]
-            if job.state != PENDING:
-                continue
-            job.state = RUNNING
-            self._queued -= 1
-            self._in_flight += 1
-            if self._in_flight > self._peak:
-                self._peak = self._in_flight
             await self._body(job)
             self._in_flight -= 1
             job.state = DONE

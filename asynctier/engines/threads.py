@@ -13,7 +13,7 @@ import threading
 from collections.abc import Iterable
 
 from ..core.backend import run_on_thread_to_end
-from ..core.jobs import CANCELLED, DONE, PENDING, RUNNING, Batch, Job
+from ..core.jobs import CANCELLED, DONE, PENDING, Batch, Job
 from .base import EngineCounters
 
 __all__ = ["EngineStoppedError", "ThreadEngine"]
@@ -30,8 +30,6 @@ class ThreadEngine(EngineCounters):
         super().__init__(workers, name)
         self._cv = threading.Condition(threading.Lock())
         self._threads: list[threading.Thread] = []
-        # (priority, seq, job): tuples compare in C; seq is unique, so jobs are never compared
-        self._heap: list[tuple[int, int, Job]] = []
 
     def start(self) -> None:
         try:
@@ -78,18 +76,12 @@ class ThreadEngine(EngineCounters):
         cv = self._cv
         while True:
             with cv:
-                while not self._heap and not self._stopping:
+                job = self._claim()
+                while job is None:
+                    if self._stopping:
+                        return
                     cv.wait()
-                if not self._heap:
-                    return
-                job = heapq.heappop(self._heap)[2]
-                if job.state != PENDING:
-                    continue
-                job.state = RUNNING
-                self._queued -= 1
-                self._in_flight += 1
-                if self._in_flight > self._peak:
-                    self._peak = self._in_flight
+                    job = self._claim()
             try:
                 job.result = job.fn(*job.args)
             except BaseException as e:  # delivered to the caller as that chunk's failure
