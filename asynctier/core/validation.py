@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import KeysView, Sequence
 from collections.abc import Set as AbstractSet
+from pathlib import Path
 
 from ..errors import TierConfigError
 from ..spec import OffloadingSpec
 
-__all__ = ["MAX_KEY_BYTES", "check_keys", "check_pairs", "non_negative_float", "positive_int"]
+__all__ = ["MAX_KEY_BYTES", "check_keys", "check_pairs", "check_path", "non_negative_float", "positive_int"]
 
 #: Longest key accepted (keys are prefix hashes; this leaves room for them in chunk headers).
 MAX_KEY_BYTES = 1024
@@ -72,3 +74,16 @@ def check_pairs(
         if len(set(ids)) != len(ids):
             raise ValueError("chunk ids must be distinct within one load (two keys cannot fill one slot)")
     return ks, ids
+
+
+def check_path(name: str, value: object) -> Path:
+    """A file-system path parameter: a non-empty ``str`` or ``os.PathLike`` without NUL
+    (refused here, at construction, not at ``open()``)."""
+    if isinstance(value, bytes) or not isinstance(value, (str, os.PathLike)):
+        raise TierConfigError(f"{name} must be a path (a str or os.PathLike); got {type(value).__name__} {value!r:.80}")
+    text = os.fspath(value)
+    if not isinstance(text, str) or not text:
+        raise TierConfigError(f"{name} must be a non-empty path; got {value!r:.80}")
+    if "\0" in text:
+        raise TierConfigError(f"{name} must not contain a NUL character; got {value!r:.80}")
+    return Path(text)

@@ -13,6 +13,7 @@ from typing import Any, Literal
 from asynctier import BlockingChunkTier, ChunkNotFoundError, TierConfigError
 from asynctier.core import Op
 from asynctier.core.backend import run_on_thread_to_end
+from asynctier.core.validation import check_path
 from asynctier.engines import Engine
 from asynctier.engines import native as nativeio
 from asynctier.io_engine import IoEngine, check_io_engine
@@ -86,8 +87,7 @@ def _check_config(
         raise TierConfigError(f"tmpfile_pool must be an int >= 0 or None; got {tmpfile_pool!r}")
     if isinstance(worker_nice, bool) or not isinstance(worker_nice, int) or not 0 <= worker_nice <= 19:
         raise TierConfigError(f"worker_nice must be an int from 0 to 19; got {worker_nice!r}")
-    if not isinstance(root, (str, os.PathLike)) or not str(root):
-        raise TierConfigError(f"root must be a directory path; got {root!r}")
+    check_path("root", root)
     if direct_io not in ("auto", True, False):
         raise TierConfigError(f"direct_io must be 'auto', True or False; got {direct_io!r}")
     if publish not in ("auto", "tmpfile", "rename"):

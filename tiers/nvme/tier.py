@@ -13,7 +13,7 @@ from typing import Any
 import anyio
 
 from asynctier import IntegrityError, TierConfigError
-from asynctier.core.validation import check_keys
+from asynctier.core.validation import check_keys, check_path
 from asynctier.integrity import checksum, pack_header
 from asynctier.io_engine import check_io_engine
 
@@ -74,7 +74,7 @@ class NvmeTier(CoalescedJobs):
     ) -> None:
         super().__init__(**kwargs)
         self.paths = _slab_paths(path, paths)
-        self.index_dir = Path(os.fspath(index_dir)) if index_dir is not None else None
+        self.index_dir = check_path("index_dir", index_dir) if index_dir is not None else None
         for name, v in (("preallocate", preallocate), ("direct_io", direct_io), ("reformat", reformat)):
             if not isinstance(v, bool):
                 raise TierConfigError(f"{name} must be True or False; got {v!r}")
@@ -278,10 +278,9 @@ def _slab_paths(path: str | os.PathLike[str] | None, paths: Sequence[str | os.Pa
     if paths is not None:
         if isinstance(paths, (str, bytes, os.PathLike)) or not paths:
             raise TierConfigError(f"paths must be a non-empty list of paths; got {paths!r}")
-        out = [Path(os.fspath(p)) for p in paths]
+        out = [check_path("paths[]", p) for p in paths]
     else:
-        assert path is not None
-        out = [Path(os.fspath(path))]
+        out = [check_path("path", path)]
     if len(set(out)) != len(out):
         raise TierConfigError("paths must be distinct")
     return out
