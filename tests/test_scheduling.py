@@ -537,3 +537,30 @@ async def test_calls_after_the_workers_stopped_at_exit_raise_tier_closed() -> No
         tier._engine.stop_nowait()  # what the finalizer does at exit
         with pytest.raises(TierClosedError, match="workers have stopped"):
             await tier.offload([b"k"], [0])
+
+
+@pytest.mark.parametrize("config", [{"type": "AsyncDictTier", "module_path": "async_dict_tier"}, {"type": "fs"}])
+def test_a_tier_called_from_another_event_loop_says_so_instead_of_hanging(tmp_path: Any, config: Any) -> None:
+    """Issue 24 item 14: opened on one loop, called from another, the fs tier on its native
+    engine never completed. An engine whose workers live on the opening loop (tasks, native)
+    refuses the call with a clear error; the threads engine serves any loop."""
+    from asynctier import SecondaryTierFactory, TierStateError
+    from asynctier.engines import native
+
+    if config["type"] == "fs":
+        if native.problem() is not None:
+            pytest.skip(f"no native workers: {native.problem()}")
+        config = {**config, "root": str(tmp_path), "io_engine": "native"}
+    view = memoryview(bytearray(SPEC.total_bytes))
+    tier = SecondaryTierFactory.create_secondary_tier(config, view, SPEC)
+    first, second = asyncio.new_event_loop(), asyncio.new_event_loop()
+    try:
+        first.run_until_complete(tier.open())
+        assert first.run_until_complete(tier.offload([b"k"], [0])).ok
+        with pytest.raises(TierStateError, match="opened on another event loop"):
+            second.run_until_complete(asyncio.wait_for(tier.load([b"k"], [1]), 10))
+        assert first.run_until_complete(tier.load([b"k"], [1])).ok  # the opening loop still works
+        first.run_until_complete(tier.aclose())
+    finally:
+        first.close()
+        second.close()

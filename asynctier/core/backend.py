@@ -24,6 +24,7 @@ import anyio
 import sniffio
 
 __all__ = [
+    "current_loop",
     "spawn_service",
     "CloseHandle",
     "LoopCaller",
@@ -256,3 +257,12 @@ def spawn_service(fn: Callable[[], Awaitable[None]], name: str) -> None:
     import trio
 
     trio.lowlevel.spawn_system_task(fn, name=name)
+
+
+def current_loop() -> object:
+    """An identity of the running event loop: the asyncio loop, or trio's run token."""
+    if sniffio.current_async_library() == "asyncio":
+        return asyncio.get_running_loop()
+    import trio
+
+    return trio.lowlevel.current_trio_token()

@@ -17,8 +17,9 @@ from typing import Any
 
 import anyio
 
-from ..core.backend import LoopCaller, loop_caller, spawn_service, wait_uninterrupted
+from ..core.backend import LoopCaller, current_loop, loop_caller, spawn_service, wait_uninterrupted
 from ..core.jobs import CANCELLED, DONE, PENDING, Job
+from ..errors import TierStateError
 from .base import EngineCounters
 from .threads import EngineStoppedError
 
@@ -34,8 +35,10 @@ class TaskEngine(EngineCounters):
         self._running_workers = 0
         self._ended: anyio.Event | None = None
         self._call: LoopCaller | None = None
+        self._loop: object = None
 
     def start(self) -> None:
+        self._loop = current_loop()
         self._call = loop_caller()
         self._ended = anyio.Event()
         for i in range(self._workers):
@@ -45,6 +48,13 @@ class TaskEngine(EngineCounters):
     def submit(self, jobs: Iterable[Job]) -> None:
         if self._stopping or self._ended is None:
             raise EngineStoppedError("engine is not running")
+        if current_loop() is not self._loop:
+            # the workers live on the loop that opened the tier: a call from another would
+            # wait for ever for completions delivered there
+            raise TierStateError(
+                f"{self._name}: this tier was opened on another event loop, and its workers serve that "
+                "loop only: open one tier per event loop"
+            )
         n = 0
         for job in jobs:
             heapq.heappush(self._heap, (job.priority, job.seq, job))
