@@ -19,7 +19,7 @@ from asynctier.errors import TierConfigError
 
 from .client_errors import is_client_panic
 from .params import Deadlines
-from .store_keys import check_client_options, check_store_options, check_str, store_kind
+from .store_keys import CLIENT_KEYS, check_client_options, check_store_options, check_str, store_kind
 from .url import StoreURL
 
 if TYPE_CHECKING:
@@ -27,26 +27,9 @@ if TYPE_CHECKING:
 
 __all__ = ["CLIENT_ENV_KEYS", "StoreOptions"]
 
-#: obstore ClientConfig keys that may also come from ``<PREFIX><KEY>`` environment variables.
-CLIENT_ENV_KEYS = (
-    "allow_http",
-    "allow_invalid_certificates",
-    "connect_timeout",
-    "default_content_type",
-    "http1_only",
-    "http2_keep_alive_interval",
-    "http2_keep_alive_timeout",
-    "http2_keep_alive_while_idle",
-    "http2_only",
-    "pool_idle_timeout",
-    "pool_max_idle_per_host",
-    "proxy_url",
-    "proxy_ca_certificate",
-    "proxy_excludes",
-    "randomize_addresses",
-    "timeout",
-    "user_agent",
-)
+#: obstore ClientConfig keys that may also come from ``<PREFIX><KEY>`` environment variables
+#: (all of them but those obstore takes only as values: headers, certificates, read timeout).
+CLIENT_ENV_KEYS = tuple(k for k in CLIENT_KEYS if k not in ("default_headers", "root_certificate", "read_timeout"))
 
 
 _STORE_TYPES = (S3Store, GCSStore, AzureStore, HTTPStore, LocalStore, MemoryStore)
