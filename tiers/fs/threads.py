@@ -114,15 +114,22 @@ def run_store(job: StoreJob, hb: memoryview, data: memoryview, mode: tuple[int, 
     return Outcome(result=moved, name_taken=taken)
 
 
+def _open_regular(name: str, flags: int, dfd: int) -> int | Outcome:
+    """An open descriptor of the regular file ``name``, or the failed open's outcome."""
+    try:
+        fd = os.open(name, flags, dir_fd=dfd)
+    except OSError as e:
+        return Outcome(Step.OPEN, e.errno or errno.EIO)
+    bad = not_regular(fd)
+    return fd if bad is None else bad
+
+
 def run_load(job: LoadJob, hb: memoryview, out: memoryview) -> Outcome:
     """Run a load job: open (a regular file only), read header block and payload (looped;
     end of file ends it short), close."""
-    try:
-        fd = os.open(job.name, job.flags, dir_fd=job.dfd)
-    except OSError as e:
-        return Outcome(Step.OPEN, e.errno or errno.EIO)
-    if (bad := not_regular(fd)) is not None:
-        return bad
+    fd = _open_regular(job.name, job.flags, job.dfd)
+    if isinstance(fd, Outcome):
+        return fd
     try:
         got = _all_io(os.preadv, fd, [hb, out], 0)
     except OSError as e:
@@ -135,12 +142,9 @@ def run_load(job: LoadJob, hb: memoryview, out: memoryview) -> Outcome:
 def run_spare(job: SpareJob) -> Outcome:
     """Run a spare job: open the victim's file (a regular file only), rename it away; the
     result is its descriptor."""
-    try:
-        fd = os.open(job.name, job.flags, dir_fd=job.dfd)
-    except OSError as e:
-        return Outcome(Step.OPEN, e.errno or errno.EIO)
-    if (bad := not_regular(fd)) is not None:
-        return bad
+    fd = _open_regular(job.name, job.flags, job.dfd)
+    if isinstance(fd, Outcome):
+        return fd
     try:
         os.rename(job.name, job.temp, src_dir_fd=job.dfd, dst_dir_fd=job.new_dfd)
     except OSError as e:
