@@ -332,13 +332,13 @@ class ChunkTier(Bookkeeping, SecondaryTierManager):
         g = self.group_size(op, len(keys))
         if g > 1:
             gfn = self.group_body(op)
-            batch = Batch.for_threads(-(-len(keys) // g))
+            batch = Batch(-(-len(keys) // g))
             return [
                 Job(op, gfn, (keys[i : i + g], ids[i : i + g], t0), keys[i : i + g], batch, grouped=True)
                 for i in range(0, len(keys), g)
             ]
         fn = self.job_body(op)
-        batch = Batch.for_threads(len(keys))
+        batch = Batch(len(keys))
         return [Job(op, fn, (k, c, t0), (k,), batch) for k, c in zip(keys, ids)]
 
     async def _run(self, op: Op, keys: list[bytes], ids: list[int]) -> TransferResult:

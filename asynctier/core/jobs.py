@@ -28,19 +28,14 @@ _seq = itertools.count()
 class Batch:
     """The jobs of one call. :attr:`event` is set once none is left pending or running; engines
     call :meth:`one_done` (loop thread) or :meth:`one_done_threadsafe` (worker threads), under
-    their own lock, once per job."""
+    their own lock, once per job. Made by the call, on its event loop."""
 
     __slots__ = ("_call", "event", "remaining")
 
-    def __init__(self, size: int, call: LoopCaller | None = None) -> None:
+    def __init__(self, size: int) -> None:
         self.event = anyio.Event()
         self.remaining = size
-        self._call = call
-
-    @classmethod
-    def for_threads(cls, size: int) -> Batch:
-        """A batch whose jobs finish on worker threads (the loop is woken once, at the end)."""
-        return cls(size, loop_caller())
+        self._call: LoopCaller = loop_caller()  # how a worker thread wakes this call's loop
 
     def one_done(self) -> bool:
         """On the loop thread: count one job out; True if it was the last."""
@@ -54,7 +49,6 @@ class Batch:
         """From any thread (the engine's lock held): count one job out; the last wakes the loop."""
         self.remaining -= 1
         if self.remaining == 0:
-            assert self._call is not None, "Batch.for_threads() for jobs finishing on threads"
             self._call(self.event.set)
             return True
         return False
