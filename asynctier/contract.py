@@ -73,6 +73,21 @@ class SecondaryTierManager(abc.ABC):
     async def lookup(self, keys: Sequence[bytes]) -> list[bool]:
         """Whether each key is stored (a hint: a later load may still miss)."""
 
+    async def lookup_prefix(self, keys: Sequence[bytes]) -> int:
+        """How many leading ``keys`` are stored: the length of the prefix a load could serve.
+
+        ``keys`` are the chunk keys of one sequence in order (a prefix-caching server's
+        question). A hint like :meth:`lookup`. The default asks :meth:`lookup` once for all
+        keys; tiers with an index answer without I/O.
+        """
+        hits = await self.lookup(keys)
+        n = 0
+        for hit in hits:
+            if not hit:
+                break
+            n += 1
+        return n
+
     @abc.abstractmethod
     async def remove(self, keys: Sequence[bytes]) -> TransferResult:
         """Delete the chunks stored under ``keys``; absent keys count as removed."""

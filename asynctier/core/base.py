@@ -272,6 +272,19 @@ class ChunkTier(Bookkeeping, SecondaryTierManager):
         # an unreachable medium answers "not stored": lookup is a hint, load is the truth
         return [k in res.succeeded for k in ks]
 
+    async def lookup_prefix(self, keys: Sequence[bytes]) -> int:
+        ks = check_keys(keys)
+        self._check_open()
+        if self.index is not None:  # from memory, stopping at the first miss
+            idx = self.index
+            n = 0
+            for k in ks:
+                if k not in idx:
+                    break
+                n += 1
+            return n
+        return await super().lookup_prefix(ks)
+
     async def touch(self, keys: Sequence[bytes]) -> None:
         ks = check_keys(keys)
         self._check_open()

@@ -50,6 +50,10 @@ class ContractChecks(SuiteBase):
                 absent = new_keys(4, "absent")
                 assert (await h.tier.offload(present, [0, 1, 2, 3])).ok
                 assert await h.tier.lookup(present + absent) == [True] * 4 + [False] * 4
+                assert await h.tier.lookup_prefix(present + absent) == 4
+                assert await h.tier.lookup_prefix([*present[:2], absent[0], *present[2:]]) == 2
+                assert await h.tier.lookup_prefix(absent + present) == 0
+                assert await h.tier.lookup_prefix([]) == 0
                 h.zero()
                 mixed = [present[0], absent[0], present[1], absent[1]]
                 res = await h.tier.load(mixed, [10, 11, 12, 13])
@@ -98,6 +102,7 @@ class ContractChecks(SuiteBase):
                     (lambda: t.load(k[:2], [0, 0]), ValueError),
                     (lambda: t.load(k[:1], [n + 5]), IndexError),
                     (lambda: t.lookup([k[0], 7]), TypeError),  # type: ignore[list-item]
+                    (lambda: t.lookup_prefix([k[0], 7]), TypeError),  # type: ignore[list-item]
                     (lambda: t.remove(["x"]), TypeError),  # type: ignore[list-item]
                 ]
                 for i, (call, exc_type) in enumerate(bad_calls):
