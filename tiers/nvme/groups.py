@@ -37,11 +37,15 @@ class CoalescedJobs(BlockingChunkTier):
         geo = self._slabs.geo
         if op not in ("offload", "load") or n < 2 or geo is None:
             return 1
-        cmax = self.coalesce_bytes // geo.slot_size
+        workers = self.max_inflight or 1
+        # the slots all running jobs hold stay within half the slab: the rest are free or
+        # published, so eviction always finds room and a call larger than the slab ends as
+        # one chunk per job would (not with CapacityError for the keys beyond the free slots)
+        cmax = min(self.coalesce_bytes // geo.slot_size, geo.nslots // (2 * workers))
         if cmax < 2:
             return 1
         # keep at least one job per worker so the device still sees the full depth
-        return max(1, min(cmax, n // (self.max_inflight or 1)))
+        return max(1, min(cmax, n // workers))
 
     def group_body(self, op: str) -> Callable[[list[bytes], list[int], float], Outcomes]:
         return self._store_group if op == "offload" else self._load_group
