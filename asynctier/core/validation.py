@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+import stat
 from collections.abc import KeysView, Sequence
 from collections.abc import Set as AbstractSet
 from pathlib import Path
@@ -11,7 +12,17 @@ from pathlib import Path
 from ..errors import TierConfigError
 from ..spec import OffloadingSpec
 
-__all__ = ["MAX_KEY_BYTES", "check_keys", "check_pairs", "check_path", "non_negative_float", "positive_int"]
+__all__ = [
+    "MAX_KEY_BYTES",
+    "check_bool",
+    "check_keys",
+    "check_pairs",
+    "check_path",
+    "check_private_dir",
+    "non_negative_float",
+    "permission_bits",
+    "positive_int",
+]
 
 #: Longest key accepted (keys are prefix hashes; this leaves room for them in chunk headers).
 MAX_KEY_BYTES = 1024
@@ -33,6 +44,38 @@ def non_negative_float(name: str, value: object, *, allow_none: bool = False) ->
         accepted = "a finite number >= 0" + (" or None" if allow_none else "")
         raise TierConfigError(f"{name} must be {accepted}; got {value!r}")
     return float(value)
+
+
+def check_bool(name: str, value: object, *, also: tuple[str, ...] = ()) -> None:
+    """A flag: exactly ``True`` or ``False`` (not 0, 1 or anything else equal to them), or one
+    of the strings in ``also`` (such as ``"auto"``)."""
+    if isinstance(value, bool) or (isinstance(value, str) and value in also):
+        return
+    accepted = ", ".join([*(repr(a) for a in also), "True"]) + " or False"
+    raise TierConfigError(f"{name} must be {accepted}; got {value!r:.80}")
+
+
+def permission_bits(name: str, value: object) -> int:
+    """A file or directory mode parameter: an int from 0 to 0o777 (not a bool, not a string)."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 0o777:
+        raise TierConfigError(f"{name} must be an int from 0 to 0o777 (permission bits, e.g. 0o600); got {value!r}")
+    return value
+
+
+def check_private_dir(fd: int, path: Path, who: str) -> None:
+    """Refuse (with :class:`TierConfigError` naming mode and owner) the open directory ``fd``
+    if others may write into it: they could put links, FIFOs or files of their own at the
+    names the tier uses, or replace its files. Allowed: not writable by others, nor by its
+    group unless it is ours; or sticky and ours (others cannot rename or remove our names)."""
+    st = os.fstat(fd)
+    mine = st.st_uid == os.geteuid()
+    others_write = st.st_mode & stat.S_IWOTH or (st.st_mode & stat.S_IWGRP and not mine)
+    if others_write and not (st.st_mode & stat.S_ISVTX and mine):
+        raise TierConfigError(
+            f"{who}: {path} is writable by others (mode {stat.S_IMODE(st.st_mode):#o}, owner uid {st.st_uid}): "
+            "anyone who can write there can plant files or links at the names the tier uses; use a directory "
+            "that is not writable by others (chmod go-w), or sticky and owned by this user"
+        )
 
 
 def _unordered(items: object) -> bool:

@@ -13,7 +13,7 @@ from typing import Any, Literal
 from asynctier import BlockingChunkTier, ChunkNotFoundError, TierConfigError
 from asynctier.core import Op
 from asynctier.core.backend import run_on_thread_to_end
-from asynctier.core.validation import check_path
+from asynctier.core.validation import check_bool, check_path, check_private_dir, permission_bits
 from asynctier.engines import Engine
 from asynctier.engines import native as nativeio
 from asynctier.io_engine import IoEngine, check_io_engine
@@ -53,34 +53,17 @@ def _subdir(parent: int, name: str, mode: int, fix: bool) -> int:
         return fd
 
 
-def _check_private(fd: int, path: Path) -> None:
-    """Refuse a directory others may write into: they could put links, FIFOs or files of
-    their own at a chunk's name, or replace ours. Allowed: not writable by others, nor by
-    its group unless it is ours; or sticky and ours (others cannot rename or remove our names)."""
-    st = os.fstat(fd)
-    mine = st.st_uid == os.geteuid()
-    others_write = st.st_mode & stat.S_IWOTH or (st.st_mode & stat.S_IWGRP and not mine)
-    if others_write and not (st.st_mode & stat.S_ISVTX and mine):
-        raise TierConfigError(
-            f"fs tier: {path} is writable by others (mode {stat.S_IMODE(st.st_mode):#o}, owner uid {st.st_uid}): "
-            "anyone who can write there can plant files or links at a chunk's name; use a directory that is "
-            "not writable by others (chmod go-w), or sticky and owned by this user"
-        )
-
-
-def _check_mode(name: str, value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 0o777:
-        raise TierConfigError(f"{name} must be an int from 0 to 0o777 (permission bits, e.g. 0o600); got {value!r}")
-
-
 def _check_config(
     root: object, direct_io: object, publish: object, shared: object, background_scan: object,
     scan_sync_limit: object, lru_times: object, stale_tmp_s: object, worker_nice: object,
     tmpfile_pool: object, recycle: object,
 ) -> None:  # fmt: skip
     """Raise :class:`TierConfigError` naming what is accepted, for the first bad value."""
-    if recycle not in ("auto", True, False):
-        raise TierConfigError(f"recycle must be 'auto', True or False; got {recycle!r}")
+    # flags are exactly True, False or "auto": 0, 1.0 or Decimal(1) compare equal to a bool
+    for name, flag in (("recycle", recycle), ("direct_io", direct_io), ("background_scan", background_scan)):
+        check_bool(name, flag, also=("auto",))
+    for name, flag in (("shared", shared), ("lru_times", lru_times)):
+        check_bool(name, flag)
     if tmpfile_pool is not None and (
         isinstance(tmpfile_pool, bool) or not isinstance(tmpfile_pool, int) or tmpfile_pool < 0
     ):
@@ -88,15 +71,8 @@ def _check_config(
     if isinstance(worker_nice, bool) or not isinstance(worker_nice, int) or not 0 <= worker_nice <= 19:
         raise TierConfigError(f"worker_nice must be an int from 0 to 19; got {worker_nice!r}")
     check_path("root", root)
-    if direct_io not in ("auto", True, False):
-        raise TierConfigError(f"direct_io must be 'auto', True or False; got {direct_io!r}")
     if publish not in ("auto", "tmpfile", "rename"):
         raise TierConfigError(f"publish must be 'auto', 'tmpfile' or 'rename'; got {publish!r}")
-    if background_scan not in ("auto", True, False):
-        raise TierConfigError(f"background_scan must be 'auto', True or False; got {background_scan!r}")
-    for name, flag in (("shared", shared), ("lru_times", lru_times)):
-        if not isinstance(flag, bool):
-            raise TierConfigError(f"{name} must be True or False; got {flag!r}")
     if isinstance(scan_sync_limit, bool) or not isinstance(scan_sync_limit, int) or scan_sync_limit < 0:
         raise TierConfigError(f"scan_sync_limit must be an int >= 0; got {scan_sync_limit!r}")
     if isinstance(stale_tmp_s, bool) or not isinstance(stale_tmp_s, (int, float)) or not stale_tmp_s >= 0:
@@ -205,10 +181,8 @@ class FsTier(BlockingChunkTier):
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
-        _check_mode("file_mode", file_mode)
-        _check_mode("dir_mode", dir_mode)
-        self.file_mode = file_mode
-        self.dir_mode = dir_mode
+        self.file_mode = permission_bits("file_mode", file_mode)
+        self.dir_mode = permission_bits("dir_mode", dir_mode)
         _check_config(root, direct_io, publish, shared, background_scan, scan_sync_limit, lru_times,
                       stale_tmp_s, worker_nice, tmpfile_pool, recycle)  # fmt: skip
         self.io_engine: IoEngine = check_io_engine(self.tier_type, io_engine)
@@ -315,16 +289,16 @@ class FsTier(BlockingChunkTier):
             if made_root and fix_dirs:
                 os.fchmod(root_fd, self.dir_mode)
             try:
-                _check_private(root_fd, self.root)
+                check_private_dir(root_fd, self.root, "fs tier")
                 dfd = _subdir(root_fd, self.dir.name, self.dir_mode, fix_dirs)
             finally:
                 os.close(root_fd)
             try:
-                _check_private(dfd, self.dir)
+                check_private_dir(dfd, self.dir, "fs tier")
                 write_layout_note(dfd, self.offloading_spec, self.file_mode, proto.fix_mode)
                 for i in range(N_SHARDS):
                     fds.append(_subdir(dfd, f"{i:02x}", self.dir_mode, fix_dirs))
-                    _check_private(fds[-1], self.dir / f"{i:02x}")
+                    check_private_dir(fds[-1], self.dir / f"{i:02x}", "fs tier")
                 self._lock_fd = owners.hold_namespace(dfd, self.dir, self.file_mode, proto.fix_mode)
             finally:
                 os.close(dfd)
