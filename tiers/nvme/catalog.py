@@ -14,11 +14,11 @@ import os
 import threading
 import weakref
 from collections.abc import Callable
-from pathlib import Path
 
 from asynctier import CapacityError, ChunkNotFoundError
 
 from .checkpoint import read_checkpoint, write_checkpoint
+from .files import TEMP_MARK, IndexDir
 from .format import EVICT, PUBLISH, pack_record
 from .journal import Journal, replay
 from .slots import SlotIndex
@@ -42,39 +42,43 @@ class Catalog:
     """
 
     def __init__(
-        self, prefix: Path, slab_id: bytes, epoch: int, nslots: int, data_fds: list[int], *, durable: bool,
-        evict_batch: int, checkpoint_every: int, count: Callable[..., None],
+        self, where: IndexDir, base: str, slab_id: bytes, epoch: int, nslots: int, data_fds: list[int], *,
+        durable: bool, evict_batch: int, checkpoint_every: int, count: Callable[..., None],
     ) -> None:  # fmt: skip
-        self.prefix = prefix
+        self.where = where  # the index directory, open; its files' names start with ``base``
+        self.base = base
         self.slab_id = slab_id
         self.epoch = epoch
         self.counter = 0
         self.evict_batch = evict_batch
         self.checkpoint_every = checkpoint_every
         self._count = count
-        self.ckpt_path = prefix.with_name(prefix.name + ".ckpt")
+        self.ckpt_path = where.path / (base + ".ckpt")
         self.index = SlotIndex(nslots)
-        self.journal = Journal(prefix, slab_id, data_fds, durable, count)
+        self.journal = Journal(where, base, slab_id, data_fds, durable, count)
         self._ckpt_lock = threading.Lock()
         self._ckpt_wake = threading.Event()
-        self._ckpt_stop = False
+        #: set to end the checkpointer: by :meth:`stop_checkpointer`, or by the finalizer of a
+        #: catalog never closed (at interpreter exit it runs while the catalog is still alive)
+        self._ckpt_stop = threading.Event()
         #: the checkpointer waits out a failed checkpoint; stores do not wake it meanwhile
         self.ckpt_retrying = False
         self._ckpt_thread: threading.Thread | None = None
+        self._finalizer: weakref.finalize[..., Catalog] | None = None
 
     # -- recovery and lifetime ---------------------------------------------------------------
     def recover(self, fresh: bool) -> None:
         """Rebuild the index (checkpoint, then every journal generation from its own on) and
         open the journal for appending; ``fresh``: a new slab set, so forget any old files."""
-        prefix, journal, nslots = self.prefix, self.journal, self.index.nslots
-        prefix.parent.mkdir(parents=True, exist_ok=True)
-        gens = sorted(
-            int(p.name.rsplit(".", 1)[1])
-            for p in prefix.parent.glob(prefix.name + ".journal.*")
-            if p.name.rsplit(".", 1)[1].isdigit()
-        )
+        where, journal, nslots = self.where, self.journal, self.index.nslots
+        names = where.names()
+        head = self.base + ".journal."
+        gens = sorted(int(n[len(head) :]) for n in names if n.startswith(head) and n[len(head) :].isdigit())
+        for n in names:  # temporaries of checkpoints a crash interrupted
+            if n.startswith(self.ckpt_path.name + TEMP_MARK):
+                where.unlink(n)
         idx = self.index
-        ck = None if fresh else read_checkpoint(self.ckpt_path)
+        ck = None if fresh else read_checkpoint(self.ckpt_path, where=where)
         if ck is not None and (ck.slab_id != self.slab_id or ck.nslots != nslots):
             ck = None
         start_gen = 1
@@ -88,15 +92,15 @@ class Catalog:
             for g in gens:
                 if g < start_gen:
                     continue
-                end = replay(journal.path(g), self.slab_id, nslots, idx)
+                end = replay(where.read(journal.name(g)), self.slab_id, nslots, idx)
                 if end is not None:
                     last_gen, last_end = g, end
         # drop what recovery did not use: older generations, other slab sets
         for g in gens:
             if fresh or g < start_gen or (g > last_gen and last_gen):
-                journal.path(g).unlink(missing_ok=True)
+                where.unlink(journal.name(g))
         if fresh:
-            self.ckpt_path.unlink(missing_ok=True)
+            where.unlink(self.ckpt_path.name)
         if last_end is not None:
             journal.open_gen(last_gen, last_end)
         else:
@@ -108,15 +112,20 @@ class Catalog:
         """Start the checkpoint thread. It holds only a weak reference, so a tier dropped
         without ``aclose()`` can still be collected; a finalizer then ends the thread and
         closes the journal and ``fds``."""
-        self._ckpt_stop = False
-        self._ckpt_thread = threading.Thread(
-            target=_checkpointer, args=(weakref.ref(self), self._ckpt_wake), name="asynctier-nvme-ckpt", daemon=True
+        self._ckpt_stop.clear()
+        thread = self._ckpt_thread = threading.Thread(
+            target=_checkpointer,
+            args=(weakref.ref(self), self._ckpt_wake, self._ckpt_stop),
+            name="asynctier-nvme-ckpt",
+            daemon=True,
         )
-        self._ckpt_thread.start()
-        weakref.finalize(self, _release, self._ckpt_wake, fds, self.journal)
+        thread.start()
+        self._finalizer = weakref.finalize(
+            self, _release, self._ckpt_stop, self._ckpt_wake, thread, fds, self.journal, self.where
+        )
 
     def stop_checkpointer(self) -> None:
-        self._ckpt_stop = True
+        self._ckpt_stop.set()
         self._ckpt_wake.set()
         if self._ckpt_thread is not None:
             self._ckpt_thread.join()
@@ -129,7 +138,16 @@ class Catalog:
             if self.journal.broken is None:
                 self.checkpoint()
         finally:
+            self.release_files()
+
+    def release_files(self) -> None:
+        """Close the journal and the index directory (the slabs are the slab set's)."""
+        if self._finalizer is not None:
+            self._finalizer.detach()
+        try:
             self.journal.close()
+        finally:
+            self.where.close()
 
     # -- checkpoints ---------------------------------------------------------------------------
     def checkpoint(self) -> None:
@@ -140,12 +158,10 @@ class Catalog:
                 old_gen = journal.gen
                 ck = idx.snapshot(self.slab_id, old_gen + 1)
                 journal.rotate(old_gen + 1)
-            write_checkpoint(self.ckpt_path, ck)
+            write_checkpoint(self.ckpt_path, ck, where=self.where)
             for g in range(old_gen, 0, -1):
-                p = journal.path(g)
-                if not p.exists():
+                if not self.where.unlink(journal.name(g)):
                     break
-                p.unlink()
             self._count("checkpoints")
 
     def checkpoint_if_due(self) -> None:
@@ -341,7 +357,7 @@ class Catalog:
                     idx.touch_slot(slot)
 
 
-def _checkpointer(ref: weakref.ReferenceType[Catalog], wake: threading.Event) -> None:
+def _checkpointer(ref: weakref.ReferenceType[Catalog], wake: threading.Event, stop: threading.Event) -> None:
     """Body of a catalog's checkpoint thread: a checkpoint each time the journal asks for one.
 
     A failed checkpoint (a full or failing index directory) is retried after a pause that
@@ -352,8 +368,10 @@ def _checkpointer(ref: weakref.ReferenceType[Catalog], wake: threading.Event) ->
     while True:
         wake.wait(delay)
         wake.clear()
+        if stop.is_set():
+            return
         cat = ref()
-        if cat is None or cat._ckpt_stop:
+        if cat is None:
             return
         try:
             cat.checkpoint()
@@ -368,9 +386,20 @@ def _checkpointer(ref: weakref.ReferenceType[Catalog], wake: threading.Event) ->
         del cat
 
 
-def _release(wake: threading.Event, fds: list[int], journal: Journal) -> None:
-    """Finalizer of a catalog collected without ``close()``: end its thread, close its files."""
+def _release(
+    stop: threading.Event, wake: threading.Event, thread: threading.Thread, fds: list[int], journal: Journal,
+    where: IndexDir,
+) -> None:  # fmt: skip
+    """Finalizer of a catalog collected without ``close()``, or still open at interpreter exit:
+    end its checkpoint thread (a checkpoint it is writing ends first; none is started on
+    files being closed), then close its files. What was acknowledged is in the journal."""
+    stop.set()
     wake.set()
-    journal.close()
-    while fds:
-        os.close(fds.pop())
+    if thread is not threading.current_thread():  # the thread's own last reference may be the one dropped
+        thread.join()
+    try:
+        journal.close()
+    finally:
+        where.close()
+        while fds:
+            os.close(fds.pop())

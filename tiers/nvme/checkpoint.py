@@ -9,16 +9,16 @@ from __future__ import annotations
 import logging
 import os
 from array import array
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from itertools import accumulate
 from pathlib import Path
 
 import xxhash
 
-from asynctier.posix_io import fsync_dir
-
 from . import sysio
+from .files import IndexDir
 from .format import CHECKPOINT_HEAD, CK_MAGIC, U64, VERSION, xxh
 
 __all__ = ["Checkpoint", "read_checkpoint", "write_checkpoint"]
@@ -93,8 +93,24 @@ class Checkpoint:
         return out
 
 
-def write_checkpoint(path: Path, ck: Checkpoint) -> None:
-    """Write ``ck`` to ``path`` atomically and durably (temporary file, fsync, rename, fsync dir)."""
+@contextmanager
+def _directory(path: Path, where: IndexDir | None) -> Iterator[IndexDir]:
+    """``where`` (the open index directory holding ``path``), or ``path``'s directory opened
+    for this one call."""
+    if where is not None:
+        yield where
+        return
+    d = IndexDir(path.parent, 0o600, 0o700)
+    d.open()
+    try:
+        yield d
+    finally:
+        d.close()
+
+
+def write_checkpoint(path: Path, ck: Checkpoint, *, where: IndexDir | None = None) -> None:
+    """Write ``ck`` to ``path`` atomically and durably (temporary file, fsync, rename, fsync
+    dir), never through a link; ``where``: the open :class:`~.files.IndexDir` holding it."""
     n = ck.nslots
     if not (len(ck.slot_key) == len(ck.prev) == len(ck.nxt) == len(ck.slot_seq) == len(ck.slot_csum) == n):
         raise ValueError("inconsistent checkpoint arrays")
@@ -114,23 +130,31 @@ def write_checkpoint(path: Path, ck: Checkpoint) -> None:
     for p in parts:
         h.update(p)
     parts.append(U64.pack(h.intdigest()))
-    tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        for p in parts:
-            sysio.write_all(fd, memoryview(p))
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
-    fsync_dir(path.parent)
+    with _directory(path, where) as d:
+        tmp = d.temp_name(path.name)  # unguessable, made with O_EXCL: nothing planted can redirect it
+        fd = d.create(tmp)
+        try:
+            try:
+                for p in parts:
+                    sysio.write_all(fd, memoryview(p))
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            d.replace(tmp, path.name)
+        except BaseException:
+            d.unlink(tmp)
+            raise
+        d.sync()
 
 
-def read_checkpoint(path: Path) -> Checkpoint | None:
-    """Read a checkpoint; None when absent, torn or corrupt (the caller starts from empty)."""
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
+def read_checkpoint(path: Path, *, where: IndexDir | None = None) -> Checkpoint | None:
+    """Read a checkpoint; None when absent, torn or corrupt (the caller starts from empty).
+    A link or a non-regular file at its name is refused (:class:`TierConfigError`)."""
+    if where is None and not path.parent.is_dir():
+        return None
+    with _directory(path, where) as d:
+        data = d.read(path.name)
+    if data is None:
         return None
     if len(data) < CHECKPOINT_HEAD.size + 8:
         return None

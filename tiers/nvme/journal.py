@@ -10,9 +10,8 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
-from asynctier.posix_io import fsync_dir
-
 from . import sysio
+from .files import IndexDir
 from .format import EVICT, JOURNAL_HEAD, JR_MAGIC, PUBLISH, RECORD, U64, VERSION, pack_journal_head, xxh
 from .slots import SlotIndex
 
@@ -32,13 +31,15 @@ class Journal:
 
     def __init__(
         self,
-        prefix: Path,
+        where: IndexDir,
+        base: str,
         slab_id: bytes,
         data_fds: list[int],
         durable: bool,
         count: Callable[[str], None] = lambda name: None,
     ) -> None:
-        self.prefix = prefix
+        self.where = where  # the index directory, open
+        self.base = base  # file names start with it
         self._count = count  # the tier's stats counter
         self.slab_id = slab_id
         self.data_fds = data_fds
@@ -57,18 +58,23 @@ class Journal:
         self.broken: BaseException | None = None
         self._end = 0  # the file's length up to the last record flushed
 
+    def name(self, gen: int) -> str:
+        """The file name of generation ``gen`` in the index directory."""
+        return f"{self.base}.journal.{gen:08d}"
+
     def path(self, gen: int) -> Path:
-        return self.prefix.with_name(f"{self.prefix.name}.journal.{gen:08d}")
+        return self.where.path / self.name(gen)
 
     def open_gen(self, gen: int, valid_end: int | None) -> None:
-        """Append to generation ``gen``: truncate it to ``valid_end``, or create it afresh."""
-        p = self.path(gen)
-        fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644) if valid_end is None else os.open(p, os.O_WRONLY)
+        """Append to generation ``gen``: truncate it to ``valid_end``, or create it afresh
+        (never through a link: :class:`~.files.IndexDir`)."""
+        name = self.name(gen)
+        fd = self.where.create(name) if valid_end is None else self.where.open_existing(name, os.O_WRONLY)
         try:
             if valid_end is None:
                 sysio.write_all(fd, memoryview(pack_journal_head(gen, self.slab_id)))
                 os.fsync(fd)
-                fsync_dir(p.parent)  # the new file must exist after a crash before records in it count
+                self.where.sync()  # the new file must exist after a crash before records in it count
             else:
                 os.ftruncate(fd, valid_end)  # drop a torn tail so new records are not hidden behind it
                 os.fsync(fd)
@@ -209,26 +215,35 @@ class Journal:
         with self._cv:
             while self._busy:
                 self._cv.wait()
+            if self.fd < 0:
+                raise OSError(errno.EBADF, f"nvme journal {self.path(self.gen)} is closed")
             self._busy = True
             batch, self._pending = self._pending, []
             target = self._appended
         self._flush(batch, target, rotate_to=new_gen)
 
     def close(self) -> None:
-        if self.fd >= 0:
-            os.close(self.fd)
-            self.fd = -1
+        """Close the current generation, once a flush running now has ended; a later
+        :meth:`wait` then fails (nothing is written to a closed descriptor)."""
+        with self._cv:
+            while self._busy:
+                self._cv.wait()
+            if self.fd >= 0:
+                os.close(self.fd)
+                self.fd = -1
+            if self.broken is None:
+                self.broken = OSError(errno.EBADF, "the journal is closed")
+            self._cv.notify_all()
 
 
-def replay(path: Path, slab_id: bytes, nslots: int, index: SlotIndex) -> int | None:
-    """Apply one journal generation to ``index``; return its valid length (None if unusable).
+def replay(data: bytes | None, slab_id: bytes, nslots: int, index: SlotIndex) -> int | None:
+    """Apply one journal generation's bytes to ``index``; return its valid length (None if
+    unusable or absent).
 
     Replay stops at the first record that fails its checksum or names a slot out of range:
     the torn tail of a crash, cut off by the caller before new records are appended.
     """
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
+    if data is None:
         return None
     hs = JOURNAL_HEAD.size + 8
     if len(data) < hs:

@@ -19,6 +19,7 @@ from asynctier.integrity import ChunkHeader, checksum, header_matches
 from asynctier.posix_io import O_DIRECT, aligned_buffer, buffer_address, logical_block_size
 
 from . import sysio
+from .files import check_opened_slab, create_slab, slab_kind
 from .format import SB_MAGIC, VERSION, Superblock, round_up
 
 __all__ = ["Geometry", "SlabSet", "slot_error"]
@@ -57,8 +58,13 @@ class SlabSet:
     ``count`` is the tier's stats counter (``direct_io_fallbacks``, ``bounce_copies``).
     """
 
-    def __init__(self, paths: list[Path], *, direct_io: bool, preallocate: bool, count: Callable[..., None]) -> None:
+    def __init__(
+        self, paths: list[Path], *, direct_io: bool, preallocate: bool, count: Callable[..., None],
+        file_mode: int = 0o600, dir_mode: int = 0o700,
+    ) -> None:  # fmt: skip
         self.paths = paths
+        self.file_mode = file_mode  # of a slab file this tier creates, and of its directory
+        self.dir_mode = dir_mode
         self.direct_io = direct_io
         self.preallocate = preallocate
         self._count = count
@@ -90,7 +96,6 @@ class SlabSet:
         try:
             found: list[int] = []  # each slab's size as found
             for p in self.paths:
-                p.parent.mkdir(parents=True, exist_ok=True)
                 fd, cur = self._open_one(p)
                 self.fds.append(fd)
                 found.append(cur)
@@ -125,12 +130,14 @@ class SlabSet:
         return fresh
 
     def _open_one(self, p: Path) -> tuple[int, int]:
-        """Open one slab, creating a file that is not there; (fd, its size as found)."""
-        flags = os.O_RDWR | getattr(os, "O_CLOEXEC", 0)
-        existed = os.path.lexists(p)
-        is_blk = existed and stat.S_ISBLK(p.stat().st_mode)
-        if not is_blk:
-            flags |= os.O_CREAT
+        """Open one slab, creating a file that is not there; (fd, its size as found). Never
+        through a link (except one to a block device), never a FIFO or directory
+        (:func:`.files.slab_kind`)."""
+        kind = slab_kind(p, self.dir_mode)
+        if kind == "new":
+            create_slab(p, self.file_mode)
+            self._made.append((p, True))
+        flags = os.O_RDWR | getattr(os, "O_CLOEXEC", 0) | (0 if kind == "device" else os.O_NOFOLLOW)
         fd = -1
         if self.direct_io and O_DIRECT:
             try:
@@ -144,13 +151,12 @@ class SlabSet:
             fd = sysio.open_noatime(p, flags)
             self.direct = False
         try:
+            check_opened_slab(fd, p, kind)
             cur = os.lseek(fd, 0, os.SEEK_END)
         except BaseException:
             os.close(fd)
             raise
-        if not existed:
-            self._made.append((p, True))
-        elif not is_blk and cur == 0:
+        if kind == "file" and cur == 0:
             self._made.append((p, False))  # an empty file given: emptied again if the open fails
         return fd, cur
 

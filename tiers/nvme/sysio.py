@@ -18,12 +18,12 @@ def open_noatime(p: Path, flags: int) -> int:
     read after each write), which costs a journal handle inside the read."""
     if O_NOATIME:
         try:
-            return os.open(p, flags | O_NOATIME, 0o644)
+            return os.open(p, flags | O_NOATIME, 0o600)
         except OSError as e:
             if e.errno != errno.EPERM:
                 raise
             # another user's slab (or device node): plain reads
-    return os.open(p, flags, 0o644)
+    return os.open(p, flags, 0o600)
 
 
 def write_all(fd: int, view: memoryview) -> None:

@@ -13,11 +13,12 @@ from typing import Any
 import anyio
 
 from asynctier import IntegrityError, TierConfigError
-from asynctier.core.validation import check_keys, check_path
+from asynctier.core.validation import check_bool, check_keys, check_path, permission_bits
 from asynctier.integrity import checksum, pack_header
 from asynctier.io_engine import check_io_engine
 
 from .catalog import Catalog
+from .files import IndexDir
 from .groups import CoalescedJobs
 from .slab import SlabSet
 
@@ -50,6 +51,11 @@ class NvmeTier(CoalescedJobs):
         io_engine: ``"auto"`` (default) or ``"threads"``: ``preadv``/``pwritev`` on
             ``max_inflight`` worker threads (``"psync"``, the former name, still works with a
             DeprecationWarning). The nvme tier has no native engine.
+        file_mode: permission bits of every file the tier creates (slab files, checkpoint,
+            journal; an int, default ``0o600``), set exactly whatever the umask.
+        dir_mode: permission bits of every directory it creates (default ``0o700``). A slab's
+            directory or the index directory that others may write into is refused at
+            ``open()``; no file is opened through a link (docs/security.md).
     """
 
     default_type = "nvme"
@@ -70,14 +76,17 @@ class NvmeTier(CoalescedJobs):
         coalesce_bytes: int = 1 << 20,
         reformat: bool = False,
         io_engine: str = "auto",
+        file_mode: int = 0o600,
+        dir_mode: int = 0o700,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         self.paths = _slab_paths(path, paths)
         self.index_dir = check_path("index_dir", index_dir) if index_dir is not None else None
         for name, v in (("preallocate", preallocate), ("direct_io", direct_io), ("reformat", reformat)):
-            if not isinstance(v, bool):
-                raise TierConfigError(f"{name} must be True or False; got {v!r}")
+            check_bool(name, v)
+        self.file_mode = permission_bits("file_mode", file_mode)
+        self.dir_mode = permission_bits("dir_mode", dir_mode)
         for name, iv in (("checkpoint_every", checkpoint_every), ("evict_batch", evict_batch)):
             if isinstance(iv, bool) or not isinstance(iv, int) or iv <= 0:
                 raise TierConfigError(f"{name} must be a positive int; got {iv!r}")
@@ -89,13 +98,14 @@ class NvmeTier(CoalescedJobs):
         if isinstance(coalesce_bytes, bool) or not isinstance(coalesce_bytes, int) or coalesce_bytes < 0:
             raise TierConfigError(f"coalesce_bytes must be an int >= 0; got {coalesce_bytes!r}")
         self.coalesce_bytes = coalesce_bytes
-        if io_engine == "native":
+        if isinstance(io_engine, str) and io_engine == "native":
             raise TierConfigError(
                 "nvme: io_engine='native' is not available: the nvme tier runs on the threads engine; "
                 "accepted: 'auto', 'threads'"
             )
         self.io_engine = check_io_engine("nvme", io_engine, supported=("auto", "threads"))
-        self._slabs = SlabSet(self.paths, direct_io=direct_io, preallocate=preallocate, count=self._stats.incr)
+        self._slabs = SlabSet(self.paths, direct_io=direct_io, preallocate=preallocate, count=self._stats.incr,
+                              file_mode=file_mode, dir_mode=dir_mode)  # fmt: skip
         self._catalog = None
         self._zc_all = False
 
@@ -117,20 +127,26 @@ class NvmeTier(CoalescedJobs):
         return "threads"
 
     # -- open / close --------------------------------------------------------------------------
-    def _index_prefix(self) -> Path:
-        first = self.paths[0]
-        base = self.index_dir if self.index_dir is not None else first.parent
-        return base / (first.name + ".atidx")
-
     def open_medium(self) -> None:
-        """Open the slabs, check or format their superblocks, recover the index."""
+        """Open the index directory and the slabs, check or format their superblocks, recover the index."""
         if any(stat.S_ISBLK(p.stat().st_mode) for p in self.paths if p.exists()) and self.index_dir is None:
             raise TierConfigError("an nvme tier on a block device needs 'index_dir' for its checkpoint and journal")
+        first = self.paths[0]
+        where = IndexDir(self.index_dir or first.parent, self.file_mode, self.dir_mode)
+        where.open()  # first: a directory refused leaves the slabs untouched
+        try:
+            self._open_slabs(where, first.name + ".atidx")
+        except BaseException:
+            where.undo()
+            raise
+
+    def _open_slabs(self, where: IndexDir, base: str) -> None:
         spec, slabs = self.offloading_spec, self._slabs
         fresh = slabs.open(self.capacity_bytes, spec.chunk_bytes, spec.layout_digest, reformat=self.reformat)
         assert slabs.geo is not None
         cat = Catalog(
-            self._index_prefix(),
+            where,
+            base,
             slabs.slab_id,
             slabs.epoch,
             slabs.geo.nslots,
@@ -144,7 +160,7 @@ class NvmeTier(CoalescedJobs):
             cat.recover(fresh)
             self._zc_all = slabs.all_zero_copy(self._view, spec.chunk_bytes)
         except BaseException:
-            cat.journal.close()
+            cat.release_files()
             slabs.abandon()  # a slab this open created or formatted from empty does not stay
             raise
         self._catalog = cat
