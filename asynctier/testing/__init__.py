@@ -23,12 +23,24 @@ or pick some at the command line: ``pytest -k "trio"``, ``pytest -k "not uvloop"
 (``task.cancel()``, asyncio's own way to cancel) runs on asyncio and uvloop only.
 
 Override the class attributes to fit the medium (``chunk_bytes``, ``num_chunks``,
-``max_inflight``, ``page_aligned_buffer``). :class:`TierConformance` is four groups of checks,
+``max_inflight``, ``page_aligned_buffer``). :class:`TierConformance` is five groups of checks,
 each a class of its own to subclass alone where that is all a test needs:
 :class:`ContractChecks`, :class:`ConcurrencyChecks`, :class:`CancellationChecks` (cancel
 scopes, ``move_on_after`` / ``fail_after`` deadlines and ``task.cancel()``: on a fast medium
 the I/O an interruption finds running ends before the caller could see it, so run these on a
-slow one too) and :class:`IntegrityChecks`.
+slow one too), :class:`IntegrityChecks` and :class:`HardeningChecks`.
+
+Hardening checks run once per class (on asyncio where the class has it): they are about the
+tier, not the loop. Every parameter the factory accepts (what ``asynctier info`` lists) must
+refuse a value of the wrong type (an ``object()``, and by its annotation an int for a bool,
+a bool or a float for an int, ...) with TierConfigError, TypeError or ValueError at
+construction or ``open()``; name a parameter that takes any object by design in the class
+attribute ``skip_parameters = {"name": "why"}``. A tier that keeps chunks under file names
+gives ``def chunk_path(self, h, key)`` (the file of a stored chunk): a FIFO put there must fail
+that key's load, never block it. A tier that takes a credential gives ``def credential(self,
+tmp_path)``, returning config overrides that carry a secret and the secret's text: it must
+not show in ``repr``, ``str``, ``stats()``, any error or any log record. Without these hooks
+those two checks are skipped, saying why.
 
 Integrity checks damage a stored chunk and require the load to fail that key with
 :class:`~asynctier.errors.IntegrityError` (counted as a checksum failure), never delivering
@@ -53,6 +65,7 @@ from .backends import BACKENDS, loop_factories, run_on_backend
 from .checks_cancellation import CancellationChecks
 from .checks_concurrency import ConcurrencyChecks
 from .checks_contract import ContractChecks
+from .checks_hardening import HardeningChecks
 from .checks_integrity import IntegrityChecks
 from .conformance import TierConformance
 from .harness import Harness, new_keys
@@ -62,6 +75,7 @@ __all__ = [
     "CancellationChecks",
     "ConcurrencyChecks",
     "ContractChecks",
+    "HardeningChecks",
     "Harness",
     "IntegrityChecks",
     "TierConformance",

@@ -4,7 +4,8 @@ tier, on which backends it runs, and the hooks a tier's test class may override.
 from __future__ import annotations
 
 import mmap
-from collections.abc import Awaitable, Callable
+import os
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
@@ -15,7 +16,7 @@ from .backends import BACKENDS, Backend, backend_params, run_on_backend
 from .harness import Harness
 from .records import corrupt_record, swap_records
 
-__all__ = ["SuiteBase", "asyncio_only"]
+__all__ = ["SuiteBase", "asyncio_only", "once_per_class"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -27,6 +28,13 @@ def asyncio_only(check: F) -> F:
     """Mark a check that tests asyncio's own API (``task.cancel()``): it runs on asyncio and
     uvloop only, whatever the class's ``backends`` say."""
     check._conformance_backends = _ASYNCIO_BACKENDS  # type: ignore[attr-defined]
+    return check
+
+
+def once_per_class(check: F) -> F:
+    """Mark a check about the tier rather than the event loop: it runs once per class, on
+    asyncio if the class's ``backends`` have it, else on the first of them."""
+    check._conformance_once = True  # type: ignore[attr-defined]
     return check
 
 
@@ -42,6 +50,9 @@ class SuiteBase:
     page_aligned_buffer: ClassVar[bool] = False
     #: The event loops every check runs on: any of "asyncio", "uvloop", "trio".
     backends: ClassVar[tuple[str, ...]] = BACKENDS
+    #: Parameters the wrong-type check leaves out, each with the reason (a parameter that
+    #: takes any object by design, for example).
+    skip_parameters: ClassVar[Mapping[str, str]] = {}
 
     def tier_config(self, tmp_path: Path) -> dict[str, Any]:
         """The factory config of the tier under test (``type`` plus its own parameters)."""
@@ -64,6 +75,17 @@ class SuiteBase:
         """
         await swap_records(h.tier, key_a, key_b)
 
+    def chunk_path(self, h: Harness, key: bytes) -> str | os.PathLike[str] | None:
+        """The file a chunk stored under ``key`` lives in, for a tier that keeps chunks under
+        file names (called on a worker thread). The non-regular-file check puts a FIFO there.
+        Default: the tier keeps no such names, and that check is skipped."""
+        return None
+
+    def credential(self, tmp_path: Path) -> tuple[dict[str, Any], str] | None:
+        """Config overrides carrying a credential, and the secret text in them that no repr,
+        error, stats or log may show. Default: the tier takes no credential (check skipped)."""
+        return None
+
     # -- machinery -------------------------------------------------------------------------
     def pytest_generate_tests(self, metafunc: pytest.Metafunc) -> None:
         """Parametrize each check's ``backend`` by :attr:`backends` (the test ids name it)."""
@@ -71,6 +93,8 @@ class SuiteBase:
             return
         allowed = getattr(metafunc.function, "_conformance_backends", BACKENDS)
         names = tuple(b for b in self.backends if b in allowed)
+        if getattr(metafunc.function, "_conformance_once", False):
+            names = ("asyncio",) if "asyncio" in names else names[:1]
         if not names:  # an asyncio-only check, in a class narrowed to trio
             reason = f"runs on {' and '.join(allowed)} only; this class's backends are {self.backends}"
             metafunc.parametrize("backend", [pytest.param(None, id="skipped", marks=pytest.mark.skip(reason=reason))])
