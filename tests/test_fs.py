@@ -76,6 +76,10 @@ class TestFsConformance(TierConformance):
     def tier_config(self, tmp_path: Path) -> dict[str, Any]:
         return {"type": "fs", "root": str(tmp_path / "kv")}
 
+    def chunk_path(self, h: Harness, key: bytes) -> Path:
+        assert isinstance(h.tier, FsTier)
+        return chunk_file(h.tier, key)
+
     async def corrupt_stored(self, h: Harness, key: bytes, how: str) -> None:
         assert isinstance(h.tier, FsTier)
         await anyio.to_thread.run_sync(_damage, chunk_file(h.tier, key), how)

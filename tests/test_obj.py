@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +48,11 @@ class ObjConformance(TierConformance):
 
         await anyio.to_thread.run_sync(swap)
 
+    def credential(self, tmp_path: Path) -> tuple[dict[str, Any], str]:
+        """A local store takes no credentials: the refusal must not echo the secret."""
+        secret = "cred-" + uuid.uuid4().hex
+        return {"credentials": {"secret_access_key": secret}}, secret
+
 
 class TestObjMemoryConformance(ObjConformance):
     backends = ("asyncio",)  # the file:// class below runs the same tier code on every backend
@@ -58,6 +64,9 @@ class TestObjMemoryConformance(ObjConformance):
 class TestObjFileConformance(ObjConformance):
     def tier_config(self, tmp_path: Path) -> dict[str, Any]:
         return {"type": "obj", "url": f"file://{tmp_path}/store"}
+
+    def chunk_path(self, h: Harness, key: bytes) -> Path:
+        return Path(h.tier.url.removeprefix("file://")) / h.tier._path(key)
 
 
 SLOW = os.environ.get("ASYNCTIER_SLOW_TESTS") == "1"
@@ -77,6 +86,13 @@ class TestObjS3Conformance(ObjConformance):
 
     def tier_config(self, tmp_path: Path) -> dict[str, Any]:
         return s3_config()
+
+    def credential(self, tmp_path: Path) -> tuple[dict[str, Any], str]:
+        """The secret key, and the same secret as the endpoint's user info."""
+        secret = "cred-" + uuid.uuid4().hex
+        cfg = s3_config()
+        endpoint = cfg["endpoint"].replace("://", f"://user:{secret}@", 1)
+        return {"endpoint": endpoint, "credentials": {**cfg["credentials"], "secret_access_key": secret}}, secret
 
     @pytest.mark.skipif(not SLOW, reason="2000 requests to a slow moto; set ASYNCTIER_SLOW_TESTS=1")
     def test_loads_not_starved_by_store_flood(self, tmp_path: Path, backend: Any) -> None:

@@ -292,8 +292,8 @@ def _slab_paths(path: str | os.PathLike[str] | None, paths: Sequence[str | os.Pa
     if (path is None) == (paths is None):
         raise TierConfigError("the nvme tier needs exactly one of 'path' or 'paths'")
     if paths is not None:
-        if isinstance(paths, (str, bytes, os.PathLike)) or not paths:
-            raise TierConfigError(f"paths must be a non-empty list of paths; got {paths!r}")
+        if not isinstance(paths, (list, tuple)) or not paths:
+            raise TierConfigError(f"paths must be a non-empty list of paths; got {paths!r:.80}")
         out = [check_path("paths[]", p) for p in paths]
     else:
         out = [check_path("path", path)]

@@ -4,12 +4,16 @@ object store, with the breaker, the exit guard, the lookup cache and the capacit
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
+import os
+import stat
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import obstore
+from obstore.store import LocalStore
 
 from asynctier import BlockingChunkTier, ChunkError, ChunkNotFoundError, IntegrityError
 from asynctier.core.validation import check_keys
@@ -134,6 +138,7 @@ class ObjTier(BlockingChunkTier):
         )
         self._requests = RequestGuard(self._breaker, self._scrubber, self.timeout_s)
         self._store: ObjectStore | None = None
+        self._local_root: str | None = None
         self._prefix = self.offloading_spec.layout_id + "/"
         EXIT.allow_for(self.deadlines.worst_request_s)
 
@@ -147,6 +152,9 @@ class ObjTier(BlockingChunkTier):
     # -- open and close --------------------------------------------------------------------
     def open_medium(self) -> None:
         self._store = self._options.build(self._scrub)
+        # a local store's directory: a load first checks the object there is a regular file
+        prefix = self._store.prefix if isinstance(self._store, LocalStore) else None
+        self._local_root = os.fspath(prefix) if prefix is not None else None
         if self._lru is not None:
             try:
                 self._recover_index()
@@ -258,6 +266,7 @@ class ObjTier(BlockingChunkTier):
         """GET the object into ``out`` and verify it; a bad copy's IntegrityError names its
         ETag (``copy``), so that deleting it cannot take a copy stored since."""
         etag: list[str | None] = [None]
+        self._refuse_non_regular(key)
         try:
             with self._guarded(key):
                 if object_size(len(key), out.nbytes) > self.part_size:
@@ -271,6 +280,20 @@ class ObjTier(BlockingChunkTier):
             if e.copy is None and etag[0] is not None:
                 e.copy = ("etag", etag[0])
             raise
+
+    def _refuse_non_regular(self, key: bytes) -> None:
+        """On a local store, fail a key whose object's path holds a FIFO, a directory or a
+        device: the client opens it without O_NONBLOCK, and a FIFO's open blocks its worker
+        until a writer comes. Counted in ``not_regular_files``."""
+        if self._local_root is None:
+            return
+        try:
+            mode = os.lstat(os.path.join(self._local_root, self._path(key))).st_mode
+        except OSError:
+            return  # absent (the GET says not found) or unreadable (the GET says why)
+        if not stat.S_ISREG(mode):
+            self._stats.incr("not_regular_files")
+            raise OSError(errno.ENXIO, f"the object of this key is not a regular file ({stat.filemode(mode)})")
 
     def delete_bad_copy(self, key: bytes, exc: BaseException) -> None:
         """Delete the object that failed verification, unless another was stored under its
