@@ -80,7 +80,8 @@ class StoreOptions:
                 names = ", ".join(t.__name__ for t in _STORE_TYPES)
                 raise TierConfigError(f"store must be an obstore store ({names}) or None; got {type(given).__name__}")
             store = given
-        named = {"endpoint": endpoint, "region": region}
+        # typed first: an empty dict or list compared equal to "not given" for a local store
+        named = {n: None if v is None else check_str(n, v) for n, v in (("endpoint", endpoint), ("region", region))}
         dicts: dict[str, Mapping[object, object]] = {}
         for name, value in (("credentials", credentials), ("config", config), ("client_options", client_options)):
             if value is not None and not isinstance(value, Mapping):
@@ -89,7 +90,7 @@ class StoreOptions:
         if store is not None or url.env_prefix is None:
             _refuse_unused(url, store is not None, {**named, **dicts})
             return cls(url, deadlines, given=store)
-        endpoint, region = (None if v is None else check_str(n, v) for n, v in named.items())
+        endpoint, region = named["endpoint"], named["region"]
         kind = store_kind(url.scheme)
         return cls(
             url,
