@@ -237,6 +237,16 @@ async def test_a_slab_directory_writable_by_others_is_refused(tmp_path: Path) ->
     assert list(d.iterdir()) == []
 
 
+@once
+async def test_a_failed_open_removes_the_directory_it_made(tmp_path: Path) -> None:
+    """Too small for one slot: the slab file and its directory, both made by the open, go."""
+    d = tmp_path / "new" / "dir"
+    tier, _ = make(d / "kv.slab", slots=None, capacity_bytes=4096)
+    with pytest.raises(TierConfigError, match="no room"):
+        await tier.open()
+    assert not d.exists()
+
+
 # -- item 15: one call larger than the slab ----------------------------------------------------------
 @pytest.mark.parametrize("coalesce_bytes", [1 << 20, 0], ids=["coalesced", "one-per-job"])
 @once
