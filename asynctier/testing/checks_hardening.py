@@ -51,8 +51,8 @@ def wrong_values(annotation: object) -> list[object]:
         out.append(2.0)
     if "float" in names and not names & {"str", "bool"}:
         out.append("1")
-    if names & {"str", "PathLike"} and not number and "bool" not in names:
-        out.append(1)
+    if names & {"str", "PathLike", "Literal"} and not number and "bool" not in names:
+        out.append(1)  # a number for a string, a path or a choice of strings
     if names & {"Mapping", "dict"}:
         out.append([("key", "value")])
     return out
