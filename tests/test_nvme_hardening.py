@@ -85,6 +85,26 @@ async def test_a_dangling_link_at_the_slab_path_is_not_followed(tmp_path: Path) 
     assert not target.exists()
 
 
+def test_a_link_is_followed_only_to_a_block_device(tmp_path: Path) -> None:
+    """The names under /dev/disk/by-id/ are links: a slab path that leads to a block device
+    is taken as the device; a link to anything else is refused."""
+    from asynctier.tiers.nvme.files import slab_kind
+
+    dev = tmp_path / "blockdev"
+    try:
+        os.mknod(dev, stat.S_IFBLK | 0o600, os.makedev(7, 200))  # a device node; never opened here
+    except PermissionError:
+        pytest.skip("making a block device node needs CAP_MKNOD")
+    (tmp_path / "by-id").symlink_to(dev)
+    assert slab_kind(tmp_path / "by-id", 0o700) == "device"
+    assert slab_kind(dev, 0o700) == "device"
+    (tmp_path / "to-file").symlink_to(tmp_path / "file")
+    (tmp_path / "file").touch()
+    with pytest.raises(TierConfigError, match="symbolic link"):
+        slab_kind(tmp_path / "to-file", 0o700)
+    assert slab_kind(tmp_path / "file", 0o700) == "file" and slab_kind(tmp_path / "new", 0o700) == "new"
+
+
 @pytest.mark.parametrize("what", ["fifo", "directory"])
 @once
 async def test_a_slab_path_that_is_not_a_file_is_refused(tmp_path: Path, what: str) -> None:
