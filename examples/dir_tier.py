@@ -12,6 +12,7 @@ Use it with: {"type": "DirTier", "module_path": "dir_tier", "root": "/tmp/kv"}
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -39,11 +40,14 @@ class DirTier(BlockingChunkTier):
         os.replace(tmp, self._path(key))  # readers never see a partial chunk
 
     def read_chunk(self, key: bytes, out: memoryview) -> None:
-        try:
-            with open(self._path(key), "rb", buffering=0) as f:
-                n = f.readinto(out)
+        try:  # O_NONBLOCK: a FIFO planted at the name must not block this thread forever
+            fd = os.open(self._path(key), os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
         except FileNotFoundError:
             raise ChunkNotFoundError("not stored", key) from None
+        with open(fd, "rb", buffering=0) as f:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise IntegrityError("not a regular file", key)
+            n = f.readinto(out)
         if n != len(out):  # a bad copy: the base class removes it
             raise IntegrityError(f"stored record is {n} bytes, expected {len(out)}", key)
 

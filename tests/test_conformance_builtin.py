@@ -11,7 +11,8 @@ from typing import Any
 import anyio
 
 from asynctier import AsyncChunkTier, BlockingChunkTier, ChunkNotFoundError
-from asynctier.testing import CancellationChecks, TierConformance
+from asynctier.integrity import key_token
+from asynctier.testing import CancellationChecks, Harness, TierConformance
 
 
 class TestMemoryTier(TierConformance):
@@ -38,6 +39,9 @@ class TestReadmeDirTier(TierConformance):
 
     def tier_config(self, tmp_path: Path) -> dict[str, Any]:
         return {"type": "DirTier", "module_path": "dir_tier", "root": str(tmp_path / "kv")}
+
+    def chunk_path(self, h: Harness, key: bytes) -> Path:
+        return Path(h.tier.dir) / key_token(key)  # type: ignore[attr-defined]
 
 
 class TestAsyncDictTier(TierConformance):
