@@ -213,12 +213,15 @@ class ChainTier(SecondaryTierManager):
             await self._idle.wait()
 
     async def drain(self) -> None:
-        """Until every call in progress has returned and every background write queued is done."""
+        """Until every call in progress has returned and every background write queued is done
+        (in the tiers too: a chain inside this one drains its own background writes)."""
         await self._calls_done()
         await self._backlog.drain()
         if self._demoter is not None:
             await self._demoter.drain()
             await self._backlog.drain()
+        for m in self.members:
+            await m.tier.drain()
 
     def _enter(self) -> None:
         self._active += 1
