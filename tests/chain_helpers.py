@@ -36,6 +36,10 @@ class ChainRig:
     def zero(self) -> None:
         self.buf[:] = bytes(len(self.buf))
 
+    def restore(self) -> None:
+        """Put the original chunks back (before storing again)."""
+        self.buf[:] = self.orig
+
 
 def keys(n: int, tag: str = "k") -> list[bytes]:
     salt = uuid.uuid4().hex[:8]
