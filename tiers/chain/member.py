@@ -102,22 +102,19 @@ class Member:
             return res
         got: TransferResult | None = None
         error: Exception | None = None
-        with anyio.move_on_after(self.deadline_s if self.deadline_s is not None else float("inf")) as scope:
-            try:
-                if op == "offload":
-                    got = await self.tier.offload(keys, slots)
-                elif op == "load":
-                    got = await self.tier.load(keys, slots)
-                else:
-                    got = await self.tier.remove(keys)
-            except anyio.get_cancelled_exc_class():
-                self.breaker.neutral(probe)
-                raise
-            except Exception as raised:  # a tier that raises (closed, its workers stopped): its keys fail
-                error = raised
+        try:
+            if self.deadline_s is None:
+                got = await self._op(op, keys, slots)
+            else:
+                with anyio.move_on_after(self.deadline_s):
+                    got = await self._op(op, keys, slots)
+        except anyio.get_cancelled_exc_class():
+            self.breaker.neutral(probe)
+            raise
+        except Exception as raised:  # a tier that raises (closed, its workers stopped): its keys fail
+            error = raised
         if got is None:
-            if error is None:
-                assert scope.cancelled_caught
+            if error is None:  # the deadline passed
                 error = ChunkTimeoutError(f"chain tier {self.name!r}: no answer within deadline_s={self.deadline_s}")
             self.breaker.failure(probe)
             self._fail_all(res, keys, error)
@@ -129,6 +126,13 @@ class Member:
                 self.counts["failed"] += 1
                 self.failures[kind] += 1
         return got
+
+    async def _op(self, op: Op, keys: list[bytes], slots: list[int]) -> TransferResult:
+        if op == "offload":
+            return await self.tier.offload(keys, slots)
+        if op == "load":
+            return await self.tier.load(keys, slots)
+        return await self.tier.remove(keys)
 
     def _fail_all(self, res: TransferResult, keys: list[bytes], exc: BaseException) -> None:
         for k in keys:

@@ -304,9 +304,12 @@ class ChainTier(SecondaryTierManager):
                     self._pool.release([s for s in held if s >= 0])
 
         try:
-            async with anyio.create_task_group() as tg:
-                for _ in range(workers):
-                    tg.start_soon(worker)
+            if workers == 1:
+                await worker()
+            else:
+                async with anyio.create_task_group() as tg:
+                    for _ in range(workers):
+                        tg.start_soon(worker)
         finally:
             self._queued -= len(todo)
             self._leave()
