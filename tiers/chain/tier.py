@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import functools
+import logging
 import time
 from collections import deque
 from collections.abc import Sequence
@@ -43,6 +44,8 @@ from .member import COUNTERS, Detached, Member
 from .staging import StagingPool
 
 __all__ = ["ChainTier"]
+
+log = logging.getLogger("asynctier.chain")
 
 #: Copies of up to this many bytes run on the event loop; larger ones on a copy thread.
 _INLINE_COPY = 256 * 1024
@@ -197,10 +200,8 @@ class ChainTier(SecondaryTierManager):
                 for m in reversed(self.members):
                     try:
                         await m.tier.aclose()
-                    except Exception:
-                        import logging
-
-                        logging.getLogger("asynctier.chain").exception("closing chain tier %r failed", m.name)
+                    except Exception:  # the other tiers still close
+                        log.exception("closing chain tier %r failed", m.name)
                 self._state = _CLOSED
 
     def _check_open(self) -> None:
