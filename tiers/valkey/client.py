@@ -1,0 +1,73 @@
+"""Building valkey-py's asyncio client (one server, or a cluster from its seeds) and running
+one batch of commands as a non-transactional pipeline."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from valkey import exceptions as vx
+from valkey.asyncio import Valkey
+from valkey.asyncio.cluster import ClusterNode, ValkeyCluster
+from valkey.asyncio.retry import Retry
+from valkey.backoff import ExponentialBackoff
+
+from .url import Target
+
+__all__ = ["Client", "ClientOptions", "build_client", "run_pipeline"]
+
+Client = Valkey | ValkeyCluster
+#: A command: its name and arguments (bytes or ints).
+Command = tuple[Any, ...]
+
+
+@dataclass(frozen=True)
+class ClientOptions:
+    """Deadlines and retries handed to the client."""
+
+    timeout_s: float
+    connect_timeout_s: float
+    max_retries: int
+    retry_backoff_s: float
+
+
+def build_client(target: Target, opts: ClientOptions) -> Client:
+    """The client for ``target``; it connects on first use."""
+    # Connection failures (a restart, a reset) are retried with backoff; a timeout is not: a
+    # server that does not answer has had its timeout_s.
+    retry = Retry(
+        ExponentialBackoff(cap=max(opts.retry_backoff_s, 8 * opts.retry_backoff_s), base=opts.retry_backoff_s),
+        opts.max_retries,
+        supported_errors=(vx.ConnectionError,),
+    )
+    common: dict[str, Any] = {
+        "username": target.username,
+        "password": target.password,
+        "socket_timeout": opts.timeout_s,
+        "socket_connect_timeout": opts.connect_timeout_s,
+        "retry": retry,
+        "ssl": target.tls,
+        "lib_name": None,  # no CLIENT SETINFO round trip on each new connection
+        "lib_version": None,
+        "decode_responses": False,
+    }
+    if target.cluster:
+        return ValkeyCluster(
+            startup_nodes=[ClusterNode(h, p) for h, p in target.seeds],
+            cluster_error_retry_attempts=max(1, opts.max_retries),
+            connection_error_retry_attempts=max(1, opts.max_retries),
+            **common,
+        )
+    host, port = target.seeds[0]
+    return Valkey(host=host, port=port, db=target.db, **common)
+
+
+async def run_pipeline(client: Client, commands: Sequence[Command]) -> list[Any]:
+    """Send ``commands`` in one pipeline (per node in a cluster; not a transaction) and return
+    each one's reply, or the error reply it got in its place. A failure of the whole batch (the
+    server unreachable) is raised."""
+    pipe = client.pipeline(transaction=False) if isinstance(client, Valkey) else client.pipeline()
+    for cmd in commands:
+        pipe.execute_command(*cmd)
+    return list(await pipe.execute(raise_on_error=False))
