@@ -6,31 +6,18 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from valkey_helpers import ValkeyCluster3, ValkeyProcess
+from valkey_helpers import ValkeyCluster3, ValkeyProcess, valkey_cluster3, valkey_single
 
 from asynctier.testing import TierConformance
 from asynctier.testing.harness import Harness
 
+__all__ = ["valkey_cluster3", "valkey_single"]  # session fixtures, shared with tests/test_valkey.py
+
 _prefixes = itertools.count()
-
-
-@pytest.fixture(scope="module")
-def single(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ValkeyProcess]:
-    server = ValkeyProcess(tmp_path_factory.mktemp("valkey"))
-    yield server
-    server.stop()
-
-
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ValkeyCluster3]:
-    c = ValkeyCluster3(tmp_path_factory.mktemp("valkey-cluster"))
-    yield c
-    c.stop()
 
 
 class _ValkeyHooks(TierConformance):
@@ -74,8 +61,8 @@ class TestValkeySingle(_ValkeyHooks):
     backends = ("asyncio", "uvloop")
 
     @pytest.fixture(autouse=True)
-    def _server(self, single: ValkeyProcess) -> None:
-        type(self).url = single.url
+    def _server(self, valkey_single: ValkeyProcess) -> None:
+        type(self).url = valkey_single.url
 
 
 class TestValkeyCluster(_ValkeyHooks):
@@ -83,5 +70,5 @@ class TestValkeyCluster(_ValkeyHooks):
     cluster = True
 
     @pytest.fixture(autouse=True)
-    def _server(self, cluster: ValkeyCluster3) -> None:
-        type(self).url = cluster.url
+    def _server(self, valkey_cluster3: ValkeyCluster3) -> None:
+        type(self).url = valkey_cluster3.url

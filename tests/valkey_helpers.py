@@ -22,7 +22,10 @@ __all__ = [
     "free_cluster_port",
     "free_port",
     "server_binary",
+    "silent_listener",
     "sync_client",
+    "valkey_cluster3",
+    "valkey_single",
     "wait_until",
 ]
 
@@ -199,6 +202,22 @@ class SilentListener:
 
     def close(self) -> None:
         self.sock.close()
+
+
+@pytest.fixture(scope="session")
+def valkey_single(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ValkeyProcess]:
+    """One valkey-server for the session (tests keep apart by key prefix)."""
+    server = ValkeyProcess(tmp_path_factory.mktemp("valkey"))
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def valkey_cluster3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ValkeyCluster3]:
+    """One three-node cluster for the session."""
+    c = ValkeyCluster3(tmp_path_factory.mktemp("valkey-cluster"))
+    yield c
+    c.stop()
 
 
 @contextlib.contextmanager

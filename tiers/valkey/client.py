@@ -9,7 +9,7 @@ from typing import Any
 
 from valkey import exceptions as vx
 from valkey.asyncio import Valkey
-from valkey.asyncio.cluster import ClusterNode, ValkeyCluster
+from valkey.asyncio.cluster import ClusterNode, PipelineCommand, ValkeyCluster
 from valkey.asyncio.retry import Retry
 from valkey.backoff import ExponentialBackoff
 
@@ -56,6 +56,10 @@ def build_client(target: Target, opts: ClientOptions) -> Client:
         return ValkeyCluster(
             startup_nodes=[ClusterNode(h, p) for h, p in target.seeds],
             cluster_error_retry_attempts=max(1, opts.max_retries),
+            # a MOVED updates that slot's owner only: the periodic full re-initialisation
+            # (every 5th MOVED by default) closes every node while other pipelines are in
+            # flight, which fails them in the client (valkey-py 6.2's ClusterPipeline)
+            reinitialize_steps=0,
             connection_error_retry_attempts=max(1, opts.max_retries),
             **common,
         )
@@ -67,7 +71,37 @@ async def run_pipeline(client: Client, commands: Sequence[Command]) -> list[Any]
     """Send ``commands`` in one pipeline (per node in a cluster; not a transaction) and return
     each one's reply, or the error reply it got in its place. A failure of the whole batch (the
     server unreachable) is raised."""
-    pipe = client.pipeline(transaction=False) if isinstance(client, Valkey) else client.pipeline()
+    if isinstance(client, Valkey):
+        pipe = client.pipeline(transaction=False)
+        for cmd in commands:
+            pipe.execute_command(*cmd)
+        return list(await pipe.execute(raise_on_error=False))
+    cpipe = client.pipeline()
     for cmd in commands:
-        pipe.execute_command(*cmd)
-    return list(await pipe.execute(raise_on_error=False))
+        cpipe.execute_command(*cmd)
+    replies = list(await cpipe.execute(raise_on_error=False, allow_redirections=False))
+    for i, r in enumerate(replies):
+        if isinstance(r, (vx.MovedError, vx.TryAgainError)):
+            replies[i] = await _one(client, commands[i])  # the client follows MOVED, updating its slot map
+        elif isinstance(r, vx.AskError):
+            replies[i] = await _asking(client, r, commands[i])
+    return replies
+
+
+async def _one(client: ValkeyCluster, cmd: Command) -> Any:
+    try:
+        return await client.execute_command(*cmd)
+    except vx.ResponseError as e:  # an error reply stays the command's
+        return e
+
+
+async def _asking(client: ValkeyCluster, ask: vx.AskError, cmd: Command) -> Any:
+    """Follow ASK (a slot in migration): ASKING and the command on one connection of the node
+    named. valkey-py's own ASK handling may send them on two connections of that node, and the
+    node then answers MOVED back: the command goes round until the client gives up."""
+    node = client.get_node(host=ask.host, port=ask.port)
+    if node is None:
+        return await _one(client, cmd)
+    asking, command = PipelineCommand(0, "ASKING"), PipelineCommand(1, *cmd)
+    await node.execute_pipeline([asking, command])
+    return command.result

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from valkey import exceptions as vx
 
-from asynctier.errors import CapacityError, ChunkError, ChunkTimeoutError, TierUnavailableError
+from asynctier.errors import CapacityError, ChunkError, ChunkTimeoutError, IntegrityError, TierUnavailableError
 
 __all__ = ["ValkeyIOError", "map_client_error"]
 
@@ -33,6 +33,9 @@ def map_client_error(exc: BaseException, key: bytes, text: str) -> tuple[ChunkEr
         return ValkeyIOError(f"the server refused the credentials or the command: {text}", key), True
     if isinstance(exc, (vx.ConnectionError, OSError, vx.ClusterDownError, vx.ValkeyClusterException)):
         return TierUnavailableError(f"valkey server unreachable: {text}", key), False
+    if isinstance(exc, vx.ResponseError) and str(exc).startswith("WRONGTYPE"):
+        # a list, a hash, ... under a chunk's name: foreign data, dropped as a bad value is
+        return IntegrityError("the key holds a value of another type, not a chunk", key), True
     if isinstance(exc, vx.ResponseError):
         return ValkeyIOError(f"the server refused the command: {text}", key), True
     return ValkeyIOError(f"valkey client error ({type(exc).__name__}): {text}", key), True

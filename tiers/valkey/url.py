@@ -69,15 +69,16 @@ def parse_url(url: object, *, cluster: object, environ: Mapping[str, str] | None
         shown_scheme = scheme if sep else url.split(":", 1)[0]
         raise TierConfigError(f"url scheme {shown_scheme!r} is not supported; accepted: {_ACCEPTED}")
     scheme = scheme.lower()
-    if "?" in rest or "#" in rest:
+    # the user info runs to the last "@" (a password may hold "/", "?" or "#" unencoded)
+    userinfo, at, after = rest.rpartition("@")
+    if not at:
+        after = rest
+    if "?" in after or "#" in after:
         raise TierConfigError(
             "url: query strings and fragments are not accepted (pass options as tier parameters); "
             f"accepted: {_ACCEPTED}"
         )
-    netloc, _, path = rest.partition("/")
-    userinfo, at, hosts = netloc.rpartition("@")
-    if not at:
-        hosts = netloc
+    hosts, _, path = after.partition("/")
     shown = f"{scheme}://{hosts}" + (f"/{path}" if path else "")
     seeds = tuple(_host_port(h, shown) for h in hosts.split(","))
     db = 0
