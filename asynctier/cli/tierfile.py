@@ -40,7 +40,11 @@ DEFAULT_TIERS: dict[str, dict[str, Any]] = {
     "obj": {"type": "obj", "url": "file://{dir}"},
 }
 #: Configs used for ``--tier TYPE`` when TYPE is not named in a config file.
-_TYPE_DEFAULTS: dict[str, dict[str, Any]] = {**DEFAULT_TIERS, "memory": {"type": "memory"}}
+_TYPE_DEFAULTS: dict[str, dict[str, Any]] = {
+    **DEFAULT_TIERS,
+    "memory": {"type": "memory"},
+    "valkey": {"type": "valkey", "url": "{local_valkey}"},  # a server started for the run (cli/valkey_server.py)
+}
 
 
 def type_default(tier_type: str) -> dict[str, Any]:

@@ -54,7 +54,7 @@ class ValkeyTier(AsyncChunkTier):
         ttl_s: expire each chunk this long after its store (None: never; the server's
             eviction policy bounds memory either way).
         pipeline_bytes: stores and loads go in pipelines of at most this many payload bytes
-            (default 8 MiB, at least one chunk); each pipeline holds one in-flight slot.
+            (default 1 MiB, at least one chunk); each pipeline holds one in-flight slot.
         connect_timeout_s: deadline of a connection attempt (default ``min(2, timeout_s)``).
         max_retries, retry_backoff_s: a batch that loses its connection is sent again up to
             ``max_retries`` times (default 2), after ``retry_backoff_s`` (0.05) doubling.
@@ -78,7 +78,7 @@ class ValkeyTier(AsyncChunkTier):
         cluster: bool = False,
         key_prefix: str = "asynctier",
         ttl_s: float | None = None,
-        pipeline_bytes: int = 8 * _MIB,
+        pipeline_bytes: int = _MIB,
         connect_timeout_s: float | None = None,
         max_retries: int = 2,
         retry_backoff_s: float = 0.05,
