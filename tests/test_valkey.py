@@ -438,3 +438,27 @@ def test_the_process_exits_cleanly(valkey_single: ValkeyProcess, how: str) -> No
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "done"
     assert "Traceback" not in out.stderr and "Error" not in out.stderr, out.stderr
+
+
+# -- the bench script and asynctier bench --tier valkey (tiny sizes: smoke, not a measurement) -----
+REPO = Path(__file__).resolve().parent.parent
+
+
+def test_bench_script_reports_ratios(tmp_path: Path) -> None:
+    cmd = [sys.executable, str(REPO / "bench" / "bench_valkey.py"), "--sizes-kib", "64", "--mib", "2", "--repeat", "1",
+           "--concurrency", "4", "--out", str(tmp_path)]  # fmt: skip
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert r.returncode in (0, 1) and "Traceback" not in r.stderr, r.stdout[-2000:] + r.stderr[-2000:]
+    import json
+
+    (entry,) = json.loads((tmp_path / "valkey.json").read_text())["results"].values()
+    for op in ("offload", "load"):
+        assert entry[f"ratio_{op}"] > 0 and entry[f"tier_{op}_GBps"] > 0 and entry[f"raw_{op}_GBps"] > 0
+
+
+def test_cli_bench_starts_a_local_server_for_the_valkey_tier(tmp_path: Path) -> None:
+    cmd = [sys.executable, "-m", "asynctier.cli", "bench", "--tier", "valkey", "--chunk-sizes", "64K", "--depths", "2",
+           "--data-size", "1M", "--no-fio", "--no-naive", "-q", "--json", str(tmp_path / "b.json")]  # fmt: skip
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    assert "1/1 points ok" in r.stdout
