@@ -105,6 +105,75 @@ async def tier_round(url: str, size: int, n: int, conc: int, **config: Any) -> d
     return out
 
 
+async def client_round(which: str, url: str, size: int, n: int, conc: int) -> dict[str, tuple[float, float]] | None:
+    """SET then GET through one of the candidate clients (None if it is not installed)."""
+    host, _, port = url.split("//", 1)[1].partition(":")
+    values = [os.urandom(size) for _ in range(min(n, 8))]
+    try:
+        if which == "valkey-glide":
+            from glide import GlideClient, GlideClientConfiguration, NodeAddress
+
+            client: Any = await GlideClient.create(GlideClientConfiguration([NodeAddress(host, int(port))]))
+            close = client.close
+        elif which == "redis-py":
+            from redis.asyncio import Redis
+
+            client = Redis(host=host, port=int(port))
+            close = client.aclose
+        else:
+            from valkey.asyncio import Valkey
+
+            client = Valkey(host=host, port=int(port), lib_name=None, lib_version=None)
+            close = client.aclose
+    except ImportError:
+        return None
+    sem = asyncio.Semaphore(conc)
+    out: dict[str, tuple[float, float]] = {}
+
+    async def put(i: int) -> None:
+        async with sem:
+            await client.set(b"cmp:%d" % i, values[i % len(values)])
+
+    async def get(i: int) -> None:
+        async with sem:
+            v = await client.get(b"cmp:%d" % i)
+            if v is None or len(v) != size:
+                raise SystemExit(2)
+
+    try:
+        for op, fn in (("offload", put), ("load", get)):
+            c0, t0 = cpu_s(), time.perf_counter()
+            await asyncio.gather(*(fn(i) for i in range(n)))
+            out[op] = (time.perf_counter() - t0, cpu_s() - c0)
+    finally:
+        await close()
+    return out
+
+
+CLIENTS = ("valkey-py", "redis-py", "valkey-glide")
+
+
+async def compare_clients(args: argparse.Namespace, url: str) -> dict[str, Any]:
+    """GB/s and CPU per op of each installed candidate client, interleaved, best of --repeat."""
+    out: dict[str, Any] = {}
+    for kib in args.sizes_kib:
+        size = kib * 1024
+        n = max(8, args.mib * (1 << 20) // size)
+        best: dict[str, dict[str, tuple[float, float]]] = {}
+        for _ in range(args.repeat):
+            for which in CLIENTS:
+                got = await client_round(which, url, size, n, args.concurrency)
+                for op, (wall, cpu) in (got or {}).items():
+                    cur = best.setdefault(which, {})
+                    if op not in cur or wall < cur[op][0]:
+                        cur[op] = (wall, cpu)
+        out[f"{kib} KiB"] = {
+            which: {op: {"GBps": n * size / w / 1e9, "cpu_us_per_op": c / n * 1e6} for op, (w, c) in ops.items()}
+            for which, ops in best.items()
+        }
+    return out
+
+
 def copy_costs(size: int, reps: int = 50) -> dict[str, float]:
     """CPU microseconds per chunk of the tier's own work: the framing copy, the copy into the
     slot, and the xxh3 checksum (each side computes it once)."""
@@ -209,14 +278,22 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, default=16)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--out", default=str(ROOT / "results"))
+    ap.add_argument(
+        "--compare-clients",
+        action="store_true",
+        help="also time SET/GET through valkey-py, redis-py and valkey-glide (those installed)",
+    )
     args = ap.parse_args()
     proc = None
     url = args.url
     workdir = None
     if url is None:
         proc, url, workdir = start_server(maxmemory_mib=4 * args.mib + 256)
+    clients: dict[str, Any] = {}
     try:
         results = asyncio.run(bench(args, url))
+        if args.compare_clients:
+            clients = asyncio.run(compare_clients(args, url))
     finally:
         if proc is not None:
             proc.kill()
@@ -227,7 +304,16 @@ def main() -> None:
 
     shown = parse_url(url, cluster=False).shown
     md = report(results, shown)
-    data = {"machine": machine_info(), "server": shown, "results": results, "goal": GOAL}
+    if clients:
+        rows = [
+            [size, which, op, f"{v['GBps']:.2f}", f"{v['cpu_us_per_op']:.0f}"]
+            for size, per in clients.items()
+            for which, ops in per.items()
+            for op, v in ops.items()
+        ]
+        md += "\n## Candidate clients (raw SET = offload, GET = load)\n\n"
+        md += md_table(["value", "client", "op", "GB/s", "CPU us/op"], rows) + "\n"
+    data = {"machine": machine_info(), "server": shown, "results": results, "clients": clients, "goal": GOAL}
     write_results(args.out, "valkey", data, md)
     print(md)
     low = [(s, op) for s, e in results.items() for op in ("offload", "load") if e[f"ratio_{op}"] < GOAL]

@@ -221,17 +221,40 @@ def test_bad_and_foreign_values_fail_their_key_and_are_removed(valkey_single: Va
         run(main)
 
 
-def test_ttl_is_set_on_each_value(valkey_single: ValkeyProcess, prefix: str) -> None:
+def test_ttl_is_set_on_each_value_and_touch_renews_it(valkey_single: ValkeyProcess, prefix: str) -> None:
     r = Rig(url=valkey_single.url, key_prefix=prefix, ttl_s=600)
-
-    async def main() -> None:
-        async with r.tier:
-            assert (await r.tier.offload(keys(3), [0, 1, 2])).ok
-
-    run(main)
     with contextlib.closing(valkey_single.client()) as c:
-        for k in keys(3):
-            assert 0 < c.pttl(r.tier.name_of(k)) <= 600_000
+
+        async def main() -> None:
+            async with r.tier:
+                assert (await r.tier.offload(keys(3), [0, 1, 2])).ok
+                for k in keys(3):
+                    assert 0 < c.pttl(r.tier.name_of(k)) <= 600_000
+                    c.pexpire(r.tier.name_of(k), 5000)
+                await r.tier.touch(keys(2))
+                assert [c.pttl(r.tier.name_of(k)) > 5000 for k in keys(3)] == [True, True, False]
+
+        run(main)
+
+
+def test_fsck_lists_and_verifies_what_is_stored(valkey_single: ValkeyProcess, prefix: str) -> None:
+    r = Rig(url=valkey_single.url, key_prefix=prefix)
+    ks = keys(6)
+    with contextlib.closing(valkey_single.client()) as c:
+
+        async def main() -> None:
+            async with r.tier:
+                assert (await r.tier.offload(ks, list(range(6)))).ok
+                assert sorted(await r.tier.stored_keys()) == sorted(ks)
+                c.set(r.tier.name_of(ks[0]), b"garbage")
+                res = await r.tier.verify_chunks(ks)
+                assert set(res.failed) == {ks[0]} and failure_kind(res.failed[ks[0]]) == "checksum"
+                assert c.exists(r.tier.name_of(ks[0])), "kept without remove_bad"
+                res = await r.tier.verify_chunks(ks, remove_bad=True)
+                assert set(res.failed) == {ks[0]} and not c.exists(r.tier.name_of(ks[0]))
+                assert r.tier.stats().extra["bad_chunks_found"] == 2
+
+        run(main)
 
 
 def test_lookup_is_batched_exists_and_batches_are_pipelined(valkey_single: ValkeyProcess, prefix: str) -> None:

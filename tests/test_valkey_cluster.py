@@ -90,6 +90,7 @@ def test_a_slot_migration_is_followed_transparently(valkey_cluster3: ValkeyClust
         assert (await tier.offload(fresh, list(range(8)))).ok
         assert (await tier.remove(ks)).ok
         assert await tier.lookup(ks + fresh) == [False] * 8 + [True] * 8
+        assert sorted(await tier.stored_keys()) == sorted(fresh), "a listing scans every node"
 
     async def main() -> None:
         async with tier:

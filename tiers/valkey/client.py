@@ -15,7 +15,7 @@ from valkey.backoff import ExponentialBackoff
 
 from .url import Target
 
-__all__ = ["Client", "ClientOptions", "build_client", "run_pipeline"]
+__all__ = ["Client", "ClientOptions", "build_client", "run_pipeline", "scan_names"]
 
 Client = Valkey | ValkeyCluster
 #: A command: its name and arguments (bytes or ints).
@@ -105,3 +105,20 @@ async def _asking(client: ValkeyCluster, ask: vx.AskError, cmd: Command) -> Any:
     asking, command = PipelineCommand(0, "ASKING"), PipelineCommand(1, *cmd)
     await node.execute_pipeline([asking, command])
     return command.result
+
+
+async def scan_names(client: Client, pattern: bytes) -> list[bytes]:
+    """Every key name matching ``pattern``: SCAN to the end on the server, or on each node of a
+    cluster, replicas too (the client may take a primary for a replica after a slot moved
+    away from it), names seen twice counted once."""
+    nodes: list[Any] = client.get_nodes() if isinstance(client, ValkeyCluster) else [client]
+    found: list[bytes] = []
+    for node in nodes:
+        cursor = 0
+        while True:
+            reply = await node.execute_command("SCAN", cursor, "MATCH", pattern, "COUNT", 1000)
+            cursor, names = int(reply[0]), reply[1]
+            found += names
+            if cursor == 0:
+                break
+    return list(dict.fromkeys(found))

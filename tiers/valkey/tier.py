@@ -20,7 +20,7 @@ from asynctier.stats import TierStats
 
 from ..obj.breaker import Breaker  # from asynctier.core once it moves there
 from ..obj.params import integer, seconds
-from .client import Client, ClientOptions, Command, build_client, run_pipeline
+from .client import Client, ClientOptions, Command, build_client, run_pipeline, scan_names
 from .errors import ValkeyIOError, map_client_error
 from .format import check_key_prefix, frame, name_prefix, unframe_into
 from .redact import Scrubber
@@ -332,12 +332,10 @@ class ValkeyTier(AsyncChunkTier):
         client = self._client
         if client is None:
             raise TierUnavailableError("the valkey client is closed")
-        n = len(self._names)
-        found: list[bytes] = []
         with anyio.fail_after(max(60.0, 10 * (self.timeout_s or 5.0))):
-            async for name in client.scan_iter(match=self._names + b"*", count=1000):
-                found.append(bytes(name[n:]))
-        return found
+            names = await scan_names(client, self._names + b"*")
+        n = len(self._names)
+        return [bytes(name[n:]) for name in names]
 
     # -- lookup: batched EXISTS ------------------------------------------------------------
     async def lookup(self, keys: Sequence[bytes]) -> list[bool]:
@@ -357,6 +355,23 @@ class ValkeyTier(AsyncChunkTier):
                     replies = [0] * len(batch)  # a lookup is a hint; a load is the truth
             answers += [isinstance(r, int) and r > 0 for r in replies]
         return answers
+
+    async def touch(self, keys: Sequence[bytes]) -> None:
+        """With ``ttl_s``, give each key its full TTL again (PEXPIRE); without, nothing: a load
+        already counts as a use for the server's LRU."""
+        ks = check_keys(keys)
+        self._check_open()
+        if self._px is None or not ks:
+            return
+        self._check_loop()
+        assert self._lookups is not None
+        for i in range(0, len(ks), LOOKUP_BATCH):
+            batch = ks[i : i + LOOKUP_BATCH]
+            async with self._lookups:
+                try:
+                    await self._request(batch[0], [("PEXPIRE", self.name_of(k), self._px) for k in batch])
+                except ChunkError as e:
+                    log.debug("valkey tier %s: touch failed: %s", self.url, e)  # a hint, as a lookup is
 
     def _check_loop(self) -> None:
         try:
