@@ -95,6 +95,8 @@ def own_server(tmp_path: Path) -> Iterator[ValkeyProcess]:
         ({"url": "redis://127.0.0.1", "max_retries": -1}, "max_retries"),
         ({"url": "redis://127.0.0.1", "breaker_threshold": 0}, "breaker_threshold"),
         ({"url": "redis://127.0.0.1", "capacity_bytes": 1 << 30}, "capacity_bytes"),
+        ({"url": "redis://127.0.0.1", "tls_ca_file": "/etc/ca.pem"}, "TLS"),
+        ({"url": "rediss://127.0.0.1", "tls_ca_file": 5}, "tls_ca_file"),
     ],
 )
 def test_bad_config_is_refused_naming_the_parameter(config: dict[str, Any], names: str) -> None:

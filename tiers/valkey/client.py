@@ -30,6 +30,7 @@ class ClientOptions:
     connect_timeout_s: float
     max_retries: int
     retry_backoff_s: float
+    tls_ca_file: str | None = None
 
 
 def build_client(target: Target, opts: ClientOptions) -> Client:
@@ -52,6 +53,8 @@ def build_client(target: Target, opts: ClientOptions) -> Client:
         "lib_version": None,
         "decode_responses": False,
     }
+    if target.tls:  # the certificate and the host name it is for, against the system's or the given CAs
+        common.update(ssl_cert_reqs="required", ssl_check_hostname=True, ssl_ca_certs=opts.tls_ca_file)
     if target.cluster:
         return ValkeyCluster(
             startup_nodes=[ClusterNode(h, p) for h, p in target.seeds],

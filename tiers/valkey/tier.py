@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
@@ -59,6 +60,8 @@ class ValkeyTier(AsyncChunkTier):
         max_retries, retry_backoff_s: a batch that loses its connection is sent again up to
             ``max_retries`` times (default 2), after ``retry_backoff_s`` (0.05) doubling.
         breaker_threshold, breaker_cooldown_s: circuit breaker (defaults 5, 5.0).
+        tls_ca_file: CA bundle that signs the server's certificate (``rediss://`` and
+            ``valkeys://`` only; default: the system's CAs). The host name is checked too.
         timeout_s: deadline of each pipelined batch, retries included (default 5.0).
         **kwargs: the common knobs of :class:`~asynctier.ChunkTier` (``max_inflight``,
             ``verify``, ``store_backpressure``, ...); ``capacity_bytes`` is refused: the
@@ -84,6 +87,7 @@ class ValkeyTier(AsyncChunkTier):
         retry_backoff_s: float = 0.05,
         breaker_threshold: int = 5,
         breaker_cooldown_s: float = 5.0,
+        tls_ca_file: str | None = None,
         timeout_s: float | None = 5.0,
         **kwargs: Any,
     ) -> None:
@@ -109,6 +113,7 @@ class ValkeyTier(AsyncChunkTier):
             ),
             max_retries=integer("max_retries", max_retries, minimum=0, maximum=100),
             retry_backoff_s=seconds("retry_backoff_s", retry_backoff_s, zero_ok=False),
+            tls_ca_file=self._ca_file(tls_ca_file),
         )
         self._breaker = Breaker.configured(breaker_threshold, breaker_cooldown_s)
         self._scrubber = Scrubber(self._target.secrets)
@@ -116,6 +121,15 @@ class ValkeyTier(AsyncChunkTier):
         self._client: Client | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._lookups: anyio.CapacityLimiter | None = None
+
+    def _ca_file(self, value: object) -> str | None:
+        if value is None:
+            return None
+        if not self._target.tls:
+            raise TierConfigError("tls_ca_file is for TLS urls (rediss://, valkeys://) only")
+        if not isinstance(value, (str, os.PathLike)) or not str(value) or "\0" in str(value):
+            raise TierConfigError(f"tls_ca_file must be a non-empty path (str or PathLike); got {value!r}")
+        return os.fspath(value)
 
     # -- representation (never credentials) -----------------------------------------------
     def __repr__(self) -> str:
