@@ -51,11 +51,14 @@ def start_server(maxmemory_mib: int) -> tuple[subprocess.Popen[bytes], str, str]
 
 
 async def raw_round(url: str, size: int, n: int, conc: int) -> dict[str, tuple[float, float]]:
-    """SET then GET of ``n`` values of ``size`` bytes, ``conc`` at a time: (wall s, cpu s) each."""
+    """SET then GET of ``n`` values of ``size`` bytes, ``conc`` at a time: (wall s, cpu s) each.
+    The values are slices of one buffer of ``n`` values, as the tier's chunks are (the client
+    sends a memoryview without copying it first)."""
     from valkey.asyncio import Valkey
 
     client = Valkey.from_url(url, lib_name=None, lib_version=None)
-    values = [os.urandom(size) for _ in range(min(n, 8))]
+    whole = memoryview(bytearray(os.urandom(n * size)))
+    values = [whole[i * size : (i + 1) * size] for i in range(n)]
     sem = asyncio.Semaphore(conc)
     out: dict[str, tuple[float, float]] = {}
     try:
@@ -175,14 +178,16 @@ async def compare_clients(args: argparse.Namespace, url: str) -> dict[str, Any]:
 
 
 def copy_costs(size: int, reps: int = 50) -> dict[str, float]:
-    """CPU microseconds per chunk of the tier's own work: the framing copy, the copy into the
-    slot, and the xxh3 checksum (each side computes it once)."""
+    """CPU microseconds per chunk of the tier's own work: packing a store's command (header,
+    checksum and the one copy of the payload), the copy of a load into its slot, and the
+    xxh3 checksum alone (each side computes it once)."""
+    from asynctier.tiers.valkey.client import pack
     from asynctier.tiers.valkey.format import frame
 
     payload = memoryview(bytearray(os.urandom(size)))
     slot = memoryview(bytearray(size))
     digest = bytes(16)
-    value = frame(b"k" * 32, payload, digest)
+    value = b"".join(frame(b"k" * 32, payload, digest))
 
     def per(fn: Any) -> float:
         c0 = time.process_time()
@@ -194,7 +199,9 @@ def copy_costs(size: int, reps: int = 50) -> dict[str, float]:
         slot[:] = memoryview(value)[-size:]
 
     return {
-        "frame (header + payload into one bytes)": per(lambda: frame(b"k" * 32, payload, digest)),
+        "pack a SET (checksum, header, one copy)": per(
+            lambda: pack([(b"SET", b"k" * 32, frame(b"k" * 32, payload, digest))])
+        ),
         "copy into the slot": per(copy_in),
         "xxh3 of the payload": per(lambda: checksum(payload)),
     }

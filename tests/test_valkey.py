@@ -118,7 +118,7 @@ def test_seeds_make_a_cluster_and_credentials_are_never_shown(
         async with t:
             res = await t.offload([b"k"], [0])
             (err,) = res.failed.values()
-            assert failure_kind(err) == "unavailable"
+            assert failure_kind(err) == "unavailable", repr(err)
             res = await t.load([b"k"], [0])  # the breaker is open now
             for text in (str(err), repr(err), str(res.failed[b"k"]), repr(t), str(t.stats())):
                 assert SECRET not in text

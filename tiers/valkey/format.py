@@ -37,11 +37,10 @@ def value_size(key_len: int, chunk_bytes: int) -> int:
     return ChunkHeader.packed_size(key_len) + chunk_bytes
 
 
-def frame(key: bytes, payload: memoryview, layout_digest: bytes) -> bytes:
-    """The value stored for ``key``: header and payload in one ``bytes`` (the one copy a store
-    makes: the client sends one buffer per argument)."""
-    header = pack_header(key, payload.nbytes, checksum(payload), layout_digest)
-    return b"".join((header, payload))
+def frame(key: bytes, payload: memoryview, layout_digest: bytes) -> tuple[bytes, memoryview]:
+    """The value stored for ``key``: its header and the payload, sent as one argument
+    (:func:`~.client.pack` makes the one copy of the payload)."""
+    return pack_header(key, payload.nbytes, checksum(payload), layout_digest), payload
 
 
 def unframe_into(key: bytes, value: bytes, out: memoryview, layout_digest: bytes, verify: bool) -> None:

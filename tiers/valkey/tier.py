@@ -204,7 +204,7 @@ class ValkeyTier(AsyncChunkTier):
         """``exc`` (a whole batch's failure) as one error per key, each naming its key."""
         return [type(exc)(str(exc), k) for k in keys]
 
-    def _set(self, key: bytes, value: bytes) -> Command:
+    def _set(self, key: bytes, value: tuple[bytes, memoryview]) -> Command:
         if self._px is None:
             return ("SET", self.name_of(key), value)
         return ("SET", self.name_of(key), value, "PX", self._px)
@@ -241,7 +241,8 @@ class ValkeyTier(AsyncChunkTier):
 
     async def _store_group(self, keys: list[bytes], cids: list[int], t0: float) -> Outcomes:
         digest = self.offloading_spec.layout_digest
-        # framed now: the caller's slots are not read after this line
+        # the slots are read (checksum, then the one copy into the packed batch) before the
+        # batch's first await, and never after
         commands = [self._set(k, frame(k, self._chunk(c), digest)) for k, c in zip(keys, cids)]
 
         def end(k: bytes, e: BaseException | None) -> None:
@@ -252,7 +253,7 @@ class ValkeyTier(AsyncChunkTier):
             return errs
         out: Outcomes = []
         for k, r in zip(keys, replies):
-            err = None if r is True else self._failed(k, r, "SET")
+            err = None if _stored(r) else self._failed(k, r, "SET")
             end(k, err)
             out.append(err)
         return out
@@ -318,7 +319,7 @@ class ValkeyTier(AsyncChunkTier):
     # -- single-chunk primitives (verify_chunks, fsck) -------------------------------------
     async def write_chunk(self, key: bytes, data: memoryview) -> None:
         (r,) = await self._request(key, [self._set(key, frame(key, data, self.offloading_spec.layout_digest))])
-        if r is not True:
+        if not _stored(r):
             raise self._failed(key, r, "SET")
 
     async def read_chunk(self, key: bytes, out: memoryview) -> int | None:
@@ -409,3 +410,8 @@ class ValkeyTier(AsyncChunkTier):
     def breaker_state(self) -> str:
         """The circuit breaker: ``closed``, ``open`` or ``half-open``."""
         return self._breaker.state
+
+
+def _stored(reply: object) -> bool:
+    """A SET's reply says stored (raw ``OK``, or ``True`` through the client's callbacks)."""
+    return reply is True or reply == b"OK"
