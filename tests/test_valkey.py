@@ -191,6 +191,11 @@ def test_a_value_written_by_hand_loads_byte_exact(valkey_single: ValkeyProcess, 
             res = await r.tier.load([key], [3])
             assert res.ok, res.failed
             assert r.chunk(3) == payload
+            assert (await r.tier.offload([b"tier-made"], [5])).ok  # and the tier writes exactly that
+            mine = r.chunk(5)
+            with contextlib.closing(valkey_single.client()) as c:
+                stored = c.get(r.tier.name_of(b"tier-made"))
+            assert stored == pack_header(b"tier-made", CHUNK, checksum(mine), SPEC.layout_digest) + mine
 
     run(main)
 
