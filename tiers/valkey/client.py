@@ -45,7 +45,9 @@ def build_client(target: Target, opts: ClientOptions) -> Client:
     common: dict[str, Any] = {
         "username": target.username,
         "password": target.password,
-        "socket_timeout": opts.timeout_s,
+        # no socket timeout: each batch runs under the tier's own deadline (timeout_s), whose expiry
+        # cancels the read and drops the connection; valkey-py would wrap every send in a task
+        "socket_timeout": None,
         "socket_connect_timeout": opts.connect_timeout_s,
         "retry": retry,
         "ssl": target.tls,
@@ -109,7 +111,7 @@ async def run_pipeline(client: Client, commands: Sequence[Command]) -> list[Any]
     on Python 3.11: two copies of each payload instead of one); a cluster's batch goes through
     valkey-py's cluster pipeline, which routes each command to its slot's node."""
     if isinstance(client, Valkey):
-        return await _run_packed(client, pack(commands), len(commands))
+        return await _run_packed(client, commands)
     cpipe = client.pipeline()
     for cmd in commands:
         cpipe.execute_command(*_joined(cmd))
@@ -122,17 +124,20 @@ async def run_pipeline(client: Client, commands: Sequence[Command]) -> list[Any]
     return replies
 
 
-async def _run_packed(client: Valkey, packed: bytes, count: int) -> list[Any]:
-    """Send ``packed`` (``count`` commands) on one pooled connection and read every reply; a
-    connection that breaks is dropped and the batch sent again on a new one (the client's
-    retry policy). A cancelled or timed-out read drops its connection (valkey-py does)."""
+async def _run_packed(client: Valkey, commands: Sequence[Command]) -> list[Any]:
+    """Send ``commands`` packed (:func:`pack`) on one pooled connection and read every reply; a
+    connection that breaks is dropped and the batch packed and sent again on a new one (the
+    client's retry policy). A cancelled read drops its connection (valkey-py does)."""
     pool = client.connection_pool
     conn = await pool.get_connection("PIPELINE")  # type: ignore[no-untyped-call]
 
     async def attempt() -> list[Any]:
-        await conn.send_packed_command(packed)
+        # packed here and let go once sent: the packed bytes lives only while the socket (or
+        # asyncio's reused transport buffer) takes it, as a raw client's command does, so the
+        # allocator reuses its memory instead of mapping fresh pages for every batch
+        await conn.send_packed_command(pack(commands))
         replies: list[Any] = []
-        for _ in range(count):
+        for _ in range(len(commands)):
             try:
                 replies.append(await conn.read_response())
             except vx.ResponseError as e:  # an error reply: the connection is still in step
