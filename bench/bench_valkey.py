@@ -252,7 +252,7 @@ async def bench(args: argparse.Namespace, url: str) -> dict[str, Any]:
     return results
 
 
-def report(results: dict[str, Any], url_shown: str) -> str:
+def report(results: dict[str, Any], url_shown: str, load: tuple[float, float]) -> str:
     rows = []
     for size, e in results.items():
         for op in ("offload", "load"):
@@ -270,6 +270,8 @@ def report(results: dict[str, Any], url_shown: str) -> str:
             copies.append([size, what, f"{us:.0f}"])
     return (
         f"# valkey tier vs raw valkey-py (server {url_shown})\n\n"
+        f"Load average (1 min) at start and end: {load[0]:.1f}, {load[1]:.1f} "
+        f"({os.cpu_count()} CPUs): a loaded machine makes wall figures swing.\n\n"
         + md_table(cols, rows)
         + f"\n\nGoal: tier / raw >= {GOAL}.\n\n## The tier's own CPU per chunk\n\n"
         + md_table(["value", "work", "CPU us"], copies)
@@ -297,6 +299,7 @@ def main() -> None:
     if url is None:
         proc, url, workdir = start_server(maxmemory_mib=4 * args.mib + 256)
     clients: dict[str, Any] = {}
+    load_start = os.getloadavg()[0]
     try:
         results = asyncio.run(bench(args, url))
         if args.compare_clients:
@@ -310,7 +313,8 @@ def main() -> None:
     from asynctier.tiers.valkey.url import parse_url
 
     shown = parse_url(url, cluster=False).shown
-    md = report(results, shown)
+    load = (load_start, os.getloadavg()[0])
+    md = report(results, shown, load)
     if clients:
         rows = [
             [size, which, op, f"{v['GBps']:.2f}", f"{v['cpu_us_per_op']:.0f}"]
@@ -320,7 +324,14 @@ def main() -> None:
         ]
         md += "\n## Candidate clients (raw SET = offload, GET = load)\n\n"
         md += md_table(["value", "client", "op", "GB/s", "CPU us/op"], rows) + "\n"
-    data = {"machine": machine_info(), "server": shown, "results": results, "clients": clients, "goal": GOAL}
+    data = {
+        "machine": machine_info(),
+        "load_average_start_end": load,
+        "server": shown,
+        "results": results,
+        "clients": clients,
+        "goal": GOAL,
+    }
     write_results(args.out, "valkey", data, md)
     print(md)
     low = [(s, op) for s, e in results.items() for op in ("offload", "load") if e[f"ratio_{op}"] < GOAL]
