@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -12,6 +13,7 @@ import pytest
 from valkey_helpers import ValkeyCluster3, ValkeyProcess, valkey_cluster3
 
 from asynctier import OffloadingSpec, SecondaryTierFactory
+from asynctier.errors import failure_kind
 
 __all__ = ["valkey_cluster3"]
 
@@ -105,3 +107,37 @@ def test_a_slot_migration_is_followed_transparently(valkey_cluster3: ValkeyClust
                     hand_over(valkey_cluster3, slot, dst)
 
     anyio.run(main, backend="asyncio")
+
+
+def test_a_node_that_dies_fails_its_keys_and_nothing_hangs(tmp_path: Path) -> None:
+    """A primary killed under the tier: every key loads byte-exact or fails with a per-key
+    error within the deadline; the cluster's other slots go on serving after it."""
+    cluster = ValkeyCluster3(tmp_path)
+    try:
+        buf = bytearray(os.urandom(SPEC.total_bytes))
+        tier: Any = SecondaryTierFactory.create_secondary_tier(
+            {"type": "valkey", "url": cluster.url, "timeout_s": 2, "breaker_threshold": 1000}, memoryview(buf), SPEC
+        )
+        ks = [b"die-%d" % i for i in range(16)]
+        data = [bytes(SPEC.chunk_view(memoryview(buf), i)) for i in range(16)]
+
+        async def main() -> None:
+            async with tier:
+                assert (await tier.offload(ks, list(range(16)))).ok
+                cluster.nodes[2].stop()
+                buf[:] = bytes(len(buf))
+                res = await tier.load(ks, list(range(16)))
+                assert {failure_kind(e) for e in res.failed.values()} <= {"unavailable", "timeout"}, res.failed
+                for k in res.succeeded:
+                    i = ks.index(k)
+                    assert bytes(SPEC.chunk_view(memoryview(buf), i)) == data[i]
+                dead = cluster.nodes[2]
+                lo, hi = cluster.RANGES[cluster.nodes.index(dead)]
+                on_live = [k for k in ks if not lo <= key_slot(tier.name_of(k)) <= hi]
+                buf[:] = bytes(len(buf))
+                res = await tier.load(on_live, list(range(len(on_live))))
+                assert res.ok, res.failed  # once the client has seen the node gone, one call at most
+
+        anyio.run(main, backend="asyncio")
+    finally:
+        cluster.stop()

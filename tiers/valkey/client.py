@@ -112,16 +112,35 @@ async def run_pipeline(client: Client, commands: Sequence[Command]) -> list[Any]
     valkey-py's cluster pipeline, which routes each command to its slot's node."""
     if isinstance(client, Valkey):
         return await _run_packed(client, commands)
-    cpipe = client.pipeline()
-    for cmd in commands:
-        cpipe.execute_command(*_joined(cmd))
-    replies = list(await cpipe.execute(raise_on_error=False, allow_redirections=False))
+    joined = [_joined(cmd) for cmd in commands]
+    replies = await _cluster_batch(client, joined)
     for i, r in enumerate(replies):
         if isinstance(r, (vx.MovedError, vx.TryAgainError)):
-            replies[i] = await _one(client, _joined(commands[i]))  # the client follows MOVED, updating its slot map
+            replies[i] = await _one(client, joined[i])  # the client follows MOVED, updating its slot map
         elif isinstance(r, vx.AskError):
-            replies[i] = await _asking(client, r, _joined(commands[i]))
+            replies[i] = await _asking(client, r, joined[i])
     return replies
+
+
+#: Attempts of a cluster batch that the client fails in its own bookkeeping (below).
+_CLUSTER_ATTEMPTS = 3
+
+
+async def _cluster_batch(client: ValkeyCluster, commands: list[Command]) -> list[Any]:
+    """One cluster pipeline. valkey-py 6.2's ClusterPipeline reads the client's default node
+    after the batch, and another batch that lost a connection meanwhile may have cleared it
+    while re-reading the cluster's layout: the batch then fails with an AttributeError although
+    its commands went through. They are idempotent: the batch is sent again once the layout is
+    read (and counts as the server unreachable if that keeps happening)."""
+    for _ in range(_CLUSTER_ATTEMPTS):
+        cpipe = client.pipeline()
+        for cmd in commands:
+            cpipe.execute_command(*cmd)
+        try:
+            return list(await cpipe.execute(raise_on_error=False, allow_redirections=False))
+        except AttributeError:
+            await client.initialize()
+    raise vx.ConnectionError("the cluster client kept re-reading the cluster's layout (a node is unreachable)")
 
 
 async def _run_packed(client: Valkey, commands: Sequence[Command]) -> list[Any]:
