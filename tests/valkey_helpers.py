@@ -206,7 +206,8 @@ class SilentListener:
 
 @pytest.fixture(scope="session")
 def valkey_single(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ValkeyProcess]:
-    """One valkey-server for the session (tests keep apart by key prefix)."""
+    """One valkey-server per test module that imports this fixture (session scope: it outlives
+    the module's tests; tests keep apart by key prefix)."""
     server = ValkeyProcess(tmp_path_factory.mktemp("valkey"))
     yield server
     server.stop()
@@ -214,7 +215,7 @@ def valkey_single(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ValkeyPr
 
 @pytest.fixture(scope="session")
 def valkey_cluster3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ValkeyCluster3]:
-    """One three-node cluster for the session."""
+    """One three-node cluster per test module that imports this fixture (~2 s to form)."""
     c = ValkeyCluster3(tmp_path_factory.mktemp("valkey-cluster"))
     yield c
     c.stop()
