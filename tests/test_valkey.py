@@ -288,6 +288,27 @@ def test_lookup_is_batched_exists_and_batches_are_pipelined(valkey_single: Valke
     assert [r.chunk(i) for i in range(N)] == data
 
 
+def test_two_servers_share_one_cache(valkey_single: ValkeyProcess, prefix: str) -> None:
+    """Two tiers (two inference servers) on one server and prefix see each other's chunks;
+    another namespace on the same prefix sees none of them."""
+    a = Rig(url=valkey_single.url, key_prefix=prefix)
+    b = Rig(url=valkey_single.url, key_prefix=prefix)
+    other = Rig(OffloadingSpec(CHUNK, N, namespace="another/model"), url=valkey_single.url, key_prefix=prefix)
+    ks = keys(8)
+
+    async def main() -> None:
+        async with a.tier, b.tier, other.tier:
+            assert (await a.tier.offload(ks, list(range(8)))).ok
+            assert await b.tier.lookup_prefix(ks) == 8
+            assert (await b.tier.load(ks, list(range(8, 16)))).ok
+            assert [b.chunk(8 + i) for i in range(8)] == [a.chunk(i) for i in range(8)]
+            assert await other.tier.lookup(ks) == [False] * 8
+            assert (await b.tier.remove(ks[:2])).ok
+            assert await a.tier.lookup(ks[:3]) == [False, False, True]
+
+    run(main)
+
+
 # -- capacity is the server's ------------------------------------------------------------------
 def limit_memory(server: ValkeyProcess, policy: str, room: int = 2 << 20) -> None:
     """maxmemory: what the empty server uses plus ``room`` bytes."""
