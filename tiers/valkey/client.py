@@ -24,9 +24,8 @@ Command = tuple[Any, ...]
 
 @dataclass(frozen=True)
 class ClientOptions:
-    """Deadlines and retries handed to the client."""
+    """Deadlines and retries handed to the client (a batch's own deadline is the tier's)."""
 
-    timeout_s: float
     connect_timeout_s: float
     max_retries: int
     retry_backoff_s: float

@@ -105,7 +105,6 @@ class ValkeyTier(AsyncChunkTier):
         self._px = None if self.ttl_s is None else max(1, round(self.ttl_s * 1000))
         self.pipeline_bytes = integer("pipeline_bytes", pipeline_bytes)
         self._opts = ClientOptions(
-            timeout_s=self.timeout_s,
             connect_timeout_s=seconds(
                 "connect_timeout_s",
                 min(2.0, self.timeout_s) if connect_timeout_s is None else connect_timeout_s,
