@@ -240,8 +240,9 @@ class ValkeyTier(AsyncChunkTier):
 
     async def _store_group(self, keys: list[bytes], cids: list[int], t0: float) -> Outcomes:
         digest = self.offloading_spec.layout_digest
-        # the slots are read (checksum, then the one copy into the packed batch) before the
-        # batch's first await, and never after
+        # the slots are read only while this job runs: the checksums now, the one copy as the
+        # batch is packed and sent (again if it is resent); the engine keeps a cancelled
+        # caller waiting for a running job, so no slot is read after the call returns
         commands = [self._set(k, frame(k, self._chunk(c), digest)) for k, c in zip(keys, cids)]
 
         def end(k: bytes, e: BaseException | None) -> None:
