@@ -128,6 +128,13 @@ def test_seeds_make_a_cluster_and_credentials_are_never_shown(
     assert SECRET not in caplog.text
 
 
+def test_bench_reports_show_no_url_password() -> None:
+    from asynctier.cli.tierfile import redact
+
+    cfg = {"type": "valkey", "url": f"redis://user:{SECRET}@h1:7000,h2:7001/0", "key_prefix": "p"}
+    assert redact(cfg) == {**cfg, "url": "redis://***@h1:7000,h2:7001/0"}
+
+
 def test_wrong_password_fails_each_key_without_showing_it(own_server: ValkeyProcess) -> None:
     with contextlib.closing(own_server.client()) as c:
         c.config_set("requirepass", "right-one")
