@@ -1,6 +1,6 @@
 """asynctier: an async storage-tier runtime for LLM KV caches.
 
-Built-in tiers (``memory``, ``fs``, ``nvme``, ``obj``) are registered here by module path
+Built-in tiers (``memory``, ``fs``, ``nvme``, ``obj``, ``chain``, ``valkey``) are registered here by module path
 only; their modules and client libraries are imported when a tier of that type is first
 built.
 """
@@ -62,6 +62,7 @@ BUILTIN_TIERS = {
     "nvme": ("asynctier.tiers.nvme", "NvmeTier"),
     "obj": ("asynctier.tiers.obj", "ObjTier"),
     "chain": ("asynctier.tiers.chain", "ChainTier"),
+    "valkey": ("asynctier.tiers.valkey", "ValkeyTier"),
 }
 
 for _type, (_module, _cls) in BUILTIN_TIERS.items():

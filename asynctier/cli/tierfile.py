@@ -40,7 +40,11 @@ DEFAULT_TIERS: dict[str, dict[str, Any]] = {
     "obj": {"type": "obj", "url": "file://{dir}"},
 }
 #: Configs used for ``--tier TYPE`` when TYPE is not named in a config file.
-_TYPE_DEFAULTS: dict[str, dict[str, Any]] = {**DEFAULT_TIERS, "memory": {"type": "memory"}}
+_TYPE_DEFAULTS: dict[str, dict[str, Any]] = {
+    **DEFAULT_TIERS,
+    "memory": {"type": "memory"},
+    "valkey": {"type": "valkey", "url": "{local_valkey}"},  # a server started for the run (cli/valkey_server.py)
+}
 
 
 def type_default(tier_type: str) -> dict[str, Any]:
@@ -202,14 +206,22 @@ def uses_dir(value: Any) -> bool:
     return False
 
 
+#: ``scheme://user:password@``: the user info of a URL (a valkey url's password), to the last
+#: "@" (a password may hold "/" unencoded)
+_URL_USERINFO = re.compile(r"(\b[A-Za-z][A-Za-z0-9+.-]*://)\S*@")
+
+
 def redact(config: Mapping[str, Any]) -> dict[str, Any]:
-    """A config safe to print or store: values of secret-looking keys hidden."""
+    """A config safe to print or store: values of secret-looking keys hidden, and the user
+    info of URLs (``redis://:password@host``)."""
     out: dict[str, Any] = {}
     for k, v in config.items():
         if re.search(r"secret|password|token|credential|access_key|key_id|sas", k, re.IGNORECASE):
             out[k] = "***"
         elif isinstance(v, dict):
             out[k] = redact(v)
+        elif isinstance(v, str):
+            out[k] = _URL_USERINFO.sub(r"\1***@", v)
         else:
             out[k] = v
     return out

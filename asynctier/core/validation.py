@@ -14,18 +14,51 @@ from ..spec import OffloadingSpec
 
 __all__ = [
     "MAX_KEY_BYTES",
+    "MAX_SECONDS",
     "check_bool",
     "check_keys",
     "check_pairs",
     "check_path",
     "check_private_dir",
+    "integer",
     "non_negative_float",
     "permission_bits",
     "positive_int",
+    "seconds",
 ]
 
 #: Longest key accepted (keys are prefix hashes; this leaves room for them in chunk headers).
 MAX_KEY_BYTES = 1024
+
+#: Durations beyond a day are mistakes (inf, milliseconds taken for seconds), and the HTTP
+#: client refuses some of them only when the store is built.
+MAX_SECONDS = 86400.0
+
+
+def seconds(name: str, value: object, *, zero_ok: bool) -> float:
+    """A duration in seconds: a real number (not a bool), > 0 (or >= 0) and <= MAX_SECONDS; NaN refused."""
+    if (
+        isinstance(value, (int, float))
+        and not isinstance(value, bool)
+        and (value >= 0 if zero_ok else value > 0)  # NaN fails this and the next
+        and value <= MAX_SECONDS
+    ):
+        return float(value)
+    bound = ">= 0" if zero_ok else "> 0"
+    raise TierConfigError(f"{name} must be a number of seconds {bound} and <= {MAX_SECONDS:g}; got {value!r}")
+
+
+def integer(name: str, value: object, minimum: int = 1, maximum: int | None = None) -> int:
+    """An int (not a bool) from ``minimum`` (to ``maximum``)."""
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int)
+        or value < minimum
+        or (maximum is not None and value > maximum)
+    ):
+        bound = f">= {minimum}" if maximum is None else f"from {minimum} to {maximum}"
+        raise TierConfigError(f"{name} must be an int {bound}; got {value!r}")
+    return value
 
 
 def positive_int(name: str, value: object, *, allow_none: bool = False) -> int | None:

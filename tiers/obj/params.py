@@ -4,39 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from asynctier.errors import TierConfigError
+from asynctier.core.validation import MAX_SECONDS, integer, seconds
 
 __all__ = ["MAX_SECONDS", "Deadlines", "integer", "seconds"]
-
-#: Durations beyond a day are mistakes (inf, milliseconds taken for seconds), and the HTTP
-#: client refuses some of them only when the store is built.
-MAX_SECONDS = 86400.0
-
-
-def seconds(name: str, value: object, *, zero_ok: bool) -> float:
-    """A duration in seconds: a real number (not a bool), > 0 (or >= 0) and <= MAX_SECONDS; NaN refused."""
-    if (
-        isinstance(value, (int, float))
-        and not isinstance(value, bool)
-        and (value >= 0 if zero_ok else value > 0)  # NaN fails this and the next
-        and value <= MAX_SECONDS
-    ):
-        return float(value)
-    bound = ">= 0" if zero_ok else "> 0"
-    raise TierConfigError(f"{name} must be a number of seconds {bound} and <= {MAX_SECONDS:g}; got {value!r}")
-
-
-def integer(name: str, value: object, minimum: int = 1, maximum: int | None = None) -> int:
-    """An int (not a bool) from ``minimum`` (to ``maximum``)."""
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, int)
-        or value < minimum
-        or (maximum is not None and value > maximum)
-    ):
-        bound = f">= {minimum}" if maximum is None else f"from {minimum} to {maximum}"
-        raise TierConfigError(f"{name} must be an int {bound}; got {value!r}")
-    return value
 
 
 @dataclass(frozen=True)

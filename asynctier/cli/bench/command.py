@@ -282,6 +282,9 @@ def bench(
             repeat=repeat,
             command=_command_line(click.get_current_context()),
         )
+        from ..valkey_server import with_local_valkey
+
+        opts.tiers = with_local_valkey(opts.tiers, opts.max_point_bytes(), click.get_current_context().call_on_close)
         plan = make_plan(opts)
         _check_tiers(opts, tier_names, tfile, plan)
         if root is not None:  # last: the one check that may create something (the root itself)

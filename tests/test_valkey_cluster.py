@@ -1,0 +1,143 @@
+"""The valkey tier on a real three-node cluster while a slot moves: the client's cached slot
+map goes stale (MOVED) or a slot is half-migrated (ASK); every chunk still loads byte-exact."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from valkey_helpers import ValkeyCluster3, ValkeyProcess, valkey_cluster3
+
+from asynctier import OffloadingSpec, SecondaryTierFactory
+from asynctier.errors import failure_kind
+
+__all__ = ["valkey_cluster3"]
+
+key_slot = pytest.importorskip("valkey.crc", reason="the valkey tier's tests need valkey-py").key_slot
+
+CHUNK = 8 * 1024
+SPEC = OffloadingSpec(CHUNK, 16, namespace="valkey/cluster")
+
+
+def same_slot_keys(tier: Any, n: int, tag: str) -> tuple[int, list[bytes]]:
+    """``n`` keys whose names fall in one slot (found by trying names)."""
+    by_slot: dict[int, list[bytes]] = {}
+    i = 0
+    while True:
+        k = f"{tag}-{i}".encode()
+        i += 1
+        group = by_slot.setdefault(key_slot(tier.name_of(k)), [])
+        group.append(k)
+        if len(group) == n:
+            return key_slot(tier.name_of(k)), group
+
+
+def other_node(cluster: ValkeyCluster3, slot: int) -> ValkeyProcess:
+    with contextlib.closing(cluster.nodes[0].client()) as c:
+        slots = c.execute_command("CLUSTER", "SLOTS")
+    owner_port = next(int(r[2][1]) for r in slots if int(r[0]) <= slot <= int(r[1]))
+    return next(n for n in cluster.nodes if n.port != owner_port)
+
+
+def current_owner(cluster: ValkeyCluster3, slot: int) -> ValkeyProcess:
+    with contextlib.closing(cluster.nodes[0].client()) as c:
+        slots = c.execute_command("CLUSTER", "SLOTS")
+    owner_port = next(int(r[2][1]) for r in slots if int(r[0]) <= slot <= int(r[1]))
+    return next(n for n in cluster.nodes if n.port == owner_port)
+
+
+def migrate(cluster: ValkeyCluster3, slot: int, names: list[bytes], *, finish: bool) -> ValkeyProcess:
+    """Move ``names`` of ``slot`` to another node; with ``finish``, hand the slot over too
+    (clients then get MOVED); without, leave it MIGRATING/IMPORTING (clients get ASK)."""
+    src = current_owner(cluster, slot)
+    dst = other_node(cluster, slot)
+    src_id, dst_id = cluster.node_id(src), cluster.node_id(dst)
+    with contextlib.closing(src.client()) as s, contextlib.closing(dst.client()) as d:
+        d.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", src_id)
+        s.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", dst_id)
+        s.execute_command("MIGRATE", "127.0.0.1", dst.port, "", 0, 5000, "KEYS", *names)
+        if finish:
+            for n in cluster.nodes:
+                with contextlib.closing(n.client()) as c:
+                    c.execute_command("CLUSTER", "SETSLOT", slot, "NODE", dst_id)
+    return dst
+
+
+def hand_over(cluster: ValkeyCluster3, slot: int, dst: ValkeyProcess) -> None:
+    dst_id = cluster.node_id(dst)
+    for n in cluster.nodes:
+        with contextlib.closing(n.client()) as c:
+            c.execute_command("CLUSTER", "SETSLOT", slot, "NODE", dst_id)
+
+
+@pytest.mark.parametrize("finish", [True, False], ids=["moved", "ask"])
+def test_a_slot_migration_is_followed_transparently(valkey_cluster3: ValkeyCluster3, finish: bool) -> None:
+    buf = bytearray(os.urandom(SPEC.total_bytes))
+    tier: Any = SecondaryTierFactory.create_secondary_tier(
+        {"type": "valkey", "url": valkey_cluster3.url, "key_prefix": f"mig-{finish}"}, memoryview(buf), SPEC
+    )
+    slot, ks = same_slot_keys(tier, 8, "slot")
+    data = [bytes(SPEC.chunk_view(memoryview(buf), i)) for i in range(8)]
+
+    async def check() -> None:
+        buf[:] = bytes(len(buf))
+        res = await tier.load(ks, list(range(8, 16)))
+        assert res.ok, res.failed
+        assert [bytes(SPEC.chunk_view(memoryview(buf), 8 + i)) for i in range(8)] == data
+        assert await tier.lookup(ks) == [True] * 8
+        fresh = [k + b"-new" for k in ks]
+        assert (await tier.offload(fresh, list(range(8)))).ok
+        assert (await tier.remove(ks)).ok
+        assert await tier.lookup(ks + fresh) == [False] * 8 + [True] * 8
+        assert sorted(await tier.stored_keys()) == sorted(fresh), "a listing scans every node"
+
+    async def main() -> None:
+        async with tier:
+            assert (await tier.offload(ks, list(range(8)))).ok  # the client now caches the slot map
+            moved = ks if finish else ks[:4]
+            dst = migrate(valkey_cluster3, slot, [tier.name_of(k) for k in moved], finish=finish)
+            try:
+                await check()
+            finally:
+                if not finish:  # end the migration: the slot's keys are removed by then
+                    hand_over(valkey_cluster3, slot, dst)
+
+    anyio.run(main, backend="asyncio")
+
+
+def test_a_node_that_dies_fails_its_keys_and_nothing_hangs(tmp_path: Path) -> None:
+    """A primary killed under the tier: every key loads byte-exact or fails with a per-key
+    error within the deadline; the cluster's other slots go on serving after it."""
+    cluster = ValkeyCluster3(tmp_path)
+    try:
+        buf = bytearray(os.urandom(SPEC.total_bytes))
+        tier: Any = SecondaryTierFactory.create_secondary_tier(
+            {"type": "valkey", "url": cluster.url, "timeout_s": 2, "breaker_threshold": 1000}, memoryview(buf), SPEC
+        )
+        ks = [b"die-%d" % i for i in range(16)]
+        data = [bytes(SPEC.chunk_view(memoryview(buf), i)) for i in range(16)]
+
+        async def main() -> None:
+            async with tier:
+                assert (await tier.offload(ks, list(range(16)))).ok
+                cluster.nodes[2].stop()
+                buf[:] = bytes(len(buf))
+                res = await tier.load(ks, list(range(16)))
+                assert {failure_kind(e) for e in res.failed.values()} <= {"unavailable", "timeout"}, res.failed
+                for k in res.succeeded:
+                    i = ks.index(k)
+                    assert bytes(SPEC.chunk_view(memoryview(buf), i)) == data[i]
+                dead = cluster.nodes[2]
+                lo, hi = cluster.RANGES[cluster.nodes.index(dead)]
+                on_live = [k for k in ks if not lo <= key_slot(tier.name_of(k)) <= hi]
+                buf[:] = bytes(len(buf))
+                res = await tier.load(on_live, list(range(len(on_live))))
+                assert res.ok, res.failed  # once the client has seen the node gone, one call at most
+
+        anyio.run(main, backend="asyncio")
+    finally:
+        cluster.stop()

@@ -1,0 +1,74 @@
+"""The conformance suite against real valkey-server processes: one server, and a three-node
+cluster (module-scoped). valkey-py's client is asyncio-only: the checks run on asyncio (the
+single-node class on uvloop too); on trio the tier refuses to open (tests/test_valkey.py)."""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+from pathlib import Path
+from typing import Any
+
+import pytest
+from valkey_helpers import ValkeyCluster3, ValkeyProcess, valkey_cluster3, valkey_single
+
+from asynctier.testing import TierConformance
+from asynctier.testing.harness import Harness
+
+__all__ = ["valkey_cluster3", "valkey_single"]  # session fixtures, shared with tests/test_valkey.py
+
+_prefixes = itertools.count()
+
+
+class _ValkeyHooks(TierConformance):
+    """The tier frames its own values: the integrity checks damage them with a raw client."""
+
+    url: str = ""
+    cluster: bool = False
+
+    def tier_config(self, tmp_path: Path) -> dict[str, Any]:
+        # a key prefix per check: the suite's keys repeat from check to check on one server
+        return {"type": "valkey", "url": self.url, "key_prefix": f"conf{next(_prefixes)}"}
+
+    def _raw(self) -> Any:
+        import valkey
+        from valkey.cluster import ClusterNode
+
+        if self.cluster:
+            host, port = self.url.removeprefix("redis://").split(",")[0].split(":")
+            return valkey.ValkeyCluster(startup_nodes=[ClusterNode(host, int(port))])
+        return valkey.Valkey.from_url(self.url)
+
+    async def corrupt_stored(self, h: Harness, key: bytes, how: str) -> None:
+        name = h.tier.name_of(key)  # type: ignore[attr-defined]
+        with contextlib.closing(self._raw()) as c:
+            value = bytearray(c.get(name))
+            if how == "flip":
+                value[-1] ^= 0x01
+            else:
+                del value[-100:]
+            c.set(name, bytes(value))
+
+    async def swap_stored(self, h: Harness, key_a: bytes, key_b: bytes) -> None:
+        na, nb = h.tier.name_of(key_a), h.tier.name_of(key_b)  # type: ignore[attr-defined]
+        with contextlib.closing(self._raw()) as c:
+            va, vb = c.get(na), c.get(nb)
+            c.set(na, vb)
+            c.set(nb, va)
+
+
+class TestValkeySingle(_ValkeyHooks):
+    backends = ("asyncio", "uvloop")
+
+    @pytest.fixture(autouse=True)
+    def _server(self, valkey_single: ValkeyProcess) -> None:
+        type(self).url = valkey_single.url
+
+
+class TestValkeyCluster(_ValkeyHooks):
+    backends = ("asyncio",)
+    cluster = True
+
+    @pytest.fixture(autouse=True)
+    def _server(self, valkey_cluster3: ValkeyCluster3) -> None:
+        type(self).url = valkey_cluster3.url

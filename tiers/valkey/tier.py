@@ -1,0 +1,420 @@
+"""The valkey tier's wiring: chunks as string values on a Valkey or Redis server (or cluster),
+moved in pipelined batches through the circuit breaker, each value checked before one byte of
+it reaches the caller's slot."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from collections.abc import Callable, Sequence
+from typing import Any, ClassVar
+
+import anyio
+import sniffio
+
+from asynctier import AsyncChunkTier, ChunkError, ChunkNotFoundError, IntegrityError
+from asynctier.core.breaker import Breaker
+from asynctier.core.ops import Op
+from asynctier.core.validation import check_keys, integer, seconds
+from asynctier.errors import TierConfigError, TierStateError, TierUnavailableError
+from asynctier.stats import TierStats
+
+from .client import Client, ClientOptions, Command, build_client, run_pipeline, scan_names
+from .errors import ValkeyIOError, map_client_error
+from .format import check_key_prefix, frame, name_prefix, unframe_into
+from .redact import Scrubber
+from .url import parse_url
+
+__all__ = ["ValkeyTier"]
+
+log = logging.getLogger(__name__)
+
+_MIB = 1 << 20
+#: Keys per pipeline of a lookup (EXISTS replies are a few bytes each).
+LOOKUP_BATCH = 512
+#: Keys per pipeline of a removal.
+REMOVE_BATCH = 256
+
+Outcomes = list[BaseException | None]
+
+
+class ValkeyTier(AsyncChunkTier):
+    """Chunks as values on a Valkey or Redis server or cluster, through valkey-py's asyncio
+    client (docs/tiers/valkey.md).
+
+    Args:
+        url: ``redis://``, ``rediss://`` (TLS), ``valkey://`` or ``valkeys://``
+            ``[user[:password]@]host[:port][,host[:port]...][/db]``; several seeds mean a
+            cluster. Without credentials in the URL, ``VALKEY_USERNAME`` / ``VALKEY_PASSWORD``
+            are read from the environment. Never shown with its credentials.
+        cluster: the seeds are nodes of a cluster (implied by several seeds).
+        key_prefix: every key name starts with ``<key_prefix>:<layout id>:`` (default
+            ``"asynctier"``).
+        ttl_s: expire each chunk this long after its store (None: never; the server's
+            eviction policy bounds memory either way).
+        pipeline_bytes: stores and loads go in pipelines of at most this many payload bytes
+            (default 1 MiB, at least one chunk); each pipeline holds one in-flight slot.
+        connect_timeout_s: deadline of a connection attempt (default ``min(2, timeout_s)``).
+        max_retries, retry_backoff_s: a batch that loses its connection is sent again up to
+            ``max_retries`` times (default 2), after ``retry_backoff_s`` (0.05) doubling.
+        breaker_threshold, breaker_cooldown_s: circuit breaker (defaults 5, 5.0).
+        tls_ca_file: CA bundle that signs the server's certificate (``rediss://`` and
+            ``valkeys://`` only; default: the system's CAs). The host name is checked too.
+        timeout_s: deadline of each pipelined batch, retries included (default 5.0).
+        **kwargs: the common knobs of :class:`~asynctier.ChunkTier` (``max_inflight``,
+            ``verify``, ``store_backpressure``, ...); ``capacity_bytes`` is refused: the
+            server's ``maxmemory`` bounds what it holds.
+    """
+
+    default_type = "valkey"
+    supported_durability: ClassVar[tuple[str, ...]] = ("none",)
+    uses_index = False  # the server is the authority; other servers write to it too
+    handles_capacity = False  # maxmemory and the eviction policy are the server's
+    frames_own_bytes = True  # header and payload travel as one value
+
+    def __init__(
+        self,
+        *,
+        url: str,
+        cluster: bool = False,
+        key_prefix: str = "asynctier",
+        ttl_s: float | None = None,
+        pipeline_bytes: int = _MIB,
+        connect_timeout_s: float | None = None,
+        max_retries: int = 2,
+        retry_backoff_s: float = 0.05,
+        breaker_threshold: int = 5,
+        breaker_cooldown_s: float = 5.0,
+        tls_ca_file: str | None = None,
+        timeout_s: float | None = 5.0,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(timeout_s=timeout_s, **kwargs)
+        if not self.timeout_s:
+            raise TierConfigError(
+                f"timeout_s must be a number of seconds > 0 for the valkey tier (a server that never "
+                f"answers must not hang a call); got {timeout_s!r}"
+            )
+        self._target = parse_url(url, cluster=cluster)
+        self.url = self._target.shown
+        self.cluster = self._target.cluster
+        self.key_prefix = check_key_prefix(key_prefix)
+        self.ttl_s = None if ttl_s is None else seconds("ttl_s", ttl_s, zero_ok=False)
+        self._px = None if self.ttl_s is None else max(1, round(self.ttl_s * 1000))
+        self.pipeline_bytes = integer("pipeline_bytes", pipeline_bytes)
+        self._opts = ClientOptions(
+            connect_timeout_s=seconds(
+                "connect_timeout_s",
+                min(2.0, self.timeout_s) if connect_timeout_s is None else connect_timeout_s,
+                zero_ok=False,
+            ),
+            max_retries=integer("max_retries", max_retries, minimum=0, maximum=100),
+            retry_backoff_s=seconds("retry_backoff_s", retry_backoff_s, zero_ok=False),
+            tls_ca_file=self._ca_file(tls_ca_file),
+        )
+        self._breaker = Breaker(
+            integer("breaker_threshold", breaker_threshold),
+            seconds("breaker_cooldown_s", breaker_cooldown_s, zero_ok=True),
+            what="valkey server",
+        )
+        self._scrubber = Scrubber(self._target.secrets)
+        self._names = name_prefix(self.key_prefix, self.offloading_spec.layout_id)
+        self._client: Client | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._lookups: anyio.CapacityLimiter | None = None
+
+    def _ca_file(self, value: object) -> str | None:
+        if value is None:
+            return None
+        if not self._target.tls:
+            raise TierConfigError("tls_ca_file is for TLS urls (rediss://, valkeys://) only")
+        if not isinstance(value, (str, os.PathLike)) or not str(value) or "\0" in str(value):
+            raise TierConfigError(f"tls_ca_file must be a non-empty path (str or PathLike); got {value!r}")
+        return os.fspath(value)
+
+    # -- representation (never credentials) -----------------------------------------------
+    def __repr__(self) -> str:
+        return (
+            f"<ValkeyTier type={self.tier_type!r} url={self.url!r} cluster={self.cluster} "
+            f"namespace={self.offloading_spec.namespace!r}>"
+        )
+
+    def name_of(self, key: bytes) -> bytes:
+        """The key name a chunk of ``key`` is stored under."""
+        return self._names + key
+
+    # -- open and close --------------------------------------------------------------------
+    async def open_medium(self) -> None:
+        lib = sniffio.current_async_library()
+        if lib != "asyncio":
+            raise TierStateError(
+                f"the valkey tier runs on asyncio event loops (asyncio, uvloop) only: its client, valkey-py, "
+                f"is asyncio-only; this is {lib} (docs/tiers/valkey.md, 'Event loops')"
+            )
+        self._loop = asyncio.get_running_loop()
+        # no round trip here: a cache must come up while its server is down
+        self._client = build_client(self._target, self._opts)
+        self._lookups = anyio.CapacityLimiter(self.max_inflight or 1)
+
+    async def close_medium(self) -> None:
+        client, self._client = self._client, None
+        if client is not None:
+            try:
+                await client.aclose()
+            except Exception as e:
+                log.warning("valkey tier %s: closing the client failed: %s", self.url, self._scrub(str(e)))
+
+    # -- one pipeline: breaker, deadline, error mapping ------------------------------------
+    def _scrub(self, text: str) -> str:
+        return self._scrubber.scrub(text)
+
+    def _admit(self) -> bool:
+        try:
+            return self._breaker.before()
+        except TierUnavailableError:
+            raise TierUnavailableError(
+                f"valkey server unreachable: circuit breaker open after {self._breaker.threshold} "
+                f"consecutive connection failures (retrying in at most {self._breaker.cooldown_s}s)"
+            ) from None
+
+    async def _request(self, key: bytes, commands: Sequence[Command]) -> list[Any]:
+        """Run ``commands`` as one pipeline; a failure of the whole batch is raised as
+        ``key``'s :class:`ChunkError` (error replies of single commands are returned)."""
+        client = self._client
+        if client is None:
+            raise TierUnavailableError("the valkey client is closed", key)
+        probe = self._admit()
+        try:
+            replies = await self._deadline(run_pipeline(client, commands))
+        except Exception as e:
+            mapped, reachable = map_client_error(e, key, self._scrub(str(e)))
+            if reachable:
+                self._breaker.success(probe)
+            else:
+                self._breaker.failure(probe)
+            raise mapped from None
+        except BaseException:
+            self._breaker.neutral(probe)  # not an answer either way; the probe's turn must end
+            raise
+        self._breaker.success(probe)
+        self._stats.incr("pipelines")
+        return replies
+
+    @staticmethod
+    def _each(exc: ChunkError, keys: Sequence[bytes]) -> list[BaseException | None]:
+        """``exc`` (a whole batch's failure) as one error per key, each naming its key."""
+        return [type(exc)(str(exc), k) for k in keys]
+
+    def _set(self, key: bytes, value: tuple[bytes, memoryview]) -> Command:
+        if self._px is None:
+            return ("SET", self.name_of(key), value)
+        return ("SET", self.name_of(key), value, "PX", self._px)
+
+    # -- grouped jobs: one pipeline per group ----------------------------------------------
+    def group_size(self, op: Op, n: int) -> int:
+        if op is Op.REMOVE:
+            return REMOVE_BATCH
+        if op not in (Op.STORE, Op.LOAD):
+            return 1
+        per = max(1, self.pipeline_bytes // self.offloading_spec.chunk_bytes)
+        spread = -(-n // (self.max_inflight or 1))  # use every in-flight slot before growing a batch
+        return max(1, min(per, spread))
+
+    def group_body(self, op: Op) -> Callable[..., Any]:  # coroutine functions: the tasks engine awaits them
+        return {Op.STORE: self._store_group, Op.LOAD: self._load_group, Op.REMOVE: self._remove_group}[op]
+
+    async def _batch(
+        self, keys: list[bytes], commands: list[Command], end: Callable[[bytes, BaseException | None], None]
+    ) -> tuple[list[Any] | None, Outcomes]:
+        """:meth:`_request` for a group: (replies, []), or (None, each key's failure) when the
+        whole batch failed, each key then booked with ``end``."""
+        try:
+            return await self._request(keys[0], commands), []
+        except ChunkError as e:
+            errs = self._each(e, keys)
+        except BaseException as e:
+            for k in keys:
+                end(k, e)
+            raise
+        for k, err in zip(keys, errs):
+            end(k, err)
+        return None, errs
+
+    async def _store_group(self, keys: list[bytes], cids: list[int], t0: float) -> Outcomes:
+        digest = self.offloading_spec.layout_digest
+        # the slots are read only while this job runs: the checksums now, the one copy as the
+        # batch is packed and sent (again if it is resent); the engine keeps a cancelled
+        # caller waiting for a running job, so no slot is read after the call returns
+        commands = [self._set(k, frame(k, self._chunk(c), digest)) for k, c in zip(keys, cids)]
+
+        def end(k: bytes, e: BaseException | None) -> None:
+            self._end_store(k, t0, e)
+
+        replies, errs = await self._batch(keys, commands, end)
+        if replies is None:
+            return errs
+        out: Outcomes = []
+        for k, r in zip(keys, replies):
+            err = None if _stored(r) else self._failed(k, r, "SET")
+            end(k, err)
+            out.append(err)
+        return out
+
+    async def _load_group(self, keys: list[bytes], cids: list[int], t0: float) -> Outcomes:
+        def end(k: bytes, e: BaseException | None) -> None:
+            self._end_load(k, t0, e)
+
+        replies, errs = await self._batch(keys, [("GET", self.name_of(k)) for k in keys], end)
+        if replies is None:
+            return errs
+        out: Outcomes = []
+        bad: list[bytes] = []
+        digest = self.offloading_spec.layout_digest
+        for k, c, r in zip(keys, cids, replies):
+            err: ChunkError | None = None
+            if r is None:
+                err = ChunkNotFoundError(f"no chunk stored under key {k.hex()[:32]}", k)
+            elif isinstance(r, bytes):
+                try:
+                    unframe_into(k, r, self._chunk(c), digest, self.verify)
+                except IntegrityError as e:
+                    err = e
+            else:
+                err = self._failed(k, r, "GET")
+            if self._end_load(k, t0, err):
+                bad.append(k)
+            out.append(err)
+        if bad:
+            await self._delete_bad(bad)
+        return out
+
+    async def _delete_bad(self, keys: list[bytes]) -> None:
+        """Delete values that failed verification (by name: see docs, 'A bad value'); a failure
+        to delete is logged, the keys' failures stay the verification's."""
+        try:
+            await self._request(keys[0], [("DEL", self.name_of(k)) for k in keys])
+        except Exception as e:
+            log.warning("valkey tier %s: removing %d bad chunk(s) failed: %s", self.url, len(keys), e)
+        finally:
+            self._removed(keys)
+
+    async def _remove_group(self, keys: list[bytes], cids: list[int], t0: float) -> Outcomes:
+        def end(k: bytes, e: BaseException | None) -> None:
+            self._end_remove(k, t0, e)
+
+        replies, errs = await self._batch(keys, [("DEL", self.name_of(k)) for k in keys], end)
+        if replies is None:
+            return errs
+        out: Outcomes = []
+        for k, r in zip(keys, replies):
+            err = None if isinstance(r, int) else self._failed(k, r, "DEL")
+            end(k, err)
+            out.append(err)
+        return out
+
+    def _failed(self, key: bytes, reply: object, command: str) -> ChunkError:
+        """The failure of one command of a batch, from its reply."""
+        if isinstance(reply, BaseException):
+            return map_client_error(reply, key, self._scrub(str(reply)))[0]
+        return ValkeyIOError(f"unexpected reply to {command}: {type(reply).__name__}", key)
+
+    # -- single-chunk primitives (verify_chunks, fsck) -------------------------------------
+    async def write_chunk(self, key: bytes, data: memoryview) -> None:
+        (r,) = await self._request(key, [self._set(key, frame(key, data, self.offloading_spec.layout_digest))])
+        if not _stored(r):
+            raise self._failed(key, r, "SET")
+
+    async def read_chunk(self, key: bytes, out: memoryview) -> int | None:
+        (r,) = await self._request(key, [("GET", self.name_of(key))])
+        if r is None:
+            raise ChunkNotFoundError(f"no chunk stored under key {key.hex()[:32]}", key)
+        if not isinstance(r, bytes):
+            raise self._failed(key, r, "GET")
+        unframe_into(key, r, out, self.offloading_spec.layout_digest, self.verify)
+        return None
+
+    async def chunk_exists(self, key: bytes) -> bool:
+        (r,) = await self._request(key, [("EXISTS", self.name_of(key))])
+        if not isinstance(r, int):
+            raise self._failed(key, r, "EXISTS")
+        return r > 0
+
+    async def delete_chunk(self, key: bytes) -> bool:
+        (r,) = await self._request(key, [("DEL", self.name_of(key))])
+        if not isinstance(r, int):
+            raise self._failed(key, r, "DEL")
+        return r > 0
+
+    async def list_chunks(self) -> list[bytes]:
+        client = self._client
+        if client is None:
+            raise TierUnavailableError("the valkey client is closed")
+        with anyio.fail_after(max(60.0, 10 * (self.timeout_s or 5.0))):
+            names = await scan_names(client, self._names + b"*")
+        n = len(self._names)
+        return [bytes(name[n:]) for name in names]
+
+    # -- lookup: batched EXISTS ------------------------------------------------------------
+    async def lookup(self, keys: Sequence[bytes]) -> list[bool]:
+        """Whether each key is stored: EXISTS in pipelines of up to 512 keys, at most
+        ``max_inflight`` pipelines at once. An unreachable server answers "not stored"."""
+        ks = check_keys(keys)
+        self._check_open()
+        self._check_loop()
+        assert self._lookups is not None
+        answers: list[bool] = []
+        for i in range(0, len(ks), LOOKUP_BATCH):
+            batch = ks[i : i + LOOKUP_BATCH]
+            async with self._lookups:
+                try:
+                    replies = await self._request(batch[0], [("EXISTS", self.name_of(k)) for k in batch])
+                except ChunkError:
+                    replies = [0] * len(batch)  # a lookup is a hint; a load is the truth
+            answers += [isinstance(r, int) and r > 0 for r in replies]
+        return answers
+
+    async def touch(self, keys: Sequence[bytes]) -> None:
+        """With ``ttl_s``, give each key its full TTL again (PEXPIRE); without, nothing: a load
+        already counts as a use for the server's LRU."""
+        ks = check_keys(keys)
+        self._check_open()
+        if self._px is None or not ks:
+            return
+        self._check_loop()
+        assert self._lookups is not None
+        for i in range(0, len(ks), LOOKUP_BATCH):
+            batch = ks[i : i + LOOKUP_BATCH]
+            async with self._lookups:
+                try:
+                    await self._request(batch[0], [("PEXPIRE", self.name_of(k), self._px) for k in batch])
+                except ChunkError as e:
+                    log.debug("valkey tier %s: touch failed: %s", self.url, e)  # a hint, as a lookup is
+
+    def _check_loop(self) -> None:
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            loop = None
+        if loop is not self._loop:
+            raise TierStateError(
+                "this valkey tier was opened on another event loop, and its connections belong to that loop: "
+                "open one tier per event loop"
+            )
+
+    # -- stats -----------------------------------------------------------------------------
+    def stats(self) -> TierStats:
+        s = super().stats()
+        s.extra["breaker_opened"] = self._breaker.opened
+        s.extra["breaker_fast_failed"] = self._breaker.fast_failed
+        return s
+
+    @property
+    def breaker_state(self) -> str:
+        """The circuit breaker: ``closed``, ``open`` or ``half-open``."""
+        return self._breaker.state
+
+
+def _stored(reply: object) -> bool:
+    """A SET's reply says stored (raw ``OK``, or ``True`` through the client's callbacks)."""
+    return reply is True or reply == b"OK"
