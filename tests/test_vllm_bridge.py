@@ -9,6 +9,7 @@ lookup (which promotes), on_schedule_end once per step, prepare_load / complete_
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -341,3 +342,19 @@ def test_bad_config_is_refused(tmp_path: Path) -> None:
 def test_import_asynctier_does_not_import_vllm() -> None:
     code = "import sys, asynctier, asynctier.integrations; assert 'vllm' not in sys.modules, 'vllm imported'"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_bench_vllm_runs_and_checks_every_byte(tmp_path: Path) -> None:
+    """bench/bench_vllm.py end to end at a tiny size (a smoke test, not a measurement)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
+    import bench_vllm
+
+    out = tmp_path / "out"
+    bench_vllm.main(["--dir", str(tmp_path / "scratch"), "--sizes-kib", "256", "--mib", "2", "--batch", "4",
+                     "--repeat", "1", "--step-ms", "0.5", "--out", str(out)])  # fmt: skip
+    report = json.loads((out / "vllm.json").read_text())
+    assert [p["tier"] for p in report["points"]] == ["vllm fs", "asynctier fs", "asynctier nvme"]
+    for p in report["points"]:
+        assert p["store_gbps"] > 0 and p["load_gbps"] > 0
+        assert p["calls"]["submit_store"]["calls"] == 2 and p["calls"]["submit_load"]["calls"] == 2
+    assert "| asynctier nvme | 256 KiB |" in (out / "vllm.md").read_text()

@@ -22,12 +22,13 @@ This module imports vLLM; ``import asynctier`` does not import it.
 from __future__ import annotations
 
 import asyncio
+import collections
 import hashlib
 import logging
 import queue
 import threading
 import time
-from collections.abc import Collection, Coroutine, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Coroutine, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal, TypeVar
 
@@ -72,6 +73,11 @@ QUEUED = "vllm:kv_offload_asynctier_queued_chunks"
 _LABEL = "asynctier_tier"
 
 _MAX_NAMESPACE = 256
+#: how often the loop takes new work from the scheduler thread while it is busy
+_POLL_S = 0.0005
+#: how long the loop keeps polling after its last job: an engine steps every few to tens of
+#: milliseconds, so in steady serving the scheduler thread never has to wake it
+_LINGER_S = 0.1
 
 
 def namespace_for(offloading_spec: VllmOffloadingSpec) -> str:
@@ -191,6 +197,13 @@ class AsynctierTier(SecondaryTierManager):
         # loop thread -> scheduler thread; SimpleQueue is safe for one writer and one reader
         self._finished: queue.SimpleQueue[_Done] = queue.SimpleQueue()
         self._snapshot: TierStats | None = None  # replaced whole by the loop thread
+        # scheduler -> loop: work the loop picks up. Waking the loop is a socket write, and a
+        # system call gives the GIL away: while the loop thread runs the tier's Python code the
+        # scheduler thread would wait a switch interval (5 ms) to get it back. So while jobs
+        # run, the loop polls this deque itself and the scheduler thread wakes it only when idle.
+        self._inbox: collections.deque[tuple[Callable[..., None], tuple[Any, ...]]] = collections.deque()
+        self._loop_polls = False  # written by the loop thread only
+        self._last_busy = 0.0  # loop time of the last job or inbox item
 
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._run_loop, name=f"asynctier-{tier_type}", daemon=True)
@@ -217,10 +230,40 @@ class AsynctierTier(SecondaryTierManager):
         self._thread.join()
         self.loop.close()
 
+    def _post(self, fn: Callable[..., None], *args: Any) -> None:
+        """Have the loop thread run ``fn(*args)`` soon (from the scheduler thread)."""
+        self._inbox.append((fn, args))
+        if not self._loop_polls:
+            self.loop.call_soon_threadsafe(self._take_inbox)
+
+    def _take_inbox(self) -> None:
+        if self._inbox:
+            self._last_busy = self.loop.time()
+        while self._inbox:
+            fn, args = self._inbox.popleft()
+            fn(*args)
+
+    def _poll_inbox(self) -> None:
+        self._take_inbox()
+        if self._jobs or self._side_tasks:
+            self._last_busy = self.loop.time()
+        if self.loop.time() - self._last_busy < _LINGER_S:
+            self.loop.call_later(_POLL_S, self._poll_inbox)
+        else:
+            self._loop_polls = False
+            self._take_inbox()  # what was posted while the scheduler thread still saw us polling
+
+    def _track(self, tasks: set[asyncio.Task[None]], coro: Coroutine[Any, Any, None]) -> None:
+        task = self.loop.create_task(coro)
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
+        self._last_busy = self.loop.time()
+        if not self._loop_polls:
+            self._loop_polls = True
+            self.loop.call_later(_POLL_S, self._poll_inbox)
+
     def _start_job(self, job_id: int, load: bool, keys: list[OffloadKey], chunk_ids: list[int]) -> None:
-        task = self.loop.create_task(self._run_job(job_id, load, keys, chunk_ids))
-        self._jobs.add(task)
-        task.add_done_callback(self._jobs.discard)
+        self._track(self._jobs, self._run_job(job_id, load, keys, chunk_ids))
 
     async def _run_job(self, job_id: int, load: bool, keys: list[OffloadKey], chunk_ids: list[int]) -> None:
         t0 = time.perf_counter()
@@ -240,10 +283,8 @@ class AsynctierTier(SecondaryTierManager):
                 )
             self._finished.put(_Done(job_id, not res.failed, res.succeeded, res.elapsed_s, res.bytes_transferred))
 
-    def _side_task(self, coro: Coroutine[Any, Any, None]) -> None:
-        task = self.loop.create_task(coro)
-        self._side_tasks.add(task)
-        task.add_done_callback(self._side_tasks.discard)
+    def _start_touch(self, keys: list[OffloadKey]) -> None:
+        self._track(self._side_tasks, self._touch(keys))
 
     async def _touch(self, keys: list[OffloadKey]) -> None:
         try:
@@ -263,6 +304,7 @@ class AsynctierTier(SecondaryTierManager):
         return self._call(self._lookup(keys))
 
     async def _wait_jobs(self, cancel: bool) -> None:
+        self._take_inbox()  # jobs submitted before this call start (and are waited for) too
         while self._jobs:
             if cancel:
                 for task in self._jobs:
@@ -301,7 +343,7 @@ class AsynctierTier(SecondaryTierManager):
         if self._closed:
             self._finished.put(_Done(job.job_id, False, (), 0.0, 0))
             return
-        self.loop.call_soon_threadsafe(self._start_job, job.job_id, load, keys, chunk_ids)
+        self._post(self._start_job, job.job_id, load, keys, chunk_ids)
 
     def get_finished_jobs(self) -> list[JobResult]:
         results = []
@@ -335,7 +377,7 @@ class AsynctierTier(SecondaryTierManager):
 
     def touch(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
         if not self._closed and keys:
-            self.loop.call_soon_threadsafe(self._side_task, self._touch(list(keys)))
+            self._post(self._start_touch, list(keys))
 
     def on_request_finished(self, req_context: ReqContext) -> None:
         self._lookups.cleanup(req_context.req_id)
@@ -388,7 +430,7 @@ class AsynctierTier(SecondaryTierManager):
         """The wrapped tier's counters since the last call (its snapshot is taken on the loop,
         so what this returns is at most one call old)."""
         if not self._closed:
-            self.loop.call_soon_threadsafe(self._refresh_stats)
+            self._post(self._refresh_stats)
         snap = self._snapshot
         if snap is None or snap is self._reported:
             return None
