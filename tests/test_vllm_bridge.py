@@ -51,6 +51,7 @@ from asynctier.integrations.vllm import AsynctierTier
 CHUNK = 64 * 1024
 PRIMARY_CHUNKS = 8
 STEP = ScheduleEndContext(new_req_ids=(), preempted_req_ids=())
+CASCADE_FAILURES = "vllm:kv_offload_tiering_cascade_job_failures"
 
 
 def adapter_config(tier: dict[str, Any], **extra: Any) -> dict[str, Any]:
@@ -87,7 +88,7 @@ class Scheduler:
 
     def __init__(self, tier_config: dict[str, Any]) -> None:
         self.spec = TieringOffloadingSpec(offloading_config([tier_config]))
-        region = SharedOffloadRegion(
+        self.region = region = SharedOffloadRegion(
             engine_id=self.spec.config.engine_id,
             num_chunks=self.spec.num_chunks,
             rank=None,
@@ -96,13 +97,20 @@ class Scheduler:
         )
         self.primary = CPUPrimaryTierOffloadingManager(num_chunks=self.spec.num_chunks, mmap_region=region)
         view = self.primary.get_kv_memoryview()
-        self.rows = np.asarray(view)  # the same memory, as (num_chunks, chunk bytes) int8
-        self.tier = SecondaryTierFactory.create_secondary_tier(tier_config, view, self.spec)
+        self.rows: Any = np.asarray(view)  # the same memory, as (num_chunks, chunk bytes) int8
+        try:
+            self.tier = SecondaryTierFactory.create_secondary_tier(tier_config, view, self.spec)
+        except BaseException:
+            self.rows = None
+            self.primary.shutdown()
+            raise
         assert isinstance(self.tier, AsynctierTier)
         self.mgr = TieringOffloadingManager(primary_tier=self.primary, secondary_tiers=[self.tier])
         self._req = 0
+        self.counters: dict[str, float] = {}
 
     def close(self) -> None:
+        self.rows = None  # our own view of the region goes first, as vLLM's worker would
         self.mgr.shutdown()
 
     def new_request(self) -> ReqContext:
@@ -172,11 +180,15 @@ class Scheduler:
                 self.mgr.complete_load(keys, req)
 
     def counter(self, name: str) -> float:
+        """A counter of vLLM's metrics (the tiering manager's and the tier's), summed over labels
+        and over every get_stats() so far (each call returns what is new since the last)."""
         stats = self.mgr.get_stats()
-        if stats is None:
-            return 0
-        values = stats.metric_sections()[1].get(name, {})
-        return float(sum(values.values()))
+        if stats is not None:
+            types, values = stats.metric_sections()
+            for metric, kind in types.items():
+                if kind == "counter":
+                    self.counters[metric] = self.counters.get(metric, 0) + sum(values.get(metric, {}).values())
+        return self.counters.get(name, 0)
 
 
 def chunks(n: int) -> dict[bytes, bytes]:
@@ -231,9 +243,11 @@ def test_cascade_evict_promote_every_byte(kind: str, tmp_path: Path, request: py
     s = Scheduler(adapter_config(tier_config(kind, tmp_path)))
     try:
         cascade_evict_promote(s)
-        assert s.counter("vllm:kv_offload_tiering_cascade_job_failures") == 0
+        assert s.counter(CASCADE_FAILURES) == 0
     finally:
         s.close()
+    # the tier let go of the primary region: vLLM could unmap it (else it keeps it mapped)
+    assert s.region.mmap_obj is None
 
 
 def test_config_unchanged_through_vllm_spec(tmp_path: Path) -> None:
@@ -256,7 +270,7 @@ def test_obj_server_dies_mid_run(s3: str, tmp_path: Path) -> None:
     """Cascades and promotions through a dead S3 endpoint fail as jobs: nothing hangs, the
     primary slots are released, the keys become misses."""
     proxy = FaultProxy(int(s3.rsplit(":", 1)[1]))
-    s = Scheduler(adapter_config(s3_config(proxy.endpoint, **FAST_FAULTS)))
+    s = Scheduler(adapter_config(s3_config(proxy.endpoint, **FAST_FAULTS), stats_interval_s=0))
     try:
         first = chunks(PRIMARY_CHUNKS)
         req = s.new_request()
@@ -266,7 +280,7 @@ def test_obj_server_dies_mid_run(s3: str, tmp_path: Path) -> None:
         second = chunks(PRIMARY_CHUNKS)
         s.store(req, second)  # evicts the first prompt from the primary tier; cascades fail
         s.settle()
-        assert s.counter("vllm:kv_offload_tiering_cascade_job_failures") >= 1
+        assert s.counter(CASCADE_FAILURES) >= 1
         # the failed cascades released their primary slots: a third prompt fits
         s.store(req, chunks(PRIMARY_CHUNKS))
         s.settle()
@@ -278,6 +292,10 @@ def test_obj_server_dies_mid_run(s3: str, tmp_path: Path) -> None:
         assert set(results.values()) == {LookupResult.MISS}, results
         s.finish(req)
         s.settle()
+        # the tier's own figures reach vLLM's metrics: its chunk failures, by kind
+        s.counter(CASCADE_FAILURES)  # asks the loop for a fresh snapshot ...
+        s.tier.drain_jobs()  # ... which it has taken once this returns
+        assert s.counter("vllm:kv_offload_asynctier_chunk_failures") >= PRIMARY_CHUNKS
     finally:
         s.close()
         proxy.close()
@@ -316,7 +334,7 @@ def test_reset_cache_drains_jobs(s3: str, drain: str) -> None:
         with s.mgr.lock:
             s.mgr.reset_cache()  # asserts that no job is left
         assert not s.mgr.has_pending_work()
-        failures = s.counter("vllm:kv_offload_tiering_cascade_job_failures")
+        failures = s.counter(CASCADE_FAILURES)
         assert failures == (1 if drain == "cancel" else 0)
         s.finish(req)
     finally:
@@ -333,6 +351,7 @@ def test_bad_config_is_refused(tmp_path: Path) -> None:
         (adapter_config({"type": "fs", "root": str(tmp_path), "bogus": 1}), "bogus"),
         (adapter_config({"type": "fs", "root": str(tmp_path)}, drain="later"), "'drain' must be"),
         (adapter_config({"type": "fs", "root": str(tmp_path)}, namespace=5), "'namespace' must be"),
+        (adapter_config({"type": "fs", "root": str(tmp_path)}, stats_interval_s=True), "'stats_interval_s' must be"),
     ]
     for config, message in cases:
         with pytest.raises(TierConfigError, match=message):

@@ -23,8 +23,10 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import gc
 import hashlib
 import logging
+import math
 import queue
 import threading
 import time
@@ -53,7 +55,7 @@ from vllm.v1.kv_offload.tiering.backpressure import BackpressureDetector
 from vllm.v1.kv_offload.tiering.base import JobResult, SecondaryTierManager, TransferJob
 
 from ..contract import SecondaryTierManager as AsyncTier
-from ..errors import TierConfigError
+from ..errors import TierClosedError, TierConfigError
 from ..factory import SecondaryTierFactory as AsyncTierFactory
 from ..spec import OffloadingSpec
 from ..stats import TierStats
@@ -142,6 +144,7 @@ class AsynctierTier(SecondaryTierManager):
     * ``drain`` (``"wait"`` or ``"cancel"``): what ``drain_jobs`` does with jobs still
       running: wait for them (default), or cancel them (chunk I/Os already started finish;
       the jobs are reported failed).
+    * ``stats_interval_s`` (default 1.0): how often ``get_stats`` refreshes the tier's figures.
     """
 
     medium: ClassVar[Medium] = Medium.STORAGE
@@ -155,6 +158,7 @@ class AsynctierTier(SecondaryTierManager):
         namespace: str | None = None,
         locality: str | None = None,
         drain: Literal["wait", "cancel"] = "wait",
+        stats_interval_s: float = 1.0,
         backpressure_detector: BackpressureDetector | None = None,
     ) -> None:
         super().__init__(offloading_spec, primary_kv_view, tier_type, backpressure_detector)
@@ -167,6 +171,10 @@ class AsynctierTier(SecondaryTierManager):
             raise TierConfigError(f"AsynctierTier: 'drain' must be 'wait' or 'cancel'; got {drain!r}")
         if namespace is not None and not isinstance(namespace, str):
             raise TierConfigError(f"AsynctierTier: 'namespace' must be a str; got {namespace!r}")
+        if isinstance(stats_interval_s, bool) or not isinstance(stats_interval_s, (int, float)) or stats_interval_s < 0:
+            raise TierConfigError(
+                f"AsynctierTier: 'stats_interval_s' must be a number of seconds >= 0; got {stats_interval_s!r}"
+            )
         if locality is not None and not isinstance(locality, str):
             raise TierConfigError(f"AsynctierTier: 'locality' must be 'local' or 'remote'; got {locality!r}")
         self.locality = Locality(locality) if locality is not None else None
@@ -182,8 +190,7 @@ class AsynctierTier(SecondaryTierManager):
             primary_kv_view.nbytes // chunk_bytes,
             namespace if namespace is not None else namespace_for(offloading_spec),
         )
-        #: the wrapped asynctier tier; every call to it runs on :attr:`loop`
-        self.tier: AsyncTier = AsyncTierFactory.create_secondary_tier(dict(tier), primary_kv_view, self.spec)
+        self._tier: AsyncTier | None = AsyncTierFactory.create_secondary_tier(dict(tier), primary_kv_view, self.spec)
         self._inner_type = str(tier["type"])
 
         # scheduler-thread state (vLLM calls tier methods under its manager lock)
@@ -191,6 +198,8 @@ class AsynctierTier(SecondaryTierManager):
         self._outstanding = 0  # jobs submitted and not yet returned by get_finished_jobs
         self._load_keys: dict[int, list[OffloadKey]] = {}
         self._reported: TierStats | None = None
+        self._stats_interval_s = stats_interval_s
+        self._stats_asked = -math.inf
         # loop-thread state
         self._jobs: set[asyncio.Task[None]] = set()
         self._side_tasks: set[asyncio.Task[None]] = set()
@@ -214,6 +223,13 @@ class AsynctierTier(SecondaryTierManager):
             self._stop_loop()
             raise
         self._lookups = _Lookups(self, tier_type)
+
+    @property
+    def tier(self) -> AsyncTier:
+        """The wrapped asynctier tier (every call to it runs on :attr:`loop`); gone after shutdown."""
+        if self._tier is None:
+            raise TierClosedError(f"AsynctierTier {self.tier_type!r} is shut down")
+        return self._tier
 
     # -- the loop thread ------------------------------------------------------------------
 
@@ -403,6 +419,10 @@ class AsynctierTier(SecondaryTierManager):
             self._call(self._close())
         finally:
             self._stop_loop()
+            # vLLM unmaps the primary region next; it cannot while the closed tier's views of it
+            # live on (reference cycles among its parts keep them until a collection)
+            self._tier = None
+            gc.collect()
 
     # -- metrics ----------------------------------------------------------------------------
 
@@ -427,9 +447,12 @@ class AsynctierTier(SecondaryTierManager):
         }
 
     def get_stats(self) -> OffloadingConnectorStats | None:
-        """The wrapped tier's counters since the last call (its snapshot is taken on the loop,
-        so what this returns is at most one call old)."""
-        if not self._closed:
+        """The wrapped tier's counters since the last report. Its snapshot is taken on the loop
+        at most every ``stats_interval_s`` (it summarises latency reservoirs), so what this
+        returns lags by up to that."""
+        now = time.monotonic()
+        if not self._closed and now - self._stats_asked >= self._stats_interval_s:
+            self._stats_asked = now
             self._post(self._refresh_stats)
         snap = self._snapshot
         if snap is None or snap is self._reported:
