@@ -198,6 +198,7 @@ def run_point(name: str, config: dict[str, Any], chunk: int, nchunks: int, args:
             "calls": len(w),
             "p50_us": statistics.median(w) / 1e3,
             "p99_us": w_sorted[min(len(w) - 1, int(len(w) * 0.99))] / 1e3,
+            "max_us": w_sorted[-1] / 1e3,
             "cpu_p50_us": statistics.median(c) / 1e3,
             "cpu_mean_us": statistics.fmean(c) / 1e3,
         }
@@ -236,7 +237,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             for field in ("store_gbps", "load_gbps", "store_cpu_s_per_gb", "load_cpu_s_per_gb"):
                 point[field] = statistics.median(r[field] for r in reps)
             for m in TIMED:
-                for field in ("p50_us", "p99_us", "cpu_p50_us", "cpu_mean_us"):
+                for field in ("p50_us", "p99_us", "max_us", "cpu_p50_us", "cpu_mean_us"):
                     if field in point["calls"][m]:
                         point["calls"][m][field] = statistics.median(r["calls"][m][field] for r in reps)
             point["repeats"] = len(reps)

@@ -250,7 +250,13 @@ class AsynctierTier(SecondaryTierManager):
         """Have the loop thread run ``fn(*args)`` soon (from the scheduler thread)."""
         self._inbox.append((fn, args))
         if not self._loop_polls:
-            self.loop.call_soon_threadsafe(self._take_inbox)
+            self.loop.call_soon_threadsafe(self._woken)
+
+    def _woken(self) -> None:
+        # the scheduler thread that woke us gave the GIL away in that socket write: hand it back
+        # before running the tier's code, or it waits up to a switch interval (5 ms) for it
+        time.sleep(0)
+        self._take_inbox()
 
     def _take_inbox(self) -> None:
         if self._inbox:
