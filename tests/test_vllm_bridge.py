@@ -250,6 +250,44 @@ def test_cascade_evict_promote_every_byte(kind: str, tmp_path: Path, request: py
     assert s.region.mmap_obj is None
 
 
+def test_partly_failed_promotion_keeps_what_loaded(tmp_path: Path) -> None:
+    """One chunk file rots on disk: its promotion fails, vLLM keeps the chunks that did load
+    (JobResult.successful_keys) and the bad one becomes a miss, so it is recomputed."""
+    root = tmp_path / "fs"
+    s = Scheduler(adapter_config({"type": "fs", "root": str(root)}))
+    try:
+        first = chunks(PRIMARY_CHUNKS)
+        req = s.new_request()
+        s.store(req, first)
+        s.settle()
+        s.store(req, chunks(PRIMARY_CHUNKS))  # evicts the first prompt from the primary tier
+        s.settle()
+        s.finish(req)
+        # the oldest chunk file is one of the first prompt's (the second was stored after it)
+        files = [p for p in root.rglob("*") if p.is_file() and CHUNK <= p.stat().st_size < CHUNK + 16384]
+        victim = min(files, key=lambda p: p.stat().st_mtime_ns)
+        with open(victim, "r+b") as f:  # flip the last byte of its payload
+            f.seek(-1, os.SEEK_END)
+            last = f.read(1)
+            f.seek(-1, os.SEEK_END)
+            f.write(bytes([last[0] ^ 0xFF]))
+
+        req = s.new_request()
+        keys = list(first)
+        results = s.lookup_until_settled(req, keys)
+        hits = [k for k in keys if results[k] is LookupResult.HIT]
+        assert len(hits) == PRIMARY_CHUNKS - 1, results
+        assert s.read(req, hits) == [first[k] for k in hits]
+        s.finish(req)
+        s.settle()
+        assert s.counter("vllm:kv_offload_tiering_promotion_job_failures") == 1
+        assert s.counter("vllm:kv_offload_tiering_read_bytes") == (PRIMARY_CHUNKS - 1) * CHUNK
+        # the good chunks were read once: vLLM kept them, none was promoted a second time
+        assert s.tier.tier.stats().loaded == PRIMARY_CHUNKS - 1
+    finally:
+        s.close()
+
+
 def test_config_unchanged_through_vllm_spec(tmp_path: Path) -> None:
     """The README's snippet, as vLLM reads it from kv_connector_extra_config."""
     spec = TieringOffloadingSpec(offloading_config([adapter_config({"type": "fs", "root": str(tmp_path)})]))
