@@ -288,6 +288,37 @@ def test_partly_failed_promotion_keeps_what_loaded(tmp_path: Path) -> None:
         s.close()
 
 
+def test_touch_reaches_the_tier(tmp_path: Path) -> None:
+    """vLLM's touch() marks chunks used in the asynctier tier too: at capacity, the tier evicts
+    the chunks nobody touched."""
+    half = PRIMARY_CHUNKS // 2
+    # room for three prompts of ``half`` chunks (the slack covers chunk headers, not a chunk)
+    capacity = 3 * half * CHUNK + 3 * half * 4096
+    s = Scheduler(adapter_config({"type": "fs", "root": str(tmp_path), "capacity_bytes": capacity}))
+    try:
+        req = s.new_request()
+        a, b, c, d = (chunks(half) for _ in range(4))
+        for prompt in (a, b):
+            s.store(req, prompt)
+            s.settle()
+        with s.mgr.lock:
+            s.mgr.touch(list(a), req)  # a is used again: b is now the least recently used
+        for prompt in (c, d):  # c fills the tier; d makes it evict; both push a and b out of the primary
+            s.store(req, prompt)
+            s.settle()
+        s.finish(req)
+
+        req = s.new_request()
+        results = s.lookup_until_settled(req, [*a, *b])
+        assert [results[k] for k in a] == [LookupResult.HIT] * half, results
+        assert [results[k] for k in b] == [LookupResult.MISS] * half, results
+        assert s.read(req, list(a)) == list(a.values())
+        s.finish(req)
+        s.settle()
+    finally:
+        s.close()
+
+
 def test_config_unchanged_through_vllm_spec(tmp_path: Path) -> None:
     """The README's snippet, as vLLM reads it from kv_connector_extra_config."""
     spec = TieringOffloadingSpec(offloading_config([adapter_config({"type": "fs", "root": str(tmp_path)})]))
