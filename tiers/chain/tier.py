@@ -1,0 +1,459 @@
+"""``chain``: several tiers as one, fastest first (docs/tiers/chain.md).
+
+Stores cascade down (``write="back"``: the call returns once the first tier that admits the
+chunk has it, the tiers below are written in the background; ``"through"``: once every tier
+has it or failed it). Loads take each key from the fastest tier holding it and promote a hit
+in a lower tier to the tiers above in the background. Every tier sits behind its own
+admission policy, deadline and circuit breaker, and the chain's results say which tier failed
+which key (:attr:`~asynctier.stats.TransferResult.tier_failures`).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from collections.abc import Sequence
+from typing import Any, Literal
+
+import anyio
+
+from asynctier.contract import SecondaryTierManager
+from asynctier.core.backend import CloseHandle, run_to_completion, start_close
+from asynctier.core.validation import check_keys, check_pairs
+from asynctier.errors import (
+    BackpressureError,
+    TierClosedError,
+    TierConfigError,
+    TierNotOpenError,
+    failure_kind,
+)
+from asynctier.factory import SecondaryTierFactory
+from asynctier.posix_io import aligned_buffer
+from asynctier.spec import OffloadingSpec
+from asynctier.stats import StatsRecorder, TierStats, TransferResult
+
+from .admission import make_policy
+from .background import Backlog, RemovalFence
+from .config import ChainConfig
+from .demotion import Demoter
+from .member import COUNTERS, Member
+from .staging import StagingPool
+from .transfers import ChainTransfers
+
+__all__ = ["ChainTier"]
+
+log = logging.getLogger("asynctier.chain")
+
+#: Parallel batches per call (each holds up to its share of the chain's staging slots).
+_WORKERS_PER_CALL = 4
+
+_NEW, _OPEN, _CLOSING, _CLOSED = "new", "open", "closing", "closed"
+
+
+class ChainTier(ChainTransfers, SecondaryTierManager):
+    """Tiers as one tier, fastest first.
+
+    Args:
+        tiers: the tiers' configs, fastest first (each may add ``name``, ``admit``,
+            ``deadline_s`` and ``breaker``; see :mod:`.config`).
+        write: ``"back"`` (default) or ``"through"``.
+        backlog_chunks: chunks background work may hold at once (write-back, promotion,
+            demotion); beyond it background writes are dropped and counted (default 64).
+        promote: copy a chunk a lower tier served into the tiers above it (default True).
+        demote: keep the first tier below its capacity by moving its least recently used
+            chunks into the second tier before it evicts them (default False).
+        demote_headroom_chunks: how far below capacity demotion keeps the first tier (8).
+        background_batch: chunks per background write call (default 8).
+        max_inflight: chunks of calls in progress at once (staging slots; default 16).
+        store_backpressure, backpressure_timeout_s: as every tier (``"drop"``: a store that
+            gets no staging slot within the timeout fails with BackpressureError).
+        verify: passed to every tier that does not set its own (default: their own default).
+    """
+
+    default_type = "chain"
+
+    def __init__(
+        self,
+        *,
+        offloading_spec: OffloadingSpec,
+        primary_kv_view: memoryview,
+        tier_type: str | None = None,
+        tiers: Sequence[dict[str, Any]],
+        write: Literal["back", "through"] = "back",
+        backlog_chunks: int = 64,
+        promote: bool = True,
+        demote: bool = False,
+        demote_headroom_chunks: int = 8,
+        background_batch: int = 8,
+        max_inflight: int = 16,
+        store_backpressure: Literal["wait", "drop"] = "wait",
+        backpressure_timeout_s: float = 0.05,
+        verify: bool | None = None,
+    ) -> None:
+        if not isinstance(offloading_spec, OffloadingSpec):
+            raise TypeError(f"offloading_spec must be an OffloadingSpec; got {type(offloading_spec).__name__}")
+        self.offloading_spec = offloading_spec
+        self.tier_type = tier_type or self.default_type
+        self._view = offloading_spec.check_view(primary_kv_view, writable=False)
+        self.config = cfg = ChainConfig.parse(
+            tiers=tiers, write=write, backlog_chunks=backlog_chunks, promote=promote, demote=demote,
+            demote_headroom_chunks=demote_headroom_chunks, background_batch=background_batch,
+            max_inflight=max_inflight, store_backpressure=store_backpressure,
+            backpressure_timeout_s=backpressure_timeout_s, verify=verify,
+        )  # fmt: skip
+        self.max_inflight = cfg.max_inflight
+        self._pool = StagingPool(cfg.max_inflight, cfg.backlog_chunks)
+        staging_spec = OffloadingSpec(offloading_spec.chunk_bytes, self._pool.size, offloading_spec.namespace)
+        # page-aligned, so tiers that use O_DIRECT move chunks straight from and into it
+        self._staging = aligned_buffer(staging_spec.total_bytes)
+        self.members: list[Member] = []
+        for i, entry in enumerate(cfg.entries):
+            tc = dict(entry.tier_config)
+            if cfg.verify is not None:
+                tc.setdefault("verify", cfg.verify)
+            where = f"chain: tiers[{i}] ({entry.name!r})"
+            try:
+                tier = SecondaryTierFactory.create_secondary_tier(tc, self._staging, staging_spec)
+            except TierConfigError as e:
+                raise TierConfigError(f"{where}: {e}") from e
+            self.members.append(Member(i, entry, tier, make_policy(entry.admit, offloading_spec, where)))
+        self._fence = RemovalFence()
+        self._backlog = Backlog(
+            self._pool, self._fence, self.members, cfg.background_batch, offloading_spec.chunk_bytes
+        )
+        self._demoter = Demoter(self, cfg.demote_headroom_chunks) if cfg.demote else None
+        self._stats = StatsRecorder()
+        self._queued = 0
+        self._state = _NEW
+        self._open_lock: anyio.Lock | None = None
+        self._closing: CloseHandle | None = None
+        self._active = 0
+        self._idle: anyio.Event | None = None
+
+    # -- lifecycle -------------------------------------------------------------------------
+    @property
+    def is_open(self) -> bool:
+        return self._state == _OPEN
+
+    def _refuse_reopen(self) -> None:
+        if self._state in (_CLOSING, _CLOSED) or self._closing is not None:
+            raise TierClosedError(f"{self!r} is closed; create a new tier instead of reopening")
+
+    async def open(self) -> ChainTier:
+        if self._state == _OPEN:
+            return self
+        self._refuse_reopen()
+        if self._open_lock is None:
+            self._open_lock = anyio.Lock()
+        async with self._open_lock:
+            if self._state == _OPEN:
+                return self
+            self._refuse_reopen()
+            opened: list[Member] = []
+            try:
+                for m in self.members:
+                    await m.tier.open()
+                    opened.append(m)
+            except BaseException:  # a failed or cancelled open leaves no tier open
+                for m in reversed(opened):
+                    await run_to_completion(m.tier.aclose)
+                raise
+            self._backlog.start()
+            if self._demoter is not None:
+                self._demoter.start()
+            self._idle = anyio.Event()
+            self._idle.set()
+            self._state = _OPEN
+        return self
+
+    async def aclose(self) -> None:
+        if self._state == _CLOSED:
+            return
+        if self._closing is None:
+            if self._state == _OPEN:
+                self._state = _CLOSING
+            self._closing = start_close(self._close)
+        await self._closing.wait()
+
+    async def _close(self) -> None:
+        if self._open_lock is None:
+            self._open_lock = anyio.Lock()
+        async with self._open_lock:
+            if self._state in (_CLOSED, _NEW):
+                self._state = _CLOSED
+                return
+            self._state = _CLOSING
+            try:
+                await self._calls_done()
+                await self._pool.settled()  # late tier calls end before their tier closes
+                if self._demoter is not None:
+                    await self._demoter.stop()
+                await self._backlog.stop()  # what is queued is written before the tiers close
+            finally:
+                for m in reversed(self.members):
+                    try:
+                        await m.tier.aclose()
+                    except Exception:  # the other tiers still close
+                        log.exception("closing chain tier %r failed", m.name)
+                self._state = _CLOSED
+
+    def _check_open(self) -> None:
+        if self._state == _OPEN:
+            return
+        if self._state == _NEW:
+            raise TierNotOpenError(f"{self!r} is not open: use 'async with tier:' or 'await tier.open()' first")
+        raise TierClosedError(f"{self!r} is closed")
+
+    async def _calls_done(self) -> None:
+        while self._idle is not None and not self._idle.is_set():
+            await self._idle.wait()
+
+    async def drain(self) -> None:
+        """Until every call in progress has returned and every background write queued is done
+        (in the tiers too: a chain inside this one drains its own background writes)."""
+        await self._calls_done()
+        await self._pool.settled()
+        await self._backlog.drain()
+        if self._demoter is not None:
+            await self._demoter.drain()
+            await self._backlog.drain()
+        for m in self.members:
+            await m.tier.drain()
+
+    def _enter(self) -> None:
+        self._active += 1
+        if self._active == 1:
+            self._idle = anyio.Event()
+
+    def _leave(self) -> None:
+        self._active -= 1
+        if self._active == 0 and self._idle is not None:
+            self._idle.set()
+
+    # -- calls -----------------------------------------------------------------------------
+    async def offload(self, keys: Sequence[bytes], chunk_ids: Sequence[int]) -> TransferResult:
+        ks, ids = check_pairs(self.offloading_spec, self._view, keys, chunk_ids, load=False)
+        self._check_open()
+        return await self._call("offload", ks, ids)
+
+    async def load(self, keys: Sequence[bytes], chunk_ids: Sequence[int]) -> TransferResult:
+        ks, ids = check_pairs(self.offloading_spec, self._view, keys, chunk_ids, load=True)
+        self._check_open()
+        return await self._call("load", ks, ids)
+
+    async def _call(self, op: Literal["offload", "load"], ks: list[bytes], ids: list[int]) -> TransferResult:
+        t0 = time.perf_counter()
+        res = TransferResult(op)
+        if not ks:
+            return res
+        outcome: dict[bytes, BaseException | None] = {}
+        todo = deque(zip(ks, ids))
+        self._queued += len(todo)
+        drop = op == "offload" and self.config.store_backpressure == "drop"
+        deadline = t0 + self.config.backpressure_timeout_s
+        workers = min(len(ks), _WORKERS_PER_CALL)
+        share = -(-len(ks) // workers)
+        self._enter()
+
+        async def worker() -> None:
+            while todo:
+                timeout = max(0.0, deadline - time.perf_counter()) if drop else None
+                slots = await self._pool.acquire(min(share, len(todo)), load=op == "load", timeout_s=timeout)
+                n = min(len(slots), len(todo))
+                self._pool.release(slots[n:])
+                if not slots:  # a dropped store: every key still waiting now, at once
+                    msg = f"store dropped: no staging slot within {self.config.backpressure_timeout_s}s"
+                    while todo:
+                        k, _ = todo.popleft()
+                        self._queued -= 1
+                        outcome[k] = BackpressureError(msg, k)
+                    return
+                if n == 0:  # the other workers took the last keys meanwhile
+                    return
+                batch = [todo.popleft() for _ in range(n)]
+                self._queued -= n
+                held = slots[:n]
+                try:
+                    if op == "load":
+                        await self._load_batch(batch, held, res, outcome, t0)
+                    else:
+                        await self._store_batch(batch, held, res, outcome, t0)
+                finally:
+                    self._pool.release([s for s in held if s >= 0])
+
+        try:
+            if workers == 1:
+                await worker()
+            else:
+                async with anyio.create_task_group() as tg:
+                    for _ in range(workers):
+                        tg.start_soon(worker)
+        finally:
+            self._queued -= len(todo)
+            self._leave()
+        c = self.offloading_spec.chunk_bytes
+        for k in ks:
+            e = outcome[k]
+            if e is None:
+                res.succeeded.append(k)
+                res.bytes_transferred += c
+            else:
+                res.failed[k] = e
+                self._stats.record_failure(e)
+        res.elapsed_s = time.perf_counter() - t0
+        return res
+
+    # -- lookups, removal, touch -----------------------------------------------------------
+    async def _lookup_on(self, m: Member, keys: list[bytes], *, prefix: bool = False) -> list[bool] | int:
+        """``lookup`` (or ``lookup_prefix``) on one tier: a tier that is down or late holds nothing."""
+        if not m.available:
+            return 0 if prefix else [False] * len(keys)
+        with anyio.move_on_after(m.deadline_s if m.deadline_s is not None else float("inf")):
+            try:
+                return await (m.tier.lookup_prefix(keys) if prefix else m.tier.lookup(keys))
+            except Exception:
+                pass
+        return 0 if prefix else [False] * len(keys)
+
+    async def lookup(self, keys: Sequence[bytes]) -> list[bool]:
+        ks = check_keys(keys)
+        self._check_open()
+        found = [False] * len(ks)
+        self._enter()
+        try:
+            for m in self.members:
+                m.observe(ks)
+                idx = [i for i, f in enumerate(found) if not f]
+                if not idx:
+                    break
+                got = await self._lookup_on(m, [ks[i] for i in idx])
+                assert isinstance(got, list)
+                for i, hit in zip(idx, got):
+                    found[i] = found[i] or hit
+        finally:
+            self._leave()
+        return found
+
+    async def lookup_prefix(self, keys: Sequence[bytes]) -> int:
+        """How many leading ``keys`` some tier of the chain holds. Every tier but the last is
+        asked :meth:`lookup` for the keys the tiers above lack (from memory on tiers with an
+        index); the last is asked only :meth:`lookup_prefix` of what is still missing, in order,
+        so a remote last tier stops at its first miss."""
+        ks = check_keys(keys)
+        self._check_open()
+        if not ks:
+            return 0
+        missing = list(range(len(ks)))
+        self._enter()
+        try:
+            for m in self.members:
+                m.observe(ks)
+            for m in self.members[:-1]:
+                got = await self._lookup_on(m, [ks[i] for i in missing])
+                assert isinstance(got, list)
+                missing = [i for i, hit in zip(missing, got) if not hit]
+                if not missing:
+                    return len(ks)
+            n = await self._lookup_on(self.members[-1], [ks[i] for i in missing], prefix=True)
+            assert isinstance(n, int)
+        finally:
+            self._leave()
+        return missing[n] if n < len(missing) else len(ks)
+
+    async def remove(self, keys: Sequence[bytes]) -> TransferResult:
+        ks = check_keys(keys)
+        self._check_open()
+        t0 = time.perf_counter()
+        res = TransferResult("remove")
+        if not ks:
+            return res
+        self._enter()
+        try:
+            # background writes of these keys queued before now are dropped; one running is awaited
+            self._fence.removing(ks)
+            await self._fence.wait_running(ks)
+            results: list[tuple[Member, TransferResult]] = []
+
+            async def remove_on(m: Member) -> None:
+                results.append((m, await m.call("remove", ks, [])))
+
+            async with anyio.create_task_group() as tg:
+                for m in self.members:
+                    tg.start_soon(remove_on, m)
+        finally:
+            self._leave()
+        failed: dict[bytes, BaseException] = {}
+        for m, got in sorted(results, key=lambda r: r[0].index):
+            self._note(res, m, got.failed)
+            for k, e in got.failed.items():
+                if failure_kind(e) != "not_found":
+                    failed.setdefault(k, e)
+        for k in ks:
+            if k in failed:
+                res.failed[k] = failed[k]
+                self._stats.record_failure(failed[k])
+            else:
+                res.succeeded.append(k)
+                self._stats.record_success("remove", 0, 0.0)
+        res.elapsed_s = time.perf_counter() - t0
+        return res
+
+    async def touch(self, keys: Sequence[bytes]) -> None:
+        ks = check_keys(keys)
+        self._check_open()
+        for m in self.members:
+            if m.available:
+                with anyio.move_on_after(m.deadline_s if m.deadline_s is not None else float("inf")):
+                    try:
+                        await m.tier.touch(ks)
+                    except Exception:  # a hint: a tier that cannot take it misses nothing else
+                        pass
+
+    # -- stats -----------------------------------------------------------------------------
+    def stats(self) -> TierStats:
+        s = self._stats
+        children = {m.name: m.snapshot() for m in self.members}
+        counts = s.counters()
+        totals = {name: sum(m.counts[name] for m in self.members) for name in COUNTERS}
+        extra = {
+            "promotions": totals["promotions"],
+            "demotions": totals["demotions"],
+            "written_back": totals["written_back"],
+            "background_drops": totals["drops"],
+            "not_admitted": totals["not_admitted"],
+            "backlog": self._backlog.depth,
+            "backlog_chunks": self.config.backlog_chunks,
+            "background_in_flight": sum(m.background_in_flight for m in self.members),
+            "late_slots": self._pool.quarantined,
+        }
+        used = [c.used_bytes for c in children.values()]
+        return TierStats(
+            tier_type=self.tier_type,
+            in_flight=self._pool.fg_used,
+            peak_in_flight=self._pool.peak_fg,
+            queued=self._queued,
+            max_inflight=self.max_inflight,
+            offloaded=counts["offloaded"],
+            loaded=counts["loaded"],
+            skipped=counts["skipped"],
+            removed=counts["removed"],
+            bytes_written=counts["bytes_written"],
+            bytes_read=counts["bytes_read"],
+            failures=s.failure_counts(),
+            evictions=sum(c.evictions for c in children.values()),
+            stored_chunks=None,
+            used_bytes=sum(u for u in used if u is not None) if all(u is not None for u in used) else None,
+            capacity_bytes=None,
+            offload_latency=s.latency("offload"),
+            load_latency=s.latency("load"),
+            extra=extra,
+            children=children,
+        )
+
+    def member(self, name: str) -> Member:
+        """The tier of the chain called ``name`` (its ``.tier``, ``.breaker``, counters)."""
+        for m in self.members:
+            if m.name == name:
+                return m
+        raise KeyError(f"no tier named {name!r} in this chain; it has {[m.name for m in self.members]}")
