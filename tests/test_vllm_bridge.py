@@ -421,6 +421,7 @@ def test_bad_config_is_refused(tmp_path: Path) -> None:
         (adapter_config({"type": "fs", "root": str(tmp_path)}, drain="later"), "'drain' must be"),
         (adapter_config({"type": "fs", "root": str(tmp_path)}, namespace=5), "'namespace' must be"),
         (adapter_config({"type": "fs", "root": str(tmp_path)}, stats_interval_s=True), "'stats_interval_s' must be"),
+        (adapter_config({"type": "fs", "root": str(tmp_path)}, locality="nearby"), "'locality' must be one of"),
     ]
     for config, message in cases:
         with pytest.raises(TierConfigError, match=message):

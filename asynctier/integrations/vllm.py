@@ -140,7 +140,7 @@ class AsynctierTier(SecondaryTierManager):
       (any registered type, an out-of-tree one by ``module_path``, the chain).
     * ``namespace`` (str): the asynctier namespace; default derived from vLLM's layout
       (:func:`namespace_for`).
-    * ``locality`` (``"local"``/``"remote"``): as vLLM's own tiers, for KV events and filters.
+    * ``locality`` (``"LOCAL"``/``"REMOTE"``): as vLLM's own tiers, for KV events and filters.
     * ``drain`` (``"wait"`` or ``"cancel"``): what ``drain_jobs`` does with jobs still
       running: wait for them (default), or cancel them (chunk I/Os already started finish;
       the jobs are reported failed).
@@ -175,8 +175,9 @@ class AsynctierTier(SecondaryTierManager):
             raise TierConfigError(
                 f"AsynctierTier: 'stats_interval_s' must be a number of seconds >= 0; got {stats_interval_s!r}"
             )
-        if locality is not None and not isinstance(locality, str):
-            raise TierConfigError(f"AsynctierTier: 'locality' must be 'local' or 'remote'; got {locality!r}")
+        accepted = [m.value for m in Locality]
+        if locality is not None and locality not in accepted:
+            raise TierConfigError(f"AsynctierTier: 'locality' must be one of {accepted}; got {locality!r}")
         self.locality = Locality(locality) if locality is not None else None
         self._drain_mode = drain
         chunk_bytes = self.block_size_bytes
