@@ -20,6 +20,7 @@ import anyio
 from asynctier.core.backend import run_on_thread_to_end, run_to_completion
 from asynctier.core.ops import PRIO_LOAD, PRIO_STORE
 from asynctier.engines import native as nativeio
+from asynctier.engines.native_engine import NativeEngine
 from asynctier.posix_io import aligned_buffer, buffer_address
 
 from .layout import HEADER_BLOCK
@@ -45,29 +46,38 @@ def _outcome(res: nativeio.Outcome) -> Outcome:
 class NativeIO:
     """The chunk protocol of ``tier`` on the workers of ``engine`` (from the event loop)."""
 
-    def __init__(self, tier: FsTier, engine: nativeio.NativeEngine) -> None:
+    def __init__(self, tier: FsTier, engine: NativeEngine) -> None:
         self._tier = tier
         self.engine = engine
         self._hb: memoryview | None = None  # one header block per job slot
+        #: each slot's header block
+        self.slot_hb: list[memoryview] = []
+        self._hb_used: list[int] = []  # bytes of each block that may not be zero
         self._hb_addr = 0
         self._view_addr = 0
 
     def start(self) -> None:
         """Once the engine runs: the header blocks, and addresses by arithmetic on the hot
         path (not a buffer export per chunk)."""
-        self._hb = aligned_buffer(HEADER_BLOCK * self._pool.slots)
+        slots = self._pool.slots
+        self._hb = aligned_buffer(HEADER_BLOCK * slots)
+        self.slot_hb = [self._hb[i * HEADER_BLOCK : (i + 1) * HEADER_BLOCK] for i in range(slots)]
+        self._hb_used = [0] * slots
         self._hb_addr = buffer_address(self._hb)
         self._view_addr = buffer_address(self._tier._view)
+
+    def hb_address(self, slot: int) -> int:
+        return self._hb_addr + slot * HEADER_BLOCK
+
+    def hb_read_into(self, slot: int) -> None:
+        """A read fills the slot's whole header block with a file's: zeroed before a store's."""
+        self._hb_used[slot] = HEADER_BLOCK
 
     @property
     def _pool(self) -> nativeio.NativePool:
         pool = self.engine.pool
         assert pool is not None
         return pool
-
-    def _slot_hb(self, slot: int) -> memoryview:
-        assert self._hb is not None
-        return self._hb[slot * HEADER_BLOCK : (slot + 1) * HEADER_BLOCK]
 
     async def _run(self, slot: int, job: nativeio.Job) -> Outcome:
         return _outcome(await self._pool.run(slot, job))
@@ -133,12 +143,19 @@ class NativeIO:
         await self._fall_back(self._store_again, job, out, data)
 
     def _store_job(self, slot: int, job: StoreJob, addr: int, n: int) -> nativeio.Job:
+        return nativeio.Job(-1, 0, *self.store_fields(slot, job, addr, n))
+
+    def store_fields(self, slot: int, job: StoreJob, addr: int, n: int) -> nativeio.JobFields:
+        """The descriptor of ``job`` in ``slot``, its header written into the slot's block."""
         proto = self._tier.protocol
-        hb = self._slot_hb(slot)
+        hb = self.slot_hb[slot]
         size = len(job.header)
         hb[:size] = job.header  # ~100 bytes of header, not chunk data
-        hb[size:] = bytes(HEADER_BLOCK - size)
-        return nativeio.job(
+        used = self._hb_used[slot]
+        if used > size:  # the rest of the block is written to the file too: zeros, not an old header
+            hb[size:used] = bytes(used - size)
+        self._hb_used[slot] = size
+        return nativeio.fields(
             nativeio.WRITE, PRIO_STORE, job.dfd, job.name.encode(), flags=job.flags, fd=job.fd,
             dfd2=job.dfd if job.temp else -1, name2=job.temp.encode(), sync=job.sync,
             hb=self._hb_addr + slot * HEADER_BLOCK, hb_len=HEADER_BLOCK, buf=addr, n=n,
@@ -210,6 +227,7 @@ class NativeIO:
         # a refused O_NOATIME (EPERM) or O_DIRECT (EINVAL) fails the job; the retry mends it
         job = tier.protocol.load(key, out, addr)
         slot = self._pool.take_slot()
+        self.hb_read_into(slot)
         try:
             desc = nativeio.job(nativeio.READ, PRIO_LOAD, job.dfd, job.name.encode(), flags=job.flags,
                                 hb=self._hb_addr + slot * HEADER_BLOCK, hb_len=HEADER_BLOCK, buf=addr,
@@ -219,7 +237,7 @@ class NativeIO:
                 raise not_found(key)
             if res.ok:
                 # the header is still in this slot's block: the slot is held until checked
-                tier.check_read(key, self._slot_hb(slot), out, res.result, res.csum if tier.verify else None)
+                tier.check_read(key, self.slot_hb[slot], out, res.result, res.csum if tier.verify else None)
                 return
         finally:
             self._pool.put_slot(slot)

@@ -16,12 +16,14 @@ from asynctier.core.backend import run_on_thread_to_end
 from asynctier.core.validation import check_path
 from asynctier.engines import Engine
 from asynctier.engines import native as nativeio
+from asynctier.engines.native_engine import NativeEngine
 from asynctier.io_engine import IoEngine, check_io_engine
 from asynctier.lru import LRUIndex
 from asynctier.posix_io import O_DIRECT, logical_block_size, network_fs
 from asynctier.stats import TierStats
 
 from . import owners
+from .fast import LoadPath, StorePath
 from .layout import HEADER_BLOCK, N_SHARDS, TempNames, current_umask, namespace_dir, write_layout_note
 from .native import NativeIO
 from .pool import POOL_TARGET, TmpfilePool, close_tier_fds
@@ -456,8 +458,11 @@ class FsTier(BlockingChunkTier):
         if self.io_engine == "threads" or why is not None:
             return super().make_engine()
         name = f"asynctier-{self.tier_type}"
-        engine = nativeio.NativeEngine(self.max_inflight or 1, name=name, nice=self.worker_nice)
+        engine = NativeEngine(self.max_inflight or 1, name=name, nice=self.worker_nice)
         self._native = NativeIO(self, engine)
+        # the plain store and load run without a coroutine per chunk (.fast)
+        engine.fast[Op.STORE] = StorePath(self._native)
+        engine.fast[Op.LOAD] = LoadPath(self._native)
         return engine
 
     def job_body(self, op: Op) -> Callable[..., Any]:

@@ -1,0 +1,166 @@
+"""The fs tier's fast paths on the native engine: a store or a load planned and booked on the
+loop thread with no coroutine of its own (:mod:`asynctier.engines.native_engine`).
+
+The plain case only: a store with no victim to evict, a load with the index complete. The
+plans and outcomes are the protocol's (:mod:`.protocol`), the same as :class:`.native.NativeIO`
+runs one coroutine at a time; anything else is handed to it as a continuation.
+"""
+
+from __future__ import annotations
+
+import errno
+import weakref
+from functools import partial
+from typing import TYPE_CHECKING, Any
+
+from asynctier.core.jobs import Job
+from asynctier.core.ops import PRIO_LOAD
+from asynctier.engines import native as nativeio
+from asynctier.engines.native_engine import Continuation
+from asynctier.errors import TierClosedError
+from asynctier.lru import RemovalPending
+
+from .layout import HEADER_BLOCK
+from .protocol import Outcome, Step, StoreJob, not_found
+
+if TYPE_CHECKING:
+    from .native import NativeIO
+
+__all__ = ["LoadPath", "StorePath"]
+
+
+def _alive(ref: weakref.ref[NativeIO]) -> NativeIO:
+    io = ref()
+    if io is None:  # a call in progress holds its tier: only a bug gets here
+        raise TierClosedError("the fs tier was dropped")
+    return io
+
+
+def _outcome(result: int, stage: int, info: int, csum: int) -> Outcome:
+    if stage:
+        return Outcome(Step(stage), -result)
+    return Outcome(result=result, name_taken=bool(info), csum=csum)
+
+
+class StorePath:
+    """Stores: reserve room, plan the write, one descriptor; commit when it ends."""
+
+    def __init__(self, io: NativeIO) -> None:
+        # the engine's workers hold the engine, and so this: not the tier (a tier dropped
+        # without aclose() must be collected, its finalizer stops them)
+        self._io = weakref.ref(io)
+        self._plans: list[tuple[StoreJob, memoryview] | None] = []
+
+    def plan(self, job: Job, slot: int) -> nativeio.JobFields | Continuation | None:
+        key, cid, t0 = job.args
+        io = _alive(self._io)
+        tier = io._tier
+        try:
+            victims = tier._reserve_store(key, t0)
+        except RemovalPending:  # an old copy of the key is being deleted: wait for it there
+            return partial(io.store_job, key, cid, t0)
+        if victims is None:  # stored already (counted as skipped)
+            return None
+        if victims:
+            return partial(tier._async_store_reserved, key, t0, victims, partial(io.store, key, cid))
+        proto = tier.protocol
+        data = tier._chunk(cid)
+        addr = io._view_addr + cid * data.nbytes
+        plan: StoreJob | None = None
+        try:
+            plan = proto.store(key, data, None, None, proto.write_flags(data, addr))
+            fields = io.store_fields(slot, plan, addr, data.nbytes)
+        except BaseException as e:
+            proto.release(plan)  # a file made ahead goes back with its descriptor
+            tier._end_store(key, t0, e)
+            raise
+        plans = self._plans
+        if len(plans) <= slot:
+            plans.extend([None] * (slot + 1 - len(plans)))
+        plans[slot] = (plan, data)
+        return fields
+
+    def finish(self, job: Job, slot: int, result: int, csum: int, stage: int, info: int) -> Continuation | None:
+        key, _, t0 = job.args
+        plan, data = self._plans[slot]  # type: ignore[misc]
+        self._plans[slot] = None
+        io = _alive(self._io)
+        tier = io._tier
+        tier.protocol.release(plan)
+        if not stage and not info:
+            tier._end_store(key, t0, None)
+            return None
+        # a failed step, or a name found taken: the threads engine checks and mends it
+        return partial(self._again, io, key, t0, plan, _outcome(result, stage, info, csum), data)
+
+    @staticmethod
+    async def _again(io: NativeIO, key: bytes, t0: float, plan: StoreJob, out: Outcome, data: memoryview) -> None:
+        tier = io._tier
+        try:
+            await io._fall_back(io._store_again, plan, out, data)
+        except BaseException as e:
+            tier._end_store(key, t0, e)
+            raise
+        tier._end_store(key, t0, None)
+
+
+class LoadPath:
+    """Loads: pin the entry, one descriptor; the header and checksum checked when it ends."""
+
+    def __init__(self, io: NativeIO) -> None:
+        self._io = weakref.ref(io)  # as StorePath's
+        self._plans: list[tuple[Any, memoryview] | None] = []
+
+    def plan(self, job: Job, slot: int) -> nativeio.JobFields | Continuation | None:
+        key, cid, t0 = job.args
+        io = _alive(self._io)
+        tier = io._tier
+        if tier.index_incomplete:  # a miss is looked up on disk: on a thread
+            return partial(io.load_job, key, cid, t0)
+        entry = tier._pin_for_load(key)
+        try:
+            out = tier._chunk(cid)
+            addr = io._view_addr + cid * out.nbytes
+            plan = tier.protocol.load(key, out, addr)
+            io.hb_read_into(slot)
+            fields = nativeio.fields(
+                nativeio.READ, PRIO_LOAD, plan.dfd, plan.name.encode(), flags=plan.flags,
+                hb=io.hb_address(slot), hb_len=HEADER_BLOCK, buf=addr, n=out.nbytes, hashed=tier.verify,
+            )  # fmt: skip
+        except BaseException as e:
+            tier._end_load(key, t0, e, entry)
+            raise
+        plans = self._plans
+        if len(plans) <= slot:
+            plans.extend([None] * (slot + 1 - len(plans)))
+        plans[slot] = (entry, out)
+        return fields
+
+    def finish(self, job: Job, slot: int, result: int, csum: int, stage: int, info: int) -> Continuation | None:
+        key, _, t0 = job.args
+        entry, out = self._plans[slot]  # type: ignore[misc]
+        self._plans[slot] = None
+        io = _alive(self._io)
+        tier = io._tier
+        try:
+            if stage == Step.OPEN and result == -errno.ENOENT:
+                raise not_found(key)
+            if stage:  # the threads engine mends what can be (O_DIRECT, O_NOATIME refused)
+                read = partial(io._fall_back, tier.threads.load, key, out)
+                return partial(
+                    tier._async_load, key, t0, read, partial(io.engine.blocking, tier.delete_chunk, key), entry
+                )
+            # the header is still in this slot's block: the slot is held until checked
+            tier.check_read(key, io.slot_hb[slot], out, result, csum if tier.verify else None)
+        except BaseException as e:
+            if tier._end_load(key, t0, e, entry):
+                return partial(self._drop_bad, io, key, e)
+            raise
+        tier._end_load(key, t0, None, entry)
+        return None
+
+    @staticmethod
+    async def _drop_bad(io: NativeIO, key: bytes, exc: BaseException) -> None:
+        tier = io._tier
+        await tier._drop_bad_copy_async(key, partial(io.engine.blocking, tier.delete_chunk, key))
+        raise exc
