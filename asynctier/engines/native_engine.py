@@ -98,11 +98,13 @@ class NativeEngine(EngineCounters):
         self.wakeups = 0
         self._last = (0, 0, 0)
         self._started = 0  # jobs started and not over
+        self._stores_in_pool = 0  # jobs in the pool that a load goes ahead of
         # groups of jobs whose last end wakes the loop (a call's jobs started together): the
         # free numbers, the jobs left in each, the group of the job in each slot
         self._groups = list(range(self.slots))
         self._group_left = [0] * self.slots
         self._slot_group = [0] * self.slots
+        self._slot_path: list[FastPath | None] = [None] * self.slots
         self._low_water = -1  # as last told to the pool
         self._slow: deque[tuple[Job, Continuation]] = deque()
         self._idle: list[anyio.Event] = []
@@ -169,16 +171,20 @@ class NativeEngine(EngineCounters):
         pool in one call, the others to the service coroutines."""
         pool = self.pool
         assert pool is not None
-        fast, group_left, slot_group = self.fast, self._group_left, self._slot_group
+        group_left, slot_group, slot_path = self._group_left, self._slot_group, self._slot_path
         while self._heap and self._started < self.slots:
             batch: list[tuple[int, int, Any, JobFields]] = []
-            groups: dict[Batch, int] = {}
+            # per call (its jobs share a batch and an operation): its fast path, its group
+            calls: dict[Batch, tuple[FastPath | None, list[int]]] = {}
             while self._started < self.slots:
                 job = self._claim()
                 if job is None:
                     break
                 self._started += 1
-                path = fast.get(job.op)
+                call = calls.get(job.batch)
+                if call is None:
+                    call = calls[job.batch] = (self.fast.get(job.op), [])
+                path = call[0]
                 if path is None:
                     self._continue(job, _body(job))
                     continue
@@ -188,11 +194,14 @@ class NativeEngine(EngineCounters):
                 except BaseException as e:  # delivered to the caller as that chunk's failure
                     job.exc, r = e, None
                 if type(r) is tuple:
-                    group = groups.get(job.batch)
-                    if group is None:
-                        group = groups[job.batch] = self._groups.pop()  # as many as slots: one is free
+                    if not call[1]:
+                        call[1].append(self._groups.pop())  # as many as slots: one is free
+                    group = call[1][0]
                     group_left[group] += 1
                     slot_group[slot] = group
+                    slot_path[slot] = path
+                    if job.priority != PRIO_LOAD:
+                        self._stores_in_pool += 1
                     batch.append((slot, group, job, r))
                     continue
                 pool.put_slot(slot)
@@ -203,20 +212,29 @@ class NativeEngine(EngineCounters):
             if batch:
                 for slot, job, err in pool.submit_many(batch):  # the pool is shutting down
                     self._ended_in_pool(job, slot, -err, 0, 1, 0)
-        # a load waiting here is let in at the next end; stores when the pool's queue runs low
-        want = -1 if not self._heap else self.slots if self._heap[0][0] == PRIO_LOAD else self.bound // 2
+        # jobs waiting here are let in when the pool's queue runs low; a load at the next end
+        # while stores are queued there (it goes ahead of them)
+        heap = self._heap
+        if not heap:
+            want = -1
+        elif heap[0][0] == PRIO_LOAD and self._stores_in_pool:
+            want = self.slots
+        else:
+            want = self.bound // 2
         if want != self._low_water:
             self._low_water = want
             pool.set_low_water(want)
 
     # -- jobs out ------------------------------------------------------------------------------
     def _ended_in_pool(self, job: Job, slot: int, result: int, csum: int, stage: int, info: int) -> None:
+        if job.priority != PRIO_LOAD:
+            self._stores_in_pool -= 1
         group = self._slot_group[slot]
         self._group_left[group] -= 1
         if not self._group_left[group]:
             self._groups.append(group)
         try:
-            r = self.fast[job.op].finish(job, slot, result, csum, stage, info)
+            r = self._slot_path[slot].finish(job, slot, result, csum, stage, info)  # type: ignore[union-attr]
         except BaseException as e:
             job.exc, r = e, None
         assert self.pool is not None

@@ -437,11 +437,14 @@ class FsTier(BlockingChunkTier):
             pool.wake()  # a held pool (the native engine's) refills now, not at its next look
 
     def stats(self) -> TierStats:
-        """The common counters; ``extra["tmpfile_pool_ready"]``: files made ahead, not yet used."""
+        """The common counters; ``extra["tmpfile_pool_ready"]``: files made ahead, not yet used;
+        ``extra["loop_wakeups"]`` (native engine): times its workers woke the event loop."""
         s = super().stats()
         pool = self.protocol.pool
         if pool is not None:
             s.extra["tmpfile_pool_ready"] = pool.ready
+        if self._native is not None:  # times the workers woke the event loop (each for a batch of chunks)
+            s.extra["loop_wakeups"] = self._native.engine.wakeups
         return s
 
     # -- engines ---------------------------------------------------------------------------
