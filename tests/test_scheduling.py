@@ -623,6 +623,6 @@ async def test_a_cancelled_native_call_withdraws_its_queued_chunks_and_leaves_ea
         assert len(present) == s.offloaded
         ids = [n + keys.index(k) for k in present]
         assert (await tier.load(present, ids)).ok
-        for k, cid in zip(present, ids):
+        for cid in ids:
             i = cid - n
             assert bytes(view[cid * 4096 : (cid + 1) * 4096]) == bytes(view[i * 4096 : (i + 1) * 4096])
