@@ -258,6 +258,8 @@ class NativePool:
         self._waiters: list[anyio.Event | None] = [None] * slots
         self._outcomes: list[Outcome | None] = [None] * slots
         self._free = list(range(slots - 1, -1, -1))
+        #: the free job slots (:meth:`take_slot` pops, :meth:`put_slot` appends)
+        self.free_slots = self._free
         # submit_many's side: a table of descriptors packed in place, and who owns each slot
         self._table = bytearray(_JOB_LAYOUT.size * slots)
         self._table_c = (ctypes.c_char * len(self._table)).from_buffer(self._table)  # pins it

@@ -97,6 +97,7 @@ class NativeEngine(EngineCounters):
         #: wake-ups of the loop by the workers (each reaps every job ended so far)
         self.wakeups = 0
         self._last = (0, 0, 0)
+        self._free_slots: list[int] = []
         self._started = 0  # jobs started and not over
         self._stores_in_pool = 0  # jobs in the pool that a load goes ahead of
         # groups of jobs whose last end wakes the loop (a call's jobs started together): the
@@ -121,6 +122,7 @@ class NativeEngine(EngineCounters):
         pool.on_reaped = self._reaped
         pool.attach()
         self.pool = pool
+        self._free_slots = pool.free_slots
         self.executor = concurrent.futures.ThreadPoolExecutor(self.bound, thread_name_prefix=f"{self._name}-slow")
         self._loop = current_loop()
         self._call = loop_caller()
@@ -237,12 +239,20 @@ class NativeEngine(EngineCounters):
             r = self._slot_path[slot].finish(job, slot, result, csum, stage, info)  # type: ignore[union-attr]
         except BaseException as e:
             job.exc, r = e, None
-        assert self.pool is not None
-        self.pool.put_slot(slot)
-        if r is None:
-            self._over(job)
-        else:
+        self._free_slots.append(slot)  # NativePool.put_slot
+        if r is not None:
             self._continue(job, r)
+            return
+        # _over and Batch.one_done written out: this runs per chunk
+        job.state = DONE
+        self._started -= 1
+        self._in_flight -= 1
+        b = job.batch
+        b.remaining -= 1
+        if not b.remaining:
+            b.event.set()
+        if self._stopping and not self._started and not self._queued:
+            self._wake_all()
 
     def _reaped(self) -> None:
         self.wakeups += 1

@@ -9,6 +9,7 @@ runs one coroutine at a time; anything else is handed to it as a continuation.
 from __future__ import annotations
 
 import errno
+import os
 import weakref
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -19,6 +20,7 @@ from asynctier.engines import native as nativeio
 from asynctier.engines.native_engine import Continuation
 from asynctier.errors import TierClosedError
 from asynctier.lru import RemovalPending
+from asynctier.posix_io import O_DIRECT
 
 from .layout import HEADER_BLOCK
 from .protocol import Outcome, Step, StoreJob, not_found
@@ -29,11 +31,9 @@ if TYPE_CHECKING:
 __all__ = ["LoadPath", "StorePath"]
 
 
-def _alive(ref: weakref.ref[NativeIO]) -> NativeIO:
-    io = ref()
-    if io is None:  # a call in progress holds its tier: only a bug gets here
-        raise TierClosedError("the fs tier was dropped")
-    return io
+def _dropped() -> TierClosedError:
+    # a call in progress holds its tier: only a bug gets here
+    return TierClosedError("the fs tier was dropped")
 
 
 def _outcome(result: int, stage: int, info: int, csum: int) -> Outcome:
@@ -52,14 +52,21 @@ class StorePath:
         self._plans: list[tuple[StoreJob, memoryview] | None] = []
 
     def plan(self, job: Job, slot: int) -> nativeio.JobFields | Continuation | None:
+        # Tier._reserve_store and ChunkProtocol.write_flags written out: this runs per chunk
         key, cid, t0 = job.args
-        io = _alive(self._io)
+        io = self._io()
+        if io is None:
+            raise _dropped()
         tier = io._tier
         try:
-            victims = tier._reserve_store(key, t0)
+            victims = tier.index.reserve(key, tier._chunk_size)
         except RemovalPending:  # an old copy of the key is being deleted: wait for it there
             return partial(io.store_job, key, cid, t0)
-        if victims is None:  # stored already (counted as skipped)
+        except BaseException as e:
+            tier._stats.record_failure(e)
+            raise
+        if victims is None:  # stored already
+            tier._end_store(key, t0, None, skipped=True)
             return None
         if victims:
             return partial(tier._async_store_reserved, key, t0, victims, partial(io.store, key, cid))
@@ -68,7 +75,8 @@ class StorePath:
         addr = io._view_addr + cid * data.nbytes
         plan: StoreJob | None = None
         try:
-            plan = proto.store(key, data, None, None, proto.write_flags(data, addr))
+            flags = io.direct_flags if proto.use_direct and io.aligned else proto.write_flags(data, addr)
+            plan = proto.store(key, data, None, None, flags)
             fields = io.store_fields(slot, plan, addr, data.nbytes)
         except BaseException as e:
             proto.release(plan)  # a file made ahead goes back with its descriptor
@@ -84,9 +92,13 @@ class StorePath:
         key, _, t0 = job.args
         plan, data = self._plans[slot]  # type: ignore[misc]
         self._plans[slot] = None
-        io = _alive(self._io)
+        io = self._io()
+        if io is None:
+            raise _dropped()
         tier = io._tier
-        tier.protocol.release(plan)
+        if plan.fd >= 0:  # ChunkProtocol.release: the file made ahead (linked, or not) is closed
+            os.close(plan.fd)
+            plan.fd = -1
         if not stage and not info:
             tier._end_store(key, t0, None)
             return None
@@ -113,20 +125,28 @@ class LoadPath:
 
     def plan(self, job: Job, slot: int) -> nativeio.JobFields | Continuation | None:
         key, cid, t0 = job.args
-        io = _alive(self._io)
+        io = self._io()
+        if io is None:
+            raise _dropped()
         tier = io._tier
         if tier.index_incomplete:  # a miss is looked up on disk: on a thread
             return partial(io.load_job, key, cid, t0)
         entry = tier._pin_for_load(key)
         try:
             out = tier._chunk(cid)
-            addr = io._view_addr + cid * out.nbytes
-            plan = tier.protocol.load(key, out, addr)
-            io.hb_read_into(slot)
-            fields = nativeio.fields(
-                nativeio.READ, PRIO_LOAD, plan.dfd, plan.name.encode(), flags=plan.flags,
-                hb=io.hb_address(slot), hb_len=HEADER_BLOCK, buf=addr, n=out.nbytes, hashed=tier.verify,
-            )  # fmt: skip
+            n = out.nbytes
+            addr = io._view_addr + cid * n
+            proto = tier.protocol
+            if io.aligned:  # ChunkProtocol.load written out
+                dfd, name = proto.name(key)
+                flags = proto.read_flags | (O_DIRECT if proto.use_direct else 0)
+            else:
+                plan = proto.load(key, out, addr)  # counts the chunks that cannot have O_DIRECT
+                dfd, name, flags = plan.dfd, plan.name, plan.flags
+            io._hb_used[slot] = HEADER_BLOCK  # NativeIO.hb_read_into
+            # nativeio.fields written out (names are short: a key's token)
+            fields = (nativeio.READ, PRIO_LOAD, dfd, flags, -1, -1, 0, int(tier.verify), 0, 0,
+                      io._hb_addr + slot * HEADER_BLOCK, HEADER_BLOCK, addr, n, name.encode(), b"")  # fmt: skip
         except BaseException as e:
             tier._end_load(key, t0, e, entry)
             raise
@@ -140,7 +160,9 @@ class LoadPath:
         key, _, t0 = job.args
         entry, out = self._plans[slot]  # type: ignore[misc]
         self._plans[slot] = None
-        io = _alive(self._io)
+        io = self._io()
+        if io is None:
+            raise _dropped()
         tier = io._tier
         try:
             if stage == Step.OPEN and result == -errno.ENOENT:

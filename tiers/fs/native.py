@@ -21,7 +21,7 @@ from asynctier.core.backend import run_on_thread_to_end, run_to_completion
 from asynctier.core.ops import PRIO_LOAD, PRIO_STORE
 from asynctier.engines import native as nativeio
 from asynctier.engines.native_engine import NativeEngine
-from asynctier.posix_io import aligned_buffer, buffer_address
+from asynctier.posix_io import O_DIRECT, aligned_buffer, buffer_address
 
 from .layout import HEADER_BLOCK
 from .protocol import Outcome, Spare, Step, StoreJob, not_found
@@ -55,6 +55,9 @@ class NativeIO:
         self._hb_used: list[int] = []  # bytes of each block that may not be zero
         self._hb_addr = 0
         self._view_addr = 0
+        #: every chunk of the view is aligned for O_DIRECT; then its write flags are these
+        self.aligned = False
+        self.direct_flags = os.O_WRONLY | O_DIRECT
 
     def start(self) -> None:
         """Once the engine runs: the header blocks, and addresses by arithmetic on the hot
@@ -65,6 +68,8 @@ class NativeIO:
         self._hb_used = [0] * slots
         self._hb_addr = buffer_address(self._hb)
         self._view_addr = buffer_address(self._tier._view)
+        block = self._tier.protocol.block
+        self.aligned = self._view_addr % block == 0 and self._tier.offloading_spec.chunk_bytes % block == 0
 
     def hb_address(self, slot: int) -> int:
         return self._hb_addr + slot * HEADER_BLOCK
@@ -155,13 +160,11 @@ class NativeIO:
         if used > size:  # the rest of the block is written to the file too: zeros, not an old header
             hb[size:used] = bytes(used - size)
         self._hb_used[slot] = size
-        return nativeio.fields(
-            nativeio.WRITE, PRIO_STORE, job.dfd, job.name.encode(), flags=job.flags, fd=job.fd,
-            dfd2=job.dfd if job.temp else -1, name2=job.temp.encode(), sync=job.sync,
-            hb=self._hb_addr + slot * HEADER_BLOCK, hb_len=HEADER_BLOCK, buf=addr, n=n,
-            body_len=size - 8 if job.fill else 0,
-            mode=proto.file_mode | (nativeio.MODE_FIX if proto.fix_mode else 0),
-        )  # fmt: skip
+        # nativeio.fields written out (per chunk); the names are a key's token and a short temporary name
+        mode = proto.file_mode | (nativeio.MODE_FIX if proto.fix_mode else 0)
+        return (nativeio.WRITE, PRIO_STORE, job.dfd, job.flags, job.fd, job.dfd if job.temp else -1, int(job.sync),
+                0, size - 8 if job.fill else 0, mode, self._hb_addr + slot * HEADER_BLOCK, HEADER_BLOCK, addr, n,
+                job.name.encode(), job.temp.encode())  # fmt: skip
 
     def _store_again(self, job: StoreJob, out: Outcome, data: memoryview) -> None:
         self._tier.protocol.remove_leftovers(job, out)
