@@ -1289,7 +1289,18 @@ def hold_victim_deletion(
             await async_write(self, key, cid, victims)
 
         monkeypatch.setattr(NativeIO, "store", held_write)
+        stores_as_coroutines(monkeypatch)
     return stopped, go_on
+
+
+def stores_as_coroutines(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The native engine's stores off its fast path (planned on the loop thread), onto the
+    coroutine path (NativeIO.store) where a test can hold one."""
+
+    def plan(self: StorePath, job: Any, slot: int) -> Any:
+        return partial(self._io().store_job, *job.args)  # type: ignore[union-attr]
+
+    monkeypatch.setattr(StorePath, "plan", plan)
 
 
 def disk_matches_index(tier: FsTier) -> None:
@@ -1395,14 +1406,7 @@ async def test_a_remove_while_the_same_key_is_stored_leaves_disk_and_index_agree
             await async_write(self, key, cid, victims)
 
         monkeypatch.setattr(NativeIO, "store", held_write)
-        fast_plan = StorePath.plan
-
-        def plan(self: StorePath, job: Any, slot: int) -> Any:
-            if job.args[0] == b"K":  # off the engine's fast path, onto the coroutine held above
-                return partial(self._io().store_job, *job.args)  # type: ignore[union-attr]
-            return fast_plan(self, job, slot)
-
-        monkeypatch.setattr(StorePath, "plan", plan)
+        stores_as_coroutines(monkeypatch)
     async with tier:
         store = asyncio.ensure_future(tier.offload([b"K"], [0]))
         assert await asyncio.to_thread(writing.wait, 30)

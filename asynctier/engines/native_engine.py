@@ -62,9 +62,12 @@ class FastPath(Protocol):
         outcome set). An exception is the job's failure."""
         ...
 
-    def finish(self, job: Job, slot: int, result: int, csum: int, stage: int, info: int) -> Continuation | None:
+    def finish(
+        self, job: Job, slot: int, result: int, csum: int, stage: int, info: int
+    ) -> JobFields | Continuation | None:
         """Book what the workers reported for ``job`` (slot still held): None when it is
-        over, or a continuation. An exception is the job's failure."""
+        over; the descriptor of its next step (run in the same slot); or a continuation
+        (the slot is given back first). An exception is the job's failure."""
         ...
 
 
@@ -108,6 +111,7 @@ class NativeEngine(EngineCounters):
         self._slot_path: list[FastPath | None] = [None] * self.slots
         self._low_water = -1  # as last told to the pool
         self._slow: deque[tuple[Job, Continuation]] = deque()
+        self._next: list[tuple[int, Job, JobFields]] = []  # jobs' next steps, to submit with the next batch
         self._idle: list[anyio.Event] = []
         self._running_workers = 0
         self._ended: anyio.Event | None = None
@@ -174,11 +178,24 @@ class NativeEngine(EngineCounters):
         pool = self.pool
         assert pool is not None
         group_left, slot_group, slot_path = self._group_left, self._slot_group, self._slot_path
-        while self._heap and self._started < self.slots:
+        while self._next or (self._heap and self._started < self.slots):
             batch: list[tuple[int, int, Any, JobFields]] = []
             # per call (its jobs share a batch and an operation): its fast path, its group
             calls: dict[Batch, tuple[FastPath | None, list[int]]] = {}
-            while self._started < self.slots:
+            nexts, self._next = self._next, []
+            for held, started, step in nexts:  # the next step of jobs already started (their slots held)
+                call = calls.get(started.batch)
+                if call is None:
+                    call = calls[started.batch] = (slot_path[held], [])
+                if not call[1]:
+                    call[1].append(self._groups.pop())
+                group = call[1][0]
+                group_left[group] += 1
+                slot_group[held] = group
+                if started.priority != PRIO_LOAD:
+                    self._stores_in_pool += 1
+                batch.append((held, group, started, step))
+            while self._heap and self._started < self.slots:
                 job = self._claim()
                 if job is None:
                     break
@@ -239,9 +256,12 @@ class NativeEngine(EngineCounters):
             r = self._slot_path[slot].finish(job, slot, result, csum, stage, info)  # type: ignore[union-attr]
         except BaseException as e:
             job.exc, r = e, None
+        if type(r) is tuple:  # its next step, in the same slot: with the next batch
+            self._next.append((slot, job, r))
+            return
         self._free_slots.append(slot)  # NativePool.put_slot
         if r is not None:
-            self._continue(job, r)
+            self._continue(job, r)  # type: ignore[arg-type]
             return
         # _over and Batch.one_done written out: this runs per chunk
         job.state = DONE
@@ -256,7 +276,7 @@ class NativeEngine(EngineCounters):
 
     def _reaped(self) -> None:
         self.wakeups += 1
-        if self._heap:
+        if self._heap or self._next:
             self._pump()
 
     def _over(self, job: Job) -> None:

@@ -24,7 +24,7 @@ from asynctier.engines.native_engine import NativeEngine
 from asynctier.posix_io import O_DIRECT, aligned_buffer, buffer_address
 
 from .layout import HEADER_BLOCK
-from .protocol import Outcome, Spare, Step, StoreJob, not_found
+from .protocol import Outcome, Spare, SpareJob, Step, StoreJob, not_found
 
 if TYPE_CHECKING:
     from .tier import FsTier
@@ -109,9 +109,13 @@ class NativeIO:
         await tier._async_load(key, t0, lambda: self.load(key, cid), lambda: blocking(tier.delete_chunk, key), entry)
 
     # -- stores ----------------------------------------------------------------------------
-    async def store(self, key: bytes, cid: int, victims: list[bytes]) -> None:
+    async def store(
+        self, key: bytes, cid: int, victims: list[bytes], taken: tuple[SpareJob, Outcome] | None = None
+    ) -> None:
         """Evict ``victims``, then store chunk ``cid`` under ``key``, as native jobs: into the
-        first victim's file where it may be recycled. The workers fill in the checksums."""
+        first victim's file where it may be recycled. The workers fill in the checksums.
+        ``taken``: the spare job of the first victim already ran (the fast path's), with this
+        outcome."""
         tier = self._tier
         proto = tier.protocol
         data = tier._chunk(cid)
@@ -126,7 +130,9 @@ class NativeIO:
         job: StoreJob | None = None
         try:
             rest = victims
-            if victims and tier.recycle_on:
+            if taken is not None:
+                spare, unlink_first = await self._spare_taken(slot, victims[0], *taken, dfd)
+            elif victims and tier.recycle_on:
                 spare, unlink_first = await self._take_spare(slot, victims[0], flags, dfd)
                 if not unlink_first:
                     rest = victims[1:]
@@ -188,6 +194,15 @@ class NativeIO:
                 spare_left = Spare(ran[0].result, dfd, job.temp)
                 await run_to_completion(lambda: run_on_thread_to_end(proto.abandon, None, spare_left))
             raise
+        return await self._spare_taken(slot, victim, job, out, dfd)
+
+    async def _spare_taken(
+        self, slot: int, victim: bytes, job: SpareJob, out: Outcome, dfd: int
+    ) -> tuple[Spare | None, bool]:
+        """What follows the spare job of :meth:`_take_spare`: (the file to overwrite, or None;
+        whether the victim is still to be unlinked)."""
+        tier = self._tier
+        proto = tier.protocol
         spare, exc, unlink_it = proto.spare_taken(job, out)
         if unlink_it:
             return None, True
