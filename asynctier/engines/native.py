@@ -5,10 +5,11 @@ hand-off per call) is what kept loads short of fio from Python threads (docs/ben
 :class:`NativePool` is a pool of POSIX threads (``asynctier/engines/_nativeio.c``, built at install
 as an optional extension and loaded with ctypes) that take chunk jobs from their own
 priority queue and run each from ``open`` to ``close``, with the xxh3 of the payload, never
-taking the GIL. A job is one :class:`Job` descriptor passed by pointer. The event loop
-queues jobs ahead of the workers and hears of their ends through an eventfd, in batches,
-so no Python runs between one job and the next on a worker. :class:`NativeEngine` is the
-runtime's engine around it.
+taking the GIL. A job is one :class:`Job` descriptor passed by pointer, or many packed in
+one table (:meth:`NativePool.submit_many`). The event loop queues jobs ahead of the workers
+and hears of their ends through an eventfd, in batches (a group's last end, or a queue
+running low), so no Python runs between one job and the next on a worker.
+:class:`~asynctier.engines.native_engine.NativeEngine` is the runtime's engine around it.
 
 The workers hash with ``XXH3_64bits`` of the system's xxHash library (``libxxhash.so.0``;
 Debian and Ubuntu: package ``libxxhash0``), its public C API, checked at load against the

@@ -1,5 +1,9 @@
 """The native engine: the chunk protocol's jobs run by the C workers (:mod:`asynctier.engines.native`).
 
+The plain store and load never come here: :mod:`.fast` plans and books them on the loop
+thread; what they hand on (victims to unlink, a refused recycle, a retry) continues here,
+one coroutine per chunk.
+
 Each job of a plan (:mod:`.protocol`) goes to the workers as one :class:`~asynctier.engines.native.Job`
 descriptor; they run it open to close, with the payload's xxh3, holding no GIL, and report
 its :class:`~.protocol.Outcome` in batches through an eventfd. What follows an outcome is
