@@ -2,15 +2,19 @@
 
 The library lives inside a server: every microsecond its calls take on the loop thread is a
 microsecond the server's own requests wait. This runs ``streams`` callers that offload, then
-load, ``chunks`` chunks in calls of ``batch`` through one tier (default: fs at 256 KiB,
-``max_inflight`` 16, into a tier with room for all of them), on asyncio, uvloop and trio
-(anyio), and reports the loop thread's CPU time (``time.thread_time`` on the thread running
-the loop) divided by the chunks moved, beside the wall-clock GB/s. Worker threads are not
-counted: that is the point.
+load, ``chunks`` chunks in calls of ``batch`` through one tier (default: fs on each engine and
+nvme, at 64 KiB and 256 KiB, ``max_inflight`` 16, into a tier with room for all of them), on
+asyncio, uvloop and trio (anyio), and reports the loop thread's CPU time (``time.thread_time``
+on the thread running the loop) divided by the chunks moved, beside the wall-clock GB/s and,
+where the tier reports it (``stats().extra["loop_wakeups"]``), the times its workers woke the
+loop per chunk. Worker threads are not counted: that is the point. Points run interleaved
+(each repeat goes over every point once), and the median of the repeats is reported.
 
 Run from the repository root: ``.venv/bin/python bench/bench_loop_cpu.py`` (``--help`` for
 options); prints a table and, with ``--json``, writes the figures. Only the public API is
-used, so the same script measures an older checkout (``PYTHONPATH=that/checkout``).
+used, so the same script measures an older checkout (``PYTHONPATH=that/checkout``). On a
+machine with other work running, thread CPU time still grows with cache misses and
+preemption: compare checkouts in one sitting, run after run.
 """
 
 from __future__ import annotations
@@ -70,67 +74,108 @@ async def measure(config: dict[str, Any], chunk: int, chunks: int, batch: int, s
     async with tier:
         keys = [b"loop-cpu-%d" % i for i in range(chunks)]
         for op in ("offload", "load"):
+            wakes0 = tier.stats().extra.get("loop_wakeups")
             cpu0, t0 = time.thread_time(), time.perf_counter()
             await _stream(tier, op, keys, slots, batch, streams)
             cpu, wall = time.thread_time() - cpu0, time.perf_counter() - t0
-            out[op] = {"us_per_chunk": cpu / chunks * 1e6, "gbps": chunks * chunk / wall / 1e9}
+            wakes1 = tier.stats().extra.get("loop_wakeups")
+            out[op] = {
+                "us_per_chunk": cpu / chunks * 1e6,
+                "gbps": chunks * chunk / wall / 1e9,
+                "wakeups_per_chunk": None if wakes0 is None or wakes1 is None else (wakes1 - wakes0) / chunks,
+            }
         out["io_engine"] = getattr(tier, "active_io_engine", None)
     return out
 
 
+def _config(tier: str, engine: str | None, root: str, depth: int, chunks: int, chunk: int) -> dict[str, Any]:
+    config: dict[str, Any] = {"type": tier, "max_inflight": depth}
+    if tier == "fs":
+        config["root"] = root
+        if engine is not None:
+            config["io_engine"] = engine
+    elif tier == "nvme":
+        config.update(path=os.path.join(root, "slab"), capacity_bytes=(chunks + 64) * (chunk + 4096))
+    return config
+
+
+def _cell(row: dict[str, Any], op: str) -> str:
+    r = row.get(op)
+    if r is None:
+        return f"{'-':>7} {'-':>6} {'-':>6}"
+    w = "-" if r["wakeups_per_chunk"] is None else f"{r['wakeups_per_chunk']:.2f}"
+    return f"{r['us_per_chunk']:7.1f} {w:>6} {r['gbps']:6.2f}"
+
+
+def print_table(rows: list[dict[str, Any]]) -> None:
+    print()
+    print("loop-thread CPU per chunk (us), loop wake-ups per chunk, GB/s (median of repeats)")
+    head = f"{'tier':5} {'engine':8} {'KiB':>5} {'loop':8} | {'offload us':>10} {'wakes':>6} {'GB/s':>6} | "
+    print(head + f"{'load us':>10} {'wakes':>6} {'GB/s':>6}")
+    for row in rows:
+        label = f"{row['tier']:5} {row['engine'] or '-':8} {row['chunk_kib']:5} {row['backend']:8}"
+        if row.get("error"):
+            print(f"{label} | did not run: {row['error']}")
+            continue
+        print(f"{label} |    {_cell(row, 'offload')} |    {_cell(row, 'load')}")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--tier", default="fs", help="tier type (fs, nvme, memory, ...)")
-    ap.add_argument("--engines", default="native,threads", help="io_engine values to try (fs); '-' for none")
-    ap.add_argument("--chunk-kib", type=int, default=256)
+    ap.add_argument("--tiers", default="fs,nvme", help="tier types (fs, nvme, memory, ...)")
+    ap.add_argument("--engines", default="native,threads", help="io_engine values to try on fs; '-' for the default")
+    ap.add_argument("--chunk-kib", default="64,256", help="chunk sizes in KiB, comma-separated")
     ap.add_argument("--chunks", type=int, default=2048, help="chunks offloaded, then loaded, per run")
     ap.add_argument("--depth", type=int, default=16, help="max_inflight")
     ap.add_argument("--batch", type=int, default=32, help="chunks per call")
     ap.add_argument("--streams", type=int, default=4, help="concurrent callers")
-    ap.add_argument("--repeat", type=int, default=3, help="runs per point; the median is reported")
+    ap.add_argument("--repeat", type=int, default=3, help="runs per point, interleaved; the median is reported")
     ap.add_argument("--backends", default="asyncio,uvloop,trio")
     ap.add_argument("--root", default=None, help="directory for the tier's files (default: a temporary one)")
     ap.add_argument("--json", default=None, help="write the figures here")
     args = ap.parse_args()
-    chunk = args.chunk_kib << 10
     engines = [None] if args.engines == "-" else args.engines.split(",")
+    points: list[tuple[str, str | None, int, str]] = []
+    for tier in args.tiers.split(","):
+        for kib in (int(k) for k in args.chunk_kib.split(",")):
+            for engine in engines if tier == "fs" else [None]:
+                for backend in args.backends.split(","):
+                    points.append((tier, engine, kib, backend))
+    runs: dict[tuple[str, str | None, int, str], list[dict[str, Any]]] = {p: [] for p in points}
+    errors: dict[tuple[str, str | None, int, str], str] = {}
+    for rep in range(args.repeat):
+        for point in points:
+            if point in errors:
+                continue
+            tier, engine, kib, backend = point
+            chunk = kib << 10
+            root = tempfile.mkdtemp(prefix="asynctier-loopcpu-", dir=args.root)
+            name, options = BACKENDS[backend]
+            config = _config(tier, engine, root, args.depth, args.chunks, chunk)
+            try:
+                r = anyio.run(measure, config, chunk, args.chunks, args.batch, args.streams,
+                              backend=name, backend_options=options)  # fmt: skip
+            except Exception as e:  # an older checkout may not run on every loop
+                errors[point] = f"{type(e).__name__}: {e}"[:120]
+                continue
+            finally:
+                shutil.rmtree(root, ignore_errors=True)
+            runs[point].append(r)
+            off, load = r["offload"]["us_per_chunk"], r["load"]["us_per_chunk"]
+            print(f"[{rep + 1}/{args.repeat}] {tier:5} {engine or '-':8} {kib:4} KiB {backend:8} "
+                  f"offload {off:6.1f} us/chunk, load {load:6.1f} us/chunk", flush=True)  # fmt: skip
     rows = []
-    for engine in engines:
-        for backend in args.backends.split(","):
-            runs: list[dict[str, Any]] = []
-            error = None
-            for _ in range(args.repeat):
-                root = tempfile.mkdtemp(prefix="asynctier-loopcpu-", dir=args.root)
-                config: dict[str, Any] = {"type": args.tier, "max_inflight": args.depth}
-                if args.tier == "fs":
-                    config["root"] = root
-                elif args.tier == "nvme":
-                    config.update(path=os.path.join(root, "slab"), capacity_bytes=(args.chunks + 64) * (chunk + 4096))
-                if engine is not None:
-                    config["io_engine"] = engine
-                name, options = BACKENDS[backend]
-                point = (config, chunk, args.chunks, args.batch, args.streams)
-                try:
-                    runs.append(anyio.run(measure, *point, backend=name, backend_options=options))
-                except Exception as e:  # an older checkout may not run on every loop
-                    error = f"{type(e).__name__}: {e}"[:120]
-                    break
-                finally:
-                    shutil.rmtree(root, ignore_errors=True)
-            row: dict[str, Any] = {"tier": args.tier, "engine": engine, "backend": backend, "error": error}
+    for point in points:
+        tier, engine, kib, backend = point
+        row: dict[str, Any] = {"tier": tier, "engine": engine, "chunk_kib": kib, "backend": backend,
+                               "error": errors.get(point)}  # fmt: skip
+        done = runs[point]
+        if done and point not in errors:
             for op in ("offload", "load"):
-                if runs and error is None:
-                    row[op] = sorted(runs, key=lambda r: r[op]["us_per_chunk"])[len(runs) // 2][op]
-            if runs and error is None:
-                row["active_io_engine"] = runs[0]["io_engine"]
-            rows.append(row)
-            cells = (
-                f"offload {row['offload']['us_per_chunk']:6.1f} us/chunk {row['offload']['gbps']:5.2f} GB/s | "
-                f"load {row['load']['us_per_chunk']:6.1f} us/chunk {row['load']['gbps']:5.2f} GB/s"
-                if error is None
-                else f"did not run: {error}"
-            )
-            print(f"{args.tier:5} {engine or '-':8} {backend:8} {cells}", flush=True)
+                row[op] = sorted(done, key=lambda r: r[op]["us_per_chunk"])[len(done) // 2][op]
+            row["active_io_engine"] = done[0]["io_engine"]
+        rows.append(row)
+    print_table(rows)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"args": vars(args), "rows": rows, "python": sys.version.split()[0]}, f, indent=1)

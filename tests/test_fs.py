@@ -24,6 +24,7 @@ import textwrap
 import threading
 import time
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +45,7 @@ from asynctier.integrity import key_token
 from asynctier.posix_io import aligned_buffer
 from asynctier.testing import Harness, TierConformance
 from asynctier.tiers.fs import HEADER_BLOCK, FsTier
+from asynctier.tiers.fs.fast import StorePath
 from asynctier.tiers.fs.layout import shard_of
 from asynctier.tiers.fs.native import NativeIO
 from asynctier.tiers.fs.pool import TmpfilePool
@@ -1291,7 +1293,18 @@ def hold_victim_deletion(
             await async_write(self, key, cid, victims)
 
         monkeypatch.setattr(NativeIO, "store", held_write)
+        stores_as_coroutines(monkeypatch)
     return stopped, go_on
+
+
+def stores_as_coroutines(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The native engine's stores off its fast path (planned on the loop thread), onto the
+    coroutine path (NativeIO.store) where a test can hold one."""
+
+    def plan(self: StorePath, job: Any, slot: int) -> Any:
+        return partial(self._io().store_job, *job.args)  # type: ignore[union-attr]
+
+    monkeypatch.setattr(StorePath, "plan", plan)
 
 
 def disk_matches_index(tier: FsTier) -> None:
@@ -1397,6 +1410,7 @@ async def test_a_remove_while_the_same_key_is_stored_leaves_disk_and_index_agree
             await async_write(self, key, cid, victims)
 
         monkeypatch.setattr(NativeIO, "store", held_write)
+        stores_as_coroutines(monkeypatch)
     async with tier:
         store = asyncio.ensure_future(tier.offload([b"K"], [0]))
         assert await asyncio.to_thread(writing.wait, 30)

@@ -564,3 +564,65 @@ def test_a_tier_called_from_another_event_loop_says_so_instead_of_hanging(tmp_pa
     finally:
         first.close()
         second.close()
+
+
+# -- the native engine's batches (issue 28 item 1) ------------------------------------------------
+def _native_fs(tmp_path: Any, nchunks: int, **kw: Any) -> tuple[Any, memoryview]:
+    from asynctier import SecondaryTierFactory
+    from asynctier.engines import native
+
+    if native.problem() is not None:
+        pytest.skip(f"no native workers: {native.problem()}")
+    spec = OffloadingSpec(4096, nchunks)
+    view = memoryview(bytearray(spec.total_bytes))
+    config = {"type": "fs", "root": str(tmp_path), "io_engine": "native", **kw}
+    return SecondaryTierFactory.create_secondary_tier(config, view, spec), view
+
+
+async def test_a_native_call_wakes_the_loop_per_batch_not_per_chunk(tmp_path: Any) -> None:
+    """A 64-chunk offload or load on the native engine reaches the workers in batches and is
+    reported back in batches: the workers wake the event loop far fewer times than once per
+    chunk (stats().extra["loop_wakeups"]), and every chunk still round-trips."""
+    tier, view = _native_fs(tmp_path, 128, max_inflight=16)
+    for i in range(64):
+        view[i * 4096 : (i + 1) * 4096] = bytes([i]) * 4096
+    keys = [b"w-%d" % i for i in range(64)]
+    async with tier:
+        before = tier.stats().extra["loop_wakeups"]
+        res = await tier.offload(keys, list(range(64)))
+        stored = tier.stats().extra["loop_wakeups"]
+        assert res.ok and len(res.succeeded) == 64
+        assert 1 <= stored - before <= 32
+        res = await tier.load(keys, list(range(64, 128)))
+        loaded = tier.stats().extra["loop_wakeups"]
+        assert res.ok and 1 <= loaded - stored <= 32
+        assert bytes(view[64 * 4096 :]) == bytes(view[: 64 * 4096])
+        s = tier.stats()
+        assert (s.offloaded, s.loaded, s.in_flight, s.queued) == (64, 64, 0, 0)
+
+
+async def test_a_cancelled_native_call_withdraws_its_queued_chunks_and_leaves_each_key_whole(tmp_path: Any) -> None:
+    """Cancelled while most of its chunks wait (one I/O at a time): the call returns only with
+    nothing of it running or queued; each key is stored whole or not at all, and the stored
+    ones load back."""
+    n = 512
+    tier, view = _native_fs(tmp_path, 2 * n, max_inflight=1)
+    for i in range(n):
+        view[i * 4096 : (i + 1) * 4096] = i.to_bytes(2, "big") * 2048
+    keys = [b"c-%d" % i for i in range(n)]
+    async with tier:
+        call = asyncio.ensure_future(tier.offload(keys, list(range(n))))
+        await wait_until(lambda: tier.stats().offloaded > 0)
+        call.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await call
+        s = tier.stats()
+        assert (s.in_flight, s.queued) == (0, 0)
+        assert 0 < s.offloaded < n  # withdrawn, not run to the end
+        present = [k for k, hit in zip(keys, await tier.lookup(keys)) if hit]
+        assert len(present) == s.offloaded
+        ids = [n + keys.index(k) for k in present]
+        assert (await tier.load(present, ids)).ok
+        for cid in ids:
+            i = cid - n
+            assert bytes(view[cid * 4096 : (cid + 1) * 4096]) == bytes(view[i * 4096 : (i + 1) * 4096])

@@ -352,7 +352,8 @@ class ChunkTier(Bookkeeping, SecondaryTierManager):
             ]
         fn = self.job_body(op)
         batch = Batch(len(keys))
-        return [Job(op, fn, (k, c, t0), (k,), batch) for k, c in zip(keys, ids)]
+        prio = op.priority
+        return [Job(op, fn, (k, c, t0), (k,), batch, priority=prio) for k, c in zip(keys, ids)]
 
     async def _run(self, op: Op, keys: list[bytes], ids: list[int]) -> TransferResult:
         if not keys:

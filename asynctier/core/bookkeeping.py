@@ -182,6 +182,12 @@ class Bookkeeping:
         victims = await self._after_removal_async(self._reserve_store, key, t0)
         if victims is None:
             return
+        await self._async_store_reserved(key, t0, victims, write)
+
+    async def _async_store_reserved(
+        self, key: bytes, t0: float, victims: list[bytes], write: Callable[[list[bytes]], Awaitable[None]]
+    ) -> None:
+        """:meth:`_async_store` once room is reserved (``victims`` to evict first)."""
         try:
             await write(victims)
         except BaseException as e:

@@ -68,9 +68,11 @@ class Job:
         batch: Batch,
         *,
         grouped: bool = False,
+        priority: int | None = None,
     ) -> None:
         self.op = op
-        self.priority = op.priority
+        # given by the caller that makes many: an Op's hash is Python code (enum)
+        self.priority = op.priority if priority is None else priority
         self.seq = next(_seq)  # FIFO within one priority
         self.fn = fn
         self.args = args

@@ -141,7 +141,10 @@ def check_pairs(
         raise TypeError(
             f"chunk_ids must be an ordered sequence of ints (a list or tuple); got a {type(chunk_ids).__name__}"
         )
-    ids = [spec.check_chunk_id(c) for c in chunk_ids]
+    ids = list(chunk_ids)
+    # the common case checked in bulk (plain ints in range); else one by one, for the error
+    if not (ids and all(type(c) is int for c in ids) and min(ids) >= 0 and max(ids) < spec.num_chunks):
+        ids = [spec.check_chunk_id(c) for c in ids]
     if len(ks) != len(ids):
         raise ValueError(f"got {len(ks)} keys but {len(ids)} chunk ids; they pair up one to one")
     if load:

@@ -66,6 +66,8 @@ typedef uint64_t (*xxh3_fn)(const void *, size_t);
 
 /* One job, as the caller describes it (laid out as nativeio.Job). */
 struct at_job {
+    int32_t group; /* -1: wake the loop when it ends; else a group of jobs (0..nops-1): when its last ends */
+    int32_t pad;
     int32_t kind, prio;
     int32_t dfd, flags;
     int32_t fd;   /* writes: the file to fill (made ahead, or taken over), left open; -1: make one */
@@ -116,6 +118,9 @@ struct at_pool {
     int post_head, post_tail; /* reads whose I/O is done, to be hashed (FIFO) */
     int32_t *done; /* completion ring of slot indices */
     int done_head, done_count;
+    int32_t *gcount; /* jobs of each group queued or running */
+    int low_water;   /* also wake the loop when no more than this many jobs wait (-1: never) */
+    int signalled;   /* the eventfd was written since the ring was last emptied */
     int efd;
     int nthreads;
     int nice; /* added to each worker's nice value at its start (0: none) */
@@ -335,15 +340,23 @@ static void unqueue(struct at_pool *p, int idx) {
     if (p->stopping && p->queued == 0) pthread_cond_broadcast(&p->work);
 }
 
+/* The loop is woken (once until it reaps) when a job of no group ends, when the last job of
+ * a group ends (a call's chunks are one group: the call wakes once, not once per chunk), or
+ * when the queue runs low while the loop holds more jobs back (low_water). */
 static void report(struct at_pool *p, int idx) {
     /* with the lock held */
     p->ops[idx].state = AT_DONE;
     p->done[(p->done_head + p->done_count) % p->nops] = idx;
     p->done_count++;
-    uint64_t one = 1;
-    /* the eventfd counts; a full counter (never, in practice) still leaves it readable */
-    ssize_t w = write(p->efd, &one, sizeof one);
-    (void)w;
+    int g = p->ops[idx].job.group;
+    int wake = g < 0 || --p->gcount[g] == 0 || p->queued <= p->low_water;
+    if (wake && !p->signalled) {
+        p->signalled = 1;
+        uint64_t one = 1;
+        /* the eventfd counts; a full counter (never, in practice) still leaves it readable */
+        ssize_t w = write(p->efd, &one, sizeof one);
+        (void)w;
+    }
 }
 
 /* One loop for the three kinds of work (I/O, a read's checksum, a write's preparation):
@@ -451,14 +464,16 @@ struct at_pool *at_new(int nthreads, int ntokens, int nops, xxh3_fn xxh3, int ni
     p->post_head = p->post_tail = -1;
     p->ntokens = ntokens;
     p->nops = nops;
+    p->low_water = -1;
     p->xxh3 = xxh3;
     p->nice = nice;
     p->ops = calloc((size_t)nops, sizeof *p->ops);
     p->res = calloc((size_t)nops, sizeof *p->res);
     p->done = calloc((size_t)nops, sizeof *p->done);
+    p->gcount = calloc((size_t)nops, sizeof *p->gcount);
     p->threads = calloc((size_t)nthreads, sizeof *p->threads);
     p->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-    if (!p->ops || !p->res || !p->done || !p->threads || p->efd < 0) {
+    if (!p->ops || !p->res || !p->done || !p->gcount || !p->threads || p->efd < 0) {
         int e = errno ? errno : ENOMEM;
         at_free(p);
         errno = e;
@@ -480,6 +495,37 @@ int at_eventfd(struct at_pool *p) { return p->efd; }
 struct at_res *at_results(struct at_pool *p) { return p->res; }
 uint64_t at_hash(struct at_pool *p, const void *buf, size_t len) { return p->xxh3(buf, len); }
 
+static int job_ok(const struct at_pool *p, int idx, const struct at_job *j) {
+    if (idx < 0 || idx >= p->nops || j->prio < 0 || j->prio >= NPRIO || j->kind < AT_READ || j->kind > AT_UNLINK)
+        return 0;
+    if (!memchr(j->name, 0, NAME_MAX_LEN) || !memchr(j->name2, 0, NAME_MAX_LEN)) return 0;
+    if (j->body_len > 0 && (size_t)j->body_len + 8 > j->hb_len) return 0;
+    if (j->kind == AT_SPARE && !j->name2[0]) return 0;
+    if (j->group < -1 || j->group >= p->nops) return 0;
+    return 1;
+}
+
+/* With the lock held: queue slot `idx` for `j` (checked by job_ok); 0 or -errno. */
+static int queue_job(struct at_pool *p, int idx, const struct at_job *j) {
+    struct at_op *op = &p->ops[idx];
+    if (p->stopping) return -ESHUTDOWN;
+    if (op->state != AT_IDLE) return -EBUSY;
+    int prio = j->prio;
+    op->job = *j;
+    op->prep = j->kind == AT_WRITE ? PREP_WANTED : PREP_NONE;
+    op->fd = -1;
+    op->next = -1;
+    op->state = AT_QUEUED;
+    if (p->tail[prio] >= 0)
+        p->ops[p->tail[prio]].next = idx;
+    else
+        p->head[prio] = idx;
+    p->tail[prio] = idx;
+    p->queued++;
+    if (j->group >= 0) p->gcount[j->group]++;
+    return 0;
+}
+
 /* Queue slot `idx` (idle) for the job `j` (copied: the caller may reuse it at once):
  *   AT_READ    openat(dfd, name, flags), preadv of hb and buf (EOF ends it short), close;
  *              the xxh3 of buf if `hashed`;
@@ -493,35 +539,31 @@ uint64_t at_hash(struct at_pool *p, const void *buf, size_t len) { return p->xxh
  *   AT_UNLINK  unlinkat(dfd, name).
  * Returns 0, or -EINVAL (bad slot or job), -EBUSY (slot in use), -ESHUTDOWN. */
 int at_submit(struct at_pool *p, int idx, const struct at_job *j) {
-    if (idx < 0 || idx >= p->nops || j->prio < 0 || j->prio >= NPRIO || j->kind < AT_READ || j->kind > AT_UNLINK)
-        return -EINVAL;
-    if (!memchr(j->name, 0, NAME_MAX_LEN) || !memchr(j->name2, 0, NAME_MAX_LEN)) return -EINVAL;
-    if (j->body_len > 0 && (size_t)j->body_len + 8 > j->hb_len) return -EINVAL;
-    if (j->kind == AT_SPARE && !j->name2[0]) return -EINVAL;
+    if (!job_ok(p, idx, j)) return -EINVAL;
     pthread_mutex_lock(&p->mu);
-    int rc = 0;
-    struct at_op *op = &p->ops[idx];
-    if (p->stopping)
-        rc = -ESHUTDOWN;
-    else if (op->state != AT_IDLE)
-        rc = -EBUSY;
-    if (rc == 0) {
-        int prio = j->prio;
-        op->job = *j;
-        op->prep = j->kind == AT_WRITE ? PREP_WANTED : PREP_NONE;
-        op->fd = -1;
-        op->next = -1;
-        op->state = AT_QUEUED;
-        if (p->tail[prio] >= 0)
-            p->ops[p->tail[prio]].next = idx;
-        else
-            p->head[prio] = idx;
-        p->tail[prio] = idx;
-        p->queued++;
-        pthread_cond_signal(&p->work);
-    }
+    int rc = queue_job(p, idx, j);
+    if (rc == 0) pthread_cond_signal(&p->work);
     pthread_mutex_unlock(&p->mu);
     return rc;
+}
+
+/* Queue `n` jobs under one lock, `jobs[i]` into slot `idx[i]` (a call's chunks reach the
+ * workers together, and the loop pays one call for them). The first job refused (as
+ * at_submit would refuse it) stops the batch: returns how many were queued before it, or
+ * its -errno if it is the first. */
+int at_submit_many(struct at_pool *p, int n, const int32_t *idx, const struct at_job *jobs) {
+    int done = 0, rc = 0;
+    pthread_mutex_lock(&p->mu);
+    for (; done < n; done++) {
+        rc = job_ok(p, idx[done], &jobs[done]) ? queue_job(p, idx[done], &jobs[done]) : -EINVAL;
+        if (rc != 0) break;
+    }
+    if (done > 1)
+        pthread_cond_broadcast(&p->work);
+    else if (done == 1)
+        pthread_cond_signal(&p->work);
+    pthread_mutex_unlock(&p->mu);
+    return done > 0 ? done : rc;
 }
 
 /* Take back a queued job: 1 if taken (it will never run nor be reported; the slot is idle
@@ -533,6 +575,7 @@ int at_cancel(struct at_pool *p, int idx) {
     struct at_op *op = &p->ops[idx];
     if (op->state == AT_QUEUED) { /* not being hashed, not started */
         unqueue(p, idx);
+        if (op->job.group >= 0) p->gcount[op->job.group]--;
         op->state = AT_IDLE;
         taken = 1;
     }
@@ -552,8 +595,17 @@ int at_reap(struct at_pool *p, int32_t *out, int max) {
         p->ops[idx].state = AT_IDLE;
         out[n++] = idx;
     }
+    if (p->done_count == 0) p->signalled = 0; /* the next end to report writes the eventfd again */
     pthread_mutex_unlock(&p->mu);
     return n;
+}
+
+/* Wake the loop when no more than `n` jobs wait for a token (-1: only as report says): the
+ * loop holds more jobs back and would top the queue up. */
+void at_set_low_water(struct at_pool *p, int n) {
+    pthread_mutex_lock(&p->mu);
+    p->low_water = n;
+    pthread_mutex_unlock(&p->mu);
 }
 
 /* A token for chunk I/O done outside the pool (blocks until one is free); 0, or -ESHUTDOWN. */
@@ -613,6 +665,7 @@ void at_free(struct at_pool *p) {
     free(p->ops);
     free(p->res);
     free(p->done);
+    free(p->gcount);
     free(p->threads);
     free(p);
 }

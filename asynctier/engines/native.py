@@ -5,10 +5,11 @@ hand-off per call) is what kept loads short of fio from Python threads (docs/ben
 :class:`NativePool` is a pool of POSIX threads (``asynctier/engines/_nativeio.c``, built at install
 as an optional extension and loaded with ctypes) that take chunk jobs from their own
 priority queue and run each from ``open`` to ``close``, with the xxh3 of the payload, never
-taking the GIL. A job is one :class:`Job` descriptor passed by pointer. The event loop
-queues jobs ahead of the workers and hears of their ends through an eventfd, in batches,
-so no Python runs between one job and the next on a worker. :class:`NativeEngine` is the
-runtime's engine around it.
+taking the GIL. A job is one :class:`Job` descriptor passed by pointer, or many packed in
+one table (:meth:`NativePool.submit_many`). The event loop queues jobs ahead of the workers
+and hears of their ends through an eventfd, in batches (a group's last end, or a queue
+running low), so no Python runs between one job and the next on a worker.
+:class:`~asynctier.engines.native_engine.NativeEngine` is the runtime's engine around it.
 
 The workers hash with ``XXH3_64bits`` of the system's xxHash library (``libxxhash.so.0``;
 Debian and Ubuntu: package ``libxxhash0``), its public C API, checked at load against the
@@ -22,11 +23,11 @@ here (not built, not Linux, no xxHash library), or None.
 
 from __future__ import annotations
 
-import concurrent.futures
 import ctypes
 import errno
 import importlib.machinery
 import os
+import struct
 import sys
 import weakref
 from collections.abc import Callable
@@ -36,9 +37,8 @@ from typing import Any, NamedTuple, TypeVar
 import anyio
 
 from ..core.backend import ReadableWatch, run_on_thread_to_end, wait_uninterrupted, watch_readable
-from .tasks import TaskEngine
 
-__all__ = ["Job", "NativeEngine", "NativePool", "Outcome", "job", "problem"]
+__all__ = ["DoneHandler", "Job", "JobFields", "NativePool", "Outcome", "fields", "job", "problem"]
 
 T = TypeVar("T")
 
@@ -77,6 +77,8 @@ class Job(ctypes.Structure):
     """
 
     _fields_ = [
+        ("group", ctypes.c_int32),
+        ("pad", ctypes.c_int32),
         ("kind", ctypes.c_int32),
         ("prio", ctypes.c_int32),
         ("dfd", ctypes.c_int32),
@@ -118,13 +120,37 @@ def job(
     """A :class:`Job`; a name that does not fit the descriptor is refused here (OSError)."""
     if len(name) >= _NAME_MAX or len(name2) >= _NAME_MAX:
         raise OSError(errno.ENAMETOOLONG, f"native I/O job refused: a name of {_NAME_MAX} bytes or more")
-    return Job(kind, prio, dfd, flags, fd, dfd2, int(sync), int(hashed), body_len, mode, hb or None, hb_len,
-               buf or None, n, name, name2)  # fmt: skip
+    return Job(-1, 0, kind, prio, dfd, flags, fd, dfd2, int(sync), int(hashed), body_len, mode, hb or None,
+               hb_len, buf or None, n, name, name2)  # fmt: skip
+
+
+#: A job's fields in :class:`Job`'s order without ``group`` and ``pad`` (the hot path's
+#: form: a tuple, packed straight into the pool's submission table).
+JobFields = tuple[int, int, int, int, int, int, int, int, int, int, int, int, int, int, bytes, bytes]
+_JOB_LAYOUT = struct.Struct("<12i4Q256s256s")
+
+
+def fields(
+    kind: int, prio: int, dfd: int, name: bytes, *, flags: int = 0, fd: int = -1, dfd2: int = -1,
+    name2: bytes = b"", sync: bool = False, hb: int = 0, hb_len: int = 0, buf: int = 0, n: int = 0,
+    body_len: int = 0, hashed: bool = False, mode: int = 0,
+) -> JobFields:  # fmt: skip
+    """:func:`job` as :data:`JobFields`, for :meth:`NativePool.submit_many`."""
+    if len(name) >= _NAME_MAX or len(name2) >= _NAME_MAX:
+        raise OSError(errno.ENAMETOOLONG, f"native I/O job refused: a name of {_NAME_MAX} bytes or more")
+    return (kind, prio, dfd, flags, fd, dfd2, int(sync), int(hashed), body_len, mode, hb, hb_len, buf, n, name, name2)
 
 
 class _Result(ctypes.Structure):
     _fields_ = [("result", ctypes.c_int64), ("csum", ctypes.c_uint64), ("stage", ctypes.c_int32),
                 ("info", ctypes.c_int32)]  # fmt: skip
+
+
+_RESULT_LAYOUT = struct.Struct("<qQii")
+
+#: Called on the loop thread for each job of :meth:`NativePool.submit_many` that ended:
+#: ``(owner, slot, result, csum, stage, info)`` (the fields of :class:`Outcome`).
+DoneHandler = Callable[[Any, int, int, int, int, int], None]
 
 
 def _find_library() -> tuple[ctypes.CDLL | None, str | None]:
@@ -151,6 +177,8 @@ def _find_library() -> tuple[ctypes.CDLL | None, str | None]:
         "at_results": ([vp], vp),
         "at_hash": ([vp, vp, c_size], ctypes.c_uint64),
         "at_submit": ([vp, c_int, ctypes.POINTER(Job)], c_int),
+        "at_submit_many": ([vp, c_int, vp, vp], c_int),
+        "at_set_low_water": ([vp, c_int], None),
         "at_cancel": ([vp, c_int], c_int),
         "at_reap": ([vp, vp, c_int], c_int),
         "at_acquire": ([vp], c_int),
@@ -231,6 +259,21 @@ class NativePool:
         self._waiters: list[anyio.Event | None] = [None] * slots
         self._outcomes: list[Outcome | None] = [None] * slots
         self._free = list(range(slots - 1, -1, -1))
+        #: the free job slots (:meth:`take_slot` pops, :meth:`put_slot` appends)
+        self.free_slots = self._free
+        # submit_many's side: a table of descriptors packed in place, and who owns each slot
+        self._table = bytearray(_JOB_LAYOUT.size * slots)
+        self._table_c = (ctypes.c_char * len(self._table)).from_buffer(self._table)  # pins it
+        self._table_addr = ctypes.addressof(self._table_c)
+        self._table_idx = (ctypes.c_int32 * slots)()
+        self._idx_addr = ctypes.addressof(self._table_idx)
+        self._owners: list[Any] = [None] * slots
+        self._res_mem = memoryview(
+            (ctypes.c_char * (ctypes.sizeof(_Result) * slots)).from_address(_LIB.at_results(handle))
+        ).cast("B")
+        #: the engine's handlers: each job of submit_many that ended; then, once per batch reaped
+        self.on_done: DoneHandler | None = None
+        self.on_reaped: Callable[[], None] | None = None
         self._watch: ReadableWatch | None = None
         self._running = 0  # jobs submitted and not yet reaped
         self._closed = False
@@ -289,25 +332,70 @@ class NativePool:
         assert outcome is not None
         return outcome
 
+    def submit_many(self, items: list[tuple[int, int, Any, JobFields]]) -> list[tuple[int, Any, int]]:
+        """Queue jobs given as ``(slot, group, owner, fields)`` in one call to the workers;
+        each that ends goes to :attr:`on_done` with its ``owner``. ``group``: -1, or a
+        number below :attr:`slots` shared by jobs whose last end is to wake the loop (and
+        only it). Returns ``(slot, owner, errno)`` of those refused (the pool is shutting
+        down): they never run."""
+        if self._closed or self._watch is None:
+            raise RuntimeError("native I/O pool is not running")
+        table, idx, owners = self._table, self._table_idx, self._owners
+        pack, size = _JOB_LAYOUT.pack_into, _JOB_LAYOUT.size
+        off = 0
+        for i, (slot, group, owner, f) in enumerate(items):
+            pack(table, off, group, 0, *f)
+            off += size
+            idx[i] = slot
+            owners[slot] = owner
+        refused: list[tuple[int, Any, int]] = []
+        n, start = len(items), 0
+        while start < n:
+            k = self._lib.at_submit_many(
+                self._h, n - start, self._idx_addr + 4 * start, self._table_addr + size * start
+            )
+            if k > 0:
+                self._running += k
+                start += k
+                continue
+            slot = items[start][0]
+            refused.append((slot, owners[slot], -k))
+            owners[slot] = None
+            start += 1
+        return refused
+
+    def set_low_water(self, n: int) -> None:
+        """Have the workers also wake the loop when no more than ``n`` jobs wait for an I/O
+        token (-1: not for that): the loop holds more jobs back and tops the queue up."""
+        self._lib.at_set_low_water(self._h, n)
+
     def _on_ready(self) -> None:
         try:
             os.read(self._efd, 8)
         except BlockingIOError:
             pass
         lib, h, reaped, res, waiters = self._lib, self._h, self._reaped, self._res, self._waiters
+        owners, on_done, res_mem, unpack = self._owners, self.on_done, self._res_mem, _RESULT_LAYOUT.unpack_from
         while True:
             n = lib.at_reap(h, reaped, self.slots)
-            for i in range(n):
-                slot = reaped[i]
+            self._running -= n
+            for slot in reaped[:n]:
+                owner = owners[slot]
+                if owner is not None:
+                    owners[slot] = None
+                    assert on_done is not None
+                    on_done(owner, slot, *unpack(res_mem, slot * 24))
+                    continue
                 r = res[slot]
                 done = waiters[slot]
                 waiters[slot] = None
-                self._running -= 1
                 if done is not None:
                     self._outcomes[slot] = Outcome(r.result, r.csum, r.stage, r.info)
                     done.set()
             if n < self.slots:
                 break
+        if self.on_reaped is not None:
+            self.on_reaped()
         if self._abandoned and not self._running:
             self._free_now()
 
@@ -375,78 +463,3 @@ class NativePool:
         self._closed = True
         # joining may wait for a worker's last system call: not on the loop thread
         await run_on_thread_to_end(self._lib.at_free, self._h)
-
-
-def _coroutines(bound: int) -> int:
-    """Coroutines that keep the workers' queue ahead of them: the bound plus as many again
-    (at least 8), so a worker finds its next job queued when it ends one."""
-    return bound + max(bound, 8)
-
-
-class NativeEngine(TaskEngine):
-    """The runtime's engine for a :class:`NativePool`: coroutine workers (more than the
-    bound, so jobs queue ahead in the pool) whose chunk I/O the pool runs under ``bound``
-    tokens; slow paths run on :attr:`executor` threads, each holding a token.
-
-    ``in_flight``, ``peak_in_flight`` and ``workers`` report the bound's view (tokens), not
-    the coroutines. ``nice``: see :class:`NativePool`.
-    """
-
-    def __init__(self, bound: int, name: str = "asynctier", nice: int = 0) -> None:
-        super().__init__(_coroutines(bound), name)
-        self.bound = bound
-        self.nice = nice
-        self.pool: NativePool | None = None
-        self.executor: concurrent.futures.ThreadPoolExecutor | None = None
-        self._last = (0, 0, 0)
-
-    def start(self) -> None:
-        # more threads than tokens: those beyond the bound hash while the others do I/O
-        threads = self.bound + min(self.bound, os.cpu_count() or 1)
-        pool = NativePool(threads, self.bound, self._workers, self.nice)
-        pool.attach()
-        self.pool = pool
-        self.executor = concurrent.futures.ThreadPoolExecutor(self.bound, thread_name_prefix=f"{self._name}-slow")
-        super().start()
-
-    async def blocking(self, fn: Callable[..., T], *args: Any) -> T:
-        """``fn(*args)`` on a slow-path thread holding an I/O token; runs to its end even if
-        the caller is cancelled (it may touch the caller's buffer)."""
-        assert self.pool is not None
-        return await run_on_thread_to_end(self.pool.hold, fn, *args, executor=self.executor)
-
-    def _pool_counts(self) -> tuple[int, int, int]:
-        if self.pool is not None:
-            self._last = self.pool.counts()
-        return self._last
-
-    @property
-    def in_flight(self) -> int:
-        return self._pool_counts()[0]
-
-    @property
-    def peak_in_flight(self) -> int:
-        return self._pool_counts()[1]
-
-    @property
-    def queued(self) -> int:
-        return self._queued + self._pool_counts()[2]
-
-    @property
-    def workers(self) -> int:
-        return self.bound
-
-    def stop_nowait(self) -> None:
-        super().stop_nowait()
-        if self.pool is not None:
-            self.pool.abandon()
-
-    async def stop(self) -> None:
-        await super().stop()
-        pool, self.pool = self.pool, None
-        if pool is not None:
-            self._last = pool.counts()
-            await pool.aclose()
-        executor, self.executor = self.executor, None
-        if executor is not None:
-            executor.shutdown(wait=False)

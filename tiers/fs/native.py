@@ -1,5 +1,9 @@
 """The native engine: the chunk protocol's jobs run by the C workers (:mod:`asynctier.engines.native`).
 
+The plain store and load never come here: :mod:`.fast` plans and books them on the loop
+thread; what they hand on (victims to unlink, a refused recycle, a retry) continues here,
+one coroutine per chunk.
+
 Each job of a plan (:mod:`.protocol`) goes to the workers as one :class:`~asynctier.engines.native.Job`
 descriptor; they run it open to close, with the payload's xxh3, holding no GIL, and report
 its :class:`~.protocol.Outcome` in batches through an eventfd. What follows an outcome is
@@ -20,10 +24,11 @@ import anyio
 from asynctier.core.backend import run_on_thread_to_end, run_to_completion
 from asynctier.core.ops import PRIO_LOAD, PRIO_STORE
 from asynctier.engines import native as nativeio
-from asynctier.posix_io import aligned_buffer, buffer_address
+from asynctier.engines.native_engine import NativeEngine
+from asynctier.posix_io import O_DIRECT, aligned_buffer, buffer_address
 
 from .layout import HEADER_BLOCK
-from .protocol import Outcome, Spare, Step, StoreJob, not_found
+from .protocol import Outcome, Spare, SpareJob, Step, StoreJob, not_found
 
 if TYPE_CHECKING:
     from .tier import FsTier
@@ -45,29 +50,43 @@ def _outcome(res: nativeio.Outcome) -> Outcome:
 class NativeIO:
     """The chunk protocol of ``tier`` on the workers of ``engine`` (from the event loop)."""
 
-    def __init__(self, tier: FsTier, engine: nativeio.NativeEngine) -> None:
+    def __init__(self, tier: FsTier, engine: NativeEngine) -> None:
         self._tier = tier
         self.engine = engine
         self._hb: memoryview | None = None  # one header block per job slot
+        #: each slot's header block
+        self.slot_hb: list[memoryview] = []
+        self._hb_used: list[int] = []  # bytes of each block that may not be zero
         self._hb_addr = 0
         self._view_addr = 0
+        #: every chunk of the view is aligned for O_DIRECT; then its write flags are these
+        self.aligned = False
+        self.direct_flags = os.O_WRONLY | O_DIRECT
 
     def start(self) -> None:
         """Once the engine runs: the header blocks, and addresses by arithmetic on the hot
         path (not a buffer export per chunk)."""
-        self._hb = aligned_buffer(HEADER_BLOCK * self._pool.slots)
+        slots = self._pool.slots
+        self._hb = aligned_buffer(HEADER_BLOCK * slots)
+        self.slot_hb = [self._hb[i * HEADER_BLOCK : (i + 1) * HEADER_BLOCK] for i in range(slots)]
+        self._hb_used = [0] * slots
         self._hb_addr = buffer_address(self._hb)
         self._view_addr = buffer_address(self._tier._view)
+        block = self._tier.protocol.block
+        self.aligned = self._view_addr % block == 0 and self._tier.offloading_spec.chunk_bytes % block == 0
+
+    def hb_address(self, slot: int) -> int:
+        return self._hb_addr + slot * HEADER_BLOCK
+
+    def hb_read_into(self, slot: int) -> None:
+        """A read fills the slot's whole header block with a file's: zeroed before a store's."""
+        self._hb_used[slot] = HEADER_BLOCK
 
     @property
     def _pool(self) -> nativeio.NativePool:
         pool = self.engine.pool
         assert pool is not None
         return pool
-
-    def _slot_hb(self, slot: int) -> memoryview:
-        assert self._hb is not None
-        return self._hb[slot * HEADER_BLOCK : (slot + 1) * HEADER_BLOCK]
 
     async def _run(self, slot: int, job: nativeio.Job) -> Outcome:
         return _outcome(await self._pool.run(slot, job))
@@ -94,9 +113,13 @@ class NativeIO:
         await tier._async_load(key, t0, lambda: self.load(key, cid), lambda: blocking(tier.delete_chunk, key), entry)
 
     # -- stores ----------------------------------------------------------------------------
-    async def store(self, key: bytes, cid: int, victims: list[bytes]) -> None:
+    async def store(
+        self, key: bytes, cid: int, victims: list[bytes], taken: tuple[SpareJob, Outcome] | None = None
+    ) -> None:
         """Evict ``victims``, then store chunk ``cid`` under ``key``, as native jobs: into the
-        first victim's file where it may be recycled. The workers fill in the checksums."""
+        first victim's file where it may be recycled. The workers fill in the checksums.
+        ``taken``: the spare job of the first victim already ran (the fast path's), with this
+        outcome."""
         tier = self._tier
         proto = tier.protocol
         data = tier._chunk(cid)
@@ -111,7 +134,9 @@ class NativeIO:
         job: StoreJob | None = None
         try:
             rest = victims
-            if victims and tier.recycle_on:
+            if taken is not None:
+                spare, unlink_first = await self._spare_taken(slot, victims[0], *taken, dfd)
+            elif victims and tier.recycle_on:
                 spare, unlink_first = await self._take_spare(slot, victims[0], flags, dfd)
                 if not unlink_first:
                     rest = victims[1:]
@@ -133,18 +158,23 @@ class NativeIO:
         await self._fall_back(self._store_again, job, out, data)
 
     def _store_job(self, slot: int, job: StoreJob, addr: int, n: int) -> nativeio.Job:
+        return nativeio.Job(-1, 0, *self.store_fields(slot, job, addr, n))
+
+    def store_fields(self, slot: int, job: StoreJob, addr: int, n: int) -> nativeio.JobFields:
+        """The descriptor of ``job`` in ``slot``, its header written into the slot's block."""
         proto = self._tier.protocol
-        hb = self._slot_hb(slot)
+        hb = self.slot_hb[slot]
         size = len(job.header)
         hb[:size] = job.header  # ~100 bytes of header, not chunk data
-        hb[size:] = bytes(HEADER_BLOCK - size)
-        return nativeio.job(
-            nativeio.WRITE, PRIO_STORE, job.dfd, job.name.encode(), flags=job.flags, fd=job.fd,
-            dfd2=job.dfd if job.temp else -1, name2=job.temp.encode(), sync=job.sync,
-            hb=self._hb_addr + slot * HEADER_BLOCK, hb_len=HEADER_BLOCK, buf=addr, n=n,
-            body_len=size - 8 if job.fill else 0,
-            mode=proto.file_mode | (nativeio.MODE_FIX if proto.fix_mode else 0),
-        )  # fmt: skip
+        used = self._hb_used[slot]
+        if used > size:  # the rest of the block is written to the file too: zeros, not an old header
+            hb[size:used] = bytes(used - size)
+        self._hb_used[slot] = size
+        # nativeio.fields written out (per chunk); the names are a key's token and a short temporary name
+        mode = proto.file_mode | (nativeio.MODE_FIX if proto.fix_mode else 0)
+        return (nativeio.WRITE, PRIO_STORE, job.dfd, job.flags, job.fd, job.dfd if job.temp else -1, int(job.sync),
+                0, size - 8 if job.fill else 0, mode, self._hb_addr + slot * HEADER_BLOCK, HEADER_BLOCK, addr, n,
+                job.name.encode(), job.temp.encode())  # fmt: skip
 
     def _store_again(self, job: StoreJob, out: Outcome, data: memoryview) -> None:
         self._tier.protocol.remove_leftovers(job, out)
@@ -168,6 +198,15 @@ class NativeIO:
                 spare_left = Spare(ran[0].result, dfd, job.temp)
                 await run_to_completion(lambda: run_on_thread_to_end(proto.abandon, None, spare_left))
             raise
+        return await self._spare_taken(slot, victim, job, out, dfd)
+
+    async def _spare_taken(
+        self, slot: int, victim: bytes, job: SpareJob, out: Outcome, dfd: int
+    ) -> tuple[Spare | None, bool]:
+        """What follows the spare job of :meth:`_take_spare`: (the file to overwrite, or None;
+        whether the victim is still to be unlinked)."""
+        tier = self._tier
+        proto = tier.protocol
         spare, exc, unlink_it = proto.spare_taken(job, out)
         if unlink_it:
             return None, True
@@ -210,6 +249,7 @@ class NativeIO:
         # a refused O_NOATIME (EPERM) or O_DIRECT (EINVAL) fails the job; the retry mends it
         job = tier.protocol.load(key, out, addr)
         slot = self._pool.take_slot()
+        self.hb_read_into(slot)
         try:
             desc = nativeio.job(nativeio.READ, PRIO_LOAD, job.dfd, job.name.encode(), flags=job.flags,
                                 hb=self._hb_addr + slot * HEADER_BLOCK, hb_len=HEADER_BLOCK, buf=addr,
@@ -219,7 +259,7 @@ class NativeIO:
                 raise not_found(key)
             if res.ok:
                 # the header is still in this slot's block: the slot is held until checked
-                tier.check_read(key, self._slot_hb(slot), out, res.result, res.csum if tier.verify else None)
+                tier.check_read(key, self.slot_hb[slot], out, res.result, res.csum if tier.verify else None)
                 return
         finally:
             self._pool.put_slot(slot)

@@ -16,12 +16,14 @@ from asynctier.core.backend import run_on_thread_to_end
 from asynctier.core.validation import check_bool, check_path, check_private_dir, permission_bits
 from asynctier.engines import Engine
 from asynctier.engines import native as nativeio
+from asynctier.engines.native_engine import NativeEngine
 from asynctier.io_engine import IoEngine, check_io_engine
 from asynctier.lru import LRUIndex
 from asynctier.posix_io import O_DIRECT, logical_block_size, network_fs
 from asynctier.stats import TierStats
 
 from . import owners
+from .fast import LoadPath, StorePath
 from .layout import HEADER_BLOCK, N_SHARDS, TempNames, current_umask, namespace_dir, write_layout_note
 from .native import NativeIO
 from .pool import POOL_TARGET, TmpfilePool, close_tier_fds
@@ -409,11 +411,14 @@ class FsTier(BlockingChunkTier):
             pool.wake()  # a held pool (the native engine's) refills now, not at its next look
 
     def stats(self) -> TierStats:
-        """The common counters; ``extra["tmpfile_pool_ready"]``: files made ahead, not yet used."""
+        """The common counters; ``extra["tmpfile_pool_ready"]``: files made ahead, not yet used;
+        ``extra["loop_wakeups"]`` (native engine): times its workers woke the event loop."""
         s = super().stats()
         pool = self.protocol.pool
         if pool is not None:
             s.extra["tmpfile_pool_ready"] = pool.ready
+        if self._native is not None:  # times the workers woke the event loop (each for a batch of chunks)
+            s.extra["loop_wakeups"] = self._native.engine.wakeups
         return s
 
     # -- engines ---------------------------------------------------------------------------
@@ -430,8 +435,11 @@ class FsTier(BlockingChunkTier):
         if self.io_engine == "threads" or why is not None:
             return super().make_engine()
         name = f"asynctier-{self.tier_type}"
-        engine = nativeio.NativeEngine(self.max_inflight or 1, name=name, nice=self.worker_nice)
+        engine = NativeEngine(self.max_inflight or 1, name=name, nice=self.worker_nice)
         self._native = NativeIO(self, engine)
+        # the plain store and load run without a coroutine per chunk (.fast)
+        engine.fast[Op.STORE] = StorePath(self._native)
+        engine.fast[Op.LOAD] = LoadPath(self._native)
         return engine
 
     def job_body(self, op: Op) -> Callable[..., Any]:

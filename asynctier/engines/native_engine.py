@@ -1,0 +1,378 @@
+"""The native engine: a call's chunk jobs reach the C workers in batches, and their ends come
+back in batches.
+
+Why: a coroutine, an event, a task wake-up and a round of bookkeeping per chunk cost the event
+loop's thread 40-100 us per chunk (bench/bench_loop_cpu.py), CPU taken from the server the
+library lives in. Here a tier gives, per operation, a :class:`FastPath`: ``plan`` turns a
+job into one worker descriptor on the loop thread, synchronously; ``finish`` books its
+outcome, synchronously, when the workers report it. The engine plans every job it may start
+(up to :attr:`NativeEngine.slots` at once) and hands them to the pool in one call
+(:meth:`NativePool.submit_many`), each call's jobs as one group: the workers wake the loop
+when the group's last job ends, or when their queue runs low while jobs wait here, not once
+per chunk. A call's waiter wakes once (its :class:`~asynctier.core.jobs.Batch`).
+
+Whatever is not the plain case (a key being deleted, victims to evict, an index still being
+rebuilt, a failure to retry on a thread) becomes a *continuation*: a coroutine run by one of
+the engine's service coroutines, as every job ran before. The bound is the pool's I/O
+tokens (a slow path on a thread holds one too); loads go ahead of queued stores both here
+(one priority queue) and in the pool (its priority queues); a cancelled caller withdraws the
+jobs not started and waits for the others (docs/cancellation.md).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import heapq
+import os
+from collections import deque
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any, Protocol, TypeVar
+
+import anyio
+
+from ..core.backend import (
+    LoopCaller,
+    current_loop,
+    loop_caller,
+    run_on_thread_to_end,
+    spawn_service,
+    wait_uninterrupted,
+)
+from ..core.jobs import CANCELLED, DONE, PENDING, Batch, Job
+from ..core.ops import PRIO_LOAD, Op
+from ..errors import TierStateError
+from .base import EngineCounters
+from .native import JobFields, NativePool
+from .threads import EngineStoppedError
+
+__all__ = ["Continuation", "FastPath", "NativeEngine"]
+
+T = TypeVar("T")
+
+#: What is left of a job when it leaves the fast path: a coroutine function whose outcome is the job's.
+Continuation = Callable[[], Awaitable[Any]]
+
+
+class FastPath(Protocol):
+    """How a tier runs one operation's jobs on the loop thread, without a coroutine per chunk."""
+
+    def plan(self, job: Job, slot: int) -> JobFields | Continuation | None:
+        """Begin ``job`` holding pool slot ``slot``: the descriptor to run in it; or a
+        continuation (the slot is given back first); or None when the job is over (its
+        outcome set). An exception is the job's failure."""
+        ...
+
+    def finish(
+        self, job: Job, slot: int, result: int, csum: int, stage: int, info: int
+    ) -> JobFields | Continuation | None:
+        """Book what the workers reported for ``job`` (slot still held): None when it is
+        over; the descriptor of its next step (run in the same slot); or a continuation
+        (the slot is given back first). An exception is the job's failure."""
+        ...
+
+
+def _queue_ahead(bound: int) -> int:
+    """Jobs the pool may hold at once: the bound plus as many again (at least 8), so that a
+    worker finds its next job queued when it ends one."""
+    return bound + max(bound, 8)
+
+
+class NativeEngine(EngineCounters):
+    """The runtime's engine for a :class:`NativePool`: jobs of the operations in :attr:`fast`
+    are planned and booked on the loop thread around one pool call per batch; the others, and
+    continuations, run on :attr:`slots` service coroutines. Slow paths run on
+    :attr:`executor` threads, each holding an I/O token (:meth:`blocking`).
+
+    ``in_flight``, ``peak_in_flight`` and ``workers`` report the bound's view (tokens).
+    ``nice``: see :class:`NativePool`.
+    """
+
+    def __init__(self, bound: int, name: str = "asynctier", nice: int = 0) -> None:
+        super().__init__(_queue_ahead(bound), name)
+        self.bound = bound
+        self.nice = nice
+        #: jobs started at once (in the pool, or as continuations)
+        self.slots = _queue_ahead(bound)
+        #: the tier's fast paths, by operation
+        self.fast: dict[Op, FastPath] = {}
+        self.pool: NativePool | None = None
+        self.executor: concurrent.futures.ThreadPoolExecutor | None = None
+        #: wake-ups of the loop by the workers (each reaps every job ended so far)
+        self.wakeups = 0
+        self._last = (0, 0, 0)
+        self._free_slots: list[int] = []
+        self._started = 0  # jobs started and not over
+        self._stores_in_pool = 0  # jobs in the pool that a load goes ahead of
+        # groups of jobs whose last end wakes the loop (a call's jobs started together): the
+        # free numbers, the jobs left in each, the group of the job in each slot
+        self._groups = list(range(self.slots))
+        self._group_left = [0] * self.slots
+        self._slot_group = [0] * self.slots
+        self._slot_path: list[FastPath | None] = [None] * self.slots
+        self._low_water = -1  # as last told to the pool
+        self._slow: deque[tuple[Job, Continuation]] = deque()
+        self._next: list[tuple[int, Job, JobFields]] = []  # jobs' next steps, to submit with the next batch
+        self._idle: list[anyio.Event] = []
+        self._running_workers = 0
+        self._ended: anyio.Event | None = None
+        self._call: LoopCaller | None = None
+        self._loop: object = None
+
+    def start(self) -> None:
+        # more threads than tokens: those beyond the bound hash while the others do I/O
+        threads = self.bound + min(self.bound, os.cpu_count() or 1)
+        pool = NativePool(threads, self.bound, self.slots, self.nice)
+        pool.on_done = self._ended_in_pool
+        pool.on_reaped = self._reaped
+        pool.attach()
+        self.pool = pool
+        self._free_slots = pool.free_slots
+        self.executor = concurrent.futures.ThreadPoolExecutor(self.bound, thread_name_prefix=f"{self._name}-slow")
+        self._loop = current_loop()
+        self._call = loop_caller()
+        self._ended = anyio.Event()
+        for i in range(self.slots):
+            self._running_workers += 1
+            spawn_service(self._work, name=f"{self._name}-io-{i}")
+
+    async def blocking(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)`` on a slow-path thread holding an I/O token; runs to its end even if
+        the caller is cancelled (it may touch the caller's buffer)."""
+        assert self.pool is not None
+        return await run_on_thread_to_end(self.pool.hold, fn, *args, executor=self.executor)
+
+    # -- jobs in -------------------------------------------------------------------------------
+    def submit(self, jobs: Iterable[Job]) -> None:
+        if self._stopping or self._ended is None:
+            raise EngineStoppedError("engine is not running")
+        if current_loop() is not self._loop:
+            # the pool reports to the loop that opened the tier: a call from another would
+            # wait for ever for completions delivered there
+            raise TierStateError(
+                f"{self._name}: this tier was opened on another event loop, and its workers serve that "
+                "loop only: open one tier per event loop"
+            )
+        heap = self._heap
+        n = len(heap)
+        if n:
+            for job in jobs:
+                heapq.heappush(heap, (job.priority, job.seq, job))
+        else:  # one call's jobs: one priority, in order, so the list is a heap as it is
+            heap.extend([(job.priority, job.seq, job) for job in jobs])
+        n = len(heap) - n
+        if n:
+            self._queued += n
+            self._pump()
+
+    def cancel_pending(self, jobs: Iterable[Job]) -> list[Job]:
+        taken = [j for j in jobs if j.state == PENDING]
+        for j in taken:
+            j.state = CANCELLED
+            j.batch.one_done()
+        self._queued -= len(taken)
+        return taken
+
+    def _pump(self) -> None:
+        """Start queued jobs while slots are free: the fast ones planned and handed to the
+        pool in one call, the others to the service coroutines."""
+        pool = self.pool
+        assert pool is not None
+        group_left, slot_group, slot_path = self._group_left, self._slot_group, self._slot_path
+        while self._next or (self._heap and self._started < self.slots):
+            batch: list[tuple[int, int, Any, JobFields]] = []
+            # per call (its jobs share a batch and an operation): its fast path, its group
+            calls: dict[Batch, tuple[FastPath | None, list[int]]] = {}
+            nexts, self._next = self._next, []
+            for held, started, step in nexts:  # the next step of jobs already started (their slots held)
+                call = calls.get(started.batch)
+                if call is None:
+                    call = calls[started.batch] = (slot_path[held], [])
+                if not call[1]:
+                    call[1].append(self._groups.pop())
+                group = call[1][0]
+                group_left[group] += 1
+                slot_group[held] = group
+                if started.priority != PRIO_LOAD:
+                    self._stores_in_pool += 1
+                batch.append((held, group, started, step))
+            while self._heap and self._started < self.slots:
+                job = self._claim()
+                if job is None:
+                    break
+                self._started += 1
+                call = calls.get(job.batch)
+                if call is None:
+                    call = calls[job.batch] = (self.fast.get(job.op), [])
+                path = call[0]
+                if path is None:
+                    self._continue(job, _body(job))
+                    continue
+                slot = pool.take_slot()
+                try:
+                    r = path.plan(job, slot)
+                except BaseException as e:  # delivered to the caller as that chunk's failure
+                    job.exc, r = e, None
+                if type(r) is tuple:
+                    if not call[1]:
+                        call[1].append(self._groups.pop())  # as many as slots: one is free
+                    group = call[1][0]
+                    group_left[group] += 1
+                    slot_group[slot] = group
+                    slot_path[slot] = path
+                    if job.priority != PRIO_LOAD:
+                        self._stores_in_pool += 1
+                    batch.append((slot, group, job, r))
+                    continue
+                pool.put_slot(slot)
+                if r is None:
+                    self._over(job)
+                else:
+                    self._continue(job, r)  # type: ignore[arg-type]
+            if batch:
+                for slot, job, err in pool.submit_many(batch):  # the pool is shutting down
+                    self._ended_in_pool(job, slot, -err, 0, 1, 0)
+        # jobs waiting here are let in when the pool's queue runs low; a load at the next end
+        # while stores are queued there (it goes ahead of them)
+        heap = self._heap
+        if not heap:
+            want = -1
+        elif heap[0][0] == PRIO_LOAD and self._stores_in_pool:
+            want = self.slots
+        else:
+            want = self.bound // 2
+        if want != self._low_water:
+            self._low_water = want
+            pool.set_low_water(want)
+
+    # -- jobs out ------------------------------------------------------------------------------
+    def _ended_in_pool(self, job: Job, slot: int, result: int, csum: int, stage: int, info: int) -> None:
+        if job.priority != PRIO_LOAD:
+            self._stores_in_pool -= 1
+        group = self._slot_group[slot]
+        self._group_left[group] -= 1
+        if not self._group_left[group]:
+            self._groups.append(group)
+        try:
+            r = self._slot_path[slot].finish(job, slot, result, csum, stage, info)  # type: ignore[union-attr]
+        except BaseException as e:
+            job.exc, r = e, None
+        if type(r) is tuple:  # its next step, in the same slot: with the next batch
+            self._next.append((slot, job, r))
+            return
+        self._free_slots.append(slot)  # NativePool.put_slot
+        if r is not None:
+            self._continue(job, r)  # type: ignore[arg-type]
+            return
+        # _over and Batch.one_done written out: this runs per chunk
+        job.state = DONE
+        self._started -= 1
+        self._in_flight -= 1
+        b = job.batch
+        b.remaining -= 1
+        if not b.remaining:
+            b.event.set()
+        if self._stopping and not self._started and not self._queued:
+            self._wake_all()
+
+    def _reaped(self) -> None:
+        self.wakeups += 1
+        if self._heap or self._next:
+            self._pump()
+
+    def _over(self, job: Job) -> None:
+        job.state = DONE
+        self._started -= 1
+        self._in_flight -= 1
+        job.batch.one_done()
+        if self._stopping and not self._started and not self._queued:
+            self._wake_all()
+
+    def _continue(self, job: Job, fn: Continuation) -> None:
+        self._slow.append((job, fn))
+        if self._idle:
+            self._idle.pop().set()
+
+    async def _work(self) -> None:
+        slow = self._slow
+        while True:
+            if slow:
+                job, fn = slow.popleft()
+                try:
+                    job.result = await fn()
+                except anyio.get_cancelled_exc_class() as e:
+                    # workers are not cancelled by callers: a cancelled future inside the primitive
+                    job.exc = ConnectionAbortedError(f"chunk I/O cancelled inside the tier: {e!r}")
+                except BaseException as e:  # delivered to the caller as that chunk's failure
+                    job.exc = e
+                self._over(job)
+                del job, fn  # an idle worker must not keep the last job (and through it the tier) alive
+                if self._heap:
+                    self._pump()
+                continue
+            if self._stopping and not self._started and not self._queued:
+                break
+            wake = anyio.Event()
+            self._idle.append(wake)
+            await wake.wait()
+        self._running_workers -= 1
+        if self._running_workers == 0 and self._ended is not None:
+            self._ended.set()
+
+    # -- counters and teardown -------------------------------------------------------------------
+    def _pool_counts(self) -> tuple[int, int, int]:
+        if self.pool is not None:
+            self._last = self.pool.counts()
+        return self._last
+
+    @property
+    def in_flight(self) -> int:
+        return self._pool_counts()[0]
+
+    @property
+    def peak_in_flight(self) -> int:
+        return self._pool_counts()[1]
+
+    @property
+    def queued(self) -> int:
+        return self._queued + self._pool_counts()[2]
+
+    @property
+    def workers(self) -> int:
+        return self.bound
+
+    def _wake_all(self) -> None:
+        idle, self._idle = self._idle, []
+        for wake in idle:
+            wake.set()
+
+    def stop_nowait(self) -> None:
+        """Tell the engine to end once its jobs are over (from any thread), without waiting."""
+        if not self._stopping:
+            self._stopping = True
+            if self._call is not None:
+                self._call(self._wake_all)
+        if self.pool is not None:
+            self.pool.abandon()
+
+    async def stop(self) -> None:
+        """Let the jobs started and queued end, then the service coroutines, then the pool."""
+        self._stopping = True
+        self._wake_all()
+        if self._ended is not None and self._running_workers:
+            await wait_uninterrupted(self._ended)
+        pool, self.pool = self.pool, None
+        if pool is not None:
+            self._last = pool.counts()
+            await pool.aclose()
+        executor, self.executor = self.executor, None
+        if executor is not None:
+            executor.shutdown(wait=False)
+
+
+def _body(job: Job) -> Continuation:
+    """A job without a fast path: its own coroutine body."""
+
+    def run() -> Awaitable[Any]:
+        return job.fn(*job.args)  # type: ignore[no-any-return]
+
+    return run

@@ -1,0 +1,245 @@
+"""The project's fs and nvme tiers beside fio and naive file-per-chunk loops, in one run.
+
+For each block (chunk size x depth) and each repeat: fio writes and reads (O_DIRECT, the
+same block size and depth, best of io_uring/libaio/psync) *before and after* the block, and
+between them every contender, in an order that rotates with the repeat:
+
+* ``fs-native``, ``fs-threads``: the fs tier on each engine (checksums and capacity on);
+* ``nvme``: the nvme slab tier;
+* ``aiofiles``: a naive loop, one file per chunk, ``aiofiles`` open/write/close, ``depth``
+  at a time;
+* ``os-threads``: a naive loop, one file per chunk, plain ``open``/``os.write``/``close``
+  (reads: ``os.read``) on a pool of ``depth`` threads.
+
+Each writes ``--mib`` of chunks, then the data is made durable (``syncfs``, as fio's
+``end_fsync``), dropped from the page cache, and read back (cold). A figure is bytes/s
+divided by the mean of fio's before and after (ratio ``x fio``); the median over repeats
+is printed. vLLM's own fs tier is not run here (it is not a dependency); its I/O pattern
+is described in docs/benchmarks.md.
+
+Run from the repository root (one command, minutes; use a directory on the disk to test)::
+
+    .venv/bin/python bench/bench_peers.py --dir /mnt/nvme/peers
+    .venv/bin/python bench/bench_peers.py --dir /tmp/peers --sizes-kib 256 --depths 16 --mib 64 --repeat 1
+
+Writes ``--json`` if given. Figures from a machine with other work running are noisy:
+compare ratios within one run, not absolute numbers across runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import mmap
+import os
+import shutil
+import statistics
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from asynctier import OffloadingSpec, SecondaryTierFactory
+from asynctier.cli import benchkit
+
+CONTENDERS = ("fs-native", "fs-threads", "nvme", "aiofiles", "os-threads")
+
+
+def _view(nbytes: int) -> memoryview:
+    buf = mmap.mmap(-1, nbytes)  # page-aligned, as pinned memory is
+    block = os.urandom(min(nbytes, 1 << 20))
+    for off in range(0, nbytes, len(block)):
+        buf[off : off + len(block)] = block[: nbytes - off]
+    return memoryview(buf)
+
+
+def _durable_and_cold(directory: Path) -> None:
+    benchkit.sync_tree(directory)
+    benchkit.drop_tree_cache(directory)
+
+
+async def _tier_run(kind: str, workdir: Path, chunk: int, depth: int, n: int) -> dict[str, float]:
+    slots = max(4 * depth, 64)
+    spec = OffloadingSpec(chunk, slots, namespace="bench/peers")
+    view = _view(spec.total_bytes)
+    config: dict[str, Any] = {"max_inflight": depth, "capacity_bytes": (n + slots) * (chunk + 4096)}
+    if kind.startswith("fs"):
+        config.update(type="fs", root=str(workdir), io_engine=kind.split("-")[1])
+    else:
+        config.update(type="nvme", path=str(workdir / "slab"))
+    tier = SecondaryTierFactory.create_secondary_tier(config, view, spec)
+    keys = [b"peer-%d" % i for i in range(n)]
+    batch = max(1, min(32, depth * 2))
+    out: dict[str, float] = {}
+    async with tier:
+
+        async def stream(op: str) -> None:
+            sem = asyncio.Semaphore(max(1, depth // batch) + 1)  # enough calls in flight to fill the depth
+
+            async def one(i: int) -> None:
+                ks = keys[i : i + batch]
+                async with sem:
+                    res = await getattr(tier, op)(ks, [(i + j) % slots for j in range(len(ks))])
+                if res.failed:
+                    raise RuntimeError(f"{kind} {op}: {next(iter(res.failed.values()))!r}")
+
+            await asyncio.gather(*(one(i) for i in range(0, n, batch)))
+
+        cpu0, t0 = time.thread_time(), time.perf_counter()
+        await stream("offload")
+        await asyncio.to_thread(benchkit.sync_tree, workdir)
+        out["write"] = n * chunk / (time.perf_counter() - t0)
+        out["write_loop_us"] = (time.thread_time() - cpu0) / n * 1e6
+        await asyncio.to_thread(benchkit.drop_tree_cache, workdir)
+        cpu0, t0 = time.thread_time(), time.perf_counter()
+        await stream("load")
+        out["read"] = n * chunk / (time.perf_counter() - t0)
+        out["read_loop_us"] = (time.thread_time() - cpu0) / n * 1e6
+    return out
+
+
+def _os_threads(workdir: Path, chunk: int, depth: int, n: int) -> dict[str, float]:
+    """One file per chunk with plain os calls on ``depth`` threads (no header, no checksum)."""
+    view = _view(max(4 * depth, 64) * chunk)
+    slots = view.nbytes // chunk
+    workdir.mkdir(parents=True, exist_ok=True)
+
+    def write(i: int) -> None:
+        fd = os.open(workdir / f"naive-{i}", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            os.write(fd, view[(i % slots) * chunk : (i % slots + 1) * chunk])
+        finally:
+            os.close(fd)
+
+    def read(i: int) -> None:
+        fd = os.open(workdir / f"naive-{i}", os.O_RDONLY)
+        try:
+            data = os.read(fd, chunk)
+        finally:
+            os.close(fd)
+        view[(i % slots) * chunk : (i % slots) * chunk + len(data)] = data
+
+    out: dict[str, float] = {}
+    with ThreadPoolExecutor(depth) as pool:
+        t0 = time.perf_counter()
+        list(pool.map(write, range(n)))
+        benchkit.sync_tree(workdir)
+        out["write"] = n * chunk / (time.perf_counter() - t0)
+        benchkit.drop_tree_cache(workdir)
+        t0 = time.perf_counter()
+        list(pool.map(read, range(n)))
+        out["read"] = n * chunk / (time.perf_counter() - t0)
+    return out
+
+
+async def _aiofiles(workdir: Path, chunk: int, depth: int, n: int) -> dict[str, float]:
+    view = _view(max(4 * depth, 64) * chunk)
+    t0 = time.perf_counter()
+    await benchkit.naive_aiofiles(workdir, view, chunk, n, depth=depth, mode="write", sync="none")
+    await asyncio.to_thread(benchkit.sync_tree, workdir)
+    out = {"write": n * chunk / (time.perf_counter() - t0)}
+    await asyncio.to_thread(benchkit.drop_tree_cache, workdir)
+    out["read"] = await benchkit.naive_aiofiles(workdir, view, chunk, n, depth=depth, mode="read")
+    return out
+
+
+def run_contender(name: str, workdir: Path, chunk: int, depth: int, n: int) -> dict[str, float]:
+    shutil.rmtree(workdir, ignore_errors=True)
+    workdir.mkdir(parents=True)
+    try:
+        if name == "os-threads":
+            return _os_threads(workdir, chunk, depth, n)
+        if name == "aiofiles":
+            return asyncio.run(_aiofiles(workdir, chunk, depth, n))
+        return asyncio.run(_tier_run(name, workdir, chunk, depth, n))
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def fio_pair(workdir: Path, fio: list[str], chunk: int, depth: int, size: int) -> dict[str, float]:
+    """Best of the fio engines that work here, writing then reading ``size`` bytes."""
+    best = {"write": 0.0, "read": 0.0}
+    for engine in list(fio):
+        for rw in ("write", "read"):
+            try:
+                r = benchkit.run_fio(workdir, rw=rw, bs=chunk, iodepth=depth, size=size, ioengine=engine, direct=True)
+            except Exception as e:  # an engine refused here (io_uring in a sandbox, say)
+                print(f"  fio {engine} {rw} failed ({type(e).__name__}); dropped", flush=True)
+                fio.remove(engine)
+                break
+            best[rw] = max(best[rw], r.bytes_per_s)
+    shutil.rmtree(workdir, ignore_errors=True)
+    return best
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--dir", required=True, help="scratch directory on the disk to measure (emptied)")
+    ap.add_argument("--sizes-kib", default="64,256,2048")
+    ap.add_argument("--depths", default="1,4,16")
+    ap.add_argument("--mib", type=int, default=256, help="data written (then read) per contender per run")
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--contenders", default=",".join(CONTENDERS))
+    ap.add_argument("--fio-engines", default="io_uring,libaio,psync")
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    base = Path(args.dir)
+    contenders = args.contenders.split(",")
+    unknown = set(contenders) - set(CONTENDERS)
+    if unknown:
+        ap.error(f"unknown contenders {sorted(unknown)}; accepted: {', '.join(CONTENDERS)}")
+    fio = args.fio_engines.split(",") if benchkit.fio_available() else []
+    if not fio:
+        print("fio not found: figures are printed without ratios", flush=True)
+    results: dict[str, Any] = {}
+    rows = []
+    for kib in (int(k) for k in args.sizes_kib.split(",")):
+        chunk = kib << 10
+        n = max(1, (args.mib << 20) // chunk)
+        for depth in (int(d) for d in args.depths.split(",")):
+            block: dict[str, dict[str, list[float]]] = {c: {"write": [], "read": []} for c in contenders}
+            extra: dict[str, list[float]] = {}
+            for rep in range(args.repeat):
+                before = fio_pair(base / "fio", fio, chunk, depth, n * chunk) if fio else None
+                order = contenders[rep % len(contenders) :] + contenders[: rep % len(contenders)]
+                got = {c: run_contender(c, base / c, chunk, depth, n) for c in order}
+                after = fio_pair(base / "fio", fio, chunk, depth, n * chunk) if fio else None
+                for c, r in got.items():
+                    for rw in ("write", "read"):
+                        ref = (before[rw] + after[rw]) / 2 if before and after and before[rw] and after[rw] else 0
+                        block[c][rw].append(r[rw] / ref if ref else r[rw] / 1e9)
+                    for k in ("write_loop_us", "read_loop_us"):
+                        if k in r:
+                            extra.setdefault(f"{c} {k}", []).append(r[k])
+                last = "  ".join(f"{c} w {block[c]['write'][-1]:.2f} r {block[c]['read'][-1]:.2f}" for c in contenders)
+                print(f"[{kib} KiB depth {depth} rep {rep + 1}] {last}", flush=True)
+            med = {c: {rw: statistics.median(v) for rw, v in block[c].items()} for c in contenders}
+            results[f"{kib}KiB-d{depth}"] = {
+                "x_fio": med,
+                "loop_us": {k: statistics.median(v) for k, v in extra.items()},
+            }
+            rows.append((kib, depth, med, {k: statistics.median(v) for k, v in extra.items()}))
+    unit = "x fio" if fio else "GB/s"
+    print()
+    print(f"write / read, {unit}, median of {args.repeat} (fio before and after each block)")
+    print(f"{'KiB':>5} {'depth':>5} | " + " | ".join(f"{c:>15}" for c in contenders))
+    for kib, depth, med, _ in rows:
+        cells = " | ".join(f"{med[c]['write']:6.2f} / {med[c]['read']:5.2f}" for c in contenders)
+        print(f"{kib:5} {depth:5} | {cells}")
+    print()
+    print("loop-thread CPU per chunk (us), write / read")
+    tiers = [c for c in contenders if c in ("fs-native", "fs-threads", "nvme")]
+    for kib, depth, _, loop in rows:
+        cells = " | ".join(f"{c} {loop.get(f'{c} write_loop_us', 0):5.1f} / {loop.get(f'{c} read_loop_us', 0):5.1f}"
+                           for c in tiers)  # fmt: skip
+        print(f"{kib:5} {depth:5} | {cells}")
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump({"args": vars(args), "results": results, "machine": benchkit.machine_info()}, fh, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
