@@ -27,7 +27,7 @@ def test_readme_main_job_runs() -> None:
     first = re.search(r"```bash\n(.*?)```", README, re.S)
     assert first is not None
     lines = first.group(1).strip().splitlines()
-    assert len(lines) == 2 and "pytest" in lines[1]
+    assert len(lines) == 3 and "pytest" in lines[1] and "vllm" in lines[2]
     main_job = lines[0].split("#")[0].split("&&")[-1].split()
     assert main_job[:2] == ["asynctier", "bench"]
     # the README's command, shrunk to one small point per tier (the full default run takes
@@ -49,3 +49,6 @@ def test_ci_runs_the_readme_test_install_and_command() -> None:
     ci = (ROOT / ".ci" / "run").read_text()
     assert f"python -m {install}" in ci, (install, ci)
     assert command in ci.splitlines(), command
+    vllm_install = first.group(1).strip().splitlines()[2].split("#")[0].strip()
+    assert f"python -m {vllm_install}" in ci.splitlines(), (vllm_install, ci)
+    assert ci.index(f"python -m {vllm_install}") < ci.index(f"\n{command}\n"), "vLLM goes in before the tests run"
