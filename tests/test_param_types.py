@@ -25,6 +25,11 @@ CONFIGS: dict[str, dict[str, Any]] = {
     "nvme": {"type": "nvme", "path": "/nonexistent/kv.slab", "capacity_bytes": 1 << 20},
     "obj-memory": {"type": "obj", "url": "memory://"},
     "obj-s3": {"type": "obj", "url": "s3://bucket/kv", "endpoint": "http://127.0.0.1:9", "region": "us-east-1"},
+    "chain": {
+        "type": "chain",
+        "tiers": [{"type": "memory", "capacity_bytes": 1 << 20}, {"type": "fs", "root": "/nonexistent/kv"}],
+    },
+    "valkey": {"type": "valkey", "url": "redis://127.0.0.1:9", "timeout_s": 1.0},
 }
 #: ``path`` and ``paths`` are exclusive: each is tried alone
 EXCLUSIVE = {"nvme": {"paths": "path"}}

@@ -127,10 +127,10 @@ class ValkeyTier(AsyncChunkTier):
     def _ca_file(self, value: object) -> str | None:
         if value is None:
             return None
-        if not self._target.tls:
-            raise TierConfigError("tls_ca_file is for TLS urls (rediss://, valkeys://) only")
         if not isinstance(value, (str, os.PathLike)) or not str(value) or "\0" in str(value):
             raise TierConfigError(f"tls_ca_file must be a non-empty path (str or PathLike); got {value!r}")
+        if not self._target.tls:  # after the type check: a wrong type is named as such first
+            raise TierConfigError("tls_ca_file is for TLS urls (rediss://, valkeys://) only")
         return os.fspath(value)
 
     # -- representation (never credentials) -----------------------------------------------
