@@ -23,7 +23,8 @@ HAS_FS = importlib.util.find_spec("asynctier.tiers.fs") is not None
 
 
 def invoke(*args: str) -> Any:
-    result = CliRunner().invoke(main, list(args), catch_exceptions=False)
+    # a fixed width: what the tests look for must not wrap with the terminal pytest runs in
+    result = CliRunner().invoke(main, list(args), env={"COLUMNS": "200"}, catch_exceptions=False)
     return result
 
 
