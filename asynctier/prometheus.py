@@ -10,6 +10,11 @@
 
 Values are read from :meth:`SecondaryTierManager.stats` at scrape time, so nothing is
 recorded twice and the hot path pays nothing for metrics.
+
+A tier made of tiers (the ``chain`` tier) is exported as itself under its name, and each of
+its tiers under ``name/inner`` (``tier="kv/fs"``) with the chain's figures for that tier
+(hits, misses, promotions, demotions, drops, backlog, bytes moved) among the
+``asynctier_tier_stat`` figures; nested chains nest the names.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Summa
 from prometheus_client.registry import Collector
 
 from .contract import SecondaryTierManager
+from .stats import TierStats
 
 __all__ = ["TierCollector"]
 
@@ -52,8 +58,13 @@ class TierCollector(Collector):
         latency = GaugeMetricFamily(
             f"{p}_latency_seconds", "Recent per-chunk latency quantiles", labels=[*labels, "op", "quantile"]
         )
-        for name, tier in self._tiers.items():
-            s = tier.stats()
+        def flattened(name: str, s: TierStats) -> Iterator[tuple[str, TierStats]]:
+            yield name, s
+            for child, cs in s.children.items():
+                yield from flattened(f"{name}/{child}", cs)
+
+        snapshots = [item for name, tier in self._tiers.items() for item in flattened(name, tier.stats())]
+        for name, s in snapshots:
             base = [name, s.tier_type]
             chunks.add_metric([*base, "offload"], s.offloaded)
             chunks.add_metric([*base, "load"], s.loaded)

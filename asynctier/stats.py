@@ -35,6 +35,10 @@ class TransferResult:
     Every key of the call is in exactly one of :attr:`succeeded` (in call order) and
     :attr:`failed` (key -> the exception that failed it). A failed load leaves the content of
     that key's primary slot unspecified.
+
+    A tier made of tiers (the ``chain`` tier) also says which of its tiers failed which key in
+    :attr:`tier_failures` (tier name -> key -> exception), including keys it then served
+    from another of its tiers (they are in :attr:`succeeded`); empty for a single tier.
     """
 
     op: Op
@@ -42,6 +46,11 @@ class TransferResult:
     failed: dict[bytes, BaseException] = field(default_factory=dict)
     bytes_transferred: int = 0
     elapsed_s: float = 0.0
+    tier_failures: dict[str, dict[bytes, BaseException]] = field(default_factory=dict)
+
+    def failed_in(self, tier: str) -> dict[bytes, BaseException]:
+        """The keys the chain's tier named ``tier`` failed (empty if none, or not a chain)."""
+        return self.tier_failures.get(tier, {})
 
     @property
     def ok(self) -> bool:
@@ -79,6 +88,8 @@ class TierStats:
     ``peak_in_flight`` is its high-water mark since open; ``queued`` counts chunk I/Os waiting
     for a slot. ``failures`` maps every kind of :data:`asynctier.errors.FAILURE_KINDS` to a count.
     ``extra`` holds tier-specific counters (for example ``direct_io_fallbacks``).
+    ``children`` holds, for a tier made of tiers (the ``chain`` tier), each inner tier's own
+    snapshot by name, with the chain's figures for that tier in its ``extra``; empty otherwise.
     """
 
     tier_type: str
@@ -100,6 +111,7 @@ class TierStats:
     offload_latency: LatencySummary
     load_latency: LatencySummary
     extra: dict[str, int]
+    children: dict[str, TierStats] = field(default_factory=dict)
 
     @property
     def failed(self) -> int:

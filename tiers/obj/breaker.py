@@ -1,81 +1,19 @@
-"""The circuit breaker: a store that keeps refusing connections fails chunk I/O at once."""
+"""The obj tier's circuit breaker: the shared :class:`asynctier.core.breaker.Breaker`, built
+from the tier's ``breaker_threshold`` and ``breaker_cooldown_s``."""
 
 from __future__ import annotations
 
-import threading
-import time
-
-from asynctier.errors import TierUnavailableError
+from asynctier.core.breaker import Breaker
 
 from .params import integer, seconds
 
-__all__ = ["Breaker"]
+__all__ = ["Breaker", "configured_breaker"]
 
 
-class Breaker:
-    """Closed -> open after ``threshold`` consecutive connection failures -> half-open probe.
-
-    While open, every request fails at once with :class:`TierUnavailableError`; after
-    ``cooldown_s`` one request goes through as the probe, and its success closes the breaker.
-    """
-
-    def __init__(self, threshold: int, cooldown_s: float) -> None:
-        self.threshold = threshold
-        self.cooldown_s = cooldown_s
-        self._lock = threading.Lock()
-        self._failures = 0
-        self._open_until: float | None = None  # None: closed
-        self._probing = False
-        self.opened = 0
-        self.fast_failed = 0
-
-    @classmethod
-    def configured(cls, threshold: object, cooldown_s: object) -> Breaker:
-        """A breaker from the tier's ``breaker_threshold`` and ``breaker_cooldown_s``, checked."""
-        return cls(integer("breaker_threshold", threshold), seconds("breaker_cooldown_s", cooldown_s, zero_ok=True))
-
-    @property
-    def state(self) -> str:
-        """``closed``, ``open`` or ``half-open``."""
-        with self._lock:
-            if self._open_until is None:
-                return "closed"
-            return "half-open" if self._probing or time.monotonic() >= self._open_until else "open"
-
-    def before(self) -> bool:
-        """Admit a request or raise :class:`TierUnavailableError`; True if it is the probe."""
-        with self._lock:
-            if self._open_until is None:
-                return False
-            if self._probing or time.monotonic() < self._open_until:
-                self.fast_failed += 1
-                raise TierUnavailableError(
-                    f"object store unreachable: circuit breaker open after {self._failures} "
-                    f"consecutive connection failures (retrying in at most {self.cooldown_s}s)"
-                )
-            self._probing = True
-            return True
-
-    def success(self, probe: bool) -> None:
-        with self._lock:
-            self._failures = 0
-            if probe or self._open_until is not None:
-                self._open_until = None
-            if probe:
-                self._probing = False
-
-    def failure(self, probe: bool) -> None:
-        with self._lock:
-            self._failures += 1
-            if probe:
-                self._probing = False
-            if probe or (self._open_until is None and self._failures >= self.threshold):
-                if self._open_until is None:
-                    self.opened += 1
-                self._open_until = time.monotonic() + self.cooldown_s
-
-    def neutral(self, probe: bool) -> None:
-        """The request ended without telling whether the store is reachable."""
-        if probe:
-            with self._lock:
-                self._probing = False
+def configured_breaker(threshold: object, cooldown_s: object) -> Breaker:
+    """A breaker from the tier's ``breaker_threshold`` and ``breaker_cooldown_s``, checked."""
+    return Breaker(
+        integer("breaker_threshold", threshold),
+        seconds("breaker_cooldown_s", cooldown_s, zero_ok=True),
+        what="object store",
+    )

@@ -10,7 +10,7 @@ from obstore.exceptions import NotFoundError
 
 from asynctier.errors import ChunkError, ChunkNotFoundError, IntegrityError
 
-from .breaker import Breaker
+from asynctier.core.breaker import Breaker
 from .client_errors import ObjectStoreIOError, is_client_panic, map_client_error
 from .exit_guard import EXIT
 from .redact import Scrubber

@@ -18,7 +18,7 @@ from asynctier.integrity import ChunkHeader
 from asynctier.lru import LRUIndex
 from asynctier.stats import TierStats
 
-from .breaker import Breaker
+from .breaker import configured_breaker
 from .exit_guard import EXIT
 from .format import (
     check_part_size,
@@ -123,7 +123,7 @@ class ObjTier(BlockingChunkTier):
             where, self.deadlines, endpoint=endpoint, region=region, credentials=credentials, config=config,
             client_options=client_options, given=store,
         )  # fmt: skip
-        self._breaker = Breaker.configured(breaker_threshold, breaker_cooldown_s)
+        self._breaker = configured_breaker(breaker_threshold, breaker_cooldown_s)
         self._cache = LookupCache.configured(lookup_cache_entries, lookup_ttl_s, lookup_negative_ttl_s)
         self._lru: LRUIndex | None = (
             LRUIndex(self.capacity_bytes, track_removals=True) if self.capacity_bytes is not None else None
