@@ -16,45 +16,28 @@ def tier_rows(run: Mapping[str, Any]) -> list[dict[str, Any]]:
     """One row per tier of a run: chunks it served, its hit ratio among the reusable chunks that
     reached it (missed by every tier above), bytes read and written, evictions, chunks held.
 
-    A single tier's figures are its :class:`~asynctier.stats.TierStats`; a chain's are the
-    per-tier figures its stats report.
+    A single tier's figures are its :class:`~asynctier.stats.TierStats`; a chain's are its
+    inner tiers' snapshots (``TierStats.children``, fastest first), where the chain's own count
+    of the chunks a tier served (``extra["hits"]``) is preferred to the tier's loads (which
+    may include reads the chain made for itself).
     """
     st, cfg, c = run["stats"], run["config"], run["counters"]
     if not st:
         return []
-    if cfg.get("type") != "chain":
-        return [_row(cfg["type"], st, c["reusable_chunks"])]
+    children: Mapping[str, Mapping[str, Any]] = st.get("children") or {}
+    if not children:
+        return [_row(str(cfg.get("type")), st, c["reusable_chunks"])]
     rows: list[dict[str, Any]] = []
     reaching = c["reusable_chunks"]
-    for i, (sub_cfg, sub) in enumerate(zip(cfg["tiers"], chain_tier_stats(st, len(cfg["tiers"])))):
-        row = _row(f"{i}:{sub_cfg['type']}", sub, reaching)
+    for name, sub in children.items():
+        row = _row(name, sub, reaching)
         reaching -= row["served"]
         rows.append(row)
     return rows
 
 
-def chain_tier_stats(st: Mapping[str, Any], n: int) -> list[dict[str, Any]]:
-    """The per-tier stats of a chain's :class:`TierStats` (``extra`` counters named by tier)."""
-    extra: Mapping[str, int] = st.get("extra", {})
-    out: list[dict[str, Any]] = []
-    for i in range(n):
-        prefix = f"tier{i}."
-        sub = {k[len(prefix) :]: v for k, v in extra.items() if k.startswith(prefix)}
-        out.append(
-            {
-                "loaded": sub.get("loaded", 0),
-                "bytes_read": sub.get("bytes_read", 0),
-                "bytes_written": sub.get("bytes_written", 0),
-                "evictions": sub.get("evictions", 0),
-                "stored_chunks": sub.get("stored_chunks"),
-                "offloaded": sub.get("offloaded", 0),
-            }
-        )
-    return out
-
-
 def _row(name: str, st: Mapping[str, Any], reaching: int) -> dict[str, Any]:
-    served = int(st.get("loaded", 0))
+    served = int(st.get("extra", {}).get("hits", st.get("loaded", 0)))
     return {
         "tier": name,
         "served": served,
@@ -188,7 +171,7 @@ def plot(report: Mapping[str, Any], path: str) -> None:
         total = max(1, r["counters"]["prompt_chunks"])
         for t in r.get("tiers", []):
             share = 100 * t["served"] / total
-            kind = t["tier"].split(":")[-1]
+            kind = next((k for k in _COLORS if k in t["tier"]), t["tier"])
             ax2.barh(i, share, left=left, color=_COLORS.get(kind, "#8c564b"), edgecolor="white")
             if share > 6:
                 ax2.text(left + share / 2, i, kind, ha="center", va="center", fontsize=7, color="white")
