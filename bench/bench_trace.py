@@ -8,8 +8,8 @@ prefix hit ratio (prompt chunks loaded instead of recomputed), p50/p99 load late
 and per chunk, lookup and offload latency, CPU time; per tier: chunks served, hit ratio, bytes
 read and written. Writes ``NAME.json``, ``NAME.md`` and ``NAME.png`` to ``--out``.
 
-Capacities are in chunks: by default the memory tier holds a quarter of the trace's distinct
-chunks, the fs and nvme tiers half, obj all (file:// by default; ``--moto`` for moto's S3
+Capacities are in chunks: by default the memory tier holds a tenth of the trace's distinct
+chunks (RAM is the scarce tier), the fs and nvme tiers half, obj all (file:// by default; ``--moto`` for moto's S3
 server on 127.0.0.1). Files live under ``--root`` (a directory under /var/tmp by default);
 the page cache is not dropped, as on a server whose working set fits in RAM.
 
@@ -55,10 +55,10 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     w.add_argument("--prefix-chunks", type=int, default=d.prefix_chunks, help="longest shared prefix (chunks)")
     w.add_argument("--suffix-chunks", type=int, default=d.suffix_chunks, help="chunks each turn adds")
     s = ap.add_argument_group("server and tiers")
-    s.add_argument("--chunk-kib", type=int, default=64, help="chunk size in KiB")
+    s.add_argument("--chunk-kib", type=int, default=256, help="chunk size in KiB")
     s.add_argument("--concurrency", type=int, default=4, help="turns in flight (1: hit counts exactly repeatable)")
     s.add_argument("--primary-chunks", type=int, default=0, help="primary slots (0: concurrency x longest sequence)")
-    s.add_argument("--memory-chunks", type=int, default=0, help="memory tier capacity (0: 1/4 of distinct chunks)")
+    s.add_argument("--memory-chunks", type=int, default=0, help="memory tier capacity (0: 1/10 of distinct chunks)")
     s.add_argument("--disk-chunks", type=int, default=0, help="fs/nvme capacity (0: 1/2 of distinct chunks)")
     s.add_argument("--runs", default=",".join(DEFAULT_RUNS), help="comma-separated tiers and chains (a+b:through)")
     s.add_argument("--write", choices=("back", "through"), default="back", help="chains' write policy by default")
@@ -168,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     distinct = trace.distinct_chunks
     chunk = args.chunk_kib * 1024
     caps = Capacities(
-        memory_chunks=args.memory_chunks or max(1, distinct // 4),
+        memory_chunks=args.memory_chunks or max(1, distinct // 10),
         disk_chunks=args.disk_chunks or max(1, distinct // 2),
         chunk_bytes=chunk,
     )

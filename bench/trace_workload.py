@@ -26,7 +26,7 @@ class TraceOptions:
     """The workload's shape; every figure of a run is a function of these and the tiers."""
 
     seed: int = 1
-    conversations: int = 120
+    conversations: int = 200
     #: Turns per conversation: each conversation draws its count uniformly from 1..turns.
     turns: int = 6
     prefixes: int = 24
