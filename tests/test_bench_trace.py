@@ -125,7 +125,7 @@ def test_bench_trace_reports_figures_that_add_up_and_repeat_under_a_seed(tmp_pat
     for run in report["runs"]:
         _check_run(run, trace)
     by = {r["name"]: r for r in report["runs"]}
-    # 16 chunks in memory (--memory-chunks) serve fewer than half of the distinct ones on disk
+    # 16 chunks in memory (--memory-chunks) against half the distinct ones on disk: memory serves fewer
     assert by["memory"]["counters"]["loaded_chunks"] < by["fs"]["counters"]["loaded_chunks"]
     assert by["memory"]["stats"]["evictions"] > 0
     if "obj" in by:  # unbounded, one turn at a time: exactly what an infinite cache serves
