@@ -9,7 +9,7 @@ and per chunk, lookup and offload latency, CPU time; per tier: chunks served, hi
 read and written. Writes ``NAME.json``, ``NAME.md`` and ``NAME.png`` to ``--out``.
 
 Capacities are in chunks: by default the memory tier holds a tenth of the trace's distinct
-chunks (RAM is the scarce tier), the fs and nvme tiers half, obj all (file:// by default; ``--moto`` for moto's S3
+chunks (RAM is the scarce tier), the fs and nvme tiers a quarter, obj all (file:// by default; ``--moto`` for moto's S3
 server on 127.0.0.1). Files live under ``--root`` (a directory under /var/tmp by default);
 the page cache is not dropped, as on a server whose working set fits in RAM.
 
@@ -59,7 +59,7 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     s.add_argument("--concurrency", type=int, default=4, help="turns in flight (1: hit counts exactly repeatable)")
     s.add_argument("--primary-chunks", type=int, default=0, help="primary slots (0: concurrency x longest sequence)")
     s.add_argument("--memory-chunks", type=int, default=0, help="memory tier capacity (0: 1/10 of distinct chunks)")
-    s.add_argument("--disk-chunks", type=int, default=0, help="fs/nvme capacity (0: 1/2 of distinct chunks)")
+    s.add_argument("--disk-chunks", type=int, default=0, help="fs/nvme capacity (0: 1/4 of distinct chunks)")
     s.add_argument("--runs", default=",".join(DEFAULT_RUNS), help="comma-separated tiers and chains (a+b:through)")
     s.add_argument("--write", choices=("back", "through"), default="back", help="chains' write policy by default")
     s.add_argument("--moto", action="store_true", help="obj on moto's S3 server (127.0.0.1), not file://")
@@ -169,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     chunk = args.chunk_kib * 1024
     caps = Capacities(
         memory_chunks=args.memory_chunks or max(1, distinct // 10),
-        disk_chunks=args.disk_chunks or max(1, distinct // 2),
+        disk_chunks=args.disk_chunks or max(1, distinct // 4),
         chunk_bytes=chunk,
     )
     args.primary_chunks = args.primary_chunks or args.concurrency * trace.longest_sequence

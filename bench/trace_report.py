@@ -18,8 +18,9 @@ def tier_rows(run: Mapping[str, Any]) -> list[dict[str, Any]]:
 
     A single tier's figures are its :class:`~asynctier.stats.TierStats`; a chain's are its
     inner tiers' snapshots (``TierStats.children``, fastest first), where the chain's own count
-    of the chunks a tier served (``extra["hits"]``) is preferred to the tier's loads (which
-    may include reads the chain made for itself).
+    of the chunks a tier served (``extra["chain_hits"]``) is taken over the tier's loads (which
+    may include reads the chain made for itself), beside the chain's promotions into the tier,
+    background writes to it and writes it dropped.
     """
     st, cfg, c = run["stats"], run["config"], run["counters"]
     if not st:
@@ -37,7 +38,8 @@ def tier_rows(run: Mapping[str, Any]) -> list[dict[str, Any]]:
 
 
 def _row(name: str, st: Mapping[str, Any], reaching: int) -> dict[str, Any]:
-    served = int(st.get("extra", {}).get("hits", st.get("loaded", 0)))
+    extra: Mapping[str, int] = st.get("extra", {})
+    served = int(extra.get("chain_hits", st.get("loaded", 0)))
     return {
         "tier": name,
         "served": served,
@@ -48,6 +50,9 @@ def _row(name: str, st: Mapping[str, Any], reaching: int) -> dict[str, Any]:
         "offloaded": int(st.get("offloaded", 0)),
         "evictions": int(st.get("evictions", 0)),
         "stored_chunks": st.get("stored_chunks"),
+        "promotions": int(extra.get("chain_promotions", 0)),
+        "written_back": int(extra.get("chain_written_back", 0)),
+        "drops": int(extra.get("chain_drops", 0)),
     }
 
 
@@ -93,6 +98,9 @@ def markdown(report: Mapping[str, Any], header: Sequence[str]) -> str:
                     f"{100 * t['hit_ratio']:.1f}",
                     _mib(t["bytes_read"]),
                     _mib(t["bytes_written"]),
+                    str(t["promotions"]),
+                    str(t["written_back"]),
+                    str(t["drops"]),
                     str(t["evictions"]),
                     "" if t["stored_chunks"] is None else str(t["stored_chunks"]),
                 ]
@@ -127,62 +135,95 @@ def markdown(report: Mapping[str, Any], header: Sequence[str]) -> str:
         ),
         "",
         "Per tier: chunks served, hit % among the reusable chunks that reached the tier (missed "
-        "above it), MiB read and written, evictions, chunks held at the end.",
+        "above it), MiB the tier read and wrote (all of it: served, promoted, written back), and for "
+        "a chain's tiers the chunks promoted into it, written back to it in the background and "
+        "dropped (backlog full); evictions; chunks held at the end.",
         "",
-        md_table(["run", "tier", "served", "hit %", "MiB read", "MiB written", "evictions", "held"], tier_table),
+        md_table(
+            [
+                "run",
+                "tier",
+                "served",
+                "hit %",
+                "MiB read",
+                "MiB written",
+                "promoted in",
+                "written back",
+                "dropped",
+                "evictions",
+                "held",
+            ],
+            tier_table,
+        ),
     ]
     return "\n".join(parts) + "\n"
 
 
 def plot(report: Mapping[str, Any], path: str) -> None:
-    """Two panels: prefix hit ratio against p99 load latency per turn (one point per run), and
-    where each run's prompt chunks came from (a bar per run, a segment per tier)."""
+    """One row per run, three panels side by side: where the prompt chunks came from (a
+    segment per tier, grey recomputed), load latency per turn (p50 bar, p99 tick), and what
+    each tier wrote (the cost of keeping it filled)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
     from matplotlib.ticker import ScalarFormatter
 
     runs = [r for r in report["runs"] if r["ok"]]
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 5.2), gridspec_kw={"width_ratios": [1.1, 1]})
-    for r in runs:
-        p50, p99 = (1e3 * r["latency"]["turn_load"][k] for k in ("p50_s", "p99_s"))
-        y = 100 * r["prefix_hit_ratio"]
-        chain = r["config"].get("type") == "chain"
-        (line,) = ax1.plot([p50, p99], [y, y], linewidth=1, alpha=0.5)
-        ax1.scatter([p99], [y], marker="s" if chain else "o", s=50, color=line.get_color())
-        ax1.scatter([p50], [y], marker="|", s=60, color=line.get_color())
-        ax1.annotate(r["name"], (p99, y), textcoords="offset points", xytext=(5, 4), fontsize=8)
-    ideal = 100 * report["trace"]["ideal_hit_chunks"] / max(1, report["trace"]["prompt_chunks"])
-    ax1.axhline(ideal, color="grey", linestyle="--", linewidth=1)
-    ax1.set_xscale("log")
-    ax1.xaxis.set_major_formatter(ScalarFormatter())
-    ax1.xaxis.set_minor_formatter(ScalarFormatter())
-    ax1.tick_params(axis="x", which="minor", labelsize=7)
-    ax1.text(ax1.get_xlim()[0], ideal, " unbounded cache", va="bottom", fontsize=8, color="grey")
-    ax1.set_xlabel("load latency per turn (ms, log): | p50, marker p99; square = chain")
-    ax1.set_ylabel("prefix hit ratio (% of prompt chunks loaded)")
-    ax1.set_title("hit ratio vs load latency (up and left is better)", fontsize=10)
-    ax1.grid(True, which="both", alpha=0.3)
-
-    names = [r["name"] for r in runs]
+    height = 1.6 + 0.42 * len(runs)
+    fig, (ax1, ax2, ax3) = plt.subplots(
+        1, 3, figsize=(14, height), sharey=True, gridspec_kw={"width_ratios": [1.3, 1, 1]}
+    )
+    ys = range(len(runs))
+    seen: dict[str, str] = {}
     for i, r in enumerate(runs):
         left = 0.0
         total = max(1, r["counters"]["prompt_chunks"])
         for t in r.get("tiers", []):
+            kind = _kind(t["tier"])
+            color = seen.setdefault(kind, _COLORS.get(kind, "#8c564b"))
             share = 100 * t["served"] / total
-            kind = next((k for k in _COLORS if k in t["tier"]), t["tier"])
-            ax2.barh(i, share, left=left, color=_COLORS.get(kind, "#8c564b"), edgecolor="white")
-            if share > 6:
-                ax2.text(left + share / 2, i, kind, ha="center", va="center", fontsize=7, color="white")
+            ax1.barh(i, share, left=left, color=color, edgecolor="white")
             left += share
-        ax2.barh(i, 100 - left, left=left, color="#dddddd", edgecolor="white")
-    ax2.set_yticks(range(len(names)), names, fontsize=8)
-    ax2.invert_yaxis()
-    ax2.set_xlim(0, 100)
-    ax2.set_xlabel("% of prompt chunks: served by each tier, fastest first; grey: recomputed")
-    ax2.set_title("where the prompt chunks came from", fontsize=10)
-    fig.suptitle(report.get("title", "trace benchmark"), fontsize=10)
-    fig.tight_layout()
+        ax1.barh(i, 100 - left, left=left, color="#dddddd", edgecolor="white")
+        ax1.text(left - 1, i, f"{left:.1f}%", ha="right", va="center", fontsize=8, color="white", weight="bold")
+        written = 0.0
+        for t in r.get("tiers", []):
+            mib = t["bytes_written"] / (1 << 20)
+            ax3.barh(i, mib, left=written, color=_COLORS.get(_kind(t["tier"]), "#8c564b"), edgecolor="white")
+            written += mib
+        lat = r["latency"]["turn_load"]
+        ax2.barh(i, 1e3 * lat["p50_s"], color="#4c72b0", height=0.5)
+        ax2.plot([1e3 * lat["p99_s"]], [i], marker="|", markersize=14, markeredgewidth=2, color="#c44e52")
+    ideal = 100 * report["trace"]["ideal_hit_chunks"] / max(1, report["trace"]["prompt_chunks"])
+    ax1.axvline(ideal, color="black", linestyle="--", linewidth=1)
+    ax1.set_yticks(list(ys), [r["name"] for r in runs], fontsize=8)
+    ax1.invert_yaxis()
+    ax1.set_xlim(0, 100)
+    ax1.set_xlabel(f"% of prompt chunks loaded, by tier (dashed: unbounded cache, {ideal:.1f}%)", fontsize=8)
+    ax1.set_title("prefix hits: where the chunks came from", fontsize=10)
+    fig.legend(
+        handles=[Patch(color=c, label=k) for k, c in seen.items()] + [Patch(color="#dddddd", label="recomputed")],
+        fontsize=8,
+        loc="lower center",
+        ncol=len(seen) + 1,
+        frameon=False,
+    )
+    ax2.set_xscale("log")
+    ax2.xaxis.set_major_formatter(ScalarFormatter())
+    ax2.set_xlabel("ms per turn, log (bar: p50, red tick: p99)", fontsize=8)
+    ax2.set_title("load latency per turn", fontsize=10)
+    ax2.grid(True, axis="x", which="both", alpha=0.3)
+    ax3.set_xlabel("MiB written, by tier (promotions and write-backs included)", fontsize=8)
+    ax3.set_title("writes: what keeping the tiers filled costs", fontsize=10)
+    ax3.grid(True, axis="x", alpha=0.3)
+    fig.suptitle(report.get("title", "trace benchmark"), fontsize=9)
+    fig.tight_layout(rect=(0, 0.5 / height, 1, 1))
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def _kind(tier: str) -> str:
+    """The tier type in a tier's name ("memory", "0:fs"), for its colour."""
+    return next((k for k in _COLORS if k in tier), tier)
