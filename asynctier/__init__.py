@@ -61,6 +61,7 @@ BUILTIN_TIERS = {
     "fs": ("asynctier.tiers.fs", "FsTier"),
     "nvme": ("asynctier.tiers.nvme", "NvmeTier"),
     "obj": ("asynctier.tiers.obj", "ObjTier"),
+    "chain": ("asynctier.tiers.chain", "ChainTier"),
 }
 
 for _type, (_module, _cls) in BUILTIN_TIERS.items():

@@ -58,6 +58,7 @@ class TierCollector(Collector):
         latency = GaugeMetricFamily(
             f"{p}_latency_seconds", "Recent per-chunk latency quantiles", labels=[*labels, "op", "quantile"]
         )
+
         def flattened(name: str, s: TierStats) -> Iterator[tuple[str, TierStats]]:
             yield name, s
             for child, cs in s.children.items():

@@ -205,6 +205,24 @@ class StatsRecorder:
             else:
                 self.extra[name] = self.extra.get(name, 0) + n
 
+    def counters(self) -> dict[str, int]:
+        """The counters behind :class:`TierStats` at one instant (``failures`` apart: see :meth:`failure_counts`)."""
+        with self._lock:
+            return {
+                "offloaded": self.offloaded,
+                "loaded": self.loaded,
+                "skipped": self.skipped,
+                "removed": self.removed,
+                "bytes_written": self.bytes_written,
+                "bytes_read": self.bytes_read,
+                "evictions": self.evictions,
+            }
+
+    def failure_counts(self) -> dict[str, int]:
+        """Failures by kind at one instant."""
+        with self._lock:
+            return dict(self.failures)
+
     def latency(self, op: str) -> LatencySummary:
         with self._lock:
             return self._lat[op].summary()

@@ -8,9 +8,9 @@ from collections.abc import Iterator
 
 from obstore.exceptions import NotFoundError
 
+from asynctier.core.breaker import Breaker
 from asynctier.errors import ChunkError, ChunkNotFoundError, IntegrityError
 
-from asynctier.core.breaker import Breaker
 from .client_errors import ObjectStoreIOError, is_client_panic, map_client_error
 from .exit_guard import EXIT
 from .redact import Scrubber

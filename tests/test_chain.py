@@ -1,0 +1,206 @@
+"""The ``chain`` tier under the conformance suite: memory -> fs on every event loop, memory -> fs
+-> obj on moto's S3 server, memory -> nvme, and a chain nested in a chain.
+
+The suite's integrity checks damage a chunk in every tier that holds it (after the chain's
+background writes are done): a chain must fail the key, never deliver wrong bytes, and leave
+no bad copy in any tier.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import anyio
+import anyio.to_thread
+import obstore
+import pytest
+
+from asynctier.integrity import key_token
+from asynctier.testing import Harness, TierConformance
+from asynctier.testing.records import corrupt_record, swap_records
+from asynctier.tiers.chain import ChainTier
+from asynctier.tiers.fs import HEADER_BLOCK, FsTier
+from asynctier.tiers.fs.layout import shard_of
+from asynctier.tiers.memory import MemoryTier
+from asynctier.tiers.nvme import NvmeTier
+from asynctier.tiers.obj import ObjTier
+
+sys.path.insert(0, str(Path(__file__).parent))
+from nvme_helpers import damage_slot, swap_slots
+from s3_helpers import s3_config
+
+
+def _fs_file(tier: FsTier, key: bytes) -> Path:
+    return tier.dir / f"{shard_of(key):02x}" / key_token(key)
+
+
+def _fs_damage(path: Path, how: str) -> None:
+    raw = bytearray(path.read_bytes())
+    if how == "flip":
+        raw[HEADER_BLOCK + 1] ^= 0x40
+    else:
+        del raw[HEADER_BLOCK + (len(raw) - HEADER_BLOCK) // 2 :]
+    path.write_bytes(bytes(raw))
+
+
+def _fs_swap(a: Path, b: Path) -> None:
+    raw_a, raw_b = a.read_bytes(), b.read_bytes()
+    a.write_bytes(raw_b)
+    b.write_bytes(raw_a)
+
+
+def _obj_damage(tier: ObjTier, key: bytes, how: str) -> None:
+    st, path = tier._st(), tier._path(key)
+    body = bytearray(obstore.get(st, path).bytes())
+    if how == "flip":
+        body[-1] ^= 0xFF
+    else:
+        del body[-100:]
+    obstore.put(st, path, bytes(body))
+
+
+def _obj_swap(tier: ObjTier, key_a: bytes, key_b: bytes) -> None:
+    st, a, b = tier._st(), tier._path(key_a), tier._path(key_b)
+    body_a, body_b = obstore.get(st, a).bytes(), obstore.get(st, b).bytes()
+    obstore.put(st, a, body_b)
+    obstore.put(st, b, body_a)
+
+
+def leaf_tiers(tier: Any) -> list[Any]:
+    """Every single tier under a chain (nested chains flattened)."""
+    if isinstance(tier, ChainTier):
+        return [t for m in tier.members for t in leaf_tiers(m.tier)]
+    return [tier]
+
+
+class ChainConformance(TierConformance):
+    """Damage reaches every copy: the chain's background writes end first, then each tier
+    holding the key is damaged on its own medium."""
+
+    async def _holders(self, h: Harness, keys: list[bytes]) -> list[Any]:
+        await h.tier.drain()
+        out = []
+        for t in leaf_tiers(h.tier):
+            if all(await t.lookup(keys)):
+                out.append(t)
+        assert out, "no tier of the chain holds the key to damage"
+        return out
+
+    async def corrupt_stored(self, h: Harness, key: bytes, how: str) -> None:
+        for t in await self._holders(h, [key]):
+            if isinstance(t, MemoryTier):
+                await corrupt_record(t, key, how)
+            elif isinstance(t, FsTier):
+                await anyio.to_thread.run_sync(_fs_damage, _fs_file(t, key), how)
+            elif isinstance(t, NvmeTier):
+                damage_slot(t, key, how)
+            elif isinstance(t, ObjTier):
+                await anyio.to_thread.run_sync(_obj_damage, t, key, how)
+            else:
+                raise AssertionError(f"no way to damage a chunk of {t!r}")
+
+    async def swap_stored(self, h: Harness, key_a: bytes, key_b: bytes) -> None:
+        for t in await self._holders(h, [key_a, key_b]):
+            if isinstance(t, MemoryTier):
+                await swap_records(t, key_a, key_b)
+            elif isinstance(t, FsTier):
+                await anyio.to_thread.run_sync(_fs_swap, _fs_file(t, key_a), _fs_file(t, key_b))
+            elif isinstance(t, NvmeTier):
+                swap_slots(t, key_a, key_b)
+            elif isinstance(t, ObjTier):
+                await anyio.to_thread.run_sync(_obj_swap, t, key_a, key_b)
+            else:
+                raise AssertionError(f"no way to swap chunks of {t!r}")
+
+
+class TestMemoryFsChain(ChainConformance):
+    """Two real tiers, written back; on asyncio, uvloop and trio."""
+
+    chunk_bytes = 16 * 1024
+
+    def tier_config(self, tmp_path: Path) -> dict[str, Any]:
+        return {
+            "type": "chain",
+            "tiers": [{"type": "memory"}, {"type": "fs", "root": str(tmp_path / "kv"), "io_engine": "threads"}],
+            "write": "back",
+        }
+
+
+class TestMemoryFsChainWriteThrough(ChainConformance):
+    """Written through (every tier before the call returns); one loop."""
+
+    backends = ("asyncio",)
+    chunk_bytes = 16 * 1024
+
+    def tier_config(self, tmp_path: Path) -> dict[str, Any]:
+        return {
+            "type": "chain",
+            "tiers": [{"type": "memory"}, {"type": "fs", "root": str(tmp_path / "kv")}],
+            "write": "through",
+        }
+
+
+SLOW = os.environ.get("ASYNCTIER_SLOW_TESTS") == "1"
+
+
+class TestThreeTierChainOnS3(ChainConformance):
+    """memory -> fs -> obj on moto's S3 server; asyncio only (moto is slow: the two checks
+    that make thousands of requests run with ASYNCTIER_SLOW_TESTS=1, as for the obj tier)."""
+
+    backends = ("asyncio",)
+    chunk_bytes = 16 * 1024
+
+    def tier_config(self, tmp_path: Path) -> dict[str, Any]:
+        return {
+            "type": "chain",
+            "tiers": [
+                {"type": "memory"},
+                {"type": "fs", "root": str(tmp_path / "kv"), "io_engine": "threads"},
+                s3_config(),
+            ],
+            "write": "back",
+        }
+
+    @pytest.mark.skipif(not SLOW, reason="thousands of requests to a slow moto; set ASYNCTIER_SLOW_TESTS=1")
+    def test_loads_not_starved_by_store_flood(self, tmp_path: Path, backend: Any) -> None:
+        super().test_loads_not_starved_by_store_flood(tmp_path, backend)
+
+    @pytest.mark.skipif(not SLOW, reason="thousands of requests to a slow moto; set ASYNCTIER_SLOW_TESTS=1")
+    def test_inflight_bound_under_1000_concurrent_calls(self, tmp_path: Path, backend: Any) -> None:
+        super().test_inflight_bound_under_1000_concurrent_calls(tmp_path, backend)
+
+
+class TestMemoryNvmeChain(ChainConformance):
+    """memory -> nvme (a small sparse slab); asyncio only."""
+
+    backends = ("asyncio",)
+    chunk_bytes = 16 * 1024
+
+    def tier_config(self, tmp_path: Path) -> dict[str, Any]:
+        return {
+            "type": "chain",
+            "tiers": [
+                {"type": "memory"},
+                {
+                    "type": "nvme",
+                    "path": str(tmp_path / "kv.slab"),
+                    "capacity_bytes": 4096 * 24 * 1024,
+                    "preallocate": False,
+                },
+            ],
+        }
+
+
+class TestNestedChain(ChainConformance):
+    """A chain whose second tier is a chain (memory -> (memory -> fs)); asyncio only."""
+
+    backends = ("asyncio",)
+    chunk_bytes = 16 * 1024
+
+    def tier_config(self, tmp_path: Path) -> dict[str, Any]:
+        inner = {"type": "chain", "tiers": [{"type": "memory"}, {"type": "fs", "root": str(tmp_path / "kv")}]}
+        return {"type": "chain", "tiers": [{"type": "memory", "name": "front"}, inner]}
+

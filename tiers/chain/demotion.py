@@ -1,0 +1,141 @@
+"""Demotion: the first tier as a victim cache's front.
+
+With ``demote=True`` a background task keeps the first tier ``demote_headroom_chunks`` below
+its ``capacity_bytes``: after stores and promotions into it, it takes the least recently used
+chunks, copies each into a background staging slot, writes it into the second tier, and only
+then removes it from the first. A chunk therefore never leaves the first tier before the
+second holds it, and the first tier's own eviction (which loses the chunk) happens only when
+demotion falls behind (counted: ``evictions`` of the first tier). Staging slots come from the
+same backlog bound as write-back; with none free, demotion waits for the next round.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+import anyio
+
+from asynctier.core.backend import spawn_service
+from asynctier.core.base import ChunkTier
+from asynctier.errors import TierConfigError
+
+if TYPE_CHECKING:
+    from .tier import ChainTier
+
+__all__ = ["Demoter"]
+
+log = logging.getLogger("asynctier.chain")
+
+
+class Demoter:
+    """Moves the first tier's least recently used chunks into the second tier."""
+
+    def __init__(self, chain: ChainTier, headroom_chunks: int) -> None:
+        top = chain.members[0].tier
+        if not isinstance(top, ChunkTier) or top.index is None or top.capacity_bytes is None:
+            raise TierConfigError(
+                "chain: demote=True needs a first tier that keeps an index and has capacity_bytes "
+                f"(memory or fs with capacity_bytes); tiers[0] is {top.tier_type!r} "
+                f"with capacity_bytes={getattr(top, 'capacity_bytes', None)!r}"
+            )
+        self.chain = chain
+        self.top = top
+        self.headroom_chunks = headroom_chunks
+        self._wake = anyio.Event()
+        self._idle = anyio.Event()
+        self._idle.set()
+        self._stopping = False
+        self._ended = anyio.Event()
+
+    def start(self) -> None:
+        self._ended = anyio.Event()
+        spawn_service(self._run, name="asynctier-chain-demoter")
+
+    def poke(self) -> None:
+        """The first tier grew: demote if it is over its mark."""
+        if self._over():
+            self._idle = anyio.Event() if self._idle.is_set() else self._idle
+            self._wake.set()
+
+    def _limit(self) -> int:
+        cap = self.top.capacity_bytes
+        assert cap is not None
+        return max(0, cap - self.headroom_chunks * self.top.stored_size())
+
+    def _over(self) -> bool:
+        idx = self.top.index
+        return idx is not None and idx.used_bytes > self._limit()
+
+    async def _run(self) -> None:
+        try:
+            while not self._stopping:
+                if not self._wake.is_set():
+                    self._idle.set()
+                    await self._wake.wait()
+                self._wake = anyio.Event()
+                if self._stopping:
+                    break
+                try:
+                    await self._round()
+                except Exception:
+                    log.exception("chain: demotion round failed")
+        finally:
+            self._idle.set()
+            self._ended.set()
+
+    async def _round(self) -> None:
+        chain = self.chain
+        upper, lower = chain.members[0], chain.members[1]
+        idx = self.top.index
+        assert idx is not None
+        size = self.top.stored_size()
+        while self._over() and not self._stopping:
+            need = -(-(idx.used_bytes - self._limit()) // size)
+            victims = idx.keys()[: max(need, 1)]
+            if not victims:
+                return
+            epoch = chain._fence.now()
+            present = await chain._lookup_on(lower, victims)
+            assert isinstance(present, list)
+            copy = [v for v, p in zip(victims, present) if not p and lower.admits(v, "demote")]
+            slots: list[int] = []
+            for _ in copy:
+                slot = chain._pool.take_background()
+                if slot is None:
+                    break
+                slots.append(slot)
+            copy = copy[: len(slots)]
+            moved = [v for v, p in zip(victims, present) if p]
+            try:
+                if copy:
+                    got = await upper.call("load", copy, slots)
+                    live = [(v, s) for v, s in zip(copy, slots) if v in set(got.succeeded)]
+                    live = [(v, s) for v, s in live if not chain._fence.stale(v, epoch)]
+                    keys = [v for v, _ in live]
+                    chain._fence.begin(keys)
+                    lower.background_in_flight += len(keys)
+                    try:
+                        wrote = await lower.call("offload", keys, [s for _, s in live])
+                    finally:
+                        lower.background_in_flight -= len(keys)
+                        chain._fence.end(keys)
+                    lower.count("demotions", len(wrote.succeeded))
+                    lower.count("bytes_in", len(wrote.succeeded) * chain.offloading_spec.chunk_bytes)
+                    lower.count("drops", len(keys) - len(wrote.succeeded))
+                    moved += wrote.succeeded
+            finally:
+                for s in slots:
+                    chain._pool.release_background(s)
+            if not moved:
+                return  # nothing could move this round (backlog full, second tier failing)
+            await upper.call("remove", moved, [])
+
+    async def drain(self) -> None:
+        while not self._idle.is_set():
+            await self._idle.wait()
+
+    async def stop(self) -> None:
+        self._stopping = True
+        self._wake.set()
+        await self._ended.wait()

@@ -1,0 +1,120 @@
+"""The chain's staging pool: the only memory its tiers read from and write into.
+
+Every tier of a chain is built over the chain's own staging buffer, never over the caller's
+primary buffer: a store copies the caller's chunk into a staging slot, the tiers write it from
+there (at once, and later in the background), and a load lands in a staging slot and is
+copied into the caller's slot. So background work (write-back, promotion, demotion) reads
+only slots the chain owns, and the caller may reuse its slots the moment a call returns.
+
+The pool holds ``foreground + background`` slots. Calls hold at most ``foreground`` of them
+(that is the chain's ``max_inflight``); waiting loads are served before waiting stores. The
+background holds at most ``background`` (the backlog bound): a slot a call is done with is
+handed to the background only while there is room, else its background work is dropped.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+import anyio
+
+__all__ = ["StagingPool"]
+
+
+class _Waiter:
+    __slots__ = ("event", "granted", "want")
+
+    def __init__(self, want: int) -> None:
+        self.want = want
+        self.event = anyio.Event()
+        self.granted: list[int] = []
+
+
+class StagingPool:
+    """Slot numbers of the staging buffer, shared by calls (foreground) and background work."""
+
+    def __init__(self, foreground: int, background: int) -> None:
+        self.foreground = foreground
+        self.background = background
+        self._free: list[int] = list(range(foreground + background - 1, -1, -1))
+        self.fg_used = 0
+        self.bg_used = 0
+        self.peak_fg = 0
+        self._loads: deque[_Waiter] = deque()
+        self._stores: deque[_Waiter] = deque()
+
+    @property
+    def size(self) -> int:
+        return self.foreground + self.background
+
+    def _take(self, n: int) -> list[int]:
+        n = min(n, self.foreground - self.fg_used)
+        slots = [self._free.pop() for _ in range(n)]
+        self.fg_used += n
+        self.peak_fg = max(self.peak_fg, self.fg_used)
+        return slots
+
+    async def acquire(self, want: int, *, load: bool, timeout_s: float | None = None) -> list[int]:
+        """Between 1 and ``want`` slots for a call (waiting for the first one); loads first.
+
+        With ``timeout_s``, returns ``[]`` when no slot came within it (a dropped store).
+        """
+        ahead = self._loads if load else (self._loads or self._stores)
+        if not ahead and self.fg_used < self.foreground:
+            return self._take(want)
+        w = _Waiter(want)
+        (self._loads if load else self._stores).append(w)
+        try:
+            if timeout_s is None:
+                await w.event.wait()
+            else:
+                with anyio.move_on_after(timeout_s):
+                    await w.event.wait()
+        except BaseException:
+            self._withdraw(w, load)
+            self.release(w.granted)
+            raise
+        self._withdraw(w, load)
+        return w.granted
+
+    def _withdraw(self, w: _Waiter, load: bool) -> None:
+        queue = self._loads if load else self._stores
+        if not w.event.is_set():
+            queue.remove(w)
+
+    def _grant(self) -> None:
+        while self.fg_used < self.foreground and (self._loads or self._stores):
+            w = (self._loads or self._stores).popleft()
+            w.granted = self._take(w.want)
+            w.event.set()
+
+    def release(self, slots: list[int]) -> None:
+        """A call is done with ``slots``."""
+        if not slots:
+            return
+        self.fg_used -= len(slots)
+        self._free.extend(slots)
+        self._grant()
+
+    def to_background(self, slot: int) -> bool:
+        """Hand a call's slot over to background work, if the backlog has room (else the
+        caller keeps it and releases it)."""
+        if self.bg_used >= self.background:
+            return False
+        self.fg_used -= 1
+        self.bg_used += 1
+        self._grant()
+        return True
+
+    def take_background(self) -> int | None:
+        """A fresh slot for background work (demotion), or None when the backlog is full."""
+        if self.bg_used >= self.background or not self._free:
+            return None
+        self.bg_used += 1
+        return self._free.pop()
+
+    def release_background(self, slot: int) -> None:
+        """Background work is done with ``slot``."""
+        self.bg_used -= 1
+        self._free.append(slot)
+        self._grant()

@@ -1,0 +1,599 @@
+"""``chain``: several tiers as one, fastest first (docs/tiers/chain.md).
+
+Stores cascade down (``write="back"``: the call returns once the first tier that admits the
+chunk has it, the tiers below are written in the background; ``"through"``: once every tier
+has it or failed it). Loads take each key from the fastest tier holding it and promote a hit
+in a lower tier to the tiers above in the background. Every tier sits behind its own
+admission policy, deadline and circuit breaker, and the chain's results say which tier failed
+which key (:attr:`~asynctier.stats.TransferResult.tier_failures`).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import time
+from collections import deque
+from collections.abc import Sequence
+from typing import Any, Literal
+
+import anyio
+
+from asynctier.contract import SecondaryTierManager
+from asynctier.core.backend import CloseHandle, run_on_thread_to_end, run_to_completion, start_close
+from asynctier.core.validation import check_keys, check_pairs
+from asynctier.errors import (
+    BackpressureError,
+    ChunkNotFoundError,
+    TierClosedError,
+    TierConfigError,
+    TierNotOpenError,
+    failure_kind,
+)
+from asynctier.factory import SecondaryTierFactory
+from asynctier.posix_io import aligned_buffer
+from asynctier.spec import OffloadingSpec
+from asynctier.stats import StatsRecorder, TierStats, TransferResult
+
+from .admission import NotAdmittedError, make_policy
+from .background import Backlog, RemovalFence
+from .config import ChainConfig
+from .demotion import Demoter
+from .member import COUNTERS, Member
+from .staging import StagingPool
+
+__all__ = ["ChainTier"]
+
+#: Copies of up to this many bytes run on the event loop; larger ones on a copy thread.
+_INLINE_COPY = 256 * 1024
+#: Calls that copy more run their copies here (memcpy releases the GIL for large buffers).
+_COPIER = concurrent.futures.ThreadPoolExecutor(4, thread_name_prefix="asynctier-chain-copy")
+#: Parallel batches per call (each holds up to its share of the chain's staging slots).
+_WORKERS_PER_CALL = 4
+
+_NEW, _OPEN, _CLOSING, _CLOSED = "new", "open", "closing", "closed"
+
+
+class ChainTier(SecondaryTierManager):
+    """Tiers as one tier, fastest first.
+
+    Args:
+        tiers: the tiers' configs, fastest first (each may add ``name``, ``admit``,
+            ``deadline_s`` and ``breaker``; see :mod:`.config`).
+        write: ``"back"`` (default) or ``"through"``.
+        backlog_chunks: chunks background work may hold at once (write-back, promotion,
+            demotion); beyond it background writes are dropped and counted (default 64).
+        promote: copy a chunk a lower tier served into the tiers above it (default True).
+        demote: keep the first tier below its capacity by moving its least recently used
+            chunks into the second tier before it evicts them (default False).
+        demote_headroom_chunks: how far below capacity demotion keeps the first tier (8).
+        background_batch: chunks per background write call (default 8).
+        max_inflight: chunks of calls in progress at once (staging slots; default 16).
+        store_backpressure, backpressure_timeout_s: as every tier (``"drop"``: a store that
+            gets no staging slot within the timeout fails with BackpressureError).
+        verify: passed to every tier that does not set its own (default: their own default).
+    """
+
+    default_type = "chain"
+
+    def __init__(
+        self,
+        *,
+        offloading_spec: OffloadingSpec,
+        primary_kv_view: memoryview,
+        tier_type: str | None = None,
+        tiers: Sequence[dict[str, Any]],
+        write: Literal["back", "through"] = "back",
+        backlog_chunks: int = 64,
+        promote: bool = True,
+        demote: bool = False,
+        demote_headroom_chunks: int = 8,
+        background_batch: int = 8,
+        max_inflight: int = 16,
+        store_backpressure: Literal["wait", "drop"] = "wait",
+        backpressure_timeout_s: float = 0.05,
+        verify: bool | None = None,
+    ) -> None:
+        if not isinstance(offloading_spec, OffloadingSpec):
+            raise TypeError(f"offloading_spec must be an OffloadingSpec; got {type(offloading_spec).__name__}")
+        self.offloading_spec = offloading_spec
+        self.tier_type = tier_type or self.default_type
+        self._view = offloading_spec.check_view(primary_kv_view, writable=False)
+        self.config = cfg = ChainConfig.parse(
+            tiers=tiers, write=write, backlog_chunks=backlog_chunks, promote=promote, demote=demote,
+            demote_headroom_chunks=demote_headroom_chunks, background_batch=background_batch,
+            max_inflight=max_inflight, store_backpressure=store_backpressure,
+            backpressure_timeout_s=backpressure_timeout_s, verify=verify,
+        )  # fmt: skip
+        self.max_inflight = cfg.max_inflight
+        self._pool = StagingPool(cfg.max_inflight, cfg.backlog_chunks)
+        staging_spec = OffloadingSpec(offloading_spec.chunk_bytes, self._pool.size, offloading_spec.namespace)
+        # page-aligned, so tiers that use O_DIRECT move chunks straight from and into it
+        self._staging = aligned_buffer(staging_spec.total_bytes)
+        self.members: list[Member] = []
+        for i, entry in enumerate(cfg.entries):
+            tc = dict(entry.tier_config)
+            if cfg.verify is not None:
+                tc.setdefault("verify", cfg.verify)
+            where = f"chain: tiers[{i}] ({entry.name!r})"
+            try:
+                tier = SecondaryTierFactory.create_secondary_tier(tc, self._staging, staging_spec)
+            except TierConfigError as e:
+                raise TierConfigError(f"{where}: {e}") from e
+            self.members.append(Member(i, entry, tier, make_policy(entry.admit, offloading_spec, where)))
+        self._fence = RemovalFence()
+        self._backlog = Backlog(
+            self._pool, self._fence, self.members, cfg.background_batch, offloading_spec.chunk_bytes
+        )
+        self._demoter = Demoter(self, cfg.demote_headroom_chunks) if cfg.demote else None
+        self._stats = StatsRecorder()
+        self._queued = 0
+        self._state = _NEW
+        self._open_lock: anyio.Lock | None = None
+        self._closing: CloseHandle | None = None
+        self._active = 0
+        self._idle: anyio.Event | None = None
+
+    # -- lifecycle -------------------------------------------------------------------------
+    @property
+    def is_open(self) -> bool:
+        return self._state == _OPEN
+
+    def _refuse_reopen(self) -> None:
+        if self._state in (_CLOSING, _CLOSED) or self._closing is not None:
+            raise TierClosedError(f"{self!r} is closed; create a new tier instead of reopening")
+
+    async def open(self) -> ChainTier:
+        if self._state == _OPEN:
+            return self
+        self._refuse_reopen()
+        if self._open_lock is None:
+            self._open_lock = anyio.Lock()
+        async with self._open_lock:
+            if self._state == _OPEN:
+                return self
+            self._refuse_reopen()
+            opened: list[Member] = []
+            try:
+                for m in self.members:
+                    await m.tier.open()
+                    opened.append(m)
+            except BaseException:  # a failed or cancelled open leaves no tier open
+                for m in reversed(opened):
+                    await run_to_completion(m.tier.aclose)
+                raise
+            self._backlog.start()
+            if self._demoter is not None:
+                self._demoter.start()
+            self._idle = anyio.Event()
+            self._idle.set()
+            self._state = _OPEN
+        return self
+
+    async def aclose(self) -> None:
+        if self._state == _CLOSED:
+            return
+        if self._closing is None:
+            if self._state == _OPEN:
+                self._state = _CLOSING
+            self._closing = start_close(self._close)
+        await self._closing.wait()
+
+    async def _close(self) -> None:
+        if self._open_lock is None:
+            self._open_lock = anyio.Lock()
+        async with self._open_lock:
+            if self._state in (_CLOSED, _NEW):
+                self._state = _CLOSED
+                return
+            self._state = _CLOSING
+            try:
+                await self._calls_done()
+                if self._demoter is not None:
+                    await self._demoter.stop()
+                await self._backlog.stop()  # what is queued is written before the tiers close
+            finally:
+                for m in reversed(self.members):
+                    try:
+                        await m.tier.aclose()
+                    except Exception:
+                        import logging
+
+                        logging.getLogger("asynctier.chain").exception("closing chain tier %r failed", m.name)
+                self._state = _CLOSED
+
+    def _check_open(self) -> None:
+        if self._state == _OPEN:
+            return
+        if self._state == _NEW:
+            raise TierNotOpenError(f"{self!r} is not open: use 'async with tier:' or 'await tier.open()' first")
+        raise TierClosedError(f"{self!r} is closed")
+
+    async def _calls_done(self) -> None:
+        while self._idle is not None and not self._idle.is_set():
+            await self._idle.wait()
+
+    async def drain(self) -> None:
+        """Until every call in progress has returned and every background write queued is done
+        (in the tiers too: a chain inside this one drains its own background writes)."""
+        await self._calls_done()
+        await self._backlog.drain()
+        if self._demoter is not None:
+            await self._demoter.drain()
+            await self._backlog.drain()
+        for m in self.members:
+            await m.tier.drain()
+
+    def _enter(self) -> None:
+        self._active += 1
+        if self._active == 1:
+            self._idle = anyio.Event()
+
+    def _leave(self) -> None:
+        self._active -= 1
+        if self._active == 0 and self._idle is not None:
+            self._idle.set()
+
+    # -- copies between the caller's slots and the staging slots -----------------------------
+    async def _copy(self, pairs: list[tuple[int, int]], *, to_staging: bool) -> None:
+        """Copy chunk ``cid`` -> staging ``slot`` (or back) for each ``(cid, slot)``; once
+        started it ends before a cancellation goes on (it touches the caller's slots)."""
+        c = self.offloading_spec.chunk_bytes
+        caller, staging = self._view, self._staging
+
+        def run() -> None:
+            for cid, slot in pairs:
+                if to_staging:
+                    staging[slot * c : (slot + 1) * c] = caller[cid * c : (cid + 1) * c]
+                else:
+                    caller[cid * c : (cid + 1) * c] = staging[slot * c : (slot + 1) * c]
+
+        if len(pairs) * c <= _INLINE_COPY:
+            run()
+        else:
+            await run_on_thread_to_end(run, executor=_COPIER)
+
+    # -- calls -----------------------------------------------------------------------------
+    async def offload(self, keys: Sequence[bytes], chunk_ids: Sequence[int]) -> TransferResult:
+        ks, ids = check_pairs(self.offloading_spec, self._view, keys, chunk_ids, load=False)
+        self._check_open()
+        return await self._call("offload", ks, ids)
+
+    async def load(self, keys: Sequence[bytes], chunk_ids: Sequence[int]) -> TransferResult:
+        ks, ids = check_pairs(self.offloading_spec, self._view, keys, chunk_ids, load=True)
+        self._check_open()
+        return await self._call("load", ks, ids)
+
+    async def _call(self, op: Literal["offload", "load"], ks: list[bytes], ids: list[int]) -> TransferResult:
+        t0 = time.perf_counter()
+        res = TransferResult(op)
+        if not ks:
+            return res
+        outcome: dict[bytes, BaseException | None] = {}
+        todo = deque(zip(ks, ids))
+        self._queued += len(todo)
+        drop = op == "offload" and self.config.store_backpressure == "drop"
+        deadline = t0 + self.config.backpressure_timeout_s
+        workers = min(len(ks), _WORKERS_PER_CALL)
+        share = -(-len(ks) // workers)
+        self._enter()
+
+        async def worker() -> None:
+            while todo:
+                timeout = max(0.0, deadline - time.perf_counter()) if drop else None
+                slots = await self._pool.acquire(min(share, len(todo)), load=op == "load", timeout_s=timeout)
+                n = min(len(slots), len(todo))
+                self._pool.release(slots[n:])
+                if not slots:  # a dropped store: every key still waiting now, at once
+                    msg = f"store dropped: no staging slot within {self.config.backpressure_timeout_s}s"
+                    while todo:
+                        k, _ = todo.popleft()
+                        self._queued -= 1
+                        outcome[k] = BackpressureError(msg, k)
+                    return
+                batch = [todo.popleft() for _ in range(n)]
+                self._queued -= n
+                held = slots[:n]
+                try:
+                    if op == "load":
+                        await self._load_batch(batch, held, res, outcome, t0)
+                    else:
+                        await self._store_batch(batch, held, res, outcome, t0)
+                finally:
+                    self._pool.release([s for s in held if s >= 0])
+
+        try:
+            async with anyio.create_task_group() as tg:
+                for _ in range(workers):
+                    tg.start_soon(worker)
+        finally:
+            self._queued -= len(todo)
+            self._leave()
+        c = self.offloading_spec.chunk_bytes
+        for k in ks:
+            e = outcome[k]
+            if e is None:
+                res.succeeded.append(k)
+                res.bytes_transferred += c
+            else:
+                res.failed[k] = e
+                self._stats.record_failure(e)
+        res.elapsed_s = time.perf_counter() - t0
+        return res
+
+    @staticmethod
+    def _note(res: TransferResult, m: Member, failed: dict[bytes, BaseException]) -> None:
+        for k, e in failed.items():
+            if failure_kind(e) != "not_found":
+                res.tier_failures.setdefault(m.name, {})[k] = e
+
+    async def _load_batch(
+        self, batch: list[tuple[bytes, int]], held: list[int], res: TransferResult,
+        outcome: dict[bytes, BaseException | None], t0: float,
+    ) -> None:  # fmt: skip
+        epoch = self._fence.now()
+        c = self.offloading_spec.chunk_bytes
+        slot_of = {k: held[i] for i, (k, _) in enumerate(batch)}
+        pos = {k: i for i, (k, _) in enumerate(batch)}
+        cid_of = dict(batch)
+        keys = [k for k, _ in batch]
+        for m in self.members:
+            m.observe(keys)
+        first_error: dict[bytes, BaseException] = {}
+        pending = keys
+        for m in self.members:
+            if not pending:
+                break
+            got = await m.call("load", pending, [slot_of[k] for k in pending])
+            self._note(res, m, got.failed)
+            for k, e in got.failed.items():
+                if failure_kind(e) == "not_found":
+                    m.count("misses")
+                else:
+                    first_error.setdefault(k, e)
+            hits = got.succeeded
+            if hits:
+                await self._copy([(cid_of[k], slot_of[k]) for k in hits], to_staging=False)
+                now = time.perf_counter()
+                for k in hits:
+                    outcome[k] = None
+                    self._stats.record_success("load", c, now - t0)
+                m.count("hits", len(hits))
+                m.count("bytes_out", len(hits) * c)
+                if m.index > 0 and self.config.promote:
+                    for k in hits:
+                        if self._promote(k, slot_of[k], epoch, m):
+                            held[pos[k]] = -1
+            done = set(hits)
+            pending = [k for k in pending if k not in done]
+        for k in pending:
+            outcome[k] = first_error.get(k) or ChunkNotFoundError(f"no tier of the chain holds key {k.hex()[:32]}", k)
+
+    def _promote(self, key: bytes, slot: int, epoch: int, found_in: Member) -> bool:
+        """Queue ``key`` (in ``slot``) for the tiers above ``found_in``; True if the slot went
+        to the background."""
+        targets = [u for u in self.members[: found_in.index] if u.admits(key, "promote")]
+        if not targets:
+            return False
+        if not self._pool.to_background(slot):
+            for u in targets:
+                u.count("drops")
+            return False
+        self._backlog.submit(key, slot, epoch, "promote", targets)
+        return True
+
+    async def _store_batch(
+        self, batch: list[tuple[bytes, int]], held: list[int], res: TransferResult,
+        outcome: dict[bytes, BaseException | None], t0: float,
+    ) -> None:  # fmt: skip
+        epoch = self._fence.now()
+        c = self.offloading_spec.chunk_bytes
+        keys = [k for k, _ in batch]
+        slot_of = {k: held[i] for i, (k, _) in enumerate(batch)}
+        pos = {k: i for i, (k, _) in enumerate(batch)}
+        for m in self.members:
+            m.observe(keys)
+        admitted = {m.index: {k for k in keys if m.admits(k, "store")} for m in self.members}
+        await self._copy([(cid, held[i]) for i, (_, cid) in enumerate(batch)], to_staging=True)
+        stored_in: dict[bytes, list[Member]] = {k: [] for k in keys}
+        last_error: dict[bytes, BaseException] = {}
+
+        async def store_on(m: Member, cand: list[bytes]) -> None:
+            got = await m.call("offload", cand, [slot_of[k] for k in cand])
+            self._note(res, m, got.failed)
+            last_error.update(got.failed)
+            for k in got.succeeded:
+                stored_in[k].append(m)
+            m.count("stored", len(got.succeeded))
+            m.count("bytes_in", len(got.succeeded) * c)
+
+        if self.config.write == "through":
+            async with anyio.create_task_group() as tg:
+                for m in self.members:
+                    cand = [k for k in keys if k in admitted[m.index]]
+                    if cand:
+                        tg.start_soon(store_on, m, cand)
+        else:  # the first admitting tier that takes it, now; the tiers below, in the background
+            pending = keys
+            for m in self.members:
+                cand = [k for k in pending if k in admitted[m.index]]
+                if cand:
+                    await store_on(m, cand)
+                pending = [k for k in pending if not stored_in[k]]
+                if not pending:
+                    break
+            for k in keys:
+                if not stored_in[k]:
+                    continue
+                below = [u for u in self.members[stored_in[k][0].index + 1 :] if k in admitted[u.index]]
+                if not below:
+                    continue
+                if self._pool.to_background(slot_of[k]):
+                    held[pos[k]] = -1
+                    self._backlog.submit(k, slot_of[k], epoch, "store", below)
+                else:
+                    for u in below:
+                        u.count("drops")
+        now = time.perf_counter()
+        for k in keys:
+            if stored_in[k]:
+                outcome[k] = None
+                self._stats.record_success("offload", c, now - t0)
+                if self._demoter is not None and stored_in[k][0].index == 0:
+                    self._demoter.poke()
+            elif k in last_error:
+                outcome[k] = last_error[k]
+            else:
+                outcome[k] = NotAdmittedError(f"no tier of the chain admitted key {k.hex()[:32]}", k)
+
+    # -- lookups, removal, touch -----------------------------------------------------------
+    async def _lookup_on(self, m: Member, keys: list[bytes], *, prefix: bool = False) -> list[bool] | int:
+        """``lookup`` (or ``lookup_prefix``) on one tier: a tier that is down or late holds nothing."""
+        if not m.available:
+            return 0 if prefix else [False] * len(keys)
+        with anyio.move_on_after(m.deadline_s if m.deadline_s is not None else float("inf")):
+            try:
+                return await (m.tier.lookup_prefix(keys) if prefix else m.tier.lookup(keys))
+            except Exception:
+                pass
+        return 0 if prefix else [False] * len(keys)
+
+    async def lookup(self, keys: Sequence[bytes]) -> list[bool]:
+        ks = check_keys(keys)
+        self._check_open()
+        found = [False] * len(ks)
+        self._enter()
+        try:
+            for m in self.members:
+                m.observe(ks)
+                idx = [i for i, f in enumerate(found) if not f]
+                if not idx:
+                    break
+                got = await self._lookup_on(m, [ks[i] for i in idx])
+                assert isinstance(got, list)
+                for i, hit in zip(idx, got):
+                    found[i] = found[i] or hit
+        finally:
+            self._leave()
+        return found
+
+    async def lookup_prefix(self, keys: Sequence[bytes]) -> int:
+        """How many leading ``keys`` some tier of the chain holds. Every tier but the last is
+        asked :meth:`lookup` for the keys the tiers above lack (from memory on tiers with an
+        index); the last is asked only :meth:`lookup_prefix` of what is still missing, in order,
+        so a remote last tier stops at its first miss."""
+        ks = check_keys(keys)
+        self._check_open()
+        if not ks:
+            return 0
+        missing = list(range(len(ks)))
+        self._enter()
+        try:
+            for m in self.members:
+                m.observe(ks)
+            for m in self.members[:-1]:
+                got = await self._lookup_on(m, [ks[i] for i in missing])
+                assert isinstance(got, list)
+                missing = [i for i, hit in zip(missing, got) if not hit]
+                if not missing:
+                    return len(ks)
+            n = await self._lookup_on(self.members[-1], [ks[i] for i in missing], prefix=True)
+            assert isinstance(n, int)
+        finally:
+            self._leave()
+        return missing[n] if n < len(missing) else len(ks)
+
+    async def remove(self, keys: Sequence[bytes]) -> TransferResult:
+        ks = check_keys(keys)
+        self._check_open()
+        t0 = time.perf_counter()
+        res = TransferResult("remove")
+        if not ks:
+            return res
+        self._enter()
+        try:
+            # background writes of these keys queued before now are dropped; one running is awaited
+            self._fence.removing(ks)
+            await self._fence.wait_running(ks)
+            results: list[tuple[Member, TransferResult]] = []
+
+            async def remove_on(m: Member) -> None:
+                results.append((m, await m.call("remove", ks, [])))
+
+            async with anyio.create_task_group() as tg:
+                for m in self.members:
+                    tg.start_soon(remove_on, m)
+        finally:
+            self._leave()
+        failed: dict[bytes, BaseException] = {}
+        for m, got in sorted(results, key=lambda r: r[0].index):
+            self._note(res, m, got.failed)
+            for k, e in got.failed.items():
+                if failure_kind(e) != "not_found":
+                    failed.setdefault(k, e)
+        for k in ks:
+            if k in failed:
+                res.failed[k] = failed[k]
+                self._stats.record_failure(failed[k])
+            else:
+                res.succeeded.append(k)
+                self._stats.record_success("remove", 0, 0.0)
+        res.elapsed_s = time.perf_counter() - t0
+        return res
+
+    async def touch(self, keys: Sequence[bytes]) -> None:
+        ks = check_keys(keys)
+        self._check_open()
+        for m in self.members:
+            if m.available:
+                with anyio.move_on_after(m.deadline_s if m.deadline_s is not None else float("inf")):
+                    try:
+                        await m.tier.touch(ks)
+                    except Exception:  # a hint: a tier that cannot take it misses nothing else
+                        pass
+
+    # -- stats -----------------------------------------------------------------------------
+    def stats(self) -> TierStats:
+        s = self._stats
+        children = {m.name: m.snapshot() for m in self.members}
+        counts = s.counters()
+        totals = {name: sum(m.counts[name] for m in self.members) for name in COUNTERS}
+        extra = {
+            "promotions": totals["promotions"],
+            "demotions": totals["demotions"],
+            "written_back": totals["written_back"],
+            "background_drops": totals["drops"],
+            "not_admitted": totals["not_admitted"],
+            "backlog": self._backlog.depth,
+            "backlog_chunks": self.config.backlog_chunks,
+            "background_in_flight": sum(m.background_in_flight for m in self.members),
+        }
+        used = [c.used_bytes for c in children.values()]
+        return TierStats(
+            tier_type=self.tier_type,
+            in_flight=self._pool.fg_used,
+            peak_in_flight=self._pool.peak_fg,
+            queued=self._queued,
+            max_inflight=self.max_inflight,
+            offloaded=counts["offloaded"],
+            loaded=counts["loaded"],
+            skipped=counts["skipped"],
+            removed=counts["removed"],
+            bytes_written=counts["bytes_written"],
+            bytes_read=counts["bytes_read"],
+            failures=s.failure_counts(),
+            evictions=sum(c.evictions for c in children.values()),
+            stored_chunks=None,
+            used_bytes=sum(u for u in used if u is not None) if all(u is not None for u in used) else None,
+            capacity_bytes=None,
+            offload_latency=s.latency("offload"),
+            load_latency=s.latency("load"),
+            extra=extra,
+            children=children,
+        )
+
+    def member(self, name: str) -> Member:
+        """The tier of the chain called ``name`` (its ``.tier``, ``.breaker``, counters)."""
+        for m in self.members:
+            if m.name == name:
+                return m
+        raise KeyError(f"no tier named {name!r} in this chain; it has {[m.name for m in self.members]}")
