@@ -46,6 +46,8 @@ class Counters:
     reusable_chunks: int = 0
     lookup_hit_chunks: int = 0
     loaded_chunks: int = 0
+    #: chunks loaded after one that failed (evicted since the lookup): read, but of no use
+    loaded_unused_chunks: int = 0
     load_failed_chunks: int = 0
     computed_chunks: int = 0
     offloaded_chunks: int = 0
@@ -179,6 +181,8 @@ class _Server:
                     c.wrong_content_chunks += len(bad)
                     usable = bad[0]
             c.loaded_chunks += usable
+            if hit:
+                c.loaded_unused_chunks += len(r.succeeded) - usable
             c.hit_turns += usable > 0
             c.miss_turns += usable == 0
             for i in range(usable, len(keys)):

@@ -137,7 +137,10 @@ def markdown(report: Mapping[str, Any], header: Sequence[str]) -> str:
         "Per tier: chunks served, hit % among the reusable chunks that reached the tier (missed "
         "above it), MiB the tier read and wrote (all of it: served, promoted, written back), and for "
         "a chain's tiers the chunks promoted into it, written back to it in the background and "
-        "dropped (backlog full); evictions; chunks held at the end.",
+        "dropped (backlog full or tier failing); evictions; chunks held at the end. With turns in "
+        "flight together, the tiers may serve a few more chunks than the prefix hits count: a "
+        "chunk evicted between a turn's lookup and its load ends the prefix there, and the chunks "
+        "loaded after it are of no use (`loaded_unused_chunks` in the JSON).",
         "",
         md_table(
             [
