@@ -203,4 +203,3 @@ class TestNestedChain(ChainConformance):
     def tier_config(self, tmp_path: Path) -> dict[str, Any]:
         inner = {"type": "chain", "tiers": [{"type": "memory"}, {"type": "fs", "root": str(tmp_path / "kv")}]}
         return {"type": "chain", "tiers": [{"type": "memory", "name": "front"}, inner]}
-

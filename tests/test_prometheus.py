@@ -69,3 +69,47 @@ async def test_collector_exports_tier_specific_figures(tmp_path: Path) -> None:
         if s.name == "asynctier_tier_stat"
     }
     assert extra and got == {k: float(v) for k, v in extra.items()}
+
+
+async def test_collector_exports_each_tier_of_a_chain(tmp_path: Path) -> None:
+    """A chain is exported as itself and each of its tiers as tier="name/inner", with the
+    chain's figures for that tier (hits, promotions, backlog...) among the tier_stat figures."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from asynctier.prometheus import TierCollector
+
+    spec = OffloadingSpec(1024, 4)
+    tier = SecondaryTierFactory.create_secondary_tier(
+        {
+            "type": "chain",
+            "tiers": [{"type": "memory"}, {"type": "fs", "root": str(tmp_path), "io_engine": "threads"}],
+            "write": "through",
+        },
+        memoryview(bytearray(spec.total_bytes)),
+        spec,
+    )
+    registry = prometheus_client.CollectorRegistry()
+    registry.register(TierCollector({"kv": tier}))
+    async with tier:
+        assert (await tier.offload([b"a", b"b"], [0, 1])).ok
+        assert (await tier.member("memory").tier.remove([b"b"])).ok
+        assert (await tier.load([b"a", b"b"], [2, 3])).ok  # b from fs, promoted
+        await tier.drain()
+        text = prometheus_client.generate_latest(registry).decode()
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for fam in text_string_to_metric_families(text)
+        for s in fam.samples
+    }
+
+    def get(metric: str, tier: str, type_: str, **labels: str) -> float:
+        return samples[(metric, tuple(sorted({"tier": tier, "type": type_, **labels}.items())))]
+
+    assert get("asynctier_chunks_total", "kv", "chain", op="load") == 2
+    assert get("asynctier_chunks_total", "kv/memory", "memory", op="offload") == 3  # two stores, one promotion
+    assert get("asynctier_chunks_total", "kv/fs", "fs", op="load") == 1
+    assert get("asynctier_tier_stat", "kv/fs", "fs", name="chain_hits") == 1
+    assert get("asynctier_tier_stat", "kv/memory", "memory", name="chain_promotions") == 1
+    assert get("asynctier_tier_stat", "kv/memory", "memory", name="chain_misses") == 1
+    assert get("asynctier_tier_stat", "kv", "chain", name="backlog") == 0
+    assert get("asynctier_tier_stat", "kv/fs", "fs", name="chain_bytes_out") == 1024

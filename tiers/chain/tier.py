@@ -290,6 +290,8 @@ class ChainTier(SecondaryTierManager):
                         self._queued -= 1
                         outcome[k] = BackpressureError(msg, k)
                     return
+                if n == 0:  # the other workers took the last keys meanwhile
+                    return
                 batch = [todo.popleft() for _ in range(n)]
                 self._queued -= n
                 held = slots[:n]
