@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime as _dt
+import json
 import os
 import re
 import shlex
@@ -62,6 +63,13 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     s.add_argument("--disk-chunks", type=int, default=0, help="fs/nvme capacity (0: 1/4 of distinct chunks)")
     s.add_argument("--runs", default=",".join(DEFAULT_RUNS), help="comma-separated tiers and chains (a+b:through)")
     s.add_argument("--write", choices=("back", "through"), default="back", help="chains' write policy by default")
+    s.add_argument(
+        "--chain-param",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a chain parameter for every chain (JSON value, else a string): promote=false, backlog_chunks=256",
+    )
     s.add_argument("--moto", action="store_true", help="obj on moto's S3 server (127.0.0.1), not file://")
     s.add_argument("--root", default=None, help="directory for the tiers' files (default: under /var/tmp)")
     o = ap.add_argument_group("output")
@@ -92,6 +100,15 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
         ap.error(str(e))
     if not args.run_names:
         ap.error("--runs names no run")
+    args.chain_params = {}
+    for item in args.chain_param:
+        key, sep, raw = item.partition("=")
+        if not sep or not key or key in ("type", "tiers"):
+            ap.error(f"--chain-param takes KEY=VALUE for a chain parameter other than type and tiers; got {item!r}")
+        try:
+            args.chain_params[key] = json.loads(raw)
+        except ValueError:
+            args.chain_params[key] = raw
     return args
 
 
@@ -130,6 +147,8 @@ async def _run_all(args: argparse.Namespace, trace: Trace, caps: Capacities, roo
         for i, name in enumerate(args.run_names):
             where = root / f"{i:02d}-{re.sub(r'[^A-Za-z0-9]+', '-', name)}"
             config = build_config(name, where, caps, write=args.write, obj=obj_cfg)
+            if config["type"] == "chain":
+                config.update(args.chain_params)
             why = _unavailable(config)
             if why is not None:
                 skipped[name] = why
@@ -181,7 +200,8 @@ def main(argv: list[str] | None = None) -> int:
         f"chunks of {args.chunk_kib} KiB; {args.concurrency} turns in flight; primary buffer of "
         f"{args.primary_chunks} chunks",
         f"capacities: memory {caps.memory_chunks} chunks, fs/nvme {caps.disk_chunks} chunks, obj unbounded "
-        f"({'moto S3 on 127.0.0.1' if args.moto else 'file://'}); chains write '{args.write}' unless named",
+        f"({'moto S3 on 127.0.0.1' if args.moto else 'file://'}); chains write '{args.write}' unless named"
+        + "".join(f", {k}={v!r}" for k, v in args.chain_params.items()),
     ]
     for line in header:
         print(line, file=sys.stderr)
@@ -209,6 +229,7 @@ def main(argv: list[str] | None = None) -> int:
             "memory_chunks": caps.memory_chunks,
             "disk_chunks": caps.disk_chunks,
             "write": args.write,
+            "chain_params": args.chain_params,
             "obj": "moto" if args.moto else "file://",
         },
         "trace": trace.summary(),

@@ -167,6 +167,7 @@ def test_bench_trace_refuses_bad_options_with_a_clear_message(tmp_path: Path) ->
         (["--conversations", "0"], "conversations must be an int >= 1"),
         (["--chunk-kib", "0"], "--chunk-kib must be >= 1"),
         (["--primary-chunks", "2"], "must hold the longest sequence"),
+        (["--chain-param", "tiers=[]"], "--chain-param takes KEY=VALUE"),
     ):
         r = subprocess.run(
             [sys.executable, script, *args, "--out", str(tmp_path)], capture_output=True, text=True, timeout=60
