@@ -51,6 +51,7 @@ def _row(name: str, st: Mapping[str, Any], reaching: int) -> dict[str, Any]:
         "evictions": int(st.get("evictions", 0)),
         "stored_chunks": st.get("stored_chunks"),
         "promotions": int(extra.get("chain_promotions", 0)),
+        "demotions": int(extra.get("chain_demotions", 0)),
         "written_back": int(extra.get("chain_written_back", 0)),
         "drops": int(extra.get("chain_drops", 0)),
     }
@@ -99,6 +100,7 @@ def markdown(report: Mapping[str, Any], header: Sequence[str]) -> str:
                     _mib(t["bytes_read"]),
                     _mib(t["bytes_written"]),
                     str(t["promotions"]),
+                    str(t["demotions"]),
                     str(t["written_back"]),
                     str(t["drops"]),
                     str(t["evictions"]),
@@ -136,10 +138,10 @@ def markdown(report: Mapping[str, Any], header: Sequence[str]) -> str:
         "",
         "Per tier: chunks served, hit % among the reusable chunks that reached the tier (missed "
         "above it), MiB the tier read and wrote (all of it: served, promoted, written back), and for "
-        "a chain's tiers the chunks promoted into it, written back to it in the background and "
-        "dropped (backlog full or tier failing); evictions; chunks held at the end. With turns in "
-        "flight together, the tiers may serve a few more chunks than the prefix hits count: a "
-        "chunk evicted between a turn's lookup and its load ends the prefix there, and the chunks "
+        "a chain's tiers the chunks promoted into it, demoted into it (evicted above), written back "
+        "to it in the background and dropped (backlog full or tier failing); evictions; chunks held "
+        "at the end. With turns in flight together, the tiers may serve a few more chunks than the "
+        "prefix hits count: a chunk evicted between a turn's lookup and its load ends the prefix there, and the chunks "
         "loaded after it are of no use (`loaded_unused_chunks` in the JSON).",
         "",
         md_table(
@@ -151,6 +153,7 @@ def markdown(report: Mapping[str, Any], header: Sequence[str]) -> str:
                 "MiB read",
                 "MiB written",
                 "promoted in",
+                "demoted in",
                 "written back",
                 "dropped",
                 "evictions",
