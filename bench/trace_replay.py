@@ -163,28 +163,10 @@ class _Server:
         c.lookup_hit_chunks += hit
         slots = await self.pool.take(len(keys))
         try:
-            usable = 0
-            if hit:
-                for s in slots[:hit]:  # what a slot held before must not pass for a loaded chunk
-                    self.view[s * self.chunk : s * self.chunk + KEY_BYTES] = bytes(KEY_BYTES)
-                t = time.perf_counter()
-                r = await self.tier.load(keys[:hit], slots[:hit])
-                dt = time.perf_counter() - t
-                self.res.turn_load_s.append(dt)
-                self.res.chunk_load_s.append(dt / hit)
-                c.bytes_loaded += r.bytes_transferred
-                while usable < hit and keys[usable] not in r.failed:
-                    usable += 1
-                c.load_failed_chunks += len(r.failed)
-                bad = [i for i in range(usable) if not self._holds(slots[i], keys[i])]
-                if bad:  # counted and reported: the run is then marked failed
-                    c.wrong_content_chunks += len(bad)
-                    usable = bad[0]
+            usable = await self._load_prefix(keys[:hit], slots[:hit]) if hit else 0
             c.loaded_chunks += usable
-            if hit:
-                c.loaded_unused_chunks += len(r.succeeded) - usable
-            c.hit_turns += usable > 0
-            c.miss_turns += usable == 0
+            c.hit_turns += int(usable > 0)
+            c.miss_turns += int(usable == 0)
             for i in range(usable, len(keys)):
                 self._stamp(slots[i], keys[i])
             c.computed_chunks += len(keys) - usable
@@ -196,6 +178,28 @@ class _Server:
             c.bytes_offloaded += r.bytes_transferred
         finally:
             await self.pool.give(slots)
+
+    async def _load_prefix(self, keys: list[bytes], slots: list[int]) -> int:
+        """Load ``keys`` into ``slots``; returns how many leading chunks came back right."""
+        c = self.res.counters
+        for s in slots:  # what a slot held before must not pass for a loaded chunk
+            self.view[s * self.chunk : s * self.chunk + KEY_BYTES] = bytes(KEY_BYTES)
+        t = time.perf_counter()
+        r = await self.tier.load(keys, slots)
+        dt = time.perf_counter() - t
+        self.res.turn_load_s.append(dt)
+        self.res.chunk_load_s.append(dt / len(keys))
+        c.bytes_loaded += r.bytes_transferred
+        c.load_failed_chunks += len(r.failed)
+        usable = 0
+        while usable < len(keys) and keys[usable] not in r.failed:
+            usable += 1
+        bad = [i for i in range(usable) if not self._holds(slots[i], keys[i])]
+        if bad:  # counted and reported: the run is then marked failed
+            c.wrong_content_chunks += len(bad)
+            usable = bad[0]
+        c.loaded_unused_chunks += len(r.succeeded) - usable
+        return usable
 
 
 async def replay(
