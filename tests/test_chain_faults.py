@@ -27,7 +27,7 @@ from asynctier.testing import Harness
 from asynctier.testing.interrupts import interrupt_mid_call
 
 sys.path.insert(0, str(Path(__file__).parent))
-from s3_helpers import BUCKET, create_bucket, s3_config
+from s3_helpers import BUCKET, FaultProxy, create_bucket, s3_config
 
 MEM: dict[str, Any] = {"type": "memory"}
 
@@ -156,6 +156,41 @@ def test_obj_server_killed_upper_tiers_serve_and_obj_resumes(tmp_path: Path, kil
             assert res.ok and rig.chunk(3) == rig.orig_chunk(0)
 
     run(check)
+
+
+def test_a_late_tier_does_not_hold_up_the_call(tmp_path: Path, killable_moto: KillableMoto) -> None:
+    """With deadline_s, a load stops waiting for a stalled tier: its keys fail with a timeout
+    blamed on it, the others are served, and the late call keeps only the chain's own staging
+    slots (never the caller's) until it ends by itself."""
+    proxy = FaultProxy(killable_moto.port)
+
+    async def check() -> None:
+        rig = ChainRig(num_chunks=16)
+        obj = s3_config(proxy.endpoint, timeout_s=10.0, max_retries=0, lookup_negative_ttl_s=0, deadline_s=0.2)
+        chain = rig.chain(tiers=[MEM, {**obj, "breaker": {"threshold": 100}}], write="through")
+        async with chain:
+            ks = keys(4)
+            assert (await chain.offload(ks, [0, 1, 2, 3])).ok
+            assert (await chain.member("memory").tier.remove(ks[2:])).ok  # only obj holds these
+            proxy.delay_s = 1.0  # every answer of the server now comes late
+            rig.zero()
+            res = await chain.load(ks, [4, 5, 6, 7])
+            assert res.succeeded == ks[:2] and set(res.failed) == set(ks[2:])
+            assert {failure_kind(e) for e in res.failed.values()} == {"timeout"}
+            assert set(res.failed_in("obj")) == set(ks[2:])
+            s = chain.stats()
+            assert s.in_flight == 0 and s.extra["late_slots"] == 2
+            await chain.drain()  # the late call ends by itself; its slots come back
+            assert chain.stats().extra["late_slots"] == 0
+            assert rig.chunk(6) == rig.chunk(7) == bytes(rig.spec.chunk_bytes), "a late load wrote a caller's slot"
+            proxy.delay_s = 0.0
+            res = await chain.load(ks[2:], [6, 7])
+            assert res.ok and rig.chunk(6) == rig.orig_chunk(2) and rig.chunk(7) == rig.orig_chunk(3)
+
+    try:
+        run(check)
+    finally:
+        proxy.close()
 
 
 # -- a full lower tier ----------------------------------------------------------------------------------

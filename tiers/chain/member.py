@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Sequence
-from typing import Literal
+from collections.abc import Callable, Sequence
+from typing import Any, Literal
 
 import anyio
 
 from asynctier.contract import SecondaryTierManager
+from asynctier.core.backend import spawn_service
 from asynctier.core.breaker import Breaker
 from asynctier.errors import FAILURE_KINDS, ChunkTimeoutError, TierUnavailableError, failure_kind
 from asynctier.stats import TierStats, TransferResult
@@ -24,7 +25,7 @@ from asynctier.stats import TierStats, TransferResult
 from .admission import AdmissionPolicy
 from .config import EntryConfig
 
-__all__ = ["COUNTERS", "Member"]
+__all__ = ["COUNTERS", "Detached", "Member"]
 
 log = logging.getLogger("asynctier.chain")
 
@@ -47,6 +48,16 @@ COUNTERS = (
 )
 
 Op = Literal["offload", "load", "remove"]
+
+
+class Detached:
+    """What became of a :meth:`Member.load_detached` call: ``late`` if the chain stopped
+    waiting for it; ``ended`` once the tier call is over; ``on_end`` runs then, if late."""
+
+    def __init__(self) -> None:
+        self.late = False
+        self.ended = False
+        self.on_end: Callable[[], None] | None = None
 
 
 class Member:
@@ -102,33 +113,92 @@ class Member:
             return res
         got: TransferResult | None = None
         error: Exception | None = None
-        with anyio.move_on_after(self.deadline_s if self.deadline_s is not None else float("inf")) as scope:
-            try:
-                if op == "offload":
-                    got = await self.tier.offload(keys, slots)
-                elif op == "load":
-                    got = await self.tier.load(keys, slots)
-                else:
-                    got = await self.tier.remove(keys)
-            except anyio.get_cancelled_exc_class():
-                self.breaker.neutral(probe)
-                raise
-            except Exception as raised:  # a tier that raises (closed, its workers stopped): its keys fail
-                error = raised
+        try:
+            if self.deadline_s is None:
+                got = await self._op(op, keys, slots)
+            else:
+                with anyio.move_on_after(self.deadline_s):
+                    got = await self._op(op, keys, slots)
+        except anyio.get_cancelled_exc_class():
+            self.breaker.neutral(probe)
+            raise
+        except Exception as raised:  # a tier that raises (closed, its workers stopped): its keys fail
+            error = raised
         if got is None:
-            if error is None:
-                assert scope.cancelled_caught
+            if error is None:  # the deadline passed
                 error = ChunkTimeoutError(f"chain tier {self.name!r}: no answer within deadline_s={self.deadline_s}")
             self.breaker.failure(probe)
             self._fail_all(res, keys, error)
             return res
         self._judge(got, probe)
+        self._count_failures(got)
+        return got
+
+    def _count_failures(self, got: TransferResult) -> None:
         for exc in got.failed.values():
             kind = failure_kind(exc)
             if kind != "not_found":
                 self.counts["failed"] += 1
                 self.failures[kind] += 1
+
+    async def load_detached(self, keys: list[bytes], slots: list[int], ticket: Detached) -> TransferResult:
+        """A load that the chain stops waiting for at ``deadline_s``: the tier call runs as a
+        task of its own into the chain's staging slots (never the caller's), so when it is late
+        (or the caller is cancelled) the chain returns at once and ``ticket`` says so; the
+        slots come back when the call ends (``ticket.on_end``)."""
+        res = TransferResult("load")
+        try:
+            probe = self.breaker.before()
+        except TierUnavailableError as e:
+            self._fail_all(res, keys, e)
+            return res
+        box: dict[str, Any] = {}
+        done = anyio.Event()
+
+        async def run() -> None:
+            try:
+                box["got"] = await self._op("load", keys, slots)
+            except Exception as raised:  # a tier that raises: its keys fail
+                box["error"] = raised
+            finally:
+                ticket.ended = True
+                done.set()
+                if ticket.late:
+                    if "got" in box:
+                        self._judge(box["got"], False)
+                    if ticket.on_end is not None:
+                        ticket.on_end()
+
+        spawn_service(run, name=f"asynctier-chain-{self.name}-load")
+        try:
+            with anyio.move_on_after(self.deadline_s if self.deadline_s is not None else float("inf")):
+                await done.wait()
+        except anyio.get_cancelled_exc_class():
+            ticket.late = not done.is_set()
+            self.breaker.neutral(probe)
+            raise
+        if not done.is_set():
+            ticket.late = True
+            self.breaker.failure(probe)
+            self._fail_all(
+                res, keys, ChunkTimeoutError(f"chain tier {self.name!r}: no answer within deadline_s={self.deadline_s}")
+            )
+            return res
+        got: TransferResult | None = box.get("got")
+        if got is None:
+            self.breaker.failure(probe)
+            self._fail_all(res, keys, box["error"])
+            return res
+        self._judge(got, probe)
+        self._count_failures(got)
         return got
+
+    async def _op(self, op: Op, keys: list[bytes], slots: list[int]) -> TransferResult:
+        if op == "offload":
+            return await self.tier.offload(keys, slots)
+        if op == "load":
+            return await self.tier.load(keys, slots)
+        return await self.tier.remove(keys)
 
     def _fail_all(self, res: TransferResult, keys: list[bytes], exc: BaseException) -> None:
         for k in keys:

@@ -39,7 +39,10 @@ class StagingPool:
         self._free: list[int] = list(range(foreground + background - 1, -1, -1))
         self.fg_used = 0
         self.bg_used = 0
+        self.quarantined = 0  # slots a late tier call still holds (the chain stopped waiting for it)
         self.peak_fg = 0
+        self._settled = anyio.Event()
+        self._settled.set()
         self._loads: deque[_Waiter] = deque()
         self._stores: deque[_Waiter] = deque()
 
@@ -48,7 +51,7 @@ class StagingPool:
         return self.foreground + self.background
 
     def _take(self, n: int) -> list[int]:
-        n = min(n, self.foreground - self.fg_used)
+        n = min(n, self.foreground - self.fg_used, len(self._free))
         slots = [self._free.pop() for _ in range(n)]
         self.fg_used += n
         self.peak_fg = max(self.peak_fg, self.fg_used)
@@ -60,7 +63,7 @@ class StagingPool:
         With ``timeout_s``, returns ``[]`` when no slot came within it (a dropped store).
         """
         ahead = self._loads if load else (self._loads or self._stores)
-        if not ahead and self.fg_used < self.foreground:
+        if not ahead and self.fg_used < self.foreground and self._free:
             return self._take(want)
         w = _Waiter(want)
         (self._loads if load else self._stores).append(w)
@@ -83,7 +86,7 @@ class StagingPool:
             queue.remove(w)
 
     def _grant(self) -> None:
-        while self.fg_used < self.foreground and (self._loads or self._stores):
+        while self.fg_used < self.foreground and self._free and (self._loads or self._stores):
             w = (self._loads or self._stores).popleft()
             w.granted = self._take(w.want)
             w.event.set()
@@ -95,6 +98,32 @@ class StagingPool:
         self.fg_used -= len(slots)
         self._free.extend(slots)
         self._grant()
+
+    def replacement(self, n: int) -> list[int]:
+        """Up to ``n`` slots for a call at once, without waiting (none may be free)."""
+        return self._take(n)
+
+    def quarantine(self, slots: list[int]) -> None:
+        """A call gives up ``slots`` that a late tier call still writes into: they stay out of
+        use (and out of the call's in-flight count) until :meth:`end_quarantine`."""
+        self.fg_used -= len(slots)
+        self.quarantined += len(slots)
+        if slots and self._settled.is_set():
+            self._settled = anyio.Event()
+        self._grant()
+
+    def end_quarantine(self, slots: list[int]) -> None:
+        """The late tier call holding ``slots`` ended."""
+        self.quarantined -= len(slots)
+        self._free.extend(slots)
+        if self.quarantined == 0:
+            self._settled.set()
+        self._grant()
+
+    async def settled(self) -> None:
+        """Until no late tier call holds a slot."""
+        while not self._settled.is_set():
+            await self._settled.wait()
 
     def to_background(self, slot: int) -> bool:
         """Hand a call's slot over to background work, if the backlog has room (else the

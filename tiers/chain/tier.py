@@ -11,6 +11,7 @@ which key (:attr:`~asynctier.stats.TransferResult.tier_failures`).
 from __future__ import annotations
 
 import concurrent.futures
+import functools
 import time
 from collections import deque
 from collections.abc import Sequence
@@ -38,7 +39,7 @@ from .admission import NotAdmittedError, make_policy
 from .background import Backlog, RemovalFence
 from .config import ChainConfig
 from .demotion import Demoter
-from .member import COUNTERS, Member
+from .member import COUNTERS, Detached, Member
 from .staging import StagingPool
 
 __all__ = ["ChainTier"]
@@ -188,6 +189,7 @@ class ChainTier(SecondaryTierManager):
             self._state = _CLOSING
             try:
                 await self._calls_done()
+                await self._pool.settled()  # late tier calls end before their tier closes
                 if self._demoter is not None:
                     await self._demoter.stop()
                 await self._backlog.stop()  # what is queued is written before the tiers close
@@ -216,6 +218,7 @@ class ChainTier(SecondaryTierManager):
         """Until every call in progress has returned and every background write queued is done
         (in the tiers too: a chain inside this one drains its own background writes)."""
         await self._calls_done()
+        await self._pool.settled()
         await self._backlog.drain()
         if self._demoter is not None:
             await self._demoter.drain()
@@ -304,9 +307,12 @@ class ChainTier(SecondaryTierManager):
                     self._pool.release([s for s in held if s >= 0])
 
         try:
-            async with anyio.create_task_group() as tg:
-                for _ in range(workers):
-                    tg.start_soon(worker)
+            if workers == 1:
+                await worker()
+            else:
+                async with anyio.create_task_group() as tg:
+                    for _ in range(workers):
+                        tg.start_soon(worker)
         finally:
             self._queued -= len(todo)
             self._leave()
@@ -345,7 +351,11 @@ class ChainTier(SecondaryTierManager):
         for m in self.members:
             if not pending:
                 break
-            got = await m.call("load", pending, [slot_of[k] for k in pending])
+            if m.deadline_s is None:
+                got = await m.call("load", pending, [slot_of[k] for k in pending])
+            else:
+                got = await self._load_within_deadline(m, pending, slot_of, held, pos)
+                pending = [k for k in pending if k in slot_of]  # those with no slot left fail here
             self._note(res, m, got.failed)
             for k, e in got.failed.items():
                 if failure_kind(e) == "not_found":
@@ -367,8 +377,38 @@ class ChainTier(SecondaryTierManager):
                             held[pos[k]] = -1
             done = set(hits)
             pending = [k for k in pending if k not in done]
-        for k in pending:
-            outcome[k] = first_error.get(k) or ChunkNotFoundError(f"no tier of the chain holds key {k.hex()[:32]}", k)
+        for k in keys:
+            if k not in outcome:  # no tier served it (or a late tier kept its slot)
+                outcome[k] = first_error.get(k) or ChunkNotFoundError(
+                    f"no tier of the chain holds key {k.hex()[:32]}", k
+                )
+
+    async def _load_within_deadline(
+        self, m: Member, pending: list[bytes], slot_of: dict[bytes, int], held: list[int], pos: dict[bytes, int]
+    ) -> TransferResult:
+        """Load from a tier with a deadline: when it is late (or the caller is cancelled) its
+        staging slots stay with it until it ends, and the keys get fresh slots for the tiers
+        below where some are free (the others fail with its timeout)."""
+        ticket = Detached()
+        slots = [slot_of[k] for k in pending]
+        try:
+            got = await m.load_detached(pending, slots, ticket)
+        finally:
+            if ticket.late:
+                self._pool.quarantine(slots)
+                for k in pending:
+                    held[pos[k]] = -1
+                    del slot_of[k]
+                if ticket.ended:
+                    self._pool.end_quarantine(slots)
+                else:
+                    ticket.on_end = functools.partial(self._pool.end_quarantine, slots)
+        if ticket.late:
+            for k, slot in zip(pending, self._pool.replacement(len(pending))):
+                slot_of[k] = slot
+                pos[k] = len(held)
+                held.append(slot)
+        return got
 
     def _promote(self, key: bytes, slot: int, epoch: int, found_in: Member) -> bool:
         """Queue ``key`` (in ``slot``) for the tiers above ``found_in``; True if the slot went
@@ -568,6 +608,7 @@ class ChainTier(SecondaryTierManager):
             "backlog": self._backlog.depth,
             "backlog_chunks": self.config.backlog_chunks,
             "background_in_flight": sum(m.background_in_flight for m in self.members),
+            "late_slots": self._pool.quarantined,
         }
         used = [c.used_bytes for c in children.values()]
         return TierStats(
