@@ -185,15 +185,17 @@ def plot(report: Mapping[str, Any], path: str) -> None:
     seen: dict[str, str] = {}
     for i, r in enumerate(runs):
         left = 0.0
-        total = max(1, r["counters"]["prompt_chunks"])
+        hit = 100 * r["prefix_hit_ratio"]
+        # a tier's share of the hits (the few chunks loaded after a failed one, of no use, left out)
+        served = max(1, sum(t["served"] for t in r.get("tiers", [])))
         for t in r.get("tiers", []):
             kind = _kind(t["tier"])
             color = seen.setdefault(kind, _COLORS.get(kind, "#8c564b"))
-            share = 100 * t["served"] / total
+            share = hit * t["served"] / served
             ax1.barh(i, share, left=left, color=color, edgecolor="white")
             left += share
         ax1.barh(i, 100 - left, left=left, color="#dddddd", edgecolor="white")
-        ax1.text(left - 1, i, f"{left:.1f}%", ha="right", va="center", fontsize=8, color="white", weight="bold")
+        ax1.text(left - 1, i, f"{hit:.1f}%", ha="right", va="center", fontsize=8, color="white", weight="bold")
         written = 0.0
         for t in r.get("tiers", []):
             mib = t["bytes_written"] / (1 << 20)
@@ -225,7 +227,7 @@ def plot(report: Mapping[str, Any], path: str) -> None:
     ax3.set_title("writes: what keeping the tiers filled costs", fontsize=10)
     ax3.grid(True, axis="x", alpha=0.3)
     fig.suptitle(report.get("title", "trace benchmark"), fontsize=9)
-    fig.tight_layout(rect=(0, 0.5 / height, 1, 1))
+    fig.tight_layout(rect=(0, 0.35 / height, 1, 1))
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
