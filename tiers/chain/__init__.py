@@ -3,7 +3,8 @@
 Modules: :mod:`.config` (the configuration, checked), :mod:`.admission` (which chunks each
 tier takes), :mod:`.staging` (the chain's own buffer every tier reads and writes),
 :mod:`.member` (one tier with its breaker, deadline and counters), :mod:`.background`
-(write-back and promotion lanes, the removal fence), :mod:`.demotion` (the victim cache) and
+(write-back and promotion lanes, the removal fence), :mod:`.transfers` (a call's batches down
+and up the tiers), :mod:`.demotion` (the victim cache) and
 :mod:`.tier` (:class:`ChainTier`).
 """
 

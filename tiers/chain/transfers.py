@@ -1,0 +1,223 @@
+"""How the chain moves chunks for a call: between the caller's slots and its staging slots,
+down the tiers for a store, up them for a load, and into the background (write-back,
+promotion). :class:`ChainTransfers` is a part of :class:`~.tier.ChainTier`."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import functools
+import time
+
+import anyio
+
+from asynctier.core.backend import run_on_thread_to_end
+from asynctier.errors import ChunkNotFoundError, failure_kind
+from asynctier.spec import OffloadingSpec
+from asynctier.stats import StatsRecorder, TransferResult
+
+from .admission import NotAdmittedError
+from .background import Backlog, RemovalFence
+from .config import ChainConfig
+from .demotion import Demoter
+from .member import Detached, Member
+from .staging import StagingPool
+
+__all__ = ["ChainTransfers"]
+
+#: Copies of up to this many bytes run on the event loop; larger ones on a copy thread.
+_INLINE_COPY = 256 * 1024
+#: Calls that copy more run their copies here (memcpy releases the GIL for large buffers).
+_COPIER = concurrent.futures.ThreadPoolExecutor(4, thread_name_prefix="asynctier-chain-copy")
+
+
+class ChainTransfers:
+    """The chain's batches: one batch is some keys of a call, each in a staging slot it holds."""
+
+    offloading_spec: OffloadingSpec
+    config: ChainConfig
+    members: list[Member]
+    _view: memoryview
+    _staging: memoryview
+    _pool: StagingPool
+    _fence: RemovalFence
+    _backlog: Backlog
+    _demoter: Demoter | None
+    _stats: StatsRecorder
+
+    # -- copies between the caller's slots and the staging slots -----------------------------
+    async def _copy(self, pairs: list[tuple[int, int]], *, to_staging: bool) -> None:
+        """Copy chunk ``cid`` -> staging ``slot`` (or back) for each ``(cid, slot)``; once
+        started it ends before a cancellation goes on (it touches the caller's slots)."""
+        c = self.offloading_spec.chunk_bytes
+        caller, staging = self._view, self._staging
+
+        def run() -> None:
+            for cid, slot in pairs:
+                if to_staging:
+                    staging[slot * c : (slot + 1) * c] = caller[cid * c : (cid + 1) * c]
+                else:
+                    caller[cid * c : (cid + 1) * c] = staging[slot * c : (slot + 1) * c]
+
+        if len(pairs) * c <= _INLINE_COPY:
+            run()
+        else:
+            await run_on_thread_to_end(run, executor=_COPIER)
+
+    @staticmethod
+    def _note(res: TransferResult, m: Member, failed: dict[bytes, BaseException]) -> None:
+        for k, e in failed.items():
+            if failure_kind(e) != "not_found":
+                res.tier_failures.setdefault(m.name, {})[k] = e
+
+    async def _load_batch(
+        self, batch: list[tuple[bytes, int]], held: list[int], res: TransferResult,
+        outcome: dict[bytes, BaseException | None], t0: float,
+    ) -> None:  # fmt: skip
+        epoch = self._fence.now()
+        c = self.offloading_spec.chunk_bytes
+        slot_of = {k: held[i] for i, (k, _) in enumerate(batch)}
+        pos = {k: i for i, (k, _) in enumerate(batch)}
+        cid_of = dict(batch)
+        keys = [k for k, _ in batch]
+        for m in self.members:
+            m.observe(keys)
+        first_error: dict[bytes, BaseException] = {}
+        pending = keys
+        for m in self.members:
+            if not pending:
+                break
+            if m.deadline_s is None:
+                got = await m.call("load", pending, [slot_of[k] for k in pending])
+            else:
+                got = await self._load_within_deadline(m, pending, slot_of, held, pos)
+                pending = [k for k in pending if k in slot_of]  # those with no slot left fail here
+            self._note(res, m, got.failed)
+            for k, e in got.failed.items():
+                if failure_kind(e) == "not_found":
+                    m.count("misses")
+                else:
+                    first_error.setdefault(k, e)
+            hits = got.succeeded
+            if hits:
+                await self._copy([(cid_of[k], slot_of[k]) for k in hits], to_staging=False)
+                now = time.perf_counter()
+                for k in hits:
+                    outcome[k] = None
+                    self._stats.record_success("load", c, now - t0)
+                m.count("hits", len(hits))
+                m.count("bytes_out", len(hits) * c)
+                if m.index > 0 and self.config.promote:
+                    for k in hits:
+                        if self._promote(k, slot_of[k], epoch, m):
+                            held[pos[k]] = -1
+            done = set(hits)
+            pending = [k for k in pending if k not in done]
+        for k in keys:
+            if k not in outcome:  # no tier served it (or a late tier kept its slot)
+                outcome[k] = first_error.get(k) or ChunkNotFoundError(
+                    f"no tier of the chain holds key {k.hex()[:32]}", k
+                )
+
+    async def _load_within_deadline(
+        self, m: Member, pending: list[bytes], slot_of: dict[bytes, int], held: list[int], pos: dict[bytes, int]
+    ) -> TransferResult:
+        """Load from a tier with a deadline: when it is late (or the caller is cancelled) its
+        staging slots stay with it until it ends, and the keys get fresh slots for the tiers
+        below where some are free (the others fail with its timeout)."""
+        ticket = Detached()
+        slots = [slot_of[k] for k in pending]
+        try:
+            got = await m.load_detached(pending, slots, ticket)
+        finally:
+            if ticket.late:
+                self._pool.quarantine(slots)
+                for k in pending:
+                    held[pos[k]] = -1
+                    del slot_of[k]
+                if ticket.ended:
+                    self._pool.end_quarantine(slots)
+                else:
+                    ticket.on_end = functools.partial(self._pool.end_quarantine, slots)
+        if ticket.late:
+            for k, slot in zip(pending, self._pool.replacement(len(pending))):
+                slot_of[k] = slot
+                pos[k] = len(held)
+                held.append(slot)
+        return got
+
+    def _promote(self, key: bytes, slot: int, epoch: int, found_in: Member) -> bool:
+        """Queue ``key`` (in ``slot``) for the tiers above ``found_in``; True if the slot went
+        to the background."""
+        targets = [u for u in self.members[: found_in.index] if u.admits(key, "promote")]
+        if not targets:
+            return False
+        if not self._pool.to_background(slot):
+            for u in targets:
+                u.count("drops")
+            return False
+        self._backlog.submit(key, slot, epoch, "promote", targets)
+        return True
+
+    async def _store_batch(
+        self, batch: list[tuple[bytes, int]], held: list[int], res: TransferResult,
+        outcome: dict[bytes, BaseException | None], t0: float,
+    ) -> None:  # fmt: skip
+        epoch = self._fence.now()
+        c = self.offloading_spec.chunk_bytes
+        keys = [k for k, _ in batch]
+        slot_of = {k: held[i] for i, (k, _) in enumerate(batch)}
+        pos = {k: i for i, (k, _) in enumerate(batch)}
+        for m in self.members:
+            m.observe(keys)
+        admitted = {m.index: {k for k in keys if m.admits(k, "store")} for m in self.members}
+        await self._copy([(cid, held[i]) for i, (_, cid) in enumerate(batch)], to_staging=True)
+        stored_in: dict[bytes, list[Member]] = {k: [] for k in keys}
+        last_error: dict[bytes, BaseException] = {}
+
+        async def store_on(m: Member, cand: list[bytes]) -> None:
+            got = await m.call("offload", cand, [slot_of[k] for k in cand])
+            self._note(res, m, got.failed)
+            last_error.update(got.failed)
+            for k in got.succeeded:
+                stored_in[k].append(m)
+            m.count("stored", len(got.succeeded))
+            m.count("bytes_in", len(got.succeeded) * c)
+
+        if self.config.write == "through":
+            async with anyio.create_task_group() as tg:
+                for m in self.members:
+                    cand = [k for k in keys if k in admitted[m.index]]
+                    if cand:
+                        tg.start_soon(store_on, m, cand)
+        else:  # the first admitting tier that takes it, now; the tiers below, in the background
+            pending = keys
+            for m in self.members:
+                cand = [k for k in pending if k in admitted[m.index]]
+                if cand:
+                    await store_on(m, cand)
+                pending = [k for k in pending if not stored_in[k]]
+                if not pending:
+                    break
+            for k in keys:
+                if not stored_in[k]:
+                    continue
+                below = [u for u in self.members[stored_in[k][0].index + 1 :] if k in admitted[u.index]]
+                if not below:
+                    continue
+                if self._pool.to_background(slot_of[k]):
+                    held[pos[k]] = -1
+                    self._backlog.submit(k, slot_of[k], epoch, "store", below)
+                else:
+                    for u in below:
+                        u.count("drops")
+        now = time.perf_counter()
+        for k in keys:
+            if stored_in[k]:
+                outcome[k] = None
+                self._stats.record_success("offload", c, now - t0)
+                if self._demoter is not None and stored_in[k][0].index == 0:
+                    self._demoter.poke()
+            elif k in last_error:
+                outcome[k] = last_error[k]
+            else:
+                outcome[k] = NotAdmittedError(f"no tier of the chain admitted key {k.hex()[:32]}", k)
