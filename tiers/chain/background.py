@@ -109,11 +109,11 @@ class Backlog:
         self.batch = batch
         self.chunk = chunk
         self._queues: dict[int, deque[Item]] = {m.index: deque() for m in members}
-        self._wake: dict[int, anyio.Event] = {m.index: anyio.Event() for m in members}
+        # events are made on the event loop, at start()
+        self._wake: dict[int, anyio.Event] = {}
         self._stopping = False
         self._ended: dict[int, anyio.Event] = {}
-        self._idle = anyio.Event()
-        self._idle.set()
+        self._idle: anyio.Event | None = None
         self._items = 0  # items not yet finished
 
     @property
@@ -122,7 +122,10 @@ class Backlog:
         return self._items
 
     def start(self) -> None:
+        self._idle = anyio.Event()
+        self._idle.set()
         for m in self.members:
+            self._wake[m.index] = anyio.Event()
             self._ended[m.index] = anyio.Event()
             spawn_service(lambda m=m: self._lane(m), name=f"asynctier-chain-{m.name}-writer")  # type: ignore[misc]
 
@@ -136,7 +139,8 @@ class Backlog:
             self._finish(item, counted=False)
             return
         self._items += 1
-        self._idle = anyio.Event() if self._idle.is_set() else self._idle
+        if self._idle is None or self._idle.is_set():
+            self._idle = anyio.Event()
         for m in targets:
             item.lanes += 1
             m.backlog += 1
@@ -147,7 +151,7 @@ class Backlog:
         self.pool.release_background(item.slot)
         if counted:
             self._items -= 1
-            if self._items == 0:
+            if self._items == 0 and self._idle is not None:
                 self._idle.set()
         if item.after is not None:
             try:
@@ -209,7 +213,7 @@ class Backlog:
 
     async def drain(self) -> None:
         """Until every chunk queued so far is written (or dropped)."""
-        while not self._idle.is_set():
+        while self._idle is not None and not self._idle.is_set():
             await self._idle.wait()
 
     async def stop(self) -> None:

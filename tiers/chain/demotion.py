@@ -42,20 +42,23 @@ class Demoter:
         self.chain = chain
         self.top = top
         self.headroom_chunks = headroom_chunks
+        self._wake: anyio.Event | None = None  # made on the event loop, at start()
+        self._idle: anyio.Event | None = None
+        self._ended: anyio.Event | None = None
+        self._stopping = False
+
+    def start(self) -> None:
         self._wake = anyio.Event()
         self._idle = anyio.Event()
         self._idle.set()
-        self._stopping = False
-        self._ended = anyio.Event()
-
-    def start(self) -> None:
         self._ended = anyio.Event()
         spawn_service(self._run, name="asynctier-chain-demoter")
 
     def poke(self) -> None:
         """The first tier grew: demote if it is over its mark."""
-        if self._over():
-            self._idle = anyio.Event() if self._idle.is_set() else self._idle
+        if self._over() and self._wake is not None and self._idle is not None:
+            if self._idle.is_set():
+                self._idle = anyio.Event()
             self._wake.set()
 
     def _limit(self) -> int:
@@ -68,6 +71,7 @@ class Demoter:
         return idx is not None and idx.used_bytes > self._limit()
 
     async def _run(self) -> None:
+        assert self._wake is not None and self._idle is not None and self._ended is not None
         try:
             while not self._stopping:
                 if not self._wake.is_set():
@@ -81,7 +85,8 @@ class Demoter:
                 except Exception:
                     log.exception("chain: demotion round failed")
         finally:
-            self._idle.set()
+            if self._idle is not None:
+                self._idle.set()
             self._ended.set()
 
     async def _round(self) -> None:
@@ -132,10 +137,11 @@ class Demoter:
             await upper.call("remove", moved, [])
 
     async def drain(self) -> None:
-        while not self._idle.is_set():
+        while self._idle is not None and not self._idle.is_set():
             await self._idle.wait()
 
     async def stop(self) -> None:
         self._stopping = True
-        self._wake.set()
-        await self._ended.wait()
+        if self._wake is not None and self._ended is not None:
+            self._wake.set()
+            await self._ended.wait()

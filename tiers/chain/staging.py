@@ -41,8 +41,7 @@ class StagingPool:
         self.bg_used = 0
         self.quarantined = 0  # slots a late tier call still holds (the chain stopped waiting for it)
         self.peak_fg = 0
-        self._settled = anyio.Event()
-        self._settled.set()
+        self._settled: anyio.Event | None = None  # None: no late call holds a slot
         self._loads: deque[_Waiter] = deque()
         self._stores: deque[_Waiter] = deque()
 
@@ -108,7 +107,7 @@ class StagingPool:
         use (and out of the call's in-flight count) until :meth:`end_quarantine`."""
         self.fg_used -= len(slots)
         self.quarantined += len(slots)
-        if slots and self._settled.is_set():
+        if slots and self._settled is None:
             self._settled = anyio.Event()
         self._grant()
 
@@ -116,13 +115,14 @@ class StagingPool:
         """The late tier call holding ``slots`` ended."""
         self.quarantined -= len(slots)
         self._free.extend(slots)
-        if self.quarantined == 0:
+        if self.quarantined == 0 and self._settled is not None:
             self._settled.set()
+            self._settled = None
         self._grant()
 
     async def settled(self) -> None:
         """Until no late tier call holds a slot."""
-        while not self._settled.is_set():
+        while self._settled is not None:
             await self._settled.wait()
 
     def to_background(self, slot: int) -> bool:
