@@ -153,13 +153,16 @@ def test_write_back_overflow_is_dropped_and_counted_never_blocking(tmp_path: Pat
         chain = rig.chain(tiers=[MEM, fs(tmp_path)], write="back", backlog_chunks=1, max_inflight=16)
         async with chain:
             ks = keys(16)
-            res = await chain.offload(ks, list(range(16)))  # one batch: one chunk fits the backlog
+            # the call runs as 4 batches of 4; a batch hands its chunks over at once, so at most
+            # one of each 4 finds the one backlog slot free: the others are dropped, not waited for
+            res = await chain.offload(ks, list(range(16)))
             assert res.ok, res.failed
-            s = chain.stats()
-            assert s.extra["background_drops"] == 15 and s.children["fs"].extra["chain_drops"] == 15
             await chain.drain()
-            assert sum(await in_tier(chain, "fs", ks)) == 1
-            assert chain.stats().children["fs"].extra["chain_written_back"] == 1
+            s = chain.stats()
+            drops, written = s.extra["background_drops"], s.children["fs"].extra["chain_written_back"]
+            assert drops >= 12 and drops + written == 16, (drops, written)
+            assert s.children["fs"].extra["chain_drops"] == drops
+            assert sum(await in_tier(chain, "fs", ks)) == written
             rig.zero()
             assert (await chain.load(ks, list(range(16)))).ok  # all of it in the first tier
             assert all(rig.chunk(i) == rig.orig_chunk(i) for i in range(16))
