@@ -256,6 +256,30 @@ def test_full_lower_tier_is_isolated_then_resumes(tmp_path: Path) -> None:
         run(check, mnt)
 
 
+def test_capacity_bound_lower_tier_filled_up_keeps_the_chain_whole(tmp_path: Path) -> None:
+    """A lower tier at its capacity_bytes evicts what the chain wrote into it; the chain still
+    serves every key from the first tier (and needs no root, unlike the tmpfs check above)."""
+
+    async def check() -> None:
+        rig = ChainRig(num_chunks=16)
+        small = {**fs(tmp_path / "kv"), "capacity_bytes": 4 * (rig.spec.chunk_bytes + 4096)}
+        chain = rig.chain(tiers=[MEM, small], write="through")
+        async with chain:
+            ks = keys(16)
+            for i in range(0, 16, 4):
+                res = await chain.offload(ks[i : i + 4], list(range(i, i + 4)))
+                assert res.ok and not res.tier_failures, (res.failed, res.tier_failures)
+            fs_stats = chain.stats().children["fs"]
+            assert fs_stats.evictions >= 8 and fs_stats.stored_chunks is not None and fs_stats.stored_chunks <= 4
+            assert await chain.lookup_prefix(ks) == 16
+            rig.zero()
+            assert (await chain.load(ks, list(range(16)))).ok
+            assert all(rig.chunk(i) == rig.orig_chunk(i) for i in range(16))
+            assert chain.stats().children["memory"].extra["chain_hits"] == 16
+
+    run(check)
+
+
 # -- promotion racing a remove ---------------------------------------------------------------------------
 def test_promotion_never_brings_back_a_removed_key(tmp_path: Path) -> None:
     async def check() -> None:
