@@ -5,6 +5,7 @@ from the command line follows (sizes may be written as sizes; ``module_path`` is
 
 from __future__ import annotations
 
+import copy
 import importlib
 import os
 import re
@@ -22,6 +23,7 @@ __all__ = [
     "DEFAULT_TIERS",
     "TierFile",
     "load_tier_file",
+    "nested_configs",
     "normalize_config",
     "redact",
     "resolve_tiers",
@@ -39,17 +41,33 @@ DEFAULT_TIERS: dict[str, dict[str, Any]] = {
     "nvme": {"type": "nvme", "path": "{dir}/slab", "capacity_bytes": "{capacity}"},
     "obj": {"type": "obj", "url": "file://{dir}"},
 }
-#: Configs used for ``--tier TYPE`` when TYPE is not named in a config file.
+#: Configs used for ``--tier TYPE`` when TYPE is not named in a config file. The chain: a
+#: memory tier holding the point's chunks in front of an fs tier, with the chain's defaults.
 _TYPE_DEFAULTS: dict[str, dict[str, Any]] = {
     **DEFAULT_TIERS,
     "memory": {"type": "memory"},
+    "chain": {
+        "type": "chain",
+        "tiers": [{"type": "memory", "capacity_bytes": "{capacity}"}, {"type": "fs", "root": "{dir}/fs"}],
+    },
     "valkey": {"type": "valkey", "url": "{local_valkey}"},  # a server started for the run (cli/valkey_server.py)
 }
 
 
 def type_default(tier_type: str) -> dict[str, Any]:
-    """The config ``--tier TYPE`` runs when no tier file names TYPE."""
-    return dict(_TYPE_DEFAULTS.get(tier_type, {"type": tier_type}))
+    """The config ``--tier TYPE`` runs when no tier file names TYPE (a copy: nested ones too)."""
+    return copy.deepcopy(_TYPE_DEFAULTS.get(tier_type, {"type": tier_type}))
+
+
+def nested_configs(config: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    """``config`` and every tier config inside it (a chain's ``tiers``, at any depth), outermost first."""
+    out: list[Mapping[str, Any]] = [config]
+    inner = config.get("tiers")
+    if isinstance(inner, list):
+        for sub in inner:
+            if isinstance(sub, Mapping):
+                out += nested_configs(sub)
+    return out
 
 
 def _is_size_key(key: str) -> bool:

@@ -166,9 +166,9 @@ def _run(opts: BenchOptions, plan: Plan, quiet: bool) -> Any:
     "tier_names",
     multiple=True,
     metavar="NAME",
-    help="Tier to run (repeatable): a [tiers.NAME] of --config, or a tier type (fs, nvme, obj, memory, an entry "
-    "point); checked before anything runs. Default: every tier of --config, else fs, nvme and obj (a default "
-    "tier that cannot be imported is skipped).",
+    help="Tier to run (repeatable): a [tiers.NAME] of --config, or a tier type (fs, nvme, obj, memory, chain: "
+    "memory in front of fs, an entry point); checked before anything runs. Default: every tier of --config, else "
+    "fs, nvme and obj (a default tier that cannot be imported is skipped).",
 )
 @click.option(
     "--root",

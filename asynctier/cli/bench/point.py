@@ -16,7 +16,7 @@ from ...spec import OffloadingSpec
 from ...stats import TransferResult
 from .. import benchkit
 from ..sizes import MiB, format_size
-from ..tierfile import substitute, uses_dir
+from ..tierfile import nested_configs, substitute, uses_dir
 from .primary import PrimaryBuffer
 from .progress import Progress
 from .results import Phase, PointResult
@@ -97,8 +97,11 @@ class PointRun:
         cfg: dict[str, Any] = substitute(
             dict(self.config), {"dir": self.pointdir, "capacity": capacity_for(self.chunks, self.chunk)}
         )
-        if "max_inflight" in accepted_parameters(SecondaryTierFactory.get_tier_class(cfg)):
-            cfg.setdefault("max_inflight", self.depth)  # the tier's bound is the depth swept
+        # the tier's bound is the depth swept; a chain's tiers too (substitute made them copies)
+        for tier_cfg in nested_configs(cfg):
+            cls = SecondaryTierFactory.get_tier_class(tier_cfg)
+            if isinstance(tier_cfg, dict) and "max_inflight" in accepted_parameters(cls):
+                tier_cfg.setdefault("max_inflight", self.depth)
         return cfg
 
     async def _flush(self) -> float:

@@ -15,7 +15,7 @@ from typing import Any
 from ...errors import TierConfigError
 from ...factory import SecondaryTierFactory
 from .. import benchkit
-from ..tierfile import redact
+from ..tierfile import nested_configs, redact
 from .plan import CHUNKS_PER_DEPTH, BenchOptions, Plan
 from .point import PointRun
 from .primary import PrimaryBuffer
@@ -33,6 +33,8 @@ def check_tiers(tiers: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, A
         entry: dict[str, Any] = {"config": redact(cfg)}
         try:
             cls = SecondaryTierFactory.get_tier_class(cfg)
+            for inner in nested_configs(cfg)[1:]:  # a chain runs only when each of its tiers can
+                SecondaryTierFactory.get_tier_class(inner)
         except (TierConfigError, ImportError) as e:
             entry.update(status="skipped", reason=str(e))
         else:
