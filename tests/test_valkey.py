@@ -92,6 +92,8 @@ def own_server(tmp_path: Path) -> Iterator[ValkeyProcess]:
         ({"url": "redis://127.0.0.1", "ttl_s": True}, "ttl_s"),
         ({"url": "redis://127.0.0.1", "timeout_s": None}, "timeout_s"),
         ({"url": "redis://127.0.0.1", "pipeline_bytes": True}, "pipeline_bytes"),
+        ({"url": "redis://127.0.0.1", "thread_min_bytes": 0}, "thread_min_bytes"),
+        ({"url": "redis://127.0.0.1", "thread_min_bytes": True}, "thread_min_bytes"),
         ({"url": "redis://127.0.0.1", "max_retries": -1}, "max_retries"),
         ({"url": "redis://127.0.0.1", "breaker_threshold": 0}, "breaker_threshold"),
         ({"url": "redis://127.0.0.1", "capacity_bytes": 1 << 30}, "capacity_bytes"),
@@ -183,9 +185,13 @@ def test_trio_is_refused_at_open(valkey_single: ValkeyProcess) -> None:
 
 
 # -- the stored value ------------------------------------------------------------------------------
-def test_a_value_written_by_hand_loads_byte_exact(valkey_single: ValkeyProcess, prefix: str) -> None:
+# thread_min_bytes: None checks and copies on the event loop, 1 on a worker thread (every batch)
+@pytest.mark.parametrize("thread_min_bytes", [None, 1])
+def test_a_value_written_by_hand_loads_byte_exact(
+    valkey_single: ValkeyProcess, prefix: str, thread_min_bytes: int | None
+) -> None:
     """The documented format: name <prefix>:<layout id>:<key>, value = header + payload."""
-    r = Rig(url=valkey_single.url, key_prefix=prefix)
+    r = Rig(url=valkey_single.url, key_prefix=prefix, thread_min_bytes=thread_min_bytes)
     payload = os.urandom(CHUNK)
     key = b"\x00hand{made}\xff"
     name = f"{prefix}:{SPEC.layout_id}:".encode() + key
@@ -195,8 +201,8 @@ def test_a_value_written_by_hand_loads_byte_exact(valkey_single: ValkeyProcess, 
     async def main() -> None:
         async with r.tier:
             assert r.tier.name_of(key) == name
-            res = await r.tier.load([key], [3])
-            assert res.ok, res.failed
+            res = await r.tier.load([key, b"absent"], [3, 4])
+            assert res.succeeded == [key] and failure_kind(res.failed[b"absent"]) == "not_found"
             assert r.chunk(3) == payload
             assert (await r.tier.offload([b"tier-made"], [5])).ok  # and the tier writes exactly that
             mine = r.chunk(5)
@@ -207,8 +213,11 @@ def test_a_value_written_by_hand_loads_byte_exact(valkey_single: ValkeyProcess, 
     run(main)
 
 
-def test_bad_and_foreign_values_fail_their_key_and_are_removed(valkey_single: ValkeyProcess, prefix: str) -> None:
-    r = Rig(url=valkey_single.url, key_prefix=prefix)
+@pytest.mark.parametrize("thread_min_bytes", [None, 1])
+def test_bad_and_foreign_values_fail_their_key_and_are_removed(
+    valkey_single: ValkeyProcess, prefix: str, thread_min_bytes: int | None
+) -> None:
+    r = Rig(url=valkey_single.url, key_prefix=prefix, thread_min_bytes=thread_min_bytes)
     other = OffloadingSpec(CHUNK, N, namespace="another/model")
     ks = keys(5)
     with contextlib.closing(valkey_single.client()) as c:

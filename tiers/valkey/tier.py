@@ -16,8 +16,9 @@ import sniffio
 from asynctier import AsyncChunkTier, ChunkError, ChunkNotFoundError, IntegrityError
 from asynctier.core.breaker import Breaker
 from asynctier.core.ops import Op
-from asynctier.core.validation import check_keys, integer, seconds
+from asynctier.core.validation import check_keys, integer, positive_int, seconds
 from asynctier.errors import TierConfigError, TierStateError, TierUnavailableError
+from asynctier.integrity import checksum
 from asynctier.stats import TierStats
 
 from .client import Client, ClientOptions, Command, build_client, run_pipeline, scan_names
@@ -55,6 +56,10 @@ class ValkeyTier(AsyncChunkTier):
             eviction policy bounds memory either way).
         pipeline_bytes: stores and loads go in pipelines of at most this many payload bytes
             (default 1 MiB, at least one chunk); each pipeline holds one in-flight slot.
+        thread_min_bytes: a pipeline of at least this many payload bytes has its checksums (and
+            a load's copies into the slots) computed on a worker thread, with the GIL released,
+            while the event loop goes on with other pipelines' I/O (default 2 MiB; None: always
+            on the event loop's thread).
         connect_timeout_s: deadline of a connection attempt (default ``min(2, timeout_s)``).
         max_retries, retry_backoff_s: a batch that loses its connection is sent again up to
             ``max_retries`` times (default 2), after ``retry_backoff_s`` (0.05) doubling.
@@ -81,6 +86,7 @@ class ValkeyTier(AsyncChunkTier):
         key_prefix: str = "asynctier",
         ttl_s: float | None = None,
         pipeline_bytes: int = _MIB,
+        thread_min_bytes: int | None = 2 * _MIB,
         connect_timeout_s: float | None = None,
         max_retries: int = 2,
         retry_backoff_s: float = 0.05,
@@ -103,6 +109,7 @@ class ValkeyTier(AsyncChunkTier):
         self.ttl_s = None if ttl_s is None else seconds("ttl_s", ttl_s, zero_ok=False)
         self._px = None if self.ttl_s is None else max(1, round(self.ttl_s * 1000))
         self.pipeline_bytes = integer("pipeline_bytes", pipeline_bytes)
+        self.thread_min_bytes = positive_int("thread_min_bytes", thread_min_bytes, allow_none=True)
         self._opts = ClientOptions(
             connect_timeout_s=seconds(
                 "connect_timeout_s",
@@ -123,6 +130,7 @@ class ValkeyTier(AsyncChunkTier):
         self._client: Client | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._lookups: anyio.CapacityLimiter | None = None
+        self._hashers: anyio.CapacityLimiter | None = None
 
     def _ca_file(self, value: object) -> str | None:
         if value is None:
@@ -156,6 +164,8 @@ class ValkeyTier(AsyncChunkTier):
         # no round trip here: a cache must come up while its server is down
         self._client = build_client(self._target, self._opts)
         self._lookups = anyio.CapacityLimiter(self.max_inflight or 1)
+        # checksums and copies are CPU work: no more threads than cores
+        self._hashers = anyio.CapacityLimiter(max(1, min(self.max_inflight or 1, os.cpu_count() or 1)))
 
     async def close_medium(self) -> None:
         client, self._client = self._client, None
@@ -241,12 +251,23 @@ class ValkeyTier(AsyncChunkTier):
             end(k, err)
         return None, errs
 
+    def _on_thread(self, n_chunks: int) -> bool:
+        """Whether a batch of ``n_chunks`` has its checksums and copies done on a worker thread."""
+        limit = self.thread_min_bytes
+        return limit is not None and n_chunks * self.offloading_spec.chunk_bytes >= limit
+
     async def _store_group(self, keys: list[bytes], cids: list[int], t0: float) -> Outcomes:
         digest = self.offloading_spec.layout_digest
         # the slots are read only while this job runs: the checksums now, the one copy as the
         # batch is packed and sent (again if it is resent); the engine keeps a cancelled
-        # caller waiting for a running job, so no slot is read after the call returns
-        commands = [self._set(k, frame(k, self._chunk(c), digest)) for k, c in zip(keys, cids)]
+        # caller waiting for a running job (and a worker thread is waited for, never
+        # abandoned), so no slot is read after the call returns
+        payloads = [self._chunk(c) for c in cids]
+        if self._on_thread(len(cids)):
+            sums: list[int | None] = await anyio.to_thread.run_sync(_checksums, payloads, limiter=self._hashers)
+        else:
+            sums = [None] * len(payloads)
+        commands = [self._set(k, frame(k, p, digest, s)) for k, p, s in zip(keys, payloads, sums)]
 
         def end(k: bytes, e: BaseException | None) -> None:
             self._end_store(k, t0, e)
@@ -270,16 +291,19 @@ class ValkeyTier(AsyncChunkTier):
             return errs
         out: Outcomes = []
         bad: list[bytes] = []
-        digest = self.offloading_spec.layout_digest
-        for k, c, r in zip(keys, cids, replies):
+        values = [(k, r, self._chunk(c)) for k, c, r in zip(keys, cids, replies) if isinstance(r, bytes)]
+        if self._on_thread(len(values)):
+            # a worker thread the job waits for (never abandoned): no slot is written after it ends
+            checked = await anyio.to_thread.run_sync(self._unframe_all, values, True, limiter=self._hashers)
+        else:
+            checked = self._unframe_all(values, False)
+        each = iter(checked)
+        for k, r in zip(keys, replies):
             err: ChunkError | None = None
             if r is None:
                 err = ChunkNotFoundError(f"no chunk stored under key {k.hex()[:32]}", k)
             elif isinstance(r, bytes):
-                try:
-                    unframe_into(k, r, self._chunk(c), digest, self.verify)
-                except IntegrityError as e:
-                    err = e
+                err = next(each)
             else:
                 err = self._failed(k, r, "GET")
             if self._end_load(k, t0, err):
@@ -287,6 +311,21 @@ class ValkeyTier(AsyncChunkTier):
             out.append(err)
         if bad:
             await self._delete_bad(bad)
+        return out
+
+    def _unframe_all(
+        self, values: list[tuple[bytes, bytes, memoryview]], release_gil: bool
+    ) -> list[IntegrityError | None]:
+        """Check each value read and copy its payload into its slot: each one's failure or None."""
+        digest = self.offloading_spec.layout_digest
+        out: list[IntegrityError | None] = []
+        for k, value, slot in values:
+            try:
+                unframe_into(k, value, slot, digest, self.verify, release_gil=release_gil)
+            except IntegrityError as e:
+                out.append(e)
+            else:
+                out.append(None)
         return out
 
     async def _delete_bad(self, keys: list[bytes]) -> None:
@@ -413,6 +452,11 @@ class ValkeyTier(AsyncChunkTier):
     def breaker_state(self) -> str:
         """The circuit breaker: ``closed``, ``open`` or ``half-open``."""
         return self._breaker.state
+
+
+def _checksums(payloads: list[memoryview]) -> list[int | None]:
+    """Each payload's xxh3 (on a worker thread: xxhash releases the GIL while it hashes)."""
+    return [checksum(p) for p in payloads]
 
 
 def _stored(reply: object) -> bool:
