@@ -4,6 +4,7 @@ faults (refused, restart, a server that never answers) and the breaker, and a cl
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import os
@@ -24,7 +25,7 @@ from valkey_helpers import (
     valkey_single,
 )
 
-from asynctier import OffloadingSpec, SecondaryTierFactory, TierConfigError, TierStateError
+from asynctier import OffloadingSpec, SecondaryTierFactory, TierConfigError
 from asynctier.errors import failure_kind
 from asynctier.integrity import checksum, pack_header
 
@@ -174,14 +175,70 @@ def test_password_from_the_environment(own_server: ValkeyProcess, monkeypatch: p
     run(main)
 
 
-def test_trio_is_refused_at_open(valkey_single: ValkeyProcess) -> None:
-    r = Rig(url=valkey_single.url)
+def _client_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith("asynctier-valkey-")]
+
+
+async def _tasks_on_client_loop(tier: Any) -> int:
+    """Tasks on the tier's own client loop (under trio) besides the one counting them."""
+
+    async def count() -> int:
+        return len(asyncio.all_tasks()) - 1
+
+    return int(await tier._bridge.call(count))
+
+
+@pytest.mark.parametrize("thread_min_bytes", [None, 1])
+def test_trio_runs_the_client_on_a_loop_thread_of_its_own(
+    valkey_single: ValkeyProcess, prefix: str, thread_min_bytes: int | None
+) -> None:
+    r = Rig(url=valkey_single.url, key_prefix=prefix, thread_min_bytes=thread_min_bytes)
+    ks = keys(8)
 
     async def main() -> None:
-        with pytest.raises(TierStateError, match="asyncio"):
-            await r.tier.open()
+        async with r.tier:
+            assert len(_client_threads()) == 1
+            want = [r.chunk(i) for i in range(8)]
+            assert (await r.tier.offload(ks, list(range(8)))).ok
+            r.zero()
+            res = await r.tier.load([*ks, b"absent"], [*range(8), 9])
+            assert res.succeeded == ks and failure_kind(res.failed[b"absent"]) == "not_found"
+            assert [r.chunk(i) for i in range(8)] == want
+            assert await r.tier.lookup([ks[0], b"absent"]) == [True, False]
+            assert sorted(await r.tier.list_chunks()) == sorted(ks)
+            assert (await r.tier.remove(ks)).ok
+            assert await _tasks_on_client_loop(r.tier) == 0
 
     anyio.run(main, backend="trio")
+    assert _client_threads() == [], "aclose() ends the client's loop thread"
+
+
+def test_trio_cancelled_calls_leave_no_client_io_running() -> None:
+    """Cancelled under trio (a server that never answers): when the cancellation reaches the
+    caller, the client's task on the tier's loop thread has ended and no slot was written."""
+    import trio
+
+    with silent_listener() as lst:
+        r = Rig(url=lst.url, timeout_s=0.5, breaker_threshold=100)
+
+        async def main() -> None:
+            async with r.tier:
+                before = r.chunk(1)
+                with trio.CancelScope() as scope:
+                    scope.cancel()  # cancelled before the first checkpoint: the call's request is withdrawn
+                    await r.tier.lookup(keys(2))
+                assert scope.cancelled_caught and await _tasks_on_client_loop(r.tier) == 0
+                with trio.move_on_after(0.05) as scope:
+                    await r.tier.lookup(keys(2))  # a direct call: its request is cancelled
+                assert scope.cancelled_caught and await _tasks_on_client_loop(r.tier) == 0
+                with trio.move_on_after(0.05) as scope:
+                    await r.tier.load(keys(2), [0, 1])  # engine jobs: the call waits for them to end
+                assert scope.cancelled_caught and await _tasks_on_client_loop(r.tier) == 0
+                assert r.chunk(1) == before
+                res = await r.tier.load(keys(2), [0, 1])
+                assert {failure_kind(e) for e in res.failed.values()} == {"timeout"}
+
+        anyio.run(main, backend="trio")
 
 
 # -- the stored value ------------------------------------------------------------------------------

@@ -4,16 +4,16 @@ it reaches the caller's slot."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
-from collections.abc import Callable, Sequence
-from typing import Any, ClassVar
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, ClassVar, TypeVar
 
 import anyio
 import sniffio
 
 from asynctier import AsyncChunkTier, ChunkError, ChunkNotFoundError, IntegrityError
+from asynctier.core.backend import current_loop
 from asynctier.core.breaker import Breaker
 from asynctier.core.ops import Op
 from asynctier.core.validation import check_keys, integer, positive_int, seconds
@@ -21,6 +21,7 @@ from asynctier.errors import TierConfigError, TierStateError, TierUnavailableErr
 from asynctier.integrity import checksum
 from asynctier.stats import TierStats
 
+from .bridge import LoopThread
 from .client import Client, ClientOptions, Command, build_client, run_pipeline, scan_names
 from .errors import ValkeyIOError, map_client_error
 from .format import check_key_prefix, frame, name_prefix, unframe_into
@@ -38,6 +39,7 @@ LOOKUP_BATCH = 512
 REMOVE_BATCH = 256
 
 Outcomes = list[BaseException | None]
+T = TypeVar("T")
 
 
 class ValkeyTier(AsyncChunkTier):
@@ -128,7 +130,8 @@ class ValkeyTier(AsyncChunkTier):
         self._scrubber = Scrubber(self._target.secrets)
         self._names = name_prefix(self.key_prefix, self.offloading_spec.layout_id)
         self._client: Client | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop: object = None  # the caller's event loop (current_loop())
+        self._bridge: LoopThread | None = None
         self._lookups: anyio.CapacityLimiter | None = None
         self._hashers: anyio.CapacityLimiter | None = None
 
@@ -154,13 +157,10 @@ class ValkeyTier(AsyncChunkTier):
 
     # -- open and close --------------------------------------------------------------------
     async def open_medium(self) -> None:
-        lib = sniffio.current_async_library()
-        if lib != "asyncio":
-            raise TierStateError(
-                f"the valkey tier runs on asyncio event loops (asyncio, uvloop) only: its client, valkey-py, "
-                f"is asyncio-only; this is {lib} (docs/tiers/valkey.md, 'Event loops')"
-            )
-        self._loop = asyncio.get_running_loop()
+        self._loop = current_loop()
+        if sniffio.current_async_library() != "asyncio":
+            # valkey-py is asyncio-only: under trio its client runs on a loop thread of this tier's own
+            self._bridge = LoopThread(name=f"asynctier-valkey-{self.url}")
         # no round trip here: a cache must come up while its server is down
         self._client = build_client(self._target, self._opts)
         self._lookups = anyio.CapacityLimiter(self.max_inflight or 1)
@@ -169,11 +169,22 @@ class ValkeyTier(AsyncChunkTier):
 
     async def close_medium(self) -> None:
         client, self._client = self._client, None
-        if client is not None:
-            try:
-                await client.aclose()
-            except Exception as e:
-                log.warning("valkey tier %s: closing the client failed: %s", self.url, self._scrub(str(e)))
+        try:
+            if client is not None:
+                await self._on_client_loop(client.aclose)
+        except Exception as e:
+            log.warning("valkey tier %s: closing the client failed: %s", self.url, self._scrub(str(e)))
+        finally:
+            bridge, self._bridge = self._bridge, None
+            if bridge is not None:
+                await bridge.stop()
+
+    async def _on_client_loop(self, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
+        """``await fn(*args)`` on the client's event loop: the caller's on asyncio, the tier's
+        own loop thread under trio (waited for to its end, also when cancelled)."""
+        if self._bridge is None:
+            return await fn(*args)
+        return await self._bridge.call(fn, *args)
 
     # -- one pipeline: breaker, deadline, error mapping ------------------------------------
     def _scrub(self, text: str) -> str:
@@ -196,7 +207,7 @@ class ValkeyTier(AsyncChunkTier):
             raise TierUnavailableError("the valkey client is closed", key)
         probe = self._admit()
         try:
-            replies = await self._deadline(run_pipeline(client, commands))
+            replies = await self._deadline(self._on_client_loop(run_pipeline, client, commands))
         except Exception as e:
             mapped, reachable = map_client_error(e, key, self._scrub(str(e)))
             if reachable:
@@ -390,7 +401,7 @@ class ValkeyTier(AsyncChunkTier):
         if client is None:
             raise TierUnavailableError("the valkey client is closed")
         with anyio.fail_after(max(60.0, 10 * (self.timeout_s or 5.0))):
-            names = await scan_names(client, self._names + b"*")
+            names = await self._on_client_loop(scan_names, client, self._names + b"*")
         n = len(self._names)
         return [bytes(name[n:]) for name in names]
 
@@ -431,11 +442,7 @@ class ValkeyTier(AsyncChunkTier):
                     log.debug("valkey tier %s: touch failed: %s", self.url, e)  # a hint, as a lookup is
 
     def _check_loop(self) -> None:
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:
-            loop = None
-        if loop is not self._loop:
+        if current_loop() is not self._loop:
             raise TierStateError(
                 "this valkey tier was opened on another event loop, and its connections belong to that loop: "
                 "open one tier per event loop"
