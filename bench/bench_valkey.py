@@ -54,7 +54,7 @@ def start_server(maxmemory_mib: int) -> tuple[subprocess.Popen[bytes], str, str]
     return proc, url, workdir
 
 
-Timing = dict[str, tuple[float, float, float]]  # op -> (wall s, this process's CPU s, server CPU s)
+Timing = dict[str, tuple[float, float, float, float]]  # op -> (wall, process CPU, server CPU, loop thread CPU) s
 
 
 def server_cpu_s(pid: int | None) -> float:
@@ -69,16 +69,22 @@ def server_cpu_s(pid: int | None) -> float:
 
 
 class Meter:
-    """Wall, this process's CPU (all threads) and the server's CPU over one timed step."""
+    """Wall, this process's CPU (all threads), the server's CPU and the event loop's thread's
+    CPU (the caller's: what bounds throughput when the loop is the busy part) over one step."""
 
     def __init__(self, server_pid: int | None) -> None:
         self.pid = server_pid
 
-    def start(self) -> tuple[float, float, float]:
-        return time.perf_counter(), cpu_s(), server_cpu_s(self.pid)
+    def start(self) -> tuple[float, float, float, float]:
+        return time.perf_counter(), cpu_s(), server_cpu_s(self.pid), time.thread_time()
 
-    def stop(self, t: tuple[float, float, float]) -> tuple[float, float, float]:
-        return time.perf_counter() - t[0], cpu_s() - t[1], server_cpu_s(self.pid) - t[2]
+    def stop(self, t: tuple[float, float, float, float]) -> tuple[float, float, float, float]:
+        return (
+            time.perf_counter() - t[0],
+            cpu_s() - t[1],
+            server_cpu_s(self.pid) - t[2],
+            time.thread_time() - t[3],
+        )
 
 
 class Data:
@@ -310,6 +316,7 @@ async def bench(args: argparse.Namespace, url: str, server_pid: int | None) -> d
                 entry[f"{name}_{op}_GBps"] = n * size / wall / 1e9
                 entry[f"{name}_{op}_cpu_us_per_chunk"] = median(t[op][1] for t in timings) / n * 1e6
                 entry[f"{name}_{op}_server_cpu_us_per_chunk"] = median(t[op][2] for t in timings) / n * 1e6
+                entry[f"{name}_{op}_loop_cpu_us_per_chunk"] = median(t[op][3] for t in timings) / n * 1e6
         for name in sides:
             for op in ("offload", "load"):
                 # ratio of the medians, and the median of each round's own ratio (paired)
@@ -335,17 +342,20 @@ def report(results: dict[str, Any], url_shown: str, load: tuple[float, float], s
             tool = (e["tool"] or {}).get(op)
             rows.append([
                 size, op, "raw", f"{e[f'raw_{op}_GBps']:.2f}", "", "", "",
-                f"{e[f'raw_{op}_cpu_us_per_chunk']:.0f}", f"{e[f'raw_{op}_server_cpu_us_per_chunk']:.0f}",
+                f"{e[f'raw_{op}_cpu_us_per_chunk']:.0f}", f"{e[f'raw_{op}_loop_cpu_us_per_chunk']:.0f}",
+                f"{e[f'raw_{op}_server_cpu_us_per_chunk']:.0f}",
                 f"{tool:.2f}" if tool else "n/a",
             ])  # fmt: skip
             for name in sides:
                 rows.append([
                     size, op, name, f"{e[f'{name}_{op}_GBps']:.2f}", f"{e[f'ratio_{name}_{op}']:.2f}",
                     f"{e[f'paired_ratio_{name}_{op}']:.2f}", f"{e[f'cpu_ratio_{name}_{op}']:.2f}",
-                    f"{e[f'{name}_{op}_cpu_us_per_chunk']:.0f}", f"{e[f'{name}_{op}_server_cpu_us_per_chunk']:.0f}", "",
+                    f"{e[f'{name}_{op}_cpu_us_per_chunk']:.0f}", f"{e[f'{name}_{op}_loop_cpu_us_per_chunk']:.0f}",
+                    f"{e[f'{name}_{op}_server_cpu_us_per_chunk']:.0f}", "",
                 ])  # fmt: skip
     cols = ["value", "op", "side", "GB/s (median)", "wall ratio", "paired wall ratio", "CPU ratio",
-            "client CPU us/chunk", "server CPU us/chunk", "valkey-benchmark GB/s"]  # fmt: skip
+            "client CPU us/chunk", "loop thread CPU us/chunk", "server CPU us/chunk",
+            "valkey-benchmark GB/s"]  # fmt: skip
     copies = []
     for size, e in results.items():
         for what, us in e["copy_costs_us"].items():
@@ -357,7 +367,8 @@ def report(results: dict[str, Any], url_shown: str, load: tuple[float, float], s
         f"({os.cpu_count()} CPUs): a loaded machine makes wall figures swing; CPU per chunk is steadier.\n\n"
         "wall ratio: raw median wall / tier median wall (tier throughput over raw); paired: the median of "
         "each round's own ratio; CPU ratio: raw client CPU / tier CPU per chunk (this process, all threads; "
-        "above 1: the tier spends less). Server CPU: the valkey-server process (when started here).\n\n"
+        "above 1: the tier spends less); loop thread: the event loop's thread alone (worker threads hash "
+        "and copy beside it). Server CPU: the valkey-server process (when started here).\n\n"
         + md_table(cols, rows)
         + f"\n\nGoal: wall ratio >= {GOAL}.\n\n## The tier's own CPU per chunk\n\n"
         + md_table(["value", "work", "CPU us"], copies)

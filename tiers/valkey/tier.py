@@ -268,17 +268,11 @@ class ValkeyTier(AsyncChunkTier):
         return limit is not None and n_chunks * self.offloading_spec.chunk_bytes >= limit
 
     async def _store_group(self, keys: list[bytes], cids: list[int], t0: float) -> Outcomes:
-        digest = self.offloading_spec.layout_digest
         # the slots are read only while this job runs: the checksums now, the one copy as the
         # batch is packed and sent (again if it is resent); the engine keeps a cancelled
         # caller waiting for a running job (and a worker thread is waited for, never
         # abandoned), so no slot is read after the call returns
-        payloads = [self._chunk(c) for c in cids]
-        if self._on_thread(len(cids)):
-            sums: list[int | None] = await anyio.to_thread.run_sync(_checksums, payloads, limiter=self._hashers)
-        else:
-            sums = [None] * len(payloads)
-        commands = [self._set(k, frame(k, p, digest, s)) for k, p, s in zip(keys, payloads, sums)]
+        commands = await self._frames(keys, [self._chunk(c) for c in cids])
 
         def end(k: bytes, e: BaseException | None) -> None:
             self._end_store(k, t0, e)
@@ -302,13 +296,11 @@ class ValkeyTier(AsyncChunkTier):
             return errs
         out: Outcomes = []
         bad: list[bytes] = []
-        values = [(k, r, self._chunk(c)) for k, c, r in zip(keys, cids, replies) if isinstance(r, bytes)]
-        if self._on_thread(len(values)):
-            # a worker thread the job waits for (never abandoned): no slot is written after it ends
-            checked = await anyio.to_thread.run_sync(self._unframe_all, values, True, limiter=self._hashers)
-        else:
-            checked = self._unframe_all(values, False)
-        each = iter(checked)
+        each = iter(
+            await self._unframe_all(
+                [(k, r, self._chunk(c)) for k, c, r in zip(keys, cids, replies) if isinstance(r, bytes)]
+            )
+        )
         for k, r in zip(keys, replies):
             err: ChunkError | None = None
             if r is None:
@@ -324,10 +316,28 @@ class ValkeyTier(AsyncChunkTier):
             await self._delete_bad(bad)
         return out
 
-    def _unframe_all(
+    async def _frames(self, keys: list[bytes], payloads: list[memoryview]) -> list[Command]:
+        """The SET of each payload, its checksum computed on a worker thread for a batch of at
+        least ``thread_min_bytes`` (the job waits for it: never abandoned, so no slot is read
+        after the job ends)."""
+        digest = self.offloading_spec.layout_digest
+        if self._on_thread(len(payloads)):
+            sums: list[int | None] = await anyio.to_thread.run_sync(_checksums, payloads, limiter=self._hashers)
+        else:
+            sums = [None] * len(payloads)
+        return [self._set(k, frame(k, p, digest, s)) for k, p, s in zip(keys, payloads, sums)]
+
+    async def _unframe_all(self, values: list[tuple[bytes, bytes, memoryview]]) -> list[IntegrityError | None]:
+        """Check each value read and copy its payload into its slot: each one's failure or None;
+        on a worker thread the job waits for (never abandoned) for a batch of at least
+        ``thread_min_bytes``, so no slot is written after the job ends."""
+        if self._on_thread(len(values)):
+            return await anyio.to_thread.run_sync(self._unframe_each, values, True, limiter=self._hashers)
+        return self._unframe_each(values, False)
+
+    def _unframe_each(
         self, values: list[tuple[bytes, bytes, memoryview]], release_gil: bool
     ) -> list[IntegrityError | None]:
-        """Check each value read and copy its payload into its slot: each one's failure or None."""
         digest = self.offloading_spec.layout_digest
         out: list[IntegrityError | None] = []
         for k, value, slot in values:
@@ -371,7 +381,7 @@ class ValkeyTier(AsyncChunkTier):
 
     # -- single-chunk primitives (verify_chunks, fsck) -------------------------------------
     async def write_chunk(self, key: bytes, data: memoryview) -> None:
-        (r,) = await self._request(key, [self._set(key, frame(key, data, self.offloading_spec.layout_digest))])
+        (r,) = await self._request(key, await self._frames([key], [data]))
         if not _stored(r):
             raise self._failed(key, r, "SET")
 
@@ -381,7 +391,9 @@ class ValkeyTier(AsyncChunkTier):
             raise ChunkNotFoundError(f"no chunk stored under key {key.hex()[:32]}", key)
         if not isinstance(r, bytes):
             raise self._failed(key, r, "GET")
-        unframe_into(key, r, out, self.offloading_spec.layout_digest, self.verify)
+        (err,) = await self._unframe_all([(key, r, out)])
+        if err is not None:
+            raise err
         return None
 
     async def chunk_exists(self, key: bytes) -> bool:
