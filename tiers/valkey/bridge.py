@@ -5,6 +5,7 @@ for that task's end, also when it is cancelled (docs/tiers/valkey.md, "Event loo
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import weakref
 from collections.abc import Awaitable, Callable
@@ -26,6 +27,7 @@ class LoopThread:
     def __init__(self, name: str) -> None:
         self._loop = asyncio.new_event_loop()
         self._ended = threading.Event()
+        self._stopping = False
         # the thread holds the loop, not this object: a dropped tier is collected, and stops it
         self._thread = threading.Thread(target=_serve, args=(self._loop, self._ended), name=name, daemon=True)
         self._thread.start()
@@ -50,13 +52,16 @@ class LoopThread:
                 holder[0].cancel()
 
         try:
+            if self._stopping:  # a task started now could outlive the loop's last round
+                raise RuntimeError
             self._loop.call_soon_threadsafe(start)
         except RuntimeError:  # the loop is closed
             raise TierUnavailableError("the valkey client's event loop has stopped (the tier is closed)") from None
         try:
             await done.wait()
         except anyio.get_cancelled_exc_class():
-            self._loop.call_soon_threadsafe(cancel)  # after start(): the loop runs its callbacks in order
+            with contextlib.suppress(RuntimeError):  # closed: its last round cancelled the task already
+                self._loop.call_soon_threadsafe(cancel)  # after start(): the loop runs its callbacks in order
             await wait_uninterrupted(done)
             raise
         task = holder[0]
@@ -67,8 +72,9 @@ class LoopThread:
     async def stop(self) -> None:
         """Stop the loop (its remaining tasks are cancelled and awaited there) and wait for the
         thread's end."""
+        self._stopping = True
         self._finalizer.detach()
-        _stop_soon(self._loop)
+        _stop_soon(self._loop)  # after every start() scheduled so far: those tasks are cancelled and awaited
         if not self._ended.is_set():
             await anyio.to_thread.run_sync(self._ended.wait)
 
