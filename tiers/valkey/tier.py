@@ -60,8 +60,8 @@ class ValkeyTier(AsyncChunkTier):
             (default 1 MiB, at least one chunk); each pipeline holds one in-flight slot.
         thread_min_bytes: a pipeline of at least this many payload bytes has its checksums (and
             a load's copies into the slots) computed on a worker thread, with the GIL released,
-            while the event loop goes on with other pipelines' I/O (default 2 MiB; None: always
-            on the event loop's thread).
+            while the event loop goes on with other pipelines' I/O (default None: always on the
+            event loop's thread, measured cheaper: docs/tiers/valkey.md, "Worker threads").
         connect_timeout_s: deadline of a connection attempt (default ``min(2, timeout_s)``).
         max_retries, retry_backoff_s: a batch that loses its connection is sent again up to
             ``max_retries`` times (default 2), after ``retry_backoff_s`` (0.05) doubling.
@@ -88,7 +88,7 @@ class ValkeyTier(AsyncChunkTier):
         key_prefix: str = "asynctier",
         ttl_s: float | None = None,
         pipeline_bytes: int = _MIB,
-        thread_min_bytes: int | None = 2 * _MIB,
+        thread_min_bytes: int | None = None,
         connect_timeout_s: float | None = None,
         max_retries: int = 2,
         retry_backoff_s: float = 0.05,
