@@ -4,6 +4,7 @@ faults (refused, restart, a server that never answers) and the breaker, and a cl
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import os
@@ -24,7 +25,7 @@ from valkey_helpers import (
     valkey_single,
 )
 
-from asynctier import OffloadingSpec, SecondaryTierFactory, TierConfigError, TierStateError
+from asynctier import OffloadingSpec, SecondaryTierFactory, TierConfigError
 from asynctier.errors import failure_kind
 from asynctier.integrity import checksum, pack_header
 
@@ -92,6 +93,8 @@ def own_server(tmp_path: Path) -> Iterator[ValkeyProcess]:
         ({"url": "redis://127.0.0.1", "ttl_s": True}, "ttl_s"),
         ({"url": "redis://127.0.0.1", "timeout_s": None}, "timeout_s"),
         ({"url": "redis://127.0.0.1", "pipeline_bytes": True}, "pipeline_bytes"),
+        ({"url": "redis://127.0.0.1", "thread_min_bytes": 0}, "thread_min_bytes"),
+        ({"url": "redis://127.0.0.1", "thread_min_bytes": True}, "thread_min_bytes"),
         ({"url": "redis://127.0.0.1", "max_retries": -1}, "max_retries"),
         ({"url": "redis://127.0.0.1", "breaker_threshold": 0}, "breaker_threshold"),
         ({"url": "redis://127.0.0.1", "capacity_bytes": 1 << 30}, "capacity_bytes"),
@@ -172,20 +175,79 @@ def test_password_from_the_environment(own_server: ValkeyProcess, monkeypatch: p
     run(main)
 
 
-def test_trio_is_refused_at_open(valkey_single: ValkeyProcess) -> None:
-    r = Rig(url=valkey_single.url)
+def _client_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith("asynctier-valkey-")]
+
+
+async def _tasks_on_client_loop(tier: Any) -> int:
+    """Tasks on the tier's own client loop (under trio) besides the one counting them."""
+
+    async def count() -> int:
+        return len(asyncio.all_tasks()) - 1
+
+    return int(await tier._bridge.call(count))
+
+
+def test_trio_runs_the_client_on_a_loop_thread_of_its_own(valkey_single: ValkeyProcess, prefix: str) -> None:
+    # checks and copies on worker threads too (every batch); the conformance suite runs on trio
+    # with the defaults (on trio's thread)
+    r = Rig(url=valkey_single.url, key_prefix=prefix, thread_min_bytes=1, max_inflight=2)
+    ks = keys(8)
 
     async def main() -> None:
-        with pytest.raises(TierStateError, match="asyncio"):
-            await r.tier.open()
+        async with r.tier:
+            assert len(_client_threads()) == 1
+            want = [r.chunk(i) for i in range(8)]
+            assert (await r.tier.offload(ks, list(range(8)))).ok
+            r.zero()
+            res = await r.tier.load([*ks, b"absent"], [*range(8), 9])
+            assert res.succeeded == ks and failure_kind(res.failed[b"absent"]) == "not_found"
+            assert [r.chunk(i) for i in range(8)] == want
+            assert await r.tier.lookup([ks[0], b"absent"]) == [True, False]
+            assert sorted(await r.tier.list_chunks()) == sorted(ks)
+            assert (await r.tier.remove(ks)).ok
+            assert await _tasks_on_client_loop(r.tier) == 0
 
     anyio.run(main, backend="trio")
+    assert _client_threads() == [], "aclose() ends the client's loop thread"
+
+
+def test_trio_cancelled_calls_leave_no_client_io_running() -> None:
+    """Cancelled under trio (a server that never answers): when the cancellation reaches the
+    caller, the client's task on the tier's loop thread has ended and no slot was written."""
+    import trio
+
+    with silent_listener() as lst:
+        r = Rig(url=lst.url, timeout_s=0.3, breaker_threshold=100)
+
+        async def main() -> None:
+            async with r.tier:
+                before = r.chunk(1)
+                with trio.CancelScope() as scope:
+                    scope.cancel()  # cancelled before the first checkpoint: the call's request is withdrawn
+                    await r.tier.lookup(keys(2))
+                assert scope.cancelled_caught and await _tasks_on_client_loop(r.tier) == 0
+                with trio.move_on_after(0.05) as scope:
+                    await r.tier.lookup(keys(2))  # a direct call: its request is cancelled
+                assert scope.cancelled_caught and await _tasks_on_client_loop(r.tier) == 0
+                with trio.move_on_after(0.05) as scope:
+                    await r.tier.load(keys(2), [0, 1])  # engine jobs: the call waits for them to end
+                assert scope.cancelled_caught and await _tasks_on_client_loop(r.tier) == 0
+                assert r.chunk(1) == before
+                res = await r.tier.load(keys(2), [0, 1])
+                assert {failure_kind(e) for e in res.failed.values()} == {"timeout"}
+
+        anyio.run(main, backend="trio")
 
 
 # -- the stored value ------------------------------------------------------------------------------
-def test_a_value_written_by_hand_loads_byte_exact(valkey_single: ValkeyProcess, prefix: str) -> None:
+# thread_min_bytes: None checks and copies on the event loop, 1 on a worker thread (every batch)
+@pytest.mark.parametrize("thread_min_bytes", [None, 1])
+def test_a_value_written_by_hand_loads_byte_exact(
+    valkey_single: ValkeyProcess, prefix: str, thread_min_bytes: int | None
+) -> None:
     """The documented format: name <prefix>:<layout id>:<key>, value = header + payload."""
-    r = Rig(url=valkey_single.url, key_prefix=prefix)
+    r = Rig(url=valkey_single.url, key_prefix=prefix, thread_min_bytes=thread_min_bytes)
     payload = os.urandom(CHUNK)
     key = b"\x00hand{made}\xff"
     name = f"{prefix}:{SPEC.layout_id}:".encode() + key
@@ -195,8 +257,8 @@ def test_a_value_written_by_hand_loads_byte_exact(valkey_single: ValkeyProcess, 
     async def main() -> None:
         async with r.tier:
             assert r.tier.name_of(key) == name
-            res = await r.tier.load([key], [3])
-            assert res.ok, res.failed
+            res = await r.tier.load([key, b"absent"], [3, 4])
+            assert res.succeeded == [key] and failure_kind(res.failed[b"absent"]) == "not_found"
             assert r.chunk(3) == payload
             assert (await r.tier.offload([b"tier-made"], [5])).ok  # and the tier writes exactly that
             mine = r.chunk(5)
@@ -207,8 +269,12 @@ def test_a_value_written_by_hand_loads_byte_exact(valkey_single: ValkeyProcess, 
     run(main)
 
 
-def test_bad_and_foreign_values_fail_their_key_and_are_removed(valkey_single: ValkeyProcess, prefix: str) -> None:
-    r = Rig(url=valkey_single.url, key_prefix=prefix)
+@pytest.mark.parametrize("thread_min_bytes", [None, 1])
+def test_bad_and_foreign_values_fail_their_key_and_are_removed(
+    valkey_single: ValkeyProcess, prefix: str, thread_min_bytes: int | None
+) -> None:
+    # two in flight: the five keys go in pipelines of three and two (the grouped path)
+    r = Rig(url=valkey_single.url, key_prefix=prefix, thread_min_bytes=thread_min_bytes, max_inflight=2)
     other = OffloadingSpec(CHUNK, N, namespace="another/model")
     ks = keys(5)
     with contextlib.closing(valkey_single.client()) as c:
@@ -467,7 +533,7 @@ def test_restarts_mid_stream_never_deliver_wrong_bytes(own_server: ValkeyProcess
 
 
 _EXIT_SCRIPT = """
-import asyncio, os, sys
+import anyio, os, sys
 from asynctier import OffloadingSpec, SecondaryTierFactory
 
 async def main():
@@ -477,15 +543,15 @@ async def main():
     await tier.open()
     assert (await tier.offload([b"a", b"b"], [0, 1])).ok
     assert (await tier.load([b"a"], [2])).ok
-    if sys.argv[2] == "close":
+    if sys.argv[2].endswith("close"):
         await tier.aclose()
     print("done", flush=True)  # left open otherwise: the interpreter tears it down
 
-asyncio.run(main())
+anyio.run(main, backend="trio" if sys.argv[2].startswith("trio") else "asyncio")
 """
 
 
-@pytest.mark.parametrize("how", ["close", "left-open"])
+@pytest.mark.parametrize("how", ["close", "left-open", "trio-left-open"])
 def test_the_process_exits_cleanly(valkey_single: ValkeyProcess, how: str) -> None:
     out = subprocess.run(
         [sys.executable, "-X", "dev", "-c", textwrap.dedent(_EXIT_SCRIPT), valkey_single.url, how],

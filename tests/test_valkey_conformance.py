@@ -1,6 +1,7 @@
 """The conformance suite against real valkey-server processes: one server, and a three-node
-cluster (module-scoped). valkey-py's client is asyncio-only: the checks run on asyncio (the
-single-node class on uvloop too); on trio the tier refuses to open (tests/test_valkey.py)."""
+cluster (module-scoped). The single-node class runs on asyncio, uvloop and trio (valkey-py is
+asyncio-only: under trio the tier runs its client on a loop thread of its own); the cluster
+class on asyncio."""
 
 from __future__ import annotations
 
@@ -58,7 +59,7 @@ class _ValkeyHooks(TierConformance):
 
 
 class TestValkeySingle(_ValkeyHooks):
-    backends = ("asyncio", "uvloop")
+    backends = ("asyncio", "uvloop", "trio")
 
     @pytest.fixture(autouse=True)
     def _server(self, valkey_single: ValkeyProcess) -> None:

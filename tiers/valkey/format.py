@@ -3,10 +3,12 @@ string value per chunk (docs/tiers/valkey.md, "The stored value")."""
 
 from __future__ import annotations
 
+import ctypes
+
 from asynctier.errors import IntegrityError, TierConfigError
 from asynctier.integrity import ChunkHeader, checksum, header_matches, pack_header
 
-__all__ = ["check_key_prefix", "frame", "name_prefix", "unframe_into", "value_size"]
+__all__ = ["check_key_prefix", "copy_released", "frame", "name_prefix", "unframe_into", "value_size"]
 
 _MAX_PREFIX = 256
 
@@ -37,16 +39,35 @@ def value_size(key_len: int, chunk_bytes: int) -> int:
     return ChunkHeader.packed_size(key_len) + chunk_bytes
 
 
-def frame(key: bytes, payload: memoryview, layout_digest: bytes) -> tuple[bytes, memoryview]:
+def frame(key: bytes, payload: memoryview, layout_digest: bytes, csum: int | None = None) -> tuple[bytes, memoryview]:
     """The value stored for ``key``: its header and the payload, sent as one argument
-    (:func:`~.client.pack` makes the one copy of the payload)."""
-    return pack_header(key, payload.nbytes, checksum(payload), layout_digest), payload
+    (:func:`~.client.pack` makes the one copy of the payload). ``csum``: the payload's
+    checksum when it was computed already (on a worker thread)."""
+    return pack_header(key, payload.nbytes, checksum(payload) if csum is None else csum, layout_digest), payload
 
 
-def unframe_into(key: bytes, value: bytes, out: memoryview, layout_digest: bytes, verify: bool) -> None:
+def copy_released(out: memoryview, value: bytes, offset: int) -> None:
+    """``out[:] = value[offset:]`` with the GIL released: a memoryview assignment holds it for
+    the whole copy, which would stall the event loop while a worker thread copies megabytes."""
+    n = out.nbytes
+    if len(value) - offset != n or out.readonly or not out.c_contiguous:
+        raise ValueError("copy_released needs a writable contiguous destination of the payload's size")
+    if n == 0:
+        return
+    dst = (ctypes.c_char * n).from_buffer(out)  # an export of ``out``: it cannot be released meanwhile
+    # c_char_p points into the bytes object itself (no copy), which the caller keeps alive
+    src = ctypes.cast(ctypes.c_char_p(value), ctypes.c_void_p).value
+    assert src is not None
+    ctypes.memmove(dst, src + offset, n)
+
+
+def unframe_into(
+    key: bytes, value: bytes, out: memoryview, layout_digest: bytes, verify: bool, *, release_gil: bool = False
+) -> None:
     """Check ``value`` (as read for ``key``) and copy its payload into ``out``; raise
     :class:`IntegrityError` before touching ``out`` for a value of another size, key or layout,
-    a torn header, or (with ``verify``) a payload that does not match its checksum."""
+    a torn header, or (with ``verify``) a payload that does not match its checksum.
+    ``release_gil``: copy with the GIL released (a worker thread's call)."""
     mv = memoryview(value)
     hsize = ChunkHeader.packed_size(len(key))
     want = hsize + out.nbytes
@@ -59,4 +80,7 @@ def unframe_into(key: bytes, value: bytes, out: memoryview, layout_digest: bytes
         header.verify(payload, layout_digest=layout_digest, payload_len=out.nbytes, check_data=verify)
         if header.seq != 0 or header.flags != 0:
             raise IntegrityError("chunk header has fields this tier never writes (seq, flags)", key)
-    out[:] = payload
+    if release_gil:
+        copy_released(out, value, hsize)
+    else:
+        out[:] = payload

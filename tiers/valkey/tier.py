@@ -4,22 +4,24 @@ it reaches the caller's slot."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
-from collections.abc import Callable, Sequence
-from typing import Any, ClassVar
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, ClassVar, TypeVar
 
 import anyio
 import sniffio
 
 from asynctier import AsyncChunkTier, ChunkError, ChunkNotFoundError, IntegrityError
+from asynctier.core.backend import current_loop
 from asynctier.core.breaker import Breaker
 from asynctier.core.ops import Op
-from asynctier.core.validation import check_keys, integer, seconds
+from asynctier.core.validation import check_keys, integer, positive_int, seconds
 from asynctier.errors import TierConfigError, TierStateError, TierUnavailableError
+from asynctier.integrity import checksum
 from asynctier.stats import TierStats
 
+from .bridge import LoopThread
 from .client import Client, ClientOptions, Command, build_client, run_pipeline, scan_names
 from .errors import ValkeyIOError, map_client_error
 from .format import check_key_prefix, frame, name_prefix, unframe_into
@@ -37,6 +39,7 @@ LOOKUP_BATCH = 512
 REMOVE_BATCH = 256
 
 Outcomes = list[BaseException | None]
+T = TypeVar("T")
 
 
 class ValkeyTier(AsyncChunkTier):
@@ -55,6 +58,10 @@ class ValkeyTier(AsyncChunkTier):
             eviction policy bounds memory either way).
         pipeline_bytes: stores and loads go in pipelines of at most this many payload bytes
             (default 1 MiB, at least one chunk); each pipeline holds one in-flight slot.
+        thread_min_bytes: a pipeline of at least this many payload bytes has its checksums (and
+            a load's copies into the slots) computed on a worker thread, with the GIL released,
+            while the event loop goes on with other pipelines' I/O (default None: always on the
+            event loop's thread, measured cheaper: docs/tiers/valkey.md, "Worker threads").
         connect_timeout_s: deadline of a connection attempt (default ``min(2, timeout_s)``).
         max_retries, retry_backoff_s: a batch that loses its connection is sent again up to
             ``max_retries`` times (default 2), after ``retry_backoff_s`` (0.05) doubling.
@@ -81,6 +88,7 @@ class ValkeyTier(AsyncChunkTier):
         key_prefix: str = "asynctier",
         ttl_s: float | None = None,
         pipeline_bytes: int = _MIB,
+        thread_min_bytes: int | None = None,
         connect_timeout_s: float | None = None,
         max_retries: int = 2,
         retry_backoff_s: float = 0.05,
@@ -103,6 +111,7 @@ class ValkeyTier(AsyncChunkTier):
         self.ttl_s = None if ttl_s is None else seconds("ttl_s", ttl_s, zero_ok=False)
         self._px = None if self.ttl_s is None else max(1, round(self.ttl_s * 1000))
         self.pipeline_bytes = integer("pipeline_bytes", pipeline_bytes)
+        self.thread_min_bytes = positive_int("thread_min_bytes", thread_min_bytes, allow_none=True)
         self._opts = ClientOptions(
             connect_timeout_s=seconds(
                 "connect_timeout_s",
@@ -121,8 +130,10 @@ class ValkeyTier(AsyncChunkTier):
         self._scrubber = Scrubber(self._target.secrets)
         self._names = name_prefix(self.key_prefix, self.offloading_spec.layout_id)
         self._client: Client | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop: object = None  # the caller's event loop (current_loop())
+        self._bridge: LoopThread | None = None
         self._lookups: anyio.CapacityLimiter | None = None
+        self._hashers: anyio.CapacityLimiter | None = None
 
     def _ca_file(self, value: object) -> str | None:
         if value is None:
@@ -146,24 +157,34 @@ class ValkeyTier(AsyncChunkTier):
 
     # -- open and close --------------------------------------------------------------------
     async def open_medium(self) -> None:
-        lib = sniffio.current_async_library()
-        if lib != "asyncio":
-            raise TierStateError(
-                f"the valkey tier runs on asyncio event loops (asyncio, uvloop) only: its client, valkey-py, "
-                f"is asyncio-only; this is {lib} (docs/tiers/valkey.md, 'Event loops')"
-            )
-        self._loop = asyncio.get_running_loop()
+        self._loop = current_loop()
+        if sniffio.current_async_library() != "asyncio":
+            # valkey-py is asyncio-only: under trio its client runs on a loop thread of this tier's own
+            self._bridge = LoopThread(name=f"asynctier-valkey-{self.url}")
         # no round trip here: a cache must come up while its server is down
         self._client = build_client(self._target, self._opts)
         self._lookups = anyio.CapacityLimiter(self.max_inflight or 1)
+        # checksums and copies are CPU work: no more threads than cores
+        self._hashers = anyio.CapacityLimiter(max(1, min(self.max_inflight or 1, os.cpu_count() or 1)))
 
     async def close_medium(self) -> None:
         client, self._client = self._client, None
-        if client is not None:
-            try:
-                await client.aclose()
-            except Exception as e:
-                log.warning("valkey tier %s: closing the client failed: %s", self.url, self._scrub(str(e)))
+        try:
+            if client is not None:
+                await self._on_client_loop(client.aclose)
+        except Exception as e:
+            log.warning("valkey tier %s: closing the client failed: %s", self.url, self._scrub(str(e)))
+        finally:
+            bridge, self._bridge = self._bridge, None
+            if bridge is not None:
+                await bridge.stop()
+
+    async def _on_client_loop(self, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
+        """``await fn(*args)`` on the client's event loop: the caller's on asyncio, the tier's
+        own loop thread under trio (waited for to its end, also when cancelled)."""
+        if self._bridge is None:
+            return await fn(*args)
+        return await self._bridge.call(fn, *args)
 
     # -- one pipeline: breaker, deadline, error mapping ------------------------------------
     def _scrub(self, text: str) -> str:
@@ -186,7 +207,7 @@ class ValkeyTier(AsyncChunkTier):
             raise TierUnavailableError("the valkey client is closed", key)
         probe = self._admit()
         try:
-            replies = await self._deadline(run_pipeline(client, commands))
+            replies = await self._deadline(self._on_client_loop(run_pipeline, client, commands))
         except Exception as e:
             mapped, reachable = map_client_error(e, key, self._scrub(str(e)))
             if reachable:
@@ -241,12 +262,17 @@ class ValkeyTier(AsyncChunkTier):
             end(k, err)
         return None, errs
 
+    def _on_thread(self, n_chunks: int) -> bool:
+        """Whether a batch of ``n_chunks`` has its checksums and copies done on a worker thread."""
+        limit = self.thread_min_bytes
+        return limit is not None and n_chunks * self.offloading_spec.chunk_bytes >= limit
+
     async def _store_group(self, keys: list[bytes], cids: list[int], t0: float) -> Outcomes:
-        digest = self.offloading_spec.layout_digest
         # the slots are read only while this job runs: the checksums now, the one copy as the
         # batch is packed and sent (again if it is resent); the engine keeps a cancelled
-        # caller waiting for a running job, so no slot is read after the call returns
-        commands = [self._set(k, frame(k, self._chunk(c), digest)) for k, c in zip(keys, cids)]
+        # caller waiting for a running job (and a worker thread is waited for, never
+        # abandoned), so no slot is read after the call returns
+        commands = await self._frames(keys, [self._chunk(c) for c in cids])
 
         def end(k: bytes, e: BaseException | None) -> None:
             self._end_store(k, t0, e)
@@ -270,16 +296,17 @@ class ValkeyTier(AsyncChunkTier):
             return errs
         out: Outcomes = []
         bad: list[bytes] = []
-        digest = self.offloading_spec.layout_digest
-        for k, c, r in zip(keys, cids, replies):
+        each = iter(
+            await self._unframe_all(
+                [(k, r, self._chunk(c)) for k, c, r in zip(keys, cids, replies) if isinstance(r, bytes)]
+            )
+        )
+        for k, r in zip(keys, replies):
             err: ChunkError | None = None
             if r is None:
                 err = ChunkNotFoundError(f"no chunk stored under key {k.hex()[:32]}", k)
             elif isinstance(r, bytes):
-                try:
-                    unframe_into(k, r, self._chunk(c), digest, self.verify)
-                except IntegrityError as e:
-                    err = e
+                err = next(each)
             else:
                 err = self._failed(k, r, "GET")
             if self._end_load(k, t0, err):
@@ -287,6 +314,39 @@ class ValkeyTier(AsyncChunkTier):
             out.append(err)
         if bad:
             await self._delete_bad(bad)
+        return out
+
+    async def _frames(self, keys: list[bytes], payloads: list[memoryview]) -> list[Command]:
+        """The SET of each payload, its checksum computed on a worker thread for a batch of at
+        least ``thread_min_bytes`` (the job waits for it: never abandoned, so no slot is read
+        after the job ends)."""
+        digest = self.offloading_spec.layout_digest
+        if self._on_thread(len(payloads)):
+            sums: list[int | None] = await anyio.to_thread.run_sync(_checksums, payloads, limiter=self._hashers)
+        else:
+            sums = [None] * len(payloads)
+        return [self._set(k, frame(k, p, digest, s)) for k, p, s in zip(keys, payloads, sums)]
+
+    async def _unframe_all(self, values: list[tuple[bytes, bytes, memoryview]]) -> list[IntegrityError | None]:
+        """Check each value read and copy its payload into its slot: each one's failure or None;
+        on a worker thread the job waits for (never abandoned) for a batch of at least
+        ``thread_min_bytes``, so no slot is written after the job ends."""
+        if self._on_thread(len(values)):
+            return await anyio.to_thread.run_sync(self._unframe_each, values, True, limiter=self._hashers)
+        return self._unframe_each(values, False)
+
+    def _unframe_each(
+        self, values: list[tuple[bytes, bytes, memoryview]], release_gil: bool
+    ) -> list[IntegrityError | None]:
+        digest = self.offloading_spec.layout_digest
+        out: list[IntegrityError | None] = []
+        for k, value, slot in values:
+            try:
+                unframe_into(k, value, slot, digest, self.verify, release_gil=release_gil)
+            except IntegrityError as e:
+                out.append(e)
+            else:
+                out.append(None)
         return out
 
     async def _delete_bad(self, keys: list[bytes]) -> None:
@@ -321,7 +381,7 @@ class ValkeyTier(AsyncChunkTier):
 
     # -- single-chunk primitives (verify_chunks, fsck) -------------------------------------
     async def write_chunk(self, key: bytes, data: memoryview) -> None:
-        (r,) = await self._request(key, [self._set(key, frame(key, data, self.offloading_spec.layout_digest))])
+        (r,) = await self._request(key, await self._frames([key], [data]))
         if not _stored(r):
             raise self._failed(key, r, "SET")
 
@@ -331,7 +391,9 @@ class ValkeyTier(AsyncChunkTier):
             raise ChunkNotFoundError(f"no chunk stored under key {key.hex()[:32]}", key)
         if not isinstance(r, bytes):
             raise self._failed(key, r, "GET")
-        unframe_into(key, r, out, self.offloading_spec.layout_digest, self.verify)
+        (err,) = await self._unframe_all([(key, r, out)])
+        if err is not None:
+            raise err
         return None
 
     async def chunk_exists(self, key: bytes) -> bool:
@@ -351,7 +413,7 @@ class ValkeyTier(AsyncChunkTier):
         if client is None:
             raise TierUnavailableError("the valkey client is closed")
         with anyio.fail_after(max(60.0, 10 * (self.timeout_s or 5.0))):
-            names = await scan_names(client, self._names + b"*")
+            names = await self._on_client_loop(scan_names, client, self._names + b"*")
         n = len(self._names)
         return [bytes(name[n:]) for name in names]
 
@@ -392,11 +454,7 @@ class ValkeyTier(AsyncChunkTier):
                     log.debug("valkey tier %s: touch failed: %s", self.url, e)  # a hint, as a lookup is
 
     def _check_loop(self) -> None:
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:
-            loop = None
-        if loop is not self._loop:
+        if current_loop() is not self._loop:
             raise TierStateError(
                 "this valkey tier was opened on another event loop, and its connections belong to that loop: "
                 "open one tier per event loop"
@@ -413,6 +471,11 @@ class ValkeyTier(AsyncChunkTier):
     def breaker_state(self) -> str:
         """The circuit breaker: ``closed``, ``open`` or ``half-open``."""
         return self._breaker.state
+
+
+def _checksums(payloads: list[memoryview]) -> list[int | None]:
+    """Each payload's xxh3 (on a worker thread: xxhash releases the GIL while it hashes)."""
+    return [checksum(p) for p in payloads]
 
 
 def _stored(reply: object) -> bool:
