@@ -44,6 +44,8 @@ POINT_COLS = (
     Col("x naive", "x naive", 4),
     Col("offload ops/s", "ops/s", 6),
     Col("offload p50 / p99 ms", "p50/p99\nms", 5),
+    Col("full-tier offload GB/s", "full tier\nGB/s", 2),
+    Col("x fio", "x fio", 3),
     Col("load GB/s", "load\nGB/s"),
     Col("x fio", "x fio", 3),
     Col("x naive", "x naive", 4),
@@ -128,6 +130,8 @@ def point_rows(report: BenchReport) -> Iterator[list[str]]:
             _x(r.get("naive_write")),
             _ops(o.ops_per_s if o else None),
             _lat(o),
+            _gbps(p.steady.bytes_per_s if p.steady else None),
+            _x(r.get("fio_steady")),
             _gbps(ld.bytes_per_s if ld else None),
             _x(r.get("fio_read")),
             _x(r.get("naive_read")),
@@ -223,7 +227,8 @@ def fitted_table(cols: Sequence[Col], rows: Sequence[Sequence[str]], width: int,
 CAPTION = (
     "GB/s and ops/s: one call with every chunk, depth = chunk I/Os in flight; offload timed until the bytes are on "
     "the medium, load from a cold page cache. x fio / x naive: the tier's GB/s over fio's (O_DIRECT, same block "
-    "size and depth) and over a naive aiofiles loop's. p50/p99: one-chunk calls, depth callers. Narrow terminals "
+    "size and depth) and over a naive aiofiles loop's. full tier (--steady): new keys offloaded into a tier at "
+    "capacity, each evicting one. p50/p99: one-chunk calls, depth callers. Narrow terminals "
     "show fewer columns: --json and --markdown keep them all."
 )
 
