@@ -33,6 +33,8 @@ class Col:
     short: str
     drop: int = 0
     left: bool = False
+    #: shown only when a row holds a figure (an option such as --steady was given)
+    optional: bool = False
 
 
 POINT_COLS = (
@@ -44,8 +46,8 @@ POINT_COLS = (
     Col("x naive", "x naive", 4),
     Col("offload ops/s", "ops/s", 6),
     Col("offload p50 / p99 ms", "p50/p99\nms", 5),
-    Col("full-tier offload GB/s", "full tier\nGB/s", 2),
-    Col("x fio", "x fio", 3),
+    Col("full-tier offload GB/s", "full tier\nGB/s", 2, optional=True),
+    Col("x fio", "x fio", 3, optional=True),
     Col("load GB/s", "load\nGB/s"),
     Col("x fio", "x fio", 3),
     Col("x naive", "x naive", 4),
@@ -208,7 +210,7 @@ def fitted_table(cols: Sequence[Col], rows: Sequence[Sequence[str]], width: int,
         _DROP_EMPTY_FIRST if c.drop and rows and all(r[i] in _EMPTY for r in rows) else c.drop
         for i, c in enumerate(cols)
     ]
-    keep = list(range(len(cols)))
+    keep = [i for i, c in enumerate(cols) if not (c.optional and all(r[i] in _EMPTY for r in rows))]
     short = False
     while True:
         t = _build(cols, rows, keep, short, **kw)
