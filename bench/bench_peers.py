@@ -33,6 +33,7 @@ import asyncio
 import json
 import mmap
 import os
+import resource
 import shutil
 import statistics
 import sys
@@ -58,6 +59,35 @@ def _view(nbytes: int) -> memoryview:
 def _durable_and_cold(directory: Path) -> None:
     benchkit.sync_tree(directory)
     benchkit.drop_tree_cache(directory)
+
+
+def _process_cpu() -> float:
+    """User + system CPU seconds of this process, every thread (the C workers too)."""
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    return ru.ru_utime + ru.ru_stime
+
+
+def inode_cost_us(directory: Path, files: int = 200) -> float:
+    """CPU (kernel) microseconds per new inode made here now: ``O_TMPFILE`` files, made and closed.
+
+    A file per chunk pays one; its cost varies with the file system's state (on ext4 without a
+    journal the allocator skips inodes freed in the last minutes one by one, so it grows
+    with recent deletions, the bench's own included): printed per block, beside the ratios.
+    """
+    directory.mkdir(parents=True, exist_ok=True)
+    dfd = os.open(directory, os.O_RDONLY)
+    fds: list[int] = []
+    try:
+        t = time.thread_time()
+        for _ in range(files):
+            fds.append(os.open(".", getattr(os, "O_TMPFILE", 0) | os.O_WRONLY, 0o600, dir_fd=dfd))
+        return (time.thread_time() - t) / files * 1e6
+    except OSError:
+        return float("nan")  # no O_TMPFILE here
+    finally:
+        for fd in fds:
+            os.close(fd)
+        os.close(dfd)
 
 
 async def _tier_run(kind: str, workdir: Path, chunk: int, depth: int, n: int) -> dict[str, float]:
@@ -87,16 +117,18 @@ async def _tier_run(kind: str, workdir: Path, chunk: int, depth: int, n: int) ->
 
             await asyncio.gather(*(one(i) for i in range(0, n, batch)))
 
-        cpu0, t0 = time.thread_time(), time.perf_counter()
+        cpu0, proc0, t0 = time.thread_time(), _process_cpu(), time.perf_counter()
         await stream("offload")
         await asyncio.to_thread(benchkit.sync_tree, workdir)
         out["write"] = n * chunk / (time.perf_counter() - t0)
         out["write_loop_us"] = (time.thread_time() - cpu0) / n * 1e6
+        out["write_cpu_us"] = (_process_cpu() - proc0) / n * 1e6
         await asyncio.to_thread(benchkit.drop_tree_cache, workdir)
-        cpu0, t0 = time.thread_time(), time.perf_counter()
+        cpu0, proc0, t0 = time.thread_time(), _process_cpu(), time.perf_counter()
         await stream("load")
         out["read"] = n * chunk / (time.perf_counter() - t0)
         out["read_loop_us"] = (time.thread_time() - cpu0) / n * 1e6
+        out["read_cpu_us"] = (_process_cpu() - proc0) / n * 1e6
     return out
 
 
@@ -203,6 +235,7 @@ def main() -> int:
             extra: dict[str, list[float]] = {}
             for rep in range(args.repeat):
                 before = fio_pair(base / "fio", fio, chunk, depth, n * chunk) if fio else None
+                extra.setdefault("inode_us", []).append(inode_cost_us(base / "inode-probe"))
                 order = contenders[rep % len(contenders) :] + contenders[: rep % len(contenders)]
                 got = {c: run_contender(c, base / c, chunk, depth, n) for c in order}
                 after = fio_pair(base / "fio", fio, chunk, depth, n * chunk) if fio else None
@@ -210,7 +243,7 @@ def main() -> int:
                     for rw in ("write", "read"):
                         ref = (before[rw] + after[rw]) / 2 if before and after and before[rw] and after[rw] else 0
                         block[c][rw].append(r[rw] / ref if ref else r[rw] / 1e9)
-                    for k in ("write_loop_us", "read_loop_us"):
+                    for k in ("write_loop_us", "read_loop_us", "write_cpu_us", "read_cpu_us"):
                         if k in r:
                             extra.setdefault(f"{c} {k}", []).append(r[k])
                 last = "  ".join(f"{c} w {block[c]['write'][-1]:.2f} r {block[c]['read'][-1]:.2f}" for c in contenders)
@@ -235,6 +268,12 @@ def main() -> int:
         cells = " | ".join(f"{c} {loop.get(f'{c} write_loop_us', 0):5.1f} / {loop.get(f'{c} read_loop_us', 0):5.1f}"
                            for c in tiers)  # fmt: skip
         print(f"{kib:5} {depth:5} | {cells}")
+    print()
+    print("process CPU per chunk (us, every thread), write / read; kernel CPU per new inode here (us)")
+    for kib, depth, _, loop in rows:
+        cells = " | ".join(f"{c} {loop.get(f'{c} write_cpu_us', 0):6.1f} / {loop.get(f'{c} read_cpu_us', 0):5.1f}"
+                           for c in tiers)  # fmt: skip
+        print(f"{kib:5} {depth:5} | {cells} | inode {loop.get('inode_us', 0):6.1f}")
     if args.json:
         with open(args.json, "w") as fh:
             json.dump({"args": vars(args), "results": results, "machine": benchkit.machine_info()}, fh, indent=1)

@@ -107,6 +107,24 @@ def test_bench_repeat_reports_the_median_of_verified_runs(tmp_path: Path) -> Non
     assert all(ref["repeats"] == 3 and ref["naive_read"]["bytes_per_s"] > 0 for ref in report["references"])
 
 
+def test_bench_steady_times_offloads_into_a_full_tier_beside_the_empty_one(tmp_path: Path) -> None:
+    tiers = ["memory", "fs"] if HAS_FS else ["memory"]
+    r = invoke(*_bench_args(tmp_path, *tiers), "--no-fio", "--no-naive", "--steady")
+    assert r.exit_code == 0, r.output
+    report = json.loads((tmp_path / "bench.json").read_text())
+    assert report["options"]["steady"] is True and "--steady" in report["command"]
+    for p in report["points"]:
+        assert p["ok"], p["error"]
+        # half the 16 chunks fill a tier of that capacity; each of the other half evicts one
+        assert p["steady_evictions"] == 8
+        assert p["steady"]["bytes_per_s"] > 0 and p["offload"]["bytes_per_s"] > 0
+    assert "full tier" in r.output
+    assert not any(p.is_file() for p in (tmp_path / "root").rglob("*"))
+    plain = invoke(*_bench_args(tmp_path, "memory"), "--no-fio", "--no-naive")
+    assert plain.exit_code == 0, plain.output
+    assert all(p["steady"] is None for p in json.loads((tmp_path / "bench.json").read_text())["points"])
+
+
 class ForgetfulTier(BlockingChunkTier):
     """A real tier that is broken on purpose: it remembers keys but never stores or returns bytes.
 

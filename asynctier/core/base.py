@@ -90,6 +90,7 @@ class ChunkTier(Bookkeeping, SecondaryTierManager):
         self.offloading_spec = offloading_spec
         self.tier_type = tier_type or self.default_type or type(self).__name__
         self._view = offloading_spec.check_view(primary_kv_view, writable=False)
+        self._own_view = self._view is not primary_kv_view  # a cast of the caller's: released at close
         self.max_inflight = positive_int("max_inflight", max_inflight)
         if self.max_inflight is not None and self.max_inflight > MAX_INFLIGHT:
             raise TierConfigError(f"max_inflight must be at most {MAX_INFLIGHT}; got {max_inflight!r}")
@@ -225,6 +226,7 @@ class ChunkTier(Bookkeeping, SecondaryTierManager):
                 return
             if self._state == _NEW:  # never opened
                 self._state = _CLOSED
+                self._release_view()
                 return
             self._state = _CLOSING
             try:
@@ -234,6 +236,22 @@ class ChunkTier(Bookkeeping, SecondaryTierManager):
                 if self._engine is not None:
                     await self._engine.stop()
                 self._state = _CLOSED
+                self._release_view()
+
+    def _release_view(self) -> None:
+        """Let go of the caller's buffer once closed: a closed tier the caller still references
+        must not keep it exported (an mmap could not be unmapped). A stand-in of the same
+        writability keeps the argument checks' errors as they were (then: closed)."""
+        view = self._view
+        if not self._own_view:
+            return  # the caller's own view object: theirs to release
+        self._own_view = False
+        stand_in = memoryview(b"") if view.readonly else memoryview(bytearray())
+        try:
+            view.release()  # chunk slices taken from it are gone with the calls that took them
+        except BufferError:
+            return  # something still exports from it: it goes with the tier
+        self._view = stand_in
 
     async def drain(self) -> None:
         while self._idle is not None and not self._idle.is_set():

@@ -221,6 +221,12 @@ def _run(opts: BenchOptions, plan: Plan, quiet: bool) -> Any:
     show_default=True,
     help="Measure every point this many times, interleaved, and report each phase's median run.",
 )
+@click.option(
+    "--steady",
+    is_flag=True,
+    help="Also offload into a full tier (half the point's chunks fill it, the other half each evict one): "
+    "the steady state of a cache, beside the empty-tier figure.",
+)
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None, help="Write every figure as JSON.")
 @click.option(
     "--plot",
@@ -249,11 +255,12 @@ def bench(
     fio_engines: str,
     naive: bool,
     repeat: int,
+    steady: bool,
     json_path: str | None,
     plot_path: str | None,
     md_path: str | None,
     quiet: bool,
-) -> None:  # long: the signature names the 14 options; the body is checks, run, files, exit status
+) -> None:  # long: the signature names the 15 options; the body is checks, run, files, exit status
     """Offload, look up, load back and verify chunks through each tier; compare with fio and a naive loop.
 
     With no arguments: an fs tier and an nvme slab in a temporary directory and an obj tier
@@ -280,6 +287,7 @@ def bench(
             fio_engines=[e.strip() for e in fio_engines.split(",") if e.strip()],
             naive=naive,
             repeat=repeat,
+            steady=steady,
             command=_command_line(click.get_current_context()),
         )
         from ..valkey_server import with_local_valkey

@@ -53,6 +53,8 @@ class BenchOptions:
     naive: bool = True
     #: Measure every point this many times, interleaved, and report the median run of each phase.
     repeat: int = 1
+    #: Also time offloads into a full tier (each store evicting): a cache's steady state.
+    steady: bool = False
     command: str = "asynctier bench"
 
     def points(self) -> list[tuple[int, int]]:
@@ -73,8 +75,10 @@ class BenchOptions:
 
 
 def tier_point_bytes(opts: BenchOptions, chunk: int, depth: int) -> int:
-    """Bytes one tier moves at one point: the batch and the probes, each offloaded and loaded."""
-    return 2 * chunk * (opts.chunks_for(chunk, depth) + opts.probe_chunks(chunk, depth))
+    """Bytes one tier moves at one point: the batch and the probes, each offloaded and loaded;
+    with ``steady``, the batch offloaded once more into a tier half its size."""
+    chunks = opts.chunks_for(chunk, depth)
+    return 2 * chunk * (chunks + opts.probe_chunks(chunk, depth)) + (chunk * chunks if opts.steady else 0)
 
 
 def fio_side_bytes(size: int, rw: str) -> int:

@@ -71,6 +71,8 @@ class PointRun:
         workdir: Path,
         run_id: str,
         progress: Progress,
+        *,
+        steady: bool = False,
     ) -> None:
         chunk, depth, chunks, probe = point
         self.res = PointResult(
@@ -87,15 +89,17 @@ class PointRun:
         self.keys = [chunk_key(run_id, name, chunk, depth, i) for i in range(chunks)]
         self.absent = [chunk_key(run_id, name, chunk, depth, i, "absent") for i in range(chunks)]
         self.probe_keys = [chunk_key(run_id, name, chunk, depth, i, "probe") for i in range(probe)]
-        self._left = 2 * chunk * (chunks + probe)  # the bytes the plan counted for this point
+        self.steady = steady
+        # the bytes the plan counted for this point (plan.tier_point_bytes)
+        self._left = 2 * chunk * (chunks + probe) + (self.nbytes if steady else 0)
 
     def _advance(self, nbytes: int) -> None:
         self._left -= nbytes
         self.progress.advance(nbytes)
 
-    def _tier_config(self) -> dict[str, Any]:
+    def _tier_config(self, pointdir: Path | None = None) -> dict[str, Any]:
         cfg: dict[str, Any] = substitute(
-            dict(self.config), {"dir": self.pointdir, "capacity": capacity_for(self.chunks, self.chunk)}
+            dict(self.config), {"dir": pointdir or self.pointdir, "capacity": capacity_for(self.chunks, self.chunk)}
         )
         # the tier's bound is the depth swept; a chain's tiers too (substitute made them copies)
         for tier_cfg in nested_configs(cfg):
@@ -178,6 +182,37 @@ class PointRun:
         self._advance(probe * self.chunk)
         return off_lat, load_lat
 
+    async def _steady(self, per_chunk: int) -> None:
+        """A second tier holding half the point's chunks: filled (untimed), then the other half
+        offloaded as new keys, each evicting one (timed up to the flush): a cache at capacity."""
+        half = max(1, self.chunks // 2)
+        cfg = self._tier_config(self.pointdir / "steady")
+        if "capacity_bytes" not in accepted_parameters(SecondaryTierFactory.get_tier_class(cfg)):
+            return
+        cfg["capacity_bytes"] = half * per_chunk
+        spec = OffloadingSpec(self.chunk, self.chunks, namespace=f"asynctier/bench/{self.run_id}/steady")
+        keys = [chunk_key(self.run_id, self.res.tier, self.chunk, self.depth, i, "steady") for i in range(2 * half)]
+        (self.pointdir / "steady").mkdir(exist_ok=True)
+        self.progress.phase(f"{self.label}: offload into a full tier")
+        tier = SecondaryTierFactory.create_secondary_tier(cfg, self.primary.view[: self.nbytes], spec)
+        async with tier:
+            self._check("offload", (await tier.offload(keys[:half], list(range(half)))).failed)
+            await self._flush()
+            self._advance(half * self.chunk)
+            before = tier.stats().evictions
+            if self.local:
+                await asyncio.to_thread(benchkit.settle, self.pointdir)
+            t = time.perf_counter()
+            r = await tier.offload(keys[half:], [half + i for i in range(half)])
+            self._check("offload", r.failed)
+            elapsed = time.perf_counter() - t + await self._flush()
+            self._advance(half * self.chunk)
+            self.res.steady = Phase.of(elapsed, half * self.chunk, half)
+            self.res.steady_evictions = tier.stats().evictions - before
+            hits = await tier.lookup(keys[half:])
+            if not all(hits):
+                raise RuntimeError(f"offload into a full tier: {hits.count(False)} stored keys reported absent")
+
     async def run(self) -> PointResult:
         """Measure the point; never raises for the tier's failures (they mark the point failed)."""
         res = self.res
@@ -196,11 +231,14 @@ class PointRun:
                 res.offload = Phase.of(offload_s, self.nbytes, self.chunks, off_lat)
                 res.load = Phase.of(load_s, self.nbytes, self.chunks, load_lat)
                 stats = tier.stats()
+                per_chunk = (stats.used_bytes or 0) // max(1, stats.stored_chunks or 0)
                 res.peak_in_flight = stats.peak_in_flight
                 res.tier_extra = dict(stats.extra)
                 with contextlib.suppress(Exception):  # cleanup only; a remote tier may refuse deletes
                     await tier.remove(self.keys + self.probe_keys)
-                res.ok = True
+            if self.steady and per_chunk:  # a tier that counts no bytes has no capacity to fill
+                await self._steady(per_chunk)
+            res.ok = True
         except Exception as e:
             res.error = f"{type(e).__name__}: {e}"
         finally:

@@ -92,6 +92,10 @@ class PointResult:
     offload_returned_bytes_per_s: float = 0.0
     flush_s: float = 0.0
     load: Phase | None = None
+    #: ``--steady``: offloads of new keys into a full tier, each evicting one (flush included).
+    steady: Phase | None = None
+    #: Chunks the steady phase evicted (as many as it stored, in a tier that was full).
+    steady_evictions: int = 0
     lookup_ops_per_s: float = 0.0
     #: Chunks timed one call at a time for the latency percentiles (also verified).
     probe_chunks: int = 0
@@ -168,6 +172,7 @@ def median_point(runs: list[PointResult]) -> PointResult:
         return out
     off = _median_of(runs, lambda r: r.offload.bytes_per_s if r.offload else 0.0)
     ld = _median_of(runs, lambda r: r.load.bytes_per_s if r.load else 0.0)
+    st = _median_of(runs, lambda r: r.steady.bytes_per_s if r.steady else 0.0)
     out = PointResult(
         tier=off.tier,
         tier_type=off.tier_type,
@@ -179,6 +184,8 @@ def median_point(runs: list[PointResult]) -> PointResult:
         offload_returned_bytes_per_s=off.offload_returned_bytes_per_s,
         flush_s=off.flush_s,
         load=ld.load,
+        steady=st.steady,
+        steady_evictions=st.steady_evictions,
         lookup_ops_per_s=_median_of(runs, lambda r: r.lookup_ops_per_s).lookup_ops_per_s,
         probe_chunks=off.probe_chunks,
         verified_bytes=sum(r.verified_bytes for r in runs),
@@ -191,6 +198,8 @@ def median_point(runs: list[PointResult]) -> PointResult:
 
 def ratios(p: PointResult, ref: RefResult) -> dict[str, float | None]:
     out: dict[str, float | None] = {"fio_write": None, "fio_read": None, "naive_write": None, "naive_read": None}
+    if p.steady is not None:
+        out["fio_steady"] = benchkit.ratio(p.steady.bytes_per_s, ref.fio_bps("write"))
     if p.offload is not None:
         out["fio_write"] = benchkit.ratio(p.offload.bytes_per_s, ref.fio_bps("write"))
         out["naive_write"] = benchkit.ratio(p.offload.bytes_per_s, ref.naive_bps("write"))

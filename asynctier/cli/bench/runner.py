@@ -100,6 +100,7 @@ def _new_report(
             "fio_engines": list(opts.fio_engines),
             "naive": opts.naive,
             "repeat": opts.repeat,
+            "steady": opts.steady,
         },
         tiers=status,
     )
@@ -129,6 +130,7 @@ async def _sweep_point(
                 ctx["workdir"],
                 ctx["run_id"],
                 ctx["progress"],
+                steady=opts.steady,
             )
             tier_runs[name].append(await run.run())
     ref = median_ref(ref_runs) if ref_runs else None

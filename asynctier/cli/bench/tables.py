@@ -33,6 +33,8 @@ class Col:
     short: str
     drop: int = 0
     left: bool = False
+    #: shown only when a row holds a figure (an option such as --steady was given)
+    optional: bool = False
 
 
 POINT_COLS = (
@@ -44,6 +46,8 @@ POINT_COLS = (
     Col("x naive", "x naive", 4),
     Col("offload ops/s", "ops/s", 6),
     Col("offload p50 / p99 ms", "p50/p99\nms", 5),
+    Col("full-tier offload GB/s", "full tier\nGB/s", 2, optional=True),
+    Col("x fio", "x fio", 3, optional=True),
     Col("load GB/s", "load\nGB/s"),
     Col("x fio", "x fio", 3),
     Col("x naive", "x naive", 4),
@@ -128,6 +132,8 @@ def point_rows(report: BenchReport) -> Iterator[list[str]]:
             _x(r.get("naive_write")),
             _ops(o.ops_per_s if o else None),
             _lat(o),
+            _gbps(p.steady.bytes_per_s if p.steady else None),
+            _x(r.get("fio_steady")),
             _gbps(ld.bytes_per_s if ld else None),
             _x(r.get("fio_read")),
             _x(r.get("naive_read")),
@@ -204,7 +210,7 @@ def fitted_table(cols: Sequence[Col], rows: Sequence[Sequence[str]], width: int,
         _DROP_EMPTY_FIRST if c.drop and rows and all(r[i] in _EMPTY for r in rows) else c.drop
         for i, c in enumerate(cols)
     ]
-    keep = list(range(len(cols)))
+    keep = [i for i, c in enumerate(cols) if not (c.optional and all(r[i] in _EMPTY for r in rows))]
     short = False
     while True:
         t = _build(cols, rows, keep, short, **kw)
@@ -223,7 +229,8 @@ def fitted_table(cols: Sequence[Col], rows: Sequence[Sequence[str]], width: int,
 CAPTION = (
     "GB/s and ops/s: one call with every chunk, depth = chunk I/Os in flight; offload timed until the bytes are on "
     "the medium, load from a cold page cache. x fio / x naive: the tier's GB/s over fio's (O_DIRECT, same block "
-    "size and depth) and over a naive aiofiles loop's. p50/p99: one-chunk calls, depth callers. Narrow terminals "
+    "size and depth) and over a naive aiofiles loop's. full tier (--steady): new keys offloaded into a tier at "
+    "capacity, each evicting one. p50/p99: one-chunk calls, depth callers. Narrow terminals "
     "show fewer columns: --json and --markdown keep them all."
 )
 

@@ -1,0 +1,67 @@
+"""A closed tier lets go of the caller's buffer: an mmap behind the primary view can be
+unmapped after ``aclose()`` even while the caller still holds the tier object (vLLM keeps
+its KV mapping otherwise: "buffers are still exported")."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import mmap
+from pathlib import Path
+
+import pytest
+
+from asynctier import OffloadingSpec, SecondaryTierFactory
+from asynctier.engines import native as nativeio
+from asynctier.errors import TierClosedError
+
+CHUNK = 64 * 1024
+N = 8
+_NO_NATIVE = pytest.mark.skipif(nativeio.problem() is not None, reason="native I/O workers not built")
+ENGINES = ["threads", pytest.param("native", marks=_NO_NATIVE)]
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_closed_tier_releases_a_cast_primary_view(tmp_path: Path, engine: str) -> None:
+    spec = OffloadingSpec(CHUNK, N, namespace="release")
+    region = mmap.mmap(-1, spec.total_bytes)
+    view = memoryview(region).cast("B", (N, CHUNK))  # 2-D, as vLLM's: the tier makes its own flat view
+    tier = SecondaryTierFactory.create_secondary_tier(
+        {"type": "fs", "root": str(tmp_path), "io_engine": engine, "max_inflight": 4}, view, spec
+    )
+    keys = [b"k%d" % i for i in range(N)]
+
+    async def use() -> None:
+        async with tier:
+            assert not (await tier.offload(keys, list(range(N)))).failed
+            assert not (await tier.load(keys, list(range(N)))).failed
+        with pytest.raises(TierClosedError):
+            await tier.load(keys, list(range(N)))  # closed, not a released-view error
+
+    asyncio.run(use())
+    view.release()
+    gc.collect()
+    region.close()  # BufferError if the closed tier (still referenced here) kept an export
+    assert region.closed
+    assert tier.stats().offloaded == N  # the closed tier still answers stats()
+
+
+def test_never_opened_tier_releases_too_and_leaves_a_flat_caller_view_alone(tmp_path: Path) -> None:
+    spec = OffloadingSpec(CHUNK, N, namespace="release")
+    region = mmap.mmap(-1, spec.total_bytes)
+    cast = memoryview(region).cast("B", (N, CHUNK))
+    unopened = SecondaryTierFactory.create_secondary_tier({"type": "fs", "root": str(tmp_path)}, cast, spec)
+    flat = memoryview(region)  # already flat bytes: the tier uses this very object
+    other = SecondaryTierFactory.create_secondary_tier({"type": "fs", "root": str(tmp_path)}, flat, spec)
+
+    async def close_both() -> None:
+        await unopened.aclose()
+        async with other:
+            pass
+
+    asyncio.run(close_both())
+    assert flat[0] == 0 and not flat.readonly  # the caller's own view is still the caller's
+    flat.release()
+    cast.release()
+    region.close()
+    assert region.closed
