@@ -42,6 +42,8 @@ BACKENDS: dict[str, tuple[str, dict[str, Any]]] = {
     "trio": ("trio", {}),
 }
 #: Point name -> how to build it (``lower``: the chain's memory tier is emptied before the load).
+#: --background-batch (None: the chain's default)
+BACKGROUND_BATCH: int | None = None
 POINTS = ("memory", "fs", "chain-memory", "back", "through", "lower")
 
 
@@ -56,9 +58,10 @@ def _config(point: str, root: str, depth: int, chunks: int, chunk: int, chain_de
     if point == "chain-memory":
         return {"type": "chain", "tiers": [memory], "max_inflight": chain_depth}
     write = "back" if point == "back" else "through"  # lower: fs must hold every chunk
+    lanes = {"background_batch": BACKGROUND_BATCH} if BACKGROUND_BATCH else {}
     # a backlog that holds every chunk: a write-back dropped for want of room would cost nothing
     return {"type": "chain", "tiers": [memory, fs], "write": write, "max_inflight": chain_depth,
-            "backlog_chunks": chunks}  # fmt: skip
+            "backlog_chunks": chunks, **lanes}  # fmt: skip
 
 
 def _view(nbytes: int) -> memoryview:
@@ -83,11 +86,14 @@ async def _stream(tier: Any, op: str, keys: list[bytes], slots: int, batch: int,
             tg.start_soon(caller, n)
 
 
-def _copy_us(chunk: int, n: int = 256) -> float:
-    src, dst = _view(chunk * 8), memoryview(bytearray(chunk * 8))
+def _copy_us(chunk: int) -> float:
+    """One chunk's memcpy between buffers larger than the CPU's caches (as staging and the
+    caller's buffer are): the price of staging, each way."""
+    n = max(8, (64 << 20) // chunk)
+    src, dst = _view(chunk * n), memoryview(bytearray(chunk * n))
+    dst[:] = src  # touch every page first
     t0 = time.thread_time()
-    for i in range(n):
-        j = i % 8
+    for j in range(n):
         dst[j * chunk : (j + 1) * chunk] = src[j * chunk : (j + 1) * chunk]
     return (time.thread_time() - t0) / n * 1e6
 
@@ -175,6 +181,7 @@ def main() -> int:
     ap.add_argument("--depth", type=int, default=16, help="max_inflight of every tier and of the chain")
     ap.add_argument("--chain-depth", type=int, default=None,
                     help="max_inflight of the chain (its staging slots for calls); default: --depth")  # fmt: skip
+    ap.add_argument("--background-batch", type=int, default=None, help="the chains' background_batch")
     ap.add_argument("--batch", type=int, default=32, help="chunks per call")
     ap.add_argument("--streams", type=int, default=4, help="concurrent callers")
     ap.add_argument("--repeat", type=int, default=3, help="runs per point, interleaved; the median is reported")
@@ -185,6 +192,8 @@ def main() -> int:
     args = ap.parse_args()
     name, options = BACKENDS[args.backend]
     chain_depth = args.chain_depth or args.depth
+    global BACKGROUND_BATCH
+    BACKGROUND_BATCH = args.background_batch
     kibs = [int(k) for k in args.chunk_kib.split(",")]
     if args.profile is not None:
         root = tempfile.mkdtemp(prefix="asynctier-chaincpu-", dir=args.root)

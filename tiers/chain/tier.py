@@ -76,7 +76,7 @@ class ChainTier(ChainTransfers, SecondaryTierManager):
         demote: keep the first tier below its capacity by moving its least recently used
             chunks into the second tier before it evicts them (default False).
         demote_headroom_chunks: how far below capacity demotion keeps the first tier (8).
-        background_batch: chunks per background write call (default 8).
+        background_batch: chunks per background write call at most (default 32).
         max_inflight: chunks of calls in progress at once (staging slots; default 16).
         store_backpressure, backpressure_timeout_s: as every tier (``"drop"``: a store that
             gets no staging slot within the timeout fails with BackpressureError).
@@ -97,7 +97,7 @@ class ChainTier(ChainTransfers, SecondaryTierManager):
         promote: bool = True,
         demote: bool = False,
         demote_headroom_chunks: int = 8,
-        background_batch: int = 8,
+        background_batch: int = 32,
         max_inflight: int = 16,
         store_backpressure: Literal["wait", "drop"] = "wait",
         backpressure_timeout_s: float = 0.05,
