@@ -3,20 +3,23 @@
 A chain copies each chunk between the caller's buffer and its staging buffer and runs its
 member tiers over that staging buffer, with background lanes for write-back. This measures
 what that costs in CPU: ``streams`` callers store ``chunks`` chunks in calls of ``batch``,
-then load them back, through ``memory`` alone, ``fs`` alone, and chains ``memory -> fs``
-written back and written through (and, with ``lower``, a chain whose memory tier misses so
-fs serves and promotes), after an untimed warm-up round of other keys. For each it reports the event-loop thread's CPU
-(``time.thread_time`` on the loop thread) and the whole process's CPU (``time.process_time``:
-every thread, the tiers' workers and copy threads too) per chunk. A store's figures run until
-``drain()`` returns, so the background write-back is counted. ``copy`` is one ``memcpy`` of a
-chunk here, the price of staging each way. Points run interleaved, the median of the repeats
-is reported.
+then load them back, through ``memory`` alone, ``fs`` alone, a chain of memory alone
+(``chain-memory``) and chains ``memory -> fs`` written back and written through (and
+``lower``: loads that miss memory, so fs serves and promotes), after an untimed warm-up round
+of other keys. For each it reports the event-loop thread's CPU (``time.thread_time`` on the
+loop thread) and the whole process's CPU (``time.process_time``: every thread, the tiers'
+workers and copy threads too) per chunk. A store's figures run until ``drain()`` returns, so
+the background write-back is counted. ``copy`` is one ``memcpy`` of a chunk between buffers
+larger than the caches, the price of staging each way. Points run interleaved, the median of
+the repeats is reported.
 
 Run from the repository root: ``.venv/bin/python bench/bench_chain_cpu.py`` (``--help`` for
-options; ``--profile POINT`` prints where the loop thread's time goes, with yappi on CPU
-clock if installed, else cProfile). Only the public API is used, so the same command measures
-an older checkout (``PYTHONPATH=that/checkout``). On a busy machine CPU time still grows with
-cache misses and preemption: compare checkouts run after run in one sitting.
+options; ``--profile POINT`` prints where the time goes, per thread with yappi on CPU clock if
+installed, else the loop thread with cProfile). Only the public API is used, so the same
+command measures an older checkout: ``git archive OLD | tar -x -C /tmp/old; ln -s ../tiers
+/tmp/old/asynctier/tiers; PYTHONPATH=/tmp/old .venv/bin/python bench/bench_chain_cpu.py``.
+On a busy machine CPU time still grows with cache misses and preemption: compare checkouts
+run after run in one sitting.
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ from .staging import StagingPool
 __all__ = ["ChainTransfers"]
 
 #: Copies of up to this many bytes run on the event loop; larger ones on a copy thread.
-_INLINE_COPY = 1 << 20
+_INLINE_COPY = 256 * 1024
 #: Calls that copy more run their copies here (memcpy releases the GIL for large buffers).
 _COPIER = concurrent.futures.ThreadPoolExecutor(4, thread_name_prefix="asynctier-chain-copy")
 
