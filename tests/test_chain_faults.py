@@ -5,14 +5,17 @@ completes, what fails, which tier is blamed, and that traffic resumes by itself.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import errno
 import functools
+import gc
 import socket
 import subprocess
 import sys
 import time
 import urllib.request
+import weakref
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -158,10 +161,15 @@ def test_obj_server_killed_upper_tiers_serve_and_obj_resumes(tmp_path: Path, kil
     run(check)
 
 
-def test_a_late_tier_does_not_hold_up_the_call(tmp_path: Path, killable_moto: KillableMoto) -> None:
+LOOPS = {"asyncio": ("asyncio", {}), "uvloop": ("asyncio", {"use_uvloop": True}), "trio": ("trio", {})}
+
+
+@pytest.mark.parametrize("loop", sorted(LOOPS))
+def test_a_late_tier_does_not_hold_up_the_call(tmp_path: Path, killable_moto: KillableMoto, loop: str) -> None:
     """With deadline_s, a load stops waiting for a stalled tier: its keys fail with a timeout
     blamed on it, the others are served, and the late call keeps only the chain's own staging
-    slots (never the caller's) until it ends by itself."""
+    slots (never the caller's) until it ends by itself (on every event loop: the late call
+    runs as a task of its own)."""
     proxy = FaultProxy(killable_moto.port)
 
     async def check() -> None:
@@ -172,7 +180,7 @@ def test_a_late_tier_does_not_hold_up_the_call(tmp_path: Path, killable_moto: Ki
             ks = keys(4)
             assert (await chain.offload(ks, [0, 1, 2, 3])).ok
             assert (await chain.member("memory").tier.remove(ks[2:])).ok  # only obj holds these
-            proxy.delay_s = 1.0  # every answer of the server now comes late
+            proxy.delay_s = 0.6  # every answer of the server now comes late
             rig.zero()
             res = await chain.load(ks, [4, 5, 6, 7])
             assert res.succeeded == ks[:2] and set(res.failed) == set(ks[2:])
@@ -187,10 +195,38 @@ def test_a_late_tier_does_not_hold_up_the_call(tmp_path: Path, killable_moto: Ki
             res = await chain.load(ks[2:], [6, 7])
             assert res.ok and rig.chunk(6) == rig.orig_chunk(2) and rig.chunk(7) == rig.orig_chunk(3)
 
+    backend, options = LOOPS[loop]
     try:
-        run(check)
+        anyio.run(check, backend=backend, backend_options=options)
     finally:
         proxy.close()
+
+
+@pytest.mark.parametrize("demote", [False, True])
+def test_a_chain_dropped_without_aclose_ends_its_background_tasks(tmp_path: Path, demote: bool) -> None:
+    """A chain nobody closes is collected once dropped; its lanes (and demoter) write what was
+    queued, then end, rather than waiting for the event loop to end."""
+
+    async def check() -> None:
+        rig = ChainRig(num_chunks=16)
+        mem = {**MEM, "capacity_bytes": 64 * rig.spec.chunk_bytes} if demote else MEM
+        chain = rig.chain(tiers=[mem, fs(tmp_path / "kv")], demote=demote)
+        await chain.open()
+        lower = chain.member("fs").tier
+        ks = keys(8)
+        assert (await chain.offload(ks, list(range(8)))).ok  # written back to fs in the background
+        tasks = {t for t in asyncio.all_tasks() if t.get_name().startswith("asynctier-chain-")}
+        assert len(tasks) == 3 if demote else 2
+        dropped = weakref.ref(chain)
+        del chain
+        gc.collect()
+        assert dropped() is None, "something still holds the chain"
+        _, pending = await asyncio.wait(tasks, timeout=30)
+        assert not pending, f"still running: {[t.get_name() for t in pending]}"
+        assert await lower.lookup(ks) == [True] * 8, "what was queued was not written first"
+        await lower.aclose()
+
+    run(check)
 
 
 # -- a full lower tier ----------------------------------------------------------------------------------

@@ -4,7 +4,13 @@ Each item is one chunk in a staging slot the background owns, to be written into
 tiers. Each tier has a lane of its own (a queue and one writer task), so a slow or dead tier
 holds up only its own lane: the fs lane goes on while the obj lane waits out its deadline.
 A writer takes up to ``batch`` items at a time and writes them in one call. The slot goes
-back to the pool when every lane it was queued on is done with it.
+back to the pool when every lane it was queued on is done with it. Everything here is done
+per batch, not per chunk: a call's batch is queued at once (one wake-up per lane), a lane
+returns the slots of its batch at once.
+
+A lane's task holds no reference to the chain: a chain dropped without ``aclose()`` is
+collected, and its finalizer (:meth:`Backlog.abandon`, run on the event loop) ends the lanes
+once what is queued is written, so its tiers are collected and their own workers end too.
 
 A remove must win over background work of the same key, whenever that work was queued: the
 :class:`RemovalFence` stamps each removal, an item queued before a removal of its key is
@@ -15,8 +21,7 @@ from __future__ import annotations
 
 import logging
 from collections import OrderedDict, deque
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 
 import anyio
 
@@ -40,15 +45,18 @@ class RemovalFence:
         self.epoch = 0
         self._removed_at: OrderedDict[bytes, int] = OrderedDict()
         self._floor = 0  # every removal older than this may have been forgotten
-        self._running: dict[bytes, tuple[int, anyio.Event]] = {}
+        self._running: dict[bytes, int] = {}  # key -> background writes of it running now
+        self._waiters: dict[bytes, anyio.Event] = {}  # made only when a removal waits for a key
 
     def now(self) -> int:
         return self.epoch
 
     def stale(self, key: bytes, since: int) -> bool:
         """Whether ``key`` was (or may have been) removed after ``since``."""
+        if self._floor > since:
+            return True
         at = self._removed_at.get(key)
-        return (at is not None and at > since) or self._floor > since
+        return at is not None and at > since
 
     def removing(self, keys: Sequence[bytes]) -> None:
         """Stamp a removal of ``keys`` (before it deletes anything)."""
@@ -61,42 +69,59 @@ class RemovalFence:
             self._floor = max(self._floor, at)
 
     def begin(self, keys: Sequence[bytes]) -> None:
+        running = self._running
         for k in keys:
-            n, ev = self._running.get(k, (0, anyio.Event()))
-            self._running[k] = (n + 1, ev)
+            running[k] = running.get(k, 0) + 1
 
     def end(self, keys: Sequence[bytes]) -> None:
+        running = self._running
         for k in keys:
-            n, ev = self._running[k]
+            n = running[k]
             if n == 1:
-                del self._running[k]
-                ev.set()
+                del running[k]
+                if self._waiters:
+                    ev = self._waiters.pop(k, None)
+                    if ev is not None:
+                        ev.set()
             else:
-                self._running[k] = (n - 1, ev)
+                running[k] = n - 1
 
     async def wait_running(self, keys: Sequence[bytes]) -> None:
         """Until no background write of ``keys`` runs."""
         for k in keys:
-            got = self._running.get(k)
-            if got is not None:
-                await got[1].wait()
+            while k in self._running:
+                ev = self._waiters.get(k)
+                if ev is None:
+                    ev = self._waiters[k] = anyio.Event()
+                await ev.wait()
 
 
-@dataclass(eq=False)
 class Item:
     """One chunk in a background-owned staging slot, to be written into some tiers."""
 
-    key: bytes
-    slot: int
-    epoch: int
-    reason: str  # "store" (write-back), "promote" or "demote"
-    lanes: int = 0  # lanes it is still queued on or being written by
-    #: called once on the loop when every lane is done: the tiers that stored it
-    after: Callable[[list[Member]], None] | None = None
-    stored_in: list[Member] = field(default_factory=list)
+    __slots__ = ("epoch", "key", "lanes", "reason", "slot")
+
+    def __init__(self, key: bytes, slot: int, epoch: int, reason: str, lanes: int) -> None:
+        self.key = key
+        self.slot = slot
+        self.epoch = epoch
+        self.reason = reason  # "store" (write-back), "promote" or "demote"
+        self.lanes = lanes  # lanes it is still queued on or being written by
 
 
 _REASON_COUNTER = {"store": "written_back", "promote": "promotions", "demote": "demotions"}
+
+
+class _Lane:
+    """One tier's queue and the event its writer waits on (made on the event loop)."""
+
+    __slots__ = ("ended", "member", "queue", "wake")
+
+    def __init__(self, member: Member) -> None:
+        self.member = member
+        self.queue: deque[Item] = deque()
+        self.wake = anyio.Event()
+        self.ended = anyio.Event()
 
 
 class Backlog:
@@ -108,11 +133,8 @@ class Backlog:
         self.members = members
         self.batch = batch
         self.chunk = chunk
-        self._queues: dict[int, deque[Item]] = {m.index: deque() for m in members}
-        # events are made on the event loop, at start()
-        self._wake: dict[int, anyio.Event] = {}
+        self._lanes: dict[int, _Lane] = {}  # made on the event loop, at start()
         self._stopping = False
-        self._ended: dict[int, anyio.Event] = {}
         self._idle: anyio.Event | None = None
         self._items = 0  # items not yet finished
 
@@ -125,54 +147,54 @@ class Backlog:
         self._idle = anyio.Event()
         self._idle.set()
         for m in self.members:
-            self._wake[m.index] = anyio.Event()
-            self._ended[m.index] = anyio.Event()
-            spawn_service(lambda m=m: self._lane(m), name=f"asynctier-chain-{m.name}-writer")  # type: ignore[misc]
+            lane = self._lanes[m.index] = _Lane(m)
+            spawn_service(lambda lane=lane: self._run(lane), name=f"asynctier-chain-{m.name}-writer")  # type: ignore[misc]
 
-    def submit(self, key: bytes, slot: int, epoch: int, reason: str, targets: list[Member],
-               after: Callable[[list[Member]], None] | None = None) -> None:  # fmt: skip
-        """Queue a background-owned ``slot`` holding ``key`` for ``targets`` (none: freed now)."""
-        item = Item(key, slot, epoch, reason, after=after)
-        if not targets or self._stopping:
+    def submit(self, entries: Sequence[tuple[bytes, int, list[Member]]], epoch: int, reason: str) -> None:
+        """Queue background-owned slots: each ``(key, slot, targets)`` holds ``key`` for the
+        tiers ``targets`` (none: the slot is freed now). One wake-up per lane for them all."""
+        freed: list[int] = []
+        woken: set[int] = set()
+        for key, slot, targets in entries:
+            if not targets or self._stopping:
+                for m in targets:
+                    m.count("drops")
+                freed.append(slot)
+                continue
+            item = Item(key, slot, epoch, reason, len(targets))
+            self._items += 1
             for m in targets:
-                m.count("drops")
-            self._finish(item, counted=False)
-            return
-        self._items += 1
-        if self._idle is None or self._idle.is_set():
+                m.backlog += 1
+                self._lanes[m.index].queue.append(item)
+                woken.add(m.index)
+        if self._items and self._idle is not None and self._idle.is_set():
             self._idle = anyio.Event()
-        for m in targets:
-            item.lanes += 1
-            m.backlog += 1
-            self._queues[m.index].append(item)
-            self._wake[m.index].set()
+        for i in woken:
+            self._lanes[i].wake.set()
+        self.pool.release_background(freed)
 
-    def _finish(self, item: Item, counted: bool = True) -> None:
-        self.pool.release_background(item.slot)
-        if counted:
-            self._items -= 1
+    def _done(self, items: list[Item]) -> None:
+        """A lane is done with ``items``: the slots no other lane still needs go back."""
+        freed = []
+        for it in items:
+            it.lanes -= 1
+            if it.lanes == 0:
+                freed.append(it.slot)
+        if freed:
+            self._items -= len(freed)
+            self.pool.release_background(freed)
             if self._items == 0 and self._idle is not None:
                 self._idle.set()
-        if item.after is not None:
-            try:
-                item.after(item.stored_in)
-            except Exception:
-                log.exception("chain: background completion of key %s failed", item.key.hex()[:32])
 
-    def _done_on_lane(self, item: Item) -> None:
-        item.lanes -= 1
-        if item.lanes == 0:
-            self._finish(item)
-
-    async def _lane(self, m: Member) -> None:
-        queue = self._queues[m.index]
+    async def _run(self, lane: _Lane) -> None:
+        m, queue = lane.member, lane.queue
         try:
             while True:
                 if not queue:
                     if self._stopping:
                         break
-                    self._wake[m.index] = anyio.Event()
-                    await self._wake[m.index].wait()
+                    lane.wake = anyio.Event()
+                    await lane.wake.wait()
                     continue
                 batch = [queue.popleft() for _ in range(min(self.batch, len(queue)))]
                 m.backlog -= len(batch)
@@ -180,16 +202,19 @@ class Backlog:
         except Exception:  # never: a lane that ended would strand its items' slots
             log.exception("chain: background writer of tier %r failed", m.name)
         finally:
-            self._ended[m.index].set()
+            lane.ended.set()
 
     async def _write(self, m: Member, batch: list[Item]) -> None:
+        stale = self.fence.stale
         live: list[Item] = []
+        dead: list[Item] = []
+        up = m.available
+        newest = {it.key: it for it in batch}  # a key stored twice meanwhile: its latest copy
         for it in batch:
-            if self.fence.stale(it.key, it.epoch) or not m.available:
-                m.count("drops")
-                self._done_on_lane(it)
-            else:
-                live.append(it)
+            (live if up and newest[it.key] is it and not stale(it.key, it.epoch) else dead).append(it)
+        if dead:
+            m.count("drops", len(dead))
+            self._done(dead)
         if not live:
             return
         keys = [it.key for it in live]
@@ -201,25 +226,29 @@ class Backlog:
         finally:
             m.background_in_flight -= len(live)
             self.fence.end(keys)
-        ok = set(res.succeeded)
+        failed, counts = res.failed, m.counts
         for it in live:
-            if it.key in ok:
-                it.stored_in.append(m)
-                m.count(_REASON_COUNTER[it.reason])
-                m.count("bytes_in", self.chunk)
+            if it.key in failed:
+                counts["drops"] += 1
             else:
-                m.count("drops")
-            self._done_on_lane(it)
+                counts[_REASON_COUNTER[it.reason]] += 1
+                counts["bytes_in"] += self.chunk
+        self._done(live)
 
     async def drain(self) -> None:
         """Until every chunk queued so far is written (or dropped)."""
         while self._idle is not None and not self._idle.is_set():
             await self._idle.wait()
 
+    def abandon(self) -> None:
+        """The chain was dropped without ``aclose()``: end the lanes once what is queued is
+        written (on the event loop; the lanes then let go of the tiers)."""
+        self._stopping = True
+        for lane in self._lanes.values():
+            lane.wake.set()
+
     async def stop(self) -> None:
         """Write what is queued, then end the lanes."""
-        self._stopping = True
-        for ev in self._wake.values():
-            ev.set()
-        for ev in self._ended.values():
-            await ev.wait()
+        self.abandon()
+        for lane in self._lanes.values():
+            await lane.ended.wait()

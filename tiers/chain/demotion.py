@@ -21,7 +21,9 @@ from asynctier.core.base import ChunkTier
 from asynctier.errors import TierConfigError
 
 if TYPE_CHECKING:
-    from .tier import ChainTier
+    from .background import RemovalFence
+    from .member import Member
+    from .staging import StagingPool
 
 __all__ = ["Demoter"]
 
@@ -31,15 +33,20 @@ log = logging.getLogger("asynctier.chain")
 class Demoter:
     """Moves the first tier's least recently used chunks into the second tier."""
 
-    def __init__(self, chain: ChainTier, headroom_chunks: int) -> None:
-        top = chain.members[0].tier
+    def __init__(self, members: list[Member], pool: StagingPool, fence: RemovalFence, chunk_bytes: int,
+                 headroom_chunks: int) -> None:  # fmt: skip
+        # never the chain itself: this task must not keep a chain dropped without aclose() alive
+        top = members[0].tier
         if not isinstance(top, ChunkTier) or top.index is None or top.capacity_bytes is None:
             raise TierConfigError(
                 "chain: demote=True needs a first tier that keeps an index and has capacity_bytes "
                 f"(memory or fs with capacity_bytes); tiers[0] is {top.tier_type!r} "
                 f"with capacity_bytes={getattr(top, 'capacity_bytes', None)!r}"
             )
-        self.chain = chain
+        self.members = members
+        self.pool = pool
+        self.fence = fence
+        self.chunk_bytes = chunk_bytes
         self.top = top
         self.headroom_chunks = headroom_chunks
         self._wake: anyio.Event | None = None  # made on the event loop, at start()
@@ -90,8 +97,8 @@ class Demoter:
             self._ended.set()
 
     async def _round(self) -> None:
-        chain = self.chain
-        upper, lower = chain.members[0], chain.members[1]
+        upper, lower = self.members[0], self.members[1]
+        pool, fence = self.pool, self.fence
         idx = self.top.index
         assert idx is not None
         size = self.top.stored_size()
@@ -100,13 +107,13 @@ class Demoter:
             victims = idx.keys()[: max(need, 1)]
             if not victims:
                 return
-            epoch = chain._fence.now()
-            present = await chain._lookup_on(lower, victims)
+            epoch = fence.now()
+            present = await lower.lookup(victims)
             assert isinstance(present, list)
             copy = [v for v, p in zip(victims, present) if not p and lower.admits(v, "demote")]
             slots: list[int] = []
             for _ in copy:
-                slot = chain._pool.take_background()
+                slot = pool.take_background()
                 if slot is None:
                     break
                 slots.append(slot)
@@ -115,23 +122,22 @@ class Demoter:
             try:
                 if copy:
                     got = await upper.call("load", copy, slots)
-                    live = [(v, s) for v, s in zip(copy, slots) if v in set(got.succeeded)]
-                    live = [(v, s) for v, s in live if not chain._fence.stale(v, epoch)]
+                    ok = set(got.succeeded)
+                    live = [(v, s) for v, s in zip(copy, slots) if v in ok and not fence.stale(v, epoch)]
                     keys = [v for v, _ in live]
-                    chain._fence.begin(keys)
+                    fence.begin(keys)
                     lower.background_in_flight += len(keys)
                     try:
                         wrote = await lower.call("offload", keys, [s for _, s in live])
                     finally:
                         lower.background_in_flight -= len(keys)
-                        chain._fence.end(keys)
+                        fence.end(keys)
                     lower.count("demotions", len(wrote.succeeded))
-                    lower.count("bytes_in", len(wrote.succeeded) * chain.offloading_spec.chunk_bytes)
+                    lower.count("bytes_in", len(wrote.succeeded) * self.chunk_bytes)
                     lower.count("drops", len(keys) - len(wrote.succeeded))
                     moved += wrote.succeeded
             finally:
-                for s in slots:
-                    chain._pool.release_background(s)
+                pool.release_background(slots)
             if not moved:
                 return  # nothing could move this round (backlog full, second tier failing)
             await upper.call("remove", moved, [])
@@ -140,8 +146,13 @@ class Demoter:
         while self._idle is not None and not self._idle.is_set():
             await self._idle.wait()
 
-    async def stop(self) -> None:
+    def abandon(self) -> None:
+        """End the task (on the event loop) after the round in progress."""
         self._stopping = True
-        if self._wake is not None and self._ended is not None:
+        if self._wake is not None:
             self._wake.set()
+
+    async def stop(self) -> None:
+        self.abandon()
+        if self._ended is not None:
             await self._ended.wait()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
@@ -22,7 +23,7 @@ from asynctier.core.breaker import Breaker
 from asynctier.errors import FAILURE_KINDS, ChunkTimeoutError, TierUnavailableError, failure_kind
 from asynctier.stats import TierStats, TransferResult
 
-from .admission import AdmissionPolicy
+from .admission import AdmissionPolicy, AdmitAll, CallablePolicy, FilterPolicy
 from .config import EntryConfig
 
 __all__ = ["COUNTERS", "Detached", "Member"]
@@ -74,6 +75,9 @@ class Member:
         self.failures = dict.fromkeys(FAILURE_KINDS, 0)
         self.backlog = 0  # background writes queued for this tier now
         self.background_in_flight = 0
+        # the built-in policies that admit everything, or ignore what they see, cost no call per key
+        self.admits_all = type(admission) is AdmitAll
+        self._observes = type(admission) not in (AdmitAll, CallablePolicy, FilterPolicy)
 
     def count(self, name: str, n: int = 1) -> None:
         self.counts[name] += n
@@ -88,12 +92,30 @@ class Member:
             self.counts["not_admitted"] += 1
         return bool(ok)
 
+    def admitted(self, keys: list[bytes], reason: str) -> set[bytes] | None:
+        """Which of ``keys`` the policy admits for ``reason``; None: every key."""
+        if self.admits_all:
+            return None
+        return {k for k in keys if self.admits(k, reason)}
+
     def observe(self, keys: Sequence[bytes]) -> None:
+        if not self._observes:
+            return
         try:
             for k in keys:
                 self.admission.observe(k)
         except Exception:
             log.exception("admission policy %r of chain tier %r failed in observe()", self.admission, self.name)
+
+    async def lookup(self, keys: list[bytes], *, prefix: bool = False) -> list[bool] | int:
+        """``lookup`` (or ``lookup_prefix``) on this tier: a tier that is down or late holds nothing."""
+        if self.available:
+            with anyio.move_on_after(self.deadline_s if self.deadline_s is not None else math.inf):
+                try:
+                    return await (self.tier.lookup_prefix(keys) if prefix else self.tier.lookup(keys))
+                except Exception:
+                    pass
+        return 0 if prefix else [False] * len(keys)
 
     @property
     def available(self) -> bool:

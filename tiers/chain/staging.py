@@ -10,6 +10,11 @@ The pool holds ``foreground + background`` slots. Calls hold at most ``foregroun
 (that is the chain's ``max_inflight``); waiting loads are served before waiting stores. The
 background holds at most ``background`` (the backlog bound): a slot a call is done with is
 handed to the background only while there is room, else its background work is dropped.
+
+Slots come and go in batches (a call's batch hands its slots over at once; a lane returns the
+slots of its batch at once), and a waiter is granted only once ``min_grant`` slots (or all it
+wants) are free: granting each slot as it trickles back would cut calls into one-chunk batches,
+each a tier call of its own.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ class StagingPool:
     def __init__(self, foreground: int, background: int) -> None:
         self.foreground = foreground
         self.background = background
+        self.min_grant = max(1, foreground // 2)
         self._free: list[int] = list(range(foreground + background - 1, -1, -1))
         self.fg_used = 0
         self.bg_used = 0
@@ -57,12 +63,13 @@ class StagingPool:
         return slots
 
     async def acquire(self, want: int, *, load: bool, timeout_s: float | None = None) -> list[int]:
-        """Between 1 and ``want`` slots for a call (waiting for the first one); loads first.
+        """Up to ``want`` slots for a call, waiting until ``min(want, min_grant)`` are free
+        (or, while late calls hold slots, any); loads first.
 
         With ``timeout_s``, returns ``[]`` when no slot came within it (a dropped store).
         """
         ahead = self._loads if load else (self._loads or self._stores)
-        if not ahead and self.fg_used < self.foreground and self._free:
+        if not ahead and self._grantable(want):
             return self._take(want)
         w = _Waiter(want)
         (self._loads if load else self._stores).append(w)
@@ -84,8 +91,13 @@ class StagingPool:
         if not w.event.is_set():
             queue.remove(w)
 
+    def _grantable(self, want: int) -> bool:
+        free = min(self.foreground - self.fg_used, len(self._free))
+        # while late calls hold slots, the free count may stay low for long: take what there is
+        return free >= min(want, self.min_grant) or (free > 0 and self.quarantined > 0)
+
     def _grant(self) -> None:
-        while self.fg_used < self.foreground and self._free and (self._loads or self._stores):
+        while (self._loads or self._stores) and self._grantable((self._loads or self._stores)[0].want):
             w = (self._loads or self._stores).popleft()
             w.granted = self._take(w.want)
             w.event.set()
@@ -125,15 +137,15 @@ class StagingPool:
         while self._settled is not None:
             await self._settled.wait()
 
-    def to_background(self, slot: int) -> bool:
-        """Hand a call's slot over to background work, if the backlog has room (else the
-        caller keeps it and releases it)."""
-        if self.bg_used >= self.background:
-            return False
-        self.fg_used -= 1
-        self.bg_used += 1
-        self._grant()
-        return True
+    def to_background(self, n: int) -> int:
+        """Hand ``n`` of a call's slots over to background work, as many as the backlog has
+        room for; returns how many (the caller keeps and releases the others)."""
+        n = min(n, self.background - self.bg_used)
+        if n > 0:
+            self.fg_used -= n
+            self.bg_used += n
+            self._grant()
+        return max(n, 0)
 
     def take_background(self) -> int | None:
         """A fresh slot for background work (demotion), or None when the backlog is full."""
@@ -142,8 +154,10 @@ class StagingPool:
         self.bg_used += 1
         return self._free.pop()
 
-    def release_background(self, slot: int) -> None:
-        """Background work is done with ``slot``."""
-        self.bg_used -= 1
-        self._free.append(slot)
+    def release_background(self, slots: list[int]) -> None:
+        """Background work is done with ``slots``."""
+        if not slots:
+            return
+        self.bg_used -= len(slots)
+        self._free.extend(slots)
         self._grant()

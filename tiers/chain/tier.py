@@ -12,14 +12,14 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import deque
-from collections.abc import Sequence
+import weakref
+from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 import anyio
 
 from asynctier.contract import SecondaryTierManager
-from asynctier.core.backend import CloseHandle, run_to_completion, start_close
+from asynctier.core.backend import CloseHandle, loop_caller, run_to_completion, start_close
 from asynctier.core.validation import check_keys, check_pairs
 from asynctier.errors import (
     BackpressureError,
@@ -45,10 +45,22 @@ __all__ = ["ChainTier"]
 
 log = logging.getLogger("asynctier.chain")
 
-#: Parallel batches per call (each holds up to its share of the chain's staging slots).
-_WORKERS_PER_CALL = 4
+#: Parallel batches per call at most (each holds the staging slots it was granted).
+_WORKERS_PER_CALL = 1
 
 _NEW, _OPEN, _CLOSING, _CLOSED = "new", "open", "closing", "closed"
+
+
+def _abandon(backlog: Backlog, demoter: Demoter | None) -> Callable[[], None]:
+    """What ends the background tasks of a chain dropped without ``aclose()`` (its finalizer
+    runs it on the event loop): they write what is queued, then let go of the tiers."""
+
+    def abandon() -> None:
+        backlog.abandon()
+        if demoter is not None:
+            demoter.abandon()
+
+    return abandon
 
 
 class ChainTier(ChainTransfers, SecondaryTierManager):
@@ -64,7 +76,7 @@ class ChainTier(ChainTransfers, SecondaryTierManager):
         demote: keep the first tier below its capacity by moving its least recently used
             chunks into the second tier before it evicts them (default False).
         demote_headroom_chunks: how far below capacity demotion keeps the first tier (8).
-        background_batch: chunks per background write call (default 8).
+        background_batch: chunks per background write call at most (default 32).
         max_inflight: chunks of calls in progress at once (staging slots; default 16).
         store_backpressure, backpressure_timeout_s: as every tier (``"drop"``: a store that
             gets no staging slot within the timeout fails with BackpressureError).
@@ -85,7 +97,7 @@ class ChainTier(ChainTransfers, SecondaryTierManager):
         promote: bool = True,
         demote: bool = False,
         demote_headroom_chunks: int = 8,
-        background_batch: int = 8,
+        background_batch: int = 32,
         max_inflight: int = 16,
         store_backpressure: Literal["wait", "drop"] = "wait",
         backpressure_timeout_s: float = 0.05,
@@ -122,7 +134,11 @@ class ChainTier(ChainTransfers, SecondaryTierManager):
         self._backlog = Backlog(
             self._pool, self._fence, self.members, cfg.background_batch, offloading_spec.chunk_bytes
         )
-        self._demoter = Demoter(self, cfg.demote_headroom_chunks) if cfg.demote else None
+        self._demoter = (
+            Demoter(self.members, self._pool, self._fence, offloading_spec.chunk_bytes, cfg.demote_headroom_chunks)
+            if cfg.demote
+            else None
+        )
         self._stats = StatsRecorder()
         self._queued = 0
         self._state = _NEW
@@ -130,6 +146,7 @@ class ChainTier(ChainTransfers, SecondaryTierManager):
         self._closing: CloseHandle | None = None
         self._active = 0
         self._idle: anyio.Event | None = None
+        self._finalizer: weakref.finalize[[Callable[[], object]], ChainTier] | None = None
 
     # -- lifecycle -------------------------------------------------------------------------
     @property
@@ -162,6 +179,8 @@ class ChainTier(ChainTransfers, SecondaryTierManager):
             self._backlog.start()
             if self._demoter is not None:
                 self._demoter.start()
+            self._finalizer = weakref.finalize(self, loop_caller(), _abandon(self._backlog, self._demoter))
+            self._finalizer.atexit = False
             self._idle = anyio.Event()
             self._idle.set()
             self._state = _OPEN
@@ -184,6 +203,8 @@ class ChainTier(ChainTransfers, SecondaryTierManager):
                 self._state = _CLOSED
                 return
             self._state = _CLOSING
+            if self._finalizer is not None:
+                self._finalizer.detach()
             try:
                 await self._calls_done()
                 await self._pool.settled()  # late tier calls end before their tier closes
@@ -248,32 +269,30 @@ class ChainTier(ChainTransfers, SecondaryTierManager):
         if not ks:
             return res
         outcome: dict[bytes, BaseException | None] = {}
-        todo = deque(zip(ks, ids))
-        self._queued += len(todo)
+        pairs = list(zip(ks, ids))
+        done = 0  # pairs[:done] have had their batch
+        self._queued += len(pairs)
         drop = op == "offload" and self.config.store_backpressure == "drop"
         deadline = t0 + self.config.backpressure_timeout_s
-        workers = min(len(ks), _WORKERS_PER_CALL)
-        share = -(-len(ks) // workers)
         self._enter()
-
-        async def worker() -> None:
-            while todo:
-                timeout = max(0.0, deadline - time.perf_counter()) if drop else None
-                slots = await self._pool.acquire(min(share, len(todo)), load=op == "load", timeout_s=timeout)
-                n = min(len(slots), len(todo))
-                self._pool.release(slots[n:])
-                if not slots:  # a dropped store: every key still waiting now, at once
+        try:
+            # one batch after the other, each as large as the pool grants (up to max_inflight):
+            # every batch is one call into a tier, and a tier's cost is mostly per call
+            while done < len(pairs):
+                # with "drop", every key of the call has waited for a slot since the call began
+                timeout = deadline - time.perf_counter() if drop else None
+                if timeout is not None and timeout < 0 and done:
+                    held = []
+                else:
+                    held = await self._pool.acquire(len(pairs) - done, load=op == "load", timeout_s=timeout)
+                if not held:  # a dropped store: every key still waiting now, at once
                     msg = f"store dropped: no staging slot within {self.config.backpressure_timeout_s}s"
-                    while todo:
-                        k, _ = todo.popleft()
-                        self._queued -= 1
+                    for k, _ in pairs[done:]:
                         outcome[k] = BackpressureError(msg, k)
-                    return
-                if n == 0:  # the other workers took the last keys meanwhile
-                    return
-                batch = [todo.popleft() for _ in range(n)]
-                self._queued -= n
-                held = slots[:n]
+                    break
+                batch = pairs[done : done + len(held)]
+                done += len(held)
+                self._queued -= len(held)
                 try:
                     if op == "load":
                         await self._load_batch(batch, held, res, outcome, t0)
@@ -281,41 +300,21 @@ class ChainTier(ChainTransfers, SecondaryTierManager):
                         await self._store_batch(batch, held, res, outcome, t0)
                 finally:
                     self._pool.release([s for s in held if s >= 0])
-
-        try:
-            if workers == 1:
-                await worker()
-            else:
-                async with anyio.create_task_group() as tg:
-                    for _ in range(workers):
-                        tg.start_soon(worker)
         finally:
-            self._queued -= len(todo)
+            self._queued -= len(pairs) - done
             self._leave()
-        c = self.offloading_spec.chunk_bytes
         for k in ks:
             e = outcome[k]
             if e is None:
                 res.succeeded.append(k)
-                res.bytes_transferred += c
             else:
                 res.failed[k] = e
                 self._stats.record_failure(e)
+        res.bytes_transferred = len(res.succeeded) * self.offloading_spec.chunk_bytes
         res.elapsed_s = time.perf_counter() - t0
         return res
 
     # -- lookups, removal, touch -----------------------------------------------------------
-    async def _lookup_on(self, m: Member, keys: list[bytes], *, prefix: bool = False) -> list[bool] | int:
-        """``lookup`` (or ``lookup_prefix``) on one tier: a tier that is down or late holds nothing."""
-        if not m.available:
-            return 0 if prefix else [False] * len(keys)
-        with anyio.move_on_after(m.deadline_s if m.deadline_s is not None else float("inf")):
-            try:
-                return await (m.tier.lookup_prefix(keys) if prefix else m.tier.lookup(keys))
-            except Exception:
-                pass
-        return 0 if prefix else [False] * len(keys)
-
     async def lookup(self, keys: Sequence[bytes]) -> list[bool]:
         ks = check_keys(keys)
         self._check_open()
@@ -327,7 +326,7 @@ class ChainTier(ChainTransfers, SecondaryTierManager):
                 idx = [i for i, f in enumerate(found) if not f]
                 if not idx:
                     break
-                got = await self._lookup_on(m, [ks[i] for i in idx])
+                got = await m.lookup([ks[i] for i in idx])
                 assert isinstance(got, list)
                 for i, hit in zip(idx, got):
                     found[i] = found[i] or hit
@@ -350,12 +349,12 @@ class ChainTier(ChainTransfers, SecondaryTierManager):
             for m in self.members:
                 m.observe(ks)
             for m in self.members[:-1]:
-                got = await self._lookup_on(m, [ks[i] for i in missing])
+                got = await m.lookup([ks[i] for i in missing])
                 assert isinstance(got, list)
                 missing = [i for i, hit in zip(missing, got) if not hit]
                 if not missing:
                     return len(ks)
-            n = await self._lookup_on(self.members[-1], [ks[i] for i in missing], prefix=True)
+            n = await self.members[-1].lookup([ks[i] for i in missing], prefix=True)
             assert isinstance(n, int)
         finally:
             self._leave()

@@ -75,10 +75,10 @@ class ChainTransfers:
     ) -> None:  # fmt: skip
         epoch = self._fence.now()
         c = self.offloading_spec.chunk_bytes
-        slot_of = {k: held[i] for i, (k, _) in enumerate(batch)}
-        pos = {k: i for i, (k, _) in enumerate(batch)}
-        cid_of = dict(batch)
         keys = [k for k, _ in batch]
+        slot_of = dict(zip(keys, held))
+        pos = {k: i for i, k in enumerate(keys)}
+        cid_of = dict(batch)
         for m in self.members:
             m.observe(keys)
         first_error: dict[bytes, BaseException] = {}
@@ -91,27 +91,27 @@ class ChainTransfers:
             else:
                 got = await self._load_within_deadline(m, pending, slot_of, held, pos)
                 pending = [k for k in pending if k in slot_of]  # those with no slot left fail here
-            self._note(res, m, got.failed)
-            for k, e in got.failed.items():
-                if failure_kind(e) == "not_found":
-                    m.count("misses")
-                else:
-                    first_error.setdefault(k, e)
+            failed = got.failed
+            if failed:
+                self._note(res, m, failed)
+                misses = 0
+                for k, e in failed.items():
+                    if failure_kind(e) == "not_found":
+                        misses += 1
+                    else:
+                        first_error.setdefault(k, e)
+                m.count("misses", misses)
             hits = got.succeeded
             if hits:
                 await self._copy([(cid_of[k], slot_of[k]) for k in hits], to_staging=False)
-                now = time.perf_counter()
+                self._stats.record_successes("load", len(hits), c, time.perf_counter() - t0)
                 for k in hits:
                     outcome[k] = None
-                    self._stats.record_success("load", c, now - t0)
                 m.count("hits", len(hits))
                 m.count("bytes_out", len(hits) * c)
                 if m.index > 0 and self.config.promote:
-                    for k in hits:
-                        if self._promote(k, slot_of[k], epoch, m):
-                            held[pos[k]] = -1
-            done = set(hits)
-            pending = [k for k in pending if k not in done]
+                    self._promote(hits, slot_of, pos, held, epoch, m)
+                pending = [k for k in pending if k not in outcome]
         for k in keys:
             if k not in outcome:  # no tier served it (or a late tier kept its slot)
                 outcome[k] = first_error.get(k) or ChunkNotFoundError(
@@ -145,18 +145,33 @@ class ChainTransfers:
                 held.append(slot)
         return got
 
-    def _promote(self, key: bytes, slot: int, epoch: int, found_in: Member) -> bool:
-        """Queue ``key`` (in ``slot``) for the tiers above ``found_in``; True if the slot went
-        to the background."""
-        targets = [u for u in self.members[: found_in.index] if u.admits(key, "promote")]
-        if not targets:
-            return False
-        if not self._pool.to_background(slot):
+    def _promote(self, hits: list[bytes], slot_of: dict[bytes, int], pos: dict[bytes, int], held: list[int],
+                 epoch: int, found_in: Member) -> None:  # fmt: skip
+        """Queue ``hits`` (each in its staging slot) for the tiers above ``found_in``; the
+        slots that go to the background leave ``held`` (-1)."""
+        above = self.members[: found_in.index]
+        admitted = [u.admitted(hits, "promote") for u in above]
+        entries = []
+        for k in hits:
+            targets = [u for u, a in zip(above, admitted) if a is None or k in a]
+            if targets:
+                entries.append((k, slot_of[k], targets))
+        self._to_background(entries, pos, held, epoch, "promote")
+
+    def _to_background(self, entries: list[tuple[bytes, int, list[Member]]], pos: dict[bytes, int],
+                       held: list[int], epoch: int, reason: str) -> None:  # fmt: skip
+        """Hand the slots of ``entries`` to the background lanes, as many as the backlog has
+        room for (the others' background writes are dropped, counted)."""
+        if not entries:
+            return
+        n = self._pool.to_background(len(entries))
+        for _, _, targets in entries[n:]:
             for u in targets:
                 u.count("drops")
-            return False
-        self._backlog.submit(key, slot, epoch, "promote", targets)
-        return True
+        if n:
+            for k, _, _ in entries[:n]:
+                held[pos[k]] = -1
+            self._backlog.submit(entries[:n], epoch, reason)
 
     async def _store_batch(
         self, batch: list[tuple[bytes, int]], held: list[int], res: TransferResult,
@@ -164,60 +179,66 @@ class ChainTransfers:
     ) -> None:  # fmt: skip
         epoch = self._fence.now()
         c = self.offloading_spec.chunk_bytes
+        members = self.members
         keys = [k for k, _ in batch]
-        slot_of = {k: held[i] for i, (k, _) in enumerate(batch)}
-        pos = {k: i for i, (k, _) in enumerate(batch)}
-        for m in self.members:
+        slot_of = dict(zip(keys, held))
+        for m in members:
             m.observe(keys)
-        admitted = {m.index: {k for k in keys if m.admits(k, "store")} for m in self.members}
+        admitted = [m.admitted(keys, "store") for m in members]  # None: every key
         await self._copy([(cid, held[i]) for i, (_, cid) in enumerate(batch)], to_staging=True)
-        stored_in: dict[bytes, list[Member]] = {k: [] for k in keys}
+        first: dict[bytes, int] = {}  # key -> the first tier (index) that stored it
         last_error: dict[bytes, BaseException] = {}
 
         async def store_on(m: Member, cand: list[bytes]) -> None:
             got = await m.call("offload", cand, [slot_of[k] for k in cand])
-            self._note(res, m, got.failed)
-            last_error.update(got.failed)
+            if got.failed:
+                self._note(res, m, got.failed)
+                last_error.update(got.failed)
             for k in got.succeeded:
-                stored_in[k].append(m)
+                if first.get(k, m.index) >= m.index:
+                    first[k] = m.index
             m.count("stored", len(got.succeeded))
             m.count("bytes_in", len(got.succeeded) * c)
 
         if self.config.write == "through":
             async with anyio.create_task_group() as tg:
-                for m in self.members:
-                    cand = [k for k in keys if k in admitted[m.index]]
+                for m, a in zip(members, admitted):
+                    cand = keys if a is None else [k for k in keys if k in a]
                     if cand:
                         tg.start_soon(store_on, m, cand)
         else:  # the first admitting tier that takes it, now; the tiers below, in the background
             pending = keys
-            for m in self.members:
-                cand = [k for k in pending if k in admitted[m.index]]
+            for m, a in zip(members, admitted):
+                cand = pending if a is None else [k for k in pending if k in a]
                 if cand:
                     await store_on(m, cand)
-                pending = [k for k in pending if not stored_in[k]]
+                    pending = [k for k in pending if k not in first]
                 if not pending:
                     break
+            entries: list[tuple[bytes, int, list[Member]]] = []
+            below_all: dict[int, list[Member]] = {}  # every tier admits every key: one list per first tier
+            uniform = all(a is None for a in admitted)
             for k in keys:
-                if not stored_in[k]:
+                i = first.get(k)
+                if i is None or i + 1 == len(members):
                     continue
-                below = [u for u in self.members[stored_in[k][0].index + 1 :] if k in admitted[u.index]]
-                if not below:
-                    continue
-                if self._pool.to_background(slot_of[k]):
-                    held[pos[k]] = -1
-                    self._backlog.submit(k, slot_of[k], epoch, "store", below)
+                if uniform:
+                    below = below_all.get(i) or below_all.setdefault(i, members[i + 1 :])
                 else:
-                    for u in below:
-                        u.count("drops")
+                    below = [u for u, a in zip(members[i + 1 :], admitted[i + 1 :]) if a is None or k in a]
+                if below:
+                    entries.append((k, slot_of[k], below))
+            self._to_background(entries, {k: i for i, k in enumerate(keys)}, held, epoch, "store")
         now = time.perf_counter()
+        stored = 0
         for k in keys:
-            if stored_in[k]:
+            if k in first:
                 outcome[k] = None
-                self._stats.record_success("offload", c, now - t0)
-                if self._demoter is not None and stored_in[k][0].index == 0:
-                    self._demoter.poke()
+                stored += 1
             elif k in last_error:
                 outcome[k] = last_error[k]
             else:
                 outcome[k] = NotAdmittedError(f"no tier of the chain admitted key {k.hex()[:32]}", k)
+        self._stats.record_successes("offload", stored, c, now - t0)
+        if self._demoter is not None and 0 in first.values():
+            self._demoter.poke()
