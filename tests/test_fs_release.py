@@ -21,14 +21,18 @@ _NO_NATIVE = pytest.mark.skipif(nativeio.problem() is not None, reason="native I
 ENGINES = ["threads", pytest.param("native", marks=_NO_NATIVE)]
 
 
-@pytest.mark.parametrize("engine", ENGINES)
+def _config(kind: str, root: Path) -> dict[str, object]:
+    if kind == "chain":  # the chain keeps its own view of the caller's buffer too
+        return {"type": "chain", "tiers": [{"type": "memory"}, {"type": "fs", "root": str(root)}], "write": "through"}
+    return {"type": "fs", "root": str(root), "io_engine": kind, "max_inflight": 4}
+
+
+@pytest.mark.parametrize("engine", [*ENGINES, "chain"])
 def test_closed_tier_releases_a_cast_primary_view(tmp_path: Path, engine: str) -> None:
     spec = OffloadingSpec(CHUNK, N, namespace="release")
     region = mmap.mmap(-1, spec.total_bytes)
     view = memoryview(region).cast("B", (N, CHUNK))  # 2-D, as vLLM's: the tier makes its own flat view
-    tier = SecondaryTierFactory.create_secondary_tier(
-        {"type": "fs", "root": str(tmp_path), "io_engine": engine, "max_inflight": 4}, view, spec
-    )
+    tier = SecondaryTierFactory.create_secondary_tier(_config(engine, tmp_path), view, spec)
     keys = [b"k%d" % i for i in range(N)]
 
     async def use() -> None:

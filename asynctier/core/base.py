@@ -242,16 +242,10 @@ class ChunkTier(Bookkeeping, SecondaryTierManager):
         """Let go of the caller's buffer once closed: a closed tier the caller still references
         must not keep it exported (an mmap could not be unmapped). A stand-in of the same
         writability keeps the argument checks' errors as they were (then: closed)."""
-        view = self._view
         if not self._own_view:
             return  # the caller's own view object: theirs to release
         self._own_view = False
-        stand_in = memoryview(b"") if view.readonly else memoryview(bytearray())
-        try:
-            view.release()  # chunk slices taken from it are gone with the calls that took them
-        except BufferError:
-            return  # something still exports from it: it goes with the tier
-        self._view = stand_in
+        self._view = release_view(self._view)
 
     async def drain(self) -> None:
         while self._idle is not None and not self._idle.is_set():
@@ -442,3 +436,15 @@ class ChunkTier(Bookkeeping, SecondaryTierManager):
         res.bytes_transferred = nbytes
         res.elapsed_s = elapsed
         return res
+
+
+def release_view(view: memoryview) -> memoryview:
+    """Release a view a tier made of the caller's buffer (a cast or a slice) and return an
+    empty stand-in of the same writability, so argument checks still fail as before; if
+    something still exports from it, return it as it is (it then goes with the tier)."""
+    stand_in = memoryview(b"") if view.readonly else memoryview(bytearray())
+    try:
+        view.release()  # chunk slices taken from it are gone with the calls that took them
+    except BufferError:
+        return view
+    return stand_in

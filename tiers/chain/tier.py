@@ -20,6 +20,7 @@ import anyio
 
 from asynctier.contract import SecondaryTierManager
 from asynctier.core.backend import CloseHandle, loop_caller, run_to_completion, start_close
+from asynctier.core.base import release_view
 from asynctier.core.validation import check_keys, check_pairs
 from asynctier.errors import (
     BackpressureError,
@@ -108,6 +109,7 @@ class ChainTier(ChainTransfers, SecondaryTierManager):
         self.offloading_spec = offloading_spec
         self.tier_type = tier_type or self.default_type
         self._view = offloading_spec.check_view(primary_kv_view, writable=False)
+        self._own_view = self._view is not primary_kv_view  # a cast of the caller's: released at close
         self.config = cfg = ChainConfig.parse(
             tiers=tiers, write=write, backlog_chunks=backlog_chunks, promote=promote, demote=demote,
             demote_headroom_chunks=demote_headroom_chunks, background_batch=background_batch,
@@ -201,6 +203,7 @@ class ChainTier(ChainTransfers, SecondaryTierManager):
         async with self._open_lock:
             if self._state in (_CLOSED, _NEW):
                 self._state = _CLOSED
+                self._release_view()
                 return
             self._state = _CLOSING
             if self._finalizer is not None:
@@ -218,6 +221,14 @@ class ChainTier(ChainTransfers, SecondaryTierManager):
                     except Exception:  # the other tiers still close
                         log.exception("closing chain tier %r failed", m.name)
                 self._state = _CLOSED
+                self._release_view()
+
+    def _release_view(self) -> None:
+        """A closed chain the caller still references must not keep the caller's buffer
+        exported (vLLM could not unmap its region); the tiers hold only the staging buffer."""
+        if self._own_view:
+            self._own_view = False
+            self._view = release_view(self._view)
 
     def _check_open(self) -> None:
         if self._state == _OPEN:
