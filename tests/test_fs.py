@@ -106,6 +106,8 @@ class TestFsConformanceThreads(TestFsConformance):
     """The threads engine (what ``"auto"`` takes where the native workers are not built),
     buffered."""
 
+    backends = ("asyncio", "trio")  # uvloop: covered by the memory, native fs, nvme and chain classes
+
     def tier_config(self, tmp_path: Path) -> dict[str, Any]:
         return {**super().tier_config(tmp_path), "io_engine": "threads"}
 

@@ -116,6 +116,8 @@ class AsyncFlippingDictTier(AsyncChunkTier):
 
 
 class TestSqliteTier(TierConformance):
+    backends = ("asyncio", "trio")  # uvloop: covered by the memory, native fs, nvme and chain classes
+
     def tier_config(self, tmp_path: Path) -> dict[str, Any]:
         return {"type": "SqliteTier", "module_path": __name__, "path": str(tmp_path / "kv.sqlite3")}
 

@@ -62,6 +62,8 @@ class TestObjMemoryConformance(ObjConformance):
 
 
 class TestObjFileConformance(ObjConformance):
+    backends = ("asyncio", "trio")  # uvloop: covered by the memory, native fs, nvme and chain classes
+
     def tier_config(self, tmp_path: Path) -> dict[str, Any]:
         return {"type": "obj", "url": f"file://{tmp_path}/store"}
 
