@@ -439,6 +439,7 @@ class ChainTier(ChainTransfers, SecondaryTierManager):
             "not_admitted": totals["not_admitted"],
             "backlog": self._backlog.depth,
             "backlog_chunks": self.config.backlog_chunks,
+            "backlog_peak": self._pool.peak_bg,
             "background_in_flight": sum(m.background_in_flight for m in self.members),
             "late_slots": self._pool.quarantined,
         }
