@@ -12,6 +12,11 @@ A lane's task holds no reference to the chain: a chain dropped without ``aclose(
 collected, and its finalizer (:meth:`Backlog.abandon`, run on the event loop) ends the lanes
 once what is queued is written, so its tiers are collected and their own workers end too.
 
+A lane also refreshes its tier: a key a tier above served is touched here (:meth:`Backlog.refresh`),
+so this tier's LRU sees the use and does not evict the hottest chunks first. Touches are
+batched per lane (one ``touch`` call for whatever gathered while the lane was busy), run before
+the lane's next write, and are bounded (:data:`_TOUCH_KEYS` per lane; beyond it, counted).
+
 A remove must win over background work of the same key, whenever that work was queued: the
 :class:`RemovalFence` stamps each removal, an item queued before a removal of its key is
 dropped, and a removal waits for a write of its key already running before it deletes.
@@ -20,6 +25,7 @@ dropped, and a removal waits for a write of its key already running before it de
 from __future__ import annotations
 
 import logging
+import math
 from collections import OrderedDict, deque
 from collections.abc import Sequence
 
@@ -33,6 +39,9 @@ from .staging import StagingPool
 __all__ = ["Backlog", "Item", "RemovalFence"]
 
 log = logging.getLogger("asynctier.chain")
+
+#: Keys waiting to be touched per lane at most; more are dropped (counted in ``touch_drops``).
+_TOUCH_KEYS = 8192
 
 #: Removal stamps kept per key; older ones are summarised by a floor (items older than it drop).
 _FENCE_KEYS = 65536
@@ -115,11 +124,12 @@ _REASON_COUNTER = {"store": "written_back", "promote": "promotions", "demote": "
 class _Lane:
     """One tier's queue and the event its writer waits on (made on the event loop)."""
 
-    __slots__ = ("ended", "member", "queue", "wake")
+    __slots__ = ("ended", "member", "queue", "touches", "wake")
 
     def __init__(self, member: Member) -> None:
         self.member = member
         self.queue: deque[Item] = deque()
+        self.touches: dict[bytes, None] = {}  # keys to touch, in order, once each
         self.wake = anyio.Event()
         self.ended = anyio.Event()
 
@@ -137,6 +147,7 @@ class Backlog:
         self._stopping = False
         self._idle: anyio.Event | None = None
         self._items = 0  # items not yet finished
+        self._touching = 0  # lanes with touches waiting or running
 
     @property
     def depth(self) -> int:
@@ -167,11 +178,39 @@ class Backlog:
                 m.backlog += 1
                 self._lanes[m.index].queue.append(item)
                 woken.add(m.index)
-        if self._items and self._idle is not None and self._idle.is_set():
-            self._idle = anyio.Event()
+        self._busy()
         for i in woken:
             self._lanes[i].wake.set()
         self.pool.release_background(freed)
+
+    def refresh(self, keys: Sequence[bytes], targets: Sequence[Member]) -> None:
+        """Touch ``keys`` in the tiers ``targets``, in the background (a tier above served
+        them: the tiers below should see the use too). Never waits."""
+        if self._stopping or not keys:
+            return
+        for m in targets:
+            lane = self._lanes[m.index]
+            touches = lane.touches
+            if not touches and not lane.member.touching:
+                self._touching += 1
+                lane.member.touching = True
+            room = _TOUCH_KEYS - len(touches)
+            if room < len(keys):
+                m.count("touch_drops", len(keys) - max(room, 0))
+                keys_in = keys[: max(room, 0)]
+            else:
+                keys_in = keys
+            touches.update(dict.fromkeys(keys_in))
+            lane.wake.set()
+        self._busy()
+
+    def _busy(self) -> None:
+        if (self._items or self._touching) and self._idle is not None and self._idle.is_set():
+            self._idle = anyio.Event()
+
+    def _settle(self) -> None:
+        if self._items == 0 and self._touching == 0 and self._idle is not None:
+            self._idle.set()
 
     def _done(self, items: list[Item]) -> None:
         """A lane is done with ``items``: the slots no other lane still needs go back."""
@@ -183,13 +222,21 @@ class Backlog:
         if freed:
             self._items -= len(freed)
             self.pool.release_background(freed)
-            if self._items == 0 and self._idle is not None:
-                self._idle.set()
+            self._settle()
 
     async def _run(self, lane: _Lane) -> None:
         m, queue = lane.member, lane.queue
         try:
             while True:
+                if lane.touches:  # cheap, and it is what keeps the tier's LRU right: first
+                    keys = list(lane.touches)
+                    lane.touches.clear()
+                    await self._touch(m, keys)
+                    if not lane.touches:
+                        m.touching = False
+                        self._touching -= 1
+                        self._settle()
+                    continue
                 if not queue:
                     if self._stopping:
                         break
@@ -204,17 +251,42 @@ class Backlog:
         finally:
             lane.ended.set()
 
+    async def _touch(self, m: Member, keys: list[bytes]) -> None:
+        """One ``touch`` call on ``m`` (a hint: a tier that is down or fails it misses nothing else)."""
+        if not m.available:
+            m.count("touch_drops", len(keys))
+            return
+        with (
+            anyio.CancelScope(shield=True),
+            anyio.move_on_after(m.deadline_s if m.deadline_s is not None else math.inf) as scope,
+        ):
+            try:
+                await m.tier.touch(keys)
+            except Exception:
+                log.debug("chain: touching %d keys in tier %r failed", len(keys), m.name, exc_info=True)
+                m.count("touch_drops", len(keys))
+                return
+        if scope.cancelled_caught:
+            m.count("touch_drops", len(keys))
+        else:
+            m.count("touched", len(keys))
+
     async def _write(self, m: Member, batch: list[Item]) -> None:
         stale = self.fence.stale
         live: list[Item] = []
         dead: list[Item] = []
         up = m.available
         newest = {it.key: it for it in batch}  # a key stored twice meanwhile: its latest copy
+        superseded: list[Item] = []  # an older copy of a key written now: not a drop
         for it in batch:
-            (live if up and newest[it.key] is it and not stale(it.key, it.epoch) else dead).append(it)
+            if newest[it.key] is not it:
+                superseded.append(it)
+            else:
+                (live if up and not stale(it.key, it.epoch) else dead).append(it)
         if dead:
             m.count("drops", len(dead))
-            self._done(dead)
+        if dead or superseded:
+            self._done(dead + superseded)
         if not live:
             return
         keys = [it.key for it in live]

@@ -129,6 +129,7 @@ class ChainConfig:
     write: str
     backlog_chunks: int
     promote: bool
+    refresh_below: bool
     demote: bool
     demote_headroom_chunks: int
     background_batch: int
@@ -145,6 +146,7 @@ class ChainConfig:
         write: object,
         backlog_chunks: object,
         promote: object,
+        refresh_below: object,
         demote: object,
         demote_headroom_chunks: object,
         background_batch: object,
@@ -171,6 +173,7 @@ class ChainConfig:
             write=str(write),
             backlog_chunks=_int("chain: ", "backlog_chunks", backlog_chunks, 0),
             promote=_bool("promote", promote),
+            refresh_below=_bool("refresh_below", refresh_below),
             demote=demote,
             demote_headroom_chunks=_int("chain: ", "demote_headroom_chunks", demote_headroom_chunks, 1),
             background_batch=_int("chain: ", "background_batch", background_batch, 1),

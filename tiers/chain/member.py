@@ -41,6 +41,8 @@ COUNTERS = (
     "written_back",  # chunks written here in the background after a store (write="back")
     "promotions",  # chunks written here because a lower tier served them
     "demotions",  # chunks written here because the tier above made room
+    "touched",  # keys touched here because a tier above served them (refresh_below)
+    "touch_drops",  # such touches dropped (too many waiting, tier down or failing)
     "drops",  # background writes for this tier dropped (backlog full, breaker open, removed meanwhile)
     "not_admitted",  # writes its admission policy refused
     "failed",  # keys this tier failed (any call, any kind but not-found)
@@ -75,6 +77,7 @@ class Member:
         self.failures = dict.fromkeys(FAILURE_KINDS, 0)
         self.backlog = 0  # background writes queued for this tier now
         self.background_in_flight = 0
+        self.touching = False  # its lane has touches waiting or running
         # the built-in policies that admit everything, or ignore what they see, cost no call per key
         self.admits_all = type(admission) is AdmitAll
         self._observes = type(admission) not in (AdmitAll, CallablePolicy, FilterPolicy)

@@ -47,6 +47,7 @@ class StagingPool:
         self.bg_used = 0
         self.quarantined = 0  # slots a late tier call still holds (the chain stopped waiting for it)
         self.peak_fg = 0
+        self.peak_bg = 0  # the most slots background work ever held at once (what became resident)
         self._settled: anyio.Event | None = None  # None: no late call holds a slot
         self._loads: deque[_Waiter] = deque()
         self._stores: deque[_Waiter] = deque()
@@ -144,6 +145,7 @@ class StagingPool:
         if n > 0:
             self.fg_used -= n
             self.bg_used += n
+            self.peak_bg = max(self.peak_bg, self.bg_used)
             self._grant()
         return max(n, 0)
 
@@ -152,6 +154,7 @@ class StagingPool:
         if self.bg_used >= self.background or not self._free:
             return None
         self.bg_used += 1
+        self.peak_bg = max(self.peak_bg, self.bg_used)
         return self._free.pop()
 
     def release_background(self, slots: list[int]) -> None:

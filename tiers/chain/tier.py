@@ -72,8 +72,11 @@ class ChainTier(ChainTransfers, SecondaryTierManager):
             ``deadline_s`` and ``breaker``; see :mod:`.config`).
         write: ``"back"`` (default) or ``"through"``.
         backlog_chunks: chunks background work may hold at once (write-back, promotion,
-            demotion); beyond it background writes are dropped and counted (default 64).
+            demotion); beyond it the newest background writes are dropped and counted
+            (default 1024).
         promote: copy a chunk a lower tier served into the tiers above it (default True).
+        refresh_below: a chunk a tier served is touched, in the background, in the tiers
+            below it, so their LRU sees the use (default True).
         demote: keep the first tier below its capacity by moving its least recently used
             chunks into the second tier before it evicts them (default False).
         demote_headroom_chunks: how far below capacity demotion keeps the first tier (8).
@@ -94,8 +97,9 @@ class ChainTier(ChainTransfers, SecondaryTierManager):
         tier_type: str | None = None,
         tiers: Sequence[dict[str, Any]],
         write: Literal["back", "through"] = "back",
-        backlog_chunks: int = 64,
+        backlog_chunks: int = 1024,
         promote: bool = True,
+        refresh_below: bool = True,
         demote: bool = False,
         demote_headroom_chunks: int = 8,
         background_batch: int = 32,
@@ -111,7 +115,8 @@ class ChainTier(ChainTransfers, SecondaryTierManager):
         self._view = offloading_spec.check_view(primary_kv_view, writable=False)
         self._own_view = self._view is not primary_kv_view  # a cast of the caller's: released at close
         self.config = cfg = ChainConfig.parse(
-            tiers=tiers, write=write, backlog_chunks=backlog_chunks, promote=promote, demote=demote,
+            tiers=tiers, write=write, backlog_chunks=backlog_chunks, promote=promote,
+            refresh_below=refresh_below, demote=demote,
             demote_headroom_chunks=demote_headroom_chunks, background_batch=background_batch,
             max_inflight=max_inflight, store_backpressure=store_backpressure,
             backpressure_timeout_s=backpressure_timeout_s, verify=verify,
@@ -434,6 +439,7 @@ class ChainTier(ChainTransfers, SecondaryTierManager):
             "not_admitted": totals["not_admitted"],
             "backlog": self._backlog.depth,
             "backlog_chunks": self.config.backlog_chunks,
+            "backlog_peak": self._pool.peak_bg,
             "background_in_flight": sum(m.background_in_flight for m in self.members),
             "late_slots": self._pool.quarantined,
         }

@@ -111,6 +111,9 @@ class ChainTransfers:
                 m.count("bytes_out", len(hits) * c)
                 if m.index > 0 and self.config.promote:
                     self._promote(hits, slot_of, pos, held, epoch, m)
+                if self.config.refresh_below and m.index + 1 < len(self.members):
+                    # the tiers below hold it too (stores reach them all): their LRU sees the use
+                    self._backlog.refresh(hits, self.members[m.index + 1 :])
                 pending = [k for k in pending if k not in outcome]
         for k in keys:
             if k not in outcome:  # no tier served it (or a late tier kept its slot)

@@ -1,0 +1,97 @@
+"""The chain's background lanes on real tiers (memory, fs): a hit refreshes the tiers below it,
+and a key queued twice in one lane batch is written once, from its latest copy."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from chain_helpers import ChainRig, in_tier, keys
+
+from asynctier import TierConfigError
+from asynctier.tiers.chain.background import Backlog, RemovalFence
+from asynctier.tiers.chain.staging import StagingPool
+from asynctier.tiers.fs.layout import HEADER_BLOCK
+
+MEM: dict[str, Any] = {"type": "memory"}
+
+
+def run(fn: Any, *args: Any) -> None:
+    anyio.run(fn, *args, backend="asyncio")
+
+
+def fs(tmp_path: Path, **extra: Any) -> dict[str, Any]:
+    return {"type": "fs", "root": str(tmp_path / "kv"), "io_engine": "threads", **extra}
+
+
+@pytest.mark.parametrize("refresh", [True, False])
+def test_a_hit_above_refreshes_the_tiers_below(tmp_path: Path, refresh: bool) -> None:
+    """fs holds four chunks; the oldest is used (served by memory), then a fifth is stored: with
+    ``refresh_below`` fs evicts the least recently *used* chunk, without it the oldest stored."""
+
+    async def check() -> None:
+        rig = ChainRig()
+        c = rig.spec.chunk_bytes
+        chain = rig.chain(tiers=[MEM, fs(tmp_path, capacity_bytes=4 * (HEADER_BLOCK + c))], refresh_below=refresh)
+        async with chain:
+            ks = keys(5)
+            for i, k in enumerate(ks[:4]):  # one at a time: fs's LRU order is ks[0] oldest
+                assert (await chain.offload([k], [i])).ok
+                await chain.drain()
+            assert await in_tier(chain, "fs", ks[:4]) == [True] * 4
+            assert (await chain.load([ks[0]], [8])).ok  # served by memory
+            await chain.drain()
+            assert (await chain.offload([ks[4]], [4])).ok
+            await chain.drain()
+            fs_stats = chain.stats().children["fs"]
+            assert fs_stats.evictions == 1
+            assert fs_stats.extra["chain_hits"] == 0 and chain.stats().children["memory"].extra["chain_hits"] == 1
+            assert fs_stats.extra["chain_touched"] == (1 if refresh else 0)
+            assert fs_stats.extra["chain_touch_drops"] == 0
+            held = await in_tier(chain, "fs", ks)
+            assert held == ([True, False, True, True, True] if refresh else [False, True, True, True, True])
+
+    run(check)
+
+
+def test_refresh_below_must_be_bool() -> None:
+    with pytest.raises(TierConfigError, match=r"refresh_below must be True or False"):
+        ChainRig().chain(tiers=[MEM], refresh_below=1)
+
+
+def test_a_key_queued_twice_in_one_lane_batch_is_written_once_from_its_latest_copy(tmp_path: Path) -> None:
+    """Both copies are queued before the fs lane runs, so they land in one batch: fs must get the
+    key once (a call naming a key twice is refused whole, which dropped the batch and counted
+    against fs's breaker), from the slot queued last."""
+
+    async def check() -> None:
+        rig = ChainRig()
+        no_stores = {**fs(tmp_path), "admit": lambda key, reason: reason != "store"}  # the chain's own lane idles
+        chain = rig.chain(tiers=[MEM, no_stores], promote=False, refresh_below=False)
+        async with chain:
+            memory, fs_member = chain.member("memory"), chain.member("fs")
+            k, probe = keys(2)
+            assert (await chain.offload([k], [3])).ok  # only memory holds it
+            # a backlog of our own over the chain's tiers and the same staging slots
+            pool = StagingPool(chain.max_inflight, chain.config.backlog_chunks)
+            backlog = Backlog(pool, RemovalFence(), chain.members, batch=32, chunk=rig.spec.chunk_bytes)
+            backlog.start()
+            stale, latest, check_slot = (pool.take_background() for _ in range(3))
+            assert stale is not None and latest is not None and check_slot is not None
+            assert (await memory.tier.load([k], [latest])).ok  # the latest copy: the real chunk
+            backlog.submit([(k, stale, [fs_member]), (k, latest, [fs_member])], epoch=0, reason="store")
+            await backlog.drain()
+            await backlog.stop()
+            assert fs_member.counts["written_back"] == 1 and fs_member.counts["drops"] == 0
+            assert fs_member.counts["failed"] == 0 and fs_member.breaker.state == "closed"
+            # what fs holds is the latest copy: read it back through memory into the caller's buffer
+            assert (await fs_member.tier.load([k], [check_slot])).ok
+            assert (await memory.tier.offload([probe], [check_slot])).ok
+            rig.zero()
+            assert (await chain.load([probe], [0])).ok
+            assert rig.chunk(0) == rig.orig_chunk(3)
+            pool.release_background([check_slot])
+
+    run(check)
