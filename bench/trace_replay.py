@@ -20,6 +20,7 @@ from typing import Any
 from trace_workload import KEY_BYTES, Trace, Turn
 
 from asynctier import OffloadingSpec, SecondaryTierFactory
+from asynctier.errors import failure_kind
 from asynctier.posix_io import aligned_buffer
 from asynctier.stats import TierStats
 
@@ -48,6 +49,9 @@ class Counters:
     loaded_chunks: int = 0
     #: chunks loaded after one that failed (evicted since the lookup): read, but of no use
     loaded_unused_chunks: int = 0
+    #: chunks the lookup found and the load did not: evicted in between (a miss; lookup is a hint)
+    load_missed_chunks: int = 0
+    #: chunks whose load failed otherwise (I/O, checksum, timeout, ...): the run is marked failed
     load_failed_chunks: int = 0
     computed_chunks: int = 0
     offloaded_chunks: int = 0
@@ -190,7 +194,9 @@ class _Server:
         self.res.turn_load_s.append(dt)
         self.res.chunk_load_s.append(dt / len(keys))
         c.bytes_loaded += r.bytes_transferred
-        c.load_failed_chunks += len(r.failed)
+        missed = sum(1 for e in r.failed.values() if failure_kind(e) == "not_found")
+        c.load_missed_chunks += missed
+        c.load_failed_chunks += len(r.failed) - missed
         usable = 0
         while usable < len(keys) and keys[usable] not in r.failed:
             usable += 1

@@ -142,7 +142,7 @@ def markdown(report: Mapping[str, Any], header: Sequence[str]) -> str:
         "to it in the background and dropped (backlog full or tier failing); evictions; chunks held "
         "at the end. With turns in flight together, the tiers may serve a few more chunks than the "
         "prefix hits count: a chunk evicted between a turn's lookup and its load ends the prefix there, and the chunks "
-        "loaded after it are of no use (`loaded_unused_chunks` in the JSON).",
+        "loaded after it are of no use (`load_missed_chunks`, `loaded_unused_chunks` in the JSON).",
         "",
         md_table(
             [

@@ -101,19 +101,23 @@ def _check_run(run: dict[str, Any], trace: dict[str, Any]) -> None:
     assert c["loaded_chunks"] <= c["lookup_hit_chunks"] <= c["reusable_chunks"]
     assert c["wrong_content_chunks"] == c["load_failed_chunks"] == c["offload_failed_chunks"] == 0
     assert c["offloaded_chunks"] == c["computed_chunks"]
-    assert c["bytes_loaded"] == CHUNK * c["loaded_chunks"]
+    # a chunk the lookup found may be evicted before its load (a miss: lookup is a hint); the
+    # prefix ends there and the chunks loaded after it are of no use
+    if not c["load_missed_chunks"]:
+        assert c["loaded_unused_chunks"] == 0
+    read = c["loaded_chunks"] + c["loaded_unused_chunks"]
+    assert c["bytes_loaded"] == CHUNK * read
     assert run["prefix_hit_ratio"] == pytest.approx(c["loaded_chunks"] / c["prompt_chunks"])
     lat = run["latency"]
     assert lat["lookup"]["count"] == c["lookups"] and lat["turn_offload"]["count"] == c["lookups"]
     assert lat["turn_load"]["count"] == lat["chunk_load"]["count"] <= c["lookups"]
     assert lat["turn_load"]["p99_s"] >= lat["turn_load"]["p50_s"] > 0
     tiers = run["tiers"]
-    # each chunk loaded came from exactly one tier (one turn at a time, none is loaded in vain)
-    assert c["loaded_unused_chunks"] == 0
-    assert sum(t["served"] for t in tiers) == c["loaded_chunks"]
+    # each chunk loaded came from exactly one tier
+    assert sum(t["served"] for t in tiers) == read
     assert tiers[0]["reaching"] == c["reusable_chunks"]
     st = run["stats"]  # the tier's (or the chain's) own count of what it gave the caller
-    assert st["loaded"] == c["loaded_chunks"] and st["bytes_read"] == c["bytes_loaded"]
+    assert st["loaded"] == read and st["bytes_read"] == c["bytes_loaded"]
     assert st["offloaded"] + st["skipped"] == c["offloaded_chunks"]
     assert st["bytes_written"] == CHUNK * st["offloaded"]
     for t in tiers:  # a chain's tier may also read for promotions, and write what is promoted into it
