@@ -16,8 +16,9 @@ import anyio
 
 from ..core.backend import wait_uninterrupted
 from ..core.jobs import PENDING, RUNNING, Job
+from ..errors import TierStateError
 
-__all__ = ["DropHandler", "Engine", "EngineCounters"]
+__all__ = ["DropHandler", "Engine", "EngineCounters", "refuse_other_loop"]
 
 #: Called with the store jobs withdrawn because no I/O slot came in time (``store_backpressure="drop"``).
 DropHandler = Callable[[list[Job]], None]
@@ -124,3 +125,13 @@ class EngineCounters:
             self.cancel_pending(jobs)
             await wait_uninterrupted(done)
             raise
+
+
+def refuse_other_loop(name: str, home_loop: object, this_loop: object) -> None:
+    """Raise :class:`TierStateError` for a call from another event loop than the one whose
+    workers serve the tier: its completions are delivered to that loop, so it would wait for ever."""
+    if this_loop is not home_loop:
+        raise TierStateError(
+            f"{name}: this tier was opened on another event loop, and its workers serve that "
+            "loop only: open one tier per event loop"
+        )

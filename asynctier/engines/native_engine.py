@@ -40,8 +40,7 @@ from ..core.backend import (
 )
 from ..core.jobs import CANCELLED, DONE, PENDING, Batch, Job
 from ..core.ops import PRIO_LOAD, Op
-from ..errors import TierStateError
-from .base import EngineCounters
+from .base import EngineCounters, refuse_other_loop
 from .native import JobFields, NativePool
 from .threads import EngineStoppedError
 
@@ -145,13 +144,7 @@ class NativeEngine(EngineCounters):
     def submit(self, jobs: Iterable[Job]) -> None:
         if self._stopping or self._ended is None:
             raise EngineStoppedError("engine is not running")
-        if current_loop() is not self._loop:
-            # the pool reports to the loop that opened the tier: a call from another would
-            # wait for ever for completions delivered there
-            raise TierStateError(
-                f"{self._name}: this tier was opened on another event loop, and its workers serve that "
-                "loop only: open one tier per event loop"
-            )
+        refuse_other_loop(self._name, self._loop, current_loop())
         heap = self._heap
         n = len(heap)
         if n:

@@ -19,8 +19,7 @@ import anyio
 
 from ..core.backend import LoopCaller, current_loop, loop_caller, spawn_service, wait_uninterrupted
 from ..core.jobs import CANCELLED, DONE, PENDING, Job
-from ..errors import TierStateError
-from .base import EngineCounters
+from .base import EngineCounters, refuse_other_loop
 from .threads import EngineStoppedError
 
 __all__ = ["TaskEngine"]
@@ -48,13 +47,7 @@ class TaskEngine(EngineCounters):
     def submit(self, jobs: Iterable[Job]) -> None:
         if self._stopping or self._ended is None:
             raise EngineStoppedError("engine is not running")
-        if current_loop() is not self._loop:
-            # the workers live on the loop that opened the tier: a call from another would
-            # wait for ever for completions delivered there
-            raise TierStateError(
-                f"{self._name}: this tier was opened on another event loop, and its workers serve that "
-                "loop only: open one tier per event loop"
-            )
+        refuse_other_loop(self._name, self._loop, current_loop())
         n = 0
         for job in jobs:
             heapq.heappush(self._heap, (job.priority, job.seq, job))
