@@ -15,7 +15,7 @@ from typing import Protocol
 import anyio
 
 from ..core.backend import wait_uninterrupted
-from ..core.jobs import PENDING, RUNNING, Job
+from ..core.jobs import CANCELLED, PENDING, RUNNING, Job
 from ..errors import TierStateError
 
 __all__ = ["DropHandler", "Engine", "EngineCounters", "refuse_other_loop"]
@@ -101,7 +101,14 @@ class EngineCounters:
         raise NotImplementedError
 
     def cancel_pending(self, jobs: Iterable[Job]) -> list[Job]:
-        raise NotImplementedError
+        """Withdraw the jobs not started yet; for engines whose queue lives on the loop thread
+        (the threads engine takes its lock around the same steps)."""
+        taken = [j for j in jobs if j.state == PENDING]
+        for j in taken:
+            j.state = CANCELLED
+            j.batch.one_done()
+        self._queued -= len(taken)
+        return taken
 
     async def run(
         self, jobs: list[Job], *, drop_after: float | None = None, on_drop: DropHandler | None = None

@@ -38,7 +38,7 @@ from ..core.backend import (
     spawn_service,
     wait_uninterrupted,
 )
-from ..core.jobs import CANCELLED, DONE, PENDING, Batch, Job
+from ..core.jobs import DONE, Batch, Job
 from ..core.ops import PRIO_LOAD, Op
 from .base import EngineCounters, refuse_other_loop
 from .native import JobFields, NativePool
@@ -156,14 +156,6 @@ class NativeEngine(EngineCounters):
         if n:
             self._queued += n
             self._pump()
-
-    def cancel_pending(self, jobs: Iterable[Job]) -> list[Job]:
-        taken = [j for j in jobs if j.state == PENDING]
-        for j in taken:
-            j.state = CANCELLED
-            j.batch.one_done()
-        self._queued -= len(taken)
-        return taken
 
     def _pump(self) -> None:
         """Start queued jobs while slots are free: the fast ones planned and handed to the

@@ -18,7 +18,7 @@ from typing import Any
 import anyio
 
 from ..core.backend import LoopCaller, current_loop, loop_caller, spawn_service, wait_uninterrupted
-from ..core.jobs import CANCELLED, DONE, PENDING, Job
+from ..core.jobs import DONE, Job
 from .base import EngineCounters, refuse_other_loop
 from .threads import EngineStoppedError
 
@@ -56,14 +56,6 @@ class TaskEngine(EngineCounters):
         while n and self._idle:
             self._idle.pop().set()
             n -= 1
-
-    def cancel_pending(self, jobs: Iterable[Job]) -> list[Job]:
-        taken = [j for j in jobs if j.state == PENDING]
-        for j in taken:
-            j.state = CANCELLED
-            j.batch.one_done()
-        self._queued -= len(taken)
-        return taken
 
     async def _work(self) -> None:
         while True:
