@@ -20,14 +20,15 @@ import anyio
 from ..contract import SecondaryTierManager
 from ..engines.base import Engine
 from ..engines.threads import EngineStoppedError
-from ..errors import BackpressureError, TierClosedError, TierConfigError, TierNotOpenError
+from ..errors import BackpressureError, TierClosedError, TierConfigError
 from ..lru import LRUIndex
 from ..spec import OffloadingSpec
 from ..stats import StatsRecorder, TierStats, TransferResult
-from .backend import CloseHandle, run_to_completion, start_close
+from .backend import run_to_completion
 from .bookkeeping import Bookkeeping
 from .framing import Framing
 from .jobs import CANCELLED, Batch, Job
+from .lifecycle import Lifecycle
 from .ops import Op
 from .validation import check_keys, check_pairs, non_negative_float, positive_int
 
@@ -38,10 +39,8 @@ log = logging.getLogger("asynctier.core")
 #: The most chunk I/Os a tier may keep in flight (each is a worker thread or task).
 MAX_INFLIGHT = 1024
 
-_NEW, _OPEN, _CLOSING, _CLOSED = "new", "open", "closing", "closed"
 
-
-class ChunkTier(Bookkeeping, SecondaryTierManager):
+class ChunkTier(Bookkeeping, Lifecycle, SecondaryTierManager):
     """Everything but the primitives; subclass :class:`BlockingChunkTier` or :class:`AsyncChunkTier`.
 
     Args (the common knobs every built-in tier shares):
@@ -120,10 +119,8 @@ class ChunkTier(Bookkeeping, SecondaryTierManager):
             self.index = None
         self._stats = StatsRecorder()
         self._framing = Framing(offloading_spec, verify)
-        self._state = _NEW
+        self._init_lifecycle()
         self._engine: Engine | None = None
-        self._open_lock: anyio.Lock | None = None  # open() and the close, one at a time
-        self._closing: CloseHandle | None = None  # the close every aclose() waits for
         self._active = 0
         self._idle: anyio.Event | None = None
 
@@ -170,73 +167,35 @@ class ChunkTier(Bookkeeping, SecondaryTierManager):
         """Bytes held, for tiers without an index (None = unknown)."""
         return None
 
-    # -- lifecycle -------------------------------------------------------------------------
-    @property
-    def is_open(self) -> bool:
-        """True between a successful ``open()`` and ``aclose()``."""
-        return self._state == _OPEN
-
-    def _refuse_reopen(self) -> None:
-        if self._state in (_CLOSING, _CLOSED) or self._closing is not None:
-            raise TierClosedError(f"{self!r} is closed; create a new tier instead of reopening")
-
+    # -- lifecycle (core/lifecycle.py: open once, close once) ------------------------------
     async def open(self) -> ChunkTier:
-        if self._state == _OPEN:
-            return self
-        self._refuse_reopen()
-        if self._open_lock is None:
-            self._open_lock = anyio.Lock()
-        async with self._open_lock:
-            if self._state == _OPEN:
-                return self
-            self._refuse_reopen()  # closed while we waited
-            engine = self.make_engine()
-            try:
-                engine.start()
-                await self._open_medium()
-            except BaseException:
-                await run_to_completion(engine.stop)  # a failed or cancelled open leaves nothing running
-                raise
-            self._engine = engine
-            # a tier dropped without aclose() must not leave its workers behind
-            weakref.finalize(self, engine.stop_nowait)
-            self._idle = anyio.Event()
-            self._idle.set()
-            self._state = _OPEN
+        await self._open_once()
         return self
 
-    async def aclose(self) -> None:
-        # One close for all callers; every aclose() returns once the medium is released. A
-        # cancelled aclose() does not stop the close: on asyncio it goes on as a task (the
-        # caller returns at once, as asyncio code expects); on trio the first caller's close
-        # is shielded.
-        if self._state == _CLOSED:
-            return
-        if self._closing is None:
-            if self._state == _OPEN:
-                self._state = _CLOSING  # no new calls from here on
-            self._closing = start_close(self._close)
-        await self._closing.wait()
+    async def _opening(self) -> None:
+        engine = self.make_engine()
+        try:
+            engine.start()
+            await self._open_medium()
+        except BaseException:
+            await run_to_completion(engine.stop)  # a failed or cancelled open leaves nothing running
+            raise
+        self._engine = engine
+        # a tier dropped without aclose() must not leave its workers behind
+        weakref.finalize(self, engine.stop_nowait)
+        self._idle = anyio.Event()
+        self._idle.set()
 
-    async def _close(self) -> None:
-        if self._open_lock is None:
-            self._open_lock = anyio.Lock()
-        async with self._open_lock:  # an open() in progress ends first; then it is closed here
-            if self._state == _CLOSED:
-                return
-            if self._state == _NEW:  # never opened
-                self._state = _CLOSED
-                self._release_view()
-                return
-            self._state = _CLOSING
-            try:
-                await self.drain()
-                await self._close_medium()
-            finally:
-                if self._engine is not None:
-                    await self._engine.stop()
-                self._state = _CLOSED
-                self._release_view()
+    async def _closing_down(self) -> None:
+        try:
+            await self.drain()
+            await self._close_medium()
+        finally:
+            if self._engine is not None:
+                await self._engine.stop()
+
+    def _closed(self) -> None:
+        self._release_view()
 
     def _release_view(self) -> None:
         """Let go of the caller's buffer once closed: a closed tier the caller still references
@@ -250,13 +209,6 @@ class ChunkTier(Bookkeeping, SecondaryTierManager):
     async def drain(self) -> None:
         while self._idle is not None and not self._idle.is_set():
             await self._idle.wait()
-
-    def _check_open(self) -> None:
-        if self._state == _OPEN:
-            return
-        if self._state == _NEW:
-            raise TierNotOpenError(f"{self!r} is not open: use 'async with tier:' or 'await tier.open()' first")
-        raise TierClosedError(f"{self!r} is closed")
 
     # -- the contract ----------------------------------------------------------------------
     async def offload(self, keys: Sequence[bytes], chunk_ids: Sequence[int]) -> TransferResult:

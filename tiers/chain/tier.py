@@ -19,14 +19,13 @@ from typing import Any, Literal
 import anyio
 
 from asynctier.contract import SecondaryTierManager
-from asynctier.core.backend import CloseHandle, loop_caller, run_to_completion, start_close
+from asynctier.core.backend import loop_caller, run_to_completion
 from asynctier.core.base import release_view
+from asynctier.core.lifecycle import Lifecycle
 from asynctier.core.validation import check_keys, check_pairs
 from asynctier.errors import (
     BackpressureError,
-    TierClosedError,
     TierConfigError,
-    TierNotOpenError,
     failure_kind,
 )
 from asynctier.factory import SecondaryTierFactory
@@ -49,8 +48,6 @@ log = logging.getLogger("asynctier.chain")
 #: Parallel batches per call at most (each holds the staging slots it was granted).
 _WORKERS_PER_CALL = 1
 
-_NEW, _OPEN, _CLOSING, _CLOSED = "new", "open", "closing", "closed"
-
 
 def _abandon(backlog: Backlog, demoter: Demoter | None) -> Callable[[], None]:
     """What ends the background tasks of a chain dropped without ``aclose()`` (its finalizer
@@ -64,7 +61,7 @@ def _abandon(backlog: Backlog, demoter: Demoter | None) -> Callable[[], None]:
     return abandon
 
 
-class ChainTier(ChainTransfers, SecondaryTierManager):
+class ChainTier(ChainTransfers, Lifecycle, SecondaryTierManager):
     """Tiers as one tier, fastest first.
 
     Args:
@@ -148,85 +145,52 @@ class ChainTier(ChainTransfers, SecondaryTierManager):
         )
         self._stats = StatsRecorder()
         self._queued = 0
-        self._state = _NEW
-        self._open_lock: anyio.Lock | None = None
-        self._closing: CloseHandle | None = None
+        self._init_lifecycle()
         self._active = 0
         self._idle: anyio.Event | None = None
         self._finalizer: weakref.finalize[[Callable[[], object]], ChainTier] | None = None
 
-    # -- lifecycle -------------------------------------------------------------------------
-    @property
-    def is_open(self) -> bool:
-        return self._state == _OPEN
-
-    def _refuse_reopen(self) -> None:
-        if self._state in (_CLOSING, _CLOSED) or self._closing is not None:
-            raise TierClosedError(f"{self!r} is closed; create a new tier instead of reopening")
-
+    # -- lifecycle (asynctier.core.lifecycle: open once, close once) ------------------------
     async def open(self) -> ChainTier:
-        if self._state == _OPEN:
-            return self
-        self._refuse_reopen()
-        if self._open_lock is None:
-            self._open_lock = anyio.Lock()
-        async with self._open_lock:
-            if self._state == _OPEN:
-                return self
-            self._refuse_reopen()
-            opened: list[Member] = []
-            try:
-                for m in self.members:
-                    await m.tier.open()
-                    opened.append(m)
-            except BaseException:  # a failed or cancelled open leaves no tier open
-                for m in reversed(opened):
-                    await run_to_completion(m.tier.aclose)
-                raise
-            self._backlog.start()
-            if self._demoter is not None:
-                self._demoter.start()
-            self._finalizer = weakref.finalize(self, loop_caller(), _abandon(self._backlog, self._demoter))
-            self._finalizer.atexit = False
-            self._idle = anyio.Event()
-            self._idle.set()
-            self._state = _OPEN
+        await self._open_once()
         return self
 
-    async def aclose(self) -> None:
-        if self._state == _CLOSED:
-            return
-        if self._closing is None:
-            if self._state == _OPEN:
-                self._state = _CLOSING
-            self._closing = start_close(self._close)
-        await self._closing.wait()
+    async def _opening(self) -> None:
+        opened: list[Member] = []
+        try:
+            for m in self.members:
+                await m.tier.open()
+                opened.append(m)
+        except BaseException:  # a failed or cancelled open leaves no tier open
+            for m in reversed(opened):
+                await run_to_completion(m.tier.aclose)
+            raise
+        self._backlog.start()
+        if self._demoter is not None:
+            self._demoter.start()
+        self._finalizer = weakref.finalize(self, loop_caller(), _abandon(self._backlog, self._demoter))
+        self._finalizer.atexit = False
+        self._idle = anyio.Event()
+        self._idle.set()
 
-    async def _close(self) -> None:
-        if self._open_lock is None:
-            self._open_lock = anyio.Lock()
-        async with self._open_lock:
-            if self._state in (_CLOSED, _NEW):
-                self._state = _CLOSED
-                self._release_view()
-                return
-            self._state = _CLOSING
-            if self._finalizer is not None:
-                self._finalizer.detach()
-            try:
-                await self._calls_done()
-                await self._pool.settled()  # late tier calls end before their tier closes
-                if self._demoter is not None:
-                    await self._demoter.stop()
-                await self._backlog.stop()  # what is queued is written before the tiers close
-            finally:
-                for m in reversed(self.members):
-                    try:
-                        await m.tier.aclose()
-                    except Exception:  # the other tiers still close
-                        log.exception("closing chain tier %r failed", m.name)
-                self._state = _CLOSED
-                self._release_view()
+    async def _closing_down(self) -> None:
+        if self._finalizer is not None:
+            self._finalizer.detach()
+        try:
+            await self._calls_done()
+            await self._pool.settled()  # late tier calls end before their tier closes
+            if self._demoter is not None:
+                await self._demoter.stop()
+            await self._backlog.stop()  # what is queued is written before the tiers close
+        finally:
+            for m in reversed(self.members):
+                try:
+                    await m.tier.aclose()
+                except Exception:  # the other tiers still close
+                    log.exception("closing chain tier %r failed", m.name)
+
+    def _closed(self) -> None:
+        self._release_view()
 
     def _release_view(self) -> None:
         """A closed chain the caller still references must not keep the caller's buffer
@@ -234,13 +198,6 @@ class ChainTier(ChainTransfers, SecondaryTierManager):
         if self._own_view:
             self._own_view = False
             self._view = release_view(self._view)
-
-    def _check_open(self) -> None:
-        if self._state == _OPEN:
-            return
-        if self._state == _NEW:
-            raise TierNotOpenError(f"{self!r} is not open: use 'async with tier:' or 'await tier.open()' first")
-        raise TierClosedError(f"{self!r} is closed")
 
     async def _calls_done(self) -> None:
         while self._idle is not None and not self._idle.is_set():

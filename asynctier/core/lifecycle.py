@@ -1,0 +1,99 @@
+"""Open once, close once, never reopen: the state machine of a tier's life, kept by
+:class:`~asynctier.core.base.ChunkTier` and by the chain (a tier made of tiers).
+
+A subclass writes :meth:`Lifecycle._opening` (bring the medium up; on failure or cancellation
+leave nothing running) and :meth:`Lifecycle._closing_down` (let calls finish, release the
+medium); :meth:`Lifecycle._closed` runs once the tier is closed, opened or not.
+"""
+
+from __future__ import annotations
+
+import anyio
+
+from ..errors import TierClosedError, TierNotOpenError
+from .backend import CloseHandle, start_close
+
+__all__ = ["Lifecycle"]
+
+_NEW, _OPEN, _CLOSING, _CLOSED = "new", "open", "closing", "closed"
+
+
+class Lifecycle:
+    """``open()`` and ``aclose()`` for a tier: idempotent, one at a time, and a closed tier
+    stays closed. Calls check :meth:`_check_open` before any I/O."""
+
+    def _init_lifecycle(self) -> None:
+        self._state = _NEW
+        self._open_lock: anyio.Lock | None = None  # open() and the close, one at a time
+        self._close_handle: CloseHandle | None = None  # the close every aclose() waits for
+
+    async def _opening(self) -> None:
+        raise NotImplementedError
+
+    async def _closing_down(self) -> None:
+        raise NotImplementedError
+
+    def _closed(self) -> None:
+        """Runs once the tier is closed (also when it was never opened)."""
+
+    @property
+    def is_open(self) -> bool:
+        """True between a successful ``open()`` and ``aclose()``."""
+        return self._state == _OPEN
+
+    def _check_open(self) -> None:
+        if self._state == _OPEN:
+            return
+        if self._state == _NEW:
+            raise TierNotOpenError(f"{self!r} is not open: use 'async with tier:' or 'await tier.open()' first")
+        raise TierClosedError(f"{self!r} is closed")
+
+    def _refuse_reopen(self) -> None:
+        if self._state in (_CLOSING, _CLOSED) or self._close_handle is not None:
+            raise TierClosedError(f"{self!r} is closed; create a new tier instead of reopening")
+
+    async def _open_once(self) -> None:
+        if self._state == _OPEN:
+            return
+        self._refuse_reopen()
+        if self._open_lock is None:
+            self._open_lock = anyio.Lock()
+        async with self._open_lock:
+            if self._state == _OPEN:
+                return
+            self._refuse_reopen()  # closed while we waited
+            await self._opening()
+            self._state = _OPEN
+
+    async def aclose(self) -> None:
+        """Let calls in progress finish, then release the medium. Idempotent.
+
+        One close for all callers; every aclose() returns once the medium is released. A
+        cancelled aclose() does not stop the close: on asyncio it goes on as a task (the
+        caller returns at once, as asyncio code expects); on trio the first caller's close
+        is shielded.
+        """
+        if self._state == _CLOSED:
+            return
+        if self._close_handle is None:
+            if self._state == _OPEN:
+                self._state = _CLOSING  # no new calls from here on
+            self._close_handle = start_close(self._close)
+        await self._close_handle.wait()
+
+    async def _close(self) -> None:
+        if self._open_lock is None:
+            self._open_lock = anyio.Lock()
+        async with self._open_lock:  # an open() in progress ends first; then it is closed here
+            if self._state == _CLOSED:
+                return
+            if self._state == _NEW:  # never opened
+                self._state = _CLOSED
+                self._closed()
+                return
+            self._state = _CLOSING
+            try:
+                await self._closing_down()
+            finally:
+                self._state = _CLOSED
+                self._closed()
