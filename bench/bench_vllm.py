@@ -76,14 +76,18 @@ def tier_configs(d: Path, chunk: int, nchunks: int) -> dict[str, dict[str, Any]]
     }
 
 
-def offloading_config(chunk: int, nchunks: int, tier: dict[str, Any]) -> OffloadingConfig:
+def offloading_config(
+    chunk: int, nchunks: int, secondary_tiers: list[dict[str, Any]], model: str = "bench/model", dtype: str = "bfloat16"
+) -> OffloadingConfig:
+    """What vLLM builds from an engine config: one KV group, one worker, ``chunk`` bytes a
+    chunk, a CPU primary tier of ``nchunks`` (the bridge's tests build theirs here too)."""
     return OffloadingConfig(
         groups=(OffloadingGroupConfig(tokens_per_block=16, layer_names=("layer.0",), group_id=0),),
         worker_kv_bytes_per_block=chunk,
         enable_kv_cache_events=False,
-        extra_config={"cpu_bytes_to_use": chunk * nchunks, "secondary_tiers": [tier]},
+        extra_config={"cpu_bytes_to_use": chunk * nchunks, "secondary_tiers": secondary_tiers},
         engine_id=f"asynctier-bench-{uuid.uuid4().hex[:12]}",
-        model=OffloadingModelConfig(name="bench/model", dtype="bfloat16"),
+        model=OffloadingModelConfig(name=model, dtype=dtype),
         cache=OffloadingCacheConfig(tokens_per_hash=16, blocks_per_chunk=1),
         parallel=OffloadingParallelConfig(
             rank=0,
@@ -114,7 +118,7 @@ def _timed(fn: Callable[..., Any], wall: list[int], cpu: list[int]) -> Callable[
 
 
 def run_point(name: str, config: dict[str, Any], chunk: int, nchunks: int, args: argparse.Namespace) -> dict[str, Any]:
-    spec = TieringOffloadingSpec(offloading_config(chunk, nchunks, config))
+    spec = TieringOffloadingSpec(offloading_config(chunk, nchunks, [config]))
     mgr = spec.get_manager()
     assert isinstance(mgr, TieringOffloadingManager)
     (tier,) = mgr.secondary_tiers

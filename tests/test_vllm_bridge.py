@@ -14,7 +14,6 @@ import os
 import subprocess
 import sys
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -30,11 +29,7 @@ import numpy as np
 from s3_helpers import FAST_FAULTS, FaultProxy, moto, s3_config
 from vllm.v1.kv_offload.base import LookupResult, ReqContext, ScheduleEndContext, make_offload_key
 from vllm.v1.kv_offload.config import (
-    OffloadingCacheConfig,
     OffloadingConfig,
-    OffloadingGroupConfig,
-    OffloadingModelConfig,
-    OffloadingParallelConfig,
 )
 from vllm.v1.kv_offload.cpu.shared_offload_region import SharedOffloadRegion
 from vllm.v1.kv_offload.tiering.factory import SecondaryTierFactory
@@ -48,6 +43,9 @@ import asynctier
 from asynctier.errors import TierConfigError
 from asynctier.integrations.vllm import AsynctierTier
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
+import bench_vllm
+
 CHUNK = 64 * 1024
 PRIMARY_CHUNKS = 8
 STEP = ScheduleEndContext(new_req_ids=(), preempted_req_ids=())
@@ -59,27 +57,9 @@ def adapter_config(tier: dict[str, Any], **extra: Any) -> dict[str, Any]:
 
 
 def offloading_config(secondary_tiers: list[dict[str, Any]]) -> OffloadingConfig:
-    """What vLLM builds from an engine config: one KV group, one worker, ``CHUNK`` bytes a chunk."""
-    return OffloadingConfig(
-        groups=(OffloadingGroupConfig(tokens_per_block=16, layer_names=("layer.0",), group_id=0),),
-        worker_kv_bytes_per_block=CHUNK,
-        enable_kv_cache_events=False,
-        extra_config={"cpu_bytes_to_use": CHUNK * PRIMARY_CHUNKS, "secondary_tiers": secondary_tiers},
-        engine_id=f"asynctier-test-{uuid.uuid4().hex[:12]}",
-        model=OffloadingModelConfig(name="test/tiny-model", dtype="float16"),
-        cache=OffloadingCacheConfig(tokens_per_hash=16, blocks_per_chunk=1),
-        parallel=OffloadingParallelConfig(
-            rank=0,
-            world_size=1,
-            tp_size=1,
-            pp_size=1,
-            pcp_size=1,
-            dcp_size=1,
-            data_parallel_index=0,
-            data_parallel_size=1,
-            data_parallel_rank_local=None,
-            is_parallelism_agnostic=True,
-        ),
+    """What vLLM builds from an engine config (the bench's builder), ``CHUNK`` bytes a chunk."""
+    return bench_vllm.offloading_config(
+        CHUNK, PRIMARY_CHUNKS, secondary_tiers, model="test/tiny-model", dtype="float16"
     )
 
 
@@ -435,8 +415,6 @@ def test_import_asynctier_does_not_import_vllm() -> None:
 
 def test_bench_vllm_runs_and_checks_every_byte(tmp_path: Path) -> None:
     """bench/bench_vllm.py end to end at a tiny size (a smoke test, not a measurement)."""
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
-    import bench_vllm
 
     out = tmp_path / "out"
     bench_vllm.main(["--dir", str(tmp_path / "scratch"), "--sizes-kib", "256", "--mib", "2", "--batch", "4",
