@@ -18,38 +18,18 @@ import anyio.to_thread
 import obstore
 import pytest
 
-from asynctier.integrity import key_token
 from asynctier.testing import ContractChecks, Harness, IntegrityChecks, TierConformance
 from asynctier.testing.records import corrupt_record, swap_records
 from asynctier.tiers.chain import ChainTier
-from asynctier.tiers.fs import HEADER_BLOCK, FsTier
-from asynctier.tiers.fs.layout import shard_of
+from asynctier.tiers.fs import FsTier
 from asynctier.tiers.memory import MemoryTier
 from asynctier.tiers.nvme import NvmeTier
 from asynctier.tiers.obj import ObjTier
 
 sys.path.insert(0, str(Path(__file__).parent))
+from fs_helpers import chunk_file, damage_file, swap_files
 from nvme_helpers import damage_slot, swap_slots
 from s3_helpers import s3_config
-
-
-def _fs_file(tier: FsTier, key: bytes) -> Path:
-    return tier.dir / f"{shard_of(key):02x}" / key_token(key)
-
-
-def _fs_damage(path: Path, how: str) -> None:
-    raw = bytearray(path.read_bytes())
-    if how == "flip":
-        raw[HEADER_BLOCK + 1] ^= 0x40
-    else:
-        del raw[HEADER_BLOCK + (len(raw) - HEADER_BLOCK) // 2 :]
-    path.write_bytes(bytes(raw))
-
-
-def _fs_swap(a: Path, b: Path) -> None:
-    raw_a, raw_b = a.read_bytes(), b.read_bytes()
-    a.write_bytes(raw_b)
-    b.write_bytes(raw_a)
 
 
 def _obj_damage(tier: ObjTier, key: bytes, how: str) -> None:
@@ -94,7 +74,7 @@ class ChainDamage:
             if isinstance(t, MemoryTier):
                 await corrupt_record(t, key, how)
             elif isinstance(t, FsTier):
-                await anyio.to_thread.run_sync(_fs_damage, _fs_file(t, key), how)
+                await anyio.to_thread.run_sync(damage_file, chunk_file(t, key), how)
             elif isinstance(t, NvmeTier):
                 damage_slot(t, key, how)
             elif isinstance(t, ObjTier):
@@ -107,7 +87,7 @@ class ChainDamage:
             if isinstance(t, MemoryTier):
                 await swap_records(t, key_a, key_b)
             elif isinstance(t, FsTier):
-                await anyio.to_thread.run_sync(_fs_swap, _fs_file(t, key_a), _fs_file(t, key_b))
+                await anyio.to_thread.run_sync(swap_files, chunk_file(t, key_a), chunk_file(t, key_b))
             elif isinstance(t, NvmeTier):
                 swap_slots(t, key_a, key_b)
             elif isinstance(t, ObjTier):

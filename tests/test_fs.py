@@ -30,6 +30,7 @@ from typing import Any
 
 import anyio
 import pytest
+from fs_helpers import chunk_file, damage_file, swap_files
 
 from asynctier import (
     CapacityError,
@@ -56,21 +57,6 @@ CHUNK = 64 * 1024
 NCHUNKS = 16
 
 
-def _damage(path: Path, how: str) -> None:
-    raw = bytearray(path.read_bytes())
-    if how == "flip":
-        raw[HEADER_BLOCK + 1] ^= 0x40
-    else:
-        del raw[HEADER_BLOCK + (len(raw) - HEADER_BLOCK) // 2 :]
-    path.write_bytes(bytes(raw))
-
-
-def _swap(a: Path, b: Path) -> None:
-    raw_a, raw_b = a.read_bytes(), b.read_bytes()
-    a.write_bytes(raw_b)
-    b.write_bytes(raw_a)
-
-
 class TestFsConformance(TierConformance):
     """Defaults (``io_engine="auto"``: the native workers where built): O_DIRECT where aligned
     (the suite's bytearray is not: buffered, counted). On asyncio, uvloop and trio."""
@@ -84,11 +70,11 @@ class TestFsConformance(TierConformance):
 
     async def corrupt_stored(self, h: Harness, key: bytes, how: str) -> None:
         assert isinstance(h.tier, FsTier)
-        await anyio.to_thread.run_sync(_damage, chunk_file(h.tier, key), how)
+        await anyio.to_thread.run_sync(damage_file, chunk_file(h.tier, key), how)
 
     async def swap_stored(self, h: Harness, key_a: bytes, key_b: bytes) -> None:
         assert isinstance(h.tier, FsTier)
-        await anyio.to_thread.run_sync(_swap, chunk_file(h.tier, key_a), chunk_file(h.tier, key_b))
+        await anyio.to_thread.run_sync(swap_files, chunk_file(h.tier, key_a), chunk_file(h.tier, key_b))
 
 
 class TestFsConformanceDirectIO(TestFsConformance):
@@ -166,10 +152,6 @@ def chunk(view: memoryview, i: int) -> bytes:
 
 def keys(n: int, tag: str = "k") -> list[bytes]:
     return [f"{tag}-{i}".encode() for i in range(n)]
-
-
-def chunk_file(tier: FsTier, key: bytes) -> Path:
-    return tier.dir / f"{shard_of(key):02x}" / key_token(key)
 
 
 def chunk_files(tier: FsTier) -> list[Path]:

@@ -15,12 +15,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fs_helpers import chunk_file
 
 from asynctier import OffloadingSpec, SecondaryTierFactory, TierConfigError
 from asynctier.engines import native as nativeio
-from asynctier.integrity import key_token
 from asynctier.tiers.fs import HEADER_BLOCK, FsTier
-from asynctier.tiers.fs.layout import shard_of
 
 CHUNK = 16 * 1024
 NCHUNKS = 8
@@ -44,10 +43,6 @@ def make_tier(root: Path, engine: str, **config: Any) -> tuple[FsTier, memoryvie
     )
     assert isinstance(tier, FsTier)
     return tier, view
-
-
-def chunk_file(tier: FsTier, key: bytes) -> Path:
-    return tier.dir / f"{shard_of(key):02x}" / key_token(key)
 
 
 @pytest.fixture

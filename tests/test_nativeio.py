@@ -18,12 +18,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fs_helpers import chunk_file
 
 from asynctier import IntegrityError, OffloadingSpec, SecondaryTierFactory, TierConfigError
 from asynctier.engines import native as nativeio
 from asynctier.integrity import checksum, key_token
 from asynctier.tiers.fs import HEADER_BLOCK, FsTier
-from asynctier.tiers.fs.layout import shard_of
 
 native_only = pytest.mark.skipif(nativeio.problem() is not None, reason=f"no native workers: {nativeio.problem()}")
 
@@ -272,8 +272,6 @@ async def test_a_cancelled_job_still_queued_is_taken_back_and_never_runs(tmp_pat
 
 
 # -- the fs tier on native workers ----------------------------------------------------------
-def chunk_file(tier: FsTier, key: bytes) -> Path:
-    return tier.dir / f"{shard_of(key):02x}" / key_token(key)
 
 
 def make_tier(root: Path, engine: str, view: memoryview | None = None, **config: Any) -> tuple[FsTier, memoryview]:
