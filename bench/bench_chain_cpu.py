@@ -36,6 +36,7 @@ import time
 from typing import Any
 
 import anyio
+from bench_loop_cpu import stream
 
 from asynctier import OffloadingSpec, SecondaryTierFactory
 
@@ -73,22 +74,6 @@ def _view(nbytes: int) -> memoryview:
     return memoryview(buf)
 
 
-async def _stream(tier: Any, op: str, keys: list[bytes], slots: int, batch: int, streams: int) -> None:
-    calls = [keys[i : i + batch] for i in range(0, len(keys), batch)]
-
-    async def caller(n: int) -> None:
-        for j in range(n, len(calls), streams):
-            ks = calls[j]
-            ids = [(n * batch + i) % slots for i in range(len(ks))]  # each caller its own slots
-            res = await getattr(tier, op)(ks, ids)
-            if res.failed:
-                raise RuntimeError(f"{op} failed: {next(iter(res.failed.values()))!r}")
-
-    async with anyio.create_task_group() as tg:
-        for n in range(streams):
-            tg.start_soon(caller, n)
-
-
 def _copy_us(chunk: int) -> float:
     """One chunk's memcpy between buffers larger than the CPU's caches (as staging and the
     caller's buffer are): the price of staging, each way."""
@@ -117,7 +102,7 @@ async def measure(point: str, root: str, chunk: int, chunks: int, batch: int, st
         # (and the tiers' memory) touched long ago, so first-touch page faults are not its cost
         warm = [b"chain-cpu-warm-%d" % i for i in range(chunks)]
         for op in ("offload", "load"):
-            await _stream(tier, op, warm, slots, batch, streams)
+            await stream(tier, op, warm, slots, batch, streams)
         await tier.drain()
         await tier.remove(warm)
         for op in ("offload", "load"):
@@ -125,7 +110,7 @@ async def measure(point: str, root: str, chunk: int, chunks: int, batch: int, st
                 await tier.member("memory").tier.remove(keys)
             profiler = _start_profile() if profile else None
             loop0, cpu0, t0 = time.thread_time(), time.process_time(), time.perf_counter()
-            await _stream(tier, op, keys, slots, batch, streams)
+            await stream(tier, op, keys, slots, batch, streams)
             await tier.drain()
             loop, cpu = time.thread_time() - loop0, time.process_time() - cpu0
             wall = time.perf_counter() - t0

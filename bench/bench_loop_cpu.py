@@ -47,15 +47,15 @@ def _aligned_view(nbytes: int) -> memoryview:
     return memoryview(buf)
 
 
-async def _stream(tier: Any, op: str, keys: list[bytes], slots: int, batch: int, streams: int) -> None:
+async def stream(tier: Any, op: str, keys: list[bytes], slots: int, batch: int, streams: int) -> None:
+    """``op`` over ``keys`` in calls of ``batch`` from ``streams`` concurrent callers, each on
+    its own slots (bench_chain_cpu.py streams the same way)."""
     calls = [keys[i : i + batch] for i in range(0, len(keys), batch)]
 
     async def caller(n: int) -> None:
         for j in range(n, len(calls), streams):
             ks = calls[j]
-            ids = [(j * batch + i) % slots for i in range(len(ks))]
-            if op == "load":  # distinct slots within one load
-                ids = [(i + j * batch) % slots for i in range(len(ks))]
+            ids = [(n * batch + i) % slots for i in range(len(ks))]
             res = await getattr(tier, op)(ks, ids)
             if res.failed:
                 raise RuntimeError(f"{op} failed: {next(iter(res.failed.values()))!r}")
@@ -76,7 +76,7 @@ async def measure(config: dict[str, Any], chunk: int, chunks: int, batch: int, s
         for op in ("offload", "load"):
             wakes0 = tier.stats().extra.get("loop_wakeups")
             cpu0, t0 = time.thread_time(), time.perf_counter()
-            await _stream(tier, op, keys, slots, batch, streams)
+            await stream(tier, op, keys, slots, batch, streams)
             cpu, wall = time.thread_time() - cpu0, time.perf_counter() - t0
             wakes1 = tier.stats().extra.get("loop_wakeups")
             out[op] = {
