@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import gc
 import hashlib
 import logging
 import math
@@ -426,10 +425,9 @@ class AsynctierTier(SecondaryTierManager):
             self._call(self._close())
         finally:
             self._stop_loop()
-            # vLLM unmaps the primary region next; it cannot while the closed tier's views of it
-            # live on (reference cycles among its parts keep them until a collection)
+            # vLLM unmaps the primary region next: a closed tier releases its views of it
+            # (ChunkTier and the chain do at close), so no collection is needed here
             self._tier = None
-            gc.collect()
 
     # -- metrics ----------------------------------------------------------------------------
 
