@@ -57,7 +57,9 @@ class LRUIndex:
         self.track_removals = track_removals
         self._lock = threading.Lock()
         self._entries: OrderedDict[bytes, _Entry] = OrderedDict()
-        self._removing: dict[bytes, threading.Event] = {}
+        # keys being deleted -> the event a write of one waits on, made when one first does
+        # (a threading.Event costs more than the rest of an eviction's bookkeeping)
+        self._removing: dict[bytes, threading.Event | None] = {}
         self._used = 0
         self._committed = 0
 
@@ -104,9 +106,8 @@ class LRUIndex:
         :meth:`abort`.
         """
         with self._lock:
-            pending = self._removing.get(key)
-            if pending is not None:
-                raise RemovalPending(key, pending)
+            if key in self._removing:
+                raise RemovalPending(key, self._removal_event(key))
             e = self._entries.get(key)
             if e is not None:
                 if e.committed:
@@ -148,11 +149,18 @@ class LRUIndex:
         self._hand_out(victims)
         return victims
 
+    def _removal_event(self, key: bytes) -> threading.Event:
+        """Under the lock: the event set when the deletion of ``key`` is over."""
+        ev = self._removing[key]
+        if ev is None:
+            ev = self._removing[key] = threading.Event()
+        return ev
+
     def _hand_out(self, keys: Iterable[bytes]) -> None:
         """Under the lock: ``keys`` left the index for the caller to delete."""
         if self.track_removals:
             for k in keys:
-                self._removing.setdefault(k, threading.Event())
+                self._removing.setdefault(k, None)
 
     def removed(self, keys: Iterable[bytes]) -> None:
         """The deletion of ``keys`` (handed out as victims, by :meth:`begin_remove` or by
@@ -161,7 +169,7 @@ class LRUIndex:
         with self._lock:
             for k in keys:
                 ev = self._removing.pop(k, None)
-                if ev is not None:
+                if ev is not None:  # someone waits
                     ev.set()
 
     def begin_remove(self, key: bytes) -> bool:
@@ -170,9 +178,8 @@ class LRUIndex:
         delete) while a write of ``key`` is in progress: that write wins, as if the removal
         had come first. Raises :class:`RemovalPending` while another deletion of it runs."""
         with self._lock:
-            pending = self._removing.get(key)
-            if pending is not None:
-                raise RemovalPending(key, pending)
+            if key in self._removing:
+                raise RemovalPending(key, self._removal_event(key))
             e = self._entries.get(key)
             if e is not None and (not e.committed or e.writers):
                 return False

@@ -130,6 +130,10 @@ class _Reservoir:
         self._samples.append(value)
         self._count += 1
 
+    def extend(self, values: list[float]) -> None:
+        self._samples.extend(values)
+        self._count += len(values)
+
     def summary(self) -> LatencySummary:
         if not self._samples:
             return LatencySummary()
@@ -191,6 +195,21 @@ class StatsRecorder:
             if lat is not None:
                 for _ in range(n + skipped):
                     lat.add(latency_s)
+
+    def record_each(self, op: str, nbytes: int, latencies: list[float]) -> None:
+        """Count one chunk of ``nbytes`` that succeeded per latency in ``latencies`` (an
+        engine's jobs booked together, each with its own latency); one lock."""
+        n = len(latencies)
+        with self._lock:
+            if op == "offload":
+                self.offloaded += n
+                self.bytes_written += n * nbytes
+            elif op == "load":
+                self.loaded += n
+                self.bytes_read += n * nbytes
+            lat = self._lat.get(op)
+            if lat is not None:
+                lat.extend(latencies)
 
     def record_failure(self, exc: BaseException) -> None:
         """Count one chunk that failed, by :func:`~asynctier.errors.failure_kind`."""

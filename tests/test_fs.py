@@ -1072,6 +1072,24 @@ async def test_evicted_files_are_recycled_in_place(tmp_path: Path, io_engine: st
         assert res.ok and [chunk(view2, i) for i in range(4)] == data[4:8]
 
 
+async def test_a_victim_whose_file_vanished_is_evicted_once(tmp_path: Path, io_engine: str) -> None:
+    """A victim's file deleted behind the tier's back cannot be recycled: the store writes a
+    new file, the eviction is counted once, and nothing is left under a temporary name."""
+    per = HEADER_BLOCK + CHUNK
+    tier, view = make_tier(tmp_path, capacity_bytes=2 * per, max_inflight=2)
+    data = fill(view, 33)
+    async with tier:
+        assert (await tier.offload(keys(2, "a"), [0, 1])).ok
+        for p in chunk_files(tier):
+            p.unlink()
+        assert (await tier.offload(keys(2, "b"), [2, 3])).ok
+        st = tier.stats()
+        assert st.evictions == 2 and "recycled" not in st.extra, (st.evictions, st.extra)
+        assert spares(tier) == []
+        res = await tier.load(keys(2, "b"), [4, 5])
+        assert res.ok and [chunk(view, 4 + i) for i in range(2)] == data[2:4]
+
+
 async def test_on_a_network_file_system_the_recycle_check_stays_off_the_loop(
     tmp_path: Path, io_engine: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -41,6 +41,10 @@
 #define AT_WRITE 2
 #define AT_SPARE 3  /* open a file (to be overwritten) and rename it away: result is the fd */
 #define AT_UNLINK 4 /* unlink a name */
+/* a store into an evicted file: open the victim's file, rename it away, make sure no one
+ * else holds the namespace (its lock), overwrite it, rename it into place (one job for what
+ * would be a spare and a write, with no trip through the event loop between them) */
+#define AT_RECYCLE 5
 
 #define AT_MODE_FIX 0x10000 /* the umask would strip bits of the mode: set it after creation */
 
@@ -56,6 +60,7 @@
 #define ST_LINK 4
 #define ST_DIRSYNC 5
 #define ST_RENAME 6
+#define ST_SHARED 8 /* recycling: another tier holds the namespace (its file stays at name3) */
 #define ST_UNLINK 7
 
 #define NPRIO 4
@@ -81,6 +86,7 @@ struct at_job {
     size_t len;
     char name[NAME_MAX_LEN];
     char name2[NAME_MAX_LEN]; /* writes: publish by renaming this (the file's name); spares: the new name */
+    char name3[NAME_MAX_LEN]; /* recycling: the victim's file's name while it is overwritten (in dfd) */
 };
 
 /* What Python reads back; one per slot, laid out as nativeio._Result. */
@@ -164,8 +170,8 @@ static void put_u64le(char *p, uint64_t v) {
  * regular file only. Anything else someone put at the name fails the job without reading
  * it: a directory as reading it would (EISDIR at the I/O step), a FIFO or a device at the
  * open step with ENXIO; the Python code says what it was. */
-static int open_regular(struct at_job *j, struct at_res *r) {
-    int fd = openat(j->dfd, j->name, j->flags | O_CLOEXEC);
+static int open_regular(int dfd, const char *name, int flags, struct at_res *r) {
+    int fd = openat(dfd, name, flags | O_CLOEXEC);
     if (fd < 0) {
         r->result = -errno;
         r->stage = ST_OPEN;
@@ -188,7 +194,7 @@ static int open_regular(struct at_job *j, struct at_res *r) {
 
 static void run_read(struct at_op *op, struct at_res *r) {
     struct at_job *j = &op->job;
-    int fd = open_regular(j, r);
+    int fd = open_regular(j->dfd, j->name, j->flags, r);
     if (fd < 0) return;
     struct iovec iov[2] = {{j->hb, j->hb_len}, {j->buf, j->len}};
     int64_t got = move_all(fd, 0, iov, 2, j->hb_len + j->len);
@@ -210,7 +216,7 @@ static void prepare_write(struct at_pool *p, struct at_op *op, struct at_res *r)
         put_u64le(hb + j->body_len, p->xxh3(hb, (size_t)j->body_len));
         r->csum = c;
     }
-    if (j->fd < 0) { /* a new file (else the caller's: made ahead, or a spare) */
+    if (j->kind == AT_WRITE && j->fd < 0) { /* a new file (else the caller's: made ahead, or a spare) */
         mode_t mode = j->mode ? (mode_t)(j->mode & 07777) : 0644;
         if (j->name2[0]) /* named: where unnamed files cannot be made, or are not wanted */
             op->fd = openat(j->dfd2, j->name2, O_CREAT | O_EXCL | j->flags | O_CLOEXEC, mode);
@@ -231,7 +237,7 @@ static void prepare_write(struct at_pool *p, struct at_op *op, struct at_res *r)
 
 static void run_spare(struct at_op *op, struct at_res *r) {
     struct at_job *j = &op->job;
-    int fd = open_regular(j, r);
+    int fd = open_regular(j->dfd, j->name, j->flags, r);
     if (fd < 0) return;
     if (renameat(j->dfd, j->name, j->dfd2, j->name2) != 0) {
         r->result = -errno;
@@ -288,6 +294,57 @@ static void run_write(struct at_op *op, struct at_res *r) {
         stage = ST_DIRSYNC;
         err = -errno;
     }
+    r->stage = stage;
+    r->result = stage ? err : n;
+}
+
+/* Whether no open file description but `lock_fd`'s holds a lock on its file (tiers/fs/owners.py:
+ * every open tier holds a shared lock there); -1 if it cannot be told. */
+static int alone(int lock_fd) {
+    if (lock_fd < 0) return 0;
+    struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = 0, .l_len = 1};
+    if (fcntl(lock_fd, F_OFD_GETLK, &fl) != 0) return 0;
+    return fl.l_type == F_UNLCK;
+}
+
+/* AT_RECYCLE: the victim's file (dfd2/name2, opened with flags) is renamed to name3 in dfd;
+ * then, only while no other tier holds the namespace (fd: the lock's descriptor), filled
+ * and renamed to name. info = 1 once the file has left the victim's name: a failure after
+ * that leaves it at name3 (closed), for the Python code to remove. */
+static void run_recycle(struct at_op *op, struct at_res *r) {
+    if (r->stage) return; /* failed in prepare_write */
+    struct at_job *j = &op->job;
+    int fd = open_regular(j->dfd2, j->name2, j->flags, r);
+    if (fd < 0) return;
+    int stage = 0;
+    int64_t err = 0, n = 0;
+    if (renameat(j->dfd2, j->name2, j->dfd, j->name3) != 0) {
+        stage = ST_RENAME;
+        err = -errno;
+    } else {
+        r->info = 1;
+        struct iovec iov[2] = {{j->hb, j->hb_len}, {j->buf, j->len}};
+        if (!alone(j->fd)) {
+            stage = ST_SHARED;
+            err = -EBUSY;
+        } else if ((n = move_all(fd, 1, iov, 2, j->hb_len + j->len)) < 0) {
+            stage = ST_IO;
+            err = n;
+        } else if (j->sync && fdatasync(fd) != 0) {
+            stage = ST_DATASYNC;
+            err = -errno;
+        } else if (renameat(j->dfd, j->name3, j->dfd, j->name) != 0) {
+            stage = ST_RENAME;
+            err = -errno;
+        } else {
+            r->info = 0; /* published: nothing is left at name3 */
+            if (j->sync && fsync(j->dfd) != 0) {
+                stage = ST_DIRSYNC;
+                err = -errno;
+            }
+        }
+    }
+    close(fd);
     r->stage = stage;
     r->result = stage ? err : n;
 }
@@ -373,7 +430,7 @@ static void *worker(void *arg) {
     }
     pthread_mutex_lock(&p->mu);
     for (;;) {
-        int what = 0, idx;
+        int what = 0, next_what = 0, idx;
         /* stopping: the queued jobs still run (their callers wait for them) */
         while ((idx = pick(p, &what)) < 0 && !(p->stopping && p->queued == 0 && p->post_head < 0))
             pthread_cond_wait(&p->work, &p->mu);
@@ -387,6 +444,7 @@ static void *worker(void *arg) {
             /* holding no token: at depth 1 the previous chunk's I/O goes on meanwhile */
             op->prep = PREP_RUNNING;
             op->state = AT_RUNNING; /* no longer taken back by at_cancel */
+            if (pick(p, &next_what) >= 0) pthread_cond_signal(&p->work); /* more to do: another worker */
             pthread_mutex_unlock(&p->mu);
             memset(r, 0, sizeof *r);
             prepare_write(p, op, r);
@@ -397,6 +455,7 @@ static void *worker(void *arg) {
         }
         if (what == DO_POST) {
             p->post_head = op->next;
+            if (pick(p, &next_what) >= 0) pthread_cond_signal(&p->work);
             pthread_mutex_unlock(&p->mu);
             r->csum = p->xxh3(op->job.buf, op->job.len);
             pthread_mutex_lock(&p->mu);
@@ -419,6 +478,8 @@ static void *worker(void *arg) {
             run_write(op, r);
         else if (kind == AT_SPARE)
             run_spare(op, r);
+        else if (kind == AT_RECYCLE)
+            run_recycle(op, r);
         else
             run_unlink(op, r);
 
@@ -496,11 +557,13 @@ struct at_res *at_results(struct at_pool *p) { return p->res; }
 uint64_t at_hash(struct at_pool *p, const void *buf, size_t len) { return p->xxh3(buf, len); }
 
 static int job_ok(const struct at_pool *p, int idx, const struct at_job *j) {
-    if (idx < 0 || idx >= p->nops || j->prio < 0 || j->prio >= NPRIO || j->kind < AT_READ || j->kind > AT_UNLINK)
+    if (idx < 0 || idx >= p->nops || j->prio < 0 || j->prio >= NPRIO || j->kind < AT_READ || j->kind > AT_RECYCLE)
         return 0;
-    if (!memchr(j->name, 0, NAME_MAX_LEN) || !memchr(j->name2, 0, NAME_MAX_LEN)) return 0;
+    if (!memchr(j->name, 0, NAME_MAX_LEN) || !memchr(j->name2, 0, NAME_MAX_LEN) || !memchr(j->name3, 0, NAME_MAX_LEN))
+        return 0;
     if (j->body_len > 0 && (size_t)j->body_len + 8 > j->hb_len) return 0;
     if (j->kind == AT_SPARE && !j->name2[0]) return 0;
+    if (j->kind == AT_RECYCLE && (!j->name2[0] || !j->name3[0])) return 0;
     if (j->group < -1 || j->group >= p->nops) return 0;
     return 1;
 }
@@ -512,7 +575,7 @@ static int queue_job(struct at_pool *p, int idx, const struct at_job *j) {
     if (op->state != AT_IDLE) return -EBUSY;
     int prio = j->prio;
     op->job = *j;
-    op->prep = j->kind == AT_WRITE ? PREP_WANTED : PREP_NONE;
+    op->prep = j->kind == AT_WRITE || j->kind == AT_RECYCLE ? PREP_WANTED : PREP_NONE;
     op->fd = -1;
     op->next = -1;
     op->state = AT_QUEUED;
@@ -558,10 +621,9 @@ int at_submit_many(struct at_pool *p, int n, const int32_t *idx, const struct at
         rc = job_ok(p, idx[done], &jobs[done]) ? queue_job(p, idx[done], &jobs[done]) : -EINVAL;
         if (rc != 0) break;
     }
-    if (done > 1)
-        pthread_cond_broadcast(&p->work);
-    else if (done == 1)
-        pthread_cond_signal(&p->work);
+    /* one worker: each that finds more to do wakes the next (worker()), so the loop's
+     * thread pays one wake-up per batch, not one per parked worker as a broadcast would */
+    if (done > 0) pthread_cond_signal(&p->work);
     pthread_mutex_unlock(&p->mu);
     return done > 0 ? done : rc;
 }

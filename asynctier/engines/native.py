@@ -43,7 +43,7 @@ __all__ = ["DoneHandler", "Job", "JobFields", "NativePool", "Outcome", "fields",
 T = TypeVar("T")
 
 #: Job kinds (:attr:`Job.kind`).
-READ, WRITE, SPARE, UNLINK = 1, 2, 3, 4
+READ, WRITE, SPARE, UNLINK, RECYCLE = 1, 2, 3, 4, 5
 #: The step a job failed at (:attr:`Outcome.stage`); 0 when it did not fail.
 ST_OPEN, ST_IO, ST_DATASYNC, ST_LINK, ST_DIRSYNC, ST_RENAME, ST_UNLINK = 1, 2, 3, 4, 5, 6, 7
 _NAME_MAX = 256
@@ -95,6 +95,7 @@ class Job(ctypes.Structure):
         ("len", ctypes.c_size_t),
         ("name", ctypes.c_char * _NAME_MAX),
         ("name2", ctypes.c_char * _NAME_MAX),
+        ("name3", ctypes.c_char * _NAME_MAX),
     ]
 
 
@@ -121,13 +122,13 @@ def job(
     if len(name) >= _NAME_MAX or len(name2) >= _NAME_MAX:
         raise OSError(errno.ENAMETOOLONG, f"native I/O job refused: a name of {_NAME_MAX} bytes or more")
     return Job(-1, 0, kind, prio, dfd, flags, fd, dfd2, int(sync), int(hashed), body_len, mode, hb or None,
-               hb_len, buf or None, n, name, name2)  # fmt: skip
+               hb_len, buf or None, n, name, name2, b"")  # fmt: skip
 
 
 #: A job's fields in :class:`Job`'s order without ``group`` and ``pad`` (the hot path's
 #: form: a tuple, packed straight into the pool's submission table).
-JobFields = tuple[int, int, int, int, int, int, int, int, int, int, int, int, int, int, bytes, bytes]
-_JOB_LAYOUT = struct.Struct("<12i4Q256s256s")
+JobFields = tuple[int, int, int, int, int, int, int, int, int, int, int, int, int, int, bytes, bytes, bytes]
+_JOB_LAYOUT = struct.Struct("<12i4Q256s256s256s")
 
 
 def fields(
@@ -138,7 +139,8 @@ def fields(
     """:func:`job` as :data:`JobFields`, for :meth:`NativePool.submit_many`."""
     if len(name) >= _NAME_MAX or len(name2) >= _NAME_MAX:
         raise OSError(errno.ENAMETOOLONG, f"native I/O job refused: a name of {_NAME_MAX} bytes or more")
-    return (kind, prio, dfd, flags, fd, dfd2, int(sync), int(hashed), body_len, mode, hb, hb_len, buf, n, name, name2)
+    return (kind, prio, dfd, flags, fd, dfd2, int(sync), int(hashed), body_len, mode, hb, hb_len, buf, n, name, name2,
+            b"")  # fmt: skip
 
 
 class _Result(ctypes.Structure):

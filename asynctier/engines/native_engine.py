@@ -69,6 +69,11 @@ class FastPath(Protocol):
         (the slot is given back first). An exception is the job's failure."""
         ...
 
+    def flush(self) -> None:
+        """Book what :meth:`finish` left to do in bulk (counters): called after each batch
+        of ends, before any caller they woke runs."""
+        ...
+
 
 def _queue_ahead(bound: int) -> int:
     """Jobs the pool may hold at once: the bound plus as many again (at least 8), so that a
@@ -108,6 +113,7 @@ class NativeEngine(EngineCounters):
         self._group_left = [0] * self.slots
         self._slot_group = [0] * self.slots
         self._slot_path: list[FastPath | None] = [None] * self.slots
+        self._paths: list[FastPath] = []  # those in fast, once started
         self._low_water = -1  # as last told to the pool
         self._slow: deque[tuple[Job, Continuation]] = deque()
         self._next: list[tuple[int, Job, JobFields]] = []  # jobs' next steps, to submit with the next batch
@@ -126,6 +132,7 @@ class NativeEngine(EngineCounters):
         pool.attach()
         self.pool = pool
         self._free_slots = pool.free_slots
+        self._paths = list(dict.fromkeys(self.fast.values()))
         self.executor = concurrent.futures.ThreadPoolExecutor(self.bound, thread_name_prefix=f"{self._name}-slow")
         self._loop = current_loop()
         self._call = loop_caller()
@@ -261,6 +268,8 @@ class NativeEngine(EngineCounters):
 
     def _reaped(self) -> None:
         self.wakeups += 1
+        for path in self._paths:
+            path.flush()
         if self._heap or self._next:
             self._pump()
 

@@ -14,10 +14,11 @@ import errno
 import os
 import weakref
 from functools import partial
+from time import perf_counter
 from typing import TYPE_CHECKING, Any
 
 from asynctier.core.jobs import Job
-from asynctier.core.ops import PRIO_LOAD, PRIO_STORE
+from asynctier.core.ops import PRIO_LOAD
 from asynctier.engines import native as nativeio
 from asynctier.engines.native_engine import Continuation
 from asynctier.errors import TierClosedError
@@ -25,7 +26,7 @@ from asynctier.lru import RemovalPending
 from asynctier.posix_io import O_DIRECT
 
 from .layout import HEADER_BLOCK
-from .protocol import Outcome, SpareJob, Step, StoreJob, not_found
+from .protocol import Outcome, SpareJob, Step, StoreJob, not_found, remove_quietly
 
 if TYPE_CHECKING:
     from .native import NativeIO
@@ -44,12 +45,12 @@ def _outcome(result: int, stage: int, info: int, csum: int) -> Outcome:
     return Outcome(result=result, name_taken=bool(info), csum=csum)
 
 
-_SPARE, _WRITE = 1, 2  # the step a store's slot runs
+_RECYCLE, _WRITE = 1, 2  # the job a store's slot runs
 
 
 class StorePath:
-    """Stores: reserve room; into a full tier, take the one victim's file over (a spare job)
-    when it may be recycled; the write; commit when it ends. Any other case continues as
+    """Stores: reserve room; the write, or, into a full tier, the write into the one victim's
+    file (one recycling job); commit when it ends. Any other case continues as
     :meth:`.native.NativeIO.store`."""
 
     def __init__(self, io: NativeIO) -> None:
@@ -57,6 +58,15 @@ class StorePath:
         # without aclose() must be collected, its finalizer stops them)
         self._io = weakref.ref(io)
         self._plans: list[tuple[Any, ...] | None] = []
+        self._booked: list[float] = []  # latencies of stores ended, counted at the next flush
+
+    def flush(self) -> None:
+        """Count the stores ended since the last flush (one lock, not one per chunk)."""
+        booked = self._booked
+        io = self._io()
+        if booked and io is not None:
+            self._booked = []
+            io._tier._stats.record_each("offload", io._tier.offloading_spec.chunk_bytes, booked)
 
     def plan(self, job: Job, slot: int) -> nativeio.JobFields | Continuation | None:
         # Tier._reserve_store and ChunkProtocol.write_flags written out: this runs per chunk
@@ -83,17 +93,17 @@ class StorePath:
             data = tier._chunk(cid)
             addr = io._view_addr + cid * data.nbytes
             flags = io.direct_flags if proto.use_direct and io.aligned else proto.write_flags(data, addr)
-            if victims:  # NativeIO._take_spare's job
-                victim = victims[0]
-                tier._note_gone(victim)
-                sj = proto.spare(victim, flags, proto.name(key)[0])
-                fields: nativeio.JobFields = (nativeio.SPARE, PRIO_STORE, sj.dfd, sj.flags, -1, sj.new_dfd, 0, 0, 0,
-                                              0, 0, 0, 0, 0, sj.name.encode(), sj.temp.encode())  # fmt: skip
-                step: tuple[Any, ...] = (_SPARE, data, addr, flags, victims, sj)
+            if victims:
+                # Tier._may_recycle's test of a new copy of the victim is not needed here: its
+                # key waits for _removed (RemovalPending); the workers check the namespace's lock
+                tier._note_gone(victims[0])
+                plan, sj = proto.recycle(key, victims[0], data, flags)
+                fields = io.recycle_fields(slot, plan, sj, addr, data.nbytes)
+                step: tuple[Any, ...] = (_RECYCLE, data, victims, plan, sj)
             else:
                 plan = proto.store(key, data, None, None, flags)
                 fields = io.store_fields(slot, plan, addr, data.nbytes)
-                step = (_WRITE, data, addr, flags, victims, plan)
+                step = (_WRITE, data, victims, plan, None)
         except BaseException as e:
             proto.release(plan)  # a file made ahead goes back with its descriptor
             tier._removed(victims)
@@ -109,15 +119,14 @@ class StorePath:
         self, job: Job, slot: int, result: int, csum: int, stage: int, info: int
     ) -> nativeio.JobFields | Continuation | None:
         key, cid, t0 = job.args
-        step, data, addr, flags, victims, plan = self._plans[slot]  # type: ignore[misc]
+        step, data, victims, plan, sj = self._plans[slot]  # type: ignore[misc]
         self._plans[slot] = None
         io = self._io()
         if io is None:
             raise _dropped()
         tier = io._tier
-        if step == _SPARE:
-            return self._spare_ended(io, slot, key, cid, t0, data, addr, flags, victims, plan,
-                                     _outcome(result, stage, info, csum))  # fmt: skip
+        if step == _RECYCLE:
+            return self._recycled(io, key, cid, t0, data, victims, plan, sj, result, stage, info)
         if plan.fd >= 0:  # ChunkProtocol.release: the file made ahead or taken over is closed
             os.close(plan.fd)
             plan.fd = -1
@@ -125,39 +134,46 @@ class StorePath:
             if victims:
                 tier._stats.incr("recycled")  # ChunkProtocol.stored
                 tier._removed(victims)
-            tier._end_store(key, t0, None)
+            tier.index.commit(key)  # Tier._end_store, its count at the next flush
+            self._booked.append(perf_counter() - t0)
             return None
         # a failed step, or a name found taken: the threads engine checks and mends it
         return partial(self._again, io, key, t0, plan, _outcome(result, stage, info, csum), data, victims)
 
-    def _spare_ended(
-        self, io: NativeIO, slot: int, key: bytes, cid: int, t0: float, data: memoryview, addr: int, flags: int,
-        victims: list[bytes], sj: SpareJob, out: Outcome,
-    ) -> nativeio.JobFields | Continuation:  # fmt: skip
-        """The victim's file is taken: write into it when it may be recycled (NativeIO._spare_taken
-        decides anything else)."""
+    def _recycled(
+        self, io: NativeIO, key: bytes, cid: int, t0: float, data: memoryview, victims: list[bytes], plan: StoreJob,
+        sj: SpareJob, result: int, stage: int, info: int,
+    ) -> Continuation | None:  # fmt: skip
+        """Book a recycling job; what did not simply succeed continues on a coroutine."""
         tier = io._tier
-        proto = tier.protocol
-        victim = victims[0]
-        try:  # Tier._may_recycle's test, without its count (the continuation counts a refusal)
-            plain = out.ok and not tier.index.has_entry(victim) and tier._alone()
-        except Exception:
-            plain = False
-        if not plain:
-            return partial(tier._async_store_reserved, key, t0, victims, partial(io.store, key, cid, taken=(sj, out)))
-        spare, exc, _ = proto.spare_taken(sj, out)
-        tier._evicted(victim, exc)
-        plan: StoreJob | None = None
-        try:
-            plan = proto.store(key, data, None, spare, flags)
-            fields = io.store_fields(slot, plan, addr, data.nbytes)
-        except BaseException as e:
-            proto.abandon(plan, spare)
+        if not stage:
+            tier._evicted(victims[0], None)
+            tier._stats.incr("recycled")  # ChunkProtocol.stored
             tier._removed(victims)
-            tier._end_store(key, t0, e)
-            raise
-        self._plans[slot] = (_WRITE, data, addr, flags, victims, plan)
-        return fields
+            tier.index.commit(key)
+            self._booked.append(perf_counter() - t0)
+            return None
+        out = Outcome(Step(stage), -result)
+        if not info and stage != Step.DIRSYNC:  # the victim's file did not move: as after a spare job
+            return partial(tier._async_store_reserved, key, t0, victims, partial(io.store, key, cid, taken=(sj, out)))
+        tier._evicted(victims[0], None)  # its file left the victim's name
+        if stage == Step.DIRSYNC:  # published, with unknown durability: as a write's
+            return partial(self._again, io, key, t0, plan, out, data, victims)
+        if stage == Step.SHARED:
+            tier._stats.incr("recycle_refused")
+        return partial(self._afresh, io, key, cid, t0, victims, sj)
+
+    @staticmethod
+    async def _afresh(io: NativeIO, key: bytes, cid: int, t0: float, victims: list[bytes], sj: SpareJob) -> None:
+        """The victim's file was taken but not filled (another tier holds the namespace, or a
+        step failed): it goes, and the chunk is written into a new file."""
+        tier = io._tier
+
+        async def write(_: list[bytes]) -> None:
+            await io.engine.blocking(remove_quietly, sj.new_dfd, sj.temp)
+            await io.store(key, cid, [])
+
+        await tier._async_store_reserved(key, t0, victims, write)
 
     @staticmethod
     async def _again(
@@ -180,6 +196,14 @@ class LoadPath:
     def __init__(self, io: NativeIO) -> None:
         self._io = weakref.ref(io)  # as StorePath's
         self._plans: list[tuple[Any, memoryview] | None] = []
+        self._booked: list[float] = []  # as StorePath's
+
+    def flush(self) -> None:
+        booked = self._booked
+        io = self._io()
+        if booked and io is not None:
+            self._booked = []
+            io._tier._stats.record_each("load", io._tier.offloading_spec.chunk_bytes, booked)
 
     def plan(self, job: Job, slot: int) -> nativeio.JobFields | Continuation | None:
         key, cid, t0 = job.args
@@ -204,7 +228,7 @@ class LoadPath:
             io._hb_used[slot] = HEADER_BLOCK  # NativeIO.hb_read_into
             # nativeio.fields written out (names are short: a key's token)
             fields = (nativeio.READ, PRIO_LOAD, dfd, flags, -1, -1, 0, int(tier.verify), 0, 0,
-                      io._hb_addr + slot * HEADER_BLOCK, HEADER_BLOCK, addr, n, name.encode(), b"")  # fmt: skip
+                      io._hb_addr + slot * HEADER_BLOCK, HEADER_BLOCK, addr, n, name.encode(), b"", b"")  # fmt: skip
         except BaseException as e:
             tier._end_load(key, t0, e, entry)
             raise
@@ -236,7 +260,8 @@ class LoadPath:
             if tier._end_load(key, t0, e, entry):
                 return partial(self._drop_bad, io, key, e)
             raise
-        tier._end_load(key, t0, None, entry)
+        tier.index.unpin(key, entry=entry)  # Tier._end_load, its count at the next flush
+        self._booked.append(perf_counter() - t0)
         return None
 
     @staticmethod

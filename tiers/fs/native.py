@@ -134,11 +134,12 @@ class NativeIO:
         job: StoreJob | None = None
         try:
             rest = victims
-            if taken is not None:
-                spare, unlink_first = await self._spare_taken(slot, victims[0], *taken, dfd)
-            elif victims and tier.recycle_on:
-                spare, unlink_first = await self._take_spare(slot, victims[0], flags, dfd)
-                if not unlink_first:
+            if taken is not None or (victims and tier.recycle_on):
+                if taken is not None:
+                    spare, unlink_first = await self._spare_taken(slot, victims[0], *taken, dfd)
+                else:
+                    spare, unlink_first = await self._take_spare(slot, victims[0], flags, dfd)
+                if not unlink_first:  # the first victim is evicted (its file taken, or gone)
                     rest = victims[1:]
             for v in rest:
                 await self._evict(slot, v)
@@ -160,21 +161,33 @@ class NativeIO:
     def _store_job(self, slot: int, job: StoreJob, addr: int, n: int) -> nativeio.Job:
         return nativeio.Job(-1, 0, *self.store_fields(slot, job, addr, n))
 
-    def store_fields(self, slot: int, job: StoreJob, addr: int, n: int) -> nativeio.JobFields:
-        """The descriptor of ``job`` in ``slot``, its header written into the slot's block."""
-        proto = self._tier.protocol
+    def _put_header(self, slot: int, header: bytes) -> int:
+        """Write a store's header into the slot's block; its length."""
         hb = self.slot_hb[slot]
-        size = len(job.header)
-        hb[:size] = job.header  # ~100 bytes of header, not chunk data
+        size = len(header)
+        hb[:size] = header  # ~100 bytes of header, not chunk data
         used = self._hb_used[slot]
         if used > size:  # the rest of the block is written to the file too: zeros, not an old header
             hb[size:used] = bytes(used - size)
         self._hb_used[slot] = size
+        return size
+
+    def recycle_fields(self, slot: int, job: StoreJob, sj: SpareJob, addr: int, n: int) -> nativeio.JobFields:
+        """The descriptor of the one-job store :meth:`.protocol.ChunkProtocol.recycle` plans."""
+        size = self._put_header(slot, job.header)
+        return (nativeio.RECYCLE, PRIO_STORE, job.dfd, sj.flags, self._tier._lock_fd, sj.dfd, int(job.sync), 0,
+                size - 8, 0, self._hb_addr + slot * HEADER_BLOCK, HEADER_BLOCK, addr, n, job.name.encode(),
+                sj.name.encode(), sj.temp.encode())  # fmt: skip
+
+    def store_fields(self, slot: int, job: StoreJob, addr: int, n: int) -> nativeio.JobFields:
+        """The descriptor of ``job`` in ``slot``, its header written into the slot's block."""
+        proto = self._tier.protocol
+        size = self._put_header(slot, job.header)
         # nativeio.fields written out (per chunk); the names are a key's token and a short temporary name
         mode = proto.file_mode | (nativeio.MODE_FIX if proto.fix_mode else 0)
         return (nativeio.WRITE, PRIO_STORE, job.dfd, job.flags, job.fd, job.dfd if job.temp else -1, int(job.sync),
                 0, size - 8 if job.fill else 0, mode, self._hb_addr + slot * HEADER_BLOCK, HEADER_BLOCK, addr, n,
-                job.name.encode(), job.temp.encode())  # fmt: skip
+                job.name.encode(), job.temp.encode(), b"")  # fmt: skip
 
     def _store_again(self, job: StoreJob, out: Outcome, data: memoryview) -> None:
         self._tier.protocol.remove_leftovers(job, out)

@@ -100,6 +100,7 @@ class Step(enum.IntEnum):
     DIRSYNC = 5
     RENAME = 6
     UNLINK = 7
+    SHARED = 8  #: recycling: another tier holds the namespace, the file was not overwritten
 
 
 class Source(enum.IntEnum):
@@ -319,6 +320,15 @@ class ChunkProtocol:
         """Take over ``victim``'s file for a store into the shard ``new_dfd``."""
         vfd, vname = self.name(victim)
         return SpareJob(victim, vfd, vname, flags | SAFE_OPEN, new_dfd, self.names.next())
+
+    def recycle(self, key: bytes, victim: bytes, data: memoryview, flags: int) -> tuple[StoreJob, SpareJob]:
+        """The plan of a store of ``data`` under ``key`` into ``victim``'s file, run as one job
+        (take the file over, check no one else holds the namespace, fill it, rename it into
+        place; the executor fills in the checksums)."""
+        dfd, name = self.name(key)
+        sj = self.spare(victim, flags, dfd)
+        header = pack_header(key, data.nbytes, 0, self._digest)
+        return StoreJob(key, dfd, name, flags, Source.RECYCLED, -1, sj.temp, self.sync, header, True), sj
 
     def unlink(self, victim: bytes) -> UnlinkJob:
         vfd, vname = self.name(victim)
