@@ -482,3 +482,33 @@ async def test_publish_by_rename_runs_as_native_jobs(tmp_path: Path) -> None:
         assert sorted(p.name for p in tier.dir.glob("??/*")) == sorted(key_token(k) for k in keys)
         assert (await tier.load(keys, [4, 5, 6, 7])).ok
         assert view[4 * CHUNK :] == view[: 4 * CHUNK]
+
+
+@native_only
+async def test_a_submission_the_pool_refuses_fails_over_instead_of_hanging(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A batch of descriptors the pool cannot take (a bug) must not leave its calls waiting
+    for ever: the jobs go the slow way, the calls succeed, the failure is logged, and the
+    tier still closes."""
+    tier, view = make_tier(tmp_path, "native", max_inflight=2)
+    view[:] = os.urandom(8 * CHUNK)
+    keys = [b"k%d" % i for i in range(8)]
+    real = nativeio.NativePool.submit_many
+    calls = {"n": 0}
+
+    def once_broken(self: nativeio.NativePool, items: list[Any]) -> list[tuple[int, Any, int]]:
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise ValueError("a descriptor the pool cannot pack")
+        return real(self, items)
+
+    monkeypatch.setattr(nativeio.NativePool, "submit_many", once_broken)
+    async with tier:
+        assert (await asyncio.wait_for(tier.offload(keys, list(range(8))), 30)).ok
+        expect = bytes(view)
+        view[:] = bytes(8 * CHUNK)
+        assert (await asyncio.wait_for(tier.load(keys, list(range(8))), 30)).ok
+        assert bytes(view) == expect
+        assert tier.stats().extra.get("native_retries", 0) >= 1
+    assert "native I/O submission failed" in caplog.text

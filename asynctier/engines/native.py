@@ -366,6 +366,10 @@ class NativePool:
             start += 1
         return refused
 
+    def forget(self, slot: int) -> None:
+        """Drop what a failed :meth:`submit_many` left in ``slot`` (its job never reached the workers)."""
+        self._owners[slot] = None
+
     def set_low_water(self, n: int) -> None:
         """Have the workers also wake the loop when no more than ``n`` jobs wait for an I/O
         token (-1: not for that): the loop holds more jobs back and tops the queue up."""

@@ -22,7 +22,9 @@ jobs not started and waits for the others (docs/cancellation.md).
 from __future__ import annotations
 
 import concurrent.futures
+import errno
 import heapq
+import logging
 import os
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable
@@ -47,6 +49,8 @@ from .threads import EngineStoppedError
 __all__ = ["Continuation", "FastPath", "NativeEngine"]
 
 T = TypeVar("T")
+
+log = logging.getLogger(__name__)
 
 #: What is left of a job when it leaves the fast path: a coroutine function whose outcome is the job's.
 Continuation = Callable[[], Awaitable[Any]]
@@ -221,7 +225,16 @@ class NativeEngine(EngineCounters):
                 else:
                     self._continue(job, r)  # type: ignore[arg-type]
             if batch:
-                for slot, job, err in pool.submit_many(batch):  # the pool is shutting down
+                try:
+                    refused = pool.submit_many(batch)  # refused: the pool is shutting down
+                except Exception:
+                    # a descriptor the pool cannot take is a bug: its jobs end as failed
+                    # first steps (the slow path does them again) rather than wait for ever
+                    log.exception("%s: native I/O submission failed; its jobs go the slow way", self._name)
+                    for slot, _, _, _ in batch:
+                        pool.forget(slot)
+                    refused = [(slot, job, errno.EINVAL) for slot, _, job, _ in batch]
+                for slot, job, err in refused:
                     self._ended_in_pool(job, slot, -err, 0, 1, 0)
         # jobs waiting here are let in when the pool's queue runs low; a load at the next end
         # while stores are queued there (it goes ahead of them)

@@ -159,8 +159,7 @@ class StorePath:
         tier._evicted(victims[0], None)  # its file left the victim's name
         if stage == Step.DIRSYNC:  # published, with unknown durability: as a write's
             return partial(self._again, io, key, t0, plan, out, data, victims)
-        if stage == Step.SHARED:
-            tier._stats.incr("recycle_refused")
+        tier._stats.incr("recycle_refused" if stage == Step.SHARED else "recycle_retries")
         return partial(self._afresh, io, key, cid, t0, victims, sj)
 
     @staticmethod
