@@ -34,6 +34,7 @@ import json
 import os
 import platform
 import re
+import shlex
 import shutil
 import statistics
 import sys
@@ -359,7 +360,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "batch": args.batch,
             "step_ms": args.step_ms,
             "repeat": args.repeat,
-            "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
+            "command": shlex.join([Path(sys.argv[0]).name, *sys.argv[1:]]),
         },
         "points": points,
     }
