@@ -29,12 +29,16 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import functools
+import gc
 import json
 import os
 import platform
+import re
+import shlex
 import shutil
 import statistics
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -63,10 +67,14 @@ STEP = ScheduleEndContext(new_req_ids=(), preempted_req_ids=())
 TIMED = ("lookup", "submit_store", "submit_load", "get_finished_jobs", "on_schedule_end", "has_pending_work")
 
 
-def tier_configs(d: Path, chunk: int, nchunks: int) -> dict[str, dict[str, Any]]:
+def tier_configs(
+    d: Path, chunk: int, nchunks: int, variants: dict[str, dict[str, Any]] | None = None
+) -> dict[str, dict[str, Any]]:
+    """The tiers to compare; ``variants``: more asynctier fs tiers, by name suffix, each with
+    these fs config keys added (``{"verify": False}``, ...)."""
     adapter = {"type": "AsynctierTier", "module_path": "asynctier.integrations.vllm"}
     slot = 4096 + -(-chunk // 4096) * 4096
-    return {
+    tiers: dict[str, dict[str, Any]] = {
         "vllm fs": {"type": "fs", "root_dir": str(d / "vllm-fs")},
         "asynctier fs": {**adapter, "tier": {"type": "fs", "root": str(d / "asynctier-fs")}},
         "asynctier nvme": {
@@ -74,6 +82,12 @@ def tier_configs(d: Path, chunk: int, nchunks: int) -> dict[str, dict[str, Any]]
             "tier": {"type": "nvme", "path": str(d / "asynctier-nvme.slab"), "capacity_bytes": 4096 + slot * nchunks},
         },
     }
+    for i, (suffix, extra) in enumerate((variants or {}).items()):
+        tiers[f"asynctier fs {suffix}"] = {
+            **adapter,
+            "tier": {"type": "fs", "root": str(d / f"asynctier-fs-v{i}"), **extra},
+        }
+    return tiers
 
 
 def offloading_config(
@@ -104,6 +118,36 @@ def offloading_config(
     )
 
 
+def thread_cpu() -> dict[int, tuple[str, float]]:
+    """CPU seconds of each thread of this process (the scheduler's count, in ns), by thread
+    id, with a name: a Python thread's name (a pool's numbers dropped, so its threads add
+    up), else the kernel's (the native workers name themselves)."""
+    names = {t.native_id: t.name for t in threading.enumerate()}
+    out: dict[int, tuple[str, float]] = {}
+    for tid_s in os.listdir("/proc/self/task"):
+        tid = int(tid_s)
+        try:
+            with open(f"/proc/self/task/{tid}/schedstat") as f:
+                on_cpu_ns = int(f.read().split()[0])
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                comm = f.read().strip()
+        except (OSError, ValueError, IndexError):
+            continue  # ended meanwhile
+        name = names.get(tid) or comm
+        out[tid] = (re.sub(r"[-_]?\d+$", "", name.removeprefix("Thread-").split(" ")[0]) or name, on_cpu_ns / 1e9)
+    return out
+
+
+def cpu_by_thread(before: dict[int, tuple[str, float]], after: dict[int, tuple[str, float]]) -> dict[str, float]:
+    """CPU seconds spent between two :func:`thread_cpu` readings, summed by thread name."""
+    spent: dict[str, float] = {}
+    for tid, (name, cpu) in after.items():
+        d = cpu - before.get(tid, (name, 0.0))[1]
+        if d > 0:
+            spent[name] = spent.get(name, 0.0) + d
+    return dict(sorted(spent.items(), key=lambda kv: -kv[1]))
+
+
 def _timed(fn: Callable[..., Any], wall: list[int], cpu: list[int]) -> Callable[..., Any]:
     @functools.wraps(fn)
     def call(*args: Any, **kwargs: Any) -> Any:
@@ -126,12 +170,31 @@ def run_point(name: str, config: dict[str, Any], chunk: int, nchunks: int, args:
     cpu: dict[str, list[int]] = {m: [] for m in TIMED}
     for m in TIMED:  # instance attributes shadow the methods the manager calls
         setattr(tier, m, _timed(getattr(tier, m), wall[m], cpu[m]))
+    # when promotion jobs went in and came back (perf_counter), for the load phase's timeline
+    submitted: list[float] = []
+    finished: list[float] = []
+    submit_load, get_finished_jobs = tier.submit_load, tier.get_finished_jobs
+
+    def submit_load_noted(job: Any) -> None:
+        submitted.append(time.perf_counter())
+        submit_load(job)
+
+    def get_finished_jobs_noted() -> Any:
+        done = list(get_finished_jobs())
+        now = time.perf_counter()
+        finished.extend(now for _ in done)
+        return done
+
+    tier.submit_load, tier.get_finished_jobs = submit_load_noted, get_finished_jobs_noted
     rows = np.asarray(mgr.primary_tier.get_kv_memoryview())
     gap = args.step_ms / 1000
+
+    step_ends: list[float] = []  # perf_counter at each engine step's end
 
     def step() -> None:
         with mgr.lock:
             mgr.on_schedule_end(STEP)
+        step_ends.append(time.perf_counter())
         time.sleep(gap)
 
     rng = np.random.default_rng(int.from_bytes(os.urandom(8), "little"))
@@ -139,6 +202,10 @@ def run_point(name: str, config: dict[str, Any], chunk: int, nchunks: int, args:
     keys = [make_offload_key(os.urandom(16), 0) for _ in range(nchunks)]
     batches = [keys[i : i + args.batch] for i in range(0, nchunks, args.batch)]
     index = {k: i for i, k in enumerate(keys)}
+    # as vLLM's engine does after start-up (freeze_gc_heap): without it a full collection of
+    # the heap vLLM's imports left lands in a random phase of a random tier (0.3 s here)
+    gc.collect()
+    gc.freeze()
     try:
         req = ReqContext(req_id="store")
         with mgr.lock:
@@ -164,6 +231,9 @@ def run_point(name: str, config: dict[str, Any], chunk: int, nchunks: int, args:
         with mgr.lock:
             for r in reqs:
                 mgr.on_new_request(r)
+        finished.clear()
+        step_ends.clear()
+        threads0 = thread_cpu()
         c0, t0 = time.process_time(), time.perf_counter()
         pending = list(zip(reqs, batches))
         while pending:
@@ -179,6 +249,15 @@ def run_point(name: str, config: dict[str, Any], chunk: int, nchunks: int, args:
             if pending:
                 step()
         load_s, load_cpu = time.perf_counter() - t0, time.process_time() - c0
+        load_threads = cpu_by_thread(threads0, thread_cpu())
+        load_timeline = {
+            "first_submit_ms": (submitted[0] - t0) * 1e3,
+            "last_submit_ms": (submitted[-1] - t0) * 1e3,
+            "first_done_ms": (min(finished) - t0) * 1e3,
+            "last_done_ms": (max(finished) - t0) * 1e3,
+            "steps": len(step_ends),
+            "steps_before_submit": sum(1 for t in step_ends if t < submitted[0]),
+        }
         for r, batch in zip(reqs, batches):
             with mgr.lock:
                 ids = mgr.prepare_load(batch, r).chunk_ids
@@ -191,6 +270,7 @@ def run_point(name: str, config: dict[str, Any], chunk: int, nchunks: int, args:
     finally:
         rows = data = None  # vLLM unmaps the region at shutdown only if no view of it is left
         mgr.shutdown()
+        gc.unfreeze()
     gb = nchunks * chunk / 1e9
 
     def summary(m: str) -> dict[str, float]:
@@ -215,6 +295,9 @@ def run_point(name: str, config: dict[str, Any], chunk: int, nchunks: int, args:
         "store_cpu_s_per_gb": store_cpu / gb,
         "load_cpu_s_per_gb": load_cpu / gb,
         "calls": {m: summary(m) for m in TIMED},
+        "load_jobs": len(submitted),
+        "load_timeline": load_timeline,
+        "load_thread_cpu_s_per_gb": {name: s / gb for name, s in load_threads.items()},
     }
 
 
@@ -226,7 +309,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         nchunks = max(args.batch, args.mib * MiB // chunk)
         runs: dict[str, list[dict[str, Any]]] = {}
         for rep in range(args.repeat):
-            for name, config in tier_configs(base / f"rep{rep}", chunk, nchunks).items():
+            for name, config in tier_configs(base / f"rep{rep}", chunk, nchunks, args.fs_variant).items():
                 if args.tiers and name not in args.tiers:
                     continue
                 d = base / f"rep{rep}"
@@ -244,6 +327,26 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 for field in ("p50_us", "p99_us", "max_us", "cpu_p50_us", "cpu_mean_us"):
                     if field in point["calls"][m]:
                         point["calls"][m][field] = statistics.median(r["calls"][m][field] for r in reps)
+            for field in (
+                "first_submit_ms",
+                "last_submit_ms",
+                "first_done_ms",
+                "last_done_ms",
+                "steps",
+                "steps_before_submit",
+            ):
+                point["load_timeline"][field] = statistics.median(r["load_timeline"][field] for r in reps)
+            names = {n for r in reps for n in r["load_thread_cpu_s_per_gb"]}
+            point["load_thread_cpu_s_per_gb"] = {
+                n: statistics.median(r["load_thread_cpu_s_per_gb"].get(n, 0.0) for r in reps) for n in sorted(names)
+            }
+            base_reps = runs.get("vllm fs")
+            if base_reps is not None and len(base_reps) == len(reps):
+                # ratios within each repeat (same minutes of the same disk), then their median
+                for kind in ("load", "store"):
+                    ratios = [r[f"{kind}_gbps"] / b[f"{kind}_gbps"] for r, b in zip(reps, base_reps)]
+                    point[f"{kind}_vs_vllm_fs"] = statistics.median(ratios)
+                    point[f"{kind}_vs_vllm_fs_each"] = ratios
             point["repeats"] = len(reps)
             point["mib"] = nchunks * chunk // MiB
             points.append(point)
@@ -257,7 +360,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "batch": args.batch,
             "step_ms": args.step_ms,
             "repeat": args.repeat,
-            "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
+            "command": shlex.join([Path(sys.argv[0]).name, *sys.argv[1:]]),
         },
         "points": points,
     }
@@ -271,13 +374,35 @@ def markdown(report: dict[str, Any]) -> str:
         f"{meta['date']}, {meta['cpus']} CPUs, dir `{meta['dir']}`, {meta['batch']} chunks a job, "
         f"engine step {meta['step_ms']} ms, median of {meta['repeat']}. `{meta['command']}`",
         "",
-        "| tier | chunk | data | store GB/s | load GB/s | store cpu s/GB | load cpu s/GB |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
+        "| tier | chunk | data | store GB/s | load GB/s | load / vllm fs | store cpu s/GB | load cpu s/GB |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for p in report["points"]:
+        ratio = p.get("load_vs_vllm_fs")
+        each = " ".join(f"{r:.2f}" for r in p.get("load_vs_vllm_fs_each", ()))
         lines.append(
             f"| {p['tier']} | {p['chunk_kib']} KiB | {p['mib']} MiB | {p['store_gbps']:.2f} | {p['load_gbps']:.2f} "
+            f"| {'-' if ratio is None else f'{ratio:.2f}x ({each})'} "
             f"| {p['store_cpu_s_per_gb']:.2f} | {p['load_cpu_s_per_gb']:.2f} |"
+        )
+    lines += [
+        "",
+        "`load / vllm fs`: the ratio of load GB/s to vLLM's fs tier's in the same repeat, median (each repeat's).",
+        "",
+        "Load phase: when the promotion jobs were submitted and reported done (ms from the phase's start), "
+        "and CPU s/GB by thread:",
+        "",
+        "| tier | chunk | jobs | steps (before submit) | submitted | first done | last done | CPU s/GB by thread |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for p in report["points"]:
+        t = p["load_timeline"]
+        threads = ", ".join(f"{n} {v:.2f}" for n, v in p["load_thread_cpu_s_per_gb"].items() if v >= 0.05)
+        lines.append(
+            f"| {p['tier']} | {p['chunk_kib']} KiB | {p['load_jobs']} "
+            f"| {t['steps']:.0f} ({t['steps_before_submit']:.0f}) "
+            f"| {t['first_submit_ms']:.0f}-{t['last_submit_ms']:.0f} "
+            f"| {t['first_done_ms']:.0f} | {t['last_done_ms']:.0f} | {threads} |"
         )
     lines += [
         "",
@@ -295,6 +420,16 @@ def markdown(report: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _variant(text: str) -> tuple[str, dict[str, Any]]:
+    name, sep, config = text.partition("=")
+    extra = json.loads(config) if sep else None
+    if not name or not isinstance(extra, dict):
+        raise argparse.ArgumentTypeError(
+            f"expected NAME=JSON object, as verify-off='{{\"verify\": false}}'; got {text!r}"
+        )
+    return name, extra
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dir", default="/var/tmp/asynctier-bench-vllm", help="scratch directory on the disk to test")
@@ -304,8 +439,18 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--step-ms", type=float, default=1.0, help="pause between engine steps")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--tiers", nargs="*", help="only these tiers ('vllm fs', 'asynctier fs', 'asynctier nvme')")
+    ap.add_argument(
+        "--fs-variant",
+        action="append",
+        type=_variant,
+        default=[],
+        metavar="NAME=JSON",
+        help='one more asynctier fs tier, named "asynctier fs NAME", with these fs config keys: '
+        "verify-off='{\"verify\": false}' (repeatable)",
+    )
     ap.add_argument("--out", default=str(ROOT / "bench" / "results"), help="directory for vllm.json and vllm.md")
     args = ap.parse_args(argv)
+    args.fs_variant = dict(args.fs_variant)
     report = run(args)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -583,20 +583,21 @@ def test_a_held_pool_makes_no_files_until_released(tmp_path: Path) -> None:
 
 
 @pytest.mark.skipif(_NO_NATIVE is not None, reason=f"no native workers: {_NO_NATIVE}")
-async def test_the_native_engines_pool_refills_only_while_the_tier_is_idle(
+async def test_the_native_engines_pool_refills_only_once_the_tier_has_been_idle_a_while(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A thread making files during a stream takes the GIL from the event loop that the
-    native workers leave alone; their pool is held while a call is in progress (the thread
-    engine's is not), and the tier wakes it when the last call returns."""
-    monkeypatch.setattr("asynctier.tiers.fs.pool.POOL_HOLD_POLL_S", 3600.0)  # only the wake-up ends a hold
+    """A thread making files takes the GIL from the event loop that the native workers leave
+    alone (and from the application's threads); their pool is held while a call is in
+    progress and for POOL_QUIET_S after the last one ends (the thread engine's is not held)."""
+    monkeypatch.setattr("asynctier.tiers.fs.pool.POOL_HOLD_POLL_S", 0.01)
+    monkeypatch.setattr("asynctier.tiers.fs.tier.POOL_QUIET_S", 3600.0)  # quiet for certain until lowered
     tier, view = make_tier(tmp_path, max_inflight=8, io_engine="native", tmpfile_pool=8)
     fill(view, 41)
     ks = keys(8, "H")
     async with tier:
         pool = tier.protocol.pool
         assert pool is not None and pool._hold is not None
-        for _ in range(500):
+        for _ in range(500):  # no call yet: it fills at open
             if pool.ready == 8:
                 break
             await asyncio.sleep(0.01)
@@ -605,15 +606,8 @@ async def test_the_native_engines_pool_refills_only_while_the_tier_is_idle(
         await asyncio.sleep(0)  # the call is in progress
         assert pool._hold(), "not held during a call"
         assert (await call).ok
-        assert not pool._hold()
-        for _ in range(500):  # idle again: it refills
-            if pool.ready == 8:
-                break
-            await asyncio.sleep(0.01)
-        assert pool.ready == 8
-        # held for certain: a call in progress (as the runtime counts them) and files taken
-        tier._active += 1
-        for _ in range(8):
+        assert pool._hold(), "not held right after a call"
+        for _ in range(8):  # files taken (the call's writes may not take them: unaligned view)
             fd = pool.take()
             assert fd is not None
             os.close(fd)
@@ -621,16 +615,19 @@ async def test_the_native_engines_pool_refills_only_while_the_tier_is_idle(
             if pool._held:
                 break
             await asyncio.sleep(0.01)
-        assert pool._held and pool.ready == 0
-        tier._active -= 1  # as if that call had ended without a word: still held
-        await asyncio.sleep(0.2)
-        assert pool.ready == 0, "refilled without a wake-up"
-        assert (await tier.load(ks[:1], [8])).ok  # a call whose end leaves the tier idle wakes it
+        for _ in range(20):  # it looks again every POOL_HOLD_POLL_S: still held
+            await asyncio.sleep(0.01)
+        assert pool._held and pool.ready == 0, "refilled while the tier was quiet for less than POOL_QUIET_S"
+        monkeypatch.setattr("asynctier.tiers.fs.tier.POOL_QUIET_S", 0.0)  # now idle long enough
+        assert not pool._hold()
         for _ in range(500):
             if pool.ready == 8:
                 break
             await asyncio.sleep(0.01)
-        assert pool.ready == 8, "the end of the last call did not wake the held pool"
+        assert pool.ready == 8, "did not refill once the tier had been idle for POOL_QUIET_S"
+        tier._active += 1  # a call in progress, as the runtime counts them: held whatever the quiet
+        assert pool._hold()
+        tier._active -= 1
     threads, _ = make_tier(tmp_path, max_inflight=8, io_engine="threads", tmpfile_pool=8)
     async with threads:
         assert threads.protocol.pool is not None and threads.protocol.pool._hold is None

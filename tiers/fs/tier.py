@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import stat
 import time
@@ -34,6 +35,8 @@ from .threads import ThreadsIO
 __all__ = ["FsTier"]
 
 _O_DIRECTORY: int = getattr(os, "O_DIRECTORY", 0)
+#: the native engine's tmpfile pool refills only after the tier has had no call for this long
+POOL_QUIET_S = 1.0
 _MAX_PENDING_TOUCHES = 1 << 16  # touched keys remembered for stamping at close (beyond: approximate)
 
 
@@ -134,8 +137,10 @@ class FsTier(BlockingChunkTier):
             descriptor and an empty inode until used (no data blocks); a crash leaves
             nothing behind. Chunks that find the pool empty make their own
             (``stats().extra["tmpfile_pool_empty"]``). On the native engine the pool refills
-            only while no call is in progress: its thread would take the GIL from the event
-            loop, so a stream beyond the files made ahead makes its own (docs/benchmarks.md).
+            only once no call has been in progress for ``POOL_QUIET_S`` (1 s): its thread
+            would take the GIL from the event loop and the application's threads, so a stream
+            beyond the files made ahead, or calls a few milliseconds apart, make their own
+            (docs/benchmarks.md, docs/benchmarks-vllm-reads.md).
         recycle: what eviction does with the file of the chunk it evicts to make room for a
             store. ``"auto"`` (default): recycle it when ``verify=True``; ``True``: recycle it;
             ``False``: unlink it. Recycling renames the file away from its name, then the
@@ -216,6 +221,7 @@ class FsTier(BlockingChunkTier):
         self._lock_fd = -1
         self._fd_finalizer: weakref.finalize[[list[int], list[TmpfilePool]], FsTier] | None = None
         self._touched: dict[bytes, int] = {}  # key -> time of last use (ns), stamped at close
+        self._idle_since = -math.inf  # time.monotonic() when the last call ended
 
     def stored_size(self) -> int:
         """Header block plus payload, rounded up to the file system block."""
@@ -317,15 +323,17 @@ class FsTier(BlockingChunkTier):
         flags = os.O_WRONLY | (O_DIRECT if self.protocol.use_direct else 0)
         hold: Callable[[], bool] | None = None
         if self._native is not None:
-            # The native engine's pool refills only while the tier is idle: a Python thread
-            # making files during a stream takes the GIL from the event loop, which the C
-            # workers otherwise leave alone (docs/benchmarks.md). Files made while idle
+            # The native engine's pool refills only once the tier has been idle a while: a
+            # Python thread making files takes the GIL from the event loop, which the C
+            # workers otherwise leave alone, and from the application's threads; refilling
+            # in each gap between calls (vLLM's are milliseconds apart) slowed vLLM's
+            # scheduler and lookups (docs/benchmarks-vllm-reads.md). Files made while idle
             # still take the next burst.
             me = weakref.ref(self)  # the thread must not keep a dropped tier alive
 
             def hold() -> bool:
                 tier = me()
-                return tier is not None and tier._active > 0
+                return tier is not None and (tier._active > 0 or time.monotonic() - tier._idle_since < POOL_QUIET_S)
 
         pool = TmpfilePool(fds, flags, target, f"asynctier-fs-tmpfiles-{self.dir.name[:8]}", hold,
                            (self.protocol.file_mode, self.protocol.fix_mode))  # fmt: skip
@@ -406,9 +414,9 @@ class FsTier(BlockingChunkTier):
         return await super().stored_keys()
 
     def on_idle(self) -> None:
-        pool = self.protocol.pool
-        if pool is not None:
-            pool.wake()  # a held pool (the native engine's) refills now, not at its next look
+        # a held pool (the native engine's) looks again within POOL_HOLD_POLL_S and refills
+        # once the tier has stayed idle for POOL_QUIET_S
+        self._idle_since = time.monotonic()
 
     def stats(self) -> TierStats:
         """The common counters; ``extra["tmpfile_pool_ready"]``: files made ahead, not yet used;
