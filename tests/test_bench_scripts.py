@@ -60,6 +60,19 @@ def test_bench_nvme_reports_both_engines_and_reopen(tmp_path: Path) -> None:
     assert report["reopen"]["slots"] == 10000 and report["reopen"]["open_s"] > 0
 
 
+@needs_fio
+def test_bench_nvme_writes_sets_each_buffer_size_beside_fio(tmp_path: Path) -> None:
+    out = tmp_path / "writes.json"
+    _run("bench_nvme_writes.py", "--dir", str(tmp_path / "scratch"), "--mib", "4", "--repeat", "1",
+         "--sizes-kib", "256", "--depths", "2", "--batch", "4", "--views", "8,depth", "--fio-engines", "psync,io_uring",
+         "--json", str(out))  # fmt: skip
+    (row,) = json.loads(out.read_text())["rows"]
+    assert set(row["ratio"]) == {"8", "2"} and all(v > 0 for v in row["ratio"].values()), row["ratio"]
+    (rep,) = row["reps"]
+    assert rep["fio_before"]["Bps"] > 0 and rep["fio_after"]["Bps"] > 0
+    assert not (tmp_path / "scratch").exists()  # its slab and fio's files are removed
+
+
 def _report(out: Path, name: str) -> dict[str, Any]:
     data: dict[str, Any] = json.loads((out / f"{name}.json").read_text())
     assert (out / f"{name}.md").read_text().strip()

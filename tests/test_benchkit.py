@@ -44,3 +44,21 @@ def test_bare_file_per_chunk_writes_named_files_and_reads_them_back(tmp_path: Pa
     assert bytes(dst) == bytes(src)
     with pytest.raises(ValueError, match="mode"):
         benchkit.bare_file_per_chunk(tmp_path, dst, chunk, n, depth=1, mode="append")
+
+
+@pytest.mark.skipif(not benchkit.fio_available(), reason="fio is not installed")
+def test_run_fio_writes_its_own_files_whatever_the_cwd_holds(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # fio takes the job name as the file name when a non-file of that name is in its cwd
+    # (the package directory, run from the repository root): each run then overwrote one
+    # file that the cleanup never removed, and fio's write figures were of a warm file
+    (tmp_path / "asynctier").mkdir()
+    monkeypatch.chdir(tmp_path)
+    work = tmp_path / "fio"
+    for engine in ("psync", "io_uring"):
+        try:
+            r = benchkit.run_fio(work, rw="write", bs=65536, iodepth=2, size=1 << 20, ioengine=engine, direct=False)
+        except Exception:  # an engine this kernel or fio lacks
+            continue
+        assert r.bytes_per_s > 0
+        assert sorted(os.listdir(work)) == [], os.listdir(work)  # every file it wrote was removed
+    assert sorted(os.listdir(tmp_path)) == ["asynctier", "fio"]

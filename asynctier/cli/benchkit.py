@@ -139,7 +139,7 @@ def run_fio(
     opened in turn (``depth`` open at a time): the layout of a file-per-chunk tier, as a
     reference for what one file per chunk costs on this file system.
     """
-    directory = Path(directory)
+    directory = Path(directory).absolute()  # fio runs with this cwd: a relative path would resolve twice
     directory.mkdir(parents=True, exist_ok=True)
     sync_engine = ioengine in ("psync", "sync", "pvsync", "pvsync2")
     numjobs = iodepth if sync_engine else 1
@@ -148,7 +148,10 @@ def run_fio(
         args.append("--end_fsync=1")
     if runtime_s is not None:
         args += [f"--runtime={runtime_s}", "--time_based=0"]
-    out = subprocess.run(args, check=True, capture_output=True, text=True, timeout=600)
+    # cwd: fio writes to a path named like the job ("asynctier") instead of "asynctier.0.0" when
+    # one exists in its cwd and is not a regular file (the package directory, run from the
+    # repository root): every job then overwrote one file that was never deleted
+    out = subprocess.run(args, check=True, capture_output=True, text=True, timeout=600, cwd=directory)
     data = json.loads(out.stdout[out.stdout.index("{") :])
     job = data["jobs"][0]
     side = job["write"] if "write" in rw else job["read"]
