@@ -1,8 +1,10 @@
 """The project's fs and nvme tiers beside fio and naive file-per-chunk loops, in one run.
 
-For each block (chunk size x depth) and each repeat: fio writes and reads (O_DIRECT, the
-same block size and depth, best of io_uring/libaio/psync) *before and after* the block, and
-between them every contender, in an order that rotates with the repeat:
+For each block (chunk size x depth) and each repeat, two physical limits (bench/peers_fio.py)
+are measured *before and after* the block: ``fio`` (one file) and ``fio-files`` (one file per
+chunk, each created inside the timed job), both O_DIRECT at the same block size and depth,
+best of io_uring/libaio/psync. Between them every contender runs, in an order that rotates
+with the repeat, each into an empty directory once the device has gone quiet:
 
 * ``fs-native``, ``fs-threads``: the fs tier on each engine (checksums and capacity on);
 * ``nvme``: the nvme slab tier;
@@ -13,13 +15,17 @@ between them every contender, in an order that rotates with the repeat:
 
 Each writes ``--mib`` of chunks, then the data is made durable (``syncfs``, as fio's
 ``end_fsync``), dropped from the page cache, and read back (cold). A figure is bytes/s
-divided by the mean of fio's before and after (ratio ``x fio``); the median over repeats
-is printed. vLLM's own fs tier is not run here (it is not a dependency); its I/O pattern
-is described in docs/benchmarks.md.
+divided by the mean of a baseline's before and after (``x fio``, ``x fio-files``); the
+median over repeats is printed, with each tier's CPU per chunk (loop thread, whole process)
+and how many chunks made their own file (the fs tier's pool of files made ahead was empty).
+A tier contender takes knobs of its config to isolate a cost: ``fs-native/tmpfile_pool=0``,
+``fs-threads/publish=rename``; ``--fio-engines ''`` runs the tiers alone (profiling).
+vLLM's own fs tier is not run here (it is not a dependency); its I/O pattern is described in
+docs/benchmarks.md.
 
 Run from the repository root (one command, minutes; use a directory on the disk to test)::
 
-    .venv/bin/python bench/bench_peers.py --dir /mnt/nvme/peers
+    .venv/bin/python bench/bench_peers.py --dir /mnt/nvme/peers   # 64/256/2048 KiB x depth 1/4/16
     .venv/bin/python bench/bench_peers.py --dir /tmp/peers --sizes-kib 256 --depths 16 --mib 64 --repeat 1
 
 Writes ``--json`` if given. Figures from a machine with other work running are noisy:
@@ -42,7 +48,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from peers_fio import Block, measure_baselines, ratio_tables
+from peers_fio import SETTLE_S, Block, measure_baselines, ratio_tables
 
 from asynctier import OffloadingSpec, SecondaryTierFactory
 from asynctier.cli import benchkit
@@ -188,6 +194,7 @@ def run_contender(spec: str, workdir: Path, chunk: int, depth: int, n: int) -> d
     name, knobs = parse_contender(spec)
     shutil.rmtree(workdir, ignore_errors=True)
     workdir.mkdir(parents=True)
+    benchkit.settle(workdir, limit_s=SETTLE_S)  # the previous contender's deletions land first
     try:
         if name == "os-threads":
             return _os_threads(workdir, chunk, depth, n)

@@ -25,6 +25,10 @@ BASELINES: dict[str, bool] = {"fio": False, "fio-files": True}
 SIDES = ("write", "read")
 
 Rates = dict[str, float]  # side ("write"/"read") -> bytes/s
+#: the longest wait for the device to go quiet before a timed write (benchkit.settle): the
+#: previous run's deleted files are discarded (a ``discard`` mount) and written back
+#: meanwhile; on a machine others use, the device may never be quiet, hence a short limit
+SETTLE_S = 3.0
 
 
 def fio_best(workdir: Path, engines: list[str], chunk: int, depth: int, size: int, *, files: bool) -> Rates:
@@ -33,6 +37,7 @@ def fio_best(workdir: Path, engines: list[str], chunk: int, depth: int, size: in
     best = dict.fromkeys(SIDES, 0.0)
     for engine in list(engines):
         for rw in SIDES:
+            benchkit.settle(workdir.parent, limit_s=SETTLE_S)
             try:
                 r = benchkit.run_fio(
                     workdir, rw=rw, bs=chunk, iodepth=depth, size=size, ioengine=engine, direct=True,
