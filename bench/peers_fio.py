@@ -37,7 +37,8 @@ def fio_best(workdir: Path, engines: list[str], chunk: int, depth: int, size: in
     best = dict.fromkeys(SIDES, 0.0)
     for engine in list(engines):
         for rw in SIDES:
-            benchkit.settle(workdir.parent, limit_s=SETTLE_S)
+            workdir.mkdir(parents=True, exist_ok=True)
+            benchkit.settle(workdir, limit_s=SETTLE_S)
             try:
                 r = benchkit.run_fio(
                     workdir, rw=rw, bs=chunk, iodepth=depth, size=size, ioengine=engine, direct=True,
