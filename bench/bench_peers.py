@@ -190,11 +190,13 @@ async def _aiofiles(workdir: Path, chunk: int, depth: int, n: int) -> dict[str, 
     return out
 
 
-def run_contender(spec: str, workdir: Path, chunk: int, depth: int, n: int) -> dict[str, float]:
+def run_contender(
+    spec: str, workdir: Path, chunk: int, depth: int, n: int, settle_s: float = SETTLE_S
+) -> dict[str, float]:
     name, knobs = parse_contender(spec)
     shutil.rmtree(workdir, ignore_errors=True)
     workdir.mkdir(parents=True)
-    benchkit.settle(workdir, limit_s=SETTLE_S)  # the previous contender's deletions land first
+    benchkit.settle(workdir, limit_s=settle_s)  # the previous contender's deletions land first
     try:
         if name == "os-threads":
             return _os_threads(workdir, chunk, depth, n)
@@ -236,6 +238,12 @@ def main() -> int:
         help="comma-separated; a tier takes knobs of its config: fs-native/verify=false/tmpfile_pool=0",
     )
     ap.add_argument("--fio-engines", default="io_uring,libaio,psync", help="'' for no fio (profiling a tier)")
+    ap.add_argument(
+        "--settle-s",
+        type=float,
+        default=SETTLE_S,
+        help="longest wait for the device to go quiet before each timed write (0: only sync)",
+    )
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     base = Path(args.dir)
@@ -255,11 +263,13 @@ def main() -> int:
         for depth in (int(d) for d in args.depths.split(",")):
             blk = Block(kib, depth)
             for rep in range(args.repeat):
-                before = measure_baselines(base / "fio", fio, chunk, depth, n * chunk) if fio else {}
+                before = measure_baselines(base / "fio", fio, chunk, depth, n * chunk, args.settle_s) if fio else {}
                 blk.note("inode_us", inode_cost_us(base / "inode-probe"))
                 order = contenders[rep % len(contenders) :] + contenders[: rep % len(contenders)]
-                got = {c: run_contender(c, base / f"c{contenders.index(c)}", chunk, depth, n) for c in order}
-                after = measure_baselines(base / "fio", fio, chunk, depth, n * chunk) if fio else {}
+                got = {
+                    c: run_contender(c, base / f"c{contenders.index(c)}", chunk, depth, n, args.settle_s) for c in order
+                }
+                after = measure_baselines(base / "fio", fio, chunk, depth, n * chunk, args.settle_s) if fio else {}
                 blk.add_fio(before)
                 blk.add_fio(after)
                 for c, r in got.items():

@@ -25,20 +25,22 @@ BASELINES: dict[str, bool] = {"fio": False, "fio-files": True}
 SIDES = ("write", "read")
 
 Rates = dict[str, float]  # side ("write"/"read") -> bytes/s
-#: the longest wait for the device to go quiet before a timed write (benchkit.settle): the
-#: previous run's deleted files are discarded (a ``discard`` mount) and written back
+#: the default longest wait for the device to go quiet before a timed write (benchkit.settle):
+#: the previous run's deleted files are discarded (a ``discard`` mount) and written back
 #: meanwhile; on a machine others use, the device may never be quiet, hence a short limit
 SETTLE_S = 3.0
 
 
-def fio_best(workdir: Path, engines: list[str], chunk: int, depth: int, size: int, *, files: bool) -> Rates:
+def fio_best(
+    workdir: Path, engines: list[str], chunk: int, depth: int, size: int, *, files: bool, settle_s: float = SETTLE_S
+) -> Rates:
     """Best bytes/s of the fio engines that work here, writing then reading ``size`` bytes.
     An engine refused here (io_uring in a sandbox, say) is dropped from ``engines`` for good."""
     best = dict.fromkeys(SIDES, 0.0)
     for engine in list(engines):
         for rw in SIDES:
             workdir.mkdir(parents=True, exist_ok=True)
-            benchkit.settle(workdir, limit_s=SETTLE_S)
+            benchkit.settle(workdir, limit_s=settle_s)
             try:
                 r = benchkit.run_fio(
                     workdir, rw=rw, bs=chunk, iodepth=depth, size=size, ioengine=engine, direct=True,
@@ -53,9 +55,12 @@ def fio_best(workdir: Path, engines: list[str], chunk: int, depth: int, size: in
     return best
 
 
-def measure_baselines(workdir: Path, engines: list[str], chunk: int, depth: int, size: int) -> dict[str, Rates]:
+def measure_baselines(
+    workdir: Path, engines: list[str], chunk: int, depth: int, size: int, settle_s: float = SETTLE_S
+) -> dict[str, Rates]:
     return {
-        name: fio_best(workdir / name, engines, chunk, depth, size, files=files) for name, files in BASELINES.items()
+        name: fio_best(workdir / name, engines, chunk, depth, size, files=files, settle_s=settle_s)
+        for name, files in BASELINES.items()
     }
 
 

@@ -83,6 +83,7 @@ def test_bench_peers_runs_end_to_end_with_both_baselines(tmp_path: Path) -> None
     out = tmp_path / "peers.json"
     cmd = [sys.executable, str(REPO / "bench" / "bench_peers.py"), "--dir", str(tmp_path / "scratch"),
            "--sizes-kib", "64", "--depths", "2", "--mib", "1", "--repeat", "1", "--fio-engines", "psync",
+           "--settle-s", "0",
            "--contenders", "fs-native,fs-threads/tmpfile_pool=0,os-threads", "--json", str(out)]  # fmt: skip
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and "Traceback" not in r.stderr, r.stdout[-2000:] + r.stderr[-2000:]
