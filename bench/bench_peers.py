@@ -255,7 +255,7 @@ def main() -> int:
             ap.error(str(e))
     fio = [e for e in args.fio_engines.split(",") if e] if benchkit.fio_available() else []
     if not fio:
-        print("fio not found: figures are printed without ratios", flush=True)
+        print("no fio (not found, or --fio-engines ''): GB/s only, no ratios", flush=True)
     blocks: list[Block] = []
     for kib in (int(k) for k in args.sizes_kib.split(",")):
         chunk = kib << 10
@@ -274,11 +274,16 @@ def main() -> int:
                 blk.add_fio(after)
                 for c, r in got.items():
                     blk.add(c, r, before, after)
-                last = "  ".join(f"{c} w {blk.ratios.get((c, 'write', 'fio-files'), [0])[-1]:.2f}" for c in contenders)
-                print(f"[{kib} KiB depth {depth} rep {rep + 1}] x fio-files: {last}", flush=True)
+                if fio:
+                    unit = "write x fio-files"
+                    last = "  ".join(
+                        f"{c} {blk.ratios.get((c, 'write', 'fio-files'), [0])[-1]:.2f}" for c in contenders
+                    )
+                else:
+                    unit = "write GB/s"
+                    last = "  ".join(f"{c} {got[c]['write'] / 1e9:.2f}" for c in contenders)
+                print(f"[{kib} KiB depth {depth} rep {rep + 1}] {unit}: {last}", flush=True)
             blocks.append(blk)
-    if not fio:
-        print("no fio: nothing to divide by; the bytes/s are in --json")
     print("\n".join(ratio_tables(blocks, contenders, args.repeat)))
     tiers = [c for c in contenders if c.startswith(("fs-", "nvme"))]
     cpu_tables(blocks, tiers)
