@@ -134,6 +134,7 @@ def ratio_tables(blocks: Sequence[Block], contenders: Sequence[str], repeat: int
                 cells = " | ".join(f"{'':4}{_cell(blk.median(c, side, base))}" for c in contenders)
                 lines.append(f"{blk.kib:5} {blk.depth:5} | {cells}")
     lines += ["", f"GB/s, write / read, median of {repeat}"]
+    lines.append(f"{'KiB':>5} {'depth':>5} | " + " | ".join(f"{c:>13}" for c in contenders))
     for blk in blocks:
         cells = " | ".join(f"{_gbps(blk, c, 'write')} / {_gbps(blk, c, 'read')}" for c in contenders)
         lines.append(f"{blk.kib:5} {blk.depth:5} | {cells}")
