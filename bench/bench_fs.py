@@ -428,8 +428,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             "full": "offload into a tier at capacity: as many chunks stored first (not timed), then the "
             "same number of new ones, each evicting one (recycling its file by default); timed until "
             "syncfs returns",
-            "fio files": "the same, over one file per block (nrfiles, filesize=bs, openfiles=depth): "
-            "a reference for what a file-per-chunk layout costs here",
+            "fio files": "the same, over one file per block (nrfiles, filesize=bs, openfiles=depth; a write "
+            "creates each file at its open, create_on_open, inside the timed job): what a file-per-chunk "
+            "layout costs here",
             "after idle": "offload into an empty tier with the default engine and tmpfile_pool = chunks "
             "in the point, timed once the pool holds a file per chunk and the disk settled (a burst after "
             "an idle spell, with a pool sized for it); timed until syncfs returns",

@@ -1,8 +1,10 @@
 """The project's fs and nvme tiers beside fio and naive file-per-chunk loops, in one run.
 
-For each block (chunk size x depth) and each repeat: fio writes and reads (O_DIRECT, the
-same block size and depth, best of io_uring/libaio/psync) *before and after* the block, and
-between them every contender, in an order that rotates with the repeat:
+For each block (chunk size x depth) and each repeat, two physical limits (bench/peers_fio.py)
+are measured *before and after* the block: ``fio`` (one file) and ``fio-files`` (one file per
+chunk, each created inside the timed job), both O_DIRECT at the same block size and depth,
+best of io_uring/libaio/psync. Between them every contender runs, in an order that rotates
+with the repeat, each into an empty directory once the device has gone quiet:
 
 * ``fs-native``, ``fs-threads``: the fs tier on each engine (checksums and capacity on);
 * ``nvme``: the nvme slab tier;
@@ -13,13 +15,17 @@ between them every contender, in an order that rotates with the repeat:
 
 Each writes ``--mib`` of chunks, then the data is made durable (``syncfs``, as fio's
 ``end_fsync``), dropped from the page cache, and read back (cold). A figure is bytes/s
-divided by the mean of fio's before and after (ratio ``x fio``); the median over repeats
-is printed. vLLM's own fs tier is not run here (it is not a dependency); its I/O pattern
-is described in docs/benchmarks.md.
+divided by the mean of a baseline's before and after (``x fio``, ``x fio-files``); the
+median over repeats is printed, with each tier's CPU per chunk (loop thread, whole process)
+and how many chunks made their own file (the fs tier's pool of files made ahead was empty).
+A tier contender takes knobs of its config to isolate a cost: ``fs-native/tmpfile_pool=0``,
+``fs-threads/publish=rename``; ``--fio-engines ''`` runs the tiers alone (profiling).
+vLLM's own fs tier is not run here (it is not a dependency); its I/O pattern is described in
+docs/benchmarks.md.
 
 Run from the repository root (one command, minutes; use a directory on the disk to test)::
 
-    .venv/bin/python bench/bench_peers.py --dir /mnt/nvme/peers
+    .venv/bin/python bench/bench_peers.py --dir /mnt/nvme/peers   # 64/256/2048 KiB x depth 1/4/16
     .venv/bin/python bench/bench_peers.py --dir /tmp/peers --sizes-kib 256 --depths 16 --mib 64 --repeat 1
 
 Writes ``--json`` if given. Figures from a machine with other work running are noisy:
@@ -41,6 +47,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
+
+from peers_fio import SETTLE_S, Block, measure_baselines, ratio_tables
 
 from asynctier import OffloadingSpec, SecondaryTierFactory
 from asynctier.cli import benchkit
@@ -90,7 +98,9 @@ def inode_cost_us(directory: Path, files: int = 200) -> float:
         os.close(dfd)
 
 
-async def _tier_run(kind: str, workdir: Path, chunk: int, depth: int, n: int) -> dict[str, float]:
+async def _tier_run(
+    kind: str, knobs: dict[str, Any], workdir: Path, chunk: int, depth: int, n: int
+) -> dict[str, float]:
     slots = max(4 * depth, 64)
     spec = OffloadingSpec(chunk, slots, namespace="bench/peers")
     view = _view(spec.total_bytes)
@@ -99,6 +109,7 @@ async def _tier_run(kind: str, workdir: Path, chunk: int, depth: int, n: int) ->
         config.update(type="fs", root=str(workdir), io_engine=kind.split("-")[1])
     else:
         config.update(type="nvme", path=str(workdir / "slab"))
+    config.update(knobs)
     tier = SecondaryTierFactory.create_secondary_tier(config, view, spec)
     keys = [b"peer-%d" % i for i in range(n)]
     batch = max(1, min(32, depth * 2))
@@ -117,12 +128,20 @@ async def _tier_run(kind: str, workdir: Path, chunk: int, depth: int, n: int) ->
 
             await asyncio.gather(*(one(i) for i in range(0, n, batch)))
 
+        # the namespace's 256 shard directories, made at open, reach the disk before the clock
+        # starts: else the timed syncfs writes them, a one-time cost of a new namespace
+        await asyncio.to_thread(benchkit.sync_tree, workdir)
         cpu0, proc0, t0 = time.thread_time(), _process_cpu(), time.perf_counter()
         await stream("offload")
+        t_sync = time.perf_counter()
         await asyncio.to_thread(benchkit.sync_tree, workdir)
         out["write"] = n * chunk / (time.perf_counter() - t0)
+        # syncfs flushes the whole file system: others' dirty data too, on a shared machine
+        out["write_sync_share"] = (time.perf_counter() - t_sync) / (time.perf_counter() - t0)
         out["write_loop_us"] = (time.thread_time() - cpu0) / n * 1e6
         out["write_cpu_us"] = (_process_cpu() - proc0) / n * 1e6
+        # chunks that made their own file (not one made ahead by the tier's pool)
+        out["pool_empty"] = float(tier.stats().extra.get("tmpfile_pool_empty", 0))
         await asyncio.to_thread(benchkit.drop_tree_cache, workdir)
         cpu0, proc0, t0 = time.thread_time(), _process_cpu(), time.perf_counter()
         await stream("load")
@@ -177,33 +196,39 @@ async def _aiofiles(workdir: Path, chunk: int, depth: int, n: int) -> dict[str, 
     return out
 
 
-def run_contender(name: str, workdir: Path, chunk: int, depth: int, n: int) -> dict[str, float]:
+def run_contender(
+    spec: str, workdir: Path, chunk: int, depth: int, n: int, settle_s: float = SETTLE_S
+) -> dict[str, float]:
+    name, knobs = parse_contender(spec)
     shutil.rmtree(workdir, ignore_errors=True)
     workdir.mkdir(parents=True)
+    benchkit.settle(workdir, limit_s=settle_s)  # the previous contender's deletions land first
     try:
         if name == "os-threads":
             return _os_threads(workdir, chunk, depth, n)
         if name == "aiofiles":
             return asyncio.run(_aiofiles(workdir, chunk, depth, n))
-        return asyncio.run(_tier_run(name, workdir, chunk, depth, n))
+        return asyncio.run(_tier_run(name, knobs, workdir, chunk, depth, n))
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 
 
-def fio_pair(workdir: Path, fio: list[str], chunk: int, depth: int, size: int) -> dict[str, float]:
-    """Best of the fio engines that work here, writing then reading ``size`` bytes."""
-    best = {"write": 0.0, "read": 0.0}
-    for engine in list(fio):
-        for rw in ("write", "read"):
-            try:
-                r = benchkit.run_fio(workdir, rw=rw, bs=chunk, iodepth=depth, size=size, ioengine=engine, direct=True)
-            except Exception as e:  # an engine refused here (io_uring in a sandbox, say)
-                print(f"  fio {engine} {rw} failed ({type(e).__name__}); dropped", flush=True)
-                fio.remove(engine)
-                break
-            best[rw] = max(best[rw], r.bytes_per_s)
-    shutil.rmtree(workdir, ignore_errors=True)
-    return best
+def parse_contender(spec: str) -> tuple[str, dict[str, Any]]:
+    """``"fs-native/verify=false/tmpfile_pool=0"`` -> ("fs-native", {"verify": False, "tmpfile_pool": 0}):
+    a tier contender with knobs of its config changed, to isolate where its time goes."""
+    name, *knobs = spec.split("/")
+    if name not in CONTENDERS:
+        raise ValueError(f"unknown contender {name!r}; accepted: {', '.join(CONTENDERS)}")
+    if knobs and name not in ("fs-native", "fs-threads", "nvme"):
+        raise ValueError(f"{name!r} takes no knobs (only the tiers do); got {spec!r}")
+    config: dict[str, Any] = {}
+    for knob in knobs:
+        key, sep, text = knob.partition("=")
+        if not sep or not key:
+            raise ValueError(f"a knob is key=value; got {knob!r} in {spec!r}")
+        value: Any = {"true": True, "false": False, "none": None}.get(text.lower(), text)
+        config[key] = int(text) if text.lstrip("-").isdigit() else value
+    return name, config
 
 
 def main() -> int:
@@ -211,73 +236,94 @@ def main() -> int:
     ap.add_argument("--dir", required=True, help="scratch directory on the disk to measure (emptied)")
     ap.add_argument("--sizes-kib", default="64,256,2048")
     ap.add_argument("--depths", default="1,4,16")
-    ap.add_argument("--mib", type=int, default=256, help="data written (then read) per contender per run")
+    ap.add_argument("--mib", type=int, default=64, help="data written (then read) per contender per run")
     ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--contenders", default=",".join(CONTENDERS))
-    ap.add_argument("--fio-engines", default="io_uring,libaio,psync")
+    ap.add_argument(
+        "--contenders",
+        default=",".join(CONTENDERS),
+        help="comma-separated; a tier takes knobs of its config: fs-native/verify=false/tmpfile_pool=0",
+    )
+    ap.add_argument("--fio-engines", default="io_uring,libaio,psync", help="'' for no fio (profiling a tier)")
+    ap.add_argument(
+        "--settle-s",
+        type=float,
+        default=SETTLE_S,
+        help="longest wait for the device to go quiet before each timed write (0: only sync)",
+    )
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     base = Path(args.dir)
     contenders = args.contenders.split(",")
-    unknown = set(contenders) - set(CONTENDERS)
-    if unknown:
-        ap.error(f"unknown contenders {sorted(unknown)}; accepted: {', '.join(CONTENDERS)}")
-    fio = args.fio_engines.split(",") if benchkit.fio_available() else []
+    for spec in contenders:
+        try:
+            parse_contender(spec)
+        except ValueError as e:
+            ap.error(str(e))
+    fio = [e for e in args.fio_engines.split(",") if e] if benchkit.fio_available() else []
     if not fio:
-        print("fio not found: figures are printed without ratios", flush=True)
-    results: dict[str, Any] = {}
-    rows = []
+        print("no fio (not found, or --fio-engines ''): GB/s only, no ratios", flush=True)
+    blocks: list[Block] = []
     for kib in (int(k) for k in args.sizes_kib.split(",")):
         chunk = kib << 10
         n = max(1, (args.mib << 20) // chunk)
         for depth in (int(d) for d in args.depths.split(",")):
-            block: dict[str, dict[str, list[float]]] = {c: {"write": [], "read": []} for c in contenders}
-            extra: dict[str, list[float]] = {}
+            blk = Block(kib, depth)
             for rep in range(args.repeat):
-                before = fio_pair(base / "fio", fio, chunk, depth, n * chunk) if fio else None
-                extra.setdefault("inode_us", []).append(inode_cost_us(base / "inode-probe"))
+                before = measure_baselines(base / "fio", fio, chunk, depth, n * chunk, args.settle_s) if fio else {}
+                blk.note("inode_us", inode_cost_us(base / "inode-probe"))
                 order = contenders[rep % len(contenders) :] + contenders[: rep % len(contenders)]
-                got = {c: run_contender(c, base / c, chunk, depth, n) for c in order}
-                after = fio_pair(base / "fio", fio, chunk, depth, n * chunk) if fio else None
+                got = {
+                    c: run_contender(c, base / f"c{contenders.index(c)}", chunk, depth, n, args.settle_s) for c in order
+                }
+                after = measure_baselines(base / "fio", fio, chunk, depth, n * chunk, args.settle_s) if fio else {}
+                blk.add_fio(before)
+                blk.add_fio(after)
                 for c, r in got.items():
-                    for rw in ("write", "read"):
-                        ref = (before[rw] + after[rw]) / 2 if before and after and before[rw] and after[rw] else 0
-                        block[c][rw].append(r[rw] / ref if ref else r[rw] / 1e9)
-                    for k in ("write_loop_us", "read_loop_us", "write_cpu_us", "read_cpu_us"):
-                        if k in r:
-                            extra.setdefault(f"{c} {k}", []).append(r[k])
-                last = "  ".join(f"{c} w {block[c]['write'][-1]:.2f} r {block[c]['read'][-1]:.2f}" for c in contenders)
-                print(f"[{kib} KiB depth {depth} rep {rep + 1}] {last}", flush=True)
-            med = {c: {rw: statistics.median(v) for rw, v in block[c].items()} for c in contenders}
-            results[f"{kib}KiB-d{depth}"] = {
-                "x_fio": med,
-                "loop_us": {k: statistics.median(v) for k, v in extra.items()},
-            }
-            rows.append((kib, depth, med, {k: statistics.median(v) for k, v in extra.items()}))
-    unit = "x fio" if fio else "GB/s"
-    print()
-    print(f"write / read, {unit}, median of {args.repeat} (fio before and after each block)")
-    print(f"{'KiB':>5} {'depth':>5} | " + " | ".join(f"{c:>15}" for c in contenders))
-    for kib, depth, med, _ in rows:
-        cells = " | ".join(f"{med[c]['write']:6.2f} / {med[c]['read']:5.2f}" for c in contenders)
-        print(f"{kib:5} {depth:5} | {cells}")
-    print()
-    print("loop-thread CPU per chunk (us), write / read")
-    tiers = [c for c in contenders if c in ("fs-native", "fs-threads", "nvme")]
-    for kib, depth, _, loop in rows:
-        cells = " | ".join(f"{c} {loop.get(f'{c} write_loop_us', 0):5.1f} / {loop.get(f'{c} read_loop_us', 0):5.1f}"
-                           for c in tiers)  # fmt: skip
-        print(f"{kib:5} {depth:5} | {cells}")
-    print()
-    print("process CPU per chunk (us, every thread), write / read; kernel CPU per new inode here (us)")
-    for kib, depth, _, loop in rows:
-        cells = " | ".join(f"{c} {loop.get(f'{c} write_cpu_us', 0):6.1f} / {loop.get(f'{c} read_cpu_us', 0):5.1f}"
-                           for c in tiers)  # fmt: skip
-        print(f"{kib:5} {depth:5} | {cells} | inode {loop.get('inode_us', 0):6.1f}")
+                    blk.add(c, r, before, after)
+                if fio:
+                    unit = "write x fio-files"
+                    last = "  ".join(
+                        f"{c} {blk.ratios.get((c, 'write', 'fio-files'), [0])[-1]:.2f}" for c in contenders
+                    )
+                else:
+                    unit = "write GB/s"
+                    last = "  ".join(f"{c} {got[c]['write'] / 1e9:.2f}" for c in contenders)
+                print(f"[{kib} KiB depth {depth} rep {rep + 1}] {unit}: {last}", flush=True)
+            blocks.append(blk)
+    print("\n".join(ratio_tables(blocks, contenders, args.repeat)))
+    tiers = [c for c in contenders if c.startswith(("fs-", "nvme"))]
+    cpu_tables(blocks, tiers)
     if args.json:
         with open(args.json, "w") as fh:
+            results = {f"{b.kib}KiB-d{b.depth}": b.as_json() for b in blocks}
             json.dump({"args": vars(args), "results": results, "machine": benchkit.machine_info()}, fh, indent=1)
     return 0
+
+
+def cpu_tables(blocks: list[Block], tiers: list[str]) -> None:
+    """Where the tiers' CPU goes, per chunk, medians of the repeats."""
+
+    def med(blk: Block, key: str) -> float:
+        values = blk.extra.get(key)
+        return statistics.median(values) if values else 0.0
+
+    print()
+    print("loop-thread CPU per chunk (us), write / read")
+    for b in blocks:
+        cells = " | ".join(
+            f"{c} {med(b, f'{c} write_loop_us'):5.1f} / {med(b, f'{c} read_loop_us'):5.1f}" for c in tiers
+        )
+        print(f"{b.kib:5} {b.depth:5} | {cells}")
+    print()
+    print("process CPU per chunk (us, every thread), write / read; chunks not served by the pool of files made ahead;")
+    print("kernel CPU per new inode here (us)")
+    for b in blocks:
+        cells = " | ".join(
+            f"{c} {med(b, f'{c} write_cpu_us'):6.1f} / {med(b, f'{c} read_cpu_us'):5.1f} "
+            f"({med(b, f'{c} pool_empty'):.0f})"
+            for c in tiers
+        )
+        print(f"{b.kib:5} {b.depth:5} | {cells} | inode {med(b, 'inode_us'):6.1f}")
 
 
 if __name__ == "__main__":

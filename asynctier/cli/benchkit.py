@@ -111,6 +111,10 @@ def _fio_args(
             "--file_service_type=sequential",
             f"--openfiles={max(1, iodepth)}",
         ]
+        if rw.endswith("write"):
+            # each file made by the job's own open(O_CREAT), timed: else fio makes (and
+            # fallocates) them all before the clock starts, and the inode's cost goes unseen
+            args.append("--create_on_open=1")
         args = [a for a in args if not a.startswith("--size=")]
     return args
 
@@ -137,7 +141,8 @@ def run_fio(
 
     ``file_per_block=True`` spreads the job over ``size // bs`` files of one block each,
     opened in turn (``depth`` open at a time): the layout of a file-per-chunk tier, as a
-    reference for what one file per chunk costs on this file system.
+    reference for what one file per chunk costs on this file system. A write job creates
+    each file as it opens it (``create_on_open``), inside the measured time, as a tier does.
     """
     directory = Path(directory).absolute()  # fio runs with this cwd: a relative path would resolve twice
     directory.mkdir(parents=True, exist_ok=True)
