@@ -599,7 +599,11 @@ static int queue_job(struct at_pool *p, int idx, const struct at_job *j) {
  *              are filled in first;
  *   AT_SPARE   openat(dfd, name, flags), renameat to name2 in dfd2: the result is the
  *              descriptor (a failed rename closes it);
- *   AT_UNLINK  unlinkat(dfd, name).
+ *   AT_UNLINK  unlinkat(dfd, name);
+ *   AT_RECYCLE openat(dfd2, name2, flags), renameat to name3 in dfd, then only if no one
+ *              but the lock descriptor `fd` holds the namespace lock: pwritev of hb and buf
+ *              (checksums filled in as AT_WRITE's), [fdatasync], renameat of name3 to name
+ *              in dfd, [fsync of dfd]; info = 1 when a failure left the file at name3.
  * Returns 0, or -EINVAL (bad slot or job), -EBUSY (slot in use), -ESHUTDOWN. */
 int at_submit(struct at_pool *p, int idx, const struct at_job *j) {
     if (!job_ok(p, idx, j)) return -EINVAL;

@@ -72,8 +72,10 @@ class Job(ctypes.Structure):
     makes one), ``name2`` in ``dfd2`` (publish by renaming that name; empty: by linkat),
     ``sync``, ``body_len`` (> 0: the worker fills in the header's checksums), ``mode`` (of a
     file it makes; 0: 0644; ``MODE_FIX`` or'ed in: set after creation too); spares: the
-    new name ``name2`` in ``dfd2``; reads: ``hashed``. ``hb``/``hb_len`` and ``buf``/``len``:
-    the header block and the payload (addresses that stay valid until the job ends).
+    new name ``name2`` in ``dfd2``; reads: ``hashed``; recycling (:data:`RECYCLE`): the
+    victim's file ``name2`` in ``dfd2``, its name ``name3`` in ``dfd`` while it is filled, the
+    namespace lock's descriptor ``fd``. ``hb``/``hb_len`` and ``buf``/``len``: the header
+    block and the payload (addresses that stay valid until the job ends).
     """
 
     _fields_ = [
