@@ -108,7 +108,7 @@ def test_bench_repeat_reports_the_median_of_verified_runs(tmp_path: Path) -> Non
 
 
 def test_bench_steady_times_offloads_into_a_full_tier_beside_the_empty_one(tmp_path: Path) -> None:
-    tiers = ["memory", "fs"] if HAS_FS else ["memory"]
+    tiers = ["memory", "fs", "nvme"] if HAS_FS else ["memory", "nvme"]
     r = invoke(*_bench_args(tmp_path, *tiers), "--no-fio", "--no-naive", "--steady")
     assert r.exit_code == 0, r.output
     report = json.loads((tmp_path / "bench.json").read_text())
@@ -116,7 +116,8 @@ def test_bench_steady_times_offloads_into_a_full_tier_beside_the_empty_one(tmp_p
     for p in report["points"]:
         assert p["ok"], p["error"]
         # half the 16 chunks fill a tier of that capacity; each of the other half evicts one
-        assert p["steady_evictions"] == 8
+        # (nvme's capacity_bytes also holds its superblock: it fits fewer, and evicts more)
+        assert p["steady_evictions"] >= 8 if p["tier"] == "nvme" else p["steady_evictions"] == 8, p
         assert p["steady"]["bytes_per_s"] > 0 and p["offload"]["bytes_per_s"] > 0
     assert "full tier" in r.output
     assert not any(p.is_file() for p in (tmp_path / "root").rglob("*"))
