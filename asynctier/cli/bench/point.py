@@ -212,7 +212,7 @@ class PointRun:
             # every chunk the tier holds is a new key (the filling ones were older); a tier whose
             # capacity_bytes also holds its own metadata (nvme's superblock) fits fewer than
             # `half`, so some new keys went too: which ones depends on the order writes ended
-            held = tier.stats().stored_chunks
+            held = tier.stats().stored_chunks or 0
             hits = await tier.lookup(keys[half:])
             if held == 0 or hits.count(True) != min(half, held):
                 raise RuntimeError(
