@@ -48,25 +48,33 @@ def _outcome(result: int, stage: int, info: int, csum: int) -> Outcome:
 _RECYCLE, _WRITE = 1, 2  # the job a store's slot runs
 
 
-class StorePath:
-    """Stores: reserve room; the write, or, into a full tier, the write into the one victim's
-    file (one recycling job); commit when it ends. Any other case continues as
-    :meth:`.native.NativeIO.store`."""
+class _Path:
+    """What both paths keep: the tier's I/O, each slot's plan, the successes to count."""
+
+    op = ""  #: the operation counted (``"offload"``, ``"load"``)
 
     def __init__(self, io: NativeIO) -> None:
         # the engine's workers hold the engine, and so this: not the tier (a tier dropped
         # without aclose() must be collected, its finalizer stops them)
         self._io = weakref.ref(io)
         self._plans: list[tuple[Any, ...] | None] = []
-        self._booked: list[float] = []  # latencies of stores ended, counted at the next flush
+        self._booked: list[float] = []  # latencies of the jobs ended, counted at the next flush
 
     def flush(self) -> None:
-        """Count the stores ended since the last flush (one lock, not one per chunk)."""
+        """Count the jobs ended since the last flush (one lock, not one per chunk)."""
         booked = self._booked
         io = self._io()
         if booked and io is not None:
             self._booked = []
-            io._tier._stats.record_each("offload", io._tier.offloading_spec.chunk_bytes, booked)
+            io._tier._stats.record_each(self.op, io._tier.offloading_spec.chunk_bytes, booked)
+
+
+class StorePath(_Path):
+    """Stores: reserve room; the write, or, into a full tier, the write into the one victim's
+    file (one recycling job); commit when it ends. Any other case continues as
+    :meth:`.native.NativeIO.store`."""
+
+    op = "offload"
 
     def plan(self, job: Job, slot: int) -> nativeio.JobFields | Continuation | None:
         # Tier._reserve_store and ChunkProtocol.write_flags written out: this runs per chunk
@@ -189,20 +197,10 @@ class StorePath:
         tier._end_store(key, t0, None)
 
 
-class LoadPath:
+class LoadPath(_Path):
     """Loads: pin the entry, one descriptor; the header and checksum checked when it ends."""
 
-    def __init__(self, io: NativeIO) -> None:
-        self._io = weakref.ref(io)  # as StorePath's
-        self._plans: list[tuple[Any, memoryview] | None] = []
-        self._booked: list[float] = []  # as StorePath's
-
-    def flush(self) -> None:
-        booked = self._booked
-        io = self._io()
-        if booked and io is not None:
-            self._booked = []
-            io._tier._stats.record_each("load", io._tier.offloading_spec.chunk_bytes, booked)
+    op = "load"
 
     def plan(self, job: Job, slot: int) -> nativeio.JobFields | Continuation | None:
         key, cid, t0 = job.args
