@@ -34,11 +34,6 @@ if TYPE_CHECKING:
 __all__ = ["LoadPath", "StorePath"]
 
 
-def _dropped() -> TierClosedError:
-    # a call in progress holds its tier: only a bug gets here
-    return TierClosedError("the fs tier was dropped")
-
-
 def _outcome(result: int, stage: int, info: int, csum: int) -> Outcome:
     if stage:
         return Outcome(Step(stage), -result)
@@ -60,6 +55,12 @@ class _Path:
         self._plans: list[tuple[Any, ...] | None] = []
         self._booked: list[float] = []  # latencies of the jobs ended, counted at the next flush
 
+    def _live(self) -> NativeIO:
+        io = self._io()
+        if io is None:  # a call in progress holds its tier: only a bug gets here
+            raise TierClosedError("the fs tier was dropped")
+        return io
+
     def flush(self) -> None:
         """Count the jobs ended since the last flush (one lock, not one per chunk)."""
         booked = self._booked
@@ -79,9 +80,7 @@ class StorePath(_Path):
     def plan(self, job: Job, slot: int) -> nativeio.JobFields | Continuation | None:
         # Tier._reserve_store and ChunkProtocol.write_flags written out: this runs per chunk
         key, cid, t0 = job.args
-        io = self._io()
-        if io is None:
-            raise _dropped()
+        io = self._live()
         tier = io._tier
         try:
             victims = tier.index.reserve(key, tier._chunk_size)
@@ -129,9 +128,7 @@ class StorePath(_Path):
         key, cid, t0 = job.args
         step, data, victims, plan, sj = self._plans[slot]  # type: ignore[misc]
         self._plans[slot] = None
-        io = self._io()
-        if io is None:
-            raise _dropped()
+        io = self._live()
         tier = io._tier
         if step == _RECYCLE:
             return self._recycled(io, key, cid, t0, data, victims, plan, sj, result, stage, info)
@@ -204,9 +201,7 @@ class LoadPath(_Path):
 
     def plan(self, job: Job, slot: int) -> nativeio.JobFields | Continuation | None:
         key, cid, t0 = job.args
-        io = self._io()
-        if io is None:
-            raise _dropped()
+        io = self._live()
         tier = io._tier
         if tier.index_incomplete:  # a miss is looked up on disk: on a thread
             return partial(io.load_job, key, cid, t0)
@@ -239,9 +234,7 @@ class LoadPath(_Path):
         key, _, t0 = job.args
         entry, out = self._plans[slot]  # type: ignore[misc]
         self._plans[slot] = None
-        io = self._io()
-        if io is None:
-            raise _dropped()
+        io = self._live()
         tier = io._tier
         try:
             if stage == Step.OPEN and result == -errno.ENOENT:
