@@ -135,10 +135,7 @@ class StorePath(_Path):
         if plan.fd >= 0:  # ChunkProtocol.release: the file made ahead or taken over is closed
             os.close(plan.fd)
             plan.fd = -1
-        if not stage and not info:
-            if victims:
-                tier._stats.incr("recycled")  # ChunkProtocol.stored
-                tier._removed(victims)
+        if not stage and not info:  # (a write planned here evicts nothing: victims go to _RECYCLE)
             tier.index.commit(key)  # Tier._end_store, its count at the next flush
             self._booked.append(perf_counter() - t0)
             return None
