@@ -299,7 +299,7 @@ static void run_write(struct at_op *op, struct at_res *r) {
 }
 
 /* Whether no open file description but `lock_fd`'s holds a lock on its file (tiers/fs/owners.py:
- * every open tier holds a shared lock there); -1 if it cannot be told. */
+ * every open tier holds a shared lock there); 0 where that cannot be told (nothing is recycled). */
 static int alone(int lock_fd) {
     if (lock_fd < 0) return 0;
     struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = 0, .l_len = 1};
