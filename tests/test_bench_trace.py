@@ -28,14 +28,6 @@ TINY = ["--conversations", "12", "--turns", "3", "--prefixes", "4", "--prefix-ch
 TINY += ["--chunk-kib", "4", "--concurrency", "1", "--seed", "7", "--memory-chunks", "16", "--disk-chunks", "32"]
 
 
-def _has_chain() -> bool:
-    try:
-        SecondaryTierFactory.get_tier_class({"type": "chain"})
-    except Exception:
-        return False
-    return True
-
-
 def _has_obj() -> bool:
     try:
         SecondaryTierFactory.get_tier_class({"type": "obj"})
@@ -151,7 +143,6 @@ def test_bench_trace_reports_figures_that_add_up_and_repeat_under_a_seed(tmp_pat
     assert not (tmp_path / "b" / "trace.png").exists()
 
 
-@pytest.mark.skipif(not _has_chain(), reason="the chain tier is not on this branch yet")
 def test_bench_trace_through_chains_serves_each_hit_from_one_tier(tmp_path: Path) -> None:
     runs = ["memory+fs:through", "memory+nvme"] + (["memory+fs+obj:through"] if _has_obj() else [])
     report = _run(tmp_path, runs, "--no-plot")

@@ -603,14 +603,6 @@ def test_import_asynctier_does_not_import_the_command_line() -> None:
 # -- chains: a tier of tiers from --tier chain and from a tier file --------------------------------
 
 
-def _has_chain() -> bool:
-    try:
-        SecondaryTierFactory.get_tier_class({"type": "chain"})
-    except Exception:
-        return False
-    return True
-
-
 CHAIN_TOML = """
 [tiers.kv]
 type = "chain"
@@ -653,7 +645,6 @@ def test_chain_configs_get_sizes_placeholders_and_defaults_at_every_level(tmp_pa
     ]
 
 
-@pytest.mark.skipif(not _has_chain(), reason="the chain tier is not on this branch yet")
 def test_bench_runs_a_chain_by_type_and_from_a_tier_file(tmp_path: Path) -> None:
     toml = tmp_path / "chain.toml"
     toml.write_text(
