@@ -554,7 +554,8 @@ async def test_files_made_ahead_are_used_and_closed(tmp_path: Path, io_engine: s
         make_tier(tmp_path, tmpfile_pool=-1)
 
 
-def test_a_held_pool_makes_no_files_until_released(tmp_path: Path) -> None:
+def test_a_held_pool_makes_no_files_until_released(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("asynctier.tiers.fs.pool.POOL_HOLD_POLL_S", 0.05)  # how often a held pool asks again
     held = True
     dfd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
     pool = TmpfilePool([dfd], os.O_WRONLY, 4, "test-pool", lambda: held)
@@ -562,7 +563,6 @@ def test_a_held_pool_makes_no_files_until_released(tmp_path: Path) -> None:
         time.sleep(0.3)  # unheld, the thread makes 4 files in well under a millisecond each
         assert pool.ready == 0, "made files while held"
         held = False
-        pool.wake()
         for _ in range(500):
             if pool.ready == 4:
                 break

@@ -13,7 +13,7 @@ __all__ = ["O_TMPFILE", "POOL_HOLD_POLL_S", "POOL_TARGET", "TmpfilePool", "close
 O_TMPFILE: int = getattr(os, "O_TMPFILE", 0)
 #: tmpfile_pool=None: unnamed files kept made ahead (one descriptor each).
 POOL_TARGET = 64
-#: A held pool looks again this often unless woken (:meth:`TmpfilePool.wake`).
+#: A held pool asks its ``hold`` again this often.
 POOL_HOLD_POLL_S = 1.0
 
 
@@ -48,7 +48,7 @@ class TmpfilePool:
         self._cv = threading.Condition()
         self._stop = False
         self._wants_room = False  # the thread waits for a take (the pool is full)
-        self._held = False  # the thread waits for wake() (hold() said so)
+        self._held = False  # the thread waits, hold() said so (it asks again every POOL_HOLD_POLL_S)
         self._thread = threading.Thread(target=self._fill, name=name, daemon=True)
         self._thread.start()
 
@@ -62,12 +62,6 @@ class TmpfilePool:
             with self._cv:
                 self._cv.notify()
         return fd
-
-    def wake(self) -> None:
-        """Have a held thread look at ``hold`` again now (the tier went idle)."""
-        if self._held:
-            with self._cv:
-                self._cv.notify()
 
     @property
     def ready(self) -> int:
@@ -86,10 +80,9 @@ class TmpfilePool:
                 self._wants_room = False
                 if self._stop:
                     return
-                # set before hold() is asked: a wake() after a busy answer finds it set
                 self._held = True
                 if self._hold is not None and self._hold():
-                    self._cv.wait(POOL_HOLD_POLL_S)  # ended early by wake() or close()
+                    self._cv.wait(POOL_HOLD_POLL_S)  # ended early by close()
                     self._held = False
                     continue
                 self._held = False
