@@ -183,27 +183,18 @@ class StatsRecorder:
     def record_successes(self, op: str, n: int, nbytes: int, latency_s: float, *, skipped: int = 0) -> None:
         """Count ``n`` chunks of ``nbytes`` each that succeeded together (one batched job, so
         one latency for all) and ``skipped`` offloads of chunks already stored; one lock."""
+        self.record_each(op, nbytes, [latency_s] * (n + skipped), skipped=skipped)
+
+    def record_each(self, op: str, nbytes: int, latencies: list[float], *, skipped: int = 0) -> None:
+        """Count one chunk of ``nbytes`` that succeeded per latency in ``latencies`` (an
+        engine's jobs booked together, each with its own latency), the last ``skipped`` of
+        them offloads of chunks already stored; one lock."""
+        n = len(latencies) - skipped
         with self._lock:
             if op == "offload":
                 self.offloaded += n
                 self.bytes_written += n * nbytes
                 self.skipped += skipped
-            elif op == "load":
-                self.loaded += n
-                self.bytes_read += n * nbytes
-            lat = self._lat.get(op)
-            if lat is not None:
-                for _ in range(n + skipped):
-                    lat.add(latency_s)
-
-    def record_each(self, op: str, nbytes: int, latencies: list[float]) -> None:
-        """Count one chunk of ``nbytes`` that succeeded per latency in ``latencies`` (an
-        engine's jobs booked together, each with its own latency); one lock."""
-        n = len(latencies)
-        with self._lock:
-            if op == "offload":
-                self.offloaded += n
-                self.bytes_written += n * nbytes
             elif op == "load":
                 self.loaded += n
                 self.bytes_read += n * nbytes
