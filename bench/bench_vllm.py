@@ -68,10 +68,12 @@ TIMED = ("lookup", "submit_store", "submit_load", "get_finished_jobs", "on_sched
 
 
 def tier_configs(
-    d: Path, chunk: int, nchunks: int, variants: dict[str, dict[str, Any]] | None = None
-) -> dict[str, dict[str, Any]]:
+    d: Path, chunk: int, nchunks: int, variants: dict[str, dict[str, Any]] | None = None,
+    nvme_variants: dict[str, dict[str, Any]] | None = None,
+) -> dict[str, dict[str, Any]]:  # fmt: skip
     """The tiers to compare; ``variants``: more asynctier fs tiers, by name suffix, each with
-    these fs config keys added (``{"verify": False}``, ...)."""
+    these fs config keys added (``{"verify": False}``, ...); ``nvme_variants``: the same for
+    nvme tiers (``{"io_engine": "threads"}``)."""
     adapter = {"type": "AsynctierTier", "module_path": "asynctier.integrations.vllm"}
     slot = 4096 + -(-chunk // 4096) * 4096
     tiers: dict[str, dict[str, Any]] = {
@@ -86,6 +88,11 @@ def tier_configs(
         tiers[f"asynctier fs {suffix}"] = {
             **adapter,
             "tier": {"type": "fs", "root": str(d / f"asynctier-fs-v{i}"), **extra},
+        }
+    for i, (suffix, extra) in enumerate((nvme_variants or {}).items()):
+        tiers[f"asynctier nvme {suffix}"] = {
+            **adapter,
+            "tier": {**tiers["asynctier nvme"]["tier"], "path": str(d / f"asynctier-nvme-v{i}.slab"), **extra},
         }
     return tiers
 
@@ -309,7 +316,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         nchunks = max(args.batch, args.mib * MiB // chunk)
         runs: dict[str, list[dict[str, Any]]] = {}
         for rep in range(args.repeat):
-            for name, config in tier_configs(base / f"rep{rep}", chunk, nchunks, args.fs_variant).items():
+            for name, config in tier_configs(
+                base / f"rep{rep}", chunk, nchunks, args.fs_variant, args.nvme_variant
+            ).items():
                 if args.tiers and name not in args.tiers:
                     continue
                 d = base / f"rep{rep}"
@@ -448,9 +457,19 @@ def main(argv: list[str] | None = None) -> None:
         help='one more asynctier fs tier, named "asynctier fs NAME", with these fs config keys: '
         "verify-off='{\"verify\": false}' (repeatable)",
     )
+    ap.add_argument(
+        "--nvme-variant",
+        action="append",
+        type=_variant,
+        default=[],
+        metavar="NAME=JSON",
+        help='one more asynctier nvme tier, named "asynctier nvme NAME", with these nvme config keys: '
+        'threads=\'{"io_engine": "threads"}\' (repeatable)',
+    )
     ap.add_argument("--out", default=str(ROOT / "bench" / "results"), help="directory for vllm.json and vllm.md")
     args = ap.parse_args(argv)
     args.fs_variant = dict(args.fs_variant)
+    args.nvme_variant = dict(args.nvme_variant)
     report = run(args)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

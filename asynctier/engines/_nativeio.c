@@ -1,4 +1,4 @@
-/* Native I/O workers for the fs tier (asynctier.nativeio loads this with ctypes).
+/* Native I/O workers for the fs and nvme tiers (asynctier.engines.native loads this with ctypes).
  *
  * Why C: from Python threads, each chunk pays the job queue, a thread wake-up and a GIL
  * hand-off per system call, which C threads do not (figures: docs/benchmarks.md). Here a
@@ -8,7 +8,8 @@
  *
  * Plain C (no Python.h): the pool is driven through ctypes, and the interpreter is never
  * touched from these threads. A job is described by a `struct at_job` (the fs tier's plan
- * of one store, load, spare or unlink: tiers/fs/protocol.py), passed by pointer and copied
+ * of one store, load, spare or unlink: tiers/fs/protocol.py; or the read of one nvme slot:
+ * tiers/nvme/fast.py), passed by pointer and copied
  * into a fixed table of `nops` slots owned by the caller's side; a slot is queued by
  * at_submit, run by one worker, and reported once through the completion ring (its index)
  * and the eventfd. Anything but the plain case (an error of any kind, a short file) is
@@ -84,6 +85,7 @@ struct at_job {
     size_t hb_len;
     void *buf;
     size_t len;
+    int64_t off; /* reads of a given file (fd >= 0): where the header block starts in it */
     char name[NAME_MAX_LEN];
     char name2[NAME_MAX_LEN]; /* writes: publish by renaming this (the file's name); spares: the new name */
     char name3[NAME_MAX_LEN]; /* recycling: the victim's file's name while it is overwritten (in dfd) */
@@ -134,11 +136,12 @@ struct at_pool {
     xxh3_fn xxh3;
 };
 
-static int64_t move_all(int fd, int write, struct iovec *iov, int cnt, size_t total) {
-    /* one preadv/pwritev for the whole chunk; loops on short transfers (EOF ends a read) */
+static int64_t move_all(int fd, int write, struct iovec *iov, int cnt, size_t total, int64_t base) {
+    /* one preadv/pwritev for the whole chunk, from `base` on; loops on short transfers (EOF ends a read) */
     size_t done = 0;
     while (done < total) {
-        ssize_t n = write ? pwritev(fd, iov, cnt, (off_t)done) : preadv(fd, iov, cnt, (off_t)done);
+        off_t at = (off_t)(base + (int64_t)done);
+        ssize_t n = write ? pwritev(fd, iov, cnt, at) : preadv(fd, iov, cnt, at);
         if (n < 0) {
             if (errno == EINTR) continue;
             return -errno;
@@ -192,13 +195,15 @@ static int open_regular(int dfd, const char *name, int flags, struct at_res *r) 
     return fd;
 }
 
+/* A chunk file opened by name, read from its start; or, with fd >= 0, the caller's open file
+ * (a slab: tiers/nvme) read at `off`, and left open. */
 static void run_read(struct at_op *op, struct at_res *r) {
     struct at_job *j = &op->job;
-    int fd = open_regular(j->dfd, j->name, j->flags, r);
+    int fd = j->fd >= 0 ? j->fd : open_regular(j->dfd, j->name, j->flags, r);
     if (fd < 0) return;
     struct iovec iov[2] = {{j->hb, j->hb_len}, {j->buf, j->len}};
-    int64_t got = move_all(fd, 0, iov, 2, j->hb_len + j->len);
-    close(fd);
+    int64_t got = move_all(fd, 0, iov, 2, j->hb_len + j->len, j->fd >= 0 ? j->off : 0);
+    if (j->fd < 0) close(fd);
     r->result = got;
     if (got < 0) r->stage = ST_IO;
 }
@@ -260,7 +265,7 @@ static void run_write(struct at_op *op, struct at_res *r) {
     struct at_job *j = &op->job;
     int fd = j->fd >= 0 ? j->fd : op->fd;
     struct iovec iov[2] = {{j->hb, j->hb_len}, {j->buf, j->len}};
-    int64_t n = move_all(fd, 1, iov, 2, j->hb_len + j->len);
+    int64_t n = move_all(fd, 1, iov, 2, j->hb_len + j->len, 0);
     int stage = 0;
     int64_t err = 0;
     if (n < 0) {
@@ -327,7 +332,7 @@ static void run_recycle(struct at_op *op, struct at_res *r) {
         if (!alone(j->fd)) {
             stage = ST_SHARED;
             err = -EBUSY;
-        } else if ((n = move_all(fd, 1, iov, 2, j->hb_len + j->len)) < 0) {
+        } else if ((n = move_all(fd, 1, iov, 2, j->hb_len + j->len, 0)) < 0) {
             stage = ST_IO;
             err = n;
         } else if (j->sync && fdatasync(fd) != 0) {

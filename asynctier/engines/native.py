@@ -74,8 +74,9 @@ class Job(ctypes.Structure):
     file it makes; 0: 0644; ``MODE_FIX`` or'ed in: set after creation too); spares: the
     new name ``name2`` in ``dfd2``; reads: ``hashed``; recycling (:data:`RECYCLE`): the
     victim's file ``name2`` in ``dfd2``, its name ``name3`` in ``dfd`` while it is filled, the
-    namespace lock's descriptor ``fd``. ``hb``/``hb_len`` and ``buf``/``len``: the header
-    block and the payload (addresses that stay valid until the job ends).
+    namespace lock's descriptor ``fd``; reads of a file the caller holds open (an nvme slab):
+    ``fd`` >= 0 and the byte offset ``off`` (no name). ``hb``/``hb_len`` and ``buf``/``len``:
+    the header block and the payload (addresses that stay valid until the job ends).
     """
 
     _fields_ = [
@@ -95,6 +96,7 @@ class Job(ctypes.Structure):
         ("hb_len", ctypes.c_size_t),
         ("buf", ctypes.c_void_p),
         ("len", ctypes.c_size_t),
+        ("off", ctypes.c_int64),
         ("name", ctypes.c_char * _NAME_MAX),
         ("name2", ctypes.c_char * _NAME_MAX),
         ("name3", ctypes.c_char * _NAME_MAX),
@@ -119,30 +121,31 @@ def job(
     body_len: int = 0,
     hashed: bool = False,
     mode: int = 0,
+    off: int = 0,
 ) -> Job:
     """A :class:`Job`; a name that does not fit the descriptor is refused here (OSError)."""
     if len(name) >= _NAME_MAX or len(name2) >= _NAME_MAX:
         raise OSError(errno.ENAMETOOLONG, f"native I/O job refused: a name of {_NAME_MAX} bytes or more")
     return Job(-1, 0, kind, prio, dfd, flags, fd, dfd2, int(sync), int(hashed), body_len, mode, hb or None,
-               hb_len, buf or None, n, name, name2, b"")  # fmt: skip
+               hb_len, buf or None, n, off, name, name2, b"")  # fmt: skip
 
 
 #: A job's fields in :class:`Job`'s order without ``group`` and ``pad`` (the hot path's
 #: form: a tuple, packed straight into the pool's submission table).
-JobFields = tuple[int, int, int, int, int, int, int, int, int, int, int, int, int, int, bytes, bytes, bytes]
-_JOB_LAYOUT = struct.Struct("<12i4Q256s256s256s")
+JobFields = tuple[int, int, int, int, int, int, int, int, int, int, int, int, int, int, int, bytes, bytes, bytes]
+_JOB_LAYOUT = struct.Struct("<12i4Qq256s256s256s")
 
 
 def fields(
     kind: int, prio: int, dfd: int, name: bytes, *, flags: int = 0, fd: int = -1, dfd2: int = -1,
     name2: bytes = b"", sync: bool = False, hb: int = 0, hb_len: int = 0, buf: int = 0, n: int = 0,
-    body_len: int = 0, hashed: bool = False, mode: int = 0,
+    body_len: int = 0, hashed: bool = False, mode: int = 0, off: int = 0,
 ) -> JobFields:  # fmt: skip
     """:func:`job` as :data:`JobFields`, for :meth:`NativePool.submit_many`."""
     if len(name) >= _NAME_MAX or len(name2) >= _NAME_MAX:
         raise OSError(errno.ENAMETOOLONG, f"native I/O job refused: a name of {_NAME_MAX} bytes or more")
-    return (kind, prio, dfd, flags, fd, dfd2, int(sync), int(hashed), body_len, mode, hb, hb_len, buf, n, name, name2,
-            b"")  # fmt: skip
+    return (kind, prio, dfd, flags, fd, dfd2, int(sync), int(hashed), body_len, mode, hb, hb_len, buf, n, off, name,
+            name2, b"")  # fmt: skip
 
 
 class _Result(ctypes.Structure):

@@ -217,7 +217,7 @@ class LoadPath(_Path):
             io._hb_used[slot] = HEADER_BLOCK  # NativeIO.hb_read_into
             # nativeio.fields written out (names are short: a key's token)
             fields = (nativeio.READ, PRIO_LOAD, dfd, flags, -1, -1, 0, int(tier.verify), 0, 0,
-                      io._hb_addr + slot * HEADER_BLOCK, HEADER_BLOCK, addr, n, name.encode(), b"", b"")  # fmt: skip
+                      io._hb_addr + slot * HEADER_BLOCK, HEADER_BLOCK, addr, n, 0, name.encode(), b"", b"")  # fmt: skip
         except BaseException as e:
             tier._end_load(key, t0, e, entry)
             raise

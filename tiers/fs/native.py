@@ -176,7 +176,7 @@ class NativeIO:
         """The descriptor of the one-job store :meth:`.protocol.ChunkProtocol.recycle` plans."""
         size = self._put_header(slot, job.header)
         return (nativeio.RECYCLE, PRIO_STORE, job.dfd, sj.flags, self._tier._lock_fd, sj.dfd, int(job.sync), 0,
-                size - 8, 0, self._hb_addr + slot * HEADER_BLOCK, HEADER_BLOCK, addr, n, job.name.encode(),
+                size - 8, 0, self._hb_addr + slot * HEADER_BLOCK, HEADER_BLOCK, addr, n, 0, job.name.encode(),
                 sj.name.encode(), sj.temp.encode())  # fmt: skip
 
     def store_fields(self, slot: int, job: StoreJob, addr: int, n: int) -> nativeio.JobFields:
@@ -186,7 +186,7 @@ class NativeIO:
         # nativeio.fields written out (per chunk); the names are a key's token and a short temporary name
         mode = proto.file_mode | (nativeio.MODE_FIX if proto.fix_mode else 0)
         return (nativeio.WRITE, PRIO_STORE, job.dfd, job.flags, job.fd, job.dfd if job.temp else -1, int(job.sync),
-                0, size - 8 if job.fill else 0, mode, self._hb_addr + slot * HEADER_BLOCK, HEADER_BLOCK, addr, n,
+                0, size - 8 if job.fill else 0, mode, self._hb_addr + slot * HEADER_BLOCK, HEADER_BLOCK, addr, n, 0,
                 job.name.encode(), job.temp.encode(), b"")  # fmt: skip
 
     def _store_again(self, job: StoreJob, out: Outcome, data: memoryview) -> None:

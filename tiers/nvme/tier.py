@@ -6,18 +6,23 @@ from __future__ import annotations
 
 import os
 import stat
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import anyio
 
 from asynctier import IntegrityError, TierConfigError
+from asynctier.core.ops import Op
 from asynctier.core.validation import check_bool, check_keys, check_path, permission_bits
+from asynctier.engines import Engine
+from asynctier.engines import native as nativeio
+from asynctier.engines.native_engine import NativeEngine
 from asynctier.integrity import checksum, pack_header
 from asynctier.io_engine import check_io_engine
 
 from .catalog import Catalog
+from .fast import LoadPath
 from .files import IndexDir
 from .groups import CoalescedJobs
 from .slab import SlabSet
@@ -50,9 +55,13 @@ class NvmeTier(CoalescedJobs):
             (a slab of another namespace, chunk size or capacity, or a file or device that is
             not a slab); default False: refuse with an error saying what is there. A slab set
             of this layout is reused either way.
-        io_engine: ``"auto"`` (default) or ``"threads"``: ``preadv``/``pwritev`` on
-            ``max_inflight`` worker threads (``"psync"``, the former name, still works with a
-            DeprecationWarning). The nvme tier has no native engine.
+        io_engine: ``"auto"`` (default), ``"native"`` or ``"threads"``. ``"threads"``:
+            ``preadv``/``pwritev`` on ``max_inflight`` Python worker threads (``"psync"``, the
+            former name, still works with a DeprecationWarning). ``"native"``: loads run as
+            one job per chunk on C worker threads (the fs tier's), which read and hash a slot
+            without the GIL; stores and the rest stay on threads. ``"auto"``: native where
+            the native workers are available (:func:`asynctier.engines.native.problem`), else
+            threads.
         file_mode: permission bits of every file the tier creates (slab files, checkpoint,
             journal; an int, default ``0o600``), set exactly whatever the umask.
         dir_mode: permission bits of every directory it creates (default ``0o700``). A slab's
@@ -100,16 +109,12 @@ class NvmeTier(CoalescedJobs):
         if isinstance(coalesce_bytes, bool) or not isinstance(coalesce_bytes, int) or coalesce_bytes < 0:
             raise TierConfigError(f"coalesce_bytes must be an int >= 0; got {coalesce_bytes!r}")
         self.coalesce_bytes = coalesce_bytes
-        if isinstance(io_engine, str) and io_engine == "native":
-            raise TierConfigError(
-                "nvme: io_engine='native' is not available: the nvme tier runs on the threads engine; "
-                "accepted: 'auto', 'threads'"
-            )
-        self.io_engine = check_io_engine("nvme", io_engine, supported=("auto", "threads"))
+        self.io_engine = check_io_engine("nvme", io_engine)
         self._slabs = SlabSet(self.paths, direct_io=direct_io, preallocate=preallocate, count=self._stats.incr,
                               file_mode=file_mode, dir_mode=dir_mode)  # fmt: skip
         self._catalog = None
         self._zc_all = False
+        self._native: NativeEngine | None = None
 
     # -- geometry ------------------------------------------------------------------------------
     def stored_size(self) -> int:
@@ -125,8 +130,33 @@ class NvmeTier(CoalescedJobs):
 
     @property
     def active_io_engine(self) -> str:
-        """The engine moving slots: always ``"threads"`` (what ``"auto"`` resolves to)."""
-        return "threads"
+        """``"native"`` or ``"threads"``: what ``io_engine`` resolved to at ``open()``."""
+        return "native" if self._native is not None else "threads"
+
+    # -- engines -------------------------------------------------------------------------------
+    def make_engine(self) -> Engine:
+        self._native = None
+        why = nativeio.problem()
+        if self.io_engine == "native" and why is not None:
+            raise TierConfigError(f"io_engine='native' but native I/O workers are unavailable here: {why}")
+        if self.io_engine == "threads" or why is not None:
+            return super().make_engine()
+        engine = self._native = NativeEngine(self.max_inflight or 1, name=f"asynctier-{self.tier_type}")
+        engine.fast[Op.LOAD] = LoadPath(self, engine)
+        return engine
+
+    def job_body(self, op: Op) -> Callable[..., Any]:
+        body = super().job_body(op)
+        return body if self._native is None else self.on_thread(body, self._native.blocking)
+
+    def group_size(self, op: str, n: int) -> int:
+        if self._native is not None and op == Op.LOAD:
+            return 1  # one worker job per chunk: no group of slots to hold a thread for
+        return super().group_size(op, n)
+
+    def group_body(self, op: str) -> Callable[..., Any]:
+        body = super().group_body(op)
+        return body if self._native is None else self.on_thread(body, self._native.blocking)
 
     # -- open / close --------------------------------------------------------------------------
     def open_medium(self) -> None:

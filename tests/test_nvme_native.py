@@ -1,0 +1,173 @@
+"""The nvme tier's loads on the native engine (tiers/nvme/fast.py): one C worker job per
+chunk, planned and checked on the loop thread; anything but the plain case read again on a
+thread. Conformance on this engine: TestNvmeTierAligned in test_nvme.py (``"auto"``)."""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+
+import anyio
+import pytest
+from nvme_helpers import CHUNK, chunk_at, damage_slot, fill, make
+
+from asynctier import ChunkNotFoundError, IntegrityError
+from asynctier.engines import native as nativeio
+from asynctier.engines.native_engine import NativeEngine
+from asynctier.tiers.nvme import NvmeTier
+
+pytestmark = pytest.mark.skipif(nativeio.problem() is not None, reason=f"no native workers: {nativeio.problem()}")
+
+
+async def test_loads_run_on_the_workers_and_count_once_per_batch(tmp_path: Path) -> None:
+    tier, view = make(tmp_path / "n.slab", io_engine="native", max_inflight=4)
+    async with tier:
+        engine = tier._engine
+        assert isinstance(engine, NativeEngine) and tier.active_io_engine == "native"
+        data = fill(view, CHUNK, 1)
+        keys = [b"n%d" % i for i in range(8)]
+        assert (await tier.offload(keys, list(range(8)))).ok
+        view[:] = bytes(view.nbytes)
+        before = engine.wakeups
+        res = await tier.load(keys, list(range(15, 7, -1)))
+        assert res.ok and res.bytes_transferred == 8 * CHUNK
+        assert [chunk_at(view, CHUNK, 15 - i) for i in range(8)] == data[:8]
+        assert engine.wakeups > before  # the workers reported them, not a thread
+        st = tier.stats()
+        assert st.loaded == 8 and st.bytes_read == 8 * CHUNK
+        assert st.extra.get("native_retries", 0) == 0 and st.extra.get("bounce_copies", 0) == 0
+        cat = tier._catalog
+        assert cat is not None and not cat.index.pins  # every slot unpinned after the batch
+
+
+async def test_a_missing_key_fails_that_chunk_only(tmp_path: Path) -> None:
+    tier, view = make(tmp_path / "m.slab", io_engine="native")
+    async with tier:
+        fill(view, CHUNK, 2)
+        assert (await tier.offload([b"here"], [0])).ok
+        res = await tier.load([b"here", b"gone"], [1, 2])
+        assert res.succeeded == [b"here"] and isinstance(res.failed[b"gone"], ChunkNotFoundError)
+        assert tier.stats().failures.get("not_found") == 1
+
+
+@pytest.mark.parametrize("how", ["flip", "truncate"])
+@pytest.mark.parametrize("verify", [True, False], ids=["verify", "no-verify"])
+async def test_a_bad_slot_is_read_again_on_a_thread_reported_and_dropped(
+    tmp_path: Path, how: str, verify: bool
+) -> None:
+    tier, view = make(tmp_path / "b.slab", io_engine="native", verify=verify)
+    async with tier:
+        data = fill(view, CHUNK, 3)
+        assert (await tier.offload([b"good", b"bad"], [0, 1])).ok
+        damage_slot(tier, b"bad", how)
+        view[:] = bytes(view.nbytes)
+        res = await tier.load([b"good", b"bad"], [2, 3])
+        assert chunk_at(view, CHUNK, 2) == data[0]
+        if not verify:  # the header still matches: a payload's bytes are not checked
+            assert res.ok
+            assert tier.stats().extra.get("native_retries", 0) == 0
+            return
+        assert res.succeeded == [b"good"] and isinstance(res.failed[b"bad"], IntegrityError)
+        assert tier.stats().extra["native_retries"] == 1
+        assert await tier.lookup([b"good", b"bad"]) == [True, False]  # the bad copy went
+
+
+async def test_a_damaged_header_is_caught_without_verify(tmp_path: Path) -> None:
+    tier, view = make(tmp_path / "h.slab", io_engine="native", verify=False)
+    async with tier:
+        fill(view, CHUNK, 4)
+        assert (await tier.offload([b"a", b"b"], [0, 1])).ok
+        cat = tier._catalog
+        assert cat is not None
+        # another key's header in this key's slot: the header says so
+        _copy_header(tier, cat.index.entries[b"b"], cat.index.entries[b"a"])
+        res = await tier.load([b"a"], [2])
+        assert isinstance(res.failed[b"a"], IntegrityError)
+        assert tier.stats().extra["native_retries"] == 1
+
+
+async def test_a_busy_index_sends_the_load_to_a_thread_and_the_loop_never_waits(tmp_path: Path) -> None:
+    """The index lock is held across a checkpoint's snapshot and journal rotation: a load
+    that finds it taken is read on a slow-path thread (which may wait for it), not planned on
+    the loop thread."""
+    tier, view = make(tmp_path / "l.slab", io_engine="native")
+    async with tier:
+        data = fill(view, CHUNK, 5)
+        assert (await tier.offload([b"x", b"y"], [0, 1])).ok
+        cat = tier._catalog
+        assert cat is not None
+        taken, release = threading.Event(), threading.Event()
+
+        def hold() -> None:
+            with cat.index.lock:
+                taken.set()
+                release.wait(30)
+
+        holder = threading.Thread(target=hold)
+        holder.start()
+        try:
+            assert await anyio.to_thread.run_sync(taken.wait, 30)
+            view[:] = bytes(view.nbytes)
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(tier.load, [b"x", b"y"], [2, 3])
+                await anyio.wait_all_tasks_blocked()  # the loop runs: planning did not wait for the lock
+                assert tier.stats().extra["native_index_busy"] == 2
+                release.set()
+        finally:
+            release.set()
+            holder.join()
+        assert [chunk_at(view, CHUNK, 2), chunk_at(view, CHUNK, 3)] == data[:2]
+        assert tier.stats().loaded == 2 and not cat.index.pins
+
+
+def _copy_header(tier: NvmeTier, src: int, dst: int) -> None:
+    """Write slot ``src``'s header block over slot ``dst``'s, on the medium."""
+    _, off_src = tier._slabs.locate(src)
+    _, off_dst = tier._slabs.locate(dst)
+    fd = os.open(tier.paths[0], os.O_RDWR)  # not the tier's descriptor: that one is O_DIRECT
+    try:
+        os.pwrite(fd, os.pread(fd, tier._slabs.hdr_area, off_src), off_dst)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+async def test_an_unaligned_primary_buffer_loads_on_threads(tmp_path: Path) -> None:
+    """No O_DIRECT straight into the caller's chunk: the bounce path, on slow-path threads."""
+    tier, view = make(tmp_path / "u.slab", io_engine="native", aligned_view=False)
+    async with tier:
+        data = fill(view, CHUNK, 6)
+        assert (await tier.offload([b"u0", b"u1"], [0, 1])).ok
+        view[:] = bytes(view.nbytes)
+        assert (await tier.load([b"u0", b"u1"], [5, 4])).ok
+        assert [chunk_at(view, CHUNK, 5), chunk_at(view, CHUNK, 4)] == data[:2]
+        assert tier.stats().extra["bounce_copies"] == 4  # two stores, two loads
+
+
+async def test_loads_stay_correct_while_stores_evict_around_them(tmp_path: Path) -> None:
+    """Loads pin their slots on the loop thread while group stores on threads evict: no
+    load ever returns another key's bytes, and every pin is released."""
+    tier, view = make(tmp_path / "e.slab", io_engine="native", slots=24, nchunks=16)
+    async with tier:
+        fill(view, CHUNK, 7)
+        keys = [b"e%d" % i for i in range(8)]
+        assert (await tier.offload(keys, list(range(8)))).ok
+        expect = [chunk_at(view, CHUNK, i) for i in range(8)]
+
+        async def churn() -> None:
+            for r in range(6):
+                more = [b"c%d-%d" % (r, i) for i in range(8)]
+                await tier.offload(more, list(range(8)))
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(churn)
+            for _ in range(6):
+                res = await tier.load(keys, list(range(8, 16)))
+                for i, k in enumerate(keys):
+                    if k in res.succeeded:
+                        assert chunk_at(view, CHUNK, 8 + i) == expect[i]
+                    else:
+                        assert isinstance(res.failed[k], ChunkNotFoundError)  # evicted meanwhile
+        cat = tier._catalog
+        assert cat is not None and not cat.index.pins
