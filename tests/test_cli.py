@@ -308,6 +308,120 @@ def test_fsck_says_when_the_root_or_the_layout_is_not_there_and_creates_nothing(
     assert r.exit_code in (1, 2) and "Traceback" not in r.output and isinstance(r.exception, SystemExit), r.output
 
 
+# a chain with every key the chain keeps for itself (write, backlog_chunks; an entry's name, admit,
+# deadline_s, breaker): fs refuses an unknown parameter, so one passed on to it fails the check
+_CHAIN_OF_FS = {
+    "type": "chain",
+    "write": "back",
+    "backlog_chunks": 64,
+    "tiers": [
+        {"type": "memory"},
+        {"type": "fs", "name": "disk", "admit": "all", "deadline_s": 5.0, "breaker": {"threshold": 3}},
+    ],
+}
+_CHAIN_TOML = """[spec]
+chunk_bytes = "64K"
+namespace = "{ns}"
+
+[tiers.kv]
+type = "chain"
+write = "back"
+backlog_chunks = 64
+[[tiers.kv.tiers]]
+{first}
+[[tiers.kv.tiers]]
+{second}
+"""
+_DISK_TOML = 'type = "fs"\nroot = "{root}"\nname = "disk"\nadmit = "all"\ndeadline_s = 5.0\nbreaker = {{threshold = 3}}'
+_SKIPPED = "not checked: it holds nothing across processes"
+
+
+def test_fsck_checks_a_chain_member_by_member_and_skips_its_memory_tier(tmp_path: Path) -> None:
+    root = tmp_path / "disk"
+    root.mkdir()
+    config = {**_CHAIN_OF_FS, "tiers": [_CHAIN_OF_FS["tiers"][0], {**_CHAIN_OF_FS["tiers"][1], "root": str(root)}]}
+    payloads = asyncio.run(_fill(config, 6))  # write-back: the chain's aclose() writes what is queued to fs
+    cfg = tmp_path / "tier.toml"
+    cfg.write_text(_CHAIN_TOML.format(ns=NAMESPACE, first='type = "memory"', second=_DISK_TOML.format(root=root)))
+
+    r = invoke("fsck", "--config", str(cfg))
+    assert r.exit_code == 0, r.output
+    assert f"kv.tiers[0] (memory): {_SKIPPED}" in r.output
+    assert "kv.tiers[1] (disk): 6 chunks checked, 6 good, 0 bad: clean" in r.output
+
+    victim = _corrupt_on_medium(root, payloads[2])
+    r = invoke("fsck", "--config", str(cfg), "--tier", "kv", "--json")
+    assert r.exit_code == 1, r.output
+    mem, disk = json.loads(r.output)
+    assert mem["tier"] == "kv.tiers[0]" and mem["member"] == "memory" and mem["clean"] and mem["checked"] == 0
+    assert "holds nothing across processes" in mem["skipped"]
+    assert (disk["tier"], disk["member"], disk["skipped"], disk["checked"]) == ("kv.tiers[1]", "disk", None, 6)
+    assert list(disk["bad"]) == [b"fsck-2".hex()] and not disk["clean"]
+    assert victim.exists(), "fsck without --remove must not delete anything"
+
+    r = invoke("fsck", "--config", str(cfg), "--remove")
+    assert r.exit_code == 0, r.output
+    assert "kv.tiers[1] (disk): 6 chunks checked, 5 good, 1 bad, 1 removed: clean" in r.output
+    assert not victim.exists()
+    r = invoke("fsck", "--config", str(cfg), "--tier", "kv.tiers[1]")  # --tier names a [tiers.NAME] table
+    assert r.exit_code == 2 and "no [tiers.kv.tiers[1]]" in r.output and "it has: kv" in r.output, r.output
+
+
+def test_fsck_checks_a_chain_inside_a_chain(tmp_path: Path) -> None:
+    root = tmp_path / "disk"
+    root.mkdir()
+    inner = {"type": "chain", "tiers": [{"type": "memory", "name": "near"}, {"type": "fs", "root": str(root)}]}
+    payloads = asyncio.run(_fill({"type": "chain", "tiers": [{"type": "memory"}, inner]}, 4))
+    _corrupt_on_medium(root, payloads[1])
+    cfg = tmp_path / "tier.toml"
+    second = f'type = "chain"\ntiers = [{{type = "memory", name = "near"}}, {{type = "fs", root = "{root}"}}]'
+    cfg.write_text(_CHAIN_TOML.format(ns=NAMESPACE, first='type = "memory"', second=second))
+
+    r = invoke("fsck", "--config", str(cfg))
+    assert r.exit_code == 1, r.output
+    assert f"kv.tiers[0] (memory): {_SKIPPED}" in r.output
+    assert f"kv.tiers[1].tiers[0] (near): {_SKIPPED}" in r.output
+    assert "kv.tiers[1].tiers[1] (fs): 4 chunks checked, 3 good, 1 bad: NOT CLEAN" in r.output
+    assert f"bad {b'fsck-1'.hex()}" in r.output
+    r = invoke("fsck", "--config", str(cfg), "--remove", "--json")
+    assert r.exit_code == 0, r.output
+    assert [(x["tier"], x["removed"]) for x in json.loads(r.output)] == [
+        ("kv.tiers[0]", 0),
+        ("kv.tiers[1].tiers[0]", 0),
+        ("kv.tiers[1].tiers[1]", 1),
+    ]
+
+
+_OPAQUE_TIER = """
+from asynctier import SecondaryTierManager
+
+
+class OpaqueTier(SecondaryTierManager):  # never built: fsck refuses it from its class
+    pass
+"""
+
+
+def test_fsck_refuses_a_chain_member_that_is_not_a_chunk_tier_before_checking_any(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sys, "path", list(sys.path))  # --path adds to it
+    (tmp_path / "cli_opaque_tier.py").write_text(_OPAQUE_TIER)
+    root = tmp_path / "disk"
+    root.mkdir()
+    payloads = asyncio.run(_fill({"type": "fs", "root": str(root)}, 2))
+    victim = _corrupt_on_medium(root, payloads[0])
+    cfg = tmp_path / "tier.toml"
+    second = 'type = "OpaqueTier"\nmodule_path = "cli_opaque_tier"'
+    cfg.write_text(_CHAIN_TOML.format(ns=NAMESPACE, first=f'type = "fs"\nroot = "{root}"', second=second))
+    try:
+        r = invoke("fsck", "--config", str(cfg), "--remove", "--path", str(tmp_path))
+    finally:
+        sys.modules.pop("cli_opaque_tier", None)
+    assert r.exit_code == 2, r.output
+    assert "tier 'kv.tiers[1]' (cli_opaque_tier.OpaqueTier) cannot be checked: fsck needs a ChunkTier" in r.output
+    assert victim.exists(), "no member is checked (or has chunks removed) before every member is known checkable"
+
+
 def test_selfcheck_takes_tier_parameters_and_says_what_is_missing(tmp_path: Path) -> None:
     r = CliRunner().invoke(main, ["selfcheck", "--tier", "fs", "--chunks", "4", "--chunk-bytes", "4096"])
     assert r.exit_code == 2 and "needs parameter 'root'" in r.output and "--param" in r.output, r.output

@@ -15,6 +15,7 @@ from ..errors import TierConfigError
 from ..factory import SecondaryTierFactory, accepted_parameters
 from ..spec import OffloadingSpec
 from .exits import EXIT_CODES_HELP, CliError, ExitCode
+from .fsck_targets import CheckTarget, check_targets, require_chunk_tier
 from .options import import_path_option, run_async, size_callback
 from .roots import check_exists
 from .tierfile import load_tier_file, spec_from_table, uses_placeholders
@@ -24,9 +25,13 @@ __all__ = ["FsckReport", "fsck", "fsck_tier"]
 
 @dataclass
 class FsckReport:
-    """What ``asynctier fsck`` found in one tier."""
+    """What ``asynctier fsck`` found in one tier (a ``[tiers.NAME]`` table or a member of a chain)."""
 
     tier: str
+    #: For a member of a chain: the chain's name for it (``tier`` is then ``kv.tiers[1]``).
+    member: str | None = None
+    #: Why this member was not checked (one in process memory), else None.
+    skipped: str | None = None
     checked: int = 0
     ok: int = 0
     bad: dict[str, str] = field(default_factory=dict)  # key (hex) -> why
@@ -42,7 +47,7 @@ class FsckReport:
         return (not self.bad or self.removed == len(self.bad)) and not self.errors
 
 
-def _check_layout_exists(name: str, tier: Any, spec: OffloadingSpec) -> None:
+def _check_layout_exists(where: str, tier: Any, spec: OffloadingSpec) -> None:
     """A tier that keeps a directory per layout (fs) has one for ``spec``, else the spec is
     not the one the chunks were written with (opening would make an empty one)."""
     layout_dir = getattr(tier, "dir", None)
@@ -50,32 +55,30 @@ def _check_layout_exists(name: str, tier: Any, spec: OffloadingSpec) -> None:
         parent = layout_dir.parent
         there = sorted(d.name for d in parent.iterdir() if d.is_dir()) if parent.is_dir() else []
         raise TierConfigError(
-            f"[tiers.{name}]: nothing stored with this layout (chunk_bytes {spec.chunk_bytes}, namespace "
+            f"{where}: nothing stored with this layout (chunk_bytes {spec.chunk_bytes}, namespace "
             f"{spec.namespace!r}) under {parent}: no {layout_dir.name}; layouts there: {there or 'none'}"
         )
 
 
-def _build_for_check(name: str, config: Mapping[str, Any], spec: OffloadingSpec) -> Any:
+def _build_for_check(name: str, where: str, config: Mapping[str, Any], spec: OffloadingSpec) -> Any:
     """The tier, built to list and verify everything it holds (checksums on, no background scan)."""
-    from ..core import ChunkTier
     from ..posix_io import aligned_buffer
 
     cfg = dict(config)
     cls = SecondaryTierFactory.get_tier_class(cfg)
-    if not issubclass(cls, ChunkTier):
-        raise TierConfigError(
-            f"tier {name!r} ({cls.__module__}.{cls.__qualname__}) cannot be checked: fsck needs a ChunkTier "
-            "(stored_keys and verify_chunks)"
-        )
+    require_chunk_tier(name, cls)
     accepted = accepted_parameters(cls)
     if "verify" in accepted:
         cfg["verify"] = True
     if "background_scan" in accepted:
         cfg["background_scan"] = False  # list every chunk: the index must be complete before stored_keys()
-    check_exists(f"[tiers.{name}]", cfg)
+    check_exists(where, cfg)
     scratch = aligned_buffer(spec.total_bytes)  # never touched by verify_chunks; the tier wants a view
-    tier = SecondaryTierFactory.create_secondary_tier(cfg, scratch, spec)
-    _check_layout_exists(name, tier, spec)
+    try:
+        tier = SecondaryTierFactory.create_secondary_tier(cfg, scratch, spec)
+    except TierConfigError as e:
+        raise TierConfigError(f"{where}: {e}") from None
+    _check_layout_exists(where, tier, spec)
     return tier
 
 
@@ -87,16 +90,25 @@ async def fsck_tier(
     remove: bool = False,
     batch: int = 1024,
     progress: Callable[[int, int], None] | None = None,
+    where: str | None = None,
 ) -> FsckReport:
     """Verify every chunk a tier holds (``stored_keys`` + ``verify_chunks``); remove bad ones on request.
 
     ``spec`` must be the layout the chunks were written with (chunk size, namespace): tiers
     scope their storage by it. Checksums are always verified here, whatever ``verify`` says
-    in the config.
+    in the config. ``where`` names the config in errors (default ``[tiers.<name>]``). A chain
+    is not a ChunkTier: check its members (:func:`~asynctier.cli.fsck_targets.check_targets`).
     """
+    tier = _build_for_check(name, where or f"[tiers.{name}]", config, spec)
+    return await _verify_all(name, tier, remove=remove, batch=batch, progress=progress)
+
+
+async def _verify_all(
+    name: str, tier: Any, *, remove: bool, batch: int = 1024, progress: Callable[[int, int], None] | None = None
+) -> FsckReport:
+    """Open ``tier`` (built by :func:`_build_for_check`), verify every chunk it lists, close it."""
     from ..errors import IntegrityError, failure_kind
 
-    tier = _build_for_check(name, config, spec)
     report = FsckReport(tier=name)
     async with tier:
         keys = await tier.stored_keys()
@@ -128,8 +140,9 @@ async def fsck_tier(
 
 def _selection(
     config_path: str, tier_names: tuple[str, ...], chunk_bytes: int | None, namespace: str | None
-) -> tuple[OffloadingSpec, dict[str, dict[str, Any]]]:
-    """The layout and the tiers to check, from the tier file and the overrides."""
+) -> tuple[OffloadingSpec, list[CheckTarget]]:
+    """The layout and the tiers to check (a chain's members in its place), from the tier file
+    and the overrides; every tier class is resolved here, before any chunk is read."""
     tfile = load_tier_file(config_path)
     table = dict(tfile.spec)
     if chunk_bytes is not None:
@@ -144,14 +157,33 @@ def _selection(
     for n, cfg in selected.items():
         if uses_placeholders(cfg):
             raise TierConfigError(f"[tiers.{n}] uses bench placeholders ({{dir}}, {{capacity}}): fsck needs real paths")
-    return spec, selected
+    return spec, [t for n, cfg in selected.items() for t in check_targets(n, cfg)]
+
+
+async def _check_all(targets: list[CheckTarget], spec: OffloadingSpec, remove: bool) -> list[FsckReport]:
+    """Build every tier first (a bad parameter or a missing root is said before anything is
+    read or removed), then verify them one after the other."""
+    built = [(t, None if t.skipped else _build_for_check(t.name, t.where, t.config, spec)) for t in targets]
+    reports = []
+    for target, tier in built:
+        if tier is None:
+            report = FsckReport(tier=target.name, skipped=target.skipped)
+        else:
+            report = await _verify_all(target.name, tier, remove=remove)
+        report.member = target.member
+        reports.append(report)
+    return reports
 
 
 def _print_reports(reports: list[FsckReport], remove: bool) -> None:
     for r in reports:
+        label = f"{r.tier} ({r.member})" if r.member else r.tier
+        if r.skipped:
+            click.echo(f"{label}: not checked: {r.skipped}")
+            continue
         state = "clean" if r.clean else "NOT CLEAN"
         click.echo(
-            f"{r.tier}: {r.checked} chunks checked, {r.ok} good, {len(r.bad)} bad"
+            f"{label}: {r.checked} chunks checked, {r.ok} good, {len(r.bad)} bad"
             f"{f', {r.removed} removed' if r.removed else ''}"
             f"{f' ({r.dropped_by_tier} already dropped by the tier itself)' if r.dropped_by_tier else ''}"
             f"{f', {r.vanished} vanished while checking' if r.vanished else ''}"
@@ -162,7 +194,7 @@ def _print_reports(reports: list[FsckReport], remove: bool) -> None:
         for k, why in r.errors.items():
             click.echo(f"  unreadable {k}: {why}")
         if not r.checked:
-            click.echo(f"{r.tier}: no chunks stored under this layout (chunk_bytes, namespace)", err=True)
+            click.echo(f"{label}: no chunks stored under this layout (chunk_bytes, namespace)", err=True)
     if any(r.bad and not r.removed for r in reports):
         click.echo("run again with --remove to delete the bad chunks", err=True)
 
@@ -195,18 +227,16 @@ def fsck(
 
     fsck never creates anything: a root, slab or layout that is not there is an error (exit
     status 2), not an empty tier reported clean. Exit status 1 also covers chunks that could
-    not be read.
+    not be read. A chain is checked member by member (reported as NAME.tiers[i]); a member in
+    process memory (memory) is skipped, said as such.
     """
     try:
-        spec, selected = _selection(config_path, tier_names, chunk_bytes, namespace)
+        spec, targets = _selection(config_path, tier_names, chunk_bytes, namespace)
     except (TierConfigError, ValueError) as e:
         raise click.UsageError(str(e)) from None
 
-    async def check_all() -> list[FsckReport]:
-        return [await fsck_tier(n, cfg, spec, remove=remove) for n, cfg in selected.items()]
-
     try:
-        reports = run_async(check_all())
+        reports = run_async(_check_all(targets, spec, remove))
     except TierConfigError as e:
         raise click.UsageError(str(e)) from None
     except OSError as e:  # a root that is a file, no permission, a failing disk: said, not a traceback

@@ -69,6 +69,9 @@ class ChunkTier(Bookkeeping, Lifecycle, SecondaryTierManager):
     #: their own formats). Otherwise the base class frames each chunk for ``write_chunk`` and
     #: checks what ``read_chunk`` returns (:mod:`asynctier.core.framing`).
     frames_own_bytes: ClassVar[bool] = False
+    #: What the tier stores outlives the process: a later process built with the same config
+    #: sees it. False for a tier in process memory (``asynctier fsck`` skips it in a chain).
+    persistent: ClassVar[bool] = True
 
     def __init__(
         self,

@@ -24,7 +24,7 @@ from typing import Any
 
 from asynctier.errors import TierConfigError
 
-__all__ = ["ChainConfig", "EntryConfig", "ENTRY_KEYS", "WRITE_POLICIES"]
+__all__ = ["ChainConfig", "EntryConfig", "ENTRY_KEYS", "WRITE_POLICIES", "parse_entries"]
 
 #: The keys of a tier entry that belong to the chain (taken out before the factory sees it).
 ENTRY_KEYS = ("name", "admit", "deadline_s", "breaker")
@@ -72,7 +72,9 @@ class EntryConfig:
     breaker_cooldown_s: float
 
 
-def _entries(tiers: object) -> list[EntryConfig]:
+def parse_entries(tiers: object) -> list[EntryConfig]:
+    """A chain's ``tiers`` list, checked: each entry's factory config (the chain's own keys,
+    :data:`ENTRY_KEYS`, taken out) with its name and settings; the caller's dicts untouched."""
     if isinstance(tiers, (str, bytes, Mapping)) or not isinstance(tiers, Sequence):
         raise TierConfigError(
             f"chain: tiers must be a list of tier configs (dicts with 'type'), fastest first; got {tiers!r:.100}"
@@ -155,7 +157,7 @@ class ChainConfig:
         backpressure_timeout_s: object,
         verify: object,
     ) -> ChainConfig:
-        entries = _entries(tiers)
+        entries = parse_entries(tiers)
         if write not in WRITE_POLICIES:
             raise TierConfigError(
                 f"chain: write must be 'back' (the call returns once the first tier has the chunk) or "
