@@ -96,6 +96,8 @@ def _config(tier: str, engine: str | None, root: str, depth: int, chunks: int, c
             config["io_engine"] = engine
     elif tier == "nvme":
         config.update(path=os.path.join(root, "slab"), capacity_bytes=(chunks + 64) * (chunk + 4096))
+        if engine is not None:
+            config["io_engine"] = engine
     return config
 
 
@@ -123,7 +125,9 @@ def print_table(rows: list[dict[str, Any]]) -> None:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--tiers", default="fs,nvme", help="tier types (fs, nvme, memory, ...)")
-    ap.add_argument("--engines", default="native,threads", help="io_engine values to try on fs; '-' for the default")
+    ap.add_argument(
+        "--engines", default="native,threads", help="io_engine values to try on fs and nvme; '-' for the default"
+    )
     ap.add_argument("--chunk-kib", default="64,256", help="chunk sizes in KiB, comma-separated")
     ap.add_argument("--chunks", type=int, default=2048, help="chunks offloaded, then loaded, per run")
     ap.add_argument("--depth", type=int, default=16, help="max_inflight")
@@ -138,7 +142,7 @@ def main() -> int:
     points: list[tuple[str, str | None, int, str]] = []
     for tier in args.tiers.split(","):
         for kib in (int(k) for k in args.chunk_kib.split(",")):
-            for engine in engines if tier == "fs" else [None]:
+            for engine in engines if tier in ("fs", "nvme") else [None]:
                 for backend in args.backends.split(","):
                     points.append((tier, engine, kib, backend))
     runs: dict[tuple[str, str | None, int, str], list[dict[str, Any]]] = {p: [] for p in points}

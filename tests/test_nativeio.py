@@ -21,6 +21,7 @@ import pytest
 from fs_helpers import chunk_file
 
 from asynctier import IntegrityError, OffloadingSpec, SecondaryTierFactory, TierConfigError
+from asynctier.core.ops import PRIO_STORE
 from asynctier.engines import native as nativeio
 from asynctier.integrity import checksum, key_token
 from asynctier.tiers.fs import HEADER_BLOCK, FsTier
@@ -185,6 +186,43 @@ async def test_a_slow_path_waiting_for_a_token_gets_the_next_one(tmp_path: Path)
     # the counter is the loop's, behind the workers by at most one job per slot (6), plus the
     # job running when hold() asked; without the fix: hundreds
     assert len(ahead) == 20 and max(ahead) <= 6 + 2, ahead
+
+
+@native_only
+async def test_a_store_slow_path_lets_queued_loads_go_first(tmp_path: Path) -> None:
+    """hold() at a store's priority waits behind a queued load (a job of a higher priority),
+    where one at priority 0 goes ahead of it: the split engine's stores on threads must not
+    take every freed token from the loads queued for the workers."""
+    n = 4096
+    (tmp_path / "f").write_bytes(b"x" * (HB + n))
+    os.mkfifo(tmp_path / "fifo")
+    dfd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    pool = nativeio.NativePool(threads=3, bound=1, slots=4)
+    pool.attach()
+    bufs = Bufs(4, n)
+    seen: dict[str, int] = {}
+    try:
+        stuck = asyncio.ensure_future(bufs.read(pool, 0, dfd, "fifo"))  # holds the one token
+        await wait_for(lambda: pool.counts()[0] == 1, "the FIFO's reader holds the token")
+
+        def store() -> None:
+            pool.hold(lambda: seen.setdefault("store", pool.counts()[2]), prio=PRIO_STORE)
+
+        holder = asyncio.ensure_future(asyncio.to_thread(store))
+        await wait_for(lambda: pool.holds_waiting() == 1, "the store waits for a token")
+        load = asyncio.ensure_future(bufs.read(pool, 1, dfd, "f"))  # priority 0: queued
+        await wait_for(lambda: pool.counts()[2] == 1, "the load is queued")
+        opener = open_fifo(tmp_path / "fifo")
+        await stuck
+        opener.join()
+        assert (await load).stage == 0
+        await holder
+        assert seen == {"store": 0}  # it got its token with no load left queued
+        with pytest.raises(ValueError, match="prio"):
+            pool.hold(lambda: None, prio=7)
+    finally:
+        await pool.aclose()
+        os.close(dfd)
 
 
 def _native_workers() -> dict[int, int]:

@@ -14,7 +14,7 @@ from nvme_helpers import CHUNK, chunk_at, damage_slot, fill, make
 
 from asynctier import ChunkNotFoundError, IntegrityError
 from asynctier.engines import native as nativeio
-from asynctier.engines.native_engine import NativeEngine
+from asynctier.engines.split import SplitEngine
 from asynctier.tiers.nvme import NvmeTier
 
 pytestmark = pytest.mark.skipif(nativeio.problem() is not None, reason=f"no native workers: {nativeio.problem()}")
@@ -23,8 +23,9 @@ pytestmark = pytest.mark.skipif(nativeio.problem() is not None, reason=f"no nati
 async def test_loads_run_on_the_workers_and_count_once_per_batch(tmp_path: Path) -> None:
     tier, view = make(tmp_path / "n.slab", io_engine="native", max_inflight=4)
     async with tier:
-        engine = tier._engine
-        assert isinstance(engine, NativeEngine) and tier.active_io_engine == "native"
+        split = tier._engine
+        assert isinstance(split, SplitEngine) and tier.active_io_engine == "native"
+        engine = split.native
         data = fill(view, CHUNK, 1)
         keys = [b"n%d" % i for i in range(8)]
         assert (await tier.offload(keys, list(range(8)))).ok

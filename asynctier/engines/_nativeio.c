@@ -118,7 +118,8 @@ struct at_pool {
     int head[NPRIO], tail[NPRIO];
     int queued;
     int ntokens, in_flight, peak;
-    int acq_waiting; /* threads in at_acquire: a freed token is theirs before a queued job's */
+    int acq_waiting[NPRIO]; /* threads in at_acquire, by priority: a freed token is theirs
+                             * before a queued job's of the same or a lower priority */
     int stopping;
     int nops;
     struct at_op *ops;
@@ -362,14 +363,15 @@ static void run_recycle(struct at_op *op, struct at_res *r) {
  * in priority order that is ready, if a token is free; a read's checksum; a write's
  * preparation. Returns the slot and sets *what, or -1. */
 static int pick(struct at_pool *p, int *what) {
-    int prep = -1;
+    int prep = -1, ahead = 0;
     for (int q = 0; q < NPRIO; q++) {
+        ahead += p->acq_waiting[q]; /* slow paths of this priority or a higher one */
         for (int i = p->head[q]; i >= 0; i = p->ops[i].next) {
             struct at_op *op = &p->ops[i];
             if (op->prep == PREP_NONE) {
                 /* a worker that just gave its token back would otherwise take it again at
                  * once, and a slow path waiting in at_acquire could wait for seconds */
-                if (p->ntokens > p->acq_waiting) {
+                if (p->ntokens > ahead) {
                     *what = DO_IO;
                     return i;
                 }
@@ -386,6 +388,19 @@ static int pick(struct at_pool *p, int *what) {
     return prep;
 }
 
+static int acq_total(const struct at_pool *p) {
+    int n = 0;
+    for (int q = 0; q < NPRIO; q++) n += p->acq_waiting[q];
+    return n;
+}
+
+/* Whether a job of a higher priority than `prio` is queued (a slow path of `prio` lets it go first). */
+static int queued_ahead(const struct at_pool *p, int prio) {
+    for (int q = 0; q < prio; q++)
+        if (p->head[q] >= 0) return 1;
+    return 0;
+}
+
 static void unqueue(struct at_pool *p, int idx) {
     int q = p->ops[idx].job.prio, prev = -1;
     for (int i = p->head[q]; i >= 0; prev = i, i = p->ops[i].next) {
@@ -398,6 +413,8 @@ static void unqueue(struct at_pool *p, int idx) {
         break;
     }
     p->queued--;
+    /* a slow path of a lower priority waits until no job ahead of it is queued */
+    if (p->head[q] < 0 && acq_total(p)) pthread_cond_broadcast(&p->tokens);
     /* stopping: workers parked while jobs were queued must see the queue empty to leave */
     if (p->stopping && p->queued == 0) pthread_cond_broadcast(&p->work);
 }
@@ -491,7 +508,7 @@ static void *worker(void *arg) {
         pthread_mutex_lock(&p->mu);
         p->in_flight--;
         p->ntokens++;
-        pthread_cond_signal(&p->tokens);
+        if (acq_total(p)) pthread_cond_broadcast(&p->tokens); /* waiters of several priorities */
         if (kind == AT_READ && op->job.hashed && r->result == (int64_t)(op->job.hb_len + op->job.len)) {
             /* its checksum is left to another worker: this one goes on to the next I/O at
              * once, without a thread wake-up between the two */
@@ -679,20 +696,23 @@ void at_set_low_water(struct at_pool *p, int n) {
     pthread_mutex_unlock(&p->mu);
 }
 
-/* A token for chunk I/O done outside the pool (blocks until one is free); 0, or -ESHUTDOWN. */
-int at_acquire(struct at_pool *p) {
+/* A token for chunk I/O of priority `prio` done outside the pool (blocks until one is free
+ * and no job of a higher priority is queued: a slow path of stores lets queued loads go
+ * first; one of priority 0 goes ahead of every queued job); 0, -EINVAL, or -ESHUTDOWN. */
+int at_acquire(struct at_pool *p, int prio) {
+    if (prio < 0 || prio >= NPRIO) return -EINVAL;
     pthread_mutex_lock(&p->mu);
-    p->acq_waiting++;
-    while (p->ntokens == 0 && !p->stopping) pthread_cond_wait(&p->tokens, &p->mu);
-    p->acq_waiting--;
+    p->acq_waiting[prio]++;
+    while ((p->ntokens == 0 || queued_ahead(p, prio)) && !p->stopping) pthread_cond_wait(&p->tokens, &p->mu);
+    p->acq_waiting[prio]--;
     int rc = -ESHUTDOWN;
     if (p->ntokens > 0) {
         p->ntokens--;
         if (++p->in_flight > p->peak) p->peak = p->in_flight;
         rc = 0;
     }
-    /* tokens left beyond the other waiters: queued jobs may use them */
-    if (p->ntokens > p->acq_waiting && p->queued > 0) pthread_cond_signal(&p->work);
+    /* tokens left: queued jobs may use them (pick says which) */
+    if (p->ntokens > 0 && p->queued > 0) pthread_cond_signal(&p->work);
     pthread_mutex_unlock(&p->mu);
     return rc;
 }
@@ -701,17 +721,19 @@ void at_release(struct at_pool *p) {
     pthread_mutex_lock(&p->mu);
     p->ntokens++;
     p->in_flight--;
-    pthread_cond_signal(&p->tokens);
+    /* waiters of several priorities: the one whose turn it is must hear of it */
+    pthread_cond_broadcast(&p->tokens);
     if (p->queued > 0) pthread_cond_signal(&p->work);
     pthread_mutex_unlock(&p->mu);
 }
 
-/* counts: [0] in flight, [1] peak in flight, [2] queued */
+/* counts: [0] in flight, [1] peak in flight, [2] queued, [3] threads waiting in at_acquire */
 void at_counts(struct at_pool *p, int32_t *out) {
     pthread_mutex_lock(&p->mu);
     out[0] = p->in_flight;
     out[1] = p->peak;
     out[2] = p->queued;
+    out[3] = acq_total(p);
     pthread_mutex_unlock(&p->mu);
 }
 

@@ -188,7 +188,7 @@ def _find_library() -> tuple[ctypes.CDLL | None, str | None]:
         "at_set_low_water": ([vp, c_int], None),
         "at_cancel": ([vp, c_int], c_int),
         "at_reap": ([vp, vp, c_int], c_int),
-        "at_acquire": ([vp], c_int),
+        "at_acquire": ([vp, c_int], c_int),
         "at_release": ([vp], None),
         "at_counts": ([vp, vp], None),
         "at_shutdown": ([vp], None),
@@ -262,7 +262,7 @@ class NativePool:
         self._res = (_Result * slots).from_address(_LIB.at_results(handle))
         self._efd: int = _LIB.at_eventfd(handle)
         self._reaped = (ctypes.c_int32 * slots)()
-        self._counts = (ctypes.c_int32 * 3)()
+        self._counts = (ctypes.c_int32 * 4)()
         self._waiters: list[anyio.Event | None] = [None] * slots
         self._outcomes: list[Outcome | None] = [None] * slots
         self._free = list(range(slots - 1, -1, -1))
@@ -411,10 +411,18 @@ class NativePool:
             self._free_now()
 
     # -- threads ------------------------------------------------------------------------------
-    def hold(self, fn: Callable[..., T], *args: Any) -> T:
+    def hold(self, fn: Callable[..., T], *args: Any, prio: int = 0) -> T:
         """``fn(*args)`` (a blocking slow path doing chunk I/O) holding one of the pool's
-        I/O tokens, so that it counts against the bound (call from a worker thread)."""
-        if self._lib.at_acquire(self._h) != 0:
+        I/O tokens, so that it counts against the bound (call from a worker thread).
+
+        ``prio``: the job's priority (``asynctier.core.ops.PRIO_*``). The token goes to it
+        ahead of queued jobs of the same or a lower priority, after those of a higher one:
+        0 (a slow path continuing a job already started) goes ahead of every queued job;
+        a store's (:data:`~asynctier.core.ops.PRIO_STORE`) lets queued loads go first."""
+        rc = self._lib.at_acquire(self._h, prio)
+        if rc == -errno.EINVAL:
+            raise ValueError(f"prio must be 0..3; got {prio!r}")
+        if rc != 0:
             raise RuntimeError("native I/O pool is shut down")
         try:
             return fn(*args)
@@ -422,6 +430,13 @@ class NativePool:
             self._lib.at_release(self._h)
 
     # -- counters and teardown ----------------------------------------------------------------
+    def holds_waiting(self) -> int:
+        """Threads waiting in :meth:`hold` for a token now."""
+        if self._closed:
+            return 0
+        self._lib.at_counts(self._h, self._counts)
+        return self._counts[3]
+
     def counts(self) -> tuple[int, int, int]:
         """(I/O in flight, peak in flight, jobs queued) as the workers see them."""
         if self._closed:

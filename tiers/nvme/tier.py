@@ -17,7 +17,7 @@ from asynctier.core.ops import Op
 from asynctier.core.validation import check_bool, check_keys, check_path, permission_bits
 from asynctier.engines import Engine
 from asynctier.engines import native as nativeio
-from asynctier.engines.native_engine import NativeEngine
+from asynctier.engines.split import SplitEngine
 from asynctier.integrity import checksum, pack_header
 from asynctier.io_engine import check_io_engine
 
@@ -114,7 +114,7 @@ class NvmeTier(CoalescedJobs):
                               file_mode=file_mode, dir_mode=dir_mode)  # fmt: skip
         self._catalog = None
         self._zc_all = False
-        self._native: NativeEngine | None = None
+        self._split: SplitEngine | None = None
 
     # -- geometry ------------------------------------------------------------------------------
     def stored_size(self) -> int:
@@ -131,32 +131,33 @@ class NvmeTier(CoalescedJobs):
     @property
     def active_io_engine(self) -> str:
         """``"native"`` or ``"threads"``: what ``io_engine`` resolved to at ``open()``."""
-        return "native" if self._native is not None else "threads"
+        return "native" if self._split is not None else "threads"
 
     # -- engines -------------------------------------------------------------------------------
     def make_engine(self) -> Engine:
-        self._native = None
+        self._split = None
         why = nativeio.problem()
         if self.io_engine == "native" and why is not None:
             raise TierConfigError(f"io_engine='native' but native I/O workers are unavailable here: {why}")
         if self.io_engine == "threads" or why is not None:
             return super().make_engine()
-        engine = self._native = NativeEngine(self.max_inflight or 1, name=f"asynctier-{self.tier_type}")
-        engine.fast[Op.LOAD] = LoadPath(self, engine)
+        # loads on the C workers; stores and the rest (they wait for the journal) on threads
+        engine = self._split = SplitEngine(self.max_inflight or 1, name=f"asynctier-{self.tier_type}")
+        engine.fast[Op.LOAD] = LoadPath(self, engine.native)
         return engine
 
     def job_body(self, op: Op) -> Callable[..., Any]:
         body = super().job_body(op)
-        return body if self._native is None else self.on_thread(body, self._native.blocking)
+        return body if self._split is None else self._split.held(body, op.priority)
 
     def group_size(self, op: str, n: int) -> int:
-        if self._native is not None and op == Op.LOAD:
-            return 1  # one worker job per chunk: no group of slots to hold a thread for
+        if self._split is not None and op == Op.LOAD:
+            return 1  # one worker job per chunk
         return super().group_size(op, n)
 
     def group_body(self, op: str) -> Callable[..., Any]:
         body = super().group_body(op)
-        return body if self._native is None else self.on_thread(body, self._native.blocking)
+        return body if self._split is None else self._split.held(body, Op(op).priority)
 
     # -- open / close --------------------------------------------------------------------------
     def open_medium(self) -> None:
