@@ -49,12 +49,21 @@ class TestNvmeTier(TierConformance):
 
 
 class TestNvmeTierAligned(TestNvmeTier):
-    """The same checks with a page-aligned primary buffer (pinned memory is): the zero-copy path.
-
-    The I/O path differs from TestNvmeTier, not the event loop: one backend is enough here."""
+    """The same checks with a page-aligned primary buffer (pinned memory is): the zero-copy path,
+    where loads run on the native workers (io_engine "auto"), planned and booked on the loop
+    thread: asyncio and trio."""
 
     page_aligned_buffer = True
+    backends = ("asyncio", "trio")
+
+
+class TestNvmeTierAlignedThreads(TestNvmeTierAligned):
+    """The zero-copy path on the threads engine (group jobs of adjacent slots)."""
+
     backends = ("asyncio",)
+
+    def tier_config(self, tmp_path: Path) -> dict[str, Any]:
+        return {**super().tier_config(tmp_path), "io_engine": "threads"}
 
 
 # -- slot format and I/O paths -------------------------------------------------------------------------
