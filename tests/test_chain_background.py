@@ -1,8 +1,10 @@
 """The chain's background lanes on real tiers (memory, fs): a hit refreshes the tiers below it,
-and a key queued twice in one lane batch is written once, from its latest copy."""
+a key queued twice in one lane batch is written once, from its latest copy, and a load finds a
+chunk whose write-back is still queued."""
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -11,9 +13,11 @@ import pytest
 from chain_helpers import ChainRig, in_tier, keys
 
 from asynctier import TierConfigError
+from asynctier.errors import failure_kind
 from asynctier.tiers.chain.background import Backlog, RemovalFence
 from asynctier.tiers.chain.staging import StagingPool
 from asynctier.tiers.fs.layout import HEADER_BLOCK
+from asynctier.tiers.memory import MemoryTier
 
 MEM: dict[str, Any] = {"type": "memory"}
 
@@ -93,5 +97,57 @@ def test_a_key_queued_twice_in_one_lane_batch_is_written_once_from_its_latest_co
             assert (await chain.load([probe], [0])).ok
             assert rig.chunk(0) == rig.orig_chunk(3)
             pool.release_background([check_slot])
+
+    run(check)
+
+
+class GatedMemoryTier(MemoryTier):
+    """A memory tier whose stores wait for ``GATE`` (a write-back held while loads run)."""
+
+    GATE = threading.Event()
+
+    def write_chunk(self, key: bytes, data: memoryview) -> None:
+        assert self.GATE.wait(30)
+        super().write_chunk(key, data)
+
+
+def test_a_load_is_served_from_a_write_back_still_queued() -> None:
+    """The first tier evicts chunks before their write-back reaches the tier below: a load
+    finds them in the background's staging slots (they were acknowledged as stored), being
+    written or still queued, the latest copy of each; not one removed since it was queued."""
+
+    async def check() -> None:
+        rig = ChainRig()
+        gated = {"type": "GatedMemoryTier", "module_path": __name__, "name": "below"}
+        chain = rig.chain(tiers=[MEM, gated], write="back")
+        GatedMemoryTier.GATE.clear()
+        try:
+            async with chain:
+                ks = keys(4)
+                assert (await chain.offload(ks[:2], [0, 1])).ok
+                await anyio.wait_all_tasks_blocked()
+                assert chain.stats().extra["background_in_flight"] == 2  # being written, held at the gate
+                assert (await chain.offload(ks[2:], [2, 3])).ok  # queued behind them
+                assert (await chain.offload([ks[3]], [5])).ok  # a newer copy of ks[3]: chunk 5's bytes
+                assert (await chain.remove([ks[2]])).ok  # queued, not running: the removal does not wait
+                assert (await chain.member("memory").tier.remove(ks)).ok  # evicted above
+                assert await chain.lookup(ks) == [True, True, False, True]
+                assert await chain.lookup_prefix(ks) == 2
+                rig.zero()
+                res = await chain.load(ks, [8, 9, 10, 11])
+                assert res.succeeded == [ks[0], ks[1], ks[3]], res.failed
+                assert failure_kind(res.failed[ks[2]]) == "not_found"
+                got = [rig.chunk(8), rig.chunk(9), rig.chunk(11)]
+                assert got == [rig.orig_chunk(0), rig.orig_chunk(1), rig.orig_chunk(5)]
+                assert chain.stats().extra["backlog_hits"] == 3
+                GatedMemoryTier.GATE.set()
+                await chain.drain()
+                assert chain.stats().extra["backlog"] == 0  # every slot went back, the loads' too
+                rig.zero()
+                res = await chain.load(ks[:2] + ks[3:], [8, 9, 11])  # from the tier below now
+                assert res.ok and chain.stats().extra["backlog_hits"] == 3
+                assert [rig.chunk(8), rig.chunk(11)] == [rig.orig_chunk(0), rig.orig_chunk(5)]
+        finally:
+            GatedMemoryTier.GATE.set()
 
     run(check)

@@ -20,6 +20,10 @@ the lane's next write, and are bounded (:data:`_TOUCH_KEYS` per lane; beyond it,
 A remove must win over background work of the same key, whenever that work was queued: the
 :class:`RemovalFence` stamps each removal, an item queued before a removal of its key is
 dropped, and a removal waits for a write of its key already running before it deletes.
+
+A load may be served from a staging slot still queued here (:meth:`Backlog.hold`): the first
+tier can evict a chunk before its write-back reaches the tier below, and the chunk was
+acknowledged as stored.
 """
 
 from __future__ import annotations
@@ -148,6 +152,9 @@ class Backlog:
         self._idle: anyio.Event | None = None
         self._items = 0  # items not yet finished
         self._touching = 0  # lanes with touches waiting or running
+        self._newest: dict[bytes, Item] = {}  # each key's latest item not yet finished
+        #: loads served from a slot still queued here (:meth:`hold`)
+        self.hits = 0
 
     @property
     def depth(self) -> int:
@@ -173,6 +180,7 @@ class Backlog:
                 freed.append(slot)
                 continue
             item = Item(key, slot, epoch, reason, len(targets))
+            self._newest[key] = item
             self._items += 1
             for m in targets:
                 m.backlog += 1
@@ -212,13 +220,33 @@ class Backlog:
         if self._items == 0 and self._touching == 0 and self._idle is not None:
             self._idle.set()
 
+    def has(self, key: bytes) -> bool:
+        """Whether a load of ``key`` would find it here (:meth:`hold`), without holding it."""
+        it = self._newest.get(key)
+        return it is not None and not self.fence.stale(key, it.epoch)
+
+    def hold(self, key: bytes) -> Item | None:
+        """The latest queued (or running) item of ``key`` not removed since it was queued, its
+        slot held until :meth:`release` (a load copies from it); None if there is none."""
+        it = self._newest.get(key)
+        if it is None or self.fence.stale(key, it.epoch):
+            return None
+        it.lanes += 1  # the slot is freed when the last holder, lane or load, is done with it
+        return it
+
+    def release(self, items: list[Item]) -> None:
+        """Give back what :meth:`hold` returned."""
+        self._done(items)
+
     def _done(self, items: list[Item]) -> None:
-        """A lane is done with ``items``: the slots no other lane still needs go back."""
+        """A lane (or a load) is done with ``items``: the slots nothing else needs go back."""
         freed = []
         for it in items:
             it.lanes -= 1
             if it.lanes == 0:
                 freed.append(it.slot)
+                if self._newest.get(it.key) is it:
+                    del self._newest[it.key]
         if freed:
             self._items -= len(freed)
             self.pool.release_background(freed)

@@ -291,7 +291,7 @@ class ChainTier(ChainTransfers, Lifecycle, SecondaryTierManager):
     async def lookup(self, keys: Sequence[bytes]) -> list[bool]:
         ks = check_keys(keys)
         self._check_open()
-        found = [False] * len(ks)
+        found = [self._backlog.has(k) for k in ks]  # loads serve these from the write-back queue
         self._enter()
         try:
             for m in self.members:
@@ -316,7 +316,10 @@ class ChainTier(ChainTransfers, Lifecycle, SecondaryTierManager):
         self._check_open()
         if not ks:
             return 0
-        missing = list(range(len(ks)))
+        has = self._backlog.has  # loads serve these from the write-back queue
+        missing = [i for i, k in enumerate(ks) if not has(k)]
+        if not missing:
+            return len(ks)
         self._enter()
         try:
             for m in self.members:
@@ -397,6 +400,7 @@ class ChainTier(ChainTransfers, Lifecycle, SecondaryTierManager):
             "backlog": self._backlog.depth,
             "backlog_chunks": self.config.backlog_chunks,
             "backlog_peak": self._pool.peak_bg,
+            "backlog_hits": self._backlog.hits,
             "background_in_flight": sum(m.background_in_flight for m in self.members),
             "late_slots": self._pool.quarantined,
         }

@@ -115,11 +115,32 @@ class ChainTransfers:
                     # the tiers below hold it too (stores reach them all): their LRU sees the use
                     self._backlog.refresh(hits, self.members[m.index + 1 :])
                 pending = [k for k in pending if k not in outcome]
+            if m.index == 0 and pending:  # newer than anything a tier below may hold
+                pending = await self._from_backlog(pending, cid_of, outcome, t0)
         for k in keys:
             if k not in outcome:  # no tier served it (or a late tier kept its slot)
                 outcome[k] = first_error.get(k) or ChunkNotFoundError(
                     f"no tier of the chain holds key {k.hex()[:32]}", k
                 )
+
+    async def _from_backlog(
+        self, pending: list[bytes], cid_of: dict[bytes, int], outcome: dict[bytes, BaseException | None], t0: float
+    ) -> list[bytes]:
+        """Serve the keys the first tier missed from slots still queued for background writes
+        (a write-back the first tier evicted ahead of); return the keys left."""
+        backlog = self._backlog
+        held = [(k, it) for k in pending if (it := backlog.hold(k)) is not None]
+        if not held:
+            return pending
+        try:
+            await self._copy([(cid_of[k], it.slot) for k, it in held], to_staging=False)
+        finally:
+            backlog.release([it for _, it in held])
+        backlog.hits += len(held)
+        self._stats.record_successes("load", len(held), self.offloading_spec.chunk_bytes, time.perf_counter() - t0)
+        for k, _ in held:
+            outcome[k] = None
+        return [k for k in pending if k not in outcome]
 
     async def _load_within_deadline(
         self, m: Member, pending: list[bytes], slot_of: dict[bytes, int], held: list[int], pos: dict[bytes, int]

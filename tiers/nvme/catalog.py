@@ -318,7 +318,7 @@ class Catalog:
     def pin(self, key: bytes) -> tuple[int, int, int]:
         """Pin the slot of ``key`` for a read (made most recently used): (slot, seq, checksum)."""
         with self.index.lock:
-            return self._pin_locked(key)
+            return self.pin_locked(key)
 
     def pin_many(self, keys: list[bytes]) -> tuple[dict[int, tuple[int, int, int]], dict[int, BaseException]]:
         """Under one lock, pin the slot of every key stored: (position -> (slot, seq,
@@ -328,12 +328,13 @@ class Catalog:
         with self.index.lock:
             for p, k in enumerate(keys):
                 try:
-                    found[p] = self._pin_locked(k)
+                    found[p] = self.pin_locked(k)
                 except ChunkNotFoundError as e:
                     missing[p] = e
         return found, missing
 
-    def _pin_locked(self, key: bytes) -> tuple[int, int, int]:
+    def pin_locked(self, key: bytes) -> tuple[int, int, int]:
+        """:meth:`pin` for a caller that holds the index lock."""
         idx = self.index
         slot = idx.entries.get(key)
         if slot is None:

@@ -75,7 +75,7 @@ class LoadPath:
             return self._on_thread(tier, key, cid, t0)
         try:
             self._unpin_locked(cat.index)
-            where = cat._pin_locked(key)
+            where = cat.pin_locked(key)
         except ChunkNotFoundError as e:
             tier._end_load(key, t0, e)
             raise
