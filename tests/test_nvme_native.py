@@ -172,3 +172,84 @@ async def test_loads_stay_correct_while_stores_evict_around_them(tmp_path: Path)
                         assert isinstance(res.failed[k], ChunkNotFoundError)  # evicted meanwhile
         cat = tier._catalog
         assert cat is not None and not cat.index.pins
+
+
+# -- group jobs: a call's chunks in runs of adjacent slots, one READV job per run ----------------
+async def test_a_group_reads_its_runs_of_adjacent_slots_one_after_the_other(tmp_path: Path) -> None:
+    """Chunks stored one call each sit in slots the loads below take out of order: each group
+    job then reads several runs in turn (one READV each, in one pool slot)."""
+    tier, view = make(tmp_path / "g.slab", io_engine="native", max_inflight=2, nchunks=32)
+    async with tier:
+        data = fill(view, CHUNK, 8)
+        keys = [b"g%d" % i for i in range(16)]
+        for i, k in enumerate(keys):
+            assert (await tier.offload([k], [i])).ok
+        assert tier.group_size("load", 16) == 8  # two group jobs of eight chunks
+        order = [0, 5, 10, 15, 1, 6, 11, 12, 2, 3, 4, 7, 8, 9, 13, 14]
+        view[:] = bytes(view.nbytes)
+        split = tier._engine
+        assert isinstance(split, SplitEngine)
+        before = split.native.wakeups
+        res = await tier.load([keys[i] for i in order], list(range(16, 32)))
+        assert res.ok, res.failed
+        assert [chunk_at(view, CHUNK, 16 + j) for j in range(16)] == [data[i] for i in order]
+        assert split.native.wakeups - before >= 2  # a group job's runs each wake the loop
+        st = tier.stats()
+        assert st.loaded == 16 and st.extra.get("native_retries", 0) == 0
+        cat = tier._catalog
+        assert cat is not None and not cat.index.pins
+
+
+async def test_a_group_with_a_bad_and_a_missing_chunk_fails_those_only(tmp_path: Path) -> None:
+    tier, view = make(tmp_path / "gb.slab", io_engine="native", max_inflight=2, nchunks=16)
+    async with tier:
+        data = fill(view, CHUNK, 9)
+        keys = [b"b%d" % i for i in range(8)]
+        assert (await tier.offload(keys, list(range(8)))).ok
+        damage_slot(tier, keys[2], "flip")
+        asked = [*keys[:5], b"never-stored", *keys[5:7]]
+        view[:] = bytes(view.nbytes)
+        res = await tier.load(asked, list(range(8, 16)))
+        assert set(res.failed) == {keys[2], b"never-stored"}
+        assert isinstance(res.failed[keys[2]], IntegrityError)
+        assert isinstance(res.failed[b"never-stored"], ChunkNotFoundError)
+        for j, k in enumerate(asked):
+            if k not in res.failed:
+                assert chunk_at(view, CHUNK, 8 + j) == data[keys.index(k)]
+        st = tier.stats()
+        assert st.extra["native_retries"] == 1 and st.loaded == 6
+        assert await tier.lookup([keys[2]]) == [False]  # the bad copy went
+        cat = tier._catalog
+        assert cat is not None and not cat.index.pins
+
+
+async def test_a_group_finding_the_index_busy_loads_on_a_thread(tmp_path: Path) -> None:
+    tier, view = make(tmp_path / "gl.slab", io_engine="native", max_inflight=2, nchunks=16)
+    async with tier:
+        data = fill(view, CHUNK, 10)
+        keys = [b"l%d" % i for i in range(8)]
+        assert (await tier.offload(keys, list(range(8)))).ok
+        cat = tier._catalog
+        assert cat is not None
+        taken, release = threading.Event(), threading.Event()
+
+        def hold() -> None:
+            with cat.index.lock:
+                taken.set()
+                release.wait(30)
+
+        holder = threading.Thread(target=hold)
+        holder.start()
+        try:
+            assert await anyio.to_thread.run_sync(taken.wait, 30)
+            view[:] = bytes(view.nbytes)
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(tier.load, keys, list(range(8, 16)))
+                await anyio.wait_all_tasks_blocked()
+                assert tier.stats().extra["native_index_busy"] == 8  # two groups of four
+                release.set()
+        finally:
+            release.set()
+            holder.join()
+        assert [chunk_at(view, CHUNK, 8 + i) for i in range(8)] == data[:8]
+        assert tier.stats().loaded == 8 and not cat.index.pins

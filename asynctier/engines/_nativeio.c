@@ -46,6 +46,11 @@
  * else holds the namespace (its lock), overwrite it, rename it into place (one job for what
  * would be a spare and a write, with no trip through the event loop between them) */
 #define AT_RECYCLE 5
+/* one run of adjacent slots of a file the caller holds open (fd, at off), one preadv: hb is
+ * the caller's struct iovec[hb_len] (each slot's header block, then its payload), buf its
+ * uint64_t[len] for the payloads' xxh3 (hashed), len the slots (tiers/nvme/fast.py) */
+#define AT_READV 6
+#define READV_MAX 512 /* slots of one AT_READV: two iovecs each, within IOV_MAX (1024) */
 
 #define AT_MODE_FIX 0x10000 /* the umask would strip bits of the mode: set it after creation */
 
@@ -239,6 +244,29 @@ static void prepare_write(struct at_pool *p, struct at_op *op, struct at_res *r)
             r->stage = ST_OPEN;
         }
     }
+}
+
+/* AT_READV: info = 1 when every byte came (its payloads are then hashed, if asked). */
+static void run_readv(struct at_op *op, struct at_res *r) {
+    struct at_job *j = &op->job;
+    int cnt = (int)j->hb_len;
+    /* a copy: move_all advances it on a short transfer, and the hashing reads the caller's */
+    struct iovec *iov = malloc((size_t)cnt * sizeof *iov);
+    if (!iov) {
+        r->result = -ENOMEM;
+        r->stage = ST_IO;
+        return;
+    }
+    memcpy(iov, j->hb, (size_t)cnt * sizeof *iov);
+    size_t total = 0;
+    for (int i = 0; i < cnt; i++) total += iov[i].iov_len;
+    int64_t got = move_all(j->fd, 0, iov, cnt, total, j->off);
+    free(iov);
+    r->result = got;
+    if (got < 0)
+        r->stage = ST_IO;
+    else
+        r->info = (size_t)got == total;
 }
 
 static void run_spare(struct at_op *op, struct at_res *r) {
@@ -479,7 +507,13 @@ static void *worker(void *arg) {
             p->post_head = op->next;
             if (pick(p, &next_what) >= 0) pthread_cond_signal(&p->work);
             pthread_mutex_unlock(&p->mu);
-            r->csum = p->xxh3(op->job.buf, op->job.len);
+            if (op->job.kind == AT_READV) {
+                const struct iovec *v = op->job.hb;
+                uint64_t *sums = op->job.buf;
+                for (size_t i = 0; i < op->job.len; i++) sums[i] = p->xxh3(v[2 * i + 1].iov_base, v[2 * i + 1].iov_len);
+            } else {
+                r->csum = p->xxh3(op->job.buf, op->job.len);
+            }
             pthread_mutex_lock(&p->mu);
             report(p, idx);
             continue;
@@ -502,6 +536,8 @@ static void *worker(void *arg) {
             run_spare(op, r);
         else if (kind == AT_RECYCLE)
             run_recycle(op, r);
+        else if (kind == AT_READV)
+            run_readv(op, r);
         else
             run_unlink(op, r);
 
@@ -509,7 +545,9 @@ static void *worker(void *arg) {
         p->in_flight--;
         p->ntokens++;
         if (acq_total(p)) pthread_cond_broadcast(&p->tokens); /* waiters of several priorities */
-        if (kind == AT_READ && op->job.hashed && r->result == (int64_t)(op->job.hb_len + op->job.len)) {
+        int whole = kind == AT_READ ? r->result == (int64_t)(op->job.hb_len + op->job.len)
+                                    : kind == AT_READV && r->info == 1;
+        if (whole && op->job.hashed) {
             /* its checksum is left to another worker: this one goes on to the next I/O at
              * once, without a thread wake-up between the two */
             op->next = -1;
@@ -579,7 +617,9 @@ struct at_res *at_results(struct at_pool *p) { return p->res; }
 uint64_t at_hash(struct at_pool *p, const void *buf, size_t len) { return p->xxh3(buf, len); }
 
 static int job_ok(const struct at_pool *p, int idx, const struct at_job *j) {
-    if (idx < 0 || idx >= p->nops || j->prio < 0 || j->prio >= NPRIO || j->kind < AT_READ || j->kind > AT_RECYCLE)
+    if (idx < 0 || idx >= p->nops || j->prio < 0 || j->prio >= NPRIO || j->kind < AT_READ || j->kind > AT_READV)
+        return 0;
+    if (j->kind == AT_READV && (j->fd < 0 || !j->hb || !j->buf || j->len < 1 || j->len > READV_MAX || j->hb_len != 2 * j->len))
         return 0;
     if (!memchr(j->name, 0, NAME_MAX_LEN) || !memchr(j->name2, 0, NAME_MAX_LEN) || !memchr(j->name3, 0, NAME_MAX_LEN))
         return 0;

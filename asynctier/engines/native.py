@@ -43,7 +43,9 @@ __all__ = ["DoneHandler", "Job", "JobFields", "NativePool", "Outcome", "fields",
 T = TypeVar("T")
 
 #: Job kinds (:attr:`Job.kind`).
-READ, WRITE, SPARE, UNLINK, RECYCLE = 1, 2, 3, 4, 5
+READ, WRITE, SPARE, UNLINK, RECYCLE, READV = 1, 2, 3, 4, 5, 6
+#: Slots of one :data:`READV` job at most (two ``iovec`` each, within the kernel's IOV_MAX).
+READV_MAX = 512
 #: The step a job failed at (:attr:`Outcome.stage`); 0 when it did not fail.
 ST_OPEN, ST_IO, ST_DATASYNC, ST_LINK, ST_DIRSYNC, ST_RENAME, ST_UNLINK = 1, 2, 3, 4, 5, 6, 7
 _NAME_MAX = 256
@@ -75,7 +77,10 @@ class Job(ctypes.Structure):
     new name ``name2`` in ``dfd2``; reads: ``hashed``; recycling (:data:`RECYCLE`): the
     victim's file ``name2`` in ``dfd2``, its name ``name3`` in ``dfd`` while it is filled, the
     namespace lock's descriptor ``fd``; reads of a file the caller holds open (an nvme slab):
-    ``fd`` >= 0 and the byte offset ``off`` (no name). ``hb``/``hb_len`` and ``buf``/``len``:
+    ``fd`` >= 0 and the byte offset ``off`` (no name); :data:`READV`, one run of adjacent slots
+    of such a file: ``hb`` the address of ``hb_len`` ``struct iovec`` (each slot's header block,
+    then its payload), ``buf`` of ``len`` u64 for the payloads' xxh3 (``hashed``), ``len`` the
+    slots; its :attr:`Outcome.info` is 1 when the read was whole. ``hb``/``hb_len`` and ``buf``/``len``:
     the header block and the payload (addresses that stay valid until the job ends).
     """
 

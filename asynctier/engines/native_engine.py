@@ -173,7 +173,7 @@ class NativeEngine(EngineCounters):
         pool in one call, the others to the service coroutines."""
         pool = self.pool
         assert pool is not None
-        group_left, slot_group, slot_path = self._group_left, self._slot_group, self._slot_path
+        slot_group, slot_path = self._slot_group, self._slot_path
         while self._next or (self._heap and self._started < self.slots):
             batch: list[tuple[int, int, Any, JobFields]] = []
             # per call (its jobs share a batch and an operation): its fast path, its group
@@ -183,10 +183,7 @@ class NativeEngine(EngineCounters):
                 call = calls.get(started.batch)
                 if call is None:
                     call = calls[started.batch] = (slot_path[held], [])
-                if not call[1]:
-                    call[1].append(self._groups.pop())
-                group = call[1][0]
-                group_left[group] += 1
+                group = self._group_of(started, call[1])
                 slot_group[held] = group
                 if started.priority != PRIO_LOAD:
                     self._stores_in_pool += 1
@@ -209,10 +206,7 @@ class NativeEngine(EngineCounters):
                 except BaseException as e:  # delivered to the caller as that chunk's failure
                     job.exc, r = e, None
                 if type(r) is tuple:
-                    if not call[1]:
-                        call[1].append(self._groups.pop())  # as many as slots: one is free
-                    group = call[1][0]
-                    group_left[group] += 1
+                    group = self._group_of(job, call[1])
                     slot_group[slot] = group
                     slot_path[slot] = path
                     if job.priority != PRIO_LOAD:
@@ -249,14 +243,28 @@ class NativeEngine(EngineCounters):
             self._low_water = want
             pool.set_low_water(want)
 
+    def _group_of(self, job: Job, call_group: list[int]) -> int:
+        """The wake-up group of ``job``'s next step in the pool: its call's (the workers wake the
+        loop when the call's last job ends), taken at its first job; -1 for a group job, which
+        wakes the loop at each end: it holds many chunks, and its next run, or the progress
+        its caller watches, should not wait for the call's other jobs."""
+        if job.grouped:
+            return -1
+        if not call_group:
+            call_group.append(self._groups.pop())  # as many as slots: one is free
+        group = call_group[0]
+        self._group_left[group] += 1
+        return group
+
     # -- jobs out ------------------------------------------------------------------------------
     def _ended_in_pool(self, job: Job, slot: int, result: int, csum: int, stage: int, info: int) -> None:
         if job.priority != PRIO_LOAD:
             self._stores_in_pool -= 1
         group = self._slot_group[slot]
-        self._group_left[group] -= 1
-        if not self._group_left[group]:
-            self._groups.append(group)
+        if group >= 0:
+            self._group_left[group] -= 1
+            if not self._group_left[group]:
+                self._groups.append(group)
         try:
             r = self._slot_path[slot].finish(job, slot, result, csum, stage, info)  # type: ignore[union-attr]
         except BaseException as e:

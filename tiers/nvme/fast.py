@@ -16,10 +16,11 @@ bad copy.
 
 from __future__ import annotations
 
+import ctypes
 import weakref
 from functools import partial
 from time import perf_counter
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from asynctier import ChunkNotFoundError, TierClosedError
 from asynctier.core.jobs import Job
@@ -36,6 +37,36 @@ if TYPE_CHECKING:
 
 __all__ = ["LoadPath"]
 
+Outcomes = list[BaseException | None]
+
+
+class _Group:
+    """A group job's state: the slots pinned (position -> slot, seq, checksum), its outcomes,
+    its runs of adjacent slots and the next to read, the positions to read again."""
+
+    __slots__ = ("bad", "found", "next", "outcomes", "runs")
+
+    def __init__(self, found: dict[int, tuple[int, int, int]], outcomes: Outcomes, runs: list[list[Any]]) -> None:
+        self.found = found
+        self.outcomes = outcomes
+        self.runs = runs
+        self.next = 0
+        self.bad: list[int] = []
+
+
+class _Area:
+    """One engine slot's memory for READV jobs of up to ``slots`` slots: aligned header blocks,
+    the iovecs the workers read into, the payload checksums they write."""
+
+    def __init__(self, slots: int, header: int) -> None:
+        self.slots = slots
+        self.hb = aligned_buffer(slots * header)
+        self.hb_addr = buffer_address(self.hb)
+        self.iov = (ctypes.c_uint64 * (4 * slots))()  # (base, length) of header block, then payload
+        self.iov_addr = ctypes.addressof(self.iov)
+        self.sums = (ctypes.c_uint64 * slots)()
+        self.sums_addr = ctypes.addressof(self.sums)
+
 
 class LoadPath:
     """Loads of an nvme tier on its native engine (a :class:`~asynctier.engines.native_engine.FastPath`)."""
@@ -51,6 +82,8 @@ class LoadPath:
         self._hb: memoryview | None = None  # one aligned header block per engine slot
         self._hb_addr = 0
         self._view_addr = 0
+        self._groups: dict[int, _Group] = {}  # by engine slot: the group job running in it
+        self._areas: dict[int, _Area] = {}  # by engine slot: its header blocks, iovecs, checksums
 
     def _live(self) -> NvmeTier:
         tier = self._tier()
@@ -62,6 +95,8 @@ class LoadPath:
         return partial(self._engine.blocking, tier._load_job, key, cid, t0)
 
     def plan(self, job: Job, slot: int) -> nativeio.JobFields | Continuation | None:
+        if job.grouped:
+            return self._plan_group(job, slot)
         key, cid, t0 = job.args
         tier = self._live()
         cat, slabs = tier._catalog, tier._slabs
@@ -83,9 +118,7 @@ class LoadPath:
             lock.release()
         H = slabs.hdr_area
         if self._hb is None:
-            self._hb = aligned_buffer(H * len(self._plans))
-            self._hb_addr = buffer_address(self._hb)
-            self._view_addr = buffer_address(tier._view)
+            self._bind(tier)
         fd, off = slabs.locate(where[0])
         n = tier.offloading_spec.chunk_bytes
         self._plans[slot] = where
@@ -93,7 +126,11 @@ class LoadPath:
         return (nativeio.READ, PRIO_LOAD, -1, 0, fd, -1, 0, int(tier.verify), 0, 0, self._hb_addr + slot * H, H,
                 self._view_addr + cid * n, n, off, b"", b"", b"")  # fmt: skip
 
-    def finish(self, job: Job, slot: int, result: int, csum: int, stage: int, info: int) -> Continuation | None:
+    def finish(
+        self, job: Job, slot: int, result: int, csum: int, stage: int, info: int
+    ) -> nativeio.JobFields | Continuation | None:
+        if job.grouped:
+            return self._finish_run(job, slot, stage, info)
         key, cid, t0 = job.args
         where = self._plans[slot]
         assert where is not None
@@ -116,6 +153,98 @@ class LoadPath:
             return self._on_thread(tier, key, cid, t0)
         self._booked.append(perf_counter() - t0)
         return None
+
+    # -- group jobs: runs of adjacent slots, one READV job each, one after the other in a slot --
+    def _plan_group(self, job: Job, slot: int) -> nativeio.JobFields | Continuation | None:
+        keys, cids, t0 = job.args
+        tier = self._live()
+        cat = tier._catalog
+        if cat is None or not tier._zc_all:
+            return partial(self._engine.blocking, tier._load_group, keys, cids, t0)
+        lock = cat.index.lock
+        if not lock.acquire(blocking=False):  # as for one chunk: never waited for here
+            tier._stats.incr("native_index_busy", len(keys))
+            return partial(self._engine.blocking, tier._load_group, keys, cids, t0)
+        found: dict[int, tuple[int, int, int]] = {}
+        outcomes: list[BaseException | None] = [None] * len(keys)
+        try:
+            self._unpin_locked(cat.index)
+            for p, k in enumerate(keys):
+                try:
+                    found[p] = cat.pin_locked(k)
+                except ChunkNotFoundError as e:
+                    outcomes[p] = e
+        finally:
+            lock.release()
+        for p, missing in enumerate(outcomes):
+            if missing is not None:
+                tier._end_load(keys[p], t0, missing)
+        if not found:
+            job.result = outcomes
+            return None
+        runs = tier._slabs.runs([(p, where[0]) for p, where in found.items()])
+        self._groups[slot] = _Group(found, outcomes, runs)
+        return self._run_fields(tier, slot, job, self._groups[slot])
+
+    def _run_fields(self, tier: NvmeTier, slot: int, job: Job, g: _Group) -> nativeio.JobFields:
+        """The descriptor of ``g``'s next run: its iovecs and checksums in ``slot``'s arrays."""
+        slabs = tier._slabs
+        run = g.runs[g.next]
+        H, n = slabs.hdr_area, tier.offloading_spec.chunk_bytes
+        need = len(run)
+        if self._hb is None:
+            self._bind(tier)
+        area = self._areas.get(slot)
+        if area is None or area.slots < need:
+            area = self._areas[slot] = _Area(need, H)
+        cids = job.args[1]
+        iov, hb, view = area.iov, area.hb_addr, self._view_addr
+        for i, (p, _, _, _) in enumerate(run):
+            iov[4 * i : 4 * i + 4] = [hb + i * H, H, view + cids[p] * n, n]
+        return (nativeio.READV, PRIO_LOAD, -1, 0, slabs.fds[run[0][2]], -1, 0, int(tier.verify), 0, 0, area.iov_addr,
+                2 * need, area.sums_addr, need, run[0][3], b"", b"", b"")  # fmt: skip
+
+    def _finish_run(self, job: Job, slot: int, stage: int, info: int) -> nativeio.JobFields | Continuation | None:
+        """Check each slot of the run that ended; the group's next run, or its end."""
+        keys, cids, t0 = job.args
+        tier = self._live()
+        g = self._groups[slot]
+        run = g.runs[g.next]
+        area = self._areas[slot]
+        H, n = tier._slabs.hdr_area, tier.offloading_spec.chunk_bytes
+        digest, verify, whole = tier.offloading_spec.layout_digest, tier.verify, not stage and info == 1
+        hb, sums, now = area.hb, area.sums, perf_counter()
+        for i, (p, nslot, _, _) in enumerate(run):
+            _, seq, want = g.found[p]
+            self._unpins.append(nslot)
+            head = pack_header(keys[p], n, want, digest, seq)
+            if whole and (not verify or sums[i] == want) and hb[i * H : i * H + len(head)] == head:
+                self._booked.append(now - t0)
+            else:
+                g.bad.append(p)
+        g.next += 1
+        if g.next < len(g.runs):
+            return self._run_fields(tier, slot, job, g)
+        del self._groups[slot]
+        if not g.bad:
+            job.result = g.outcomes
+            return None
+        tier._stats.incr("native_retries", len(g.bad))
+        return partial(self._again, tier, keys, cids, t0, g)
+
+    async def _again(self, tier: NvmeTier, keys: list[bytes], cids: list[int], t0: float, g: _Group) -> Outcomes:
+        """The slots that did not simply check out, read again by the threads path's group body
+        (it reports each precisely and drops a bad copy); the group's outcomes."""
+        bad = g.bad
+        again = await self._engine.blocking(tier._load_group, [keys[p] for p in bad], [cids[p] for p in bad], t0)
+        for p, e in zip(bad, again):
+            g.outcomes[p] = e
+        return g.outcomes
+
+    def _bind(self, tier: NvmeTier) -> None:
+        self._hb = aligned_buffer(tier._slabs.hdr_area * len(self._plans))
+        self._hb_addr = buffer_address(self._hb)
+        self._view_addr = buffer_address(tier._view)
 
     def _unpin_locked(self, index: SlotIndex) -> None:
         unpins = self._unpins

@@ -150,11 +150,6 @@ class NvmeTier(CoalescedJobs):
         body = super().job_body(op)
         return body if self._split is None else self._split.held(body, op.priority)
 
-    def group_size(self, op: str, n: int) -> int:
-        if self._split is not None and op == Op.LOAD:
-            return 1  # one worker job per chunk
-        return super().group_size(op, n)
-
     def group_body(self, op: str) -> Callable[..., Any]:
         body = super().group_body(op)
         return body if self._split is None else self._split.held(body, Op(op).priority)
