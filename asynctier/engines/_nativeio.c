@@ -736,6 +736,26 @@ void at_set_low_water(struct at_pool *p, int n) {
     pthread_mutex_unlock(&p->mu);
 }
 
+/* at_acquire without waiting: 0 when a token is free for `prio` now (no waiter of the same or
+ * a higher priority and no queued job of a higher one is owed it), else -EAGAIN; -EINVAL,
+ * -ESHUTDOWN. Never blocks but on the pool's lock: the caller may hold the GIL. */
+int at_try_acquire(struct at_pool *p, int prio) {
+    if (prio < 0 || prio >= NPRIO) return -EINVAL;
+    pthread_mutex_lock(&p->mu);
+    int ahead = 0;
+    for (int q = 0; q <= prio; q++) ahead += p->acq_waiting[q];
+    int rc = -EAGAIN;
+    if (p->stopping)
+        rc = -ESHUTDOWN;
+    else if (p->ntokens > ahead && !queued_ahead(p, prio)) {
+        p->ntokens--;
+        if (++p->in_flight > p->peak) p->peak = p->in_flight;
+        rc = 0;
+    }
+    pthread_mutex_unlock(&p->mu);
+    return rc;
+}
+
 /* A token for chunk I/O of priority `prio` done outside the pool (blocks until one is free
  * and no job of a higher priority is queued: a slow path of stores lets queued loads go
  * first; one of priority 0 goes ahead of every queued job); 0, -EINVAL, or -ESHUTDOWN. */

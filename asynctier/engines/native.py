@@ -166,6 +166,9 @@ DoneHandler = Callable[[Any, int, int, int, int, int], None]
 
 
 def _find_library() -> tuple[ctypes.CDLL | None, str | None]:
+    """The workers' library with its calls typed, and one more handle on it whose calls keep
+    the GIL (:data:`_GIL_LIB`); or None and why not."""
+    global _GIL_LIB
     if not sys.platform.startswith("linux"):
         return None, f"native I/O workers are built for Linux only (this is {sys.platform})"
     here = Path(__file__).parent
@@ -180,6 +183,7 @@ def _find_library() -> tuple[ctypes.CDLL | None, str | None]:
         )
     try:
         lib = ctypes.CDLL(str(path), use_errno=True)  # at_new reports through errno
+        _GIL_LIB = _gil_holding(str(path))
     except OSError as e:
         return None, f"cannot load {path.name}: {e}"
     vp, c_int, c_size = ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t
@@ -194,6 +198,7 @@ def _find_library() -> tuple[ctypes.CDLL | None, str | None]:
         "at_cancel": ([vp, c_int], c_int),
         "at_reap": ([vp, vp, c_int], c_int),
         "at_acquire": ([vp, c_int], c_int),
+        "at_try_acquire": ([vp, c_int], c_int),
         "at_release": ([vp], None),
         "at_counts": ([vp, vp], None),
         "at_shutdown": ([vp], None),
@@ -204,6 +209,17 @@ def _find_library() -> tuple[ctypes.CDLL | None, str | None]:
         fn.argtypes = args
         fn.restype = res
     return lib, None
+
+
+def _gil_holding(path: str) -> Any:
+    """The calls that never wait but on the pool's lock (no worker takes the GIL), made
+    without giving the GIL up: a slow path's token costs no GIL hand-off when one is free."""
+    lib = ctypes.PyDLL(path)
+    for name in ("at_try_acquire", "at_release"):
+        getattr(lib, name).argtypes = [ctypes.c_void_p] + ([ctypes.c_int] if name == "at_try_acquire" else [])
+    lib.at_try_acquire.restype = ctypes.c_int
+    lib.at_release.restype = None
+    return lib
 
 
 def find_xxh3(names: tuple[str, ...] = XXHASH_LIBS) -> tuple[int | None, str | None]:
@@ -231,6 +247,7 @@ def find_xxh3(names: tuple[str, ...] = XXHASH_LIBS) -> tuple[int | None, str | N
     )
 
 
+_GIL_LIB: Any = None
 _LIB, _PROBLEM = _find_library()
 _XXH3: int | None = None
 if _LIB is not None:
@@ -424,7 +441,11 @@ class NativePool:
         ahead of queued jobs of the same or a lower priority, after those of a higher one:
         0 (a slow path continuing a job already started) goes ahead of every queued job;
         a store's (:data:`~asynctier.core.ops.PRIO_STORE`) lets queued loads go first."""
-        rc = self._lib.at_acquire(self._h, prio)
+        gil = _GIL_LIB
+        assert gil is not None
+        rc = gil.at_try_acquire(self._h, prio)
+        if rc == -errno.EAGAIN:
+            rc = self._lib.at_acquire(self._h, prio)  # waits, without the GIL
         if rc == -errno.EINVAL:
             raise ValueError(f"prio must be 0..3; got {prio!r}")
         if rc != 0:
@@ -432,7 +453,7 @@ class NativePool:
         try:
             return fn(*args)
         finally:
-            self._lib.at_release(self._h)
+            gil.at_release(self._h)
 
     # -- counters and teardown ----------------------------------------------------------------
     def holds_waiting(self) -> int:

@@ -57,9 +57,9 @@ class NvmeTier(CoalescedJobs):
             of this layout is reused either way.
         io_engine: ``"auto"`` (default), ``"native"`` or ``"threads"``. ``"threads"``:
             ``preadv``/``pwritev`` on ``max_inflight`` Python worker threads (``"psync"``, the
-            former name, still works with a DeprecationWarning). ``"native"``: loads run as
-            one job per chunk on C worker threads (the fs tier's), which read and hash a slot
-            without the GIL; stores and the rest stay on threads. ``"auto"``: native where
+            former name, still works with a DeprecationWarning). ``"native"``: loads run on
+            C worker threads (the fs tier's), one job per chunk or per run of adjacent slots,
+            read and hashed without the GIL; stores and the rest stay on threads. ``"auto"``: native where
             the native workers are available (:func:`asynctier.engines.native.problem`), else
             threads.
         file_mode: permission bits of every file the tier creates (slab files, checkpoint,
