@@ -101,6 +101,8 @@ class NativeEngine(EngineCounters):
         self.nice = nice
         #: jobs started at once (in the pool, or as continuations)
         self.slots = _queue_ahead(bound)
+        #: group jobs whose ends wake the loop once (see _group_of)
+        self.wake_every = max(1, bound // 4)
         #: the tier's fast paths, by operation
         self.fast: dict[Op, FastPath] = {}
         self.pool: NativePool | None = None
@@ -244,14 +246,14 @@ class NativeEngine(EngineCounters):
             pool.set_low_water(want)
 
     def _group_of(self, job: Job, call_group: list[int]) -> int:
-        """The wake-up group of ``job``'s next step in the pool: its call's (the workers wake the
-        loop when the call's last job ends), taken at its first job; -1 for a group job, which
-        wakes the loop at each end: it holds many chunks, and its next run, or the progress
-        its caller watches, should not wait for the call's other jobs."""
-        if job.grouped:
-            return -1
-        if not call_group:
-            call_group.append(self._groups.pop())  # as many as slots: one is free
+        """The wake-up group of ``job``'s next step in the pool, ``call_group`` being its call's
+        current one (id, jobs in it): the workers wake the loop when a group's last job ends.
+        One chunk jobs: the call's one group. Group jobs, each many chunks: groups of
+        :attr:`wake_every`, so that a group job's next run, and its caller's progress, do not
+        wait for all of the call's other jobs."""
+        if not call_group or (job.grouped and call_group[1] >= self.wake_every):
+            call_group[:] = [self._groups.pop(), 0]  # as many as slots: one is free
+        call_group[1] += 1
         group = call_group[0]
         self._group_left[group] += 1
         return group
@@ -261,10 +263,9 @@ class NativeEngine(EngineCounters):
         if job.priority != PRIO_LOAD:
             self._stores_in_pool -= 1
         group = self._slot_group[slot]
-        if group >= 0:
-            self._group_left[group] -= 1
-            if not self._group_left[group]:
-                self._groups.append(group)
+        self._group_left[group] -= 1
+        if not self._group_left[group]:
+            self._groups.append(group)
         try:
             r = self._slot_path[slot].finish(job, slot, result, csum, stage, info)  # type: ignore[union-attr]
         except BaseException as e:
