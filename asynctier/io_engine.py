@@ -20,7 +20,7 @@ from typing import Literal
 
 from .errors import TierConfigError
 
-__all__ = ["IO_ENGINES", "IoEngine", "check_io_engine"]
+__all__ = ["IO_ENGINES", "IoEngine", "check_io_engine", "runs_native"]
 
 IoEngine = Literal["auto", "threads", "native"]
 IO_ENGINES: tuple[IoEngine, ...] = ("auto", "threads", "native")
@@ -56,3 +56,17 @@ def check_io_engine(tier_type: str, value: object, supported: tuple[IoEngine, ..
         if value == engine:
             return engine
     raise TierConfigError(f"{tier_type}: io_engine must be one of {accepted}; got {value!r}")
+
+
+def runs_native(io_engine: IoEngine) -> bool:
+    """Whether a tier configured with ``io_engine`` runs on the native workers here: ``"auto"``
+    where they are available, ``"native"`` always (else :class:`TierConfigError` saying why
+    they are not), ``"threads"`` never."""
+    if io_engine == "threads":
+        return False
+    from .engines import native  # loads the workers' library: only when a tier opens
+
+    why = native.problem()
+    if io_engine == "native" and why is not None:
+        raise TierConfigError(f"io_engine='native' but native I/O workers are unavailable here: {why}")
+    return why is None

@@ -384,6 +384,21 @@ async def test_io_engine_values_run_on_their_engine(tmp_path: Path, value: str, 
         assert [chunk_at(view, CHUNK, i) for i in range(16)] == data
 
 
+async def test_io_engine_native_refused_where_the_workers_are_missing_auto_runs_threads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(nativeio, "_PROBLEM", "asynctier/engines/_nativeio was not built")
+    tier, _ = make(tmp_path / "n.slab", io_engine="native")
+    with pytest.raises(TierConfigError, match=r"io_engine='native' but native I/O workers are unavailable.*not built"):
+        await tier.open()
+    assert not (tmp_path / "n.slab").exists()  # refused before anything was made
+    tier, view = make(tmp_path / "a.slab", io_engine="auto")
+    async with tier:
+        assert tier.active_io_engine == "threads"
+        fill(view, CHUNK, 5)
+        assert (await tier.offload([b"x"], [0])).ok and (await tier.load([b"x"], [1])).ok
+
+
 async def test_io_engine_defaults_to_auto(tmp_path: Path) -> None:
     tier, _ = make(tmp_path / "kv.slab")
     assert tier.io_engine == "auto"

@@ -16,9 +16,8 @@ from asynctier.core import Op
 from asynctier.core.backend import run_on_thread_to_end
 from asynctier.core.validation import check_bool, check_path, check_private_dir, permission_bits
 from asynctier.engines import Engine
-from asynctier.engines import native as nativeio
 from asynctier.engines.native_engine import NativeEngine
-from asynctier.io_engine import IoEngine, check_io_engine
+from asynctier.io_engine import IoEngine, check_io_engine, runs_native
 from asynctier.lru import LRUIndex
 from asynctier.posix_io import O_DIRECT, logical_block_size, network_fs
 from asynctier.stats import TierStats
@@ -437,10 +436,7 @@ class FsTier(BlockingChunkTier):
 
     def make_engine(self) -> Engine:
         self._native = None
-        why = nativeio.problem()
-        if self.io_engine == "native" and why is not None:
-            raise TierConfigError(f"io_engine='native' but native I/O workers are unavailable here: {why}")
-        if self.io_engine == "threads" or why is not None:
+        if not runs_native(self.io_engine):
             return super().make_engine()
         name = f"asynctier-{self.tier_type}"
         engine = NativeEngine(self.max_inflight or 1, name=name, nice=self.worker_nice)

@@ -16,10 +16,9 @@ from asynctier import IntegrityError, TierConfigError
 from asynctier.core.ops import Op
 from asynctier.core.validation import check_bool, check_keys, check_path, permission_bits
 from asynctier.engines import Engine
-from asynctier.engines import native as nativeio
 from asynctier.engines.split import SplitEngine
 from asynctier.integrity import checksum, pack_header
-from asynctier.io_engine import check_io_engine
+from asynctier.io_engine import check_io_engine, runs_native
 
 from .catalog import Catalog
 from .fast import LoadPath
@@ -136,10 +135,7 @@ class NvmeTier(CoalescedJobs):
     # -- engines -------------------------------------------------------------------------------
     def make_engine(self) -> Engine:
         self._split = None
-        why = nativeio.problem()
-        if self.io_engine == "native" and why is not None:
-            raise TierConfigError(f"io_engine='native' but native I/O workers are unavailable here: {why}")
-        if self.io_engine == "threads" or why is not None:
+        if not runs_native(self.io_engine):
             return super().make_engine()
         # loads on the C workers; stores and the rest (they wait for the journal) on threads
         engine = self._split = SplitEngine(self.max_inflight or 1, name=f"asynctier-{self.tier_type}")
