@@ -117,9 +117,13 @@ class LoadPath:
         finally:
             lock.release()
         H = slabs.hdr_area
-        if self._hb is None:
-            self._bind(tier)
-        fd, off = slabs.locate(where[0])
+        try:
+            if self._hb is None:
+                self._bind(tier)
+            fd, off = slabs.locate(where[0])
+        except BaseException:  # never leave a slot pinned
+            self._unpins.append(where[0])
+            raise
         n = tier.offloading_spec.chunk_bytes
         self._plans[slot] = where
         # nativeio.fields written out (per chunk): a read of the slot's header block and payload at off
@@ -182,9 +186,14 @@ class LoadPath:
         if not found:
             job.result = outcomes
             return None
-        runs = tier._slabs.runs([(p, where[0]) for p, where in found.items()])
-        self._groups[slot] = _Group(found, outcomes, runs)
-        return self._run_fields(tier, slot, job, self._groups[slot])
+        try:
+            runs = tier._slabs.runs([(p, where[0]) for p, where in found.items()])
+            self._groups[slot] = _Group(found, outcomes, runs)
+            return self._run_fields(tier, slot, job, self._groups[slot])
+        except BaseException:  # never leave a slot pinned
+            self._groups.pop(slot, None)
+            self._unpins += [where[0] for where in found.values()]
+            raise
 
     def _run_fields(self, tier: NvmeTier, slot: int, job: Job, g: _Group) -> nativeio.JobFields:
         """The descriptor of ``g``'s next run: its iovecs and checksums in ``slot``'s arrays."""
@@ -236,9 +245,12 @@ class LoadPath:
         """The slots that did not simply check out, read again by the threads path's group body
         (it reports each precisely and drops a bad copy); the group's outcomes."""
         bad = g.bad
-        again = await self._engine.blocking(tier._load_group, [keys[p] for p in bad], [cids[p] for p in bad], t0)
-        for p, e in zip(bad, again):
-            g.outcomes[p] = e
+        try:
+            again = await self._engine.blocking(tier._load_group, [keys[p] for p in bad], [cids[p] for p in bad], t0)
+        except Exception as e:  # those only: the others are loaded
+            again = [e] * len(bad)
+        for p, outcome in zip(bad, again):
+            g.outcomes[p] = outcome
         return g.outcomes
 
     def _bind(self, tier: NvmeTier) -> None:
