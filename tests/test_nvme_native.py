@@ -249,3 +249,23 @@ async def test_a_group_finding_the_index_busy_loads_on_a_thread(tmp_path: Path) 
             release.set()
         assert [chunk_at(view, CHUNK, 8 + i) for i in range(8)] == data[:8]
         assert tier.stats().loaded == 8 and not cat.index.pins
+
+
+@pytest.mark.parametrize("direct_io", [True, False], ids=["direct", "buffered"])
+async def test_striped_slabs_and_buffered_io_load_through_the_workers(tmp_path: Path, direct_io: bool) -> None:
+    """Slots striped over two slab files (runs never cross a stripe), with O_DIRECT or through
+    the page cache: group and one-chunk loads on the workers, byte-exact."""
+    tier, view = make([tmp_path / "s0.slab", tmp_path / "s1.slab"], io_engine="native", max_inflight=2,
+                      nchunks=32, direct_io=direct_io)  # fmt: skip
+    async with tier:
+        data = fill(view, CHUNK, 11)
+        keys = [b"s%d" % i for i in range(16)]
+        assert (await tier.offload(keys, list(range(16)))).ok
+        view[:] = bytes(view.nbytes)
+        assert (await tier.load(keys, list(range(16, 32)))).ok  # group jobs
+        assert (await tier.load(keys[:1], [0])).ok  # one chunk
+        assert [chunk_at(view, CHUNK, 16 + i) for i in range(16)] == data[:16]
+        assert chunk_at(view, CHUNK, 0) == data[0]
+        st = tier.stats()
+        assert st.loaded == 17 and st.extra.get("native_retries", 0) == 0
+        assert st.extra.get("bounce_copies", 0) == 0
