@@ -26,95 +26,15 @@
  */
 #define _GNU_SOURCE
 #include <errno.h>
-#include <fcntl.h>
 #include <pthread.h>
 #include <stdint.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
 #include <sys/resource.h>
-#include <sys/stat.h>
-#include <sys/uio.h>
 #include <unistd.h>
 
-#define AT_READ 1
-#define AT_WRITE 2
-#define AT_SPARE 3  /* open a file (to be overwritten) and rename it away: result is the fd */
-#define AT_UNLINK 4 /* unlink a name */
-/* a store into an evicted file: open the victim's file, rename it away, make sure no one
- * else holds the namespace (its lock), overwrite it, rename it into place (one job for what
- * would be a spare and a write, with no trip through the event loop between them) */
-#define AT_RECYCLE 5
-/* one run of adjacent slots of a file the caller holds open (fd, at off), one preadv: hb is
- * the caller's struct iovec[hb_len] (each slot's header block, then its payload), buf its
- * uint64_t[len] for the payloads' xxh3 (hashed), len the slots (tiers/nvme/fast.py) */
-#define AT_READV 6
-#define READV_MAX 512 /* slots of one AT_READV: two iovecs each, within IOV_MAX (1024) */
-
-#define AT_MODE_FIX 0x10000 /* the umask would strip bits of the mode: set it after creation */
-
-#define AT_QUEUED 1
-#define AT_RUNNING 2
-#define AT_DONE 3
-#define AT_IDLE 0
-
-/* the step a job failed at (res.stage); 0: none */
-#define ST_OPEN 1
-#define ST_IO 2
-#define ST_DATASYNC 3
-#define ST_LINK 4
-#define ST_DIRSYNC 5
-#define ST_RENAME 6
-#define ST_SHARED 8 /* recycling: another tier holds the namespace (its file stays at name3) */
-#define ST_UNLINK 7
-
-#define NPRIO 4
-#define NAME_MAX_LEN 256
-#define CSUM_OFFSET 20 /* of the payload checksum in a packed header (asynctier.integrity) */
-
-typedef uint64_t (*xxh3_fn)(const void *, size_t);
-
-/* One job, as the caller describes it (laid out as nativeio.Job). */
-struct at_job {
-    int32_t group; /* -1: wake the loop when it ends; else a group of jobs (0..nops-1): when its last ends */
-    int32_t pad;
-    int32_t kind, prio;
-    int32_t dfd, flags;
-    int32_t fd;   /* writes: the file to fill (made ahead, or taken over), left open; -1: make one */
-    int32_t dfd2; /* the directory of name2 */
-    int32_t sync, hashed;
-    int32_t body_len;
-    int32_t mode; /* writes: the mode of a file the job makes (0: 0644); AT_MODE_FIX: fchmod it too */
-    void *hb;
-    size_t hb_len;
-    void *buf;
-    size_t len;
-    int64_t off; /* reads of a given file (fd >= 0): where the header block starts in it */
-    char name[NAME_MAX_LEN];
-    char name2[NAME_MAX_LEN]; /* writes: publish by renaming this (the file's name); spares: the new name */
-    char name3[NAME_MAX_LEN]; /* recycling: the victim's file's name while it is overwritten (in dfd) */
-};
-
-/* What Python reads back; one per slot, laid out as nativeio._Result. */
-struct at_res {
-    int64_t result;  /* bytes moved, or -errno of the failed step */
-    uint64_t csum;   /* xxh3-64 of the payload (reads that got it all; writes) */
-    int32_t stage;   /* ST_* of the failure, 0 if none */
-    int32_t info;    /* writes: 1 if the name was taken already (EEXIST on link) */
-};
-
-/* a write's checksums, filled in by a worker before its I/O */
-#define PREP_NONE 0    /* nothing to do: ready for I/O */
-#define PREP_WANTED 1  /* queued, to be hashed first */
-#define PREP_RUNNING 2 /* being hashed */
-
-struct at_op {
-    struct at_job job;
-    int32_t state, prep;
-    int32_t fd;   /* the file opened by prepare_write, or -1 */
-    int32_t next; /* queue link */
-};
+#include "_nativeio.h"
 
 struct at_pool {
     pthread_mutex_t mu;
@@ -141,247 +61,6 @@ struct at_pool {
     pthread_t *threads;
     xxh3_fn xxh3;
 };
-
-static int64_t move_all(int fd, int write, struct iovec *iov, int cnt, size_t total, int64_t base) {
-    /* one preadv/pwritev for the whole chunk, from `base` on; loops on short transfers (EOF ends a read) */
-    size_t done = 0;
-    while (done < total) {
-        off_t at = (off_t)(base + (int64_t)done);
-        ssize_t n = write ? pwritev(fd, iov, cnt, at) : preadv(fd, iov, cnt, at);
-        if (n < 0) {
-            if (errno == EINTR) continue;
-            return -errno;
-        }
-        if (n == 0) {
-            if (write) return -EIO; /* a write that makes no progress */
-            break;
-        }
-        done += (size_t)n;
-        size_t k = (size_t)n;
-        while (cnt > 0 && k >= iov->iov_len) {
-            k -= iov->iov_len;
-            iov++;
-            cnt--;
-        }
-        if (cnt > 0) {
-            iov->iov_base = (char *)iov->iov_base + k;
-            iov->iov_len -= k;
-        }
-    }
-    return (int64_t)done;
-}
-
-static void put_u64le(char *p, uint64_t v) {
-    for (int i = 0; i < 8; i++) p[i] = (char)(v >> (8 * i));
-}
-
-/* Open an existing chunk file (the caller's flags carry O_NOFOLLOW and O_NONBLOCK): a
- * regular file only. Anything else someone put at the name fails the job without reading
- * it: a directory as reading it would (EISDIR at the I/O step), a FIFO or a device at the
- * open step with ENXIO; the Python code says what it was. */
-static int open_regular(int dfd, const char *name, int flags, struct at_res *r) {
-    int fd = openat(dfd, name, flags | O_CLOEXEC);
-    if (fd < 0) {
-        r->result = -errno;
-        r->stage = ST_OPEN;
-        return -1;
-    }
-    struct stat st;
-    int64_t bad = 0;
-    if (fstat(fd, &st) != 0)
-        bad = -errno;
-    else if (!S_ISREG(st.st_mode))
-        bad = S_ISDIR(st.st_mode) ? -EISDIR : -ENXIO;
-    if (bad) {
-        r->result = bad;
-        r->stage = bad == -EISDIR ? ST_IO : ST_OPEN;
-        close(fd);
-        return -1;
-    }
-    return fd;
-}
-
-/* A chunk file opened by name, read from its start; or, with fd >= 0, the caller's open file
- * (a slab: tiers/nvme) read at `off`, and left open. */
-static void run_read(struct at_op *op, struct at_res *r) {
-    struct at_job *j = &op->job;
-    int fd = j->fd >= 0 ? j->fd : open_regular(j->dfd, j->name, j->flags, r);
-    if (fd < 0) return;
-    struct iovec iov[2] = {{j->hb, j->hb_len}, {j->buf, j->len}};
-    int64_t got = move_all(fd, 0, iov, 2, j->hb_len + j->len, j->fd >= 0 ? j->off : 0);
-    if (j->fd < 0) close(fd);
-    r->result = got;
-    if (got < 0) r->stage = ST_IO;
-}
-
-/* A write's work before its I/O, holding no token: the header's checksums (it was packed
- * with a zero checksum: the payload's goes in, then the header's own over its body, see
- * asynctier.integrity.pack_header), and its unnamed file (O_TMPFILE: an inode on the file
- * system's orphan list, no data yet), as the tier's pool of files made ahead would. */
-static void prepare_write(struct at_pool *p, struct at_op *op, struct at_res *r) {
-    struct at_job *j = &op->job;
-    if (j->body_len > 0) {
-        char *hb = j->hb;
-        uint64_t c = p->xxh3(j->buf, j->len);
-        put_u64le(hb + CSUM_OFFSET, c);
-        put_u64le(hb + j->body_len, p->xxh3(hb, (size_t)j->body_len));
-        r->csum = c;
-    }
-    if (j->kind == AT_WRITE && j->fd < 0) { /* a new file (else the caller's: made ahead, or a spare) */
-        mode_t mode = j->mode ? (mode_t)(j->mode & 07777) : 0644;
-        if (j->name2[0]) /* named: where unnamed files cannot be made, or are not wanted */
-            op->fd = openat(j->dfd2, j->name2, O_CREAT | O_EXCL | j->flags | O_CLOEXEC, mode);
-        else
-            op->fd = openat(j->dfd, ".", O_TMPFILE | j->flags | O_CLOEXEC, mode);
-        if (op->fd >= 0 && (j->mode & AT_MODE_FIX) && fchmod(op->fd, mode) != 0) {
-            int e = errno;
-            close(op->fd);
-            op->fd = -1;
-            errno = e;
-        }
-        if (op->fd < 0) {
-            r->result = -errno;
-            r->stage = ST_OPEN;
-        }
-    }
-}
-
-/* AT_READV: info = 1 when every byte came (its payloads are then hashed, if asked). */
-static void run_readv(struct at_op *op, struct at_res *r) {
-    struct at_job *j = &op->job;
-    int cnt = (int)j->hb_len;
-    /* a copy: move_all advances it on a short transfer, and the hashing reads the caller's */
-    struct iovec *iov = malloc((size_t)cnt * sizeof *iov);
-    if (!iov) {
-        r->result = -ENOMEM;
-        r->stage = ST_IO;
-        return;
-    }
-    memcpy(iov, j->hb, (size_t)cnt * sizeof *iov);
-    size_t total = 0;
-    for (int i = 0; i < cnt; i++) total += iov[i].iov_len;
-    int64_t got = move_all(j->fd, 0, iov, cnt, total, j->off);
-    free(iov);
-    r->result = got;
-    if (got < 0)
-        r->stage = ST_IO;
-    else
-        r->info = (size_t)got == total;
-}
-
-static void run_spare(struct at_op *op, struct at_res *r) {
-    struct at_job *j = &op->job;
-    int fd = open_regular(j->dfd, j->name, j->flags, r);
-    if (fd < 0) return;
-    if (renameat(j->dfd, j->name, j->dfd2, j->name2) != 0) {
-        r->result = -errno;
-        r->stage = ST_RENAME;
-        close(fd);
-        return;
-    }
-    r->result = fd;
-}
-
-static void run_unlink(struct at_op *op, struct at_res *r) {
-    if (unlinkat(op->job.dfd, op->job.name, 0) != 0) {
-        r->result = -errno;
-        r->stage = ST_UNLINK;
-    }
-}
-
-static void run_write(struct at_op *op, struct at_res *r) {
-    if (r->stage) return; /* failed in prepare_write */
-    struct at_job *j = &op->job;
-    int fd = j->fd >= 0 ? j->fd : op->fd;
-    struct iovec iov[2] = {{j->hb, j->hb_len}, {j->buf, j->len}};
-    int64_t n = move_all(fd, 1, iov, 2, j->hb_len + j->len, 0);
-    int stage = 0;
-    int64_t err = 0;
-    if (n < 0) {
-        stage = ST_IO;
-        err = n;
-    } else if (j->sync && fdatasync(fd) != 0) {
-        stage = ST_DATASYNC;
-        err = -errno;
-    } else if (j->name2[0]) { /* a named file (new, or taken over): renamed into place */
-        if (renameat(j->dfd2, j->name2, j->dfd, j->name) != 0) {
-            stage = ST_RENAME;
-            err = -errno;
-        }
-    } else {
-        char path[48];
-        snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
-        if (linkat(AT_FDCWD, path, j->dfd, j->name, AT_SYMLINK_FOLLOW) != 0) {
-            if (errno == EEXIST)
-                r->info = 1; /* another writer published this key first: its copy stays */
-            else {
-                stage = ST_LINK;
-                err = -errno;
-            }
-        }
-    }
-    if (j->fd < 0) { /* a file made ahead or taken over is the caller's to close */
-        close(fd);
-        op->fd = -1;
-    }
-    if (!stage && j->sync && fsync(j->dfd) != 0) {
-        stage = ST_DIRSYNC;
-        err = -errno;
-    }
-    r->stage = stage;
-    r->result = stage ? err : n;
-}
-
-/* Whether no open file description but `lock_fd`'s holds a lock on its file (tiers/fs/owners.py:
- * every open tier holds a shared lock there); 0 where that cannot be told (nothing is recycled). */
-static int alone(int lock_fd) {
-    if (lock_fd < 0) return 0;
-    struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = 0, .l_len = 1};
-    if (fcntl(lock_fd, F_OFD_GETLK, &fl) != 0) return 0;
-    return fl.l_type == F_UNLCK;
-}
-
-/* AT_RECYCLE: the victim's file (dfd2/name2, opened with flags) is renamed to name3 in dfd;
- * then, only while no other tier holds the namespace (fd: the lock's descriptor), filled
- * and renamed to name. info = 1 once the file has left the victim's name: a failure after
- * that leaves it at name3 (closed), for the Python code to remove. */
-static void run_recycle(struct at_op *op, struct at_res *r) {
-    if (r->stage) return; /* failed in prepare_write */
-    struct at_job *j = &op->job;
-    int fd = open_regular(j->dfd2, j->name2, j->flags, r);
-    if (fd < 0) return;
-    int stage = 0;
-    int64_t err = 0, n = 0;
-    if (renameat(j->dfd2, j->name2, j->dfd, j->name3) != 0) {
-        stage = ST_RENAME;
-        err = -errno;
-    } else {
-        r->info = 1;
-        struct iovec iov[2] = {{j->hb, j->hb_len}, {j->buf, j->len}};
-        if (!alone(j->fd)) {
-            stage = ST_SHARED;
-            err = -EBUSY;
-        } else if ((n = move_all(fd, 1, iov, 2, j->hb_len + j->len, 0)) < 0) {
-            stage = ST_IO;
-            err = n;
-        } else if (j->sync && fdatasync(fd) != 0) {
-            stage = ST_DATASYNC;
-            err = -errno;
-        } else if (renameat(j->dfd, j->name3, j->dfd, j->name) != 0) {
-            stage = ST_RENAME;
-            err = -errno;
-        } else {
-            r->info = 0; /* published: nothing is left at name3 */
-            if (j->sync && fsync(j->dfd) != 0) {
-                stage = ST_DIRSYNC;
-                err = -errno;
-            }
-        }
-    }
-    close(fd);
-    r->stage = stage;
-    r->result = stage ? err : n;
-}
 
 #define DO_IO 1   /* a job's system calls, holding a token */
 #define DO_POST 2 /* a read's checksum, after its I/O */
@@ -497,7 +176,7 @@ static void *worker(void *arg) {
             if (pick(p, &next_what) >= 0) pthread_cond_signal(&p->work); /* more to do: another worker */
             pthread_mutex_unlock(&p->mu);
             memset(r, 0, sizeof *r);
-            prepare_write(p, op, r);
+            at_prepare_write(p->xxh3, op, r);
             pthread_mutex_lock(&p->mu);
             op->prep = PREP_NONE;
             if (p->ntokens > 0) pthread_cond_signal(&p->work);
@@ -507,13 +186,7 @@ static void *worker(void *arg) {
             p->post_head = op->next;
             if (pick(p, &next_what) >= 0) pthread_cond_signal(&p->work);
             pthread_mutex_unlock(&p->mu);
-            if (op->job.kind == AT_READV) {
-                const struct iovec *v = op->job.hb;
-                uint64_t *sums = op->job.buf;
-                for (size_t i = 0; i < op->job.len; i++) sums[i] = p->xxh3(v[2 * i + 1].iov_base, v[2 * i + 1].iov_len);
-            } else {
-                r->csum = p->xxh3(op->job.buf, op->job.len);
-            }
+            at_hash_read(p->xxh3, op, r);
             pthread_mutex_lock(&p->mu);
             report(p, idx);
             continue;
@@ -527,27 +200,13 @@ static void *worker(void *arg) {
         if (pick(p, &next) >= 0) pthread_cond_signal(&p->work); /* more to do: another worker */
         pthread_mutex_unlock(&p->mu);
 
-        int kind = op->job.kind;
-        if (kind == AT_READ)
-            run_read(op, r);
-        else if (kind == AT_WRITE)
-            run_write(op, r);
-        else if (kind == AT_SPARE)
-            run_spare(op, r);
-        else if (kind == AT_RECYCLE)
-            run_recycle(op, r);
-        else if (kind == AT_READV)
-            run_readv(op, r);
-        else
-            run_unlink(op, r);
+        at_run_job(op, r);
 
         pthread_mutex_lock(&p->mu);
         p->in_flight--;
         p->ntokens++;
         if (acq_total(p)) pthread_cond_broadcast(&p->tokens); /* waiters of several priorities */
-        int whole = kind == AT_READ ? r->result == (int64_t)(op->job.hb_len + op->job.len)
-                                    : kind == AT_READV && r->info == 1;
-        if (whole && op->job.hashed) {
+        if (op->job.hashed && at_read_whole(op, r)) {
             /* its checksum is left to another worker: this one goes on to the next I/O at
              * once, without a thread wake-up between the two */
             op->next = -1;

@@ -67,7 +67,7 @@ MODE_FIX = 0x10000
 
 
 class Job(ctypes.Structure):
-    """One job for the workers, laid out as ``struct at_job`` in ``asynctier/engines/_nativeio.c``.
+    """One job for the workers, laid out as ``struct at_job`` in ``asynctier/engines/_nativeio.h``.
 
     ``kind`` (:data:`READ` ...), ``prio`` (0 runs first), the directory ``dfd`` and ``name``
     of the file, open ``flags``; writes: ``fd`` (a file to fill, left open; -1: the worker
