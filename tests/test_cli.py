@@ -270,12 +270,13 @@ def test_fsck_needs_the_layout(tmp_path: Path) -> None:
     assert "chunk_bytes" in r.output
 
 
-def test_fsck_on_an_empty_memory_tier_is_clean(tmp_path: Path) -> None:
+def test_fsck_skips_a_memory_tier_saying_why(tmp_path: Path) -> None:
     cfg = tmp_path / "tier.toml"
     cfg.write_text('type = "memory"\n[spec]\nchunk_bytes = 4096\n')
     r = invoke("fsck", "--config", str(cfg))
     assert r.exit_code == 0, r.output
-    assert "memory: 0 chunks checked" in r.output
+    assert "not checked: it holds nothing across processes" in r.output
+    assert "no chunks stored" not in r.output
 
 
 def test_fsck_says_when_the_root_or_the_layout_is_not_there_and_creates_nothing(tmp_path: Path) -> None:

@@ -19,7 +19,7 @@ from ..factory import SecondaryTierFactory
 
 __all__ = ["NOT_PERSISTENT", "CheckTarget", "check_targets", "require_chunk_tier"]
 
-#: Why a chain member in process memory is skipped (the report's ``skipped``).
+#: Why a tier in process memory (a table, or a chain's member) is skipped (the report's ``skipped``).
 NOT_PERSISTENT = "it holds nothing across processes (a fresh process always sees it empty)"
 
 
@@ -68,5 +68,5 @@ def _expand(table: str, path: str, config: Mapping[str, Any], member: str | None
             out += _expand(table, sub, entry.tier_config, entry.name)
         return out
     require_chunk_tier(name, cls)
-    skipped = NOT_PERSISTENT if member is not None and not getattr(cls, "persistent", True) else None
+    skipped = NOT_PERSISTENT if not getattr(cls, "persistent", True) else None
     return [CheckTarget(name, where, dict(config), member, skipped)]
