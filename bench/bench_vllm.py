@@ -19,7 +19,8 @@ An engine step is ``on_schedule_end`` then a ``--step-ms`` pause, the same for e
 GB/s is data / wall time of the phase; ``cpu s/GB`` is the process CPU time of the phase
 per GB (less disturbed by other load on the machine than wall time). Every call vLLM makes
 into the secondary tier is timed on the scheduler thread (wall and thread CPU, µs).
-Repetitions interleave the tiers; the report gives medians.
+Repetitions interleave the tiers, each repeat starting one tier later (a tier run right after
+the fs tiers pays for the files ext4 is still writing back); the report gives medians.
 
 Writes ``bench/results/vllm.json`` and ``bench/results/vllm.md``.
 """
@@ -316,11 +317,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         nchunks = max(args.batch, args.mib * MiB // chunk)
         runs: dict[str, list[dict[str, Any]]] = {}
         for rep in range(args.repeat):
-            for name, config in tier_configs(
-                base / f"rep{rep}", chunk, nchunks, args.fs_variant, args.nvme_variant
-            ).items():
-                if args.tiers and name not in args.tiers:
-                    continue
+            tiers = [
+                (name, config)
+                for name, config in tier_configs(
+                    base / f"rep{rep}", chunk, nchunks, args.fs_variant, args.nvme_variant
+                ).items()
+                if not args.tiers or name in args.tiers
+            ]
+            # each repeat starts one tier later: a tier right after the fs tiers pays for the
+            # files ext4 is still writing back, so no tier is always the one that follows them
+            shift = rep % max(1, len(tiers))
+            for name, config in tiers[shift:] + tiers[:shift]:
                 d = base / f"rep{rep}"
                 shutil.rmtree(d, ignore_errors=True)
                 d.mkdir(parents=True)
