@@ -58,9 +58,9 @@ class NvmeTier(CoalescedJobs):
             ``preadv``/``pwritev`` on ``max_inflight`` Python worker threads (``"psync"``, the
             former name, still works with a DeprecationWarning). ``"native"``: loads run on
             C worker threads (the fs tier's), one job per chunk or per run of adjacent slots,
-            read and hashed without the GIL; stores and the rest stay on threads. ``"auto"``: native where
-            the native workers are available (:func:`asynctier.engines.native.problem`), else
-            threads.
+            read and hashed without the GIL; stores and the rest stay on threads.
+            ``"auto"``: native where the native workers are available
+            (:func:`asynctier.engines.native.problem`), else threads.
         file_mode: permission bits of every file the tier creates (slab files, checkpoint,
             journal; an int, default ``0o600``), set exactly whatever the umask.
         dir_mode: permission bits of every directory it creates (default ``0o700``). A slab's
