@@ -33,12 +33,19 @@ import sys
 import tempfile
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 from bench_loop_cpu import stream
 
 from asynctier import OffloadingSpec, SecondaryTierFactory
+
+# mypy checks tiers/ as the top-level package "tiers": pyproject's package-dir installs it as
+# asynctier.tiers, a mapping mypy cannot follow; the same modules, so the same types
+if TYPE_CHECKING:
+    from tiers.chain import ChainTier
+else:
+    from asynctier.tiers.chain import ChainTier
 
 BACKENDS: dict[str, tuple[str, dict[str, Any]]] = {
     "asyncio": ("asyncio", {}),
@@ -107,6 +114,7 @@ async def measure(point: str, root: str, chunk: int, chunks: int, batch: int, st
         await tier.remove(warm)
         for op in ("offload", "load"):
             if op == "load" and point == "lower":  # memory misses: fs serves, memory is promoted into
+                assert isinstance(tier, ChainTier)
                 await tier.member("memory").tier.remove(keys)
             profiler = _start_profile() if profile else None
             loop0, cpu0, t0 = time.thread_time(), time.process_time(), time.perf_counter()

@@ -56,7 +56,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from asynctier import OffloadingSpec, SecondaryTierFactory  # noqa: E402
+from asynctier import ChunkTier, OffloadingSpec, SecondaryTierFactory  # noqa: E402
 from asynctier.cli import benchkit  # noqa: E402
 from asynctier.posix_io import aligned_buffer  # noqa: E402
 
@@ -157,6 +157,7 @@ async def full_point(
     spec = OffloadingSpec(chunk, 2 * n, namespace=f"bench/{chunk}")
     cfg = {"type": "fs", "root": str(root), "max_inflight": depth, **config}
     tier = SecondaryTierFactory.create_secondary_tier(cfg, view, spec)
+    assert isinstance(tier, ChunkTier)  # its stored_size(): a chunk's bytes on disk, header and rounding in
     tier = SecondaryTierFactory.create_secondary_tier({**cfg, "capacity_bytes": n * tier.stored_size()}, view, spec)
     async with tier:
         res = await tier.offload([f"old-{chunk}-{i}".encode() for i in range(n)], list(range(n)))

@@ -37,7 +37,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -45,7 +45,24 @@ sys.path.insert(0, str(ROOT))
 from asynctier import OffloadingSpec, SecondaryTierFactory  # noqa: E402
 from asynctier.cli import benchkit  # noqa: E402
 
+# mypy checks tiers/ as the top-level package "tiers": pyproject's package-dir installs it as
+# asynctier.tiers, a mapping mypy cannot follow; the same modules, so the same types
+if TYPE_CHECKING:
+    from tiers.nvme import NvmeTier
+else:
+    from asynctier.tiers.nvme import NvmeTier
+
 GiB = 1 << 30
+
+
+class Rep(TypedDict):
+    """One repeat of a point: fio before and after, the tier's runs by buffer size in chunks,
+    and each run's B/s over fio's mean."""
+
+    fio_before: dict[str, Any]
+    tiers: dict[int, dict[str, Any]]
+    fio_after: dict[str, Any]
+    ratios: dict[int, float]
 
 
 class DiskStat:
@@ -117,6 +134,7 @@ async def _tier(
         **cfg,
     }
     tier = SecondaryTierFactory.create_secondary_tier(conf, view, spec)
+    assert isinstance(tier, NvmeTier)  # its slab files are synced below
     keys = [b"w-%09d" % i for i in range(n)]
     async with tier:
         sem = asyncio.Semaphore(max(1, depth // batch) + 1)  # enough calls in flight to fill the depth
@@ -134,7 +152,7 @@ async def _tier(
         for fd in tier._slabs.fds:  # what fio's end_fsync does
             os.fdatasync(fd)
         dt = time.perf_counter() - t0
-        out = {"Bps": n * chunk / dt, "cpu_s_per_gib": (_cpu() - c0) / (n * chunk / GiB)}
+        out: dict[str, Any] = {"Bps": n * chunk / dt, "cpu_s_per_gib": (_cpu() - c0) / (n * chunk / GiB)}
         out.update(DiskStat.delta(a, disk.read(), dt))
         out["stats"] = {k: v for k, v in tier.stats().extra.items() if isinstance(v, (int, float))}
     return out
@@ -171,10 +189,10 @@ def main() -> None:
             for depth in (int(x) for x in args.depths.split(",")):
                 n = size // chunk
                 views = [depth if v == "depth" else int(v) for v in args.views.split(",")]
-                reps = []
+                reps: list[Rep] = []
                 for rep in range(args.repeat):
                     before = _fio(d, chunk, depth, n * chunk, disk, engines)
-                    runs = {}
+                    runs: dict[int, dict[str, Any]] = {}
                     for v in views:
                         runs[v] = asyncio.run(_tier(d, chunk, depth, n, args.batch, disk, cfg, view_chunks=v))
                         for p in d.glob("slab*"):

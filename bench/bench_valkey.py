@@ -31,7 +31,7 @@ import tempfile
 import time
 from pathlib import Path
 from statistics import median
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from asynctier import OffloadingSpec, SecondaryTierFactory
 from asynctier.cli.benchkit import machine_info, md_table, write_results
@@ -237,8 +237,14 @@ def copy_costs(size: int, reps: int = 50) -> dict[str, float]:
     """CPU microseconds per chunk of the tier's own work: packing a store's command (header,
     checksum and the one copy of the payload), the copy of a load into its slot, and the
     xxh3 checksum alone (each side computes it once)."""
-    from asynctier.tiers.valkey.client import pack
-    from asynctier.tiers.valkey.format import frame
+    # mypy checks tiers/ as the top-level package "tiers": pyproject's package-dir installs it
+    # as asynctier.tiers, a mapping mypy cannot follow (the same modules, so the same types)
+    if TYPE_CHECKING:
+        from tiers.valkey.client import pack
+        from tiers.valkey.format import frame
+    else:
+        from asynctier.tiers.valkey.client import pack
+        from asynctier.tiers.valkey.format import frame
 
     payload = memoryview(bytearray(os.urandom(size)))
     slot = memoryview(bytearray(size))
@@ -416,7 +422,10 @@ def main() -> None:
             proc.wait()
         if workdir is not None:
             shutil.rmtree(workdir, ignore_errors=True)
-    from asynctier.tiers.valkey.url import parse_url
+    if TYPE_CHECKING:  # tiers/ is "tiers" to mypy (see copy_costs)
+        from tiers.valkey.url import parse_url
+    else:
+        from asynctier.tiers.valkey.url import parse_url
 
     shown = parse_url(url, cluster=False).shown
     load = (load_start, os.getloadavg()[0])

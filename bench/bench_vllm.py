@@ -276,7 +276,7 @@ def run_point(name: str, config: dict[str, Any], chunk: int, nchunks: int, args:
                 mgr.complete_load(batch, r)
                 mgr.on_request_finished(r)
     finally:
-        rows = data = None  # vLLM unmaps the region at shutdown only if no view of it is left
+        del rows, data  # vLLM unmaps the region at shutdown only if no view of it is left
         mgr.shutdown()
         gc.unfreeze()
     gb = nchunks * chunk / 1e9
