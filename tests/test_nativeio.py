@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 from fs_helpers import chunk_file
+from native_helpers import native_workers
 
 from asynctier import IntegrityError, OffloadingSpec, SecondaryTierFactory, TierConfigError
 from asynctier.core.ops import PRIO_STORE
@@ -225,25 +226,13 @@ async def test_a_store_slow_path_lets_queued_loads_go_first(tmp_path: Path) -> N
         os.close(dfd)
 
 
-def _native_workers() -> dict[int, int]:
-    """tid -> nice value of this process's native I/O workers (they name themselves)."""
-    out = {}
-    for task in Path("/proc/self/task").iterdir():
-        try:
-            if (task / "comm").read_text().strip() == "asynctier-nio":
-                out[int(task.name)] = os.getpriority(os.PRIO_PROCESS, int(task.name))
-        except (FileNotFoundError, ProcessLookupError):
-            pass  # a thread that ended meanwhile
-    return out
-
-
 @native_only
 async def test_workers_told_to_stop_end_once_the_queue_drains(tmp_path: Path) -> None:
     """at_shutdown (what a pool dropped without aclose does) with jobs queued behind a stuck
     one: every worker ends when the last job does, none stays parked."""
     os.mkfifo(tmp_path / "fifo")
     dfd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
-    threads_before = len(_native_workers())
+    threads_before = len(native_workers())
     pool = nativeio.NativePool(threads=4, bound=1, slots=4)
     pool.attach()
     bufs = Bufs(4, 64)
@@ -258,7 +247,7 @@ async def test_workers_told_to_stop_end_once_the_queue_drains(tmp_path: Path) ->
         opener = open_fifo(tmp_path / "fifo")
         await asyncio.gather(stuck, *queued)
         await asyncio.to_thread(opener.join)
-        await wait_for(lambda: len(_native_workers()) == threads_before, "every worker ended")
+        await wait_for(lambda: len(native_workers()) == threads_before, "every worker ended")
     finally:
         await pool.aclose()
         os.close(dfd)
@@ -366,10 +355,10 @@ async def test_workers_run_below_the_event_loop_by_worker_nice(tmp_path: Path, n
     fewer cores than busy workers the event loop's thread wins the CPU when it wakes (why:
     docs/benchmarks.md); the loop's own thread is left as it was."""
     mine = os.getpriority(os.PRIO_PROCESS, 0)
-    before = set(_native_workers())
+    before = set(native_workers())
     tier, _ = make_tier(tmp_path, "native", max_inflight=3, worker_nice=nice)
     async with tier:
-        workers = {t: n for t, n in _native_workers().items() if t not in before}
+        workers = {t: n for t, n in native_workers().items() if t not in before}
         assert len(workers) == 3 + min(3, os.cpu_count() or 1)
         assert set(workers.values()) == {min(19, mine + nice)}
         assert os.getpriority(os.PRIO_PROCESS, 0) == mine  # the loop's thread is left as it was

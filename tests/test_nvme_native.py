@@ -12,9 +12,10 @@ from pathlib import Path
 
 import anyio
 import pytest
+from native_helpers import native_workers
 from nvme_helpers import CHUNK, chunk_at, damage_slot, fill, make
 
-from asynctier import ChunkNotFoundError, IntegrityError
+from asynctier import ChunkNotFoundError, IntegrityError, TierConfigError
 from asynctier.engines import native as nativeio
 from asynctier.engines.split import SplitEngine
 from asynctier.tiers.nvme import NvmeTier
@@ -269,3 +270,19 @@ async def test_striped_slabs_and_buffered_io_load_through_the_workers(tmp_path: 
         st = tier.stats()
         assert st.loaded == 17 and st.extra.get("native_retries", 0) == 0
         assert st.extra.get("bounce_copies", 0) == 0
+
+
+@pytest.mark.parametrize("nice", [0, 7])
+async def test_the_workers_run_below_the_event_loop_by_worker_nice(tmp_path: Path, nice: int) -> None:
+    mine = os.getpriority(os.PRIO_PROCESS, 0)
+    before = set(native_workers())
+    tier, _ = make(tmp_path / "w.slab", io_engine="native", max_inflight=3, worker_nice=nice)
+    async with tier:
+        split = tier._engine
+        assert isinstance(split, SplitEngine) and split.native.nice == nice
+        workers = {t: n for t, n in native_workers().items() if t not in before}
+        assert len(workers) == 3 + min(3, os.cpu_count() or 1)
+        assert set(workers.values()) == {min(19, mine + nice)}
+    for bad in (-1, 20, 2.5, True, "5"):
+        with pytest.raises(TierConfigError, match="worker_nice must be an int from 0 to 19"):
+            make(tmp_path / "x.slab", worker_nice=bad)

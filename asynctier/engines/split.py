@@ -26,10 +26,11 @@ __all__ = ["SplitEngine"]
 
 class SplitEngine:
     """``native`` runs the operations it has a fast path for (:attr:`NativeEngine.fast`);
-    ``threads`` runs the others, each job holding a native I/O token (:meth:`held`)."""
+    ``threads`` runs the others, each job holding a native I/O token (:meth:`held`). ``nice``:
+    the C workers' (:class:`~asynctier.engines.native.NativePool`)."""
 
-    def __init__(self, bound: int, name: str = "asynctier") -> None:
-        self.native = NativeEngine(bound, name=name)
+    def __init__(self, bound: int, name: str = "asynctier", nice: int = 0) -> None:
+        self.native = NativeEngine(bound, name=name, nice=nice)
         self.threads = ThreadEngine(bound, name=f"{name}-t")
         self.bound = bound
 

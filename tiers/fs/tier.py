@@ -14,7 +14,7 @@ from typing import Any, Literal
 from asynctier import BlockingChunkTier, ChunkNotFoundError, TierConfigError
 from asynctier.core import Op
 from asynctier.core.backend import run_on_thread_to_end
-from asynctier.core.validation import check_bool, check_path, check_private_dir, permission_bits
+from asynctier.core.validation import check_bool, check_path, check_private_dir, integer, permission_bits
 from asynctier.engines import Engine
 from asynctier.engines.native_engine import NativeEngine
 from asynctier.io_engine import IoEngine, check_io_engine, runs_native
@@ -72,8 +72,7 @@ def _check_config(
         isinstance(tmpfile_pool, bool) or not isinstance(tmpfile_pool, int) or tmpfile_pool < 0
     ):
         raise TierConfigError(f"tmpfile_pool must be an int >= 0 or None; got {tmpfile_pool!r}")
-    if isinstance(worker_nice, bool) or not isinstance(worker_nice, int) or not 0 <= worker_nice <= 19:
-        raise TierConfigError(f"worker_nice must be an int from 0 to 19; got {worker_nice!r}")
+    integer("worker_nice", worker_nice, 0, 19)
     check_path("root", root)
     if publish not in ("auto", "tmpfile", "rename"):
         raise TierConfigError(f"publish must be 'auto', 'tmpfile' or 'rename'; got {publish!r}")

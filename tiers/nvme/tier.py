@@ -14,7 +14,7 @@ import anyio
 
 from asynctier import IntegrityError, TierConfigError
 from asynctier.core.ops import Op
-from asynctier.core.validation import check_bool, check_keys, check_path, permission_bits
+from asynctier.core.validation import check_bool, check_keys, check_path, integer, permission_bits
 from asynctier.engines import Engine
 from asynctier.engines.split import SplitEngine
 from asynctier.integrity import checksum, pack_header
@@ -61,6 +61,9 @@ class NvmeTier(CoalescedJobs):
             read and hashed without the GIL; stores and the rest stay on threads.
             ``"auto"``: native where the native workers are available
             (:func:`asynctier.engines.native.problem`), else threads.
+        worker_nice: how much the native workers raise their nice value (0-19; default 5), as
+            the fs tier's: where there are fewer cores than workers, the event loop's thread
+            then wins the CPU when it wakes.
         file_mode: permission bits of every file the tier creates (slab files, checkpoint,
             journal; an int, default ``0o600``), set exactly whatever the umask.
         dir_mode: permission bits of every directory it creates (default ``0o700``). A slab's
@@ -86,6 +89,7 @@ class NvmeTier(CoalescedJobs):
         coalesce_bytes: int = 1 << 20,
         reformat: bool = False,
         io_engine: str = "auto",
+        worker_nice: int = 5,
         file_mode: int = 0o600,
         dir_mode: int = 0o700,
         **kwargs: Any,
@@ -109,6 +113,7 @@ class NvmeTier(CoalescedJobs):
             raise TierConfigError(f"coalesce_bytes must be an int >= 0; got {coalesce_bytes!r}")
         self.coalesce_bytes = coalesce_bytes
         self.io_engine = check_io_engine("nvme", io_engine)
+        self.worker_nice = integer("worker_nice", worker_nice, 0, 19)
         self._slabs = SlabSet(self.paths, direct_io=direct_io, preallocate=preallocate, count=self._stats.incr,
                               file_mode=file_mode, dir_mode=dir_mode)  # fmt: skip
         self._catalog = None
@@ -138,7 +143,7 @@ class NvmeTier(CoalescedJobs):
         if not runs_native(self.io_engine):
             return super().make_engine()
         # loads on the C workers; stores and the rest (they wait for the journal) on threads
-        engine = self._split = SplitEngine(self.max_inflight or 1, name=f"asynctier-{self.tier_type}")
+        engine = self._split = SplitEngine(self.max_inflight or 1, f"asynctier-{self.tier_type}", self.worker_nice)
         engine.fast[Op.LOAD] = LoadPath(self, engine.native)
         return engine
 
