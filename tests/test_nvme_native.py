@@ -24,6 +24,21 @@ from asynctier.tiers.nvme.catalog import Catalog
 pytestmark = pytest.mark.skipif(nativeio.problem() is not None, reason=f"no native workers: {nativeio.problem()}")
 
 
+async def stored(tier: NvmeTier, view: memoryview, seed: int, tag: bytes, n: int) -> tuple[list[bytes], list[bytes]]:
+    """Random bytes in every chunk of ``view``; the first ``n`` stored under ``tag`` + i, in one
+    call: (every chunk's bytes, the keys)."""
+    data = fill(view, CHUNK, seed)
+    keys = [tag + b"%d" % i for i in range(n)]
+    assert (await tier.offload(keys, list(range(n)))).ok
+    return data, keys
+
+
+def pinned(tier: NvmeTier) -> dict[int, int]:
+    """The slots the index holds pinned now (slot -> readers)."""
+    assert tier._catalog is not None
+    return tier._catalog.index.pins
+
+
 @asynccontextmanager
 async def index_lock_held(cat: Catalog) -> AsyncIterator[threading.Event]:
     """The index lock held by another thread (as a checkpoint holds it) until the event given
@@ -51,9 +66,7 @@ async def test_loads_run_on_the_workers_and_count_once_per_batch(tmp_path: Path)
         split = tier._engine
         assert isinstance(split, SplitEngine) and tier.active_io_engine == "native"
         engine = split.native
-        data = fill(view, CHUNK, 1)
-        keys = [b"n%d" % i for i in range(8)]
-        assert (await tier.offload(keys, list(range(8)))).ok
+        data, keys = await stored(tier, view, 1, b"n", 8)
         view[:] = bytes(view.nbytes)
         before = engine.wakeups
         res = await tier.load(keys, list(range(15, 7, -1)))
@@ -63,8 +76,7 @@ async def test_loads_run_on_the_workers_and_count_once_per_batch(tmp_path: Path)
         st = tier.stats()
         assert st.loaded == 8 and st.bytes_read == 8 * CHUNK
         assert st.extra.get("native_retries", 0) == 0 and st.extra.get("bounce_copies", 0) == 0
-        cat = tier._catalog
-        assert cat is not None and not cat.index.pins  # every slot unpinned after the batch
+        assert not pinned(tier)  # every slot unpinned after the batch
 
 
 async def test_a_missing_key_fails_that_chunk_only(tmp_path: Path) -> None:
@@ -181,8 +193,7 @@ async def test_loads_stay_correct_while_stores_evict_around_them(tmp_path: Path)
                         assert chunk_at(view, CHUNK, 8 + i) == expect[i]
                     else:
                         assert isinstance(res.failed[k], ChunkNotFoundError)  # evicted meanwhile
-        cat = tier._catalog
-        assert cat is not None and not cat.index.pins
+        assert not pinned(tier)
 
 
 # -- group jobs: a call's chunks in runs of adjacent slots, one READV job per run ----------------
@@ -207,16 +218,13 @@ async def test_a_group_reads_its_runs_of_adjacent_slots_one_after_the_other(tmp_
         assert split.native.wakeups - before >= 2  # at max_inflight 2 each group job wakes the loop
         st = tier.stats()
         assert st.loaded == 16 and st.extra.get("native_retries", 0) == 0
-        cat = tier._catalog
-        assert cat is not None and not cat.index.pins
+        assert not pinned(tier)
 
 
 async def test_a_group_with_a_bad_and_a_missing_chunk_fails_those_only(tmp_path: Path) -> None:
     tier, view = make(tmp_path / "gb.slab", io_engine="native", max_inflight=2, nchunks=16)
     async with tier:
-        data = fill(view, CHUNK, 9)
-        keys = [b"b%d" % i for i in range(8)]
-        assert (await tier.offload(keys, list(range(8)))).ok
+        data, keys = await stored(tier, view, 9, b"b", 8)
         damage_slot(tier, keys[2], "flip")
         asked = [*keys[:5], b"never-stored", *keys[5:7]]
         view[:] = bytes(view.nbytes)
@@ -230,16 +238,13 @@ async def test_a_group_with_a_bad_and_a_missing_chunk_fails_those_only(tmp_path:
         st = tier.stats()
         assert st.extra["native_retries"] == 1 and st.loaded == 6
         assert await tier.lookup([keys[2]]) == [False]  # the bad copy went
-        cat = tier._catalog
-        assert cat is not None and not cat.index.pins
+        assert not pinned(tier)
 
 
 async def test_a_group_finding_the_index_busy_loads_on_a_thread(tmp_path: Path) -> None:
     tier, view = make(tmp_path / "gl.slab", io_engine="native", max_inflight=2, nchunks=16)
     async with tier:
-        data = fill(view, CHUNK, 10)
-        keys = [b"l%d" % i for i in range(8)]
-        assert (await tier.offload(keys, list(range(8)))).ok
+        data, keys = await stored(tier, view, 10, b"l", 8)
         cat = tier._catalog
         assert cat is not None
         view[:] = bytes(view.nbytes)
@@ -259,9 +264,7 @@ async def test_striped_slabs_and_buffered_io_load_through_the_workers(tmp_path: 
     tier, view = make([tmp_path / "s0.slab", tmp_path / "s1.slab"], io_engine="native", max_inflight=2,
                       nchunks=32, direct_io=direct_io)  # fmt: skip
     async with tier:
-        data = fill(view, CHUNK, 11)
-        keys = [b"s%d" % i for i in range(16)]
-        assert (await tier.offload(keys, list(range(16)))).ok
+        data, keys = await stored(tier, view, 11, b"s", 16)
         view[:] = bytes(view.nbytes)
         assert (await tier.load(keys, list(range(16, 32)))).ok  # group jobs
         assert (await tier.load(keys[:1], [0])).ok  # one chunk
