@@ -187,7 +187,8 @@ class LoadPath:
             job.result = outcomes
             return None
         try:
-            runs = tier._slabs.runs([(p, where[0]) for p, where in found.items()])
+            # (the workers refuse a READV of more slots than theirs, whatever the slab's limit)
+            runs = tier._slabs.runs([(p, where[0]) for p, where in found.items()], nativeio.READV_MAX)
             self._groups[slot] = _Group(found, outcomes, runs)
             return self._run_fields(tier, slot, job, self._groups[slot])
         except BaseException:  # never leave a slot pinned

@@ -27,6 +27,10 @@ __all__ = ["Geometry", "SlabSet", "slot_error"]
 log = logging.getLogger(__name__)
 
 
+#: Slots of one run at most: two buffers a slot stay within the kernel's IOV_MAX (1024).
+RUN_MAX = 512
+
+
 class Geometry:
     """Where slot ``g`` lives: stripe ``g % n``, position ``g // n`` in that stripe."""
 
@@ -359,17 +363,16 @@ class SlabSet:
     def preadv(self, fd: int, bufs: list[memoryview], offset: int) -> int:
         return sysio.preadv_all(fd, bufs, offset)
 
-    def runs(self, items: list[tuple[int, int]]) -> list[list[tuple[int, int, int, int]]]:
-        """Group ``(position, slot)`` pairs into runs adjacent on one stripe, each one I/O:
-        ``(position, slot, stripe, offset)``."""
+    def runs(self, items: list[tuple[int, int]], limit: int = RUN_MAX) -> list[list[tuple[int, int, int, int]]]:
+        """Group ``(position, slot)`` pairs into runs adjacent on one stripe, each one I/O of
+        at most ``limit`` slots: ``(position, slot, stripe, offset)``."""
         geo = self.geo
         assert geo is not None
         located = sorted((*geo.locate(s), p, s) for p, s in items)
         runs: list[list[tuple[int, int, int, int]]] = []
         for stripe, off, p, s in located:
             last = runs[-1][-1] if runs else None
-            # two buffers a slot: 512 slots stay within the kernel's IOV_MAX (1024)
-            if last is not None and last[2] == stripe and last[3] + geo.slot_size == off and len(runs[-1]) < 512:
+            if last is not None and last[2] == stripe and last[3] + geo.slot_size == off and len(runs[-1]) < limit:
                 runs[-1].append((p, s, stripe, off))
             else:
                 runs.append([(p, s, stripe, off)])
