@@ -277,6 +277,9 @@ def test_fsck_skips_a_memory_tier_saying_why(tmp_path: Path) -> None:
     assert r.exit_code == 0, r.output
     assert "not checked: it holds nothing across processes" in r.output
     assert "no chunks stored" not in r.output
+    cfg.write_text('type = "memory"\nbogus = 1\n[spec]\nchunk_bytes = 4096\n')  # skipped, still checked
+    r = invoke("fsck", "--config", str(cfg))
+    assert r.exit_code == 2 and "unknown parameter 'bogus'" in r.output, r.output
 
 
 def test_fsck_says_when_the_root_or_the_layout_is_not_there_and_creates_nothing(tmp_path: Path) -> None:

@@ -161,12 +161,12 @@ def _selection(
 
 
 async def _check_all(targets: list[CheckTarget], spec: OffloadingSpec, remove: bool) -> list[FsckReport]:
-    """Build every tier first (a bad parameter or a missing root is said before anything is
-    read or removed), then verify them one after the other."""
-    built = [(t, None if t.skipped else _build_for_check(t.name, t.where, t.config, spec)) for t in targets]
+    """Build every tier first, the skipped ones too (a bad parameter or a missing root is said
+    before anything is read or removed), then verify them one after the other."""
+    built = [(t, _build_for_check(t.name, t.where, t.config, spec)) for t in targets]
     reports = []
     for target, tier in built:
-        if tier is None:
+        if target.skipped:  # built, never opened
             report = FsckReport(tier=target.name, skipped=target.skipped)
         else:
             report = await _verify_all(target.name, tier, remove=remove)
