@@ -284,5 +284,8 @@ class LoadPath:
                 finally:
                     cat.index.lock.release()
             elif self._engine.executor is not None:
+                try:
+                    self._engine.executor.submit(cat.unpin, unpins)
+                except RuntimeError:  # shut down: they stay for the next flush or plan to unpin
+                    return
                 self._unpins = []
-                self._engine.executor.submit(cat.unpin, unpins)
