@@ -34,7 +34,7 @@ from typing import Any
 
 from trace_configs import DEFAULT_RUNS, Capacities, build_config, parse_run
 from trace_replay import replay
-from trace_report import markdown, plot, tier_rows
+from trace_report import backlog_served, markdown, plot, tier_rows
 from trace_workload import Trace, TraceOptions, describe, generate
 
 from asynctier import SecondaryTierFactory
@@ -171,6 +171,7 @@ async def _run_all(args: argparse.Namespace, trace: Trace, caps: Capacities, roo
                 await asyncio.to_thread(shutil.rmtree, where, True)
             summary = res.summary()
             summary["tiers"] = tier_rows(summary)
+            summary["backlog_served"] = backlog_served(summary)
             runs.append(summary)
             status = res.error or f"prefix hit {100 * res.prefix_hit_ratio:.1f}%"
             print(f"{name}: {status} ({res.wall_s:.1f} s, CPU {res.cpu_s:.1f} s)", file=sys.stderr, flush=True)

@@ -7,9 +7,16 @@ from typing import Any
 
 from asynctier.cli.benchkit import md_table
 
-__all__ = ["markdown", "plot", "tier_rows"]
+__all__ = ["backlog_served", "markdown", "plot", "tier_rows"]
 
-_COLORS = {"memory": "#1f77b4", "fs": "#2ca02c", "nvme": "#ff7f0e", "obj": "#9467bd"}
+_COLORS = {
+    "memory": "#1f77b4",
+    "fs": "#2ca02c",
+    "nvme": "#ff7f0e",
+    "obj": "#9467bd",
+    "valkey": "#d62728",
+    "write-back queue": "#17becf",
+}
 
 
 def tier_rows(run: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -20,7 +27,9 @@ def tier_rows(run: Mapping[str, Any]) -> list[dict[str, Any]]:
     inner tiers' snapshots (``TierStats.children``, fastest first), where the chain's own count
     of the chunks a tier served (``extra["chain_hits"]``) is taken over the tier's loads (which
     may include reads the chain made for itself), beside the chain's promotions into the tier,
-    background writes to it and writes it dropped.
+    background writes to it and writes it dropped. A write-back chain looks in its write-back
+    queue after its first tier: the chunks served there (:func:`backlog_served`) did not reach
+    the tiers below.
     """
     st, cfg, c = run["stats"], run["config"], run["counters"]
     if not st:
@@ -33,8 +42,17 @@ def tier_rows(run: Mapping[str, Any]) -> list[dict[str, Any]]:
     for name, sub in children.items():
         row = _row(name, sub, reaching)
         reaching -= row["served"]
+        if not rows:
+            reaching -= backlog_served(run)
         rows.append(row)
     return rows
+
+
+def backlog_served(run: Mapping[str, Any]) -> int:
+    """Chunks a chain served from its write-back queue: stored, evicted from the first tier,
+    not yet written to the tier below (0 for a single tier)."""
+    extra: Mapping[str, Any] = (run.get("stats") or {}).get("extra", {})
+    return int(extra.get("backlog_hits", 0)) if (run.get("stats") or {}).get("children") else 0
 
 
 def _row(name: str, st: Mapping[str, Any], reaching: int) -> dict[str, Any]:
@@ -90,7 +108,7 @@ def markdown(report: Mapping[str, Any], header: Sequence[str]) -> str:
         )
     tier_table = []
     for r in runs:
-        for t in r.get("tiers", []):
+        for i, t in enumerate(r.get("tiers", [])):
             tier_table.append(
                 [
                     r["name"],
@@ -107,6 +125,11 @@ def markdown(report: Mapping[str, Any], header: Sequence[str]) -> str:
                     "" if t["stored_chunks"] is None else str(t["stored_chunks"]),
                 ]
             )
+            queued = r.get("backlog_served", 0)
+            if i == 0 and queued:  # looked in after the first tier, before the second
+                reaching = t["reaching"] - t["served"]
+                hit = f"{100 * queued / reaching:.1f}" if reaching else "0.0"
+                tier_table.append([r["name"], "write-back queue", str(queued), hit, *[""] * 8])
     ideal = report["trace"]["ideal_hit_chunks"] / max(1, report["trace"]["prompt_chunks"])
     parts = [
         "# Trace-driven benchmark: a multi-turn chat workload through tiers and chains",
@@ -187,11 +210,14 @@ def plot(report: Mapping[str, Any], path: str) -> None:
         left = 0.0
         hit = 100 * r["prefix_hit_ratio"]
         # a tier's share of the hits (the few chunks loaded after a failed one, of no use, left out)
-        served = max(1, sum(t["served"] for t in r.get("tiers", [])))
-        for t in r.get("tiers", []):
-            kind = _kind(t["tier"])
+        queued = r.get("backlog_served", 0)
+        segments = [(_kind(t["tier"]), t["served"]) for t in r.get("tiers", [])]
+        if queued:
+            segments.insert(1, ("write-back queue", queued))
+        served = max(1, sum(n for _, n in segments))
+        for kind, n in segments:
             color = seen.setdefault(kind, _COLORS.get(kind, "#8c564b"))
-            share = hit * t["served"] / served
+            share = hit * n / served
             ax1.barh(i, share, left=left, color=color, edgecolor="white")
             left += share
         ax1.barh(i, 100 - left, left=left, color="#dddddd", edgecolor="white")

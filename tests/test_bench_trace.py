@@ -21,6 +21,7 @@ sys.path.insert(0, str(REPO / "bench"))
 
 import bench_trace  # noqa: E402
 from trace_configs import Capacities, build_config, parse_run  # noqa: E402
+from trace_report import backlog_served, markdown, tier_rows  # noqa: E402
 from trace_workload import TraceOptions, generate  # noqa: E402
 
 CHUNK = 4096
@@ -105,8 +106,11 @@ def _check_run(run: dict[str, Any], trace: dict[str, Any]) -> None:
     assert lat["turn_load"]["count"] == lat["chunk_load"]["count"] <= c["lookups"]
     assert lat["turn_load"]["p99_s"] >= lat["turn_load"]["p50_s"] > 0
     tiers = run["tiers"]
-    # each chunk loaded came from exactly one tier
-    assert sum(t["served"] for t in tiers) == read
+    # each chunk loaded came from exactly one tier, or from a chain's write-back queue (a chunk
+    # the first tier evicted before the tier below had it)
+    assert sum(t["served"] for t in tiers) + run["backlog_served"] == read
+    if run["config"]["type"] != "chain" or run["config"].get("write") == "through":
+        assert run["backlog_served"] == 0
     assert tiers[0]["reaching"] == c["reusable_chunks"]
     st = run["stats"]  # the tier's (or the chain's) own count of what it gave the caller
     assert st["loaded"] == read and st["bytes_read"] == c["bytes_loaded"]
@@ -154,6 +158,32 @@ def test_bench_trace_through_chains_serves_each_hit_from_one_tier(tmp_path: Path
     assert by["memory+fs:through"]["tiers"][1]["served"] > 0
     if "memory+fs+obj:through" in by:  # the unbounded last tier: the trace's ceiling
         assert by["memory+fs+obj:through"]["counters"]["loaded_chunks"] == report["trace"]["ideal_hit_chunks"]
+
+
+def test_chunks_served_from_a_chains_write_back_queue_are_a_row_of_their_own() -> None:
+    """A write-back chain looks in its queue after the first tier: those chunks never reached the
+    second tier, and the report says where they came from."""
+
+    def tier(loaded: int, hits: int) -> dict[str, Any]:
+        return {"loaded": loaded, "bytes_read": loaded * CHUNK, "bytes_written": 0, "extra": {"chain_hits": hits}}
+
+    stats = {
+        "loaded": 10,
+        "children": {"0:memory": tier(6, 6), "1:fs": tier(3, 3)},
+        "extra": {"backlog_hits": 1},
+    }
+    run: dict[str, Any] = {"stats": stats, "config": {"type": "chain"}, "counters": {"reusable_chunks": 12}}
+    rows = tier_rows(run)
+    assert backlog_served(run) == 1 and [r["served"] for r in rows] == [6, 3]
+    assert [r["reaching"] for r in rows] == [12, 5]  # 12 - 6 served by memory - 1 by the queue
+    assert backlog_served({"stats": {"loaded": 3, "extra": {"backlog_hits": 9}}}) == 0  # not a chain
+    lat = {k: {"p50_s": 0.001, "p99_s": 0.002} for k in ("turn_load", "chunk_load", "lookup", "turn_offload")}
+    run.update(name="memory+fs", ok=True, tiers=rows, backlog_served=1, latency=lat, prefix_hit_ratio=0.5)
+    run.update(turn_hit_ratio=0.5, cpu_us_per_chunk_moved=1.0, cpu_s=0.1, wall_s=0.2)
+    text = markdown({"runs": [run], "command": "x", "trace": {"ideal_hit_chunks": 6, "prompt_chunks": 12}}, [])
+    lines = [line for line in text.splitlines() if line.startswith("| memory+fs |")]
+    assert [line.split("|")[2].strip() for line in lines[1:]] == ["0:memory", "write-back queue", "1:fs"]
+    assert lines[2].split("|")[3].strip() == "1" and lines[2].split("|")[4].strip() == "16.7"  # 1 of 6
 
 
 def test_bench_trace_refuses_bad_options_with_a_clear_message(
