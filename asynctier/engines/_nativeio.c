@@ -32,6 +32,7 @@
 #include <string.h>
 #include <sys/eventfd.h>
 #include <sys/resource.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include "_nativeio.h"
@@ -276,13 +277,21 @@ struct at_res *at_results(struct at_pool *p) { return p->res; }
 uint64_t at_hash(struct at_pool *p, const void *buf, size_t len) { return p->xxh3(buf, len); }
 
 static int job_ok(const struct at_pool *p, int idx, const struct at_job *j) {
-    if (idx < 0 || idx >= p->nops || j->prio < 0 || j->prio >= NPRIO || j->kind < AT_READ || j->kind > AT_READV)
+    if (idx < 0 || idx >= p->nops || j->prio < 0 || j->prio >= NPRIO || j->kind < AT_READ || j->kind > AT_WRITEV)
         return 0;
-    if (j->kind == AT_READV && (j->fd < 0 || !j->hb || !j->buf || j->len < 1 || j->len > READV_MAX || j->hb_len != 2 * j->len))
+    int vec = j->kind == AT_READV || j->kind == AT_WRITEV;
+    if (vec && (j->fd < 0 || !j->hb || !j->buf || j->len < 1 || j->len > READV_MAX || j->hb_len != 2 * j->len))
         return 0;
     if (!memchr(j->name, 0, NAME_MAX_LEN) || !memchr(j->name2, 0, NAME_MAX_LEN) || !memchr(j->name3, 0, NAME_MAX_LEN))
         return 0;
-    if (j->body_len > 0 && (size_t)j->body_len + 8 > j->hb_len) return 0;
+    if (j->kind == AT_WRITEV) { /* every header block holds the header and its checksum */
+        const struct iovec *v = j->hb;
+        if (j->body_len < CSUM_OFFSET + 8) return 0;
+        for (size_t i = 0; i < j->len; i++)
+            if ((size_t)j->body_len + 8 > v[2 * i].iov_len) return 0;
+    } else if (j->body_len > 0 && (size_t)j->body_len + 8 > j->hb_len) {
+        return 0;
+    }
     if (j->kind == AT_SPARE && !j->name2[0]) return 0;
     if (j->kind == AT_RECYCLE && (!j->name2[0] || !j->name3[0])) return 0;
     if (j->group < -1 || j->group >= p->nops) return 0;
@@ -296,7 +305,7 @@ static int queue_job(struct at_pool *p, int idx, const struct at_job *j) {
     if (op->state != AT_IDLE) return -EBUSY;
     int prio = j->prio;
     op->job = *j;
-    op->prep = j->kind == AT_WRITE || j->kind == AT_RECYCLE ? PREP_WANTED : PREP_NONE;
+    op->prep = j->kind == AT_WRITE || j->kind == AT_RECYCLE || j->kind == AT_WRITEV ? PREP_WANTED : PREP_NONE;
     op->fd = -1;
     op->next = -1;
     op->state = AT_QUEUED;
@@ -324,7 +333,9 @@ static int queue_job(struct at_pool *p, int idx, const struct at_job *j) {
  *   AT_RECYCLE openat(dfd2, name2, flags), renameat to name3 in dfd, then only if no one
  *              but the lock descriptor `fd` holds the namespace lock: pwritev of hb and buf
  *              (checksums filled in as AT_WRITE's), [fdatasync], renameat of name3 to name
- *              in dfd, [fsync of dfd]; info = 1 when a failure left the file at name3.
+ *              in dfd, [fsync of dfd]; info = 1 when a failure left the file at name3;
+ *   AT_READV   preadv of a run of slots of the open file `fd` at `off` (see _nativeio.h);
+ *   AT_WRITEV  pwritev of a run of slots, each header's checksums filled in first.
  * Returns 0, or -EINVAL (bad slot or job), -EBUSY (slot in use), -ESHUTDOWN. */
 int at_submit(struct at_pool *p, int idx, const struct at_job *j) {
     if (!job_ok(p, idx, j)) return -EINVAL;

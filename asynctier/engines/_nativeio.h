@@ -18,7 +18,12 @@
  * the caller's struct iovec[hb_len] (each slot's header block, then its payload), buf its
  * uint64_t[len] for the payloads' xxh3 (hashed), len the slots (tiers/nvme/fast.py) */
 #define AT_READV 6
-#define READV_MAX 512 /* slots of one AT_READV: two iovecs each, within IOV_MAX (1024) */
+#define READV_MAX 512 /* slots of one AT_READV or AT_WRITEV: two iovecs each, within IOV_MAX (1024) */
+/* one run of adjacent slots of a file the caller holds open (fd, at off), one pwritev: hb is
+ * the caller's struct iovec[hb_len] (each slot's header block, then its payload), buf its
+ * uint64_t[len] for the payloads' xxh3, len the slots. Before the I/O, each payload is hashed
+ * and its header's checksums filled in (the header's own over its first body_len bytes) */
+#define AT_WRITEV 7
 
 #define AT_MODE_FIX 0x10000 /* the umask would strip bits of the mode: set it after creation */
 

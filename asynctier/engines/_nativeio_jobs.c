@@ -92,6 +92,17 @@ static void run_read(struct at_op *op, struct at_res *r) {
  * system's orphan list, no data yet), as the tier's pool of files made ahead would. */
 void at_prepare_write(xxh3_fn xxh3, struct at_op *op, struct at_res *r) {
     struct at_job *j = &op->job;
+    if (j->kind == AT_WRITEV) {
+        const struct iovec *v = j->hb;
+        uint64_t *sums = j->buf;
+        for (size_t i = 0; i < j->len; i++) {
+            char *hb = v[2 * i].iov_base;
+            sums[i] = xxh3(v[2 * i + 1].iov_base, v[2 * i + 1].iov_len);
+            put_u64le(hb + CSUM_OFFSET, sums[i]);
+            put_u64le(hb + j->body_len, xxh3(hb, (size_t)j->body_len));
+        }
+        return;
+    }
     if (j->body_len > 0) {
         char *hb = j->hb;
         uint64_t c = xxh3(j->buf, j->len);
@@ -118,8 +129,9 @@ void at_prepare_write(xxh3_fn xxh3, struct at_op *op, struct at_res *r) {
     }
 }
 
-/* AT_READV: info = 1 when every byte came (its payloads are then hashed, if asked). */
-static void run_readv(struct at_op *op, struct at_res *r) {
+/* AT_READV: info = 1 when every byte came (its payloads are then hashed, if asked).
+ * AT_WRITEV: info = 1 when every byte went. */
+static void run_vec(struct at_op *op, struct at_res *r) {
     struct at_job *j = &op->job;
     int cnt = (int)j->hb_len;
     /* a copy: move_all advances it on a short transfer, and the hashing reads the caller's */
@@ -132,7 +144,7 @@ static void run_readv(struct at_op *op, struct at_res *r) {
     memcpy(iov, j->hb, (size_t)cnt * sizeof *iov);
     size_t total = 0;
     for (int i = 0; i < cnt; i++) total += iov[i].iov_len;
-    int64_t got = move_all(j->fd, 0, iov, cnt, total, j->off);
+    int64_t got = move_all(j->fd, j->kind == AT_WRITEV, iov, cnt, total, j->off);
     free(iov);
     r->result = got;
     if (got < 0)
@@ -261,7 +273,8 @@ void at_run_job(struct at_op *op, struct at_res *r) {
     case AT_WRITE: run_write(op, r); break;
     case AT_SPARE: run_spare(op, r); break;
     case AT_RECYCLE: run_recycle(op, r); break;
-    case AT_READV: run_readv(op, r); break;
+    case AT_READV:
+    case AT_WRITEV: run_vec(op, r); break;
     default: run_unlink(op, r); break;
     }
 }

@@ -43,8 +43,8 @@ __all__ = ["DoneHandler", "Job", "JobFields", "NativePool", "Outcome", "fields",
 T = TypeVar("T")
 
 #: Job kinds (:attr:`Job.kind`).
-READ, WRITE, SPARE, UNLINK, RECYCLE, READV = 1, 2, 3, 4, 5, 6
-#: Slots of one :data:`READV` job at most (two ``iovec`` each, within the kernel's IOV_MAX).
+READ, WRITE, SPARE, UNLINK, RECYCLE, READV, WRITEV = 1, 2, 3, 4, 5, 6, 7
+#: Slots of one :data:`READV` or :data:`WRITEV` job at most (two ``iovec`` each, within the kernel's IOV_MAX).
 READV_MAX = 512
 #: The step a job failed at (:attr:`Outcome.stage`); 0 when it did not fail.
 ST_OPEN, ST_IO, ST_DATASYNC, ST_LINK, ST_DIRSYNC, ST_RENAME, ST_UNLINK = 1, 2, 3, 4, 5, 6, 7

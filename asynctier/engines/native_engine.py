@@ -46,7 +46,7 @@ from .base import EngineCounters, refuse_other_loop
 from .native import JobFields, NativePool
 from .threads import EngineStoppedError
 
-__all__ = ["Continuation", "FastPath", "NativeEngine"]
+__all__ = ["PARKED", "Continuation", "FastPath", "NativeEngine", "Parked"]
 
 T = TypeVar("T")
 
@@ -56,21 +56,36 @@ log = logging.getLogger(__name__)
 Continuation = Callable[[], Awaitable[Any]]
 
 
+class Parked:
+    """The type of :data:`PARKED`."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "PARKED"
+
+
+#: A job that waits for something other than the workers (the nvme journal) keeping its slot:
+#: its path later calls :meth:`NativeEngine.resume` or :meth:`NativeEngine.unpark`.
+PARKED = Parked()
+
+#: What ``plan`` and ``finish`` return (see :class:`FastPath`).
+Step = JobFields | Continuation | Parked | None
+
+
 class FastPath(Protocol):
     """How a tier runs one operation's jobs on the loop thread, without a coroutine per chunk."""
 
-    def plan(self, job: Job, slot: int) -> JobFields | Continuation | None:
+    def plan(self, job: Job, slot: int) -> Step:
         """Begin ``job`` holding pool slot ``slot``: the descriptor to run in it; or a
         continuation (the slot is given back first); or None when the job is over (its
-        outcome set). An exception is the job's failure."""
+        outcome set); or :data:`PARKED` (it keeps the slot). An exception is the job's failure."""
         ...
 
-    def finish(
-        self, job: Job, slot: int, result: int, csum: int, stage: int, info: int
-    ) -> JobFields | Continuation | None:
+    def finish(self, job: Job, slot: int, result: int, csum: int, stage: int, info: int) -> Step:
         """Book what the workers reported for ``job`` (slot still held): None when it is
-        over; the descriptor of its next step (run in the same slot); or a continuation
-        (the slot is given back first). An exception is the job's failure."""
+        over; the descriptor of its next step (run in the same slot); a continuation (the
+        slot is given back first); or :data:`PARKED`. An exception is the job's failure."""
         ...
 
     def flush(self) -> None:
@@ -215,6 +230,9 @@ class NativeEngine(EngineCounters):
                         self._stores_in_pool += 1
                     batch.append((slot, group, job, r))
                     continue
+                if r is PARKED:
+                    slot_path[slot] = path
+                    continue
                 pool.put_slot(slot)
                 if r is None:
                     self._over(job)
@@ -273,6 +291,8 @@ class NativeEngine(EngineCounters):
         if type(r) is tuple:  # its next step, in the same slot: with the next batch
             self._next.append((slot, job, r))
             return
+        if r is PARKED:
+            return
         self._free_slots.append(slot)  # NativePool.put_slot
         if r is not None:
             self._continue(job, r)  # type: ignore[arg-type]
@@ -287,6 +307,27 @@ class NativeEngine(EngineCounters):
             b.event.set()
         if self._stopping and not self._started and not self._queued:
             self._wake_all()
+
+    # -- parked jobs (on the loop thread) -------------------------------------------------------
+    def resume(self, slot: int, job: Job, step: JobFields) -> None:
+        """Run the next step of ``job``, parked in ``slot``, with the next batch."""
+        self._next.append((slot, job, step))
+        self._pump()
+
+    def unpark(self, slot: int, job: Job, then: Continuation | None = None) -> None:
+        """``job``, parked in ``slot``, is over (its outcome set), or goes on as ``then``."""
+        self._free_slots.append(slot)
+        if then is not None:
+            self._continue(job, then)
+        else:
+            self._over(job)
+        if self._heap or self._next:
+            self._pump()
+
+    def call_soon_threadsafe(self, fn: Callable[[], object]) -> None:
+        """``fn()`` on the loop thread, from any thread (dropped once the loop is gone)."""
+        assert self._call is not None
+        self._call(fn)
 
     def _reaped(self) -> None:
         self.wakeups += 1
