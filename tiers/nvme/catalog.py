@@ -212,27 +212,31 @@ class Catalog:
         positions that got none with why, the journal ticket to flush before writing any of
         them, the positions found stored already and the ticket to flush before saying so:
         the record that published them may still be queued)."""
+        with self.index.lock:
+            return self.allocate_many_locked(keys)
+
+    def allocate_many_locked(self, keys: list[bytes]) -> tuple[Slots, dict[int, BaseException], int, list[int], int]:
+        """:meth:`allocate_many` for a caller that holds the index lock."""
         idx = self.index
         slots: Slots = {}
         failed: dict[int, BaseException] = {}
         wait = skip_ticket = 0
         skipped: list[int] = []
-        with idx.lock:
-            for p, k in enumerate(keys):
-                have = idx.entries.get(k)
-                if have is not None:  # already stored: skip the write
-                    idx.touch_slot(have)
-                    skipped.append(p)
-                    skip_ticket = max(skip_ticket, idx.slot_ticket[have])
-                    continue
-                try:
-                    slot, seq, ticket = self.allocate_locked(k)
-                except BaseException as e:
-                    failed[p] = e
-                    continue
-                slots[p] = (slot, seq)
-                if ticket > wait:
-                    wait = ticket
+        for p, k in enumerate(keys):
+            have = idx.entries.get(k)
+            if have is not None:  # already stored: skip the write
+                idx.touch_slot(have)
+                skipped.append(p)
+                skip_ticket = max(skip_ticket, idx.slot_ticket[have])
+                continue
+            try:
+                slot, seq, ticket = self.allocate_locked(k)
+            except BaseException as e:
+                failed[p] = e
+                continue
+            slots[p] = (slot, seq)
+            if ticket > wait:
+                wait = ticket
         return slots, failed, wait, skipped, skip_ticket
 
     def stored_ticket(self, key: bytes) -> int | None:
@@ -253,28 +257,32 @@ class Catalog:
     def publish_many(self, keys: list[bytes], written: list[int], slots: Slots, csums: dict[int, int]) -> int:
         """Publish the chunks at positions ``written`` under one lock (records queued in index
         order); return the journal ticket to await (0: nothing published)."""
+        with self.index.lock:
+            return self.publish_many_locked(keys, written, slots, csums)
+
+    def publish_many_locked(self, keys: list[bytes], written: list[int], slots: Slots, csums: dict[int, int]) -> int:
+        """:meth:`publish_many` for a caller that holds the index lock."""
         idx, journal = self.index, self.journal
-        last = 0
-        with idx.lock:
-            recs: list[bytes] = []
-            puts: list[tuple[bytes, int]] = []
-            for p in written:
-                k = keys[p]
-                slot, seq = slots[p]
-                if self._done_writing(k, seq):  # removed while being written: nothing to publish
-                    idx.release(slot, 0)
-                    continue
-                idx.slot_csum[slot] = csums[p]
-                recs.append(pack_record(PUBLISH, k, slot, seq, csums[p]))
-                puts.append((k, slot))
-            if recs:
-                last = journal.append_many(recs)
-                for t, (k, slot) in enumerate(puts, last - len(recs) + 1):
-                    idx.slot_ticket[slot] = t
-                    old = idx.put(k, slot)
-                    if old is not None:  # an earlier store of the same key won: free its slot
-                        idx.release(old, t)
-                self.checkpoint_if_due()
+        recs: list[bytes] = []
+        puts: list[tuple[bytes, int]] = []
+        for p in written:
+            k = keys[p]
+            slot, seq = slots[p]
+            if self._done_writing(k, seq):  # removed while being written: nothing to publish
+                idx.release(slot, 0)
+                continue
+            idx.slot_csum[slot] = csums[p]
+            recs.append(pack_record(PUBLISH, k, slot, seq, csums[p]))
+            puts.append((k, slot))
+        if not recs:
+            return 0
+        last = journal.append_many(recs)
+        for t, (k, slot) in enumerate(puts, last - len(recs) + 1):
+            idx.slot_ticket[slot] = t
+            old = idx.put(k, slot)
+            if old is not None:  # an earlier store of the same key won: free its slot
+                idx.release(old, t)
+        self.checkpoint_if_due()
         return last
 
     def abort(self, key: bytes, slot: int, ticket: int = 0) -> None:

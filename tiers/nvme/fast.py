@@ -35,7 +35,7 @@ from .slots import SlotIndex
 if TYPE_CHECKING:
     from .tier import NvmeTier
 
-__all__ = ["LoadPath"]
+__all__ = ["IoArea", "LoadPath"]
 
 Outcomes = list[BaseException | None]
 
@@ -54,9 +54,9 @@ class _Group:
         self.bad: list[int] = []
 
 
-class _Area:
-    """One engine slot's memory for READV jobs of up to ``slots`` slots: aligned header blocks,
-    the iovecs the workers read into, the payload checksums they write."""
+class IoArea:
+    """One engine slot's memory for READV and WRITEV jobs of up to ``slots`` slots: aligned
+    header blocks, the iovecs the workers read into (write from), the payloads' checksums."""
 
     def __init__(self, slots: int, header: int) -> None:
         self.slots = slots
@@ -83,7 +83,7 @@ class LoadPath:
         self._hb_addr = 0
         self._view_addr = 0
         self._groups: dict[int, _Group] = {}  # by engine slot: the group job running in it
-        self._areas: dict[int, _Area] = {}  # by engine slot: its header blocks, iovecs, checksums
+        self._areas: dict[int, IoArea] = {}  # by engine slot: its header blocks, iovecs, checksums
 
     def _live(self) -> NvmeTier:
         tier = self._tier()
@@ -206,7 +206,7 @@ class LoadPath:
             self._bind(tier)
         area = self._areas.get(slot)
         if area is None or area.slots < need:
-            area = self._areas[slot] = _Area(need, H)
+            area = self._areas[slot] = IoArea(need, H)
         cids = job.args[1]
         iov, hb, view = area.iov, area.hb_addr, self._view_addr
         for i, (p, _, _, _) in enumerate(run):

@@ -68,17 +68,24 @@ class CoalescedJobs(BlockingChunkTier):
             out[p] = e
             self._end_store(keys[p], t0, e)
         self._write_group(keys, cids, t0, out, slots, wait)
+        self._settle_skipped(keys, t0, out, skipped, skip_ticket)
+        return out
+
+    def _settle_skipped(self, keys: list[bytes], t0: float, out: Outcomes, skipped: list[int], ticket: int) -> None:
+        """The keys found stored (positions ``skipped``): a success once the record that
+        published them (``ticket``) is in the journal."""
         if not skipped:
-            return out
-        try:  # the keys found stored: success once their records are in the journal
-            cat.journal.wait(skip_ticket)
+            return
+        cat = self._catalog
+        assert cat is not None
+        try:
+            cat.journal.wait(ticket)
         except Exception as e:
             for p in skipped:
                 out[p] = e
                 self._end_store(keys[p], t0, e)
         else:
             self._stats.record_successes("offload", 0, 0, time.perf_counter() - t0, skipped=len(skipped))
-        return out
 
     def _write_group(
         self, keys: list[bytes], cids: list[int], t0: float, out: Outcomes, slots: Slots, wait: int
@@ -114,6 +121,14 @@ class CoalescedJobs(BlockingChunkTier):
                 self._abort_group(keys, [p for p, _, _, _ in run], slots, out, e, t0, wait)
                 continue
             written += [p for p, _, _, _ in run]
+        self._publish_group(keys, t0, out, slots, written, csums)
+
+    def _publish_group(
+        self, keys: list[bytes], t0: float, out: Outcomes, slots: Slots, written: list[int], csums: dict[int, int]
+    ) -> None:
+        """Publish the positions ``written`` (their slots filled), wait for their records, book them."""
+        cat = self._catalog
+        assert cat is not None
         last = cat.publish_many(keys, written, slots, csums) if written else 0
         try:
             cat.journal.wait(last)
@@ -122,6 +137,7 @@ class CoalescedJobs(BlockingChunkTier):
                 out[p] = e
                 self._end_store(keys[p], t0, e)
             written = []
+        cb = self.offloading_spec.chunk_bytes
         self._stats.record_successes("offload", len(written), cb, time.perf_counter() - t0)
 
     def _abort_group(

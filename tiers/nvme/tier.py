@@ -25,6 +25,7 @@ from .fast import LoadPath
 from .files import IndexDir
 from .groups import CoalescedJobs
 from .slab import SlabSet
+from .stores import StorePath
 
 __all__ = ["NvmeTier"]
 
@@ -142,9 +143,10 @@ class NvmeTier(CoalescedJobs):
         self._split = None
         if not runs_native(self.io_engine):
             return super().make_engine()
-        # loads on the C workers; stores and the rest (they wait for the journal) on threads
+        # loads and stores on the C workers; the rest (they wait for the journal) on threads
         engine = self._split = SplitEngine(self.max_inflight or 1, f"asynctier-{self.tier_type}", self.worker_nice)
         engine.fast[Op.LOAD] = LoadPath(self, engine.native)
+        engine.fast[Op.STORE] = StorePath(self, engine.native)
         return engine
 
     def job_body(self, op: Op) -> Callable[..., Any]:

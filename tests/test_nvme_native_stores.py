@@ -1,0 +1,217 @@
+"""The nvme tier's stores on the native engine (tiers/nvme/stores.py): slots allocated on the
+loop thread, a C worker hashes, completes the headers and writes each run, a thread commits
+the journal for every store waiting. The order rules hold (a reused slot after its EVICT
+record, an acknowledgement after the PUBLISH record); anything but the plain case goes to the
+threads path's steps. Conformance on this engine: TestNvmeTierAligned in test_nvme.py."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from nvme_helpers import CHUNK, chunk_at, crash, fill, make
+from test_nvme_native import index_lock_held
+
+from asynctier import CapacityError
+from asynctier.engines import native as nativeio
+from asynctier.tiers.nvme import NvmeTier
+
+pytestmark = pytest.mark.skipif(nativeio.problem() is not None, reason=f"no native workers: {nativeio.problem()}")
+
+
+def no_thread_stores(tier: NvmeTier, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fail the test if a store runs the threads path's bodies (the slow path)."""
+
+    def refuse(*args: Any) -> Any:
+        raise AssertionError("a store went to the threads path")
+
+    for name in ("_store_job", "_store_group", "_publish_group", "_settle_skipped"):
+        monkeypatch.setattr(tier, name, refuse)
+
+
+def journaled(tier: NvmeTier) -> bool:
+    """Whether the record that published each stored key is in the journal file."""
+    cat = tier._catalog
+    assert cat is not None
+    idx = cat.index
+    return all(cat.journal.flushed(int(idx.slot_ticket[s])) for s in idx.entries.values())
+
+
+def slots_accounted(tier: NvmeTier) -> bool:
+    """No slot leaked: each is free or holds a key (nothing is being written)."""
+    cat = tier._catalog
+    assert cat is not None
+    idx = cat.index
+    return len(idx.free) + len(idx.entries) == idx.nslots and not idx.writing
+
+
+@pytest.mark.parametrize("coalesce", [0, 1 << 20], ids=["one-chunk-jobs", "group-jobs"])
+async def test_stores_run_on_the_workers_and_are_journaled_when_acknowledged(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, coalesce: int
+) -> None:
+    tier, view = make(tmp_path / "s.slab", io_engine="native", coalesce_bytes=coalesce, max_inflight=4)
+    async with tier:
+        no_thread_stores(tier, monkeypatch)
+        data = fill(view, CHUNK, 11)
+        keys = [b"s%d" % i for i in range(16)]
+        res = await tier.offload(keys, list(range(16)))
+        assert res.ok and res.bytes_transferred == 16 * CHUNK
+        assert journaled(tier)  # acknowledged: every PUBLISH record is in
+        again = await tier.offload(keys[:4], [0, 1, 2, 3])  # stored already: skipped
+        assert again.ok and tier.stats().skipped == 4
+        st = tier.stats()
+        assert st.offloaded == 16 and st.bytes_written == 16 * CHUNK and not any(st.failures.values())
+        monkeypatch.undo()
+    tier, view = make(tmp_path / "s.slab", io_engine="native")  # reopened: what the medium holds
+    async with tier:
+        assert (await tier.load(keys, list(range(15, -1, -1)))).ok
+        assert [chunk_at(view, CHUNK, 15 - i) for i in range(16)] == data
+
+
+async def test_an_acknowledged_store_survives_a_crash(tmp_path: Path) -> None:
+    """Acknowledged means journaled: a process killed right after finds it at the next open."""
+    tier, view = make(tmp_path / "c.slab", io_engine="native")
+    await tier.open()
+    data = fill(view, CHUNK, 12)
+    assert (await tier.offload([b"c0", b"c1", b"c2"], [0, 1, 2])).ok
+    crash(tier)
+    tier, view = make(tmp_path / "c.slab", io_engine="native")
+    async with tier:
+        assert (await tier.load([b"c0", b"c1", b"c2"], [3, 4, 5])).ok
+        assert [chunk_at(view, CHUNK, i) for i in (3, 4, 5)] == data[:3]
+
+
+async def test_a_full_tier_evicts_and_reuses_slots_only_after_their_evict_records(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each store into a full slab reuses a slot whose EVICT record must be in the journal
+    first: the store waits for it (parked) and never overwrites a live mapping."""
+    tier, view = make(tmp_path / "f.slab", io_engine="native", slots=16, evict_batch=2, max_inflight=4)
+    seen: list[tuple[int, int]] = []
+    async with tier:
+        no_thread_stores(tier, monkeypatch)
+        cat = tier._catalog
+        assert cat is not None
+        allocate = cat.allocate_many_locked
+
+        def watch(keys: list[bytes]) -> Any:
+            got = allocate(keys)
+            if got[2]:
+                seen.append((got[2], cat.journal._done))  # the EVICT ticket, what was in then
+            return got
+
+        monkeypatch.setattr(cat, "allocate_many_locked", watch)
+        data = fill(view, CHUNK, 13)
+        for r in range(6):
+            keys = [b"f%d-%d" % (r, i) for i in range(8)]
+            assert (await tier.offload(keys, list(range(8)))).ok
+        assert tier.stats().evictions >= 32 and slots_accounted(tier) and journaled(tier)
+        assert any(ticket > done for ticket, done in seen)  # some store had to wait for its EVICT
+        last = [b"f5-%d" % i for i in range(8)]
+        assert (await tier.load(last, list(range(8, 16)))).ok
+        assert [chunk_at(view, CHUNK, 8 + i) for i in range(8)] == data[:8]
+        monkeypatch.undo()
+    tier, view = make(tmp_path / "f.slab", io_engine="native", slots=16)
+    async with tier:  # the index the journal rebuilt agrees with the slots
+        assert (await tier.load(last, list(range(8)))).ok
+        assert [chunk_at(view, CHUNK, i) for i in range(8)] == data[:8]
+
+
+async def test_a_busy_index_sends_the_store_to_a_thread_and_the_loop_never_waits(tmp_path: Path) -> None:
+    tier, view = make(tmp_path / "b.slab", io_engine="native")
+    async with tier:
+        data = fill(view, CHUNK, 14)
+        cat = tier._catalog
+        assert cat is not None
+        done = anyio.Event()
+
+        async def store() -> None:
+            assert (await tier.offload([b"b0", b"b1"], [0, 1])).ok
+            done.set()
+
+        async with index_lock_held(cat) as release, anyio.create_task_group() as tg:
+            tg.start_soon(store)
+            await anyio.wait_all_tasks_blocked()  # the loop runs: planning did not wait for the lock
+            assert tier.stats().extra["native_index_busy"] == 2 and not done.is_set()
+            release.set()
+        view[:] = bytes(view.nbytes)
+        assert (await tier.load([b"b0", b"b1"], [2, 3])).ok
+        assert [chunk_at(view, CHUNK, 2), chunk_at(view, CHUNK, 3)] == data[:2]
+
+
+async def test_keys_of_several_lengths_in_one_group_are_written_right(tmp_path: Path) -> None:
+    """A run's headers share one length: a group of keys of several lengths is cut into runs."""
+    tier, view = make(tmp_path / "k.slab", io_engine="native", max_inflight=1)
+    async with tier:
+        data = fill(view, CHUNK, 15)
+        keys = [b"k" * (1 + i % 3) + b"%d" % i for i in range(12)]
+        assert (await tier.offload(keys, list(range(12)))).ok
+        view[:] = bytes(view.nbytes)
+        assert (await tier.load(keys, list(range(12)))).ok
+        assert [chunk_at(view, CHUNK, i) for i in range(12)] == data[:12]
+
+
+@pytest.mark.parametrize("coalesce", [0, 1 << 20], ids=["one-chunk-jobs", "group-jobs"])
+async def test_a_failed_write_fails_its_chunks_and_gives_their_slots_back(tmp_path: Path, coalesce: int) -> None:
+    """A worker's pwritev fails (here: a descriptor not open for writing): those chunks fail
+    with what went wrong, nothing is published, no slot leaks; the tier goes on."""
+    tier, view = make(tmp_path / "w.slab", io_engine="native", coalesce_bytes=coalesce, max_inflight=2)
+    async with tier:
+        fill(view, CHUNK, 16)
+        slabs = tier._slabs
+        good = slabs.fds[0]
+        ro = os.open(tier.paths[0], os.O_RDONLY)
+        slabs.fds[0] = ro
+        try:
+            res = await tier.offload([b"w0", b"w1", b"w2"], [0, 1, 2])
+        finally:
+            slabs.fds[0] = good
+            os.close(ro)
+        assert set(res.failed) == {b"w0", b"w1", b"w2"}
+        for e in res.failed.values():
+            assert isinstance(e, OSError) and e.errno == 9 and "writing" in str(e)
+        assert slots_accounted(tier) and not (await tier.lookup([b"w0", b"w1", b"w2"]))[0]
+        assert sum(tier.stats().failures.values()) == 3
+        assert (await tier.offload([b"w0", b"w1"], [0, 1])).ok
+
+
+async def test_a_failed_journal_write_fails_the_stores_waiting_for_it(tmp_path: Path) -> None:
+    """The commit thread's journal write fails: the stores it was to acknowledge fail, as on
+    the threads path. Here the journal cannot even be cut back (a descriptor not open for
+    writing): no store is acknowledged after that, none waits for ever."""
+    tier, view = make(tmp_path / "j.slab", io_engine="native")
+    async with tier:
+        fill(view, CHUNK, 17)
+        journal = tier._catalog.journal if tier._catalog is not None else None
+        assert journal is not None
+        good = journal.fd
+        journal.fd = os.open(journal.path(journal.gen), os.O_RDONLY)
+        try:
+            res = await tier.offload([b"j0", b"j1"], [0, 1])
+        finally:
+            os.close(journal.fd)
+            journal.fd = good
+        assert set(res.failed) == {b"j0", b"j1"}
+        assert all(isinstance(e, OSError) for e in res.failed.values())
+        later = await tier.offload([b"j2"], [2])
+        assert "journal unusable" in str(later.failed[b"j2"])
+
+
+async def test_a_capacity_error_fails_that_chunk_only(tmp_path: Path) -> None:
+    """Every slot pinned by loads in flight: a store finds none free and fails with CapacityError."""
+    tier, view = make(tmp_path / "p.slab", io_engine="native", slots=8, evict_batch=1)
+    async with tier:
+        fill(view, CHUNK, 18)
+        keys = [b"p%d" % i for i in range(8)]
+        assert (await tier.offload(keys, list(range(8)))).ok
+        cat = tier._catalog
+        assert cat is not None
+        for s in cat.index.entries.values():
+            cat.index.pin(s)
+        res = await tier.offload([b"q"], [9])
+        assert isinstance(res.failed[b"q"], CapacityError)
+        cat.unpin(list(cat.index.entries.values()))
+        assert (await tier.offload([b"q"], [9])).ok and slots_accounted(tier)

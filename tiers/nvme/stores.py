@@ -1,0 +1,407 @@
+"""The nvme tier's stores on the native engine: one C worker job per run of adjacent slots,
+planned and booked on the loop thread, the journal committed on a thread.
+
+Why: on the threads engine each store's hashing, header and bookkeeping run on a Python thread
+holding the GIL, and the event loop's thread waits for it (docs/benchmarks.md: 5-7 ms p99 lag
+at 64 KiB). Here the loop thread allocates slots under the index lock (only ever *tried*: a
+checkpoint holds it across its snapshot), writes each header without its checksums, and a
+worker hashes each payload, fills in the header's checksums and writes the run with one
+``pwritev``. The order rules stay the threads path's (docs/tiers/nvme.md): a reused slot is
+written only once its ``EVICT`` record is in the journal, and a store is acknowledged only
+once its ``PUBLISH`` record is. A job waiting for either is *parked* (it keeps its engine slot)
+while one thread writes the journal for every job waiting (group commit); it then goes on.
+
+Anything but the plain case (a bounce copy, a busy index before allocation, a failed write, a
+busy index at publication, a failed journal write before the data) is finished by the threads
+path's own steps on a slow-path thread.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import weakref
+from collections import deque
+from functools import partial
+from time import perf_counter
+from typing import TYPE_CHECKING, Any
+
+from asynctier import TierClosedError
+from asynctier.core.jobs import Job
+from asynctier.engines import native as nativeio
+from asynctier.engines.native_engine import PARKED, Continuation, NativeEngine, Parked, Step
+from asynctier.integrity import pack_header
+from asynctier.posix_io import buffer_address
+
+from .catalog import Slots
+from .fast import IoArea
+
+if TYPE_CHECKING:
+    from .journal import Journal
+    from .tier import NvmeTier
+
+__all__ = ["StorePath"]
+
+Outcomes = list[BaseException | None]
+Run = list[tuple[int, int, int, int]]  # (position, slot, stripe, offset)
+
+
+class _Store:
+    """One store job between its steps: its chunks, the slots allocated (position -> slot,
+    seq), the runs to write and the next, what each run wrote or why it did not, the keys
+    found stored already, and the journal ticket it waits for."""
+
+    __slots__ = ("acking", "bad", "cids", "csums", "evict", "keys", "next", "out", "runs", "skip_ticket",
+                 "skipped", "slots", "t0", "ticket", "written")  # fmt: skip
+
+    def __init__(self, keys: list[bytes], cids: list[int], t0: float) -> None:
+        self.keys = keys
+        self.cids = cids
+        self.t0 = t0
+        self.out: Outcomes = [None] * len(keys)
+        self.slots: Slots = {}
+        self.evict = 0  # the EVICT records to be in the journal before any slot is written
+        self.skipped: list[int] = []
+        self.skip_ticket = 0
+        self.runs: list[Run] = []
+        self.next = 0
+        self.csums: dict[int, int] = {}
+        self.written: list[int] = []
+        self.bad: list[tuple[list[int], BaseException]] = []
+        self.ticket = 0  # parked until this record is in the journal
+        self.acking = False  # parked for the PUBLISH records (else for the EVICT ones)
+
+
+class StorePath:
+    """Stores of an nvme tier on its native engine (a :class:`~asynctier.engines.native_engine.FastPath`)."""
+
+    def __init__(self, tier: NvmeTier, engine: NativeEngine) -> None:
+        self._tier = weakref.ref(tier)  # as LoadPath's: the engine must not keep the tier alive
+        self._engine = engine
+        self._jobs: dict[int, _Store] = {}  # by engine slot
+        self._areas: dict[int, IoArea] = {}  # by engine slot: header blocks, iovecs, checksums
+        self._view_addr = 0
+        self._parked: list[tuple[int, int, Job, _Store]] = []  # (ticket, engine slot, job, state)
+        self._committing = False  # a thread is writing the journal for parked jobs
+        self._kick_due = False
+        # slots allocated by this path's jobs and not yet published (or handed to a thread),
+        # and the jobs parked until fewer are (see plan)
+        self._writing = 0
+        self._no_room: deque[tuple[int, Job]] = deque()
+        # latencies of the stores acknowledged (written; found stored), booked after each batch
+        self._booked: list[float] = []
+        self._skipped: list[float] = []
+
+    def _live(self) -> NvmeTier:
+        tier = self._tier()
+        if tier is None:  # a call in progress holds its tier: only a bug gets here
+            raise TierClosedError("the nvme tier was dropped")
+        return tier
+
+    # -- planning --------------------------------------------------------------------------------
+    def plan(self, job: Job, slot: int) -> Step:
+        # The engine starts more jobs than its I/O bound (a queue ahead of the workers), and a
+        # store allocates its slots when planned: at most half the slab is being written at
+        # once, as group_size keeps it on threads, so that eviction always finds a victim.
+        if self._no_room or not self._room(len(job.keys)):
+            self._no_room.append((slot, job))
+            return PARKED
+        return self._plan(job, slot)
+
+    def _room(self, n: int) -> bool:
+        tier = self._tier()
+        return not self._writing or tier is None or self._writing + n <= max(1, tier.nslots // 2)
+
+    def _admit(self) -> None:
+        """Plan the jobs parked for room while there is some (on the loop thread, outside the
+        engine's own steps)."""
+        engine = self._engine
+        while self._no_room and self._room(len(self._no_room[0][1].keys)):
+            slot, job = self._no_room.popleft()
+            try:
+                r = self._plan(job, slot)
+            except BaseException as e:  # the job's failure
+                job.exc, r = e, None
+            if type(r) is tuple:
+                engine.resume(slot, job, r)
+            elif r is None:
+                engine.unpark(slot, job)
+            elif not isinstance(r, Parked):
+                engine.unpark(slot, job, r)  # type: ignore[arg-type]
+
+    def _plan(self, job: Job, slot: int) -> Step:
+        tier = self._live()
+        if job.grouped:
+            keys, cids, t0 = job.args
+        else:
+            key, cid, t0 = job.args
+            keys, cids = [key], [cid]
+        cat = tier._catalog
+        if cat is None or not tier._zc_all:  # closed (the thread path says so), or bounce copies
+            return self._on_thread(tier, job)
+        lock = cat.index.lock
+        if not lock.acquire(blocking=False):  # never waited for on the loop thread
+            tier._stats.incr("native_index_busy", len(keys))
+            return self._on_thread(tier, job)
+        st = _Store(keys, cids, t0)
+        try:
+            st.slots, failed, st.evict, st.skipped, st.skip_ticket = cat.allocate_many_locked(keys)
+        finally:
+            lock.release()
+        for p, e in failed.items():
+            st.out[p] = e
+            tier._end_store(keys[p], t0, e)
+        self._writing += len(st.slots)
+        self._jobs[slot] = st
+        if not st.slots:
+            return self._acknowledge(tier, slot, job, st)
+        try:
+            st.runs = _split_by_key_length(
+                tier._slabs.runs([(p, s) for p, (s, _) in st.slots.items()], nativeio.READV_MAX), keys
+            )
+            if st.evict and not cat.journal.flushed(st.evict):  # a reused slot's EVICT record first
+                return self._park(st.evict, slot, job, st)
+            return self._run_fields(tier, slot, job, st)
+        except Exception as e:  # never leave the slots allocated
+            return self._settle_on_thread(tier, slot, job, st, e)
+
+    def _on_thread(self, tier: NvmeTier, job: Job) -> Continuation:
+        if job.grouped:
+            return partial(self._engine.blocking, tier._store_group, *job.args)
+        return partial(self._engine.blocking, tier._store_job, *job.args)
+
+    def _run_fields(self, tier: NvmeTier, slot: int, job: Job, st: _Store) -> nativeio.JobFields:
+        """The descriptor of ``st``'s next run: each header (checksums left to the worker) in
+        ``slot``'s header blocks, the iovecs, the checksums' array."""
+        slabs, spec = tier._slabs, tier.offloading_spec
+        run = st.runs[st.next]
+        H, n, digest = slabs.hdr_area, spec.chunk_bytes, spec.layout_digest
+        need = len(run)
+        area = self._areas.get(slot)
+        if area is None or area.slots < need:
+            area = self._areas[slot] = IoArea(need, H)
+        if not self._view_addr:
+            self._view_addr = buffer_address(tier._view)
+        iov, hb, base, view = area.iov, area.hb, area.hb_addr, self._view_addr
+        keys, cids, slots = st.keys, st.cids, st.slots
+        head = b""
+        for i, (p, _, _, _) in enumerate(run):
+            head = pack_header(keys[p], n, 0, digest, slots[p][1])
+            hb[i * H : i * H + len(head)] = head
+            iov[4 * i : 4 * i + 4] = [base + i * H, H, view + cids[p] * n, n]
+        # nativeio.fields written out: one pwritev of the run at its offset, headers completed first
+        return (nativeio.WRITEV, job.priority, -1, 0, slabs.fds[run[0][2]], -1, 0, 0, len(head) - 8, 0,
+                area.iov_addr, 2 * need, area.sums_addr, need, run[0][3], b"", b"", b"")  # fmt: skip
+
+    # -- ends ------------------------------------------------------------------------------------
+    def finish(self, job: Job, slot: int, result: int, csum: int, stage: int, info: int) -> Step:
+        tier = self._live()
+        st = self._jobs[slot]
+        run = st.runs[st.next]
+        ps = [p for p, _, _, _ in run]
+        if not stage and info == 1:
+            sums = self._areas[slot].sums
+            for i, p in enumerate(ps):
+                st.csums[p] = sums[i]
+            st.written += ps
+        else:
+            code = -result if result < 0 else errno.EIO
+            what = os.strerror(code) if result < 0 else f"short write ({result} bytes)"
+            st.bad.append((ps, OSError(code, f"nvme tier: writing {len(ps)} slot(s) at offset {run[0][3]} "
+                                             f"of {tier._slabs.paths[run[0][2]]} failed: {what}")))  # fmt: skip
+        st.next += 1
+        if st.next < len(st.runs):
+            try:
+                return self._run_fields(tier, slot, job, st)
+            except Exception as e:  # the runs left are not written: their slots go back
+                st.bad += [([p for p, _, _, _ in r], e) for r in st.runs[st.next :]]
+        return self._publish(tier, slot, job, st)
+
+    def _publish(self, tier: NvmeTier, slot: int, job: Job, st: _Store) -> Step:
+        """Every run ended: publish what was written (the index lock only tried), then acknowledge."""
+        cat = tier._catalog
+        if st.bad or cat is None:
+            return self._settle_on_thread(tier, slot, job, st, None)
+        lock = cat.index.lock
+        if not lock.acquire(blocking=False):
+            tier._stats.incr("native_index_busy", len(st.written))
+            return self._settle_on_thread(tier, slot, job, st, None)
+        try:
+            last = cat.publish_many_locked(st.keys, st.written, st.slots, st.csums)
+        finally:
+            lock.release()
+        self._writing -= len(st.slots)
+        st.ticket = max(last, st.skip_ticket)
+        return self._acknowledge(tier, slot, job, st)
+
+    def _acknowledge(self, tier: NvmeTier, slot: int, job: Job, st: _Store) -> Step:
+        """Over once the records that published its chunks (or the ones found stored) are in
+        the journal; parked until then."""
+        st.acking = True
+        st.ticket = max(st.ticket, st.skip_ticket)
+        cat = tier._catalog
+        if st.ticket and (cat is None or not cat.journal.flushed(st.ticket)):
+            return self._park(st.ticket, slot, job, st)
+        self._over(tier, slot, job, st)
+        self._book(tier)  # (rare: its records were in already) before its caller may look
+        return None
+
+    def _over(self, tier: NvmeTier, slot: int, job: Job, st: _Store) -> None:
+        del self._jobs[slot]
+        dt = perf_counter() - st.t0
+        self._booked += [dt] * len(st.written)
+        self._skipped += [dt] * len(st.skipped)
+        _set_outcome(job, st.out)
+
+    def _book(self, tier: NvmeTier) -> None:
+        """Count the stores acknowledged since the last time, under one lock."""
+        if self._booked or self._skipped:
+            booked, skipped = self._booked + self._skipped, len(self._skipped)
+            self._booked, self._skipped = [], []
+            tier._stats.record_each("offload", tier.offloading_spec.chunk_bytes, booked, skipped=skipped)
+
+    def _settle_on_thread(
+        self, tier: NvmeTier, slot: int, job: Job, st: _Store, err: BaseException | None
+    ) -> Continuation:
+        """The rest of ``st`` by the threads path's steps on a slow-path thread: free the slots
+        not written (all of them with ``err``: their EVICT records may not be in), publish and
+        wait for the others, the keys found stored."""
+        del self._jobs[slot]
+        self._writing -= len(st.slots)
+        if self._no_room:  # room freed here may be all there is: admit after this step
+            self._engine.call_soon_threadsafe(self._admit)
+
+        def settle() -> Outcomes:
+            keys, t0, out = st.keys, st.t0, st.out
+            if err is not None:
+                tier._abort_group(keys, list(st.slots), st.slots, out, err, t0, st.evict)
+            else:
+                for ps, e in st.bad:
+                    tier._abort_group(keys, ps, st.slots, out, e, t0, st.evict)
+                tier._publish_group(keys, t0, out, st.slots, st.written, st.csums)
+            tier._settle_skipped(keys, t0, out, st.skipped, st.skip_ticket)
+            return out
+
+        async def rest() -> Any:
+            out = await self._engine.blocking(settle)
+            return out if job.grouped else _raise_first(out)
+
+        return rest
+
+    # -- the journal: one commit on a thread for every job parked --------------------------------
+    def _park(self, ticket: int, slot: int, job: Job, st: _Store) -> Parked:
+        st.ticket = ticket
+        self._parked.append((ticket, slot, job, st))
+        if not self._kick_due and not self._committing:
+            # after this turn of the loop: the jobs parked meanwhile share the commit
+            self._kick_due = True
+            self._engine.call_soon_threadsafe(self._kick)
+        return PARKED
+
+    def _kick(self) -> None:
+        self._kick_due = False
+        if self._committing or not self._parked:
+            return
+        tier = self._tier()
+        cat = tier._catalog if tier is not None else None
+        executor = self._engine.executor
+        if cat is None or executor is None:  # the parked jobs hold the engine and the tier open
+            self._committed(0, TierClosedError("the nvme tier closed with stores waiting for its journal"))
+            return
+        journal = cat.journal
+        self._committing = True
+        try:
+            executor.submit(self._commit, journal, journal.appended)
+        except RuntimeError as e:  # shut down
+            self._committing = False
+            self._committed(0, e)
+
+    def _commit(self, journal: Journal, target: int) -> None:
+        """(a slow-path thread) Write the journal up to ``target``, then tell the loop."""
+        err: BaseException | None = None
+        try:
+            journal.wait(target)
+        except BaseException as e:
+            err = e
+        self._engine.call_soon_threadsafe(partial(self._committed_for, journal, target, err))
+
+    def _committed_for(self, journal: Journal, target: int, err: BaseException | None) -> None:
+        self._committing = False
+        self._committed(target, err, journal)
+
+    def _committed(self, target: int, err: BaseException | None, journal: Journal | None = None) -> None:
+        """(the loop thread) Let the parked jobs whose records are in go on; fail those a failed
+        commit covered (``err``); commit again for the others."""
+        parked, self._parked = self._parked, []
+        tier = self._tier()
+        for item in parked:
+            ticket, slot, job, st = item
+            if err is None and journal is not None and not journal.flushed(ticket):
+                self._parked.append(item)  # queued after the commit began: the next one
+                continue
+            if err is not None and ticket > target > 0:
+                self._parked.append(item)  # a later commit may succeed
+                continue
+            self._go_on(tier, slot, job, st, err)
+        if tier is not None:
+            self._book(tier)
+        if self._parked:
+            self._kick()
+        self._admit()
+
+    def _go_on(self, tier: NvmeTier | None, slot: int, job: Job, st: _Store, err: BaseException | None) -> None:
+        engine = self._engine
+        if tier is None:  # only a bug gets here (a call holds its tier): end the job failed
+            self._jobs.pop(slot, None)
+            job.exc = TierClosedError("the nvme tier was dropped")
+            engine.unpark(slot, job)
+            return
+        if not st.acking:  # waited for the EVICT records: write now, or give the slots back
+            if err is None:
+                engine.resume(slot, job, self._run_fields(tier, slot, job, st))
+            else:
+                engine.unpark(slot, job, self._settle_on_thread(tier, slot, job, st, err))
+            return
+        if err is not None:  # as the threads path: the stores it covered fail
+            for p in st.written + st.skipped:
+                st.out[p] = err
+                tier._end_store(st.keys[p], st.t0, err)
+            st.written, st.skipped = [], []
+        self._over(tier, slot, job, st)
+        engine.unpark(slot, job)
+
+    def flush(self) -> None:
+        """After a batch of ends: count the stores acknowledged, plan the jobs that waited for room."""
+        tier = self._tier()
+        if tier is not None:
+            self._book(tier)
+        if self._no_room:
+            self._admit()
+
+
+def _split_by_key_length(runs: list[Run], keys: list[bytes]) -> list[Run]:
+    """``runs`` cut where the key length changes: a WRITEV job's headers share one length."""
+    n = len(keys[0])
+    if all(len(k) == n for k in keys):  # the usual case: one hash size
+        return runs
+    out: list[Run] = []
+    for run in runs:
+        start = 0
+        for i in range(1, len(run)):
+            if len(keys[run[i][0]]) != len(keys[run[i - 1][0]]):
+                out.append(run[start:i])
+                start = i
+        out.append(run[start:] if start else run)
+    return out
+
+
+def _set_outcome(job: Job, out: Outcomes) -> None:
+    if job.grouped:
+        job.result = out
+    elif out[0] is not None:
+        job.exc = out[0]
+
+
+def _raise_first(out: Outcomes) -> None:
+    if out[0] is not None:
+        raise out[0]
