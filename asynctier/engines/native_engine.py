@@ -309,10 +309,11 @@ class NativeEngine(EngineCounters):
             self._wake_all()
 
     # -- parked jobs (on the loop thread) -------------------------------------------------------
+    # (neither submits anything: call pump() once after a batch of them, so that their steps and
+    # the jobs their slots let in reach the workers in one call, as one wake-up group)
     def resume(self, slot: int, job: Job, step: JobFields) -> None:
         """Run the next step of ``job``, parked in ``slot``, with the next batch."""
         self._next.append((slot, job, step))
-        self._pump()
 
     def unpark(self, slot: int, job: Job, then: Continuation | None = None) -> None:
         """``job``, parked in ``slot``, is over (its outcome set), or goes on as ``then``."""
@@ -321,6 +322,10 @@ class NativeEngine(EngineCounters):
             self._continue(job, then)
         else:
             self._over(job)
+
+    def pump(self) -> None:
+        """Submit what :meth:`resume` and :meth:`unpark` left to do (on the loop thread, not
+        from inside a path's ``plan`` or ``finish``)."""
         if self._heap or self._next:
             self._pump()
 

@@ -83,7 +83,8 @@ class StorePath:
         self._view_addr = 0
         self._parked: list[tuple[int, int, Job, _Store]] = []  # (ticket, engine slot, job, state)
         self._committing = False  # a thread is writing the journal for parked jobs
-        self._kick_due = False
+        self._kick_due = False  # jobs were parked since the last commit began
+        self._kick_soon = False  # a commit is scheduled for the next turn of the loop
         # slots allocated by this path's jobs and not yet published (or handed to a thread),
         # and the jobs parked until fewer are (see plan)
         self._writing = 0
@@ -106,7 +107,13 @@ class StorePath:
         if self._no_room or not self._room(len(job.keys)):
             self._no_room.append((slot, job))
             return PARKED
-        return self._plan(job, slot)
+        r = self._plan(job, slot)
+        if self._kick_due and not self._kick_soon:
+            # parked for the journal while the engine plans (no flush follows): commit after
+            # this turn of the loop, with the other jobs parked meanwhile
+            self._kick_soon = True
+            self._engine.call_soon_threadsafe(self._kick_later)
+        return r
 
     def _room(self, n: int) -> bool:
         tier = self._tier()
@@ -114,7 +121,7 @@ class StorePath:
 
     def _admit(self) -> None:
         """Plan the jobs parked for room while there is some (on the loop thread, outside the
-        engine's own steps)."""
+        engine's own steps; the caller then has the engine pump)."""
         engine = self._engine
         while self._no_room and self._room(len(self._no_room[0][1].keys)):
             slot, job = self._no_room.popleft()
@@ -128,6 +135,12 @@ class StorePath:
                 engine.unpark(slot, job)
             elif not isinstance(r, Parked):
                 engine.unpark(slot, job, r)  # type: ignore[arg-type]
+
+    def _admit_now(self) -> None:
+        self._admit()
+        if self._kick_due:
+            self._kick()
+        self._engine.pump()
 
     def _plan(self, job: Job, slot: int) -> Step:
         tier = self._live()
@@ -269,7 +282,7 @@ class StorePath:
         del self._jobs[slot]
         self._writing -= len(st.slots)
         if self._no_room:  # room freed here may be all there is: admit after this step
-            self._engine.call_soon_threadsafe(self._admit)
+            self._engine.call_soon_threadsafe(self._admit_now)
 
         def settle() -> Outcomes:
             keys, t0, out = st.keys, st.t0, st.out
@@ -290,13 +303,18 @@ class StorePath:
 
     # -- the journal: one commit on a thread for every job parked --------------------------------
     def _park(self, ticket: int, slot: int, job: Job, st: _Store) -> Parked:
+        """Park until record ``ticket`` is in the journal; the commit starts once the batch
+        being planned or booked is done (flush, or the next turn of the loop), so the jobs
+        parked meanwhile share it."""
         st.ticket = ticket
         self._parked.append((ticket, slot, job, st))
-        if not self._kick_due and not self._committing:
-            # after this turn of the loop: the jobs parked meanwhile share the commit
-            self._kick_due = True
-            self._engine.call_soon_threadsafe(self._kick)
+        self._kick_due = True
         return PARKED
+
+    def _kick_later(self) -> None:
+        self._kick_soon = False
+        if self._kick_due:
+            self._kick()
 
     def _kick(self) -> None:
         self._kick_due = False
@@ -345,9 +363,10 @@ class StorePath:
             self._go_on(tier, slot, job, st, err)
         if tier is not None:
             self._book(tier)
+        self._admit()
         if self._parked:
             self._kick()
-        self._admit()
+        self._engine.pump()  # the steps resumed and the jobs let in, in one submission
 
     def _go_on(self, tier: NvmeTier | None, slot: int, job: Job, st: _Store, err: BaseException | None) -> None:
         engine = self._engine
@@ -371,12 +390,15 @@ class StorePath:
         engine.unpark(slot, job)
 
     def flush(self) -> None:
-        """After a batch of ends: count the stores acknowledged, plan the jobs that waited for room."""
+        """After a batch of ends: count the stores acknowledged, plan the jobs that waited for
+        room, start a commit for the jobs parked."""
         tier = self._tier()
         if tier is not None:
             self._book(tier)
         if self._no_room:
             self._admit()
+        if self._kick_due:
+            self._kick()
 
 
 def _split_by_key_length(runs: list[Run], keys: list[bytes]) -> list[Run]:

@@ -57,9 +57,10 @@ class NvmeTier(CoalescedJobs):
             of this layout is reused either way.
         io_engine: ``"auto"`` (default), ``"native"`` or ``"threads"``. ``"threads"``:
             ``preadv``/``pwritev`` on ``max_inflight`` Python worker threads (``"psync"``, the
-            former name, still works with a DeprecationWarning). ``"native"``: loads run on
-            C worker threads (the fs tier's), one job per chunk or per run of adjacent slots,
-            read and hashed without the GIL; stores and the rest stay on threads.
+            former name, still works with a DeprecationWarning). ``"native"``: loads and
+            stores run on C worker threads (the fs tier's), one job per chunk or per run of
+            adjacent slots, read or written and hashed without the GIL; removals and the rest
+            stay on threads.
             ``"auto"``: native where the native workers are available
             (:func:`asynctier.engines.native.problem`), else threads.
         worker_nice: how much the native workers raise their nice value (0-19; default 5), as
