@@ -215,3 +215,66 @@ async def test_a_capacity_error_fails_that_chunk_only(tmp_path: Path) -> None:
         assert isinstance(res.failed[b"q"], CapacityError)
         cat.unpin(list(cat.index.entries.values()))
         assert (await tier.offload([b"q"], [9])).ok and slots_accounted(tier)
+
+
+async def test_the_journal_is_written_by_a_worker_job_and_a_failed_one_is_mended(tmp_path: Path) -> None:
+    """Stores' commits run as COMMIT worker jobs, not the journal's own flush; one that fails
+    (here a descriptor not open for writing, once) fails the stores it covered, the journal is
+    cut back and its records queued again, and stores go on: all there after a reopen."""
+    tier, view = make(tmp_path / "m.slab", io_engine="native", max_inflight=2)
+    data = fill(view, CHUNK, 19)
+    async with tier:
+        cat = tier._catalog
+        assert cat is not None
+        journal = cat.journal
+        flushes = journal.flushes
+        real_flush, real_failed = journal._flush, journal.claim_failed
+
+        def no_flush(*args: Any) -> None:
+            raise AssertionError("the journal's own flush ran")
+
+        journal._flush = no_flush  # type: ignore[method-assign]
+        assert (await tier.offload([b"a"], [0])).ok
+        assert journal.flushes > flushes  # written, by a worker
+        good = journal.fd
+        ro = os.open(journal.path(journal.gen), os.O_RDONLY)
+
+        def mend(claim: Any, err: BaseException) -> None:  # the descriptor back, then the real mending
+            journal.fd = good
+            real_failed(claim, err)
+
+        journal.fd = ro
+        journal.claim_failed = mend  # type: ignore[method-assign]
+        try:
+            res = await tier.offload([b"b"], [1])
+        finally:
+            journal.fd = good
+            os.close(ro)
+        assert isinstance(res.failed[b"b"], OSError) and "writing its records failed" in str(res.failed[b"b"])
+        assert journal.mended == 1 and journal.broken is None
+        journal._flush = real_flush  # type: ignore[method-assign]
+        assert (await tier.offload([b"c", b"d"], [2, 3])).ok
+        assert (await tier.offload([b"b"], [1])).ok  # its record made it after all: found stored
+        assert journaled(tier)
+    tier, view = make(tmp_path / "m.slab")
+    async with tier:
+        res = await tier.load([b"a", b"b", b"c", b"d"], [0, 1, 2, 3])
+        assert res.ok and [chunk_at(view, CHUNK, i) for i in range(4)] == data[:4]
+
+
+async def test_worker_commits_and_thread_flushes_append_one_after_the_other(tmp_path: Path) -> None:
+    """A COMMIT job writes at an offset and a thread's flush (a removal's EVICT record) at the
+    file's position: each starts where the other ended, so after a crash the journal replays
+    every record (a flush once wrote over the records a worker had just committed)."""
+    tier, view = make(tmp_path / "o.slab", io_engine="native")
+    data = fill(view, CHUNK, 20)
+    await tier.open()
+    for i in range(3):
+        assert (await tier.offload([b"o%d" % i, b"x%d" % i], [i, 8 + i])).ok  # a worker's commit
+        assert (await tier.remove([b"x%d" % i])).ok  # a thread's flush
+    crash(tier)
+    tier, view = make(tmp_path / "o.slab")
+    async with tier:
+        assert await tier.lookup([b"o0", b"o1", b"o2", b"x0", b"x1", b"x2"]) == [True] * 3 + [False] * 3
+        assert (await tier.load([b"o0", b"o1", b"o2"], [3, 4, 5])).ok
+        assert [chunk_at(view, CHUNK, i) for i in (3, 4, 5)] == data[:3]

@@ -277,13 +277,16 @@ struct at_res *at_results(struct at_pool *p) { return p->res; }
 uint64_t at_hash(struct at_pool *p, const void *buf, size_t len) { return p->xxh3(buf, len); }
 
 static int job_ok(const struct at_pool *p, int idx, const struct at_job *j) {
-    if (idx < 0 || idx >= p->nops || j->prio < 0 || j->prio >= NPRIO || j->kind < AT_READ || j->kind > AT_WRITEV)
+    if (idx < 0 || idx >= p->nops || j->prio < 0 || j->prio >= NPRIO || j->kind < AT_READ || j->kind > AT_COMMIT)
         return 0;
     int vec = j->kind == AT_READV || j->kind == AT_WRITEV;
     if (vec && (j->fd < 0 || !j->hb || !j->buf || j->len < 1 || j->len > READV_MAX || j->hb_len != 2 * j->len))
         return 0;
     if (!memchr(j->name, 0, NAME_MAX_LEN) || !memchr(j->name2, 0, NAME_MAX_LEN) || !memchr(j->name3, 0, NAME_MAX_LEN))
         return 0;
+    if (j->kind == AT_COMMIT)
+        return j->fd >= 0 && j->hb_len <= COMMIT_FDS_MAX && (!j->hb_len || j->hb) && (!j->len || j->buf) &&
+               j->group >= -1 && j->group < p->nops;
     if (j->kind == AT_WRITEV) { /* every header block holds the header and its checksum */
         const struct iovec *v = j->hb;
         if (j->body_len < CSUM_OFFSET + 8) return 0;
@@ -335,7 +338,8 @@ static int queue_job(struct at_pool *p, int idx, const struct at_job *j) {
  *              (checksums filled in as AT_WRITE's), [fdatasync], renameat of name3 to name
  *              in dfd, [fsync of dfd]; info = 1 when a failure left the file at name3;
  *   AT_READV   preadv of a run of slots of the open file `fd` at `off` (see _nativeio.h);
- *   AT_WRITEV  pwritev of a run of slots, each header's checksums filled in first.
+ *   AT_WRITEV  pwritev of a run of slots, each header's checksums filled in first;
+ *   AT_COMMIT  [fdatasync of the descriptors at hb], pwrite of buf at off of fd, [fdatasync].
  * Returns 0, or -EINVAL (bad slot or job), -EBUSY (slot in use), -ESHUTDOWN. */
 int at_submit(struct at_pool *p, int idx, const struct at_job *j) {
     if (!job_ok(p, idx, j)) return -EINVAL;

@@ -24,6 +24,10 @@
  * uint64_t[len] for the payloads' xxh3, len the slots. Before the I/O, each payload is hashed
  * and its header's checksums filled in (the header's own over its first body_len bytes) */
 #define AT_WRITEV 7
+/* a journal commit: fdatasync of each of the hb_len descriptors at hb (int32_t; the data the
+ * records describe), one pwrite of buf[len] at off of fd, then, with sync, fdatasync of fd */
+#define AT_COMMIT 8
+#define COMMIT_FDS_MAX 64
 
 #define AT_MODE_FIX 0x10000 /* the umask would strip bits of the mode: set it after creation */
 

@@ -153,6 +153,32 @@ static void run_vec(struct at_op *op, struct at_res *r) {
         r->info = (size_t)got == total;
 }
 
+/* AT_COMMIT: the data first (durable), then the records, then the records synced (durable). */
+static void run_commit(struct at_op *op, struct at_res *r) {
+    struct at_job *j = &op->job;
+    const int32_t *fds = j->hb;
+    for (size_t i = 0; i < j->hb_len; i++) {
+        if (fdatasync(fds[i]) != 0) {
+            r->result = -errno;
+            r->stage = ST_DATASYNC;
+            return;
+        }
+    }
+    struct iovec iov = {j->buf, j->len};
+    int64_t n = j->len ? move_all(j->fd, 1, &iov, 1, j->len, j->off) : 0;
+    if (n < 0) {
+        r->result = n;
+        r->stage = ST_IO;
+        return;
+    }
+    if (j->sync && fdatasync(j->fd) != 0) {
+        r->result = -errno;
+        r->stage = ST_DATASYNC;
+        return;
+    }
+    r->result = n;
+}
+
 static void run_spare(struct at_op *op, struct at_res *r) {
     struct at_job *j = &op->job;
     int fd = open_regular(j->dfd, j->name, j->flags, r);
@@ -275,6 +301,7 @@ void at_run_job(struct at_op *op, struct at_res *r) {
     case AT_RECYCLE: run_recycle(op, r); break;
     case AT_READV:
     case AT_WRITEV: run_vec(op, r); break;
+    case AT_COMMIT: run_commit(op, r); break;
     default: run_unlink(op, r); break;
     }
 }

@@ -43,7 +43,9 @@ __all__ = ["DoneHandler", "Job", "JobFields", "NativePool", "Outcome", "fields",
 T = TypeVar("T")
 
 #: Job kinds (:attr:`Job.kind`).
-READ, WRITE, SPARE, UNLINK, RECYCLE, READV, WRITEV = 1, 2, 3, 4, 5, 6, 7
+READ, WRITE, SPARE, UNLINK, RECYCLE, READV, WRITEV, COMMIT = 1, 2, 3, 4, 5, 6, 7, 8
+#: Descriptors one :data:`COMMIT` job syncs at most.
+COMMIT_FDS_MAX = 64
 #: Slots of one :data:`READV` or :data:`WRITEV` job at most (two ``iovec`` each, within the kernel's IOV_MAX).
 READV_MAX = 512
 #: The step a job failed at (:attr:`Outcome.stage`); 0 when it did not fail.
@@ -80,8 +82,12 @@ class Job(ctypes.Structure):
     ``fd`` >= 0 and the byte offset ``off`` (no name); :data:`READV`, one run of adjacent slots
     of such a file: ``hb`` the address of ``hb_len`` ``struct iovec`` (each slot's header block,
     then its payload), ``buf`` of ``len`` u64 for the payloads' xxh3 (``hashed``), ``len`` the
-    slots; its :attr:`Outcome.info` is 1 when the read was whole. ``hb``/``hb_len`` and ``buf``/``len``:
-    the header block and the payload (addresses that stay valid until the job ends).
+    slots; its :attr:`Outcome.info` is 1 when the read was whole; :data:`WRITEV`, the same
+    for a write (each header's checksums filled in first, over its first ``body_len`` bytes);
+    :data:`COMMIT`, a journal write: ``hb`` the address of ``hb_len`` int32 descriptors to
+    ``fdatasync`` first, ``buf``/``len`` the bytes written at ``off`` of ``fd``, ``sync`` to
+    ``fdatasync`` it after. ``hb``/``hb_len`` and ``buf``/``len``: the header block and the
+    payload (addresses that stay valid until the job ends).
     """
 
     _fields_ = [

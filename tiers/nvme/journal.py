@@ -9,15 +9,25 @@ import os
 import threading
 from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
 from . import sysio
 from .files import IndexDir
 from .format import EVICT, JOURNAL_HEAD, JR_MAGIC, PUBLISH, RECORD, U64, VERSION, pack_journal_head, xxh
 from .slots import SlotIndex
 
-__all__ = ["Journal", "replay"]
+__all__ = ["Claim", "Journal", "replay"]
 
 log = logging.getLogger(__name__)
+
+
+class Claim(NamedTuple):
+    """The records of one flush taken by a caller that writes them itself (:meth:`Journal.claim`)."""
+
+    batch: list[bytes]
+    target: int  #: the ticket of the last record in it
+    start: int  #: where in the journal file they go
+    data: bytes  #: the records, joined
 
 
 class Journal:
@@ -131,6 +141,32 @@ class Journal:
             else:
                 return
         self._flush(batch, target)
+
+    def claim(self) -> Claim | None:
+        """Take the records queued for one flush without waiting: the caller writes
+        ``data`` at ``start`` of :attr:`fd` (after ``fdatasync`` of :attr:`data_fds`, and
+        syncs it, when :attr:`durable`), then calls :meth:`claimed` or :meth:`claim_failed`;
+        meanwhile, :meth:`wait` waits for it as for any flush. None when a flush is running,
+        nothing is queued or the journal is unusable (:meth:`wait` says which)."""
+        with self._cv:
+            if self._busy or not self._pending or self.broken is not None or self.fd < 0:
+                return None
+            self._busy = True
+            batch, self._pending = self._pending, []
+            return Claim(batch, self._appended, self._end, b"".join(batch))
+
+    def claimed(self, claim: Claim) -> None:
+        """``claim``'s records are in (and synced, when durable): the waiters up to it go on."""
+        self._end = claim.start + len(claim.data)
+        # they were written at an offset: the next flush of wait() writes at the file's position
+        os.lseek(self.fd, self._end, os.SEEK_SET)
+        self._settle(claim.batch, claim.target, True, False, None, None)
+
+    def claim_failed(self, claim: Claim, err: BaseException) -> None:
+        """Writing ``claim``'s records failed with ``err``: cut the file back and queue them
+        again, as a failed flush of :meth:`wait` (file I/O: not on an event loop's thread)."""
+        mended = self._cut_back(claim.start, err)
+        self._settle(claim.batch, claim.target, False, mended, err, None)
 
     def _flush(self, batch: list[bytes], target: int, rotate_to: int | None = None) -> None:
         """Write ``batch`` (records up to ``target``); with ``rotate_to``, then sync and switch

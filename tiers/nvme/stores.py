@@ -1,5 +1,5 @@
 """The nvme tier's stores on the native engine: one C worker job per run of adjacent slots,
-planned and booked on the loop thread, the journal committed on a thread.
+planned and booked on the loop thread, the journal committed by a worker job too.
 
 Why: on the threads engine each store's hashing, header and bookkeeping run on a Python thread
 holding the GIL, and the event loop's thread waits for it (docs/benchmarks.md: 5-7 ms p99 lag
@@ -9,7 +9,7 @@ worker hashes each payload, fills in the header's checksums and writes the run w
 ``pwritev``. The order rules stay the threads path's (docs/tiers/nvme.md): a reused slot is
 written only once its ``EVICT`` record is in the journal, and a store is acknowledged only
 once its ``PUBLISH`` record is. A job waiting for either is *parked* (it keeps its engine slot)
-while one thread writes the journal for every job waiting (group commit); it then goes on.
+while one commit writes the journal for every job waiting (group commit); it then goes on.
 
 Anything but the plain case (a bounce copy, a busy index before allocation, a failed write, a
 busy index at publication, a failed journal write before the data) is finished by the threads
@@ -18,16 +18,18 @@ path's own steps on a slow-path thread.
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import os
 import weakref
 from collections import deque
 from functools import partial
 from time import perf_counter
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from asynctier import TierClosedError
 from asynctier.core.jobs import Job
+from asynctier.core.ops import PRIO_LOAD
 from asynctier.engines import native as nativeio
 from asynctier.engines.native_engine import PARKED, Continuation, NativeEngine, Parked, Step
 from asynctier.integrity import pack_header
@@ -37,7 +39,7 @@ from .catalog import Slots
 from .fast import IoArea
 
 if TYPE_CHECKING:
-    from .journal import Journal
+    from .journal import Claim, Journal
     from .tier import NvmeTier
 
 __all__ = ["StorePath"]
@@ -72,6 +74,16 @@ class _Store:
         self.acking = False  # parked for the PUBLISH records (else for the EVICT ones)
 
 
+class _Carrier(NamedTuple):
+    """A commit running as a worker job in a parked job's slot, and the memory it writes from."""
+
+    slot: int
+    journal: Journal
+    claim: Claim
+    data: Any  # ctypes array: the records
+    fds: Any  # ctypes array: the data descriptors synced first
+
+
 class StorePath:
     """Stores of an nvme tier on its native engine (a :class:`~asynctier.engines.native_engine.FastPath`)."""
 
@@ -85,6 +97,7 @@ class StorePath:
         self._committing = False  # a thread is writing the journal for parked jobs
         self._kick_due = False  # jobs were parked since the last commit began
         self._kick_soon = False  # a commit is scheduled for the next turn of the loop
+        self._carrier: _Carrier | None = None  # the parked job whose slot runs the commit
         # slots allocated by this path's jobs and not yet published (or handed to a thread),
         # and the jobs parked until fewer are (see plan)
         self._writing = 0
@@ -208,6 +221,8 @@ class StorePath:
 
     # -- ends ------------------------------------------------------------------------------------
     def finish(self, job: Job, slot: int, result: int, csum: int, stage: int, info: int) -> Step:
+        if self._carrier is not None and self._carrier.slot == slot:
+            return self._commit_ended(result, stage)
         tier = self._live()
         st = self._jobs[slot]
         run = st.runs[st.next]
@@ -301,7 +316,11 @@ class StorePath:
 
         return rest
 
-    # -- the journal: one commit on a thread for every job parked --------------------------------
+    # -- the journal: one commit for every job parked ------------------------------------------
+    # A commit is a worker job (COMMIT: the records written, synced when durable) run as the
+    # next step of one of the parked jobs, the carrier: its end comes back with the batch of
+    # ends it is in, not through a thread and a wake-up of its own. A thread does it when the
+    # journal is being written by someone else (a slow path's wait, a checkpoint's rotation).
     def _park(self, ticket: int, slot: int, job: Job, st: _Store) -> Parked:
         """Park until record ``ticket`` is in the journal; the commit starts once the batch
         being planned or booked is done (flush, or the next turn of the loop), so the jobs
@@ -315,10 +334,19 @@ class StorePath:
         self._kick_soon = False
         if self._kick_due:
             self._kick()
+            self._engine.pump()
 
     def _kick(self) -> None:
+        """Start a commit for the parked jobs unless one runs (the caller has the engine pump)."""
         self._kick_due = False
         if self._committing or not self._parked:
+            return
+        writing = len(self._jobs) - len(self._parked)
+        if 2 * len(self._parked) < writing:
+            # most stores are still writing: their ends (each followed by a flush, which calls
+            # this again) join this commit, rather than one commit, a worker job and a wake-up
+            # of the loop, per store
+            self._kick_due = True
             return
         tier = self._tier()
         cat = tier._catalog if tier is not None else None
@@ -327,12 +355,49 @@ class StorePath:
             self._committed(0, TierClosedError("the nvme tier closed with stores waiting for its journal"))
             return
         journal = cat.journal
+        fds = journal.data_fds if journal.durable else []
+        claim = journal.claim() if len(fds) <= nativeio.COMMIT_FDS_MAX else None
         self._committing = True
+        if claim is not None:
+            _, slot, job, _ = self._parked[-1]
+            data = (ctypes.c_char * len(claim.data)).from_buffer_copy(claim.data)
+            fd_array = (ctypes.c_int32 * max(1, len(fds)))(*fds)
+            self._carrier = _Carrier(slot, journal, claim, data, fd_array)
+            # nativeio.fields written out: the records at their offset, the data synced first when durable
+            self._engine.resume(slot, job, (nativeio.COMMIT, PRIO_LOAD, -1, 0, journal.fd, -1, int(journal.durable),
+                                            0, 0, 0, ctypes.addressof(fd_array), len(fds), ctypes.addressof(data),
+                                            len(claim.data), claim.start, b"", b"", b""))  # fmt: skip
+            return
         try:
             executor.submit(self._commit, journal, journal.appended)
         except RuntimeError as e:  # shut down
             self._committing = False
             self._committed(0, e)
+
+    def _commit_ended(self, result: int, stage: int) -> Step:
+        """The carrier's COMMIT job ended (inside the engine's batch of ends: no pump here)."""
+        c = self._carrier
+        assert c is not None
+        self._carrier = None
+        if not stage and result == len(c.claim.data):
+            c.journal.claimed(c.claim)
+            self._committing = False
+            self._committed(c.claim.target, None, c.journal, pump=False)
+            return PARKED  # the carrier too went on (or stays parked) in _committed
+        code = -result if result < 0 else errno.EIO
+        err = OSError(code, f"nvme journal {c.journal.path(c.journal.gen)}: writing its records failed: "
+                            f"{os.strerror(code) if result < 0 else f'short write ({result} bytes)'}")  # fmt: skip
+        executor = self._engine.executor
+        assert executor is not None  # the carrier holds the engine running
+        executor.submit(self._claim_failed, c.journal, c.claim, err)
+        return PARKED  # the carrier stays parked with the others: they hear of it together
+
+    def _claim_failed(self, journal: Journal, claim: Claim, err: BaseException) -> None:
+        """(a slow-path thread) A failed commit: cut the journal back, then tell the loop."""
+        try:
+            journal.claim_failed(claim, err)
+        finally:
+            self._engine.call_soon_threadsafe(partial(self._committed_for, journal, claim.target, err))
 
     def _commit(self, journal: Journal, target: int) -> None:
         """(a slow-path thread) Write the journal up to ``target``, then tell the loop."""
@@ -347,7 +412,9 @@ class StorePath:
         self._committing = False
         self._committed(target, err, journal)
 
-    def _committed(self, target: int, err: BaseException | None, journal: Journal | None = None) -> None:
+    def _committed(
+        self, target: int, err: BaseException | None, journal: Journal | None = None, *, pump: bool = True
+    ) -> None:
         """(the loop thread) Let the parked jobs whose records are in go on; fail those a failed
         commit covered (``err``); commit again for the others."""
         parked, self._parked = self._parked, []
@@ -366,7 +433,8 @@ class StorePath:
         self._admit()
         if self._parked:
             self._kick()
-        self._engine.pump()  # the steps resumed and the jobs let in, in one submission
+        if pump:
+            self._engine.pump()  # the steps resumed and the jobs let in, in one submission
 
     def _go_on(self, tier: NvmeTier | None, slot: int, job: Job, st: _Store, err: BaseException | None) -> None:
         engine = self._engine
