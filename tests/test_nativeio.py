@@ -227,6 +227,32 @@ async def test_a_store_slow_path_lets_queued_loads_go_first(tmp_path: Path) -> N
 
 
 @native_only
+async def test_a_commit_runs_while_slow_paths_hold_every_token_waiting_for_it(tmp_path: Path) -> None:
+    """A COMMIT job (the nvme journal's records) takes no I/O token: slow paths that hold
+    every token may be waiting for the journal, so one that needed a token would never run."""
+    pool = nativeio.NativePool(threads=2, bound=1, slots=2)
+    pool.attach()
+    fd = os.open(tmp_path / "journal", os.O_RDWR | os.O_CREAT, 0o600)
+    records = ctypes.create_string_buffer(b"records", 7)
+    fds = (ctypes.c_int32 * 1)(fd)
+    committed = threading.Event()
+    try:
+        holder = asyncio.ensure_future(asyncio.to_thread(pool.hold, committed.wait, 30))  # the one token
+        await wait_for(lambda: pool.counts()[0] == 1, "the slow path holds the token")
+        job = nativeio.job(nativeio.COMMIT, 0, -1, b"", fd=fd, sync=True, hb=ctypes.addressof(fds), hb_len=1,
+                           buf=ctypes.addressof(records), n=7, off=5)  # fmt: skip
+        out = await asyncio.wait_for(pool.run(0, job), 20)
+        committed.set()
+        assert out.result == 7 and out.stage == 0
+        assert await holder  # its wait ended: the commit ran while it held the token
+        assert (tmp_path / "journal").read_bytes() == bytes(5) + b"records"
+    finally:
+        committed.set()
+        await pool.aclose()
+        os.close(fd)
+
+
+@native_only
 async def test_workers_told_to_stop_end_once_the_queue_drains(tmp_path: Path) -> None:
     """at_shutdown (what a pool dropped without aclose does) with jobs queued behind a stuck
     one: every worker ends when the last job does, none stays parked."""

@@ -78,8 +78,9 @@ static int pick(struct at_pool *p, int *what) {
             struct at_op *op = &p->ops[i];
             if (op->prep == PREP_NONE) {
                 /* a worker that just gave its token back would otherwise take it again at
-                 * once, and a slow path waiting in at_acquire could wait for seconds */
-                if (p->ntokens > ahead) {
+                 * once, and a slow path waiting in at_acquire could wait for seconds. A
+                 * commit takes none: slow paths may hold every token while they wait for it */
+                if (p->ntokens > ahead || op->job.kind == AT_COMMIT) {
                     *what = DO_IO;
                     return i;
                 }
@@ -195,8 +196,11 @@ static void *worker(void *arg) {
         if (op->state != AT_RUNNING) memset(r, 0, sizeof *r); /* not prepared above */
         unqueue(p, idx);
         op->state = AT_RUNNING;
-        p->ntokens--;
-        if (++p->in_flight > p->peak) p->peak = p->in_flight;
+        int token = op->job.kind != AT_COMMIT;
+        if (token) {
+            p->ntokens--;
+            if (++p->in_flight > p->peak) p->peak = p->in_flight;
+        }
         int next = 0;
         if (pick(p, &next) >= 0) pthread_cond_signal(&p->work); /* more to do: another worker */
         pthread_mutex_unlock(&p->mu);
@@ -204,9 +208,11 @@ static void *worker(void *arg) {
         at_run_job(op, r);
 
         pthread_mutex_lock(&p->mu);
-        p->in_flight--;
-        p->ntokens++;
-        if (acq_total(p)) pthread_cond_broadcast(&p->tokens); /* waiters of several priorities */
+        if (token) {
+            p->in_flight--;
+            p->ntokens++;
+            if (acq_total(p)) pthread_cond_broadcast(&p->tokens); /* waiters of several priorities */
+        }
         if (op->job.hashed && at_read_whole(op, r)) {
             /* its checksum is left to another worker: this one goes on to the next I/O at
              * once, without a thread wake-up between the two */

@@ -25,7 +25,8 @@
  * and its header's checksums filled in (the header's own over its first body_len bytes) */
 #define AT_WRITEV 7
 /* a journal commit: fdatasync of each of the hb_len descriptors at hb (int32_t; the data the
- * records describe), one pwrite of buf[len] at off of fd, then, with sync, fdatasync of fd */
+ * records describe), one pwrite of buf[len] at off of fd, then, with sync, fdatasync of fd.
+ * It holds no I/O token: slow paths holding tokens may be waiting for it (the journal) */
 #define AT_COMMIT 8
 #define COMMIT_FDS_MAX 64
 
