@@ -94,7 +94,7 @@ class StorePath:
         self._areas: dict[int, IoArea] = {}  # by engine slot: header blocks, iovecs, checksums
         self._view_addr = 0
         self._parked: list[tuple[int, int, Job, _Store]] = []  # (ticket, engine slot, job, state)
-        self._committing = False  # a thread is writing the journal for parked jobs
+        self._committing = False  # a commit runs for parked jobs (a worker job, or a thread)
         self._kick_due = False  # jobs were parked since the last commit began
         self._kick_soon = False  # a commit is scheduled for the next turn of the loop
         self._carrier: _Carrier | None = None  # the parked job whose slot runs the commit
@@ -352,7 +352,7 @@ class StorePath:
         cat = tier._catalog if tier is not None else None
         executor = self._engine.executor
         if cat is None or executor is None:  # the parked jobs hold the engine and the tier open
-            self._committed(0, TierClosedError("the nvme tier closed with stores waiting for its journal"))
+            self._committed(0, TierClosedError("the nvme tier closed with stores waiting for its journal"), pump=False)
             return
         journal = cat.journal
         fds = journal.data_fds if journal.durable else []
@@ -372,7 +372,7 @@ class StorePath:
             executor.submit(self._commit, journal, journal.appended)
         except RuntimeError as e:  # shut down
             self._committing = False
-            self._committed(0, e)
+            self._committed(0, e, pump=False)
 
     def _commit_ended(self, result: int, stage: int) -> Step:
         """The carrier's COMMIT job ended (inside the engine's batch of ends: no pump here)."""
