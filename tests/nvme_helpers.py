@@ -182,19 +182,20 @@ def hold_first_flush(tier: NvmeTier, held: threading.Event, go_on: threading.Eve
     journal._flush = held_flush  # type: ignore[method-assign]
 
 
-def journal_full_once(tier: NvmeTier) -> Callable[[int, memoryview], None]:
-    """A ``write_all`` whose first write to ``tier``'s journal lands half a batch, then fails
+def journal_full_once(tier: NvmeTier) -> Callable[[int, list[memoryview], int], None]:
+    """A ``pwritev_all`` whose first write to ``tier``'s journal lands half a batch, then fails
     with ENOSPC (simulated, once); every other write goes through. Install it as
-    ``asynctier.tiers.nvme.sysio.write_all``."""
-    real_write = nvme_sysio.write_all
+    ``asynctier.tiers.nvme.sysio.pwritev_all``."""
+    real_write = nvme_sysio.pwritev_all
     faults = [1]
 
-    def once_full(fd: int, mv: memoryview) -> None:
+    def once_full(fd: int, bufs: list[memoryview], offset: int) -> None:
         cat = tier._catalog
         if faults[0] and cat is not None and fd == cat.journal.fd:
             faults[0] = 0
-            real_write(fd, mv[: len(mv) // 2])  # half a batch reaches the file first
+            mv = bufs[0]
+            real_write(fd, [mv[: len(mv) // 2]], offset)  # half a batch reaches the file first
             raise OSError(errno.ENOSPC, "No space left on device (simulated, once)")
-        real_write(fd, mv)
+        real_write(fd, bufs, offset)
 
     return once_full

@@ -216,7 +216,7 @@ async def test_a_failed_journal_write_is_mended_and_the_tier_goes_on(
     failed, what may be half-written is cut off and its records are written by the next
     flush, so stores go on once the fault is gone and everything acknowledged is there after
     a reopen (the journal used to refuse every store for the rest of the tier's life). On
-    threads, where a store's flush writes with sysio.write_all; the native engine's commit
+    threads, where a store's flush writes with sysio.pwritev_all; the native engine's commit
     job: test_nvme_native_stores.py."""
     tier, view = make(tmp_path / "rw.slab", max_inflight=2, io_engine="threads")
     data = fill(view, CHUNK, 29)
@@ -224,7 +224,7 @@ async def test_a_failed_journal_write_is_mended_and_the_tier_goes_on(
 
     async with tier:
         assert (await tier.offload([b"a"], [0])).ok
-        monkeypatch.setattr(nvme_sysio, "write_all", once_full)
+        monkeypatch.setattr(nvme_sysio, "pwritev_all", once_full)
         res = await tier.offload([b"b"], [1])
         assert failure_kind(res.failed[b"b"]) == "io"
         assert (await tier.offload([b"c", b"d"], [2, 3])).ok  # the fault is gone
@@ -285,7 +285,7 @@ async def test_a_failed_write_while_switching_generations_is_mended(
     journal = tier._catalog.journal
     gen = journal.gen
     journal.append(nvme_format.pack_record(nvme_format.EVICT, b"nothing", 0, 0, 0))  # a batch to write
-    monkeypatch.setattr(nvme_sysio, "write_all", once_full)
+    monkeypatch.setattr(nvme_sysio, "pwritev_all", once_full)
     with pytest.raises(OSError, match="simulated"):
         await asyncio.to_thread(tier.checkpoint)
     assert journal.broken is None and journal.mended == 1 and journal.gen == gen

@@ -263,9 +263,9 @@ async def test_the_journal_is_written_by_a_worker_job_and_a_failed_one_is_mended
 
 
 async def test_worker_commits_and_thread_flushes_append_one_after_the_other(tmp_path: Path) -> None:
-    """A COMMIT job writes at an offset and a thread's flush (a removal's EVICT record) at the
-    file's position: each starts where the other ended, so after a crash the journal replays
-    every record (a flush once wrote over the records a worker had just committed)."""
+    """A COMMIT job and a thread's flush (a removal's EVICT record) each start where the other
+    ended, so after a crash the journal replays every record (a flush that wrote at the file's
+    position once wrote over the records a worker had just committed at its offset)."""
     tier, view = make(tmp_path / "o.slab", io_engine="native")
     data = fill(view, CHUNK, 20)
     await tier.open()

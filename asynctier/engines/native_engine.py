@@ -13,7 +13,9 @@ per chunk. A call's waiter wakes once (its :class:`~asynctier.core.jobs.Batch`).
 
 Whatever is not the plain case (a key being deleted, victims to evict, an index still being
 rebuilt, a failure to retry on a thread) becomes a *continuation*: a coroutine run by one of
-the engine's service coroutines, as every job ran before. The bound is the pool's I/O
+the engine's service coroutines, as every job ran before. A job that waits for something
+other than the workers (the nvme journal) is *parked*: it keeps its slot until its path
+resumes it with a next step or ends it. The bound is the pool's I/O
 tokens (a slow path on a thread holds one too); loads go ahead of queued stores both here
 (one priority queue) and in the pool (its priority queues); a cancelled caller withdraws the
 jobs not started and waits for the others (docs/cancellation.md).
@@ -46,7 +48,7 @@ from .base import EngineCounters, refuse_other_loop
 from .native import JobFields, NativePool
 from .threads import EngineStoppedError
 
-__all__ = ["PARKED", "Continuation", "FastPath", "NativeEngine", "Parked"]
+__all__ = ["PARKED", "Continuation", "FastPath", "NativeEngine", "Parked", "Step"]
 
 T = TypeVar("T")
 

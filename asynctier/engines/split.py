@@ -1,13 +1,13 @@
 """An engine that runs some operations on the native engine and the rest on the threads engine,
 under one bound.
 
-Why: a tier may have a native fast path for one operation only (the nvme tier's loads) while
-its other operations are blocking bodies that need a thread each (its stores wait for the
-journal). On the native engine alone such a body runs as a continuation, a coroutine and a
-thread hand-off per job; the threads engine runs it with no loop round trip per chunk. Each
-threads-engine job holds one of the native pool's I/O tokens while it runs
+Why: a tier may have native fast paths for some operations only (the nvme tier's loads and
+stores) while its other operations are blocking bodies that need a thread each (removals,
+lookups, verification). On the native engine alone such a body runs as a continuation, a
+coroutine and a thread hand-off per job; the threads engine runs it with no loop round trip
+per chunk. Each threads-engine job holds one of the native pool's I/O tokens while it runs
 (:meth:`~asynctier.engines.native.NativePool.hold`, at the job's priority), so ``bound`` holds
-across both and queued loads still go ahead of stores.
+across both and queued loads still go ahead of the rest.
 """
 
 from __future__ import annotations

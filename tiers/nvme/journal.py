@@ -158,8 +158,6 @@ class Journal:
     def claimed(self, claim: Claim) -> None:
         """``claim``'s records are in (and synced, when durable): the waiters up to it go on."""
         self._end = claim.start + len(claim.data)
-        # they were written at an offset: the next flush of wait() writes at the file's position
-        os.lseek(self.fd, self._end, os.SEEK_SET)
         self._settle(claim.batch, claim.target, True, False, None, None)
 
     def claim_failed(self, claim: Claim, err: BaseException) -> None:
@@ -179,8 +177,8 @@ class Journal:
             if self.durable:
                 for fd in self.data_fds:  # slot data before the records that publish it
                     os.fdatasync(fd)
-            if batch:
-                sysio.write_all(self.fd, memoryview(data))
+            if batch:  # at its offset, as a worker's commit (claim) writes: the file position is not used
+                sysio.pwritev_all(self.fd, [memoryview(data)], start)
             if self.durable or rotate_to is not None:
                 os.fdatasync(self.fd)
             self._end = start + len(data)
@@ -214,7 +212,6 @@ class Journal:
         mended = False
         try:
             os.ftruncate(self.fd, start)
-            os.lseek(self.fd, start, os.SEEK_SET)
             mended = True
         except OSError:
             pass
