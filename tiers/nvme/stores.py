@@ -259,7 +259,7 @@ class StorePath:
         finally:
             lock.release()
         self._writing -= len(st.slots)
-        st.ticket = max(last, st.skip_ticket)
+        st.ticket = last  # (_acknowledge adds the keys found stored)
         return self._acknowledge(tier, slot, job, st)
 
     def _acknowledge(self, tier: NvmeTier, slot: int, job: Job, st: _Store) -> Step:
