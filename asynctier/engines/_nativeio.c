@@ -130,20 +130,34 @@ static void unqueue(struct at_pool *p, int idx) {
 
 /* The loop is woken (once until it reaps) when a job of no group ends, when the last job of
  * a group ends (a call's chunks are one group: the call wakes once, not once per chunk), or
- * when the queue runs low while the loop holds more jobs back (low_water). */
-static void report(struct at_pool *p, int idx) {
+ * when the queue runs low while the loop holds more jobs back (low_water). Returns whether
+ * the caller is to write the eventfd (wake_loop), after unlocking: the loop's thread takes
+ * this lock as soon as it wakes, and must not find it held by the worker that woke it. */
+static int report(struct at_pool *p, int idx) {
     /* with the lock held */
     p->ops[idx].state = AT_DONE;
     p->done[(p->done_head + p->done_count) % p->nops] = idx;
     p->done_count++;
     int g = p->ops[idx].job.group;
     int wake = g < 0 || --p->gcount[g] == 0 || p->queued <= p->low_water;
-    if (wake && !p->signalled) {
-        p->signalled = 1;
-        uint64_t one = 1;
-        /* the eventfd counts; a full counter (never, in practice) still leaves it readable */
-        ssize_t w = write(p->efd, &one, sizeof one);
-        (void)w;
+    if (!wake || p->signalled) return 0;
+    p->signalled = 1; /* a loop that reaps before the write below only gets one spare wake-up */
+    return 1;
+}
+
+static void wake_loop(struct at_pool *p) {
+    uint64_t one = 1;
+    /* the eventfd counts; a full counter (never, in practice) still leaves it readable */
+    ssize_t w = write(p->efd, &one, sizeof one);
+    (void)w;
+}
+
+/* report() with the lock held, and the eventfd written with it released. */
+static void report_unlocked_wake(struct at_pool *p, int idx) {
+    if (report(p, idx)) {
+        pthread_mutex_unlock(&p->mu);
+        wake_loop(p);
+        pthread_mutex_lock(&p->mu);
     }
 }
 
@@ -190,7 +204,7 @@ static void *worker(void *arg) {
             pthread_mutex_unlock(&p->mu);
             at_hash_read(p->xxh3, op, r);
             pthread_mutex_lock(&p->mu);
-            report(p, idx);
+            report_unlocked_wake(p, idx);
             continue;
         }
         if (op->state != AT_RUNNING) memset(r, 0, sizeof *r); /* not prepared above */
@@ -224,7 +238,7 @@ static void *worker(void *arg) {
             p->post_tail = idx;
             pthread_cond_signal(&p->work);
         } else {
-            report(p, idx);
+            report_unlocked_wake(p, idx);
         }
     }
     pthread_mutex_unlock(&p->mu);
@@ -351,8 +365,8 @@ int at_submit(struct at_pool *p, int idx, const struct at_job *j) {
     if (!job_ok(p, idx, j)) return -EINVAL;
     pthread_mutex_lock(&p->mu);
     int rc = queue_job(p, idx, j);
-    if (rc == 0) pthread_cond_signal(&p->work);
     pthread_mutex_unlock(&p->mu);
+    if (rc == 0) pthread_cond_signal(&p->work); /* unlocked, as at_submit_many's */
     return rc;
 }
 
@@ -369,8 +383,10 @@ int at_submit_many(struct at_pool *p, int n, const int32_t *idx, const struct at
     }
     /* one worker: each that finds more to do wakes the next (worker()), so the loop's
      * thread pays one wake-up per batch, not one per parked worker as a broadcast would */
-    if (done > 0) pthread_cond_signal(&p->work);
     pthread_mutex_unlock(&p->mu);
+    /* signalled unlocked: the worker it wakes then does not wait for this thread's lock (the
+     * jobs are queued under it, so a worker that checks later finds them) */
+    if (done > 0) pthread_cond_signal(&p->work);
     return done > 0 ? done : rc;
 }
 
