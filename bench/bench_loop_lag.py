@@ -26,7 +26,6 @@ import os
 import shutil
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -81,6 +80,7 @@ async def measure(
     workdir: Path,
     loop_name: str,
     io_engine: str | None = None,
+    worker_nice: int | None = None,
 ) -> list[dict[str, Any]]:
     slots = max(args.batch * args.streams, 2 * depth)
     spec = OffloadingSpec(chunk, slots, namespace=f"bench/loop-lag/{loop_name}")
@@ -98,14 +98,11 @@ async def measure(
     cfg["max_inflight"] = depth
     if io_engine is not None:
         cfg["io_engine"] = io_engine
+    if worker_nice is not None and tier_name in ("fs", "nvme"):
+        cfg["worker_nice"] = worker_nice
     out: list[dict[str, Any]] = []
     tier = SecondaryTierFactory.create_secondary_tier(cfg, view, spec)
     async with tier:
-        if args.nice_workers:
-            # the engine's worker threads run below the event-loop thread's priority
-            for t in threading.enumerate():
-                if t.name.startswith("asynctier-") and t.native_id is not None:
-                    os.setpriority(os.PRIO_PROCESS, t.native_id, args.nice_workers)
         # idle: the loop with nothing to do but the ticker
         ticker = Ticker()
         task = asyncio.ensure_future(ticker.run())
@@ -168,7 +165,8 @@ async def measure(
     shutil.rmtree(d, ignore_errors=True)
     engine = getattr(tier, "active_io_engine", None)
     for r in out:
-        r.update(tier=tier_name, chunk_bytes=chunk, loop=loop_name, depth=depth, io_engine=engine, asked=io_engine)
+        r.update(tier=tier_name, chunk_bytes=chunk, loop=loop_name, depth=depth, io_engine=engine, asked=io_engine,
+                 worker_nice=getattr(tier, "worker_nice", None))  # fmt: skip
     return out
 
 
@@ -199,10 +197,10 @@ def main() -> int:
         help="sys.setswitchinterval (s) for this run (default: Python's, 0.005)",
     )
     ap.add_argument(
-        "--nice-workers",
-        type=int,
-        default=0,
-        help="raise the tier's I/O threads' nice value by this much (Linux; experiment)",
+        "--worker-nice",
+        default="-",
+        help="worker_nice values of the fs and nvme tiers' native workers, comma-separated, each run as "
+        "its own point ('-': the tier's default)",
     )
     ap.add_argument(
         "--fs-engines",
@@ -237,14 +235,17 @@ def main() -> int:
                 if tier_name in ("fs", "nvme"):
                     chosen = args.fs_engines if tier_name == "fs" else args.nvme_engines
                     engines = list(dict.fromkeys(e.strip() for e in chosen.split(",") if e.strip()))
-                for chunk, depth, engine in ((c, d, e) for c in sizes for d in depths for e in engines):
-                    coro = measure(tier_name, chunk, depth, args, workdir, loop_name, engine)
+                nices: list[int | None] = [None if n.strip() == "-" else int(n) for n in args.worker_nice.split(",")]
+                points = ((c, d, e, n) for c in sizes for d in depths for e in engines for n in nices)
+                for chunk, depth, engine, nice in points:
+                    coro = measure(tier_name, chunk, depth, args, workdir, loop_name, engine, nice)
                     rows = run_on(factories[loop_name], coro)
                     results += rows
                     for r in rows:
                         lag = r["lag"]
                         print(
-                            f"{loop_name:8} {tier_name:5} {r['io_engine'] or '':9} {format_size(chunk):>8} "
+                            f"{loop_name:8} {tier_name:5} {r['io_engine'] or '':9} nice {r['worker_nice']!s:4} "
+                            f"{format_size(chunk):>8} "
                             f"depth {depth:2} {r['op']:8} "
                             f"{r['bytes_per_s'] / 1e9:6.2f} GB/s  lag p50 {lag['p50_s'] * 1e3:6.2f} ms  "
                             f"p99 {lag['p99_s'] * 1e3:6.2f} ms  max {lag['max_s'] * 1e3:7.2f} ms",
@@ -276,7 +277,9 @@ def main() -> int:
     rows = [
         [
             r["loop"],
-            r["tier"] + (f" ({r['asked']}: {r['io_engine']})" if r.get("io_engine") else ""),
+            r["tier"]
+            + (f" ({r['asked']}: {r['io_engine']})" if r.get("io_engine") else "")
+            + (f" nice {r['worker_nice']}" if r.get("worker_nice") is not None else ""),
             format_size(r["chunk_bytes"]),
             str(r["depth"]),
             r["op"],
