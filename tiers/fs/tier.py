@@ -124,11 +124,12 @@ class FsTier(BlockingChunkTier):
             thread wake-up and a GIL hand-off per system call, which the C workers do not
             (figures: docs/benchmarks.md). On either engine, removal, lookup, fsck and the
             retry of anything that did not simply succeed run on threads.
-        worker_nice: how much the native workers raise their nice value (0-19; default 5).
+        worker_nice: how much the native workers raise their nice value (0-19; default 10).
             On a machine with fewer cores than workers (``max_inflight`` + up to one per
-            CPU), a stream of writes keeps them all runnable, and at nice 0 the event-loop
-            thread waits its turn behind them (docs/benchmarks.md). Raising nice needs no
-            privilege; the workers are named ``asynctier-nio``.
+            CPU), a stream of writes keeps them all runnable, and their nice value sets the
+            event-loop thread's share of the CPU against them, and so its lag
+            (docs/benchmarks.md); with spare cores it changes nothing. Raising nice needs
+            no privilege; the workers are named ``asynctier-nio``.
         tmpfile_pool: how many unnamed ``O_TMPFILE`` files a background thread keeps made
             ahead of need, so that a chunk's write does not wait for its file's creation (a
             journaled metadata operation). None (default): 64; 0: none. Each costs an open
@@ -178,7 +179,7 @@ class FsTier(BlockingChunkTier):
         lru_times: bool = True,
         stale_tmp_s: float = 3600.0,
         io_engine: str = "auto",
-        worker_nice: int = 5,
+        worker_nice: int = 10,
         tmpfile_pool: int | None = None,
         recycle: bool | Literal["auto"] = "auto",
         file_mode: int = 0o600,

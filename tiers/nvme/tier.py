@@ -63,7 +63,7 @@ class NvmeTier(CoalescedJobs):
             stay on threads.
             ``"auto"``: native where the native workers are available
             (:func:`asynctier.engines.native.problem`), else threads.
-        worker_nice: how much the native workers raise their nice value (0-19; default 5), as
+        worker_nice: how much the native workers raise their nice value (0-19; default 10), as
             the fs tier's: where there are fewer cores than workers, the event loop's thread
             then wins the CPU when it wakes.
         file_mode: permission bits of every file the tier creates (slab files, checkpoint,
@@ -91,7 +91,7 @@ class NvmeTier(CoalescedJobs):
         coalesce_bytes: int = 1 << 20,
         reformat: bool = False,
         io_engine: str = "auto",
-        worker_nice: int = 5,
+        worker_nice: int = 10,
         file_mode: int = 0o600,
         dir_mode: int = 0o700,
         **kwargs: Any,
