@@ -221,6 +221,38 @@ async def test_a_group_reads_its_runs_of_adjacent_slots_one_after_the_other(tmp_
         assert not pinned(tier)
 
 
+async def test_a_call_is_cut_into_its_share_of_the_depth_while_other_calls_run(tmp_path: Path) -> None:
+    """Alone, a call is cut into max_inflight jobs; with other calls in progress, into its
+    share of that depth, so the calls together still give the device max_inflight jobs, each
+    larger (fewer to plan and book on the loop thread), up to coalesce_bytes; and the calls
+    all move their chunks."""
+    tier, view = make(tmp_path / "s.slab", io_engine="native", max_inflight=16, nchunks=128, slots=1024)
+    async with tier:
+        assert tier.group_size("offload", 32) == 2  # alone: 16 jobs of 2
+        sizes: list[int] = []
+        real = tier.group_size
+
+        def seen(op: str, n: int) -> int:
+            sizes.append(real(op, n))
+            return sizes[-1]
+
+        tier.group_size = seen  # type: ignore[method-assign]
+        data = fill(view, CHUNK, 4)
+        keys = [[b"c%d-%d" % (c, i) for i in range(32)] for c in range(4)]
+        async with anyio.create_task_group() as tg:
+            for c in range(4):  # four calls at once: the later ones see the others in progress
+                tg.start_soon(tier.offload, keys[c], list(range(32 * c, 32 * c + 32)))
+        assert sizes == [2, 4, 6, 8]  # 32 chunks over 16, 8, 5 and 4 jobs
+        big = real("offload", 4096)  # never more than coalesce_bytes a job
+        assert 8 < big and big * tier._slabs.geo.slot_size <= tier.coalesce_bytes
+        view[:] = bytes(view.nbytes)
+        async with anyio.create_task_group() as tg:
+            for c in range(4):
+                tg.start_soon(tier.load, keys[c], list(range(32 * c, 32 * c + 32)))
+        assert [chunk_at(view, CHUNK, i) for i in range(128)] == data
+        assert tier.stats().offloaded == tier.stats().loaded == 128
+
+
 async def test_a_group_with_a_bad_and_a_missing_chunk_fails_those_only(tmp_path: Path) -> None:
     tier, view = make(tmp_path / "gb.slab", io_engine="native", max_inflight=2, nchunks=16)
     async with tier:

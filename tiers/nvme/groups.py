@@ -44,8 +44,11 @@ class CoalescedJobs(BlockingChunkTier):
         cmax = min(self.coalesce_bytes // geo.slot_size, geo.nslots // (2 * workers))
         if cmax < 2:
             return 1
-        # keep at least one job per worker so the device still sees the full depth
-        return max(1, min(cmax, n // workers))
+        # the device needs max_inflight jobs at once, from all the calls in progress: this
+        # call's share is as many jobs as that over the calls, each as large as cmax allows
+        # (every job costs the loop thread its planning and booking; bench_loop_cpu.py)
+        share = max(1, workers // (self._active + 1))
+        return max(1, min(cmax, n // share))
 
     def group_body(self, op: str) -> Callable[[list[bytes], list[int], float], Outcomes]:
         return self._store_group if op == "offload" else self._load_group
