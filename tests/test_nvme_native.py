@@ -244,7 +244,7 @@ async def test_a_call_is_cut_into_its_share_of_the_depth_while_other_calls_run(t
                 tg.start_soon(tier.offload, keys[c], list(range(32 * c, 32 * c + 32)))
         assert sizes == [2, 4, 6, 8]  # 32 chunks over 16, 8, 5 and 4 jobs
         big = real("offload", 4096)  # never more than coalesce_bytes a job
-        assert 8 < big and big * tier._slabs.geo.slot_size <= tier.coalesce_bytes
+        assert big > 8 and big * tier._slabs.geo.slot_size <= tier.coalesce_bytes
         view[:] = bytes(view.nbytes)
         async with anyio.create_task_group() as tg:
             for c in range(4):
