@@ -65,9 +65,10 @@ class NvmeTier(CoalescedJobs):
             stay on threads.
             ``"auto"``: native where the native workers are available
             (:func:`asynctier.engines.native.problem`), else threads.
-        worker_nice: how much the native workers raise their nice value (0-19; default 10), as
+        worker_nice: how much the native workers raise their nice value (0-19; default 5), as
             the fs tier's: where there are fewer cores than workers, the event loop's thread
-            then wins the CPU when it wakes.
+            then wins the CPU when it wakes (5, not the fs tier's 10: these workers mostly
+            wait for the device, and 10 changed neither the loop's lag nor its CPU here).
         file_mode: permission bits of every file the tier creates (slab files, checkpoint,
             journal; an int, default ``0o600``), set exactly whatever the umask.
         dir_mode: permission bits of every directory it creates (default ``0o700``). A slab's
@@ -93,7 +94,7 @@ class NvmeTier(CoalescedJobs):
         coalesce_bytes: int = 4 << 20,
         reformat: bool = False,
         io_engine: str = "auto",
-        worker_nice: int = 10,
+        worker_nice: int = 5,
         file_mode: int = 0o600,
         dir_mode: int = 0o700,
         **kwargs: Any,
