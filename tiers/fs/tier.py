@@ -127,9 +127,10 @@ class FsTier(BlockingChunkTier):
         worker_nice: how much the native workers raise their nice value (0-19; default 10).
             On a machine with fewer cores than workers (``max_inflight`` + up to one per
             CPU), a stream of writes keeps them all runnable, and their nice value sets the
-            event-loop thread's share of the CPU against them, and so its lag
-            (docs/benchmarks.md); with spare cores it changes nothing. Raising nice needs
-            no privilege; the workers are named ``asynctier-nio``.
+            event-loop thread's share of the CPU against them, and so its lag; the price is
+            more loop-thread CPU per chunk where the workers' kernel time shares its cores
+            (docs/benchmarks.md). With spare cores it changes nothing. Raising nice needs no
+            privilege; the workers are named ``asynctier-nio``.
         tmpfile_pool: how many unnamed ``O_TMPFILE`` files a background thread keeps made
             ahead of need, so that a chunk's write does not wait for its file's creation (a
             journaled metadata operation). None (default): 64; 0: none. Each costs an open
