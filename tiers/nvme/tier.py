@@ -47,7 +47,7 @@ class NvmeTier(CoalescedJobs):
         evict_batch: LRU entries evicted at once when no slot is free (one journal flush);
             at most an eighth of the slots.
         coalesce_bytes: a call of many small chunks runs as jobs of up to this many slot
-            bytes (default 4 MiB; 0: one job per chunk); adjacent slots in a job move with
+            bytes (default 1 MiB; 0: one job per chunk); adjacent slots in a job move with
             one ``pwritev``/``preadv``. A call is cut into ``max_inflight`` jobs, or, while
             other calls are in progress, into its share of that depth (``max_inflight`` over
             the calls), so the device sees the full depth either way. Smaller on a small
@@ -91,7 +91,7 @@ class NvmeTier(CoalescedJobs):
         direct_io: bool = True,
         checkpoint_every: int = 1 << 16,
         evict_batch: int = 16,
-        coalesce_bytes: int = 4 << 20,
+        coalesce_bytes: int = 1 << 20,
         reformat: bool = False,
         io_engine: str = "auto",
         worker_nice: int = 5,
