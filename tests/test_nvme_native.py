@@ -222,10 +222,10 @@ async def test_a_group_reads_its_runs_of_adjacent_slots_one_after_the_other(tmp_
 
 
 async def test_a_call_is_cut_into_its_share_of_the_depth_while_other_calls_run(tmp_path: Path) -> None:
-    """Alone, a call is cut into max_inflight jobs; with other calls in progress, into its
-    share of that depth, so the calls together still give the device max_inflight jobs, each
-    larger (fewer to plan and book on the loop thread), up to coalesce_bytes; and the calls
-    all move their chunks."""
+    """Alone, a call is cut into max_inflight jobs of at most coalesce_bytes; with other calls
+    in progress, into its share of that depth, so the calls together still give the device
+    max_inflight jobs, each larger (fewer to plan and book on the loop thread), up to that
+    many times coalesce_bytes; and the calls all move their chunks."""
     tier, view = make(tmp_path / "s.slab", io_engine="native", max_inflight=16, nchunks=128, slots=1024)
     async with tier:
         assert tier.group_size("offload", 32) == 2  # alone: 16 jobs of 2
@@ -243,8 +243,15 @@ async def test_a_call_is_cut_into_its_share_of_the_depth_while_other_calls_run(t
             for c in range(4):  # four calls at once: the later ones see the others in progress
                 tg.start_soon(tier.offload, keys[c], list(range(32 * c, 32 * c + 32)))
         assert sizes == [2, 4, 6, 8]  # 32 chunks over 16, 8, 5 and 4 jobs
-        big = real("offload", 4096)  # never more than coalesce_bytes a job
-        assert big > 8 and big * tier._slabs.geo.slot_size <= tier.coalesce_bytes
+        slot = tier._slabs.geo.slot_size
+        alone = real("offload", 4096)  # a call alone: never more than coalesce_bytes a job
+        assert alone > 8 and alone * slot <= tier.coalesce_bytes < (alone + 1) * slot
+        tier.coalesce_bytes = 4 * slot  # with three other calls in progress: four times that
+        tier._active += 3
+        try:
+            assert real("offload", 4096) == 16 and real("offload", 32) == 8
+        finally:
+            tier._active -= 3
         view[:] = bytes(view.nbytes)
         async with anyio.create_task_group() as tg:
             for c in range(4):

@@ -38,16 +38,20 @@ class CoalescedJobs(BlockingChunkTier):
         if op not in ("offload", "load") or n < 2 or geo is None:
             return 1
         workers = self.max_inflight or 1
+        # the device needs max_inflight jobs at once, from all the calls in progress: this
+        # call's share is as many jobs as that over the calls, each up to that many times
+        # coalesce_bytes, since every job costs the loop thread its planning and booking
+        # (bench_loop_cpu.py). A call alone keeps jobs of coalesce_bytes at most: a large
+        # one then has many, and the last of them do not leave the device idle for long
+        # (with other calls in progress, theirs keep it busy)
+        calls = self._active + 1
+        share = max(1, workers // calls)
         # the slots all running jobs hold stay within half the slab: the rest are free or
         # published, so eviction always finds room and a call larger than the slab ends as
         # one chunk per job would (not with CapacityError for the keys beyond the free slots)
-        cmax = min(self.coalesce_bytes // geo.slot_size, geo.nslots // (2 * workers))
+        cmax = min(self.coalesce_bytes * calls // geo.slot_size, geo.nslots // (2 * workers))
         if cmax < 2:
             return 1
-        # the device needs max_inflight jobs at once, from all the calls in progress: this
-        # call's share is as many jobs as that over the calls, each as large as cmax allows
-        # (every job costs the loop thread its planning and booking; bench_loop_cpu.py)
-        share = max(1, workers // (self._active + 1))
         return max(1, min(cmax, n // share))
 
     def group_body(self, op: str) -> Callable[[list[bytes], list[int], float], Outcomes]:

@@ -48,11 +48,12 @@ class NvmeTier(CoalescedJobs):
             at most an eighth of the slots.
         coalesce_bytes: a call of many small chunks runs as jobs of up to this many slot
             bytes (default 1 MiB; 0: one job per chunk); adjacent slots in a job move with
-            one ``pwritev``/``preadv``. A call is cut into ``max_inflight`` jobs, or, while
-            other calls are in progress, into its share of that depth (``max_inflight`` over
-            the calls), so the device sees the full depth either way. Smaller on a small
-            slab: the jobs running at once hold at most half its slots, so a call larger
-            than the slab evicts as one chunk per job would.
+            one ``pwritev``/``preadv``. A call is cut into ``max_inflight`` jobs; while other
+            calls are in progress, into its share of that depth (``max_inflight`` over the
+            calls), each job up to as many times ``coalesce_bytes``: the device sees the
+            full depth either way, from fewer jobs. Smaller on a small slab: the
+            jobs running at once hold at most half its slots, so a call larger than the slab
+            evicts as one chunk per job would.
         reformat: format over what the paths hold when it is not a slab set of this layout
             (a slab of another namespace, chunk size or capacity, or a file or device that is
             not a slab); default False: refuse with an error saying what is there. A slab set
