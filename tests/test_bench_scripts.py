@@ -83,11 +83,13 @@ def _report(out: Path, name: str) -> dict[str, Any]:
 def test_bench_loop_lag_measures_lag_during_each_stream(tmp_path: Path) -> None:
     out = tmp_path / "out"
     _run("bench_loop_lag.py", "--chunk-sizes", "262144", "--depths", "4", "--seconds", "1", "--loops", "asyncio",
-         "--root", str(tmp_path / "scratch"), "--out", str(out), target_may_miss=True)  # fmt: skip
+         "--worker-nice", "3", "--root", str(tmp_path / "scratch"), "--out", str(out),
+         target_may_miss=True)  # fmt: skip
     results = _report(out, "loop_lag")["results"]
     assert {r["op"] for r in results} >= {"offload", "load"}
     for r in results:
         assert r["lag"], r  # the ticker ran while the stream did
+        assert r["worker_nice"] == 3, r  # the tier got it
 
 
 @needs_fio
