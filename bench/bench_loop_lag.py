@@ -7,7 +7,8 @@ calls of fresh keys (``max_inflight`` = each of ``--depths``), then with load ca
 tier has a ``capacity_bytes`` so old chunks are evicted as the stream goes on: the disk
 stays bounded however long the stream runs.
 
-Target (issue 6): p99 lag at most 5 ms while an fs offload runs at full speed.
+Target (issue 28; issue 6 asked for 5 ms): p99 lag at most 2 ms while an fs offload runs at full
+speed.
 
 Run from the repository root::
 
@@ -42,7 +43,7 @@ from asynctier.posix_io import aligned_buffer  # noqa: E402
 from asynctier.testing import loop_factories  # noqa: E402
 
 TICK_S = 0.001
-TARGET_P99_S = 0.005
+TARGET_P99_S = 0.002
 
 
 class Ticker:
@@ -305,7 +306,8 @@ def main() -> int:
             f"A ticker asks to wake every {TICK_S * 1e3:.0f} ms and records how late it wakes, while "
             f"{args.streams} producers keep the tier busy with {args.batch}-chunk calls (max_inflight = depth) "
             f"for {args.seconds:g} s per phase. Loads read chunks just written (page cache warm: the most CPU per "
-            "second the loop has to share). Target: p99 <= 5 ms during an fs offload at full speed.",
+            f"second the loop has to share). Target: p99 <= {TARGET_P99_S * 1e3:g} ms during an fs offload at "
+            "full speed.",
             "",
             benchkit.md_table(
                 [
@@ -320,13 +322,13 @@ def main() -> int:
                     "p99.9 ms",
                     "max ms",
                     "samples",
-                    "p99 <= 5 ms",
+                    f"p99 <= {TARGET_P99_S * 1e3:g} ms",
                 ],
                 rows,
             ),
             "",
             f"Worst fs offload p99 with the default engine ({worst_engine}): {worst * 1e3:.2f} ms -> "
-            f"{'meets' if data['meets_target'] else 'MISSES'} the 5 ms target."
+            f"{'meets' if data['meets_target'] else 'MISSES'} the {TARGET_P99_S * 1e3:g} ms target."
             if worst is not None
             else "No fs offload measured.",
         ]
