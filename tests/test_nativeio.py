@@ -141,6 +141,20 @@ async def test_failures_report_the_step_and_errno(tmp_path: Path) -> None:
         unterminated.name = b"y" * 256  # no room for its end: the workers refuse it, not overrun it
         with pytest.raises(OSError, match="submit refused"):
             await pool.run(1, unterminated)
+        fd = os.open(tmp_path / "journal", os.O_RDWR | os.O_CREAT, 0o600)
+        try:  # descriptors the workers refuse whatever their kind: a wake-up group out of range, ...
+            for kind in (nativeio.UNLINK, nativeio.COMMIT):
+                bad = nativeio.job(kind, 0, dfd, b"x", fd=fd)
+                bad.group = pool.slots
+                with pytest.raises(OSError, match="submit refused"):
+                    await pool.run(1, bad)
+            many = nativeio.job(nativeio.COMMIT, 0, -1, b"", fd=fd)  # ... a commit of too many descriptors
+            many.hb, many.hb_len = ctypes.addressof(bufs.hb[0]), nativeio.COMMIT_FDS_MAX + 1
+            with pytest.raises(OSError, match="submit refused"):
+                await pool.run(1, many)
+            assert os.fstat(fd).st_size == 0
+        finally:
+            os.close(fd)
     finally:
         await pool.aclose()
         os.close(dfd)

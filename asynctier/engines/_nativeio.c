@@ -297,7 +297,8 @@ struct at_res *at_results(struct at_pool *p) { return p->res; }
 uint64_t at_hash(struct at_pool *p, const void *buf, size_t len) { return p->xxh3(buf, len); }
 
 static int job_ok(const struct at_pool *p, int idx, const struct at_job *j) {
-    if (idx < 0 || idx >= p->nops || j->prio < 0 || j->prio >= NPRIO || j->kind < AT_READ || j->kind > AT_COMMIT)
+    if (idx < 0 || idx >= p->nops || j->prio < 0 || j->prio >= NPRIO || j->kind < AT_READ || j->kind > AT_COMMIT ||
+        j->group < -1 || j->group >= p->nops)
         return 0;
     int vec = j->kind == AT_READV || j->kind == AT_WRITEV;
     if (vec && (j->fd < 0 || !j->hb || !j->buf || j->len < 1 || j->len > READV_MAX || j->hb_len != 2 * j->len))
@@ -305,8 +306,7 @@ static int job_ok(const struct at_pool *p, int idx, const struct at_job *j) {
     if (!memchr(j->name, 0, NAME_MAX_LEN) || !memchr(j->name2, 0, NAME_MAX_LEN) || !memchr(j->name3, 0, NAME_MAX_LEN))
         return 0;
     if (j->kind == AT_COMMIT)
-        return j->fd >= 0 && j->hb_len <= COMMIT_FDS_MAX && (!j->hb_len || j->hb) && (!j->len || j->buf) &&
-               j->group >= -1 && j->group < p->nops;
+        return j->fd >= 0 && j->hb_len <= COMMIT_FDS_MAX && (!j->hb_len || j->hb) && (!j->len || j->buf);
     if (j->kind == AT_WRITEV) { /* every header block holds the header and its checksum */
         const struct iovec *v = j->hb;
         if (j->body_len < CSUM_OFFSET + 8) return 0;
@@ -317,7 +317,6 @@ static int job_ok(const struct at_pool *p, int idx, const struct at_job *j) {
     }
     if (j->kind == AT_SPARE && !j->name2[0]) return 0;
     if (j->kind == AT_RECYCLE && (!j->name2[0] || !j->name3[0])) return 0;
-    if (j->group < -1 || j->group >= p->nops) return 0;
     return 1;
 }
 
