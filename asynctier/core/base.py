@@ -380,6 +380,10 @@ class ChunkTier(Bookkeeping, Lifecycle, SecondaryTierManager):
                     # unaccounted ones pass as stored or loaded
                     bad = RuntimeError(f"group job returned {per!r:.80} for {len(j.keys)} chunks")
                     per = [bad] * len(j.keys)
+                elif per.count(None) == len(per):  # the usual case, in bulk: every chunk done
+                    res.succeeded += j.keys
+                    nbytes += chunk * len(per)
+                    continue
             else:
                 per = [None]
             for k, e in zip(j.keys, per):

@@ -19,7 +19,7 @@ from asynctier import CapacityError, ChunkNotFoundError
 
 from .checkpoint import read_checkpoint, write_checkpoint
 from .files import TEMP_MARK, IndexDir
-from .format import EVICT, PUBLISH, pack_record
+from .format import EVICT, PUBLISH, pack_record, pack_records
 from .journal import Journal, replay
 from .slots import SlotIndex
 
@@ -218,19 +218,40 @@ class Catalog:
     def allocate_many_locked(self, keys: list[bytes]) -> tuple[Slots, dict[int, BaseException], int, list[int], int]:
         """:meth:`allocate_many` for a caller that holds the index lock."""
         idx = self.index
+        entries = idx.entries
         slots: Slots = {}
         failed: dict[int, BaseException] = {}
         wait = skip_ticket = 0
         skipped: list[int] = []
+        new: list[int] = []
         for p, k in enumerate(keys):
-            have = idx.entries.get(k)
-            if have is not None:  # already stored: skip the write
-                idx.touch_slot(have)
-                skipped.append(p)
-                skip_ticket = max(skip_ticket, idx.slot_ticket[have])
+            have = entries.get(k)
+            if have is None:
+                new.append(p)
                 continue
+            idx.touch_slot(have)  # already stored: skip the write
+            skipped.append(p)
+            skip_ticket = max(skip_ticket, idx.slot_ticket[have])
+        free, n = idx.free, len(new)
+        if n <= len(free) and self.counter + n < 1 << EPOCH_SHIFT:
+            # the usual case, in bulk (this runs per chunk on the event loop's thread): free
+            # slots taken as allocate_locked takes them, sequence numbers as next_seq gives them
+            taken = free[: -n - 1 : -1] if n else []
+            del free[len(free) - n :]
+            first = (self.epoch << EPOCH_SHIFT) | (self.counter + 1)
+            self.counter += n
+            slot_seq, writing, reuse = idx.slot_seq, idx.writing, idx.reuse_ticket
+            for seq, p, slot in zip(range(first, first + n), new, taken):
+                k = keys[p]
+                slot_seq[slot] = seq
+                writing[k] = writing.get(k, 0) + 1
+                slots[p] = (slot, seq)
+            if reuse:
+                wait = max([reuse.pop(s, 0) for s in taken], default=0)
+            return slots, failed, wait, skipped, skip_ticket
+        for p in new:  # evicting on the way
             try:
-                slot, seq, ticket = self.allocate_locked(k)
+                slot, seq, ticket = self.allocate_locked(keys[p])
             except BaseException as e:
                 failed[p] = e
                 continue
@@ -262,26 +283,28 @@ class Catalog:
 
     def publish_many_locked(self, keys: list[bytes], written: list[int], slots: Slots, csums: dict[int, int]) -> int:
         """:meth:`publish_many` for a caller that holds the index lock."""
-        idx, journal = self.index, self.journal
-        recs: list[bytes] = []
-        puts: list[tuple[bytes, int]] = []
+        idx = self.index
+        writing, killed, slot_csum, slot_ticket = idx.writing, idx.killed, idx.slot_csum, idx.slot_ticket
+        recs: list[tuple[bytes, int, int, int]] = []
         for p in written:
             k = keys[p]
             slot, seq = slots[p]
-            if self._done_writing(k, seq):  # removed while being written: nothing to publish
+            if writing.get(k) == 1 and k not in killed:  # _done_writing's usual case, written out
+                del writing[k]
+            elif self._done_writing(k, seq):  # removed while being written: nothing to publish
                 idx.release(slot, 0)
                 continue
-            idx.slot_csum[slot] = csums[p]
-            recs.append(pack_record(PUBLISH, k, slot, seq, csums[p]))
-            puts.append((k, slot))
+            slot_csum[slot] = c = csums[p]
+            recs.append((k, slot, seq, c))
         if not recs:
             return 0
-        last = journal.append_many(recs)
-        for t, (k, slot) in enumerate(puts, last - len(recs) + 1):
-            idx.slot_ticket[slot] = t
-            old = idx.put(k, slot)
-            if old is not None:  # an earlier store of the same key won: free its slot
-                idx.release(old, t)
+        last = self.journal.append_many(pack_records(PUBLISH, recs))
+        first = last - len(recs) + 1
+        for t, (_, slot, _, _) in enumerate(recs, first):
+            slot_ticket[slot] = t
+        # an earlier store of the same key won: free its slot
+        for i, old in idx.put_many([(k, slot) for k, slot, _, _ in recs]):
+            idx.release(old, first + i)
         self.checkpoint_if_due()
         return last
 
@@ -331,14 +354,24 @@ class Catalog:
     def pin_many(self, keys: list[bytes]) -> tuple[dict[int, tuple[int, int, int]], dict[int, BaseException]]:
         """Under one lock, pin the slot of every key stored: (position -> (slot, seq,
         checksum), the positions not stored with their error)."""
+        with self.index.lock:
+            return self.pin_many_locked(keys)
+
+    def pin_many_locked(self, keys: list[bytes]) -> tuple[dict[int, tuple[int, int, int]], dict[int, BaseException]]:
+        """:meth:`pin_many` for a caller that holds the index lock (:meth:`pin_locked` written
+        out: this runs per chunk on the event loop's thread)."""
+        idx = self.index
+        entries, pins, seqs, csums, touch = idx.entries, idx.pins, idx.slot_seq, idx.slot_csum, idx.touch_slot
         found: dict[int, tuple[int, int, int]] = {}
         missing: dict[int, BaseException] = {}
-        with self.index.lock:
-            for p, k in enumerate(keys):
-                try:
-                    found[p] = self.pin_locked(k)
-                except ChunkNotFoundError as e:
-                    missing[p] = e
+        for p, k in enumerate(keys):
+            slot = entries.get(k)
+            if slot is None:
+                missing[p] = ChunkNotFoundError(f"no chunk stored under key {k.hex()[:32]}", k)
+                continue
+            touch(slot)
+            pins[slot] = pins.get(slot, 0) + 1
+            found[p] = (slot, seqs[slot], csums[slot])
         return found, missing
 
     def pin_locked(self, key: bytes) -> tuple[int, int, int]:

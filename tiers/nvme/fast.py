@@ -169,20 +169,15 @@ class LoadPath:
         if not lock.acquire(blocking=False):  # as for one chunk: never waited for here
             tier._stats.incr("native_index_busy", len(keys))
             return partial(self._engine.blocking, tier._load_group, keys, cids, t0)
-        found: dict[int, tuple[int, int, int]] = {}
-        outcomes: list[BaseException | None] = [None] * len(keys)
         try:
             self._unpin_locked(cat.index)
-            for p, k in enumerate(keys):
-                try:
-                    found[p] = cat.pin_locked(k)
-                except ChunkNotFoundError as e:
-                    outcomes[p] = e
+            found, missing = cat.pin_many_locked(keys)
         finally:
             lock.release()
-        for p, missing in enumerate(outcomes):
-            if missing is not None:
-                tier._end_load(keys[p], t0, missing)
+        outcomes: list[BaseException | None] = [None] * len(keys)
+        for p, e in missing.items():
+            outcomes[p] = e
+            tier._end_load(keys[p], t0, e)
         if not found:
             job.result = outcomes
             return None
@@ -208,9 +203,11 @@ class LoadPath:
         if area is None or area.slots < need:
             area = self._areas[slot] = IoArea(need, H)
         cids = job.args[1]
-        iov, hb, view = area.iov, area.hb_addr, self._view_addr
+        hb, view = area.hb_addr, self._view_addr
+        iov: list[ctypes.c_uint64 | int] = []  # (as the ctypes array takes them)
         for i, (p, _, _, _) in enumerate(run):
-            iov[4 * i : 4 * i + 4] = [hb + i * H, H, view + cids[p] * n, n]
+            iov += (hb + i * H, H, view + cids[p] * n, n)
+        area.iov[: 4 * need] = iov
         return (nativeio.READV, PRIO_LOAD, -1, 0, slabs.fds[run[0][2]], -1, 0, int(tier.verify), 0, 0, area.iov_addr,
                 2 * need, area.sums_addr, need, run[0][3], b"", b"", b"")  # fmt: skip
 
@@ -223,15 +220,17 @@ class LoadPath:
         area = self._areas[slot]
         H, n = tier._slabs.hdr_area, tier.offloading_spec.chunk_bytes
         digest, verify, whole = tier.offloading_spec.layout_digest, tier.verify, not stage and info == 1
-        hb, sums, now = area.hb, area.sums, perf_counter()
-        for i, (p, nslot, _, _) in enumerate(run):
-            _, seq, want = g.found[p]
-            self._unpins.append(nslot)
-            head = pack_header(keys[p], n, want, digest, seq)
+        hb, sums, found = area.hb, area.sums[: len(run)], g.found
+        good = 0
+        for i, (p, _, _, _) in enumerate(run):
+            _, seq, want = found[p]
+            head = pack_header(keys[p], n, want, digest, seq)  # header_matches written out
             if whole and (not verify or sums[i] == want) and hb[i * H : i * H + len(head)] == head:
-                self._booked.append(now - t0)
+                good += 1
             else:
                 g.bad.append(p)
+        self._unpins += [nslot for _, nslot, _, _ in run]
+        self._booked += [perf_counter() - t0] * good
         g.next += 1
         if g.next < len(g.runs):
             return self._run_fields(tier, slot, job, g)
@@ -263,8 +262,7 @@ class LoadPath:
         unpins = self._unpins
         if unpins:
             self._unpins = []
-            for s in unpins:
-                index.unpin(s)
+            index.unpin_many(unpins)
 
     def flush(self) -> None:
         """Count the loads ended since the last flush and unpin their slots (on a slow-path

@@ -8,6 +8,7 @@ foreign one is told apart before any field is trusted.
 from __future__ import annotations
 
 import struct
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import xxhash
@@ -27,6 +28,7 @@ __all__ = [
     "VERSION",
     "pack_journal_head",
     "pack_record",
+    "pack_records",
     "round_up",
     "xxh",
 ]
@@ -61,8 +63,18 @@ def round_up(n: int, block: int) -> int:
 
 def pack_record(typ: int, key: bytes, slot: int, seq: int, csum: int) -> bytes:
     """One journal record (``PUBLISH`` or ``EVICT``) with its trailing checksum."""
-    body = RECORD.pack(typ, 0, len(key), slot, seq, csum) + key
-    return body + U64.pack(xxh(body))
+    return pack_records(typ, ((key, slot, seq, csum),))[0]
+
+
+def pack_records(typ: int, items: Iterable[tuple[bytes, int, int, int]]) -> list[bytes]:
+    """:func:`pack_record` of type ``typ`` for each ``(key, slot, seq, csum)`` (a store's
+    batch of them, one loop: this runs per chunk on the event loop's thread)."""
+    pack, tail, hash64 = RECORD.pack, U64.pack, xxhash.xxh3_64_intdigest
+    out: list[bytes] = []
+    for key, slot, seq, csum in items:
+        body = pack(typ, 0, len(key), slot, seq, csum) + key
+        out.append(body + tail(hash64(body)))
+    return out
 
 
 def pack_journal_head(gen: int, slab_id: bytes) -> bytes:

@@ -368,14 +368,18 @@ class SlabSet:
         at most ``limit`` slots: ``(position, slot, stripe, offset)``."""
         geo = self.geo
         assert geo is not None
-        located = sorted((*geo.locate(s), p, s) for p, s in items)
+        n, base, size = geo.nstripes, geo.data_off, geo.slot_size
         runs: list[list[tuple[int, int, int, int]]] = []
-        for stripe, off, p, s in located:
-            last = runs[-1][-1] if runs else None
-            if last is not None and last[2] == stripe and last[3] + geo.slot_size == off and len(runs[-1]) < limit:
-                runs[-1].append((p, s, stripe, off))
+        run: list[tuple[int, int, int, int]] = []
+        last_stripe = last_pos = -2
+        # sorted by (stripe, position in it): Geometry.locate written out, per chunk
+        for stripe, pos, p, s in sorted([(s % n, s // n, p, s) for p, s in items]):
+            if stripe == last_stripe and pos == last_pos + 1 and len(run) < limit:
+                run.append((p, s, stripe, base + pos * size))
             else:
-                runs.append([(p, s, stripe, off)])
+                run = [(p, s, stripe, base + pos * size)]
+                runs.append(run)
+            last_stripe, last_pos = stripe, pos
         return runs
 
 

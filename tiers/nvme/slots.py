@@ -111,6 +111,28 @@ class SlotIndex:
         self._link_tail(slot)
         return old if old != slot else None
 
+    def put_many(self, pairs: list[tuple[bytes, int]]) -> list[tuple[int, int]]:
+        """:meth:`put` for each ``(key, slot)`` in order (a store's batch: this runs per chunk
+        on the event loop's thread); the ``(position, slot it had)`` of each key that had one."""
+        entries, slot_key, prev, nxt = self.entries, self.slot_key, self.prev, self.nxt
+        had: list[tuple[int, int]] = []
+        for i, (key, slot) in enumerate(pairs):
+            if slot_key[slot] or key in entries:  # the general case
+                old = self.put(key, slot)
+                if old is not None:
+                    had.append((i, old))
+                continue
+            entries[key] = slot
+            slot_key[slot] = key
+            t = self.tail  # _link_tail written out
+            prev[slot], nxt[slot] = t, -1
+            if t >= 0:
+                nxt[t] = slot
+            else:
+                self.head = slot
+            self.tail = slot
+        return had
+
     def drop(self, key: bytes) -> int | None:
         """Forget ``key``; return the slot it had."""
         slot = self.entries.pop(key, None)
@@ -160,6 +182,21 @@ class SlotIndex:
             t = self.zombies.pop(slot, None)
             if t is not None:
                 self.release(slot, t)
+
+    def unpin_many(self, slots: list[int]) -> None:
+        """:meth:`unpin` each of ``slots`` (a batch of ends: this runs per chunk on the event
+        loop's thread)."""
+        pins, zombies = self.pins, self.zombies
+        for slot in slots:
+            n = pins[slot] - 1
+            if n:
+                pins[slot] = n
+                continue
+            del pins[slot]
+            if zombies:
+                t = zombies.pop(slot, None)
+                if t is not None:
+                    self.release(slot, t)
 
     def release(self, slot: int, ticket: int) -> None:
         """Free ``slot`` once unpinned; it may be rewritten after journal ticket ``ticket``."""

@@ -208,13 +208,15 @@ class StorePath:
             area = self._areas[slot] = IoArea(need, H)
         if not self._view_addr:
             self._view_addr = buffer_address(tier._view)
-        iov, hb, base, view = area.iov, area.hb, area.hb_addr, self._view_addr
+        hb, base, view = area.hb, area.hb_addr, self._view_addr
         keys, cids, slots = st.keys, st.cids, st.slots
         head = b""
+        iov: list[ctypes.c_uint64 | int] = []  # (as the ctypes array takes them)
         for i, (p, _, _, _) in enumerate(run):
             head = pack_header(keys[p], n, 0, digest, slots[p][1])
             hb[i * H : i * H + len(head)] = head
-            iov[4 * i : 4 * i + 4] = [base + i * H, H, view + cids[p] * n, n]
+            iov += (base + i * H, H, view + cids[p] * n, n)
+        area.iov[: 4 * need] = iov
         # nativeio.fields written out: one pwritev of the run at its offset, headers completed first
         return (nativeio.WRITEV, job.priority, -1, 0, slabs.fds[run[0][2]], -1, 0, 0, len(head) - 8, 0,
                 area.iov_addr, 2 * need, area.sums_addr, need, run[0][3], b"", b"", b"")  # fmt: skip
@@ -228,9 +230,7 @@ class StorePath:
         run = st.runs[st.next]
         ps = [p for p, _, _, _ in run]
         if not stage and info == 1:
-            sums = self._areas[slot].sums
-            for i, p in enumerate(ps):
-                st.csums[p] = sums[i]
+            st.csums.update(zip(ps, self._areas[slot].sums[: len(ps)]))
             st.written += ps
         else:
             code = -result if result < 0 else errno.EIO
