@@ -274,6 +274,31 @@ async def test_an_eviction_batch_never_empties_a_small_slab(tmp_path: Path) -> N
         assert await tier.lookup(keys) == [False, False] + [True] * 12
 
 
+async def test_a_batch_into_a_full_slab_evicts_what_it_lacks_at_once(tmp_path: Path) -> None:
+    """A store's keys are allocated together: into a full slab, the least recently used slots
+    it lacks are evicted in one batch (their EVICT records queued together, the batch's wait
+    being the last of them), not a quota at a time."""
+    tier, view = make(tmp_path / "b.slab", slots=64, evict_batch=4)
+    async with tier:
+        fill(view, CHUNK, 6)
+        old = [b"o%d" % i for i in range(64)]
+        for i in range(0, 64, 8):
+            assert (await tier.offload(old[i : i + 8], list(range(8)))).ok
+        await tier.touch(old[:2])  # the LRU ones are now old[2:8]
+        cat = tier._catalog
+        assert cat is not None
+        new = [b"n%d" % i for i in range(6)]
+        with cat.index.lock:
+            before = cat.journal.appended
+            slots, failed, wait, skipped, _ = cat.allocate_many_locked(new)
+        assert not failed and not skipped and len(slots) == 6
+        assert tier.stats().evictions == 6  # what it lacked: more than a quota of 4, no more
+        assert wait == cat.journal.appended == before + 6
+        assert await tier.lookup(old[:8]) == [True, True] + [False] * 6
+        for p, (slot, _) in slots.items():  # give them back unwritten
+            cat.abort(new[p], slot)
+
+
 # -- coalescing ---------------------------------------------------------------------------------------
 async def test_many_small_chunks_coalesce_into_fewer_ios(tmp_path: Path) -> None:
     """A 64-chunk call runs as groups (one job, one pwritev/preadv per run of adjacent slots)."""

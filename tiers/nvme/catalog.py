@@ -184,20 +184,9 @@ class Catalog:
 
     def allocate_locked(self, key: bytes) -> tuple[int, int, int]:
         """:meth:`allocate` for a caller that holds the index lock."""
-        idx, journal = self.index, self.journal
+        idx = self.index
         if not idx.free:
-            # evict a batch: one journal flush then covers the next few stores; at most an
-            # eighth of the slots, or a small slab is emptied whole (chunks just stored too)
-            victims = idx.oldest_unpinned(min(self.evict_batch, max(1, idx.nslots // 8)))
-            for s in victims:
-                k = idx.slot_key[s]
-                assert k
-                idx.drop(k)
-                t = journal.append(pack_record(EVICT, k, s, idx.slot_seq[s], 0))
-                idx.release(s, t)
-            if victims:
-                self._count("evictions", len(victims))
-            self.checkpoint_if_due()
+            self._evict_locked(self._evict_quota())
             if not idx.free:
                 raise CapacityError(f"no free slot: all {idx.nslots} slots are being written or read", key)
         slot = idx.free.pop()
@@ -206,6 +195,29 @@ class Catalog:
         idx.slot_seq[slot] = seq
         idx.writing[key] = idx.writing.get(key, 0) + 1
         return slot, seq, ticket
+
+    def _evict_quota(self) -> int:
+        # a batch: one journal flush then covers the next few stores; at most an eighth of
+        # the slots, or a small slab is emptied whole (chunks just stored too)
+        return min(self.evict_batch, max(1, self.index.nslots // 8))
+
+    def _evict_locked(self, n: int) -> None:
+        """Evict up to ``n`` least recently used unpinned slots (their ``EVICT`` records
+        queued together; each slot free once its record is in)."""
+        idx = self.index
+        victims = idx.oldest_unpinned(n)
+        if victims:
+            recs = []
+            for s in victims:
+                k = idx.slot_key[s]
+                assert k
+                idx.drop(k)
+                recs.append((k, s, idx.slot_seq[s], 0))
+            last = self.journal.append_many(pack_records(EVICT, recs))
+            for t, s in enumerate(victims, last - len(victims) + 1):
+                idx.release(s, t)
+            self._count("evictions", len(victims))
+        self.checkpoint_if_due()
 
     def allocate_many(self, keys: list[bytes]) -> tuple[Slots, dict[int, BaseException], int, list[int], int]:
         """Under one lock, a slot for every key not stored yet: (position -> (slot, seq), the
@@ -233,6 +245,11 @@ class Catalog:
             skipped.append(p)
             skip_ticket = max(skip_ticket, idx.slot_ticket[have])
         free, n = idx.free, len(new)
+        short = n - len(free)
+        if 0 < short <= max(1, idx.nslots // 8):
+            # a full tier's steady state: room for the whole batch in one eviction (a quota,
+            # as allocate_locked's when it finds no free slot, or what the batch lacks)
+            self._evict_locked(max(short, self._evict_quota()))
         if n <= len(free) and self.counter + n < 1 << EPOCH_SHIFT:
             # the usual case, in bulk (this runs per chunk on the event loop's thread): free
             # slots taken as allocate_locked takes them, sequence numbers as next_seq gives them
