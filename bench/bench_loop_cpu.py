@@ -8,7 +8,9 @@ asyncio, uvloop and trio (anyio), and reports the loop thread's CPU time (``time
 on the thread running the loop) divided by the chunks moved, beside the wall-clock GB/s and,
 where the tier reports it (``stats().extra["loop_wakeups"]``), the times its workers woke the
 loop per chunk. Worker threads are not counted: that is the point. Points run interleaved
-(each repeat goes over every point once), and the median of the repeats is reported.
+(each repeat goes over every point once), and the median of the repeats is reported. With
+``--steady``, as many new keys are then offloaded into the tier it filled (each store
+evicts: a cache's steady state), reported as "full tier".
 
 Run from the repository root: ``.venv/bin/python bench/bench_loop_cpu.py`` (``--help`` for
 options); prints a table and, with ``--json``, writes the figures. Only the public API is
@@ -65,7 +67,9 @@ async def stream(tier: Any, op: str, keys: list[bytes], slots: int, batch: int, 
             tg.start_soon(caller, n)
 
 
-async def measure(config: dict[str, Any], chunk: int, chunks: int, batch: int, streams: int) -> dict[str, Any]:
+async def measure(
+    config: dict[str, Any], chunk: int, chunks: int, batch: int, streams: int, steady: bool = False
+) -> dict[str, Any]:
     slots = max(batch * streams, 64)
     spec = OffloadingSpec(chunk, slots, namespace="bench/loop-cpu")
     view = _aligned_view(spec.total_bytes)
@@ -73,25 +77,35 @@ async def measure(config: dict[str, Any], chunk: int, chunks: int, batch: int, s
     out: dict[str, Any] = {}
     async with tier:
         keys = [b"loop-cpu-%d" % i for i in range(chunks)]
-        for op in ("offload", "load"):
-            wakes0 = tier.stats().extra.get("loop_wakeups")
+        phases = [("offload", "offload", keys), ("load", "load", keys)]
+        if steady:  # as many new keys into the tier now full: each store evicts
+            phases.append(("steady", "offload", [b"loop-cpu-new-%d" % i for i in range(chunks)]))
+        for name, op, ks in phases:
+            st0 = tier.stats()
+            wakes0 = st0.extra.get("loop_wakeups")
             cpu0, t0 = time.thread_time(), time.perf_counter()
-            await stream(tier, op, keys, slots, batch, streams)
+            await stream(tier, op, ks, slots, batch, streams)
             cpu, wall = time.thread_time() - cpu0, time.perf_counter() - t0
-            wakes1 = tier.stats().extra.get("loop_wakeups")
-            out[op] = {
+            st1 = tier.stats()
+            wakes1 = st1.extra.get("loop_wakeups")
+            out[name] = {
                 "us_per_chunk": cpu / chunks * 1e6,
                 "gbps": chunks * chunk / wall / 1e9,
                 "wakeups_per_chunk": None if wakes0 is None or wakes1 is None else (wakes1 - wakes0) / chunks,
+                "evictions_per_chunk": (st1.evictions - st0.evictions) / chunks,
             }
         out["io_engine"] = getattr(tier, "active_io_engine", None)
     return out
 
 
-def _config(tier: str, engine: str | None, root: str, depth: int, chunks: int, chunk: int) -> dict[str, Any]:
+def _config(
+    tier: str, engine: str | None, root: str, depth: int, chunks: int, chunk: int, steady: bool = False
+) -> dict[str, Any]:
     config: dict[str, Any] = {"type": tier, "max_inflight": depth}
     if tier == "fs":
         config["root"] = root
+        if steady:  # room for the chunks (and their header blocks), so the next ones evict
+            config["capacity_bytes"] = (chunks + 64) * (chunk + 4096)
         if engine is not None:
             config["io_engine"] = engine
     elif tier == "nvme":
@@ -111,15 +125,18 @@ def _cell(row: dict[str, Any], op: str) -> str:
 
 def print_table(rows: list[dict[str, Any]]) -> None:
     print()
+    steady = any("steady" in row for row in rows)
     print("loop-thread CPU per chunk (us), loop wake-ups per chunk, GB/s (median of repeats)")
     head = f"{'tier':5} {'engine':8} {'KiB':>5} {'loop':8} | {'offload us':>10} {'wakes':>6} {'GB/s':>6} | "
-    print(head + f"{'load us':>10} {'wakes':>6} {'GB/s':>6}")
+    head += f"{'load us':>10} {'wakes':>6} {'GB/s':>6}"
+    print(head + (f" | {'full tier':>10} {'wakes':>6} {'GB/s':>6}" if steady else ""))
     for row in rows:
         label = f"{row['tier']:5} {row['engine'] or '-':8} {row['chunk_kib']:5} {row['backend']:8}"
         if row.get("error"):
             print(f"{label} | did not run: {row['error']}")
             continue
-        print(f"{label} |    {_cell(row, 'offload')} |    {_cell(row, 'load')}")
+        line = f"{label} |    {_cell(row, 'offload')} |    {_cell(row, 'load')}"
+        print(line + (f" |    {_cell(row, 'steady')}" if steady else ""))
 
 
 def main() -> int:
@@ -137,6 +154,11 @@ def main() -> int:
     ap.add_argument("--backends", default="asyncio,uvloop,trio")
     ap.add_argument("--root", default=None, help="directory for the tier's files (default: a temporary one)")
     ap.add_argument("--json", default=None, help="write the figures here")
+    ap.add_argument(
+        "--steady",
+        action="store_true",
+        help="also offload as many new keys into the tier then full (each store evicts): a cache's steady state",
+    )
     args = ap.parse_args()
     engines = [None] if args.engines == "-" else args.engines.split(",")
     points: list[tuple[str, str | None, int, str]] = []
@@ -155,9 +177,9 @@ def main() -> int:
             chunk = kib << 10
             root = tempfile.mkdtemp(prefix="asynctier-loopcpu-", dir=args.root)
             name, options = BACKENDS[backend]
-            config = _config(tier, engine, root, args.depth, args.chunks, chunk)
+            config = _config(tier, engine, root, args.depth, args.chunks, chunk, args.steady)
             try:
-                r = anyio.run(measure, config, chunk, args.chunks, args.batch, args.streams,
+                r = anyio.run(measure, config, chunk, args.chunks, args.batch, args.streams, args.steady,
                               backend=name, backend_options=options)  # fmt: skip
             except Exception as e:  # an older checkout may not run on every loop
                 errors[point] = f"{type(e).__name__}: {e}"[:120]
@@ -166,8 +188,9 @@ def main() -> int:
                 shutil.rmtree(root, ignore_errors=True)
             runs[point].append(r)
             off, load = r["offload"]["us_per_chunk"], r["load"]["us_per_chunk"]
+            full = f", full tier {r['steady']['us_per_chunk']:6.1f} us/chunk" if "steady" in r else ""
             print(f"[{rep + 1}/{args.repeat}] {tier:5} {engine or '-':8} {kib:4} KiB {backend:8} "
-                  f"offload {off:6.1f} us/chunk, load {load:6.1f} us/chunk", flush=True)  # fmt: skip
+                  f"offload {off:6.1f} us/chunk, load {load:6.1f} us/chunk{full}", flush=True)  # fmt: skip
     rows = []
     for point in points:
         tier, engine, kib, backend = point
@@ -175,8 +198,9 @@ def main() -> int:
                                "error": errors.get(point)}  # fmt: skip
         done = runs[point]
         if done and point not in errors:
-            for op in ("offload", "load"):
-                row[op] = sorted(done, key=lambda r: r[op]["us_per_chunk"])[len(done) // 2][op]
+            for op in ("offload", "load", "steady"):
+                if op in done[0]:
+                    row[op] = sorted(done, key=lambda r: r[op]["us_per_chunk"])[len(done) // 2][op]
             row["active_io_engine"] = done[0]["io_engine"]
         rows.append(row)
     print_table(rows)

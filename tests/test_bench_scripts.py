@@ -132,3 +132,18 @@ def test_bench_loop_cpu_reports_every_backend(tmp_path: Path) -> None:
             continue
         assert r["error"] is None, r
         assert r["offload"]["us_per_chunk"] > 0 and r["load"]["gbps"] > 0
+
+
+def test_bench_loop_cpu_steady_stores_evict(tmp_path: Path) -> None:
+    """``--steady``: the new keys go into the tier the first ones filled, and each store evicts."""
+    out = tmp_path / "cpu.json"
+    _run("bench_loop_cpu.py", "--tiers", "fs,nvme", "--engines", "threads", "--chunk-kib", "16", "--chunks", "256",
+         "--repeat", "1", "--backends", "asyncio", "--steady", "--root", str(tmp_path), "--json", str(out))  # fmt: skip
+    rows = json.loads(out.read_text())["rows"]
+    assert {r["tier"] for r in rows} == {"fs", "nvme"}
+    for r in rows:
+        assert r["error"] is None, r
+        assert r["offload"]["evictions_per_chunk"] == 0, r  # the fill: room for every chunk
+        # each new key evicts an old one, but for the few the headroom takes
+        assert r["steady"]["evictions_per_chunk"] >= 0.5, r
+        assert r["steady"]["us_per_chunk"] > 0 and r["steady"]["gbps"] > 0
