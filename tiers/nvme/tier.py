@@ -45,7 +45,8 @@ class NvmeTier(CoalescedJobs):
             ``direct_io_fallbacks``, where the file system refuses it.
         checkpoint_every: journal records between checkpoints (bounds replay at open).
         evict_batch: LRU entries evicted at once when no slot is free (one journal flush);
-            at most an eighth of the slots.
+            a job of many chunks evicts what it lacks if that is more; at most an eighth
+            of the slots.
         coalesce_bytes: a call of many small chunks runs as jobs of up to this many slot
             bytes (default 1 MiB; 0: one job per chunk); adjacent slots in a job move with
             one ``pwritev``/``preadv``. A call is cut into ``max_inflight`` jobs; while other
