@@ -23,12 +23,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+from asynctier import BlockingChunkTier, OffloadingSpec
+from asynctier.cli import benchkit
+from asynctier.testing import loop_factories
 
-from asynctier import BlockingChunkTier, OffloadingSpec  # noqa: E402
-from asynctier.cli import benchkit  # noqa: E402
-from asynctier.testing import loop_factories  # noqa: E402
+REPO = Path(__file__).resolve().parent.parent
 
 
 class NullTier(BlockingChunkTier):

@@ -53,12 +53,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+from asynctier import ChunkTier, OffloadingSpec, SecondaryTierFactory
+from asynctier.cli import benchkit
+from asynctier.posix_io import aligned_buffer
 
-from asynctier import ChunkTier, OffloadingSpec, SecondaryTierFactory  # noqa: E402
-from asynctier.cli import benchkit  # noqa: E402
-from asynctier.posix_io import aligned_buffer  # noqa: E402
+REPO = Path(__file__).resolve().parent.parent
 
 KiB, MiB = 1 << 10, 1 << 20
 _libc = ctypes.CDLL(None, use_errno=True)

@@ -31,14 +31,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+from asynctier import OffloadingSpec, SecondaryTierFactory
+from asynctier.cli import benchkit
+from asynctier.cli.sizes import format_size, parse_size
+from asynctier.cli.tierfile import DEFAULT_TIERS
+from asynctier.posix_io import aligned_buffer
 
-from asynctier import OffloadingSpec, SecondaryTierFactory  # noqa: E402
-from asynctier.cli import benchkit  # noqa: E402
-from asynctier.cli.sizes import format_size, parse_size  # noqa: E402
-from asynctier.cli.tierfile import DEFAULT_TIERS  # noqa: E402
-from asynctier.posix_io import aligned_buffer  # noqa: E402
+REPO = Path(__file__).resolve().parent.parent
 
 MiB = 1 << 20
 

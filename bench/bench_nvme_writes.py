@@ -39,11 +39,10 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypedDict
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from asynctier import OffloadingSpec, SecondaryTierFactory
+from asynctier.cli import benchkit
 
-from asynctier import OffloadingSpec, SecondaryTierFactory  # noqa: E402
-from asynctier.cli import benchkit  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 # mypy checks tiers/ as the top-level package "tiers": pyproject's package-dir installs it as
 # asynctier.tiers, a mapping mypy cannot follow; the same modules, so the same types

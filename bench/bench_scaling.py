@@ -32,14 +32,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+from asynctier import OffloadingSpec, SecondaryTierFactory
+from asynctier.cli import benchkit
+from asynctier.cli.sizes import format_size, parse_size
+from asynctier.lru import LRUIndex
+from asynctier.posix_io import aligned_buffer
 
-from asynctier import OffloadingSpec, SecondaryTierFactory  # noqa: E402
-from asynctier.cli import benchkit  # noqa: E402
-from asynctier.cli.sizes import format_size, parse_size  # noqa: E402
-from asynctier.lru import LRUIndex  # noqa: E402
-from asynctier.posix_io import aligned_buffer  # noqa: E402
+REPO = Path(__file__).resolve().parent.parent
 
 CALL = 4096  # chunks per offload / lookup call
 SAMPLE = 100_000  # keys looked up per measurement (all of them when fewer are stored)

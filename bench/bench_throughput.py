@@ -20,10 +20,9 @@ import importlib.util
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+from asynctier.cli import main as cli
 
-from asynctier.cli import main as cli  # noqa: E402
+REPO = Path(__file__).resolve().parent.parent
 
 
 def main() -> int:
