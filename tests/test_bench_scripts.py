@@ -147,3 +147,16 @@ def test_bench_loop_cpu_steady_stores_evict(tmp_path: Path) -> None:
         # each new key evicts an old one, but for the few the headroom takes
         assert r["steady"]["evictions_per_chunk"] >= 0.5, r
         assert r["steady"]["us_per_chunk"] > 0 and r["steady"]["gbps"] > 0
+
+
+def test_bench_native_engine_reports_each_loop(tmp_path: Path) -> None:
+    from asynctier.engines import native as nativeio
+
+    if nativeio.problem() is not None:
+        pytest.skip(f"native engine unavailable: {nativeio.problem()}")
+    out = tmp_path / "engine.json"
+    _run("bench_native_engine.py", "--jobs", "512", "--repeat", "1", "--json", str(out))
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["backend"] for r in rows] == ["asyncio", "uvloop", "trio"]
+    for r in rows:
+        assert r["us_per_job"] > 0 and r["wall_us_per_job"] > 0 and r["wakeups_per_job"] > 0, r
