@@ -299,6 +299,29 @@ async def test_a_batch_into_a_full_slab_evicts_what_it_lacks_at_once(tmp_path: P
             cat.abort(new[p], slot)
 
 
+async def test_a_batch_takes_the_free_slots_first_then_evicts_what_it_lacks(tmp_path: Path) -> None:
+    """As one-by-one allocation would: the slots free already (their EVICT records likely in)
+    go first, and only what the batch still lacks is evicted (a quota at least)."""
+    tier, view = make(tmp_path / "f.slab", slots=64, evict_batch=4)
+    async with tier:
+        fill(view, CHUNK, 7)
+        old = [b"o%d" % i for i in range(64)]
+        for i in range(0, 64, 8):
+            assert (await tier.offload(old[i : i + 8], list(range(8)))).ok
+        cat = tier._catalog
+        assert cat is not None
+        assert (await tier.remove(old[60:62])).ok
+        freed = set(cat.index.free)
+        assert len(freed) == 2 and tier.stats().evictions == 0
+        new = [b"n%d" % i for i in range(6)]
+        with cat.index.lock:
+            slots, failed, _, _, _ = cat.allocate_many_locked(new)
+        assert not failed and {slots[0][0], slots[1][0]} == freed  # the first keys get them
+        assert tier.stats().evictions == 4  # the 4 it lacked (a quota of 4)
+        for p, (slot, _) in slots.items():
+            cat.abort(new[p], slot)
+
+
 # -- coalescing ---------------------------------------------------------------------------------------
 async def test_many_small_chunks_coalesce_into_fewer_ios(tmp_path: Path) -> None:
     """A 64-chunk call runs as groups (one job, one pwritev/preadv per run of adjacent slots)."""

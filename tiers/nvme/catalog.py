@@ -245,27 +245,32 @@ class Catalog:
             skipped.append(p)
             skip_ticket = max(skip_ticket, idx.slot_ticket[have])
         free, n = idx.free, len(new)
-        short = n - len(free)
-        if 0 < short <= max(1, idx.nslots // 8):
-            # a full tier's steady state: room for the whole batch in one eviction (a quota,
-            # as allocate_locked's when it finds no free slot, or what the batch lacks)
-            self._evict_locked(max(short, self._evict_quota()))
-        if n <= len(free) and self.counter + n < 1 << EPOCH_SHIFT:
-            # the usual case, in bulk (this runs per chunk on the event loop's thread): free
-            # slots taken as allocate_locked takes them, sequence numbers as next_seq gives them
-            taken = free[: -n - 1 : -1] if n else []
-            del free[len(free) - n :]
-            first = (self.epoch << EPOCH_SHIFT) | (self.counter + 1)
-            self.counter += n
-            slot_seq, writing, reuse = idx.slot_seq, idx.writing, idx.reuse_ticket
-            for seq, p, slot in zip(range(first, first + n), new, taken):
-                k = keys[p]
-                slot_seq[slot] = seq
-                writing[k] = writing.get(k, 0) + 1
-                slots[p] = (slot, seq)
-            if reuse:
-                wait = max([reuse.pop(s, 0) for s in taken], default=0)
-            return slots, failed, wait, skipped, skip_ticket
+        if self.counter + n < 1 << EPOCH_SHIFT:
+            # the usual case, in bulk (this runs per chunk on the event loop's thread): slots
+            # taken in allocate_locked's order (the free ones last freed first, then, in a full
+            # tier, what the batch lacks evicted in one go, at least a quota as allocate_locked
+            # evicts), sequence numbers as next_seq gives them
+            taken = free[: -n - 1 : -1]
+            del free[len(free) - len(taken) :]
+            short = n - len(taken)
+            if short and short <= max(1, idx.nslots // 8):
+                self._evict_locked(max(short, self._evict_quota()))
+                more = free[: -short - 1 : -1]
+                del free[len(free) - len(more) :]
+                taken += more
+            if len(taken) == n:
+                first = (self.epoch << EPOCH_SHIFT) | (self.counter + 1)
+                self.counter += n
+                slot_seq, writing, reuse = idx.slot_seq, idx.writing, idx.reuse_ticket
+                for seq, p, slot in zip(range(first, first + n), new, taken):
+                    k = keys[p]
+                    slot_seq[slot] = seq
+                    writing[k] = writing.get(k, 0) + 1
+                    slots[p] = (slot, seq)
+                if reuse:
+                    wait = max([reuse.pop(s, 0) for s in taken], default=0)
+                return slots, failed, wait, skipped, skip_ticket
+            free += taken[::-1]  # not enough: back as they were, for the one-by-one path
         for p in new:  # evicting on the way
             try:
                 slot, seq, ticket = self.allocate_locked(keys[p])
