@@ -56,7 +56,10 @@ class Journal:
         self.durable = durable
         self.fd = -1
         self.gen = 0
-        self._cv = threading.Condition(threading.Lock())
+        # appends take the condition's lock alone (a Condition's own enter and exit are
+        # Python calls; appends wake no one)
+        self._mu = threading.Lock()
+        self._cv = threading.Condition(self._mu)
         self._pending: list[bytes] = []
         self._appended = 0
         self._done = 0
@@ -99,7 +102,7 @@ class Journal:
         self.gen = gen
 
     def append(self, rec: bytes) -> int:
-        with self._cv:
+        with self._mu:
             self._pending.append(rec)
             self._appended += 1
             self.since_checkpoint += 1
@@ -108,7 +111,7 @@ class Journal:
     def append_many(self, recs: list[bytes]) -> int:
         """Queue several records at once; return the last one's ticket (the first's is
         ``last - len(recs) + 1``)."""
-        with self._cv:
+        with self._mu:
             self._pending += recs
             self._appended += len(recs)
             self.since_checkpoint += len(recs)

@@ -471,8 +471,7 @@ class StorePath:
 
 def _split_by_key_length(runs: list[Run], keys: list[bytes]) -> list[Run]:
     """``runs`` cut where the key length changes: a WRITEV job's headers share one length."""
-    n = len(keys[0])
-    if all(len(k) == n for k in keys):  # the usual case: one hash size
+    if len(set(map(len, keys))) == 1:  # the usual case: one hash size
         return runs
     out: list[Run] = []
     for run in runs:
