@@ -66,6 +66,12 @@ def _b32(key: bytes) -> str:
     return v.to_bytes(fields, "big").translate(_B32_ALPHABET)[: (8 * n + 4) // 5].decode("ascii")
 
 
+try:  # its C twin where it was built (asynctier/_speedups.c): ~20x faster, the same strings
+    from ._speedups import b32 as _b32_fast
+except ImportError:  # pragma: no cover - installed without a C compiler
+    _b32_fast = _b32
+
+
 def key_token(key: bytes) -> str:
     """A file-name-safe, collision-free token for a key.
 
@@ -75,7 +81,7 @@ def key_token(key: bytes) -> str:
     on load.
     """
     if len(key) <= 96:
-        return _b32(key)
+        return _b32_fast(key)
     return "h" + hashlib.blake2b(key, digest_size=32).hexdigest()
 
 

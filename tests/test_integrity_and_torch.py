@@ -73,6 +73,22 @@ def test_key_tokens_are_rfc4648_base32_of_every_length() -> None:
             assert key_token(key) == base64.b32encode(key).decode().rstrip("=").lower(), key
 
 
+def test_the_c_and_python_base32_encoders_agree() -> None:
+    """The C twin (asynctier/_speedups.c, where it was built) names the same files as the
+    Python encoder that is its fallback; neither takes anything but bytes."""
+    from asynctier import integrity
+
+    speedups = pytest.importorskip("asynctier._speedups")
+    assert integrity._b32_fast is speedups.b32  # key_token uses it where it is built
+    rng = random.Random(11)
+    for n in range(200):
+        for key in (bytes(n), b"\xff" * n, bytes(rng.getrandbits(8) for _ in range(n))):
+            assert speedups.b32(key) == integrity._b32(key) == base64.b32encode(key).decode().rstrip("=").lower()
+    for bad in ("key", bytearray(b"key"), memoryview(b"key"), None):
+        with pytest.raises(TypeError, match="takes bytes"):
+            speedups.b32(bad)
+
+
 def test_header_matches_accepts_exactly_the_expected_header() -> None:
     payload = os.urandom(300)
     good = ChunkHeader(b"key", 300, checksum(payload), DIGEST).pack() + bytes(200)  # padded, as in a slot
