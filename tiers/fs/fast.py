@@ -77,6 +77,18 @@ class StorePath(_Path):
 
     op = "offload"
 
+    def __init__(self, io: NativeIO) -> None:
+        super().__init__(io)
+        self._recycles = 0  # stores into a victim's file (each an eviction), counted at the next flush
+
+    def flush(self) -> None:
+        super().flush()
+        io = self._io()
+        if self._recycles and io is not None:
+            n, self._recycles = self._recycles, 0
+            io._tier._stats.incr("evictions", n)
+            io._tier._stats.incr("recycled", n)
+
     def plan(self, job: Job, slot: int) -> nativeio.JobFields | Continuation | None:
         # Tier._reserve_store and ChunkProtocol.write_flags written out: this runs per chunk
         key, cid, t0 = job.args
@@ -149,8 +161,7 @@ class StorePath(_Path):
         """Book a recycling job; what did not simply succeed continues on a coroutine."""
         tier = io._tier
         if not stage:
-            tier._evicted(victims[0], None)
-            tier._stats.incr("recycled")  # ChunkProtocol.stored
+            self._recycles += 1  # Tier._evicted and ChunkProtocol.stored, counted at the next flush
             tier._removed(victims)
             tier.index.commit(key)
             self._booked.append(perf_counter() - t0)
