@@ -274,16 +274,22 @@ async def test_an_eviction_batch_never_empties_a_small_slab(tmp_path: Path) -> N
         assert await tier.lookup(keys) == [False, False] + [True] * 12
 
 
+async def _fill_slab(tier: NvmeTier, view: memoryview) -> list[bytes]:
+    """Fill a 64-slot slab in calls of 8 (least recently used first); the keys."""
+    fill(view, CHUNK, 6)
+    keys = [b"o%d" % i for i in range(64)]
+    for i in range(0, 64, 8):
+        assert (await tier.offload(keys[i : i + 8], list(range(8)))).ok
+    return keys
+
+
 async def test_a_batch_into_a_full_slab_evicts_what_it_lacks_at_once(tmp_path: Path) -> None:
     """A store's keys are allocated together: into a full slab, the least recently used slots
     it lacks are evicted in one batch (their EVICT records queued together, the batch's wait
     being the last of them), not a quota at a time."""
     tier, view = make(tmp_path / "b.slab", slots=64, evict_batch=4)
     async with tier:
-        fill(view, CHUNK, 6)
-        old = [b"o%d" % i for i in range(64)]
-        for i in range(0, 64, 8):
-            assert (await tier.offload(old[i : i + 8], list(range(8)))).ok
+        old = await _fill_slab(tier, view)
         await tier.touch(old[:2])  # the LRU ones are now old[2:8]
         cat = tier._catalog
         assert cat is not None
@@ -304,10 +310,7 @@ async def test_a_batch_takes_the_free_slots_first_then_evicts_what_it_lacks(tmp_
     go first, and only what the batch still lacks is evicted (a quota at least)."""
     tier, view = make(tmp_path / "f.slab", slots=64, evict_batch=4)
     async with tier:
-        fill(view, CHUNK, 7)
-        old = [b"o%d" % i for i in range(64)]
-        for i in range(0, 64, 8):
-            assert (await tier.offload(old[i : i + 8], list(range(8)))).ok
+        old = await _fill_slab(tier, view)
         cat = tier._catalog
         assert cat is not None
         assert (await tier.remove(old[60:62])).ok
