@@ -325,6 +325,27 @@ async def test_a_batch_takes_the_free_slots_first_then_evicts_what_it_lacks(tmp_
             cat.abort(new[p], slot)
 
 
+async def test_two_stores_of_one_key_in_flight_keep_the_copy_published_last(tmp_path: Path) -> None:
+    """Two writes of a key allocate two slots; publishing the second maps the key to it and
+    frees the first's slot behind the second's record (the bulk publish's general case)."""
+    tier, _ = make(tmp_path / "k.slab", slots=16)
+    async with tier:
+        cat = tier._catalog
+        assert cat is not None
+        idx = cat.index
+        with idx.lock:
+            first, _, _, _, _ = cat.allocate_many_locked([b"k"])
+            second, _, _, _, _ = cat.allocate_many_locked([b"k"])  # not stored yet: a slot of its own
+            (s1, _), (s2, _) = first[0], second[0]
+            assert s1 != s2 and idx.writing[b"k"] == 2
+            t1 = cat.publish_many_locked([b"k"], [0], first, {0: 1})
+            assert idx.entries[b"k"] == s1 and s1 not in idx.free
+            t2 = cat.publish_many_locked([b"k"], [0], second, {0: 2})
+        assert t2 == t1 + 1 and idx.entries[b"k"] == s2 and idx.slot_csum[s2] == 2
+        assert s1 in idx.free and idx.reuse_ticket[s1] == t2 and not idx.slot_key[s1]
+        assert b"k" not in idx.writing and idx.slot_key[s2] == b"k" and idx.tail == s2
+
+
 # -- coalescing ---------------------------------------------------------------------------------------
 async def test_many_small_chunks_coalesce_into_fewer_ios(tmp_path: Path) -> None:
     """A 64-chunk call runs as groups (one job, one pwritev/preadv per run of adjacent slots)."""
