@@ -306,14 +306,12 @@ class Catalog:
     def publish_many_locked(self, keys: list[bytes], written: list[int], slots: Slots, csums: dict[int, int]) -> int:
         """:meth:`publish_many` for a caller that holds the index lock."""
         idx = self.index
-        writing, killed, slot_csum, slot_ticket = idx.writing, idx.killed, idx.slot_csum, idx.slot_ticket
+        slot_csum, slot_ticket = idx.slot_csum, idx.slot_ticket
         recs: list[tuple[bytes, int, int, int]] = []
         for p in written:
             k = keys[p]
             slot, seq = slots[p]
-            if writing.get(k) == 1 and k not in killed:  # _done_writing's usual case, written out
-                del writing[k]
-            elif self._done_writing(k, seq):  # removed while being written: nothing to publish
+            if self._done_writing(k, seq):  # removed while being written: nothing to publish
                 idx.release(slot, 0)
                 continue
             slot_csum[slot] = c = csums[p]
@@ -380,8 +378,8 @@ class Catalog:
             return self.pin_many_locked(keys)
 
     def pin_many_locked(self, keys: list[bytes]) -> tuple[dict[int, tuple[int, int, int]], dict[int, BaseException]]:
-        """:meth:`pin_many` for a caller that holds the index lock (:meth:`pin_locked` written
-        out: this runs per chunk on the event loop's thread)."""
+        """:meth:`pin_many` for a caller that holds the index lock (one pass over the keys:
+        a load job's batch, on the event loop's thread)."""
         idx = self.index
         entries, pins, seqs, csums, touch = idx.entries, idx.pins, idx.slot_seq, idx.slot_csum, idx.touch_slot
         found: dict[int, tuple[int, int, int]] = {}
@@ -398,18 +396,14 @@ class Catalog:
 
     def pin_locked(self, key: bytes) -> tuple[int, int, int]:
         """:meth:`pin` for a caller that holds the index lock."""
-        idx = self.index
-        slot = idx.entries.get(key)
-        if slot is None:
-            raise ChunkNotFoundError(f"no chunk stored under key {key.hex()[:32]}", key)
-        idx.touch_slot(slot)
-        idx.pin(slot)
-        return slot, idx.slot_seq[slot], idx.slot_csum[slot]
+        found, missing = self.pin_many_locked([key])
+        if missing:
+            raise missing[0]
+        return found[0]
 
     def unpin(self, slots: list[int]) -> None:
         with self.index.lock:
-            for slot in slots:
-                self.index.unpin(slot)
+            self.index.unpin_many(slots)
 
     def touch(self, keys: list[bytes]) -> None:
         """Make the stored ones of ``keys`` most recently used."""

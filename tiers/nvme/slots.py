@@ -6,6 +6,7 @@ from __future__ import annotations
 import operator
 import threading
 from array import array
+from collections.abc import Iterable
 from itertools import compress
 
 from .checkpoint import Checkpoint
@@ -114,7 +115,7 @@ class SlotIndex:
     def put_many(self, pairs: list[tuple[bytes, int]]) -> list[tuple[int, int]]:
         """:meth:`put` for each ``(key, slot)`` in order (a store's batch: this runs per chunk
         on the event loop's thread); the ``(position, slot it had)`` of each key that had one."""
-        entries, slot_key, prev, nxt = self.entries, self.slot_key, self.prev, self.nxt
+        entries, slot_key = self.entries, self.slot_key
         had: list[tuple[int, int]] = []
         for i, (key, slot) in enumerate(pairs):
             if slot_key[slot] or key in entries:  # the general case
@@ -124,13 +125,7 @@ class SlotIndex:
                 continue
             entries[key] = slot
             slot_key[slot] = key
-            t = self.tail  # _link_tail written out
-            prev[slot], nxt[slot] = t, -1
-            if t >= 0:
-                nxt[t] = slot
-            else:
-                self.head = slot
-            self.tail = slot
+            self._link_tail(slot)
         return had
 
     def drop(self, key: bytes) -> int | None:
@@ -174,18 +169,10 @@ class SlotIndex:
 
     def unpin(self, slot: int) -> None:
         """End a read of ``slot``; a slot freed meanwhile is freed now (call with the lock held)."""
-        n = self.pins[slot] - 1
-        if n:
-            self.pins[slot] = n
-        else:
-            del self.pins[slot]
-            t = self.zombies.pop(slot, None)
-            if t is not None:
-                self.release(slot, t)
+        self.unpin_many((slot,))
 
-    def unpin_many(self, slots: list[int]) -> None:
-        """:meth:`unpin` each of ``slots`` (a batch of ends: this runs per chunk on the event
-        loop's thread)."""
+    def unpin_many(self, slots: Iterable[int]) -> None:
+        """:meth:`unpin` each of ``slots`` (a batch of ends, on the event loop's thread)."""
         pins, zombies = self.pins, self.zombies
         for slot in slots:
             n = pins[slot] - 1
