@@ -170,12 +170,22 @@ class Catalog:
             self._ckpt_wake.set()
 
     # -- stores ----------------------------------------------------------------------------------
-    def next_seq(self) -> int:
-        # under the index lock
-        self.counter += 1
-        if self.counter >= 1 << EPOCH_SHIFT:  # pragma: no cover - 2**32 stores in one open
+    def _begin_writes_locked(self, keys: list[bytes], taken: list[int]) -> tuple[range, int]:
+        """Number the writes of ``keys`` into the slots ``taken`` (in order, each number new
+        to this open): their sequence numbers, and the journal ticket to flush before any is
+        written (the latest ``EVICT`` record that freed one). Raises, changing nothing, once
+        this open's numbers are exhausted."""
+        n = len(taken)
+        if self.counter + n >= 1 << EPOCH_SHIFT:  # pragma: no cover - 2**32 stores in one open
             raise OSError(errno.EOVERFLOW, "sequence numbers exhausted for this open; reopen the tier")
-        return (self.epoch << EPOCH_SHIFT) | self.counter
+        first = (self.epoch << EPOCH_SHIFT) | (self.counter + 1)
+        self.counter += n
+        idx = self.index
+        slot_seq, writing, reuse = idx.slot_seq, idx.writing, idx.reuse_ticket
+        for k, slot, seq in zip(keys, taken, range(first, first + n)):
+            slot_seq[slot] = seq
+            writing[k] = writing.get(k, 0) + 1
+        return range(first, first + n), (max([reuse.pop(s, 0) for s in taken], default=0) if reuse else 0)
 
     def allocate(self, key: bytes) -> tuple[int, int, int]:
         """Take a free slot (evicting LRU entries when none is): (slot, seq, ticket to await)."""
@@ -189,11 +199,9 @@ class Catalog:
             self._evict_locked(self._evict_quota())
             if not idx.free:
                 raise CapacityError(f"no free slot: all {idx.nslots} slots are being written or read", key)
-        slot = idx.free.pop()
-        ticket = idx.reuse_ticket.pop(slot, 0)
-        seq = self.next_seq()
-        idx.slot_seq[slot] = seq
-        idx.writing[key] = idx.writing.get(key, 0) + 1
+        slot = idx.free[-1]
+        (seq,), ticket = self._begin_writes_locked([key], [slot])
+        idx.free.pop()
         return slot, seq, ticket
 
     def _evict_quota(self) -> int:
@@ -249,7 +257,7 @@ class Catalog:
             # the usual case, in bulk (this runs per chunk on the event loop's thread): slots
             # taken in allocate_locked's order (the free ones last freed first, then, in a full
             # tier, what the batch lacks evicted in one go, at least a quota as allocate_locked
-            # evicts), sequence numbers as next_seq gives them
+            # evicts), numbered together
             taken = free[: -n - 1 : -1]
             del free[len(free) - len(taken) :]
             short = n - len(taken)
@@ -259,16 +267,8 @@ class Catalog:
                 del free[len(free) - len(more) :]
                 taken += more
             if len(taken) == n:
-                first = (self.epoch << EPOCH_SHIFT) | (self.counter + 1)
-                self.counter += n
-                slot_seq, writing, reuse = idx.slot_seq, idx.writing, idx.reuse_ticket
-                for seq, p, slot in zip(range(first, first + n), new, taken):
-                    k = keys[p]
-                    slot_seq[slot] = seq
-                    writing[k] = writing.get(k, 0) + 1
-                    slots[p] = (slot, seq)
-                if reuse:
-                    wait = max([reuse.pop(s, 0) for s in taken], default=0)
+                seqs, wait = self._begin_writes_locked([keys[p] for p in new], taken)
+                slots = dict(zip(new, zip(taken, seqs)))
                 return slots, failed, wait, skipped, skip_ticket
             free += taken[::-1]  # not enough: back as they were, for the one-by-one path
         for p in new:  # evicting on the way
