@@ -49,6 +49,12 @@ class Geometry:
         stripe, pos = divmod(slot, self.nstripes)[::-1]
         return stripe, self.data_off + pos * self.slot_size
 
+    def placed(self, items: list[tuple[int, int]]) -> list[tuple[int, int, int, int]]:
+        """``(stripe, byte offset in it, p, slot)`` of each ``(p, slot)``, in disk order
+        (:meth:`locate` for a job's slots, in one pass)."""
+        n, base, size = self.nstripes, self.data_off, self.slot_size
+        return sorted([(s % n, base + s // n * size, p, s) for p, s in items])
+
 
 class _Buffers(threading.local):
     """Per-thread aligned memory for slot headers and bounce copies (``slots`` slots' worth)."""
@@ -368,18 +374,17 @@ class SlabSet:
         at most ``limit`` slots: ``(position, slot, stripe, offset)``."""
         geo = self.geo
         assert geo is not None
-        n, base, size = geo.nstripes, geo.data_off, geo.slot_size
+        size = geo.slot_size
         runs: list[list[tuple[int, int, int, int]]] = []
         run: list[tuple[int, int, int, int]] = []
-        last_stripe = last_pos = -2
-        # sorted by (stripe, position in it): Geometry.locate written out, per chunk
-        for stripe, pos, p, s in sorted([(s % n, s // n, p, s) for p, s in items]):
-            if stripe == last_stripe and pos == last_pos + 1 and len(run) < limit:
-                run.append((p, s, stripe, base + pos * size))
+        last_stripe = last_off = -1
+        for stripe, off, p, s in geo.placed(items):
+            if stripe == last_stripe and off == last_off + size and len(run) < limit:
+                run.append((p, s, stripe, off))
             else:
-                run = [(p, s, stripe, base + pos * size)]
+                run = [(p, s, stripe, off)]
                 runs.append(run)
-            last_stripe, last_pos = stripe, pos
+            last_stripe, last_off = stripe, off
         return runs
 
 
