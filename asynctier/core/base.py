@@ -151,8 +151,10 @@ class ChunkTier(Bookkeeping, Lifecycle, SecondaryTierManager):
         """
         return 1
 
-    def group_body(self, op: Op) -> Callable[[list[bytes], list[int], float], list[BaseException | None]]:
-        """The body of a group job: ``fn(keys, chunk_ids, t0)`` -> each chunk's failure or None."""
+    def group_body(self, op: Op) -> Callable[[list[bytes], list[int], float], Any]:
+        """The body of a group job: ``fn(keys, chunk_ids, t0)`` -> each chunk's failure or None
+        (a coroutine function where the tier's engine awaits its job bodies, as
+        :meth:`job_body`)."""
         raise NotImplementedError
 
     def on_idle(self) -> None:

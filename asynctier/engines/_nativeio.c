@@ -50,6 +50,8 @@ struct at_pool {
     int nops;
     struct at_op *ops;
     struct at_res *res;
+    struct at_op *subs;    /* AT_GROUP's sub-jobs: GROUP_MAX per slot */
+    struct at_res *subres; /* and their outcomes (at_group_results) */
     int post_head, post_tail; /* reads whose I/O is done, to be hashed (FIFO) */
     int32_t *done; /* completion ring of slot indices */
     int done_head, done_count;
@@ -273,12 +275,18 @@ struct at_pool *at_new(int nthreads, int ntokens, int nops, xxh3_fn xxh3, int ni
     p->done = calloc((size_t)nops, sizeof *p->done);
     p->gcount = calloc((size_t)nops, sizeof *p->gcount);
     p->threads = calloc((size_t)nthreads, sizeof *p->threads);
+    p->subs = calloc((size_t)nops * GROUP_MAX, sizeof *p->subs);
+    p->subres = calloc((size_t)nops * GROUP_MAX, sizeof *p->subres);
     p->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-    if (!p->ops || !p->res || !p->done || !p->gcount || !p->threads || p->efd < 0) {
+    if (!p->ops || !p->res || !p->done || !p->gcount || !p->threads || !p->subs || !p->subres || p->efd < 0) {
         int e = errno ? errno : ENOMEM;
         at_free(p);
         errno = e;
         return NULL;
+    }
+    for (int i = 0; i < nops; i++) {
+        p->ops[i].subs = &p->subs[(size_t)i * GROUP_MAX];
+        p->ops[i].subres = &p->subres[(size_t)i * GROUP_MAX];
     }
     for (int i = 0; i < nthreads; i++) {
         int e = pthread_create(&p->threads[i], NULL, worker, p);
@@ -294,12 +302,28 @@ struct at_pool *at_new(int nthreads, int ntokens, int nops, xxh3_fn xxh3, int ni
 
 int at_eventfd(struct at_pool *p) { return p->efd; }
 struct at_res *at_results(struct at_pool *p) { return p->res; }
+/* The outcomes of the sub-jobs of AT_GROUP jobs: GROUP_MAX per slot, slot by slot. */
+struct at_res *at_group_results(struct at_pool *p) { return p->subres; }
 uint64_t at_hash(struct at_pool *p, const void *buf, size_t len) { return p->xxh3(buf, len); }
 
+static int job_ok(const struct at_pool *p, int idx, const struct at_job *j);
+
+/* The sub-jobs of an AT_GROUP job: files read, written or recycled, each a valid job. */
+static int group_ok(const struct at_pool *p, int idx, const struct at_job *j) {
+    if (!j->hb || j->len < 1 || j->len > GROUP_MAX || j->hb_len != j->len) return 0;
+    const struct at_job *sub = j->hb;
+    for (size_t i = 0; i < j->len; i++) {
+        int k = sub[i].kind;
+        if ((k != AT_READ && k != AT_WRITE && k != AT_RECYCLE) || !job_ok(p, idx, &sub[i])) return 0;
+    }
+    return 1;
+}
+
 static int job_ok(const struct at_pool *p, int idx, const struct at_job *j) {
-    if (idx < 0 || idx >= p->nops || j->prio < 0 || j->prio >= NPRIO || j->kind < AT_READ || j->kind > AT_COMMIT ||
+    if (idx < 0 || idx >= p->nops || j->prio < 0 || j->prio >= NPRIO || j->kind < AT_READ || j->kind > AT_GROUP ||
         j->group < -1 || j->group >= p->nops)
         return 0;
+    if (j->kind == AT_GROUP) return group_ok(p, idx, j);
     int vec = j->kind == AT_READV || j->kind == AT_WRITEV;
     if (vec && (j->fd < 0 || !j->hb || !j->buf || j->len < 1 || j->len > READV_MAX || j->hb_len != 2 * j->len))
         return 0;
@@ -328,6 +352,17 @@ static int queue_job(struct at_pool *p, int idx, const struct at_job *j) {
     int prio = j->prio;
     op->job = *j;
     op->prep = j->kind == AT_WRITE || j->kind == AT_RECYCLE || j->kind == AT_WRITEV ? PREP_WANTED : PREP_NONE;
+    if (j->kind == AT_GROUP) { /* copied, as the job itself is: the caller may reuse its table */
+        const struct at_job *sub = j->hb;
+        op->job.hashed = 0;
+        for (size_t i = 0; i < j->len; i++) {
+            op->subs[i].job = sub[i];
+            op->subs[i].fd = -1;
+            memset(&op->subres[i], 0, sizeof op->subres[i]);
+            if (sub[i].kind != AT_READ) op->prep = PREP_WANTED;
+            else if (sub[i].hashed) op->job.hashed = 1; /* some read's checksum, after the I/O */
+        }
+    }
     op->fd = -1;
     op->next = -1;
     op->state = AT_QUEUED;
@@ -358,7 +393,9 @@ static int queue_job(struct at_pool *p, int idx, const struct at_job *j) {
  *              in dfd, [fsync of dfd]; info = 1 when a failure left the file at name3;
  *   AT_READV   preadv of a run of slots of the open file `fd` at `off` (see _nativeio.h);
  *   AT_WRITEV  pwritev of a run of slots, each header's checksums filled in first;
- *   AT_COMMIT  [fdatasync of the descriptors at hb], pwrite of buf at off of fd, [fdatasync].
+ *   AT_COMMIT  [fdatasync of the descriptors at hb], pwrite of buf at off of fd, [fdatasync];
+ *   AT_GROUP   the jobs at hb (len of them: reads, writes, recycles), one after another, each
+ *              as if alone, reported once, their outcomes in at_group_results.
  * Returns 0, or -EINVAL (bad slot or job), -EBUSY (slot in use), -ESHUTDOWN. */
 int at_submit(struct at_pool *p, int idx, const struct at_job *j) {
     if (!job_ok(p, idx, j)) return -EINVAL;
@@ -514,6 +551,8 @@ void at_free(struct at_pool *p) {
     free(p->res);
     free(p->done);
     free(p->gcount);
+    free(p->subs);
+    free(p->subres);
     free(p->threads);
     free(p);
 }

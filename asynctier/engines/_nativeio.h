@@ -29,6 +29,14 @@
  * It holds no I/O token: slow paths holding tokens may be waiting for it (the journal) */
 #define AT_COMMIT 8
 #define COMMIT_FDS_MAX 64
+/* several files' jobs run one after another by one worker holding one token, each as if
+ * alone: hb is the caller's struct at_job[len] (each an AT_READ, AT_WRITE or AT_RECYCLE;
+ * its group, prio and hashed-as-a-group ignored), copied at submission; their outcomes go
+ * to the pool's own struct at_res[GROUP_MAX] of the slot (at_group_results). The group's
+ * own result is len. One job for many small files: the loop plans and books one job, not
+ * one per file (tiers/fs/fast.py) */
+#define AT_GROUP 9
+#define GROUP_MAX 16
 
 #define AT_MODE_FIX 0x10000 /* the umask would strip bits of the mode: set it after creation */
 
@@ -92,6 +100,8 @@ struct at_op {
     int32_t state, prep;
     int32_t fd;   /* the file opened by prepare_write, or -1 */
     int32_t next; /* queue link */
+    struct at_op *subs;     /* AT_GROUP: the slot's GROUP_MAX sub-jobs (job.len of them used) */
+    struct at_res *subres;  /* and their outcomes */
 };
 
 #define AT_HIDDEN __attribute__((visibility("hidden"))) /* not part of the library's ctypes API */

@@ -43,7 +43,9 @@ __all__ = ["DoneHandler", "Job", "JobFields", "NativePool", "Outcome", "fields",
 T = TypeVar("T")
 
 #: Job kinds (:attr:`Job.kind`).
-READ, WRITE, SPARE, UNLINK, RECYCLE, READV, WRITEV, COMMIT = 1, 2, 3, 4, 5, 6, 7, 8
+READ, WRITE, SPARE, UNLINK, RECYCLE, READV, WRITEV, COMMIT, GROUP = 1, 2, 3, 4, 5, 6, 7, 8, 9
+#: Jobs of one :data:`GROUP` at most (:meth:`NativePool.group`).
+GROUP_MAX = 16
 #: Descriptors one :data:`COMMIT` job syncs at most.
 COMMIT_FDS_MAX = 64
 #: Slots of one :data:`READV` or :data:`WRITEV` job at most (two ``iovec`` each, within the kernel's IOV_MAX).
@@ -86,8 +88,9 @@ class Job(ctypes.Structure):
     for a write (each header's checksums filled in first, over its first ``body_len`` bytes);
     :data:`COMMIT`, a journal write: ``hb`` the address of ``hb_len`` int32 descriptors to
     ``fdatasync`` first, ``buf``/``len`` the bytes written at ``off`` of ``fd``, ``sync`` to
-    ``fdatasync`` it after. ``hb``/``hb_len`` and ``buf``/``len``: the header block and the
-    payload (addresses that stay valid until the job ends).
+    ``fdatasync`` it after; :data:`GROUP`, several reads, writes or recycles run one after
+    another in one slot (:meth:`NativePool.group`). ``hb``/``hb_len`` and ``buf``/``len``: the
+    header block and the payload (addresses that stay valid until the job ends).
     """
 
     _fields_ = [
@@ -197,6 +200,7 @@ def _find_library() -> tuple[ctypes.CDLL | None, str | None]:
         "at_new": ([c_int, c_int, c_int, vp, c_int], vp),
         "at_eventfd": ([vp], c_int),
         "at_results": ([vp], vp),
+        "at_group_results": ([vp], vp),
         "at_hash": ([vp, vp, c_size], ctypes.c_uint64),
         "at_submit": ([vp, c_int, ctypes.POINTER(Job)], c_int),
         "at_submit_many": ([vp, c_int, vp, vp], c_int),
@@ -306,6 +310,14 @@ class NativePool:
         self._res_mem = memoryview(
             (ctypes.c_char * (ctypes.sizeof(_Result) * slots)).from_address(_LIB.at_results(handle))
         ).cast("B")
+        # group(): each slot's sub-jobs packed here (the workers copy them at submission), and
+        # their outcomes where the workers put them
+        self._sub_table = bytearray(_JOB_LAYOUT.size * GROUP_MAX * slots)
+        self._sub_table_c = (ctypes.c_char * len(self._sub_table)).from_buffer(self._sub_table)  # pins it
+        self._sub_table_addr = ctypes.addressof(self._sub_table_c)
+        self._sub_res = memoryview(
+            (ctypes.c_char * (_RESULT_LAYOUT.size * GROUP_MAX * slots)).from_address(_LIB.at_group_results(handle))
+        ).cast("B")
         #: the engine's handlers: each job of submit_many that ended; then, once per batch reaped
         self.on_done: DoneHandler | None = None
         self.on_reaped: Callable[[], None] | None = None
@@ -398,6 +410,27 @@ class NativePool:
             owners[slot] = None
             start += 1
         return refused
+
+    def group(self, slot: int, prio: int, subs: list[JobFields]) -> JobFields:
+        """The descriptor of one :data:`GROUP` job in ``slot``: the jobs ``subs`` (1 to
+        :data:`GROUP_MAX` reads, writes or recycles, each as if alone) run one after another by
+        one worker holding one token, reported once; their outcomes: :meth:`group_outcomes`."""
+        n = len(subs)
+        if not 0 < n <= GROUP_MAX:
+            raise ValueError(f"a group job holds 1 to {GROUP_MAX} jobs; got {n}")
+        table, pack, size = self._sub_table, _JOB_LAYOUT.pack_into, _JOB_LAYOUT.size
+        base = size * GROUP_MAX * slot
+        for i, f in enumerate(subs):
+            pack(table, base + i * size, -1, 0, *f)
+        return (GROUP, prio, -1, 0, -1, -1, 0, 0, 0, 0, self._sub_table_addr + base, n, 0, n, 0, b"", b"", b"")
+
+    def group_outcomes(self, slot: int, n: int) -> list[tuple[int, int, int, int]]:
+        """``(result, csum, stage, info)`` of each of the ``n`` jobs of the :data:`GROUP` job
+        that ended in ``slot`` (valid until the slot runs another)."""
+        unpack, size = _RESULT_LAYOUT.unpack_from, _RESULT_LAYOUT.size
+        base = size * GROUP_MAX * slot
+        mem = self._sub_res
+        return [unpack(mem, base + i * size) for i in range(n)]
 
     def forget(self, slot: int) -> None:
         """Drop what a failed :meth:`submit_many` left in ``slot`` (its job never reached the workers)."""

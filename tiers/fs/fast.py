@@ -6,6 +6,11 @@ The plain cases only: a store with no victim to evict, or with one whose file it
 index complete. The
 plans and outcomes are the protocol's (:mod:`.protocol`), the same as :class:`.native.NativeIO`
 runs one coroutine at a time; anything else is handed to it as a continuation.
+
+A group job (a call with more chunks than its share of ``max_inflight``, see
+:meth:`.tier.FsTier.group_size`) is planned chunk by chunk the same way into one
+:data:`~asynctier.engines.native.GROUP` descriptor, so that the engine plans, submits and
+books one job for several files; its chunks' continuations run one after another.
 """
 
 from __future__ import annotations
@@ -17,8 +22,10 @@ from functools import partial
 from time import perf_counter
 from typing import TYPE_CHECKING, Any
 
+import anyio
+
 from asynctier.core.jobs import Job
-from asynctier.core.ops import PRIO_LOAD
+from asynctier.core.ops import PRIO_LOAD, PRIO_STORE
 from asynctier.engines import native as nativeio
 from asynctier.engines.native_engine import Continuation
 from asynctier.errors import TierClosedError
@@ -42,11 +49,20 @@ def _outcome(result: int, stage: int, info: int, csum: int) -> Outcome:
 
 _RECYCLE, _WRITE = 1, 2  # the job a store's slot runs
 
+#: One chunk's plan: its descriptor and what its booking needs; or a continuation; or None
+#: (over, its outcome booked).
+_KeyPlan = tuple[nativeio.JobFields, tuple[Any, ...]] | Continuation | None
+_Outcomes = list[BaseException | None]
+#: A group job's chunks: each one's failure (None: done), the planned ones (index, what
+#: their booking needs), the continuations left (index, continuation).
+_GroupState = tuple[list[BaseException | None], list[tuple[int, tuple[Any, ...]]], list[tuple[int, Continuation]]]
+
 
 class _Path:
     """What both paths keep: the tier's I/O, each slot's plan, the successes to count."""
 
     op = ""  #: the operation counted (``"offload"``, ``"load"``)
+    prio = PRIO_STORE  #: the priority of its group jobs
 
     def __init__(self, io: NativeIO) -> None:
         # the engine's workers hold the engine, and so this: not the tier (a tier dropped
@@ -61,6 +77,87 @@ class _Path:
             raise TierClosedError("the fs tier was dropped")
         return io
 
+    def _keep(self, slot: int, plan: Any) -> None:
+        plans = self._plans
+        if len(plans) <= slot:
+            plans.extend([None] * (slot + 1 - len(plans)))
+        plans[slot] = plan
+
+    # -- one chunk's plan and booking (the kinds of path say what) --------------------------
+    def _plan_key(self, io: NativeIO, key: bytes, cid: int, t0: float, block: int) -> _KeyPlan:
+        raise NotImplementedError
+
+    def _finish_key(
+        self, io: NativeIO, key: bytes, cid: int, t0: float, step: tuple[Any, ...], result: int, csum: int, stage: int,
+        info: int,
+    ) -> Continuation | None:  # fmt: skip
+        raise NotImplementedError
+
+    # -- one chunk per job -------------------------------------------------------------------
+    def plan(self, job: Job, slot: int) -> nativeio.JobFields | Continuation | None:
+        if job.grouped:
+            return self._plan_group(job, slot)
+        key, cid, t0 = job.args
+        r = self._plan_key(self._live(), key, cid, t0, slot)
+        if type(r) is not tuple:
+            return r  # type: ignore[return-value]
+        self._keep(slot, r[1])
+        return r[0]  # type: ignore[no-any-return]
+
+    def finish(
+        self, job: Job, slot: int, result: int, csum: int, stage: int, info: int
+    ) -> nativeio.JobFields | Continuation | None:
+        if job.grouped:
+            return self._finish_group(job, slot, (result, csum, stage, info))
+        key, cid, t0 = job.args
+        step = self._plans[slot]
+        self._plans[slot] = None
+        assert step is not None
+        return self._finish_key(self._live(), key, cid, t0, step, result, csum, stage, info)
+
+    # -- group jobs ----------------------------------------------------------------------------
+    def _plan_group(self, job: Job, slot: int) -> nativeio.JobFields | Continuation | None:
+        """Each chunk planned as if alone; those planned go to the workers as one job."""
+        keys, cids, t0 = job.args
+        io = self._live()
+        out: list[BaseException | None] = [None] * len(keys)
+        subs: list[nativeio.JobFields] = []
+        planned: list[tuple[int, tuple[Any, ...]]] = []
+        later: list[tuple[int, Continuation]] = []
+        for i, (key, cid) in enumerate(zip(keys, cids)):
+            try:
+                r = self._plan_key(io, key, cid, t0, io.block(slot, len(subs)))
+            except BaseException as e:  # that chunk's failure (booked by _plan_key)
+                out[i] = e
+                continue
+            if type(r) is tuple:
+                subs.append(r[0])
+                planned.append((i, r[1]))
+            elif r is not None:
+                later.append((i, r))  # type: ignore[arg-type]
+        if not subs:
+            return _group_end(job, out, later)
+        self._keep(slot, (out, planned, later))
+        return io._pool.group(slot, self.prio, subs)
+
+    def _finish_group(self, job: Job, slot: int, own: tuple[int, int, int, int]) -> Continuation | None:
+        keys, cids, t0 = job.args
+        state: _GroupState = self._plans[slot]  # type: ignore[assignment]
+        self._plans[slot] = None
+        out, planned, later = state
+        io = self._live()
+        # a group that never ran (the pool refused it) reports its own failure: each chunk's
+        ends = io._pool.group_outcomes(slot, len(planned)) if not own[2] else [own] * len(planned)
+        for (i, step), (result, csum, stage, info) in zip(planned, ends):
+            try:
+                r = self._finish_key(io, keys[i], cids[i], t0, step, result, csum, stage, info)
+            except BaseException as e:
+                out[i] = e
+                continue
+            if r is not None:
+                later.append((i, r))
+        return _group_end(job, out, later)
+
     def flush(self) -> None:
         """Count the jobs ended since the last flush (one lock, not one per chunk)."""
         booked = self._booked
@@ -68,6 +165,28 @@ class _Path:
         if booked and io is not None:
             self._booked = []
             io._tier._stats.record_each(self.op, io._tier.offloading_spec.chunk_bytes, booked)
+
+
+def _group_end(job: Job, out: list[BaseException | None], later: list[tuple[int, Continuation]]) -> Continuation | None:
+    """A group job over (its outcomes set), or the continuation of its chunks that go on."""
+    if not later:
+        job.result = out
+        return None
+    return partial(_run_later, out, later)
+
+
+async def _run_later(out: _Outcomes, later: list[tuple[int, Continuation]]) -> _Outcomes:
+    """The continuations of a group job's chunks, one after another: each takes a job slot
+    of its own while it runs, and the group holds the engine's place of one job."""
+    for i, fn in later:
+        try:
+            await fn()
+        except anyio.get_cancelled_exc_class() as e:
+            # as the engine's own service coroutines: workers are not cancelled by callers
+            out[i] = ConnectionAbortedError(f"chunk I/O cancelled inside the tier: {e!r}")
+        except BaseException as e:  # that chunk's failure
+            out[i] = e
+    return out
 
 
 class StorePath(_Path):
@@ -89,10 +208,8 @@ class StorePath(_Path):
             io._tier._stats.incr("evictions", n)
             io._tier._stats.incr("recycled", n)
 
-    def plan(self, job: Job, slot: int) -> nativeio.JobFields | Continuation | None:
+    def _plan_key(self, io: NativeIO, key: bytes, cid: int, t0: float, block: int) -> _KeyPlan:
         # Tier._reserve_store and ChunkProtocol.write_flags written out: this runs per chunk
-        key, cid, t0 = job.args
-        io = self._live()
         tier = io._tier
         try:
             victims = tier.index.reserve(key, tier._chunk_size)
@@ -117,30 +234,24 @@ class StorePath(_Path):
                 # key waits for _removed (RemovalPending); the workers check the namespace's lock
                 tier._note_gone(victims[0])
                 plan, sj = proto.recycle(key, victims[0], data, flags)
-                fields = io.recycle_fields(slot, plan, sj, addr, data.nbytes)
+                fields = io.recycle_fields(block, plan, sj, addr, data.nbytes)
                 step: tuple[Any, ...] = (_RECYCLE, data, victims, plan, sj)
             else:
                 plan = proto.store(key, data, None, None, flags)
-                fields = io.store_fields(slot, plan, addr, data.nbytes)
+                fields = io.store_fields(block, plan, addr, data.nbytes)
                 step = (_WRITE, data, victims, plan, None)
         except BaseException as e:
             proto.release(plan)  # a file made ahead goes back with its descriptor
             tier._removed(victims)
             tier._end_store(key, t0, e)
             raise
-        plans = self._plans
-        if len(plans) <= slot:
-            plans.extend([None] * (slot + 1 - len(plans)))
-        plans[slot] = step
-        return fields
+        return fields, step
 
-    def finish(
-        self, job: Job, slot: int, result: int, csum: int, stage: int, info: int
-    ) -> nativeio.JobFields | Continuation | None:
-        key, cid, t0 = job.args
-        step, data, victims, plan, sj = self._plans[slot]  # type: ignore[misc]
-        self._plans[slot] = None
-        io = self._live()
+    def _finish_key(
+        self, io: NativeIO, key: bytes, cid: int, t0: float, step_: tuple[Any, ...], result: int, csum: int,
+        stage: int, info: int,
+    ) -> Continuation | None:  # fmt: skip
+        step, data, victims, plan, sj = step_
         tier = io._tier
         if step == _RECYCLE:
             return self._recycled(io, key, cid, t0, data, victims, plan, sj, result, stage, info)
@@ -206,10 +317,9 @@ class LoadPath(_Path):
     """Loads: pin the entry, one descriptor; the header and checksum checked when it ends."""
 
     op = "load"
+    prio = PRIO_LOAD
 
-    def plan(self, job: Job, slot: int) -> nativeio.JobFields | Continuation | None:
-        key, cid, t0 = job.args
-        io = self._live()
+    def _plan_key(self, io: NativeIO, key: bytes, cid: int, t0: float, block: int) -> _KeyPlan:
         tier = io._tier
         if tier.index_incomplete:  # a miss is looked up on disk: on a thread
             return partial(io.load_job, key, cid, t0)
@@ -225,24 +335,21 @@ class LoadPath(_Path):
             else:
                 plan = proto.load(key, out, addr)  # counts the chunks that cannot have O_DIRECT
                 dfd, name, flags = plan.dfd, plan.name, plan.flags
-            io._hb_used[slot] = HEADER_BLOCK  # NativeIO.hb_read_into
+            io._hb_used[block] = HEADER_BLOCK  # NativeIO.hb_read_into
             # nativeio.fields written out (names are short: a key's token)
-            fields = (nativeio.READ, PRIO_LOAD, dfd, flags, -1, -1, 0, int(tier.verify), 0, 0,
-                      io._hb_addr + slot * HEADER_BLOCK, HEADER_BLOCK, addr, n, 0, name.encode(), b"", b"")  # fmt: skip
+            hb = io._hb_addr + block * HEADER_BLOCK
+            fields = (nativeio.READ, PRIO_LOAD, dfd, flags, -1, -1, 0, int(tier.verify), 0, 0, hb, HEADER_BLOCK, addr,
+                      n, 0, name.encode(), b"", b"")  # fmt: skip
         except BaseException as e:
             tier._end_load(key, t0, e, entry)
             raise
-        plans = self._plans
-        if len(plans) <= slot:
-            plans.extend([None] * (slot + 1 - len(plans)))
-        plans[slot] = (entry, out)
-        return fields
+        return fields, (entry, out, block)
 
-    def finish(self, job: Job, slot: int, result: int, csum: int, stage: int, info: int) -> Continuation | None:
-        key, _, t0 = job.args
-        entry, out = self._plans[slot]  # type: ignore[misc]
-        self._plans[slot] = None
-        io = self._live()
+    def _finish_key(
+        self, io: NativeIO, key: bytes, cid: int, t0: float, step: tuple[Any, ...], result: int, csum: int,
+        stage: int, info: int,
+    ) -> Continuation | None:  # fmt: skip
+        entry, out, block = step
         tier = io._tier
         try:
             if stage == Step.OPEN and result == -errno.ENOENT:
@@ -253,7 +360,7 @@ class LoadPath(_Path):
                     tier._async_load, key, t0, read, partial(io.engine.blocking, tier.delete_chunk, key), entry
                 )
             # the header is still in this slot's block: the slot is held until checked
-            tier.check_read(key, io.slot_hb[slot], out, result, csum if tier.verify else None)
+            tier.check_read(key, io.slot_hb[block], out, result, csum if tier.verify else None)
         except BaseException as e:
             if tier._end_load(key, t0, e, entry):
                 return partial(self._drop_bad, io, key, e)

@@ -39,6 +39,8 @@ log = logging.getLogger(__name__)
 
 #: A store evicting more files than this evicts them (and writes) on a slow-path thread.
 _MAX_NATIVE_VICTIMS = 4
+#: Chunks of one group job at most (:mod:`.fast`): each needs a header block of its own.
+GROUP_CHUNKS = 8
 
 
 def _outcome(res: nativeio.Outcome) -> Outcome:
@@ -53,11 +55,13 @@ class NativeIO:
     def __init__(self, tier: FsTier, engine: NativeEngine) -> None:
         self._tier = tier
         self.engine = engine
-        self._hb: memoryview | None = None  # one header block per job slot
-        #: each slot's header block
+        self._hb: memoryview | None = None  # GROUP_CHUNKS header blocks per job slot
+        #: the header blocks: block ``slot`` is the slot's own (a one-chunk job's), the others
+        #: its group job's (:meth:`block`)
         self.slot_hb: list[memoryview] = []
         self._hb_used: list[int] = []  # bytes of each block that may not be zero
         self._hb_addr = 0
+        self._slots = 0
         self._view_addr = 0
         #: every chunk of the view is aligned for O_DIRECT; then its write flags are these
         self.aligned = False
@@ -66,14 +70,20 @@ class NativeIO:
     def start(self) -> None:
         """Once the engine runs: the header blocks, and addresses by arithmetic on the hot
         path (not a buffer export per chunk)."""
-        slots = self._pool.slots
-        self._hb = aligned_buffer(HEADER_BLOCK * slots)
-        self.slot_hb = [self._hb[i * HEADER_BLOCK : (i + 1) * HEADER_BLOCK] for i in range(slots)]
-        self._hb_used = [0] * slots
+        self._slots = slots = self._pool.slots
+        blocks = slots * GROUP_CHUNKS
+        self._hb = aligned_buffer(HEADER_BLOCK * blocks)
+        self.slot_hb = [self._hb[i * HEADER_BLOCK : (i + 1) * HEADER_BLOCK] for i in range(blocks)]
+        self._hb_used = [0] * blocks
         self._hb_addr = buffer_address(self._hb)
         self._view_addr = buffer_address(self._tier._view)
         block = self._tier.protocol.block
         self.aligned = self._view_addr % block == 0 and self._tier.offloading_spec.chunk_bytes % block == 0
+
+    def block(self, slot: int, i: int) -> int:
+        """The header block of chunk ``i`` of the (group) job in ``slot``; chunk 0's is the
+        slot's own, so a one-chunk job's block is its slot's number."""
+        return slot if i == 0 else self._slots + slot * (GROUP_CHUNKS - 1) + i - 1
 
     def hb_address(self, slot: int) -> int:
         return self._hb_addr + slot * HEADER_BLOCK
@@ -161,32 +171,33 @@ class NativeIO:
     def _store_job(self, slot: int, job: StoreJob, addr: int, n: int) -> nativeio.Job:
         return nativeio.Job(-1, 0, *self.store_fields(slot, job, addr, n))
 
-    def _put_header(self, slot: int, header: bytes) -> int:
-        """Write a store's header into the slot's block; its length."""
-        hb = self.slot_hb[slot]
+    def _put_header(self, block: int, header: bytes) -> int:
+        """Write a store's header into header block ``block``; its length."""
+        hb = self.slot_hb[block]
         size = len(header)
         hb[:size] = header  # ~100 bytes of header, not chunk data
-        used = self._hb_used[slot]
+        used = self._hb_used[block]
         if used > size:  # the rest of the block is written to the file too: zeros, not an old header
             hb[size:used] = bytes(used - size)
-        self._hb_used[slot] = size
+        self._hb_used[block] = size
         return size
 
-    def recycle_fields(self, slot: int, job: StoreJob, sj: SpareJob, addr: int, n: int) -> nativeio.JobFields:
-        """The descriptor of the one-job store :meth:`.protocol.ChunkProtocol.recycle` plans."""
-        size = self._put_header(slot, job.header)
+    def recycle_fields(self, block: int, job: StoreJob, sj: SpareJob, addr: int, n: int) -> nativeio.JobFields:
+        """The descriptor of the one-job store :meth:`.protocol.ChunkProtocol.recycle` plans,
+        its header in header block ``block`` (a slot's own: the slot's number, :meth:`block`)."""
+        size = self._put_header(block, job.header)
         return (nativeio.RECYCLE, PRIO_STORE, job.dfd, sj.flags, self._tier._lock_fd, sj.dfd, int(job.sync), 0,
-                size - 8, 0, self._hb_addr + slot * HEADER_BLOCK, HEADER_BLOCK, addr, n, 0, job.name.encode(),
+                size - 8, 0, self._hb_addr + block * HEADER_BLOCK, HEADER_BLOCK, addr, n, 0, job.name.encode(),
                 sj.name.encode(), sj.temp.encode())  # fmt: skip
 
-    def store_fields(self, slot: int, job: StoreJob, addr: int, n: int) -> nativeio.JobFields:
-        """The descriptor of ``job`` in ``slot``, its header written into the slot's block."""
+    def store_fields(self, block: int, job: StoreJob, addr: int, n: int) -> nativeio.JobFields:
+        """The descriptor of ``job``, its header written into header block ``block``."""
         proto = self._tier.protocol
-        size = self._put_header(slot, job.header)
+        size = self._put_header(block, job.header)
         # nativeio.fields written out (per chunk); the names are a key's token and a short temporary name
         mode = proto.file_mode | (nativeio.MODE_FIX if proto.fix_mode else 0)
         return (nativeio.WRITE, PRIO_STORE, job.dfd, job.flags, job.fd, job.dfd if job.temp else -1, int(job.sync),
-                0, size - 8 if job.fill else 0, mode, self._hb_addr + slot * HEADER_BLOCK, HEADER_BLOCK, addr, n, 0,
+                0, size - 8 if job.fill else 0, mode, self._hb_addr + block * HEADER_BLOCK, HEADER_BLOCK, addr, n, 0,
                 job.name.encode(), job.temp.encode(), b"")  # fmt: skip
 
     def _store_again(self, job: StoreJob, out: Outcome, data: memoryview) -> None:

@@ -25,7 +25,7 @@ from asynctier.stats import TierStats
 from . import owners
 from .fast import LoadPath, StorePath
 from .layout import HEADER_BLOCK, N_SHARDS, TempNames, current_umask, namespace_dir, write_layout_note
-from .native import NativeIO
+from .native import GROUP_CHUNKS, NativeIO
 from .pool import POOL_TARGET, TmpfilePool, close_tier_fds
 from .protocol import ChunkProtocol, not_found
 from .scan import Recovery, count_in_first_shard, list_keys
@@ -446,6 +446,38 @@ class FsTier(BlockingChunkTier):
         engine.fast[Op.STORE] = StorePath(self._native)
         engine.fast[Op.LOAD] = LoadPath(self._native)
         return engine
+
+    def group_size(self, op: Op, n: int) -> int:
+        """Chunks per job for a call of ``n`` chunks: on the native engine, a call's share of
+        ``max_inflight`` is as many jobs as that over the calls in progress, and a call with
+        more chunks than that puts several (up to ``GROUP_CHUNKS``) in each job, each its own
+        file, so that the loop thread plans, submits and books one job for them. One chunk a
+        job where the plain path is not the usual one (stores that evict by unlinking, loads
+        while the index is rebuilt): a group's continuations run one after another."""
+        if self._native is None or n < 2 or op not in (Op.STORE, Op.LOAD):
+            return 1
+        if op is Op.LOAD and self.index_incomplete:
+            return 1
+        if op is Op.STORE and self.capacity_bytes is not None and not (self.recycle_on and not self.network_fs):
+            return 1
+        share = max(1, (self.max_inflight or 1) // (self._active + 1))
+        return max(1, min(GROUP_CHUNKS, n // share))
+
+    def group_body(self, op: Op) -> Callable[[list[bytes], list[int], float], Any]:
+        body = self.job_body(op)  # the native engine's coroutine per chunk
+
+        async def each(keys: list[bytes], cids: list[int], t0: float) -> list[BaseException | None]:
+            out: list[BaseException | None] = []
+            for key, cid in zip(keys, cids):
+                try:
+                    await body(key, cid, t0)
+                except Exception as e:  # that chunk's failure
+                    out.append(e)
+                else:
+                    out.append(None)
+            return out
+
+        return each
 
     def job_body(self, op: Op) -> Callable[..., Any]:
         native = self._native
