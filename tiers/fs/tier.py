@@ -449,9 +449,9 @@ class FsTier(BlockingChunkTier):
 
     def group_size(self, op: Op, n: int) -> int:
         """Chunks per job for a call of ``n`` chunks: on the native engine, a call's share of
-        ``max_inflight`` is as many jobs as that over the calls in progress, and a call with
-        more chunks than that puts several (up to ``GROUP_CHUNKS``) in each job, each its own
-        file, so that the loop thread plans, submits and books one job for them. One chunk a
+        ``max_inflight`` is as many jobs as that over the calls in progress, and a call with at
+        least twice as many chunks puts several (up to ``GROUP_CHUNKS``) in each job, each its
+        own file, so that the loop thread plans, submits and books one job for them. One chunk a
         job where the plain path is not the usual one (stores that evict by unlinking, loads
         while the index is rebuilt): a group's continuations run one after another."""
         if self._native is None or n < 2 or op not in (Op.STORE, Op.LOAD):
