@@ -112,8 +112,10 @@ async def test_the_workers_refuse_a_group_of_other_kinds(tmp_path: Path) -> None
 CHUNK = 64 * 1024
 
 
-def fs_tier(root: Path, engine: str = "native", chunks: int = 16, **config: Any) -> tuple[FsTier, memoryview]:
-    spec = OffloadingSpec(CHUNK, chunks, namespace="test/groups")
+def fs_tier(
+    root: Path, engine: str = "native", chunks: int = 16, chunk: int = CHUNK, **config: Any
+) -> tuple[FsTier, memoryview]:
+    spec = OffloadingSpec(chunk, chunks, namespace="test/groups")
     view = memoryview(bytearray(spec.total_bytes))
     tier = SecondaryTierFactory.create_secondary_tier(
         {"type": "fs", "root": str(root), "io_engine": engine, **config}, view, spec
@@ -285,3 +287,9 @@ async def test_group_sizes(tmp_path: Path) -> None:
         assert threads.group_size(Op.STORE, 64) == 1
         tier._active = 1  # another call in progress: this one's share is half
         assert tier.group_size(Op.STORE, 16) == 8
+    # a job's bytes: at most 1 MiB per call in progress (so large chunks stay one a job)
+    big, _ = fs_tier(tmp_path / "b", max_inflight=4, chunk=512 * 1024)
+    async with big:
+        assert big.group_size(Op.STORE, 64) == 2 and big.group_size(Op.LOAD, 64) == 2
+        big._active = 3
+        assert big.group_size(Op.STORE, 64) == GROUP_CHUNKS

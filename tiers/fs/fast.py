@@ -7,8 +7,8 @@ index complete. The
 plans and outcomes are the protocol's (:mod:`.protocol`), the same as :class:`.native.NativeIO`
 runs one coroutine at a time; anything else is handed to it as a continuation.
 
-A group job (a call with more chunks than its share of ``max_inflight``, see
-:meth:`.tier.FsTier.group_size`) is planned chunk by chunk the same way into one
+A group job (of a call with at least twice as many chunks as its share of ``max_inflight``,
+see :meth:`.tier.FsTier.group_size`) is planned chunk by chunk the same way into one
 :data:`~asynctier.engines.native.GROUP` descriptor, so that the engine plans, submits and
 books one job for several files; its chunks' continuations run one after another.
 """
@@ -52,10 +52,11 @@ _RECYCLE, _WRITE = 1, 2  # the job a store's slot runs
 #: One chunk's plan: its descriptor and what its booking needs; or a continuation; or None
 #: (over, its outcome booked).
 _KeyPlan = tuple[nativeio.JobFields, tuple[Any, ...]] | Continuation | None
+#: A group job's outcome: each chunk's failure (None: done).
 _Outcomes = list[BaseException | None]
-#: A group job's chunks: each one's failure (None: done), the planned ones (index, what
-#: their booking needs), the continuations left (index, continuation).
-_GroupState = tuple[list[BaseException | None], list[tuple[int, tuple[Any, ...]]], list[tuple[int, Continuation]]]
+#: A group job's chunks: their outcomes so far, the planned ones (index, what their booking
+#: needs), the continuations left (index, continuation).
+_GroupState = tuple[_Outcomes, list[tuple[int, tuple[Any, ...]]], list[tuple[int, Continuation]]]
 
 
 class _Path:
@@ -120,7 +121,7 @@ class _Path:
         """Each chunk planned as if alone; those planned go to the workers as one job."""
         keys, cids, t0 = job.args
         io = self._live()
-        out: list[BaseException | None] = [None] * len(keys)
+        out: _Outcomes = [None] * len(keys)
         subs: list[nativeio.JobFields] = []
         planned: list[tuple[int, tuple[Any, ...]]] = []
         later: list[tuple[int, Continuation]] = []
@@ -167,7 +168,7 @@ class _Path:
             io._tier._stats.record_each(self.op, io._tier.offloading_spec.chunk_bytes, booked)
 
 
-def _group_end(job: Job, out: list[BaseException | None], later: list[tuple[int, Continuation]]) -> Continuation | None:
+def _group_end(job: Job, out: _Outcomes, later: list[tuple[int, Continuation]]) -> Continuation | None:
     """A group job over (its outcomes set), or the continuation of its chunks that go on."""
     if not later:
         job.result = out

@@ -41,6 +41,8 @@ log = logging.getLogger(__name__)
 _MAX_NATIVE_VICTIMS = 4
 #: Chunks of one group job at most (:mod:`.fast`): each needs a header block of its own.
 GROUP_CHUNKS = 8
+#: Bytes of one group job at most, per call in progress (as the nvme tier's coalesce_bytes).
+GROUP_BYTES = 1 << 20
 
 
 def _outcome(res: nativeio.Outcome) -> Outcome:

@@ -25,7 +25,7 @@ from asynctier.stats import TierStats
 from . import owners
 from .fast import LoadPath, StorePath
 from .layout import HEADER_BLOCK, N_SHARDS, TempNames, current_umask, namespace_dir, write_layout_note
-from .native import GROUP_CHUNKS, NativeIO
+from .native import GROUP_BYTES, GROUP_CHUNKS, NativeIO
 from .pool import POOL_TARGET, TmpfilePool, close_tier_fds
 from .protocol import ChunkProtocol, not_found
 from .scan import Recovery, count_in_first_shard, list_keys
@@ -450,18 +450,24 @@ class FsTier(BlockingChunkTier):
     def group_size(self, op: Op, n: int) -> int:
         """Chunks per job for a call of ``n`` chunks: on the native engine, a call's share of
         ``max_inflight`` is as many jobs as that over the calls in progress, and a call with at
-        least twice as many chunks puts several (up to ``GROUP_CHUNKS``) in each job, each its
-        own file, so that the loop thread plans, submits and books one job for them. One chunk a
-        job where the plain path is not the usual one (stores that evict by unlinking, loads
-        while the index is rebuilt): a group's continuations run one after another."""
+        least twice as many chunks puts several (up to ``GROUP_CHUNKS``, and ``GROUP_BYTES`` per
+        call in progress) in each job, each its own file, so that the loop thread plans, submits
+        and books one job for them. One chunk a job where the plain path is not the usual one
+        (stores that evict by unlinking, loads while the index is rebuilt): a group's
+        continuations run one after another."""
         if self._native is None or n < 2 or op not in (Op.STORE, Op.LOAD):
             return 1
         if op is Op.LOAD and self.index_incomplete:
             return 1
         if op is Op.STORE and self.capacity_bytes is not None and not (self.recycle_on and not self.network_fs):
             return 1
-        share = max(1, (self.max_inflight or 1) // (self._active + 1))
-        return max(1, min(GROUP_CHUNKS, n // share))
+        calls = self._active + 1
+        share = max(1, (self.max_inflight or 1) // calls)
+        # a job's files are written one after another: its bytes are bounded as the nvme
+        # tier's coalesced writes are (more when other calls keep the workers busy), so that
+        # large chunks, whose loop-thread cost is small beside their I/O, stay one a job
+        most = min(GROUP_CHUNKS, GROUP_BYTES * calls // self.offloading_spec.chunk_bytes)
+        return max(1, min(most, n // share))
 
     def group_body(self, op: Op) -> Callable[[list[bytes], list[int], float], Any]:
         body = self.job_body(op)  # the native engine's coroutine per chunk
