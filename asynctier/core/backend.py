@@ -73,6 +73,15 @@ def loop_caller() -> LoopCaller:
     raise RuntimeError(f"asynctier runs on asyncio (uvloop) and trio; got {library!r}")
 
 
+def loop_soon() -> LoopCaller:
+    """For the running event loop: a function that schedules ``fn()`` after the callbacks
+    ready now, called *from the loop's thread* (asyncio's ``call_soon``: no wake-up of the
+    loop, unlike :func:`loop_caller`'s; trio has one way for both)."""
+    if sniffio.current_async_library() == "asyncio":
+        return asyncio.get_running_loop().call_soon  # type: ignore[return-value]
+    return loop_caller()
+
+
 async def wait_uninterrupted(event: anyio.Event) -> BaseException | None:
     """Wait until ``event`` is set, whatever cancellation comes; return the first
     cancellation that came (the caller re-raises it), or None."""

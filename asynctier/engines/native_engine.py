@@ -28,6 +28,7 @@ import errno
 import heapq
 import logging
 import os
+import sys
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, Protocol, TypeVar
@@ -38,6 +39,7 @@ from ..core.backend import (
     LoopCaller,
     current_loop,
     loop_caller,
+    loop_soon,
     run_on_thread_to_end,
     spawn_service,
     wait_uninterrupted,
@@ -109,10 +111,10 @@ class NativeEngine(EngineCounters):
     :attr:`executor` threads, each holding an I/O token (:meth:`blocking`).
 
     ``in_flight``, ``peak_in_flight`` and ``workers`` report the bound's view (tokens).
-    ``nice``: see :class:`NativePool`.
+    ``nice``: see :class:`NativePool`; ``plan_chunks``: see :attr:`plan_chunks`.
     """
 
-    def __init__(self, bound: int, name: str = "asynctier", nice: int = 0) -> None:
+    def __init__(self, bound: int, name: str = "asynctier", nice: int = 0, plan_chunks: int | None = None) -> None:
         super().__init__(_queue_ahead(bound), name)
         self.bound = bound
         self.nice = nice
@@ -120,6 +122,11 @@ class NativeEngine(EngineCounters):
         self.slots = _queue_ahead(bound)
         #: group jobs whose ends wake the loop once (see _group_of)
         self.wake_every = max(1, bound // 4)
+        #: chunks of new jobs planned in one turn of the loop at most (at least one job; None:
+        #: as many as there are slots for): the rest in the next turns, so that the loop's
+        #: other callbacks run in between (a tier whose planning costs much per chunk sets it)
+        self.plan_chunks = sys.maxsize if plan_chunks is None else max(1, plan_chunks)
+        self._pump_soon = False
         #: the tier's fast paths, by operation
         self.fast: dict[Op, FastPath] = {}
         self.pool: NativePool | None = None
@@ -144,6 +151,7 @@ class NativeEngine(EngineCounters):
         self._running_workers = 0
         self._ended: anyio.Event | None = None
         self._call: LoopCaller | None = None
+        self._soon: LoopCaller | None = None
         self._loop: object = None
 
     def start(self) -> None:
@@ -159,6 +167,7 @@ class NativeEngine(EngineCounters):
         self.executor = concurrent.futures.ThreadPoolExecutor(self.bound, thread_name_prefix=f"{self._name}-slow")
         self._loop = current_loop()
         self._call = loop_caller()
+        self._soon = loop_soon()
         self._ended = anyio.Event()
         for i in range(self.slots):
             self._running_workers += 1
@@ -193,7 +202,8 @@ class NativeEngine(EngineCounters):
         pool = self.pool
         assert pool is not None
         slot_group, slot_path = self._slot_group, self._slot_path
-        while self._next or (self._heap and self._started < self.slots):
+        planned = 0
+        while self._next or (self._heap and self._started < self.slots and planned < self.plan_chunks):
             batch: list[tuple[int, int, Any, JobFields]] = []
             # per call (its jobs share a batch and an operation): its fast path, its group
             calls: dict[Batch, tuple[FastPath | None, list[int]]] = {}
@@ -207,11 +217,12 @@ class NativeEngine(EngineCounters):
                 if started.priority != PRIO_LOAD:
                     self._stores_in_pool += 1
                 batch.append((held, group, started, step))
-            while self._heap and self._started < self.slots:
+            while self._heap and self._started < self.slots and planned < self.plan_chunks:
                 job = self._claim()
                 if job is None:
                     break
                 self._started += 1
+                planned += len(job.keys)
                 call = calls.get(job.batch)
                 if call is None:
                     call = calls[job.batch] = (self.fast.get(job.op), [])
@@ -252,6 +263,10 @@ class NativeEngine(EngineCounters):
                     refused = [(slot, job, errno.EINVAL) for slot, _, job, _ in batch]
                 for slot, job, err in refused:
                     self._ended_in_pool(job, slot, -err, 0, 1, 0)
+        if planned >= self.plan_chunks and self._heap and self._started < self.slots and not self._pump_soon:
+            self._pump_soon = True
+            assert self._soon is not None
+            self._soon(self._pump_later)
         # jobs waiting here are let in when the pool's queue runs low; a load at the next end
         # while stores are queued there (it goes ahead of them)
         heap = self._heap
@@ -264,6 +279,11 @@ class NativeEngine(EngineCounters):
         if want != self._low_water:
             self._low_water = want
             pool.set_low_water(want)
+
+    def _pump_later(self) -> None:
+        self._pump_soon = False
+        if self._heap or self._next:
+            self._pump()
 
     def _group_of(self, job: Job, call_group: list[int]) -> int:
         """The wake-up group of ``job``'s next step in the pool, ``call_group`` being its call's
