@@ -9,7 +9,9 @@ outcome, synchronously, when the workers report it. The engine plans every job i
 (up to :attr:`NativeEngine.slots` at once) and hands them to the pool in one call
 (:meth:`NativePool.submit_many`), each call's jobs as one group: the workers wake the loop
 when the group's last job ends, or when their queue runs low while jobs wait here, not once
-per chunk. A call's waiter wakes once (its :class:`~asynctier.core.jobs.Batch`).
+per chunk. A call's waiter wakes once (its :class:`~asynctier.core.jobs.Batch`). A tier
+whose planning costs much per chunk bounds the chunks planned in one turn of the loop
+(:attr:`NativeEngine.plan_chunks`), so that one large call does not hold the loop.
 
 Whatever is not the plain case (a key being deleted, victims to evict, an index still being
 rebuilt, a failure to retry on a thread) becomes a *continuation*: a coroutine run by one of
@@ -282,7 +284,7 @@ class NativeEngine(EngineCounters):
 
     def _pump_later(self) -> None:
         self._pump_soon = False
-        if self._heap or self._next:
+        if self.pool is not None and (self._heap or self._next):
             self._pump()
 
     def _group_of(self, job: Job, call_group: list[int]) -> int:
