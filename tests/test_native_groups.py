@@ -1,6 +1,6 @@
 """Group jobs of the native workers (``nativeio.GROUP``): several files read, written or
 recycled by one worker in one slot, each as if alone, reported once; and the fs tier's
-stores and loads that run as such jobs when a call has more chunks than its share of
+loads that run as such jobs when a call has at least twice as many chunks as its share of
 ``max_inflight``."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from asynctier import ChunkNotFoundError, IntegrityError, OffloadingSpec, Second
 from asynctier.core import Op
 from asynctier.engines import native as nativeio
 from asynctier.integrity import checksum
-from asynctier.tiers.fs import HEADER_BLOCK, FsTier
+from asynctier.tiers.fs import FsTier
 from asynctier.tiers.fs.native import GROUP_CHUNKS
 
 native_only = pytest.mark.skipif(nativeio.problem() is not None, reason=f"no native workers: {nativeio.problem()}")
@@ -139,33 +139,26 @@ class GroupSpy:
 
 
 @native_only
-async def test_a_call_beyond_its_share_runs_as_group_jobs_writing_the_threads_engines_files(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """16 chunks at max_inflight=2: jobs of 8 files, stored and loaded; the files are byte for
-    byte those of the threads engine, and the stats count each chunk."""
+async def test_a_load_beyond_its_share_runs_as_group_jobs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """16 chunks at max_inflight=2: loads in jobs of 8 files, each chunk its own bytes (in
+    the order asked), the stats counting each; stores stay one chunk a job."""
     spy = GroupSpy(monkeypatch)
-    native, view = fs_tier(tmp_path / "n", max_inflight=2)
-    threads, tview = fs_tier(tmp_path / "t", "threads", max_inflight=2)
+    tier, view = fs_tier(tmp_path, max_inflight=2)
     data = os.urandom(16 * CHUNK)
     view[:] = data
-    tview[:] = data
     keys = [b"key-%d" % i for i in range(16)]
-    async with native, threads:
-        assert native.group_size(Op.STORE, 16) == 8
-        assert (await native.offload(keys, list(range(16)))).ok
-        assert (await threads.offload(keys, list(range(16)))).ok
-        assert spy.sizes == [8, 8]
-        for k in keys:
-            assert chunk_file(native, k).read_bytes() == chunk_file(threads, k).read_bytes()
+    async with tier:
+        assert tier.group_size(Op.LOAD, 16) == 8 and tier.group_size(Op.STORE, 16) == 1
+        assert (await tier.offload(keys, list(range(16)))).ok
+        assert spy.sizes == []
         view[:] = bytes(len(view))
-        res = await native.load(keys[::-1], list(range(16)))
+        res = await tier.load(keys[::-1], list(range(16)))
         assert res.ok and res.bytes_transferred == 16 * CHUNK
-        assert spy.sizes == [8, 8, 8, 8]
+        assert spy.sizes == [8, 8]
         for i, k in enumerate(keys[::-1]):
             j = keys.index(k)
             assert bytes(view[i * CHUNK : (i + 1) * CHUNK]) == data[j * CHUNK : (j + 1) * CHUNK]
-        s = native.stats()
+        s = tier.stats()
         assert (s.offloaded, s.loaded, s.stored_chunks) == (16, 16, 16)
 
 
@@ -174,7 +167,8 @@ async def test_each_chunk_of_a_group_fails_or_succeeds_on_its_own(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """In one group job: a key never stored, a file removed behind the tier's back and a
-    damaged file fail their own chunks (the damaged copy dropped); the others load."""
+    damaged file fail their own chunks (the damaged copy dropped, on the slow path); the
+    others load."""
     spy = GroupSpy(monkeypatch)
     tier, view = fs_tier(tmp_path, max_inflight=1)
     view[:] = os.urandom(len(view))
@@ -187,7 +181,7 @@ async def test_each_chunk_of_a_group_fails_or_succeeds_on_its_own(
         view[:] = bytes(len(view))
         asked = [*keys, b"never"]
         res = await tier.load(asked, list(range(7)))
-        assert spy.sizes[-1] == 6  # one job for the call (max_inflight=1); "never" fails as planned
+        assert spy.sizes == [6]  # one job for the call (max_inflight=1); "never" fails as planned
         assert set(res.succeeded) == {b"k0", b"k2", b"k4", b"k5"}
         assert isinstance(res.failed[b"k1"], ChunkNotFoundError)
         assert isinstance(res.failed[b"never"], ChunkNotFoundError)
@@ -198,98 +192,43 @@ async def test_each_chunk_of_a_group_fails_or_succeeds_on_its_own(
 
 
 @native_only
-async def test_a_chunk_of_a_group_that_continues_on_the_slow_path_is_stored(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Stores whose file names are taken continue, one after another, on the threads engine,
-    which checks what is there: a copy of the same chunk (written by another tier) counts as
-    stored, a foreign file fails its chunk alone; the group's other chunks are stored by the
-    workers."""
-    spy = GroupSpy(monkeypatch)
-    tier, view = fs_tier(tmp_path / "n", max_inflight=1)
-    other, oview = fs_tier(tmp_path / "o", "threads")
-    view[:] = oview[:] = os.urandom(len(view))
-    keys = [b"k%d" % i for i in range(8)]
-    async with tier, other:
-        assert (await other.offload([b"k6"], [6])).ok
-        chunk_file(tier, b"k6").write_bytes(chunk_file(other, b"k6").read_bytes())
-        chunk_file(tier, b"k5").write_bytes(b"not a chunk")
-        res = await tier.offload(keys, list(range(8)))
-        assert spy.sizes == [8]
-        assert list(res.failed) == [b"k5"] and isinstance(res.failed[b"k5"], FileExistsError)
-        assert tier.stats().extra.get("native_retries", 0) == 2
-        assert chunk_file(tier, b"k5").read_bytes() == b"not a chunk"
-        expect = bytes(view)
-        view[:] = bytes(len(view))
-        ok = [k for k in keys if k != b"k5"]
-        assert (await tier.load(ok, [int(k[1:]) for k in ok])).ok
-        for k in ok:
-            i = int(k[1:])
-            assert bytes(view[i * CHUNK : (i + 1) * CHUNK]) == expect[i * CHUNK : (i + 1) * CHUNK]
-
-
-@native_only
-async def test_a_full_tier_recycles_files_in_group_jobs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Into a full tier each store of a group recycles one victim's file."""
-    spy = GroupSpy(monkeypatch)
-    tier, view = fs_tier(tmp_path, max_inflight=1, capacity_bytes=8 * (HEADER_BLOCK + CHUNK))
-    view[:] = os.urandom(len(view))
-    async with tier:
-        assert (await tier.offload([b"a%d" % i for i in range(8)], list(range(8)))).ok
-        new = [b"b%d" % i for i in range(8)]
-        assert (await tier.offload(new, list(range(8, 16)))).ok
-        assert spy.sizes == [8, 8]
-        s = tier.stats()
-        assert s.evictions == 8 and s.extra.get("recycled") == 8 and s.stored_chunks == 8
-        expect = bytes(view[8 * CHUNK :])
-        view[:] = bytes(len(view))
-        assert (await tier.load(new, list(range(8)))).ok
-        assert bytes(view[: 8 * CHUNK]) == expect
-
-
-@native_only
-async def test_a_cancelled_call_of_group_jobs_leaves_each_chunk_stored_or_not(tmp_path: Path) -> None:
-    """Cancelled while its group jobs run: jobs not started are withdrawn, those running end;
-    afterwards every key loads its own bytes or is not found, and the tier closes."""
+async def test_a_cancelled_call_of_group_jobs_waits_for_those_running(tmp_path: Path) -> None:
+    """Cancelled while its group jobs run: jobs not started are withdrawn, those running end
+    before the cancellation comes back; afterwards every chunk loads its own bytes and the
+    tier closes."""
     tier, view = fs_tier(tmp_path, chunks=64, max_inflight=1)
     view[:] = os.urandom(len(view))
     expect = bytes(view)
     keys = [b"c%d" % i for i in range(64)]
     async with tier:
-        assert tier.group_size(Op.STORE, 64) == 8
-        task = asyncio.ensure_future(tier.offload(keys, list(range(64))))
-        await asyncio.sleep(0.002)
+        assert (await tier.offload(keys, list(range(64)))).ok
+        assert tier.group_size(Op.LOAD, 64) == 8
+        view[:] = bytes(len(view))
+        task = asyncio.ensure_future(tier.load(keys, list(range(64))))
+        await asyncio.sleep(0)  # it submits its jobs and waits for them
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
+        assert tier.stats().in_flight == 0  # nothing runs on the buffer any more
         view[:] = bytes(len(view))
-        res = await tier.load(keys, list(range(64)))
-        for i, k in enumerate(keys):
-            if k in res.succeeded:
-                assert bytes(view[i * CHUNK : (i + 1) * CHUNK]) == expect[i * CHUNK : (i + 1) * CHUNK]
-            else:
-                assert isinstance(res.failed[k], ChunkNotFoundError)
-        assert tier.stats().in_flight == 0
+        assert (await tier.load(keys, list(range(64)))).ok
+        assert bytes(view) == expect
 
 
 @native_only
 async def test_group_sizes(tmp_path: Path) -> None:
-    """A call's share of max_inflight: as many jobs over the calls in progress, at most
-    GROUP_CHUNKS chunks each; one chunk a job where the plain path is not the usual one."""
-    tier, _ = fs_tier(tmp_path, max_inflight=4, capacity_bytes=64 * (HEADER_BLOCK + CHUNK))
-    no_recycle, _ = fs_tier(tmp_path / "r", max_inflight=4, capacity_bytes=64 * (HEADER_BLOCK + CHUNK), recycle=False)
+    """A load's share of max_inflight: as many jobs over the calls in progress, at most
+    GROUP_CHUNKS chunks and 1 MiB per call in progress each; stores, other operations and
+    the threads engine: one chunk a job."""
+    tier, _ = fs_tier(tmp_path, max_inflight=4)
     threads, _ = fs_tier(tmp_path / "t", "threads", max_inflight=4)
-    async with tier, no_recycle, threads:
-        assert [tier.group_size(Op.STORE, n) for n in (1, 4, 7, 8, 16, 64)] == [1, 1, 1, 2, 4, GROUP_CHUNKS]
-        assert tier.group_size(Op.LOAD, 12) == 3
-        assert tier.group_size(Op.REMOVE, 64) == 1
-        assert no_recycle.group_size(Op.STORE, 64) == 1 and no_recycle.group_size(Op.LOAD, 64) == GROUP_CHUNKS
-        assert threads.group_size(Op.STORE, 64) == 1
-        tier._active = 1  # another call in progress: this one's share is half
-        assert tier.group_size(Op.STORE, 16) == 8
-    # a job's bytes: at most 1 MiB per call in progress (so large chunks stay one a job)
     big, _ = fs_tier(tmp_path / "b", max_inflight=4, chunk=512 * 1024)
-    async with big:
-        assert big.group_size(Op.STORE, 64) == 2 and big.group_size(Op.LOAD, 64) == 2
+    async with tier, threads, big:
+        assert [tier.group_size(Op.LOAD, n) for n in (1, 4, 7, 8, 16, 64)] == [1, 1, 1, 2, 4, GROUP_CHUNKS]
+        assert tier.group_size(Op.STORE, 64) == 1 and tier.group_size(Op.REMOVE, 64) == 1
+        assert threads.group_size(Op.LOAD, 64) == 1
+        tier._active = 1  # another call in progress: this one's share is half
+        assert tier.group_size(Op.LOAD, 16) == 8
+        assert big.group_size(Op.LOAD, 64) == 2
         big._active = 3
-        assert big.group_size(Op.STORE, 64) == GROUP_CHUNKS
+        assert big.group_size(Op.LOAD, 64) == GROUP_CHUNKS

@@ -451,24 +451,23 @@ class FsTier(BlockingChunkTier):
         return engine
 
     def group_size(self, op: Op, n: int) -> int:
-        """Chunks per job for a call of ``n`` chunks: on the native engine, a call's share of
+        """Chunks per job for a load of ``n`` chunks: on the native engine, a call's share of
         ``max_inflight`` is as many jobs as that over the calls in progress, and a call with at
         least twice as many chunks puts several (up to ``GROUP_CHUNKS``, and ``GROUP_BYTES`` per
         call in progress) in each job, each its own file, so that the loop thread plans, submits
-        and books one job for them. One chunk a job where the plain path is not the usual one
-        (stores that evict by unlinking, loads while the index is rebuilt): a group's
-        continuations run one after another."""
-        if self._native is None or n < 2 or op not in (Op.STORE, Op.LOAD):
-            return 1
-        if op is Op.LOAD and self.index_incomplete:
-            return 1
-        if op is Op.STORE and self.capacity_bytes is not None and not (self.recycle_on and not self.network_fs):
+        and books one job for them. Not while the index is rebuilt (a miss is looked up on a
+        thread, and a group's continuations run one after another).
+
+        Stores stay one chunk a job: grouped the same way they cost the loop less CPU, but its
+        p99 lag while streaming offloads doubled (to 2-3.4 ms while the disk makes files),
+        over issue 28's 2 ms (docs/benchmarks.md, eighth pass)."""
+        if self._native is None or n < 2 or op is not Op.LOAD or self.index_incomplete:
             return 1
         calls = self._active + 1
         share = max(1, (self.max_inflight or 1) // calls)
-        # a job's files are written one after another: its bytes are bounded as the nvme
-        # tier's coalesced writes are (more when other calls keep the workers busy), so that
-        # large chunks, whose loop-thread cost is small beside their I/O, stay one a job
+        # a job's files are read one after another: its bytes are bounded as the nvme tier's
+        # coalesced I/O is (more when other calls keep the workers busy), so that large
+        # chunks, whose loop-thread cost is small beside their I/O, stay one a job
         most = min(GROUP_CHUNKS, GROUP_BYTES * calls // self.offloading_spec.chunk_bytes)
         return max(1, min(most, n // share))
 
