@@ -232,3 +232,18 @@ async def test_group_sizes(tmp_path: Path) -> None:
         assert big.group_size(Op.LOAD, 64) == 2
         big._active = 3
         assert big.group_size(Op.LOAD, 64) == GROUP_CHUNKS
+
+
+@native_only
+async def test_a_group_body_run_as_a_coroutine_gives_each_chunks_outcome(tmp_path: Path) -> None:
+    """The body a group job has where no fast path runs it (the contract's ``group_body``):
+    each chunk loaded as a lone job would be, one outcome per chunk."""
+    tier, view = fs_tier(tmp_path, max_inflight=2)
+    view[:] = os.urandom(len(view))
+    expect = bytes(view[: 2 * CHUNK])
+    async with tier:
+        assert (await tier.offload([b"a", b"b"], [0, 1])).ok
+        view[:] = bytes(len(view))
+        out = await tier.group_body(Op.LOAD)([b"a", b"missing", b"b"], [0, 5, 1], 0.0)
+        assert out[0] is None and out[2] is None and isinstance(out[1], ChunkNotFoundError)
+        assert bytes(view[: 2 * CHUNK]) == expect
