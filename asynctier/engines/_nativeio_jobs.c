@@ -86,30 +86,11 @@ static void run_read(struct at_op *op, struct at_res *r) {
     if (got < 0) r->stage = ST_IO;
 }
 
-static void make_file(struct at_op *op, struct at_res *r);
-static void fill_checksums(xxh3_fn xxh3, struct at_op *op, struct at_res *r);
-
 /* A write's work before its I/O, holding no token: the header's checksums (it was packed
  * with a zero checksum: the payload's goes in, then the header's own over its body, see
  * asynctier.integrity.pack_header), and its unnamed file (O_TMPFILE: an inode on the file
  * system's orphan list, no data yet), as the tier's pool of files made ahead would. */
-
 void at_prepare_write(xxh3_fn xxh3, struct at_op *op, struct at_res *r) {
-    struct at_job *j = &op->job;
-    if (j->kind == AT_GROUP) {
-        /* checksums only: each file is made as its turn comes (run_write), so that no more
-         * files are being made at once than there are tokens (on some file systems an inode
-         * costs far more CPU than the chunk's I/O, taken from the event loop's thread) */
-        for (size_t i = 0; i < j->len; i++)
-            if (op->subs[i].job.kind != AT_READ) fill_checksums(xxh3, &op->subs[i], &op->subres[i]);
-        return;
-    }
-    fill_checksums(xxh3, op, r);
-    if (j->kind == AT_WRITE && j->fd < 0) make_file(op, r);
-}
-
-/* A write's header checksums (see at_prepare_write). */
-static void fill_checksums(xxh3_fn xxh3, struct at_op *op, struct at_res *r) {
     struct at_job *j = &op->job;
     if (j->kind == AT_WRITEV) {
         const struct iovec *v = j->hb;
@@ -129,25 +110,22 @@ static void fill_checksums(xxh3_fn xxh3, struct at_op *op, struct at_res *r) {
         put_u64le(hb + j->body_len, xxh3(hb, (size_t)j->body_len));
         r->csum = c;
     }
-}
-
-/* A write's new file (else the caller's: made ahead, or a spare), into op->fd; or the failure. */
-static void make_file(struct at_op *op, struct at_res *r) {
-    struct at_job *j = &op->job;
-    mode_t mode = j->mode ? (mode_t)(j->mode & 07777) : 0644;
-    if (j->name2[0]) /* named: where unnamed files cannot be made, or are not wanted */
-        op->fd = openat(j->dfd2, j->name2, O_CREAT | O_EXCL | j->flags | O_CLOEXEC, mode);
-    else
-        op->fd = openat(j->dfd, ".", O_TMPFILE | j->flags | O_CLOEXEC, mode);
-    if (op->fd >= 0 && (j->mode & AT_MODE_FIX) && fchmod(op->fd, mode) != 0) {
-        int e = errno;
-        close(op->fd);
-        op->fd = -1;
-        errno = e;
-    }
-    if (op->fd < 0) {
-        r->result = -errno;
-        r->stage = ST_OPEN;
+    if (j->kind == AT_WRITE && j->fd < 0) { /* a new file (else the caller's: made ahead, or a spare) */
+        mode_t mode = j->mode ? (mode_t)(j->mode & 07777) : 0644;
+        if (j->name2[0]) /* named: where unnamed files cannot be made, or are not wanted */
+            op->fd = openat(j->dfd2, j->name2, O_CREAT | O_EXCL | j->flags | O_CLOEXEC, mode);
+        else
+            op->fd = openat(j->dfd, ".", O_TMPFILE | j->flags | O_CLOEXEC, mode);
+        if (op->fd >= 0 && (j->mode & AT_MODE_FIX) && fchmod(op->fd, mode) != 0) {
+            int e = errno;
+            close(op->fd);
+            op->fd = -1;
+            errno = e;
+        }
+        if (op->fd < 0) {
+            r->result = -errno;
+            r->stage = ST_OPEN;
+        }
     }
 }
 
@@ -224,10 +202,6 @@ static void run_unlink(struct at_op *op, struct at_res *r) {
 static void run_write(struct at_op *op, struct at_res *r) {
     if (r->stage) return; /* failed in prepare_write */
     struct at_job *j = &op->job;
-    if (j->fd < 0 && op->fd < 0) { /* a group's: made now */
-        make_file(op, r);
-        if (r->stage) return;
-    }
     int fd = j->fd >= 0 ? j->fd : op->fd;
     struct iovec iov[2] = {{j->hb, j->hb_len}, {j->buf, j->len}};
     int64_t n = move_all(fd, 1, iov, 2, j->hb_len + j->len, 0);
@@ -319,10 +293,10 @@ static void run_recycle(struct at_op *op, struct at_res *r) {
     r->result = stage ? err : n;
 }
 
-/* AT_GROUP: each sub-job in turn, holding the group's token (a failed one does not stop the
+/* AT_GROUP: each read in turn, holding the group's token (a failed one does not stop the
  * others: each is reported in its own outcome). */
 static void run_group(struct at_op *op, struct at_res *r) {
-    for (size_t i = 0; i < op->job.len; i++) at_run_job(&op->subs[i], &op->subres[i]);
+    for (size_t i = 0; i < op->job.len; i++) run_read(&op->subs[i], &op->subres[i]);
     r->result = (int64_t)op->job.len;
 }
 
@@ -343,8 +317,7 @@ void at_run_job(struct at_op *op, struct at_res *r) {
 int at_read_whole(const struct at_op *op, const struct at_res *r) {
     if (op->job.kind == AT_GROUP) {
         for (size_t i = 0; i < op->job.len; i++)
-            if (op->subs[i].job.kind == AT_READ && op->subs[i].job.hashed && at_read_whole(&op->subs[i], &op->subres[i]))
-                return 1;
+            if (op->subs[i].job.hashed && at_read_whole(&op->subs[i], &op->subres[i])) return 1;
         return 0;
     }
     if (op->job.kind == AT_READ) return r->result == (int64_t)(op->job.hb_len + op->job.len);
@@ -354,7 +327,7 @@ int at_read_whole(const struct at_op *op, const struct at_res *r) {
 void at_hash_read(xxh3_fn xxh3, struct at_op *op, struct at_res *r) {
     if (op->job.kind == AT_GROUP) {
         for (size_t i = 0; i < op->job.len; i++)
-            if (op->subs[i].job.kind == AT_READ && op->subs[i].job.hashed && at_read_whole(&op->subs[i], &op->subres[i]))
+            if (op->subs[i].job.hashed && at_read_whole(&op->subs[i], &op->subres[i]))
                 at_hash_read(xxh3, &op->subs[i], &op->subres[i]);
         return;
     }
