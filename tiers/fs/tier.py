@@ -440,9 +440,9 @@ class FsTier(BlockingChunkTier):
         if not runs_native(self.io_engine):
             return super().make_engine()
         name = f"asynctier-{self.tier_type}"
-        # a turn of the loop plans at most 16 chunks (each 10-40 us of Python here): a call of
-        # group jobs (FsTier.group_size) would otherwise be planned whole in one callback, which
-        # held the loop ~2 ms at p99 on a 2-CPU machine (docs/benchmarks.md, eighth pass)
+        # a turn of the loop plans at most 16 chunks (each 10-40 us of Python here): a load of
+        # group jobs (group_size) would otherwise be planned whole in one callback (p99 lag of
+        # grouped loads 0.87-1.33 ms against 1.10-1.50 unbounded; docs/benchmarks.md, eighth pass)
         engine = NativeEngine(self.max_inflight or 1, name=name, nice=self.worker_nice, plan_chunks=16)
         self._native = NativeIO(self, engine)
         # the plain store and load run without a coroutine per chunk (.fast)
