@@ -181,7 +181,7 @@ def run_on(factory: Callable[[], asyncio.AbstractEventLoop], coro: Any) -> Any:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--tier", action="append", help="tier type(s) to stream through (default: fs)")
+    ap.add_argument("--tier", action="append", help="a tier type to stream through; repeat for several (default: fs)")
     ap.add_argument("--chunk-sizes", default="256K,2M")
     ap.add_argument("--depths", default="4,16", help="max_inflight values, comma-separated")
     ap.add_argument("--batch", type=int, default=32, help="chunks per call")

@@ -12,10 +12,14 @@
  * tiers/nvme/fast.py), passed by pointer and copied
  * into a fixed table of `nops` slots owned by the caller's side; a slot is queued by
  * at_submit, run by one worker, and reported once through the completion ring (its index)
- * and the eventfd. Anything but the plain case (an error of any kind, a short file) is
- * reported with the step that failed and left to the Python code, which owns error
- * handling. The xxh3 function is the system xxHash library's public XXH3_64bits, whose
- * address the caller passes in (dlopen'ed by asynctier.nativeio).
+ * and the eventfd. The event loop's side never takes the workers' lock: jobs reach them
+ * through a submission ring and come back through the completion ring, each published by
+ * one atomic index (the loop waited for ms on that lock while a worker holding it, at a
+ * higher nice value, waited for a CPU: docs/benchmarks.md, issue 28's ninth pass).
+ * Anything but the plain case (an error of any kind, a short file) is reported with the
+ * step that failed and left to the Python code, which owns error handling. The xxh3
+ * function is the system xxHash library's public XXH3_64bits, whose address the caller
+ * passes in (dlopen'ed by asynctier.nativeio).
  *
  * The bound: a worker takes one of `tokens` before a job's first system call and gives it
  * back after its last; Python code doing chunk I/O for the same tier outside the pool
@@ -35,35 +39,15 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
-#include "_nativeio.h"
+#include "_nativeio_pool.h"
 
-struct at_pool {
-    pthread_mutex_t mu;
-    pthread_cond_t work;   /* a job queued, a token freed, or stopping */
-    pthread_cond_t tokens; /* a token freed (for at_acquire) */
-    int head[NPRIO], tail[NPRIO];
-    int queued;
-    int ntokens, in_flight, peak;
-    int acq_waiting[NPRIO]; /* threads in at_acquire, by priority: a freed token is theirs
-                             * before a queued job's of the same or a lower priority */
-    int stopping;
-    int nops;
-    struct at_op *ops;
-    struct at_res *res;
-    struct at_op *subs;    /* AT_GROUP's sub-jobs: GROUP_MAX per slot */
-    struct at_res *subres; /* and their outcomes (at_group_results) */
-    int post_head, post_tail; /* reads whose I/O is done, to be hashed (FIFO) */
-    int32_t *done; /* completion ring of slot indices */
-    int done_head, done_count;
-    int32_t *gcount; /* jobs of each group queued or running */
-    int low_water;   /* also wake the loop when no more than this many jobs wait (-1: never) */
-    int signalled;   /* the eventfd was written since the ring was last emptied */
-    int efd;
-    int nthreads;
-    int nice; /* added to each worker's nice value at its start (0: none) */
-    pthread_t *threads;
-    xxh3_fn xxh3;
-};
+/* With mu held, having found nothing to do after reading *seq (counted in work_waiters):
+ * sleep until a wake_workers after that read; mu is held again on return. */
+static void park_worker(struct at_pool *p, uint32_t seq) {
+    pthread_mutex_unlock(&p->mu);
+    syscall(SYS_futex, &p->work_seq, FUTEX_WAIT_PRIVATE, seq, NULL, NULL, 0); /* EAGAIN: bumped already */
+    pthread_mutex_lock(&p->mu);
+}
 
 #define DO_IO 1   /* a job's system calls, holding a token */
 #define DO_POST 2 /* a read's checksum, after its I/O */
@@ -74,6 +58,7 @@ struct at_pool {
  * preparation. Returns the slot and sets *what, or -1. */
 static int pick(struct at_pool *p, int *what) {
     int prep = -1, ahead = 0;
+    drain(p);
     for (int q = 0; q < NPRIO; q++) {
         ahead += p->acq_waiting[q]; /* slow paths of this priority or a higher one */
         for (int i = p->head[q]; i >= 0; i = p->ops[i].next) {
@@ -106,13 +91,14 @@ static int acq_total(const struct at_pool *p) {
 }
 
 /* Whether a job of a higher priority than `prio` is queued (a slow path of `prio` lets it go first). */
-static int queued_ahead(const struct at_pool *p, int prio) {
+static int queued_ahead(struct at_pool *p, int prio) {
+    drain(p);
     for (int q = 0; q < prio; q++)
         if (p->head[q] >= 0) return 1;
     return 0;
 }
 
-static void unqueue(struct at_pool *p, int idx) {
+void at_unqueue(struct at_pool *p, int idx) {
     int q = p->ops[idx].job.prio, prev = -1;
     for (int i = p->head[q]; i >= 0; prev = i, i = p->ops[i].next) {
         if (i != idx) continue;
@@ -127,24 +113,25 @@ static void unqueue(struct at_pool *p, int idx) {
     /* a slow path of a lower priority waits until no job ahead of it is queued */
     if (p->head[q] < 0 && acq_total(p)) pthread_cond_broadcast(&p->tokens);
     /* stopping: workers parked while jobs were queued must see the queue empty to leave */
-    if (p->stopping && p->queued == 0) pthread_cond_broadcast(&p->work);
+    if (p->stopping && p->queued == 0) wake_workers(p, INT_MAX);
 }
 
 /* The loop is woken (once until it reaps) when a job of no group ends, when the last job of
  * a group ends (a call's chunks are one group: the call wakes once, not once per chunk), or
  * when the queue runs low while the loop holds more jobs back (low_water). Returns whether
- * the caller is to write the eventfd (wake_loop), after unlocking: the loop's thread takes
- * this lock as soon as it wakes, and must not find it held by the worker that woke it. */
+ * the caller is to write the eventfd (wake_loop), after unlocking: the other workers need
+ * not wait for that system call. */
 static int report(struct at_pool *p, int idx) {
-    /* with the lock held */
-    p->ops[idx].state = AT_DONE;
-    p->done[(p->done_head + p->done_count) % p->nops] = idx;
-    p->done_count++;
+    /* with the lock held (workers push to the ring one at a time) */
+    set_state(&p->ops[idx], AT_DONE);
+    p->done[p->done_tail % (uint64_t)p->nops] = idx;
+    /* sequentially consistent with `signalled` below and in at_reap: a reaper that re-arms
+     * the wake-up and then finds the ring empty has not missed this end */
+    __atomic_store_n(&p->done_tail, p->done_tail + 1, __ATOMIC_SEQ_CST);
     int g = p->ops[idx].job.group;
-    int wake = g < 0 || --p->gcount[g] == 0 || p->queued <= p->low_water;
-    if (!wake || p->signalled) return 0;
-    p->signalled = 1; /* a loop that reaps before the write below only gets one spare wake-up */
-    return 1;
+    int wake = g < 0 || --p->gcount[g] == 0 || p->queued <= __atomic_load_n(&p->low_water, __ATOMIC_RELAXED);
+    /* a loop that reaps before the eventfd is written only gets one spare wake-up */
+    return wake && !__atomic_exchange_n(&p->signalled, 1, __ATOMIC_SEQ_CST);
 }
 
 static void wake_loop(struct at_pool *p) {
@@ -179,10 +166,16 @@ static void *worker(void *arg) {
     for (;;) {
         int what = 0, next_what = 0, idx;
         /* stopping: the queued jobs still run (their callers wait for them) */
-        while ((idx = pick(p, &what)) < 0 && !(p->stopping && p->queued == 0 && p->post_head < 0))
-            pthread_cond_wait(&p->work, &p->mu);
+        while ((idx = pick(p, &what)) < 0 && !(p->stopping && p->queued == 0 && p->post_head < 0)) {
+            __atomic_fetch_add(&p->work_waiters, 1, __ATOMIC_SEQ_CST);
+            uint32_t seq = __atomic_load_n(&p->work_seq, __ATOMIC_SEQ_CST);
+            if ((idx = pick(p, &what)) < 0 && !(p->stopping && p->queued == 0 && p->post_head < 0))
+                park_worker(p, seq);
+            __atomic_fetch_sub(&p->work_waiters, 1, __ATOMIC_SEQ_CST);
+            if (idx >= 0) break;
+        }
         if (idx < 0) {
-            pthread_cond_broadcast(&p->work); /* the others may be parked on what just ended */
+            wake_workers(p, INT_MAX); /* the others may be parked on what just ended */
             break;
         }
         struct at_op *op = &p->ops[idx];
@@ -190,35 +183,35 @@ static void *worker(void *arg) {
         if (what == DO_PREP) {
             /* holding no token: at depth 1 the previous chunk's I/O goes on meanwhile */
             op->prep = PREP_RUNNING;
-            op->state = AT_RUNNING; /* no longer taken back by at_cancel */
-            if (pick(p, &next_what) >= 0) pthread_cond_signal(&p->work); /* more to do: another worker */
+            set_state(op, AT_RUNNING); /* no longer taken back by at_cancel */
+            if (pick(p, &next_what) >= 0) wake_workers(p, 1); /* more to do: another worker */
             pthread_mutex_unlock(&p->mu);
             memset(r, 0, sizeof *r);
             at_prepare_write(p->xxh3, op, r);
             pthread_mutex_lock(&p->mu);
             op->prep = PREP_NONE;
-            if (p->ntokens > 0) pthread_cond_signal(&p->work);
+            if (p->ntokens > 0) wake_workers(p, 1);
             continue;
         }
         if (what == DO_POST) {
             p->post_head = op->next;
-            if (pick(p, &next_what) >= 0) pthread_cond_signal(&p->work);
+            if (pick(p, &next_what) >= 0) wake_workers(p, 1);
             pthread_mutex_unlock(&p->mu);
             at_hash_read(p->xxh3, op, r);
             pthread_mutex_lock(&p->mu);
             report_unlocked_wake(p, idx);
             continue;
         }
-        if (op->state != AT_RUNNING) memset(r, 0, sizeof *r); /* not prepared above */
-        unqueue(p, idx);
-        op->state = AT_RUNNING;
+        if (op_state(op) != AT_RUNNING) memset(r, 0, sizeof *r); /* not prepared above */
+        at_unqueue(p, idx);
+        set_state(op, AT_RUNNING);
         int token = op->job.kind != AT_COMMIT;
         if (token) {
             p->ntokens--;
             if (++p->in_flight > p->peak) p->peak = p->in_flight;
         }
         int next = 0;
-        if (pick(p, &next) >= 0) pthread_cond_signal(&p->work); /* more to do: another worker */
+        if (pick(p, &next) >= 0) wake_workers(p, 1); /* more to do: another worker */
         pthread_mutex_unlock(&p->mu);
 
         at_run_job(op, r);
@@ -238,7 +231,7 @@ static void *worker(void *arg) {
             else
                 p->ops[p->post_tail].next = idx;
             p->post_tail = idx;
-            pthread_cond_signal(&p->work);
+            wake_workers(p, 1);
         } else {
             report_unlocked_wake(p, idx);
         }
@@ -261,7 +254,7 @@ struct at_pool *at_new(int nthreads, int ntokens, int nops, xxh3_fn xxh3, int ni
     if (!p) return NULL;
     p->efd = -1;
     pthread_mutex_init(&p->mu, NULL);
-    pthread_cond_init(&p->work, NULL);
+    pthread_mutex_init(&p->sub_mu, NULL);
     pthread_cond_init(&p->tokens, NULL);
     for (int q = 0; q < NPRIO; q++) p->head[q] = p->tail[q] = -1;
     p->post_head = p->post_tail = -1;
@@ -273,12 +266,13 @@ struct at_pool *at_new(int nthreads, int ntokens, int nops, xxh3_fn xxh3, int ni
     p->ops = calloc((size_t)nops, sizeof *p->ops);
     p->res = calloc((size_t)nops, sizeof *p->res);
     p->done = calloc((size_t)nops, sizeof *p->done);
+    p->sq = calloc((size_t)nops, sizeof *p->sq);
     p->gcount = calloc((size_t)nops, sizeof *p->gcount);
     p->threads = calloc((size_t)nthreads, sizeof *p->threads);
     p->subs = calloc((size_t)nops * GROUP_MAX, sizeof *p->subs);
     p->subres = calloc((size_t)nops * GROUP_MAX, sizeof *p->subres);
     p->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-    if (!p->ops || !p->res || !p->done || !p->gcount || !p->threads || !p->subs || !p->subres || p->efd < 0) {
+    if (!p->ops || !p->res || !p->done || !p->sq || !p->gcount || !p->threads || !p->subs || !p->subres || p->efd < 0) {
         int e = errno ? errno : ENOMEM;
         at_free(p);
         errno = e;
@@ -305,164 +299,6 @@ struct at_res *at_results(struct at_pool *p) { return p->res; }
 /* The outcomes of the sub-jobs of AT_GROUP jobs: GROUP_MAX per slot, slot by slot. */
 struct at_res *at_group_results(struct at_pool *p) { return p->subres; }
 uint64_t at_hash(struct at_pool *p, const void *buf, size_t len) { return p->xxh3(buf, len); }
-
-static int job_ok(const struct at_pool *p, int idx, const struct at_job *j);
-
-/* The sub-jobs of an AT_GROUP job: files read, each a valid job. */
-static int group_ok(const struct at_pool *p, int idx, const struct at_job *j) {
-    if (!j->hb || j->len < 1 || j->len > GROUP_MAX || j->hb_len != j->len) return 0;
-    const struct at_job *sub = j->hb;
-    for (size_t i = 0; i < j->len; i++)
-        if (sub[i].kind != AT_READ || !job_ok(p, idx, &sub[i])) return 0;
-    return 1;
-}
-
-static int job_ok(const struct at_pool *p, int idx, const struct at_job *j) {
-    if (idx < 0 || idx >= p->nops || j->prio < 0 || j->prio >= NPRIO || j->kind < AT_READ || j->kind > AT_GROUP ||
-        j->group < -1 || j->group >= p->nops)
-        return 0;
-    if (j->kind == AT_GROUP) return group_ok(p, idx, j);
-    int vec = j->kind == AT_READV || j->kind == AT_WRITEV;
-    if (vec && (j->fd < 0 || !j->hb || !j->buf || j->len < 1 || j->len > READV_MAX || j->hb_len != 2 * j->len))
-        return 0;
-    if (!memchr(j->name, 0, NAME_MAX_LEN) || !memchr(j->name2, 0, NAME_MAX_LEN) || !memchr(j->name3, 0, NAME_MAX_LEN))
-        return 0;
-    if (j->kind == AT_COMMIT)
-        return j->fd >= 0 && j->hb_len <= COMMIT_FDS_MAX && (!j->hb_len || j->hb) && (!j->len || j->buf);
-    if (j->kind == AT_WRITEV) { /* every header block holds the header and its checksum */
-        const struct iovec *v = j->hb;
-        if (j->body_len < CSUM_OFFSET + 8) return 0;
-        for (size_t i = 0; i < j->len; i++)
-            if ((size_t)j->body_len + 8 > v[2 * i].iov_len) return 0;
-    } else if (j->body_len > 0 && (size_t)j->body_len + 8 > j->hb_len) {
-        return 0;
-    }
-    if (j->kind == AT_SPARE && !j->name2[0]) return 0;
-    if (j->kind == AT_RECYCLE && (!j->name2[0] || !j->name3[0])) return 0;
-    return 1;
-}
-
-/* With the lock held: queue slot `idx` for `j` (checked by job_ok); 0 or -errno. */
-static int queue_job(struct at_pool *p, int idx, const struct at_job *j) {
-    struct at_op *op = &p->ops[idx];
-    if (p->stopping) return -ESHUTDOWN;
-    if (op->state != AT_IDLE) return -EBUSY;
-    int prio = j->prio;
-    op->job = *j;
-    op->prep = j->kind == AT_WRITE || j->kind == AT_RECYCLE || j->kind == AT_WRITEV ? PREP_WANTED : PREP_NONE;
-    if (j->kind == AT_GROUP) { /* copied, as the job itself is: the caller may reuse its table */
-        const struct at_job *sub = j->hb;
-        op->job.hashed = 0;
-        for (size_t i = 0; i < j->len; i++) {
-            op->subs[i].job = sub[i];
-            memset(&op->subres[i], 0, sizeof op->subres[i]);
-            if (sub[i].hashed) op->job.hashed = 1; /* some read's checksum, after the I/O */
-        }
-    }
-    op->fd = -1;
-    op->next = -1;
-    op->state = AT_QUEUED;
-    if (p->tail[prio] >= 0)
-        p->ops[p->tail[prio]].next = idx;
-    else
-        p->head[prio] = idx;
-    p->tail[prio] = idx;
-    p->queued++;
-    if (j->group >= 0) p->gcount[j->group]++;
-    return 0;
-}
-
-/* Queue slot `idx` (idle) for the job `j` (copied: the caller may reuse it at once):
- *   AT_READ    openat(dfd, name, flags), preadv of hb and buf (EOF ends it short), close;
- *              the xxh3 of buf if `hashed`;
- *   AT_WRITE   the file `fd`, or a new one: O_TMPFILE in dfd with flags, or, with `name2`,
- *              name2 in dfd2 created O_EXCL; pwritev of hb and buf, [fdatasync], published
- *              under `name` in dfd by linkat (no name2) or renameat of name2, [fsync of dfd].
- *              `fd` is left open, a new file closed. body_len > 0: the header's checksums
- *              are filled in first;
- *   AT_SPARE   openat(dfd, name, flags), renameat to name2 in dfd2: the result is the
- *              descriptor (a failed rename closes it);
- *   AT_UNLINK  unlinkat(dfd, name);
- *   AT_RECYCLE openat(dfd2, name2, flags), renameat to name3 in dfd, then only if no one
- *              but the lock descriptor `fd` holds the namespace lock: pwritev of hb and buf
- *              (checksums filled in as AT_WRITE's), [fdatasync], renameat of name3 to name
- *              in dfd, [fsync of dfd]; info = 1 when a failure left the file at name3;
- *   AT_READV   preadv of a run of slots of the open file `fd` at `off` (see _nativeio.h);
- *   AT_WRITEV  pwritev of a run of slots, each header's checksums filled in first;
- *   AT_COMMIT  [fdatasync of the descriptors at hb], pwrite of buf at off of fd, [fdatasync];
- *   AT_GROUP   the reads at hb (len of them), one after another, each as if alone,
- *              reported once, their outcomes in at_group_results.
- * Returns 0, or -EINVAL (bad slot or job), -EBUSY (slot in use), -ESHUTDOWN. */
-int at_submit(struct at_pool *p, int idx, const struct at_job *j) {
-    if (!job_ok(p, idx, j)) return -EINVAL;
-    pthread_mutex_lock(&p->mu);
-    int rc = queue_job(p, idx, j);
-    pthread_mutex_unlock(&p->mu);
-    if (rc == 0) pthread_cond_signal(&p->work); /* unlocked, as at_submit_many's */
-    return rc;
-}
-
-/* Queue `n` jobs under one lock, `jobs[i]` into slot `idx[i]` (a call's chunks reach the
- * workers together, and the loop pays one call for them). The first job refused (as
- * at_submit would refuse it) stops the batch: returns how many were queued before it, or
- * its -errno if it is the first. */
-int at_submit_many(struct at_pool *p, int n, const int32_t *idx, const struct at_job *jobs) {
-    int done = 0, rc = 0;
-    pthread_mutex_lock(&p->mu);
-    for (; done < n; done++) {
-        rc = job_ok(p, idx[done], &jobs[done]) ? queue_job(p, idx[done], &jobs[done]) : -EINVAL;
-        if (rc != 0) break;
-    }
-    /* one worker: each that finds more to do wakes the next (worker()), so the loop's
-     * thread pays one wake-up per batch, not one per parked worker as a broadcast would */
-    pthread_mutex_unlock(&p->mu);
-    /* signalled unlocked: the worker it wakes then does not wait for this thread's lock (the
-     * jobs are queued under it, so a worker that checks later finds them) */
-    if (done > 0) pthread_cond_signal(&p->work);
-    return done > 0 ? done : rc;
-}
-
-/* Take back a queued job: 1 if taken (it will never run nor be reported; the slot is idle
- * again), 0 if it is running or done already (it will be, or was, reported). */
-int at_cancel(struct at_pool *p, int idx) {
-    if (idx < 0 || idx >= p->nops) return 0;
-    pthread_mutex_lock(&p->mu);
-    int taken = 0;
-    struct at_op *op = &p->ops[idx];
-    if (op->state == AT_QUEUED) { /* not being hashed, not started */
-        unqueue(p, idx);
-        if (op->job.group >= 0) p->gcount[op->job.group]--;
-        op->state = AT_IDLE;
-        taken = 1;
-    }
-    pthread_mutex_unlock(&p->mu);
-    return taken;
-}
-
-/* Up to `max` slots whose jobs ended since the last call, into `out`; each becomes idle
- * (its result stays readable in at_results until it is submitted again). */
-int at_reap(struct at_pool *p, int32_t *out, int max) {
-    pthread_mutex_lock(&p->mu);
-    int n = 0;
-    while (n < max && p->done_count > 0) {
-        int idx = p->done[p->done_head];
-        p->done_head = (p->done_head + 1) % p->nops;
-        p->done_count--;
-        p->ops[idx].state = AT_IDLE;
-        out[n++] = idx;
-    }
-    if (p->done_count == 0) p->signalled = 0; /* the next end to report writes the eventfd again */
-    pthread_mutex_unlock(&p->mu);
-    return n;
-}
-
-/* Wake the loop when no more than `n` jobs wait for a token (-1: only as report says): the
- * loop holds more jobs back and would top the queue up. */
-void at_set_low_water(struct at_pool *p, int n) {
-    pthread_mutex_lock(&p->mu);
-    p->low_water = n;
-    pthread_mutex_unlock(&p->mu);
-}
 
 /* at_acquire without waiting: 0 when a token is free for `prio` now (no waiter of the same or
  * a higher priority and no queued job of a higher one is owed it), else -EAGAIN; -EINVAL,
@@ -500,7 +336,7 @@ int at_acquire(struct at_pool *p, int prio) {
         rc = 0;
     }
     /* tokens left: queued jobs may use them (pick says which) */
-    if (p->ntokens > 0 && p->queued > 0) pthread_cond_signal(&p->work);
+    if (p->ntokens > 0 && p->queued > 0) wake_workers(p, 1);
     pthread_mutex_unlock(&p->mu);
     return rc;
 }
@@ -511,13 +347,14 @@ void at_release(struct at_pool *p) {
     p->in_flight--;
     /* waiters of several priorities: the one whose turn it is must hear of it */
     pthread_cond_broadcast(&p->tokens);
-    if (p->queued > 0) pthread_cond_signal(&p->work);
+    if (p->queued > 0) wake_workers(p, 1);
     pthread_mutex_unlock(&p->mu);
 }
 
 /* counts: [0] in flight, [1] peak in flight, [2] queued, [3] threads waiting in at_acquire */
 void at_counts(struct at_pool *p, int32_t *out) {
     pthread_mutex_lock(&p->mu);
+    drain(p);
     out[0] = p->in_flight;
     out[1] = p->peak;
     out[2] = p->queued;
@@ -527,11 +364,16 @@ void at_counts(struct at_pool *p, int32_t *out) {
 
 /* No new jobs; workers end once the queue is empty. Does not wait. */
 void at_shutdown(struct at_pool *p) {
+    /* a batch submitted before this is in the ring before the workers see `stopping` (they
+     * drain it, and run it, before they leave); one after it is refused */
+    pthread_mutex_lock(&p->sub_mu);
+    p->sub_closed = 1;
+    pthread_mutex_unlock(&p->sub_mu);
     pthread_mutex_lock(&p->mu);
     p->stopping = 1;
-    pthread_cond_broadcast(&p->work);
     pthread_cond_broadcast(&p->tokens);
     pthread_mutex_unlock(&p->mu);
+    wake_workers(p, INT_MAX);
 }
 
 /* Stop, join the workers (they finish the queued jobs first), free everything. Blocks. */
@@ -540,12 +382,13 @@ void at_free(struct at_pool *p) {
     at_shutdown(p);
     for (int i = 0; i < p->nthreads; i++) pthread_join(p->threads[i], NULL);
     if (p->efd >= 0) close(p->efd);
-    pthread_cond_destroy(&p->work);
     pthread_cond_destroy(&p->tokens);
+    pthread_mutex_destroy(&p->sub_mu);
     pthread_mutex_destroy(&p->mu);
     free(p->ops);
     free(p->res);
     free(p->done);
+    free(p->sq);
     free(p->gcount);
     free(p->subs);
     free(p->subres);

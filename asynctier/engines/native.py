@@ -222,13 +222,24 @@ def _find_library() -> tuple[ctypes.CDLL | None, str | None]:
 
 
 def _gil_holding(path: str) -> Any:
-    """The calls that never wait but on the pool's lock (no worker takes the GIL), made
-    without giving the GIL up: a slow path's token costs no GIL hand-off when one is free."""
+    """The calls that never wait but on a lock no worker holds for long (no worker takes the
+    GIL), made without giving the GIL up: submitting and reaping, which take no lock the
+    workers share (the rings), and a slow path's token, which costs no GIL hand-off when one
+    is free."""
     lib = ctypes.PyDLL(path)
-    for name in ("at_try_acquire", "at_release"):
-        getattr(lib, name).argtypes = [ctypes.c_void_p] + ([ctypes.c_int] if name == "at_try_acquire" else [])
-    lib.at_try_acquire.restype = ctypes.c_int
-    lib.at_release.restype = None
+    vp, c_int = ctypes.c_void_p, ctypes.c_int
+    sigs: dict[str, tuple[list[Any], Any]] = {
+        "at_try_acquire": ([vp, c_int], c_int),
+        "at_release": ([vp], None),
+        "at_submit": ([vp, c_int, ctypes.POINTER(Job)], c_int),
+        "at_submit_many": ([vp, c_int, vp, vp], c_int),
+        "at_reap": ([vp, vp, c_int], c_int),
+        "at_set_low_water": ([vp, c_int], None),
+    }
+    for name, (args, res) in sigs.items():
+        fn = getattr(lib, name)
+        fn.argtypes = args
+        fn.restype = res
     return lib
 
 
@@ -285,6 +296,7 @@ class NativePool:
         if _LIB is None:
             raise OSError(errno.ENOSYS, _PROBLEM)
         self._lib = _LIB
+        self._glib = _GIL_LIB  # the calls of the loop's side, which never wait for the workers
         handle = _LIB.at_new(threads, bound, slots, _XXH3, nice)  # EINVAL without xxh3
         if not handle:
             e = ctypes.get_errno() or errno.ENOMEM
@@ -358,7 +370,7 @@ class NativePool:
         if self._closed or self._watch is None:
             raise RuntimeError("native I/O pool is not running")
         done = anyio.Event()
-        rc = self._lib.at_submit(self._h, slot, ctypes.byref(job))
+        rc = self._glib.at_submit(self._h, slot, ctypes.byref(job))
         if rc < 0:
             raise OSError(-rc, f"native I/O submit refused: {os.strerror(-rc)}")
         self._waiters[slot] = done
@@ -398,7 +410,7 @@ class NativePool:
         refused: list[tuple[int, Any, int]] = []
         n, start = len(items), 0
         while start < n:
-            k = self._lib.at_submit_many(
+            k = self._glib.at_submit_many(
                 self._h, n - start, self._idx_addr + 4 * start, self._table_addr + size * start
             )
             if k > 0:
@@ -439,14 +451,14 @@ class NativePool:
     def set_low_water(self, n: int) -> None:
         """Have the workers also wake the loop when no more than ``n`` jobs wait for an I/O
         token (-1: not for that): the loop holds more jobs back and tops the queue up."""
-        self._lib.at_set_low_water(self._h, n)
+        self._glib.at_set_low_water(self._h, n)
 
     def _on_ready(self) -> None:
         try:
             os.read(self._efd, 8)
         except BlockingIOError:
             pass
-        lib, h, reaped, res, waiters = self._lib, self._h, self._reaped, self._res, self._waiters
+        lib, h, reaped, res, waiters = self._glib, self._h, self._reaped, self._res, self._waiters
         owners, on_done, res_mem, unpack = self._owners, self.on_done, self._res_mem, _RESULT_LAYOUT.unpack_from
         while True:
             n = lib.at_reap(h, reaped, self.slots)
