@@ -134,3 +134,38 @@ async def test_a_pool_stopped_while_the_loop_submits_runs_what_it_took(tmp_path:
         os.close(dfd)
     assert sorted(reported + refused) == list(range(n))
     assert refused == [n - 1]  # the first refused ends the submissions
+
+
+@native_only
+async def test_a_job_submitted_while_slow_paths_hold_every_token_runs_when_one_is_given_back(
+    tmp_path: Path,
+) -> None:
+    """A job submitted while slow paths hold every I/O token waits for one, and runs once one
+    is given back: whoever gives a token back must find what was submitted meanwhile (a
+    submission that woke no worker for want of a token would otherwise wait for ever)."""
+    dfd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    pool = nativeio.NativePool(threads=3, bound=1, slots=4)
+    ended = asyncio.Event()
+    pool.on_done = lambda owner, slot, *_: ended.set()
+    pool.attach()
+    holding, let_go = threading.Event(), threading.Event()
+
+    def slow_path() -> None:
+        holding.set()
+        let_go.wait(30)
+
+    held = threading.Thread(target=pool.hold, args=(slow_path,))
+    try:
+        held.start()
+        await asyncio.to_thread(holding.wait, 30)
+        assert pool.submit_many([(pool.take_slot(), -1, "job", _unlink(dfd, 1))]) == []
+        await asyncio.sleep(0.2)
+        assert not ended.is_set()  # no token: it waits
+        let_go.set()
+        with anyio.fail_after(30):
+            await ended.wait()
+    finally:
+        let_go.set()
+        await asyncio.to_thread(held.join)
+        await pool.aclose()
+        os.close(dfd)
