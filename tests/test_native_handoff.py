@@ -34,8 +34,9 @@ def _cc() -> str | None:
 def test_the_loop_side_never_waits_for_the_workers_lock(tmp_path: Path) -> None:
     """A C harness (tests/c/pool_handoff.c) holds the workers' lock, as a worker descheduled
     while holding it would, and submits, reaps and sets the low water mark from another
-    thread: they return (before the rings, each waited for the lock), and the job runs once
-    the lock is let go."""
+    thread: they return (before the rings, each waited for the lock), and a slow path's token
+    calls made holding the GIL say -EAGAIN rather than wait; the job runs once the lock is
+    let go."""
     exe = tmp_path / "pool_handoff"
     src = ROOT / "asynctier" / "engines"
     sources = [ROOT / "tests" / "c" / "pool_handoff.c", *(src / f"_nativeio{p}.c" for p in ("", "_submit", "_jobs"))]

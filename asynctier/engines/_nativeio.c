@@ -301,11 +301,12 @@ struct at_res *at_group_results(struct at_pool *p) { return p->subres; }
 uint64_t at_hash(struct at_pool *p, const void *buf, size_t len) { return p->xxh3(buf, len); }
 
 /* at_acquire without waiting: 0 when a token is free for `prio` now (no waiter of the same or
- * a higher priority and no queued job of a higher one is owed it), else -EAGAIN; -EINVAL,
- * -ESHUTDOWN. Never blocks but on the pool's lock: the caller may hold the GIL. */
+ * a higher priority and no queued job of a higher one is owed it), else -EAGAIN (also while
+ * a worker holds the pool's lock); -EINVAL, -ESHUTDOWN. Never blocks: the caller holds the
+ * GIL, and a worker preempted while holding the lock would hold up every Python thread. */
 int at_try_acquire(struct at_pool *p, int prio) {
     if (prio < 0 || prio >= NPRIO) return -EINVAL;
-    pthread_mutex_lock(&p->mu);
+    if (pthread_mutex_trylock(&p->mu) != 0) return -EAGAIN; /* the caller waits in at_acquire */
     int ahead = 0;
     for (int q = 0; q <= prio; q++) ahead += p->acq_waiting[q];
     int rc = -EAGAIN;
@@ -341,14 +342,29 @@ int at_acquire(struct at_pool *p, int prio) {
     return rc;
 }
 
-void at_release(struct at_pool *p) {
-    pthread_mutex_lock(&p->mu);
+/* With the lock held: a token back from a slow path. */
+static void release_locked(struct at_pool *p) {
     p->ntokens++;
     p->in_flight--;
     /* waiters of several priorities: the one whose turn it is must hear of it */
     pthread_cond_broadcast(&p->tokens);
     if (p->queued > 0) wake_workers(p, 1);
+}
+
+void at_release(struct at_pool *p) {
+    pthread_mutex_lock(&p->mu);
+    release_locked(p);
     pthread_mutex_unlock(&p->mu);
+}
+
+/* at_release without waiting (for a caller holding the GIL): 0, or -EAGAIN while a worker
+ * holds the pool's lock, and the token is still out (the caller then calls at_release
+ * without the GIL). */
+int at_try_release(struct at_pool *p) {
+    if (pthread_mutex_trylock(&p->mu) != 0) return -EAGAIN;
+    release_locked(p);
+    pthread_mutex_unlock(&p->mu);
+    return 0;
 }
 
 /* counts: [0] in flight, [1] peak in flight, [2] queued, [3] threads waiting in at_acquire */

@@ -210,6 +210,7 @@ def _find_library() -> tuple[ctypes.CDLL | None, str | None]:
         "at_acquire": ([vp, c_int], c_int),
         "at_try_acquire": ([vp, c_int], c_int),
         "at_release": ([vp], None),
+        "at_try_release": ([vp], c_int),
         "at_counts": ([vp, vp], None),
         "at_shutdown": ([vp], None),
         "at_free": ([vp], None),
@@ -222,15 +223,15 @@ def _find_library() -> tuple[ctypes.CDLL | None, str | None]:
 
 
 def _gil_holding(path: str) -> Any:
-    """The calls that never wait but on a lock no worker holds for long (no worker takes the
-    GIL), made without giving the GIL up: submitting and reaping, which take no lock the
-    workers share (the rings), and a slow path's token, which costs no GIL hand-off when one
-    is free."""
+    """The calls that never wait, made without giving the GIL up: submitting and reaping,
+    which take no lock the workers share (the rings), and a slow path's token taken or given
+    back while the workers' lock is free (else -EAGAIN, and the caller waits without the GIL),
+    which then costs no GIL hand-off."""
     lib = ctypes.PyDLL(path)
     vp, c_int = ctypes.c_void_p, ctypes.c_int
     sigs: dict[str, tuple[list[Any], Any]] = {
         "at_try_acquire": ([vp, c_int], c_int),
-        "at_release": ([vp], None),
+        "at_try_release": ([vp], c_int),
         "at_submit": ([vp, c_int, ctypes.POINTER(Job)], c_int),
         "at_submit_many": ([vp, c_int, vp, vp], c_int),
         "at_reap": ([vp, vp, c_int], c_int),
@@ -504,7 +505,8 @@ class NativePool:
         try:
             return fn(*args)
         finally:
-            gil.at_release(self._h)
+            if gil.at_try_release(self._h) == -errno.EAGAIN:
+                self._lib.at_release(self._h)  # a worker holds the lock: wait without the GIL
 
     # -- counters and teardown ----------------------------------------------------------------
     def holds_waiting(self) -> int:

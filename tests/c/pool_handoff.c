@@ -1,7 +1,8 @@
 /* The loop's side of the native pool never waits for the workers' lock (tests/test_native_handoff.py
  * builds and runs this). It includes the pool's private header to reach that lock, holds it as a
  * worker would, and checks from another thread, under a deadline, that submitting, reaping and
- * setting the low water mark still return; then lets the workers go and reaps the job.
+ * setting the low water mark still return, and that a slow path's token calls made holding the
+ * GIL say -EAGAIN instead of waiting; then lets the workers go and reaps the job.
  * Exit status 0: passed; anything else (or being killed by the alarm): failed. */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -21,6 +22,8 @@ struct at_res *at_results(struct at_pool *p);
 int at_submit_many(struct at_pool *p, int n, const int32_t *idx, const struct at_job *jobs);
 int at_reap(struct at_pool *p, int32_t *out, int max);
 void at_set_low_water(struct at_pool *p, int n);
+int at_try_acquire(struct at_pool *p, int prio);
+int at_try_release(struct at_pool *p);
 
 static uint64_t no_hash(const void *buf, size_t len) {
     (void)buf;
@@ -29,7 +32,7 @@ static uint64_t no_hash(const void *buf, size_t len) {
 
 struct ctx {
     struct at_pool *p;
-    int submitted, reaped;
+    int submitted, reaped, try_acquire, try_release;
     int32_t out[4];
 };
 
@@ -45,6 +48,8 @@ static void *loop_side(void *arg) {
     c->submitted = at_submit_many(c->p, 1, &idx, &j);
     at_set_low_water(c->p, 3);
     c->reaped = at_reap(c->p, c->out, 4);
+    c->try_acquire = at_try_acquire(c->p, 0);
+    c->try_release = at_try_release(c->p);
     return NULL;
 }
 
@@ -52,12 +57,14 @@ int main(void) {
     alarm(20); /* the old pool's loop side blocked here for as long as the lock was held */
     struct at_pool *p = at_new(2, 1, 4, no_hash, 0);
     if (!p) return perror("at_new"), 2;
-    struct ctx c = {p, 0, -1, {0}};
+    struct ctx c = {p, 0, -1, 0, 0, {0}};
     pthread_mutex_lock(&p->mu); /* a worker holding the lock, descheduled for as long as it takes */
     pthread_t t;
     pthread_create(&t, NULL, loop_side, &c);
     pthread_join(t, NULL); /* returns only if the loop's side did not wait for the lock */
     if (c.submitted != 1 || c.reaped != 0) return fprintf(stderr, "submitted %d reaped %d\n", c.submitted, c.reaped), 3;
+    if (c.try_acquire != -EAGAIN || c.try_release != -EAGAIN)
+        return fprintf(stderr, "try_acquire %d try_release %d\n", c.try_acquire, c.try_release), 5;
     pthread_mutex_unlock(&p->mu);
     /* the workers now take the job from the ring, run it and report it */
     struct pollfd pfd = {at_eventfd(p), POLLIN, 0};
@@ -69,6 +76,8 @@ int main(void) {
     struct at_res *r = &at_results(p)[2];
     if (n != 1 || c.out[0] != 2 || r->stage != ST_UNLINK || r->result != -ENOENT)
         return fprintf(stderr, "reaped %d slot %d stage %d result %lld\n", n, c.out[0], r->stage, (long long)r->result), 4;
+    /* the lock free, the token is: taken and given back without waiting */
+    if (at_try_acquire(p, 0) != 0 || at_try_release(p) != 0) return fputs("token calls failed\n", stderr), 6;
     at_free(p);
     puts("ok");
     return 0;
