@@ -30,7 +30,7 @@ import os
 import struct
 import sys
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, NamedTuple, TypeVar
 
@@ -174,29 +174,10 @@ _RESULT_LAYOUT = struct.Struct("<qQii")
 DoneHandler = Callable[[Any, int, int, int, int, int], None]
 
 
-def _find_library() -> tuple[ctypes.CDLL | None, str | None]:
-    """The workers' library with its calls typed, and one more handle on it whose calls keep
-    the GIL (:data:`_GIL_LIB`); or None and why not."""
-    global _GIL_LIB
-    if not sys.platform.startswith("linux"):
-        return None, f"native I/O workers are built for Linux only (this is {sys.platform})"
-    here = Path(__file__).parent
-    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
-        path = here / f"_nativeio{suffix}"
-        if path.exists():
-            break
-    else:
-        return None, (
-            "asynctier/engines/_nativeio was not built (install asynctier from source with a C compiler: "
-            "pip install -e . or pip install .)"
-        )
-    try:
-        lib = ctypes.CDLL(str(path), use_errno=True)  # at_new reports through errno
-        _GIL_LIB = _gil_holding(str(path))
-    except OSError as e:
-        return None, f"cannot load {path.name}: {e}"
+def _signatures() -> dict[str, tuple[list[Any], Any]]:
+    """The library's calls: argument and result types."""
     vp, c_int, c_size = ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t
-    sigs: dict[str, tuple[list[Any], Any]] = {
+    return {
         "at_new": ([c_int, c_int, c_int, vp, c_int], vp),
         "at_eventfd": ([vp], c_int),
         "at_results": ([vp], vp),
@@ -215,33 +196,45 @@ def _find_library() -> tuple[ctypes.CDLL | None, str | None]:
         "at_shutdown": ([vp], None),
         "at_free": ([vp], None),
     }
-    for name, (args, res) in sigs.items():
-        fn = getattr(lib, name)
-        fn.argtypes = args
-        fn.restype = res
-    return lib, None
 
 
-def _gil_holding(path: str) -> Any:
-    """The calls that never wait, made without giving the GIL up: submitting and reaping,
-    which take no lock the workers share (the rings), and a slow path's token taken or given
-    back while the workers' lock is free (else -EAGAIN, and the caller waits without the GIL),
-    which then costs no GIL hand-off."""
-    lib = ctypes.PyDLL(path)
-    vp, c_int = ctypes.c_void_p, ctypes.c_int
-    sigs: dict[str, tuple[list[Any], Any]] = {
-        "at_try_acquire": ([vp, c_int], c_int),
-        "at_try_release": ([vp], c_int),
-        "at_submit": ([vp, c_int, ctypes.POINTER(Job)], c_int),
-        "at_submit_many": ([vp, c_int, vp, vp], c_int),
-        "at_reap": ([vp, vp, c_int], c_int),
-        "at_set_low_water": ([vp, c_int], None),
-    }
-    for name, (args, res) in sigs.items():
+#: The calls that never wait, made through :data:`_GIL_LIB` without giving the GIL up:
+#: submitting and reaping, which take no lock the workers share (the rings), and a slow
+#: path's token taken or given back while the workers' lock is free (else -EAGAIN, and the
+#: caller waits without the GIL), which then costs no GIL hand-off.
+_KEEP_GIL = ("at_submit", "at_submit_many", "at_reap", "at_set_low_water", "at_try_acquire", "at_try_release")
+
+
+def _typed(lib: Any, names: Iterable[str]) -> Any:
+    sigs = _signatures()
+    for name in names:
         fn = getattr(lib, name)
-        fn.argtypes = args
-        fn.restype = res
+        fn.argtypes, fn.restype = sigs[name]
     return lib
+
+
+def _find_library() -> tuple[ctypes.CDLL | None, str | None]:
+    """The workers' library with its calls typed, and one more handle on it whose calls keep
+    the GIL (:data:`_GIL_LIB`, the calls of :data:`_KEEP_GIL`); or None and why not."""
+    global _GIL_LIB
+    if not sys.platform.startswith("linux"):
+        return None, f"native I/O workers are built for Linux only (this is {sys.platform})"
+    here = Path(__file__).parent
+    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+        path = here / f"_nativeio{suffix}"
+        if path.exists():
+            break
+    else:
+        return None, (
+            "asynctier/engines/_nativeio was not built (install asynctier from source with a C compiler: "
+            "pip install -e . or pip install .)"
+        )
+    try:
+        lib = _typed(ctypes.CDLL(str(path), use_errno=True), _signatures())  # at_new reports through errno
+        _GIL_LIB = _typed(ctypes.PyDLL(str(path)), _KEEP_GIL)
+    except OSError as e:
+        return None, f"cannot load {path.name}: {e}"
+    return lib, None
 
 
 def find_xxh3(names: tuple[str, ...] = XXHASH_LIBS) -> tuple[int | None, str | None]:
