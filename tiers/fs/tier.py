@@ -458,9 +458,10 @@ class FsTier(BlockingChunkTier):
         and books one job for them. Not while the index is rebuilt (a miss is looked up on a
         thread, and a group's continuations run one after another).
 
-        Stores stay one chunk a job: grouped the same way they cost the loop less CPU, but its
-        p99 lag while streaming offloads doubled (to 2-3.4 ms while the disk makes files),
-        over issue 28's 2 ms (docs/benchmarks.md, eighth pass)."""
+        Stores stay one chunk a job: grouped the same way they cost the loop 13-22 % less CPU,
+        but its p99 lag while streaming offloads went over issue 28's 2 ms (2-3.4 ms while the
+        pool's lock was on the loop's side; still in 2-3 of 7 runs without it: the scheduler
+        gives a woken worker the loop's CPU; docs/benchmarks.md, eighth and ninth passes)."""
         if self._native is None or n < 2 or op is not Op.LOAD or self.index_incomplete:
             return 1
         calls = self._active + 1
