@@ -14,8 +14,9 @@
  * at_submit, run by one worker, and reported once through the completion ring (its index)
  * and the eventfd. The event loop's side never takes the workers' lock: jobs reach them
  * through a submission ring and come back through the completion ring, each published by
- * one atomic index (the loop waited for ms on that lock while a worker holding it, at a
- * higher nice value, waited for a CPU: docs/benchmarks.md, issue 28's ninth pass).
+ * one atomic index (the loop was blocked for up to ms in calls that took that lock, which
+ * the workers, at a higher nice value, take around every job: docs/benchmarks.md, issue
+ * 28's ninth pass).
  * Anything but the plain case (an error of any kind, a short file) is reported with the
  * step that failed and left to the Python code, which owns error handling. The xxh3
  * function is the system xxHash library's public XXH3_64bits, whose address the caller
