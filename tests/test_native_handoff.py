@@ -47,6 +47,25 @@ def test_the_loop_side_never_waits_for_the_workers_lock(tmp_path: Path) -> None:
     assert run.stdout.strip() == "ok"
 
 
+@native_only
+@pytest.mark.skipif(_cc() is None, reason="no C compiler to build the test harness")
+def test_an_end_is_counted_in_its_own_group_when_its_slot_is_reused_at_once(tmp_path: Path) -> None:
+    """A C harness (tests/c/report_race.c) holds a worker just after it published a job's
+    end, as a preempted one would be; the loop reaps that job and submits the next into the
+    same slot, in another group, before the worker goes on. Both groups' counts end at zero
+    and the second group's end wakes the loop. Before, the worker read the slot's group after
+    publishing: it counted the next job's group down, whose end then woke no one (a call
+    waiting for it hung; seen once in ~3 million stores into a full fs tier)."""
+    exe = tmp_path / "report_race"
+    src = ROOT / "asynctier" / "engines"
+    sources = [ROOT / "tests" / "c" / "report_race.c", *(src / f"_nativeio{p}.c" for p in ("", "_submit", "_jobs"))]
+    build = [_cc(), "-O1", "-pthread", "-DAT_TEST_HOOKS", "-I", str(src), *map(str, sources), "-o", str(exe)]
+    subprocess.run(build, check=True, capture_output=True)
+    run = subprocess.run([str(exe)], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, f"harness failed ({run.returncode}): {run.stdout}{run.stderr}"
+    assert run.stdout.strip() == "ok"
+
+
 def _unlink(dfd: int, i: int) -> nativeio.JobFields:
     return nativeio.fields(nativeio.UNLINK, i % 4, dfd, b"absent-%d" % i)
 

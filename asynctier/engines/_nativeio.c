@@ -123,14 +123,18 @@ void at_unqueue(struct at_pool *p, int idx) {
  * the caller is to write the eventfd (wake_loop), after unlocking: the other workers need
  * not wait for that system call. */
 static int report(struct at_pool *p, int idx) {
-    /* with the lock held (workers push to the ring one at a time) */
+    /* with the lock held (workers push to the ring one at a time). Everything of the slot is
+     * read before it is published: from then on the loop may reap it and submit its next
+     * job into it (without this lock), and a group read after that was the next job's: the
+     * wrong group counted down, and a call whose last end then woke no one hung. */
+    int g = p->ops[idx].job.group;
+    int wake = g < 0 || --p->gcount[g] == 0 || p->queued <= __atomic_load_n(&p->low_water, __ATOMIC_RELAXED);
     set_state(&p->ops[idx], AT_DONE);
     p->done[p->done_tail % (uint64_t)p->nops] = idx;
     /* sequentially consistent with `signalled` below and in at_reap: a reaper that re-arms
      * the wake-up and then finds the ring empty has not missed this end */
     __atomic_store_n(&p->done_tail, p->done_tail + 1, __ATOMIC_SEQ_CST);
-    int g = p->ops[idx].job.group;
-    int wake = g < 0 || --p->gcount[g] == 0 || p->queued <= __atomic_load_n(&p->low_water, __ATOMIC_RELAXED);
+    AT_TEST_PUBLISHED(p, idx);
     /* a loop that reaps before the eventfd is written only gets one spare wake-up */
     return wake && !__atomic_exchange_n(&p->signalled, 1, __ATOMIC_SEQ_CST);
 }

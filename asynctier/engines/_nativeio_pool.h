@@ -54,6 +54,15 @@ struct at_pool {
     xxh3_fn xxh3;
 };
 
+/* A test harness (tests/c/report_race.c) compiles the pool with AT_TEST_HOOKS and defines
+ * this, to hold a worker just after it published a job's end; else it is nothing. */
+#ifdef AT_TEST_HOOKS
+void at_test_published(struct at_pool *p, int idx);
+#define AT_TEST_PUBLISHED(p, idx) at_test_published(p, idx)
+#else
+#define AT_TEST_PUBLISHED(p, idx) ((void)0)
+#endif
+
 /* -- the event count workers park on --------------------------------------------------
  * A waker changes what workers look for (under mu, or in the submission ring), then
  * bumps work_seq; a worker counts itself in work_waiters and reads work_seq before it looks
