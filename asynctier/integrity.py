@@ -21,6 +21,8 @@ from .spec import FORMAT_VERSION
 __all__ = ["ChunkHeader", "HEADER_MAGIC", "checksum", "header_matches", "key_token", "pack_header"]
 
 HEADER_MAGIC = b"ATKV"
+#: Keys up to this many bytes are named by their base32; longer ones by a hash (:func:`key_token`).
+MAX_B32_KEY = 96
 # magic, version, flags, key_len, payload_len, checksum, seq, digest, header_checksum
 _FIXED = struct.Struct("<4sHHIQQQ16s")
 _TAIL = struct.Struct("<Q")
@@ -80,7 +82,7 @@ def key_token(key: bytes) -> str:
     with BLAKE2b-256 — the header still stores the full key, so a hash collision is caught
     on load.
     """
-    if len(key) <= 96:
+    if len(key) <= MAX_B32_KEY:
         return _b32_fast(key)
     return "h" + hashlib.blake2b(key, digest_size=32).hexdigest()
 

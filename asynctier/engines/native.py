@@ -269,6 +269,12 @@ if _LIB is not None:
     _XXH3, _PROBLEM = find_xxh3()
 
 
+def xxh3_address() -> int | None:
+    """The address of the checked ``XXH3_64bits`` the workers hash with (None where the
+    library is not loaded): for other C code that must hash as they do."""
+    return _XXH3
+
+
 def problem() -> str | None:
     """Why native workers cannot be used here, or None when they can."""
     return _PROBLEM

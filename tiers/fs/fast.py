@@ -234,9 +234,8 @@ class StorePath(_Path):
                 # Tier._may_recycle's test of a new copy of the victim is not needed here: its
                 # key waits for _removed (RemovalPending); the workers check the namespace's lock
                 tier._note_gone(victims[0])
-                plan, sj = proto.recycle(key, victims[0], data, flags)
-                fields = io.recycle_fields(block, plan, sj, addr, data.nbytes)
-                step: tuple[Any, ...] = (_RECYCLE, data, victims, plan, sj)
+                fields, temp = io.recycle_plan(block, key, victims[0], flags, addr, data.nbytes)
+                step: tuple[Any, ...] = (_RECYCLE, data, victims, flags, temp)
             else:
                 plan = proto.store(key, data, None, None, flags)
                 fields = io.store_fields(block, plan, addr, data.nbytes)
@@ -254,7 +253,7 @@ class StorePath(_Path):
     ) -> Continuation | None:  # fmt: skip
         step, data, victims, plan, sj = step_
         tier = io._tier
-        if step == _RECYCLE:
+        if step == _RECYCLE:  # (its plan: flags and temporary name, see recycle_plan)
             return self._recycled(io, key, cid, t0, data, victims, plan, sj, result, stage, info)
         if plan.fd >= 0:  # ChunkProtocol.release: the file made ahead or taken over is closed
             os.close(plan.fd)
@@ -267,8 +266,8 @@ class StorePath(_Path):
         return partial(self._again, io, key, t0, plan, _outcome(result, stage, info, csum), data, victims)
 
     def _recycled(
-        self, io: NativeIO, key: bytes, cid: int, t0: float, data: memoryview, victims: list[bytes], plan: StoreJob,
-        sj: SpareJob, result: int, stage: int, info: int,
+        self, io: NativeIO, key: bytes, cid: int, t0: float, data: memoryview, victims: list[bytes], flags: int,
+        temp: str, result: int, stage: int, info: int,
     ) -> Continuation | None:  # fmt: skip
         """Book a recycling job; what did not simply succeed continues on a coroutine."""
         tier = io._tier
@@ -278,6 +277,8 @@ class StorePath(_Path):
             tier.index.commit(key)
             self._booked.append(perf_counter() - t0)
             return None
+        # the plan's objects, as the job ran (NativeIO.recycle_plan made none)
+        plan, sj = tier.protocol.recycle(key, victims[0], data, flags, temp)
         out = Outcome(Step(stage), -result)
         if not info and stage != Step.DIRSYNC:  # the victim's file did not move: as after a spare job
             return partial(tier._async_store_reserved, key, t0, victims, partial(io.store, key, cid, taken=(sj, out)))

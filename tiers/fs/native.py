@@ -25,10 +25,17 @@ from asynctier.core.backend import run_on_thread_to_end, run_to_completion
 from asynctier.core.ops import PRIO_LOAD, PRIO_STORE
 from asynctier.engines import native as nativeio
 from asynctier.engines.native_engine import NativeEngine
+from asynctier.integrity import MAX_B32_KEY, pack_header
 from asynctier.posix_io import O_DIRECT, aligned_buffer, buffer_address
 
+from . import layout
 from .layout import HEADER_BLOCK
-from .protocol import Outcome, Spare, SpareJob, Step, StoreJob, not_found
+from .protocol import SAFE_OPEN, Outcome, Spare, SpareJob, Step, StoreJob, not_found
+
+try:  # C twins of layout.name_of and integrity.pack_header (asynctier/_speedups.c), where built
+    from asynctier import _speedups
+except ImportError:  # pragma: no cover - installed without a C compiler
+    _speedups = None  # type: ignore[assignment]
 
 if TYPE_CHECKING:
     from .tier import FsTier
@@ -68,6 +75,13 @@ class NativeIO:
         #: every chunk of the view is aligned for O_DIRECT; then its write flags are these
         self.aligned = False
         self.direct_flags = os.O_WRONLY | O_DIRECT
+        # per-chunk naming and header packing: the C twins where built, else the Python ones
+        self._name_of: Callable[[bytes], tuple[int, bytes]] = layout.name_of
+        self._pack_header_into: Callable[[memoryview, int, bytes, int, bytes], int] | None = None
+        if _speedups is not None and nativeio.xxh3_address() is not None:
+            _speedups.use_xxh3(nativeio.xxh3_address())  # type: ignore[arg-type]
+            self._name_of = _speedups.name_of
+            self._pack_header_into = _speedups.pack_header_into
 
     def start(self) -> None:
         """Once the engine runs: the header blocks, and addresses by arithmetic on the hot
@@ -183,6 +197,33 @@ class NativeIO:
             hb[size:used] = bytes(used - size)
         self._hb_used[block] = size
         return size
+
+    def new_header(self, block: int, key: bytes, n: int) -> int:
+        """Write the header of a store of ``n`` bytes under ``key`` (with a zero checksum: the
+        workers fill it in) into header block ``block``; its length."""
+        pack = self._pack_header_into
+        if pack is None:
+            return self._put_header(block, pack_header(key, n, 0, self._tier.offloading_spec.layout_digest))
+        size = pack(self.slot_hb[block], self._hb_used[block], key, n, self._tier.offloading_spec.layout_digest)
+        self._hb_used[block] = size
+        return size
+
+    def recycle_plan(
+        self, block: int, key: bytes, victim: bytes, flags: int, addr: int, n: int
+    ) -> tuple[nativeio.JobFields, str]:
+        """:meth:`recycle_fields` of ``protocol.recycle(key, victim, ...)`` without making the
+        plan's objects (per chunk, a full tier's steady state): the descriptor, and the
+        temporary name it gives the victim's file (``protocol.recycle(..., temp=)`` makes
+        the objects for a job that did not simply succeed)."""
+        proto = self._tier.protocol
+        fds, name_of = proto.shard_fds, self._name_of
+        ks, kname = name_of(key) if len(key) <= MAX_B32_KEY else layout.name_of(key)
+        vs, vname = name_of(victim) if len(victim) <= MAX_B32_KEY else layout.name_of(victim)
+        temp = proto.names.next()
+        size = self.new_header(block, key, n)
+        return (nativeio.RECYCLE, PRIO_STORE, fds[ks], flags | SAFE_OPEN, self._tier._lock_fd, fds[vs],
+                int(proto.sync), 0, size - 8, 0, self._hb_addr + block * HEADER_BLOCK, HEADER_BLOCK, addr, n, 0,
+                kname, vname, temp.encode()), temp  # fmt: skip
 
     def recycle_fields(self, block: int, job: StoreJob, sj: SpareJob, addr: int, n: int) -> nativeio.JobFields:
         """The descriptor of the one-job store :meth:`.protocol.ChunkProtocol.recycle` plans,

@@ -316,17 +316,22 @@ class ChunkProtocol:
         dfd, name = self.name(key)
         return LoadJob(key, dfd, name, self.read_flags | (O_DIRECT if self.direct_for(out, address) else 0))
 
-    def spare(self, victim: bytes, flags: int, new_dfd: int) -> SpareJob:
-        """Take over ``victim``'s file for a store into the shard ``new_dfd``."""
+    def spare(self, victim: bytes, flags: int, new_dfd: int, temp: str | None = None) -> SpareJob:
+        """Take over ``victim``'s file for a store into the shard ``new_dfd`` (as ``temp``
+        there: a new temporary name unless given)."""
         vfd, vname = self.name(victim)
-        return SpareJob(victim, vfd, vname, flags | SAFE_OPEN, new_dfd, self.names.next())
+        return SpareJob(victim, vfd, vname, flags | SAFE_OPEN, new_dfd, self.names.next() if temp is None else temp)
 
-    def recycle(self, key: bytes, victim: bytes, data: memoryview, flags: int) -> tuple[StoreJob, SpareJob]:
+    def recycle(
+        self, key: bytes, victim: bytes, data: memoryview, flags: int, temp: str | None = None
+    ) -> tuple[StoreJob, SpareJob]:
         """The plan of a store of ``data`` under ``key`` into ``victim``'s file, run as one job
         (take the file over, check no one else holds the namespace, fill it, rename it into
-        place; the executor fills in the checksums)."""
+        place; the executor fills in the checksums). ``temp``: the file's name while it is
+        filled (a new one unless given: the native fast path plans without these objects
+        and makes them with its name only for a job that did not simply succeed)."""
         dfd, name = self.name(key)
-        sj = self.spare(victim, flags, dfd)
+        sj = self.spare(victim, flags, dfd, temp)
         header = pack_header(key, data.nbytes, 0, self._digest)
         return StoreJob(key, dfd, name, flags, Source.RECYCLED, -1, sj.temp, self.sync, header, True), sj
 
