@@ -41,10 +41,10 @@ class RemovalPending(Exception):
 class _Entry:
     __slots__ = ("committed", "nbytes", "pins", "writers")
 
-    def __init__(self, nbytes: int, committed: bool) -> None:
+    def __init__(self, nbytes: int, committed: bool, writers: int = 0) -> None:
         self.nbytes = nbytes
         self.committed = committed
-        self.writers = 0
+        self.writers = writers
         self.pins = 0
 
 
@@ -115,38 +115,46 @@ class LRUIndex:
                     return None
                 e.writers += 1  # a concurrent write of the same key: both write, one entry
                 return []
-            victims = self._make_room(nbytes, key)
-            e = _Entry(nbytes, committed=False)
-            e.writers = 1
-            self._entries[key] = e
+            cap = self.capacity_bytes
+            victims = [] if cap is None or self._used + nbytes <= cap else self._make_room(nbytes, key, cap)
+            self._entries[key] = _Entry(nbytes, False, 1)
             self._used += nbytes
             return victims
 
-    def _make_room(self, nbytes: int, key: bytes) -> list[bytes]:
+    def _make_room(self, nbytes: int, key: bytes, cap: int) -> list[bytes]:
         # Victims: committed, not pinned by a reader, and not being written again (a second
-        # writer of a committed key would publish over the eviction's rename or unlink)
-        cap = self.capacity_bytes
-        if cap is None or self._used + nbytes <= cap:
-            return []
+        # writer of a committed key would publish over the eviction's rename or unlink).
+        # Taken off the LRU end one by one (in a full cache every store evicts, and the
+        # oldest entry is nearly always the one); entries passed over go back in front.
         if nbytes > cap:
             raise CapacityError(f"chunk of {nbytes} bytes exceeds capacity_bytes={cap}", key)
-        victims: list[bytes] = []
+        entries = self._entries
         need = self._used + nbytes - cap
-        for k, e in self._entries.items():
-            if need <= 0:
-                break
-            if e.committed and e.pins == 0 and e.writers == 0:  # not while a write of it runs
+        victims: list[bytes] = []
+        taken: list[tuple[bytes, _Entry, bool]] = []  # every entry popped, oldest first; a victim?
+        freed = 0
+        while need > 0 and entries:
+            k, e = entries.popitem(last=False)
+            victim = e.committed and e.pins == 0 and e.writers == 0  # not while a write of it runs
+            taken.append((k, e, victim))
+            if victim:
                 victims.append(k)
                 need -= e.nbytes
-        if need > 0:
-            raise CapacityError(
-                f"no room for {nbytes} bytes: capacity_bytes={cap}, everything evictable is in use", key
-            )
-        for k in victims:
-            v = self._entries.pop(k)
-            self._used -= v.nbytes
-            self._committed -= 1
-        self._hand_out(victims)
+                freed += e.nbytes
+        if need > 0 or len(taken) > len(victims):
+            for k, e, victim in reversed(taken):  # back in front, as they were
+                if need > 0 or not victim:
+                    entries[k] = e
+                    entries.move_to_end(k, last=False)
+            if need > 0:
+                raise CapacityError(
+                    f"no room for {nbytes} bytes: capacity_bytes={cap}, everything evictable is in use", key
+                )
+        self._used -= freed
+        self._committed -= len(victims)
+        if self.track_removals:  # _hand_out
+            for k in victims:
+                self._removing.setdefault(k, None)
         return victims
 
     def _removal_event(self, key: bytes) -> threading.Event:
@@ -190,9 +198,14 @@ class LRUIndex:
             self._hand_out((key,))
             return True
 
-    def commit(self, key: bytes) -> None:
-        """The write of ``key`` succeeded: make it visible and most recently used."""
+    def commit(self, key: bytes, removed: Iterable[bytes] = ()) -> None:
+        """The write of ``key`` succeeded: make it visible and most recently used. With
+        ``removed``: :meth:`removed` of them too, under the same lock (a store's victims)."""
         with self._lock:
+            for k in removed:
+                ev = self._removing.pop(k, None)
+                if ev is not None:  # someone waits
+                    ev.set()
             e = self._entries.get(key)
             if e is None:  # removed while being written; nothing to publish
                 return

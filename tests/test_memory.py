@@ -213,6 +213,88 @@ def test_index_matches_a_reference_model(ops: list[tuple[str, int]]) -> None:
         assert idx.used_bytes == len(order) <= cap
 
 
+def test_entries_passed_over_keep_their_order() -> None:
+    """Pinned and still-written entries a store passes over keep their places, in order,
+    whether it then fits or not."""
+    idx = LRUIndex(capacity_bytes=5, track_removals=True)
+    for k in (b"a", b"b", b"c", b"d", b"e"):
+        assert idx.reserve(k, 1) == []
+        if k != b"b":  # b is still being written
+            idx.commit(k)
+    assert idx.pin(b"a") and idx.pin(b"c")
+    with pytest.raises(CapacityError):  # room for 2 of 3 (d, e): nothing taken
+        idx.reserve(b"x", 3)
+    assert idx.keys() == [b"a", b"c", b"d", b"e"] and idx.used_bytes == 5
+    assert idx.reserve(b"y", 2) == [b"d", b"e"]  # a, b, c passed over
+    idx.commit(b"y", [b"d", b"e"])
+    assert idx.keys() == [b"a", b"c", b"y"] and idx.used_bytes == 5
+    idx.commit(b"b")
+    assert idx.keys() == [b"a", b"c", b"y", b"b"]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["put", "hold", "commit", "pin", "unpin"]), st.integers(0, 9)), max_size=80))
+def test_eviction_of_chunks_of_several_sizes_matches_a_reference_model(ops: list[tuple[str, int]]) -> None:
+    """Chunks of 1-3 bytes into 7: a store evicts the oldest entries that may go (committed,
+    not pinned, not being written) until it fits, passing over the others, which keep their
+    place; one that cannot fit changes nothing. Writes held open ("hold", then "commit")
+    take room but are neither visible nor victims."""
+    cap = 7
+    idx = LRUIndex(capacity_bytes=cap, track_removals=True)
+    order: list[int] = []  # every entry, least recent first
+    held: set[int] = set()  # reserved, not committed
+    pins: dict[int, int] = {}
+
+    def size(k: int) -> int:
+        return k % 3 + 1
+
+    for op, k in ops:
+        key = bytes([k])
+        if op in ("put", "hold") and k not in order:
+            need = sum(map(size, order)) + size(k) - cap
+            victims: list[int] = []
+            for x in order:
+                if need <= 0:
+                    break
+                if x not in held and not pins.get(x):
+                    victims.append(x)
+                    need -= size(x)
+            if need > 0:
+                with pytest.raises(CapacityError):
+                    idx.reserve(key, size(k))
+            else:
+                assert idx.reserve(key, size(k)) == [bytes([x]) for x in victims]
+                for x in victims:
+                    order.remove(x)
+                order.append(k)
+                if op == "put":
+                    idx.commit(key, [bytes([x]) for x in victims])
+                else:
+                    held.add(k)
+                    idx.removed([bytes([x]) for x in victims])
+        elif op == "put" and k not in held:  # stored already: most recent now
+            assert idx.reserve(key, size(k)) is None
+            order.remove(k)
+            order.append(k)
+        elif op == "commit" and k in held:
+            idx.commit(key)
+            held.discard(k)
+            order.remove(k)
+            order.append(k)
+        elif op == "pin" and k in order and k not in held:
+            assert idx.pin(key)
+            pins[k] = pins.get(k, 0) + 1
+        elif op == "unpin" and pins.get(k):
+            idx.unpin(key)
+            pins[k] -= 1
+            order.remove(k)
+            order.append(k)
+        assert idx.keys() == [bytes([x]) for x in order if x not in held]
+        assert idx.used_bytes == sum(map(size, order)) <= cap
+        assert len(idx) == len(order) - len(held)
+        assert not any(idx.being_removed(bytes([x])) for x in range(10))
+
+
 class HeldMemoryTier(MemoryTier):
     """The memory tier, its reads and writes held on events when asked."""
 

@@ -273,8 +273,7 @@ class StorePath(_Path):
         tier = io._tier
         if not stage:
             self._recycles += 1  # Tier._evicted and ChunkProtocol.stored, counted at the next flush
-            tier._removed(victims)
-            tier.index.commit(key)
+            tier.index.commit(key, victims)  # and Tier._removed(victims), under one lock
             self._booked.append(perf_counter() - t0)
             return None
         # the plan's objects, as the job ran (NativeIO.recycle_plan made none)
