@@ -330,17 +330,18 @@ class LoadPath(_Path):
             n = out.nbytes
             addr = io._view_addr + cid * n
             proto = tier.protocol
-            if io.aligned:  # ChunkProtocol.load written out
-                dfd, name = proto.name(key)
+            if io.aligned:  # ChunkProtocol.load written out, the name by NativeIO's namer
+                shard, name = io.name_of(key)
+                dfd = proto.shard_fds[shard]
                 flags = proto.read_flags | (O_DIRECT if proto.use_direct else 0)
             else:
                 plan = proto.load(key, out, addr)  # counts the chunks that cannot have O_DIRECT
-                dfd, name, flags = plan.dfd, plan.name, plan.flags
+                dfd, name, flags = plan.dfd, plan.name.encode(), plan.flags
             io._hb_used[block] = HEADER_BLOCK  # NativeIO.hb_read_into
             # nativeio.fields written out (names are short: a key's token)
             hb = io._hb_addr + block * HEADER_BLOCK
             fields = (nativeio.READ, PRIO_LOAD, dfd, flags, -1, -1, 0, int(tier.verify), 0, 0, hb, HEADER_BLOCK, addr,
-                      n, 0, name.encode(), b"", b"")  # fmt: skip
+                      n, 0, name, b"", b"")  # fmt: skip
         except BaseException as e:
             tier._end_load(key, t0, e, entry)
             raise

@@ -198,6 +198,10 @@ class NativeIO:
         self._hb_used[block] = size
         return size
 
+    def name_of(self, key: bytes) -> tuple[int, bytes]:
+        """(shard, file name as bytes) of ``key``'s chunk (:func:`.layout.name_of`, in C where built)."""
+        return self._name_of(key) if len(key) <= MAX_B32_KEY else layout.name_of(key)
+
     def new_header(self, block: int, key: bytes, n: int) -> int:
         """Write the header of a store of ``n`` bytes under ``key`` (with a zero checksum: the
         workers fill it in) into header block ``block``; its length."""
@@ -217,7 +221,7 @@ class NativeIO:
         the objects for a job that did not simply succeed)."""
         proto = self._tier.protocol
         fds, name_of = proto.shard_fds, self._name_of
-        ks, kname = name_of(key) if len(key) <= MAX_B32_KEY else layout.name_of(key)
+        ks, kname = name_of(key) if len(key) <= MAX_B32_KEY else layout.name_of(key)  # self.name_of, written out
         vs, vname = name_of(victim) if len(victim) <= MAX_B32_KEY else layout.name_of(victim)
         temp = proto.names.next()
         size = self.new_header(block, key, n)
