@@ -19,18 +19,8 @@
 
 static const char ALPHABET[] = "abcdefghijklmnopqrstuvwxyz234567";
 
-static PyObject *b32(PyObject *self, PyObject *arg) {
-    (void)self;
-    if (!PyBytes_Check(arg)) {
-        PyErr_Format(PyExc_TypeError, "b32() takes bytes, not %.100s", Py_TYPE(arg)->tp_name);
-        return NULL;
-    }
-    const unsigned char *s = (const unsigned char *)PyBytes_AS_STRING(arg);
-    Py_ssize_t n = PyBytes_GET_SIZE(arg);
-    if (n > PY_SSIZE_T_MAX / 8) return PyErr_NoMemory();
-    PyObject *out = PyUnicode_New((8 * n + 4) / 5, 127);
-    if (out == NULL) return NULL;
-    Py_UCS1 *d = PyUnicode_1BYTE_DATA(out);
+/* The base32 of s[0:n] written at d (8n/5 characters, rounded up); the end. */
+static char *b32_into(const unsigned char *s, Py_ssize_t n, char *d) {
     /* the low bits of acc hold the bits not written yet (the older ones shift out unread) */
     uint32_t acc = 0;
     int bits = 0;
@@ -39,10 +29,24 @@ static PyObject *b32(PyObject *self, PyObject *arg) {
         bits += 8;
         while (bits >= 5) {
             bits -= 5;
-            *d++ = (Py_UCS1)ALPHABET[(acc >> bits) & 31];
+            *d++ = ALPHABET[(acc >> bits) & 31];
         }
     }
-    if (bits > 0) *d = (Py_UCS1)ALPHABET[(acc << (5 - bits)) & 31];
+    if (bits > 0) *d++ = ALPHABET[(acc << (5 - bits)) & 31];
+    return d;
+}
+
+static PyObject *b32(PyObject *self, PyObject *arg) {
+    (void)self;
+    if (!PyBytes_Check(arg)) {
+        PyErr_Format(PyExc_TypeError, "b32() takes bytes, not %.100s", Py_TYPE(arg)->tp_name);
+        return NULL;
+    }
+    Py_ssize_t n = PyBytes_GET_SIZE(arg);
+    if (n > PY_SSIZE_T_MAX / 8) return PyErr_NoMemory();
+    PyObject *out = PyUnicode_New((8 * n + 4) / 5, 127);
+    if (out == NULL) return NULL;
+    b32_into((const unsigned char *)PyBytes_AS_STRING(arg), n, (char *)PyUnicode_1BYTE_DATA(out));
     return out;
 }
 
@@ -91,18 +95,7 @@ static PyObject *name_of(PyObject *self, PyObject *arg) {
     if (need_xxh3("name_of") < 0) return NULL;
     const unsigned char *s = (const unsigned char *)PyBytes_AS_STRING(arg);
     char tok[(8 * MAX_B32_KEY + 4) / 5];
-    char *d = tok;
-    uint32_t acc = 0;
-    int bits = 0;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        acc = (acc << 8) | s[i];
-        bits += 8;
-        while (bits >= 5) {
-            bits -= 5;
-            *d++ = ALPHABET[(acc >> bits) & 31];
-        }
-    }
-    if (bits > 0) *d++ = ALPHABET[(acc << (5 - bits)) & 31];
+    char *d = b32_into(s, n, tok);
     long shard = (long)(xxh3(s, (size_t)n) & (N_SHARDS - 1));
     PyObject *token = PyBytes_FromStringAndSize(tok, d - tok);
     if (token == NULL) return NULL;

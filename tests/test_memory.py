@@ -160,6 +160,14 @@ def test_untracked_index_hands_out_victims_as_before() -> None:
     assert idx.reserve(b"a", 1) == []
 
 
+def _unpin(idx: LRUIndex, k: int, pins: dict[int, int], order: list[int]) -> None:
+    """The models' unpin: the last reader of an entry makes it the most recently used."""
+    idx.unpin(bytes([k]))
+    pins[k] -= 1
+    order.remove(k)
+    order.append(k)
+
+
 @settings(max_examples=200, deadline=None)
 @given(
     st.lists(st.tuples(st.sampled_from(["put", "touch", "discard", "pin", "unpin"]), st.integers(0, 7)), max_size=60)
@@ -205,10 +213,7 @@ def test_index_matches_a_reference_model(ops: list[tuple[str, int]]) -> None:
             if k in order:
                 pins[k] = pins.get(k, 0) + 1
         elif op == "unpin" and pins.get(k):
-            idx.unpin(key)
-            pins[k] -= 1
-            order.remove(k)
-            order.append(k)
+            _unpin(idx, k, pins, order)
         assert idx.keys() == [bytes([x]) for x in order]
         assert idx.used_bytes == len(order) <= cap
 
@@ -285,10 +290,7 @@ def test_eviction_of_chunks_of_several_sizes_matches_a_reference_model(ops: list
             assert idx.pin(key)
             pins[k] = pins.get(k, 0) + 1
         elif op == "unpin" and pins.get(k):
-            idx.unpin(key)
-            pins[k] -= 1
-            order.remove(k)
-            order.append(k)
+            _unpin(idx, k, pins, order)
         assert idx.keys() == [bytes([x]) for x in order if x not in held]
         assert idx.used_bytes == sum(map(size, order)) <= cap
         assert len(idx) == len(order) - len(held)
