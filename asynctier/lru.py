@@ -152,9 +152,7 @@ class LRUIndex:
                 )
         self._used -= freed
         self._committed -= len(victims)
-        if self.track_removals:  # _hand_out
-            for k in victims:
-                self._removing.setdefault(k, None)
+        self._hand_out(victims)
         return victims
 
     def _removal_event(self, key: bytes) -> threading.Event:
@@ -175,10 +173,13 @@ class LRUIndex:
         :meth:`discard` with ``removing``) is over, done or failed: writes of them may go on.
         Harmless for keys not being removed."""
         with self._lock:
-            for k in keys:
-                ev = self._removing.pop(k, None)
-                if ev is not None:  # someone waits
-                    ev.set()
+            self._removed_locked(keys)
+
+    def _removed_locked(self, keys: Iterable[bytes]) -> None:
+        for k in keys:
+            ev = self._removing.pop(k, None)
+            if ev is not None:  # someone waits
+                ev.set()
 
     def begin_remove(self, key: bytes) -> bool:
         """Before deleting ``key`` from the medium on request: drop its entry and, tracking
@@ -202,10 +203,7 @@ class LRUIndex:
         """The write of ``key`` succeeded: make it visible and most recently used. With
         ``removed``: :meth:`removed` of them too, under the same lock (a store's victims)."""
         with self._lock:
-            for k in removed:
-                ev = self._removing.pop(k, None)
-                if ev is not None:  # someone waits
-                    ev.set()
+            self._removed_locked(removed)
             e = self._entries.get(key)
             if e is None:  # removed while being written; nothing to publish
                 return

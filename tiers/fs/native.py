@@ -205,10 +205,10 @@ class NativeIO:
     def new_header(self, block: int, key: bytes, n: int) -> int:
         """Write the header of a store of ``n`` bytes under ``key`` (with a zero checksum: the
         workers fill it in) into header block ``block``; its length."""
-        pack = self._pack_header_into
+        pack, digest = self._pack_header_into, self._tier.offloading_spec.layout_digest
         if pack is None:
-            return self._put_header(block, pack_header(key, n, 0, self._tier.offloading_spec.layout_digest))
-        size = pack(self.slot_hb[block], self._hb_used[block], key, n, self._tier.offloading_spec.layout_digest)
+            return self._put_header(block, pack_header(key, n, 0, digest))
+        size = pack(self.slot_hb[block], self._hb_used[block], key, n, digest)
         self._hb_used[block] = size
         return size
 
@@ -220,9 +220,9 @@ class NativeIO:
         temporary name it gives the victim's file (``protocol.recycle(..., temp=)`` makes
         the objects for a job that did not simply succeed)."""
         proto = self._tier.protocol
-        fds, name_of = proto.shard_fds, self._name_of
-        ks, kname = name_of(key) if len(key) <= MAX_B32_KEY else layout.name_of(key)  # self.name_of, written out
-        vs, vname = name_of(victim) if len(victim) <= MAX_B32_KEY else layout.name_of(victim)
+        fds = proto.shard_fds
+        ks, kname = self.name_of(key)
+        vs, vname = self.name_of(victim)
         temp = proto.names.next()
         size = self.new_header(block, key, n)
         return (nativeio.RECYCLE, PRIO_STORE, fds[ks], flags | SAFE_OPEN, self._tier._lock_fd, fds[vs],
