@@ -120,7 +120,7 @@ async def test_the_fast_recycle_plan_is_the_protocols_plan(tmp_path: Path, twins
             assert fields[:hb] + fields[hb + 1 :] == want[:hb] + want[hb + 1 :], key
             assert fields[hb] + HEADER_BLOCK == want[hb]
             assert bytes(io.slot_hb[0]) == bytes(io.slot_hb[1])
-            assert temp.startswith(layout.TMP_PREFIX) and sj.temp == temp
+            assert temp.startswith(layout.TMP_PREFIX)
 
 
 @native_only
