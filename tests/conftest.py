@@ -1,11 +1,28 @@
-"""Every async test runs on the stock asyncio loop and on uvloop."""
+"""Every async test runs on the stock asyncio loop and on uvloop; test files go to a tmpfs.
+
+Why a tmpfs: an fs tier makes 256 shard directories and a few dozen files ahead when it
+opens, and the suite opens about a thousand tiers and deletes their files after each test.
+On an ext4 without a journal (this project's CI machines) every new inode then scans the
+inodes freed in the last minute or so (docs/tiers/fs.md, "Where a store's time goes"):
+``perf`` put a quarter of the machine's CPU there, and the suite took 480-510 s against
+270 s on a tmpfs. A tmpfs is a real file system with every call the tiers make (O_TMPFILE,
+renames, OFD locks; O_DIRECT where the kernel has it, checked here); the tests about a disk's
+own file system take :func:`disk_tmp_path` instead (``tests/disk_helpers.py``).
+
+``ASYNCTIER_TEST_TMP``: ``disk`` keeps every test under the system's temporary directory;
+a directory puts them there; unset, a tmpfs at ``/dev/shm`` with room is used where there
+is one. ``--basetemp`` given on the command line wins over all three.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+import shutil
 import sys
-from collections.abc import Callable, Mapping
+import tempfile
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +32,89 @@ from asynctier.testing import loop_factories
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
+
+#: The system's temporary directory, where :func:`disk_tmp_path` puts its directories.
+DISK_TMP = Path(tempfile.gettempdir())
+_PREFIX = "asynctier-tests-"
+_TMPFS_ROOM = 4 << 30  # an nvme conformance slab is 145 MB; a failed test keeps its files
+
+
+def _tmpfs_base() -> Path | None:
+    """/dev/shm if it is a tmpfs with room and takes O_DIRECT opens (else aligned tests
+    would take the buffered fallback there), writable by this user."""
+    shm = Path("/dev/shm")
+    try:
+        with open("/proc/self/mounts") as mounts:
+            if not any(line.split()[1:3] == [str(shm), "tmpfs"] for line in mounts):
+                return None
+        st = os.statvfs(shm)
+        if st.f_bavail * st.f_frsize < _TMPFS_ROOM:
+            return None
+        fd, probe = tempfile.mkstemp(dir=shm, prefix=_PREFIX)
+        os.close(fd)
+        try:
+            os.close(os.open(probe, os.O_RDONLY | getattr(os, "O_DIRECT", 0)))
+        finally:
+            os.unlink(probe)
+    except OSError:
+        return None
+    return shm
+
+
+def _remove_stale(base: Path) -> None:
+    """Directories earlier runs left in ``base`` (their tests failed): gone once their process is."""
+    for d in base.glob(f"{_PREFIX}*-*"):
+        pid = d.name[len(_PREFIX) :].split("-", 1)[0]
+        if not pid.isdigit():
+            continue  # not a run's
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            shutil.rmtree(d, ignore_errors=True)
+        except OSError:
+            pass  # alive, another user's
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if config.option.basetemp:
+        return
+    choice = os.environ.get("ASYNCTIER_TEST_TMP", "")
+    if choice == "disk":
+        return
+    base = Path(choice) if choice else _tmpfs_base()
+    if base is None:
+        return
+    if not choice:
+        _remove_stale(base)
+    config.option.basetemp = tempfile.mkdtemp(prefix=f"{_PREFIX}{os.getpid()}-", dir=base)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    # pytest removed each passed test's directory (tmp_path_retention_policy): what is left
+    # is a failed test's, kept for a look until the next run on this machine
+    base = config.option.basetemp
+    if base and Path(base).name.startswith(_PREFIX):
+        with contextlib.suppress(OSError):
+            Path(base).rmdir()  # empty: every test passed
+
+
+@pytest.fixture
+def disk_tmp_path(request: pytest.FixtureRequest) -> Iterator[Path]:
+    """A directory on the file system of the system's temporary directory (a disk's, where
+    tests run on a tmpfs), removed after the test unless it failed."""
+    path = Path(tempfile.mkdtemp(prefix=f"{_PREFIX}disk-", dir=DISK_TMP))
+    yield path
+    report = getattr(request.node, "rep_call", None)
+    if report is None or not report.failed:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    report = yield
+    if report.when == "call":
+        item.rep_call = report  # type: ignore[attr-defined]
+    return report
 
 
 def pytest_asyncio_loop_factories(config: Any, item: Any) -> Mapping[str, Callable[[], asyncio.AbstractEventLoop]]:

@@ -10,7 +10,8 @@ import pytest
 from asynctier.cli import benchkit
 
 
-def test_settle_waits_for_a_quiet_device_after_deletions(tmp_path: Path) -> None:
+def test_settle_waits_for_a_quiet_device_after_deletions(disk_tmp_path: Path) -> None:
+    tmp_path = disk_tmp_path  # a block device's statistics: not the suite's tmpfs
     stat = benchkit._device_stat(tmp_path)
     if stat is None:
         pytest.skip(f"{tmp_path} is not on a block device")

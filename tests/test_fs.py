@@ -30,6 +30,7 @@ from typing import Any
 
 import anyio
 import pytest
+from disk_helpers import OnDisk
 from fs_helpers import chunk_file, damage_file, swap_files
 
 from asynctier import (
@@ -77,9 +78,10 @@ class TestFsConformance(TierConformance):
         await anyio.to_thread.run_sync(swap_files, chunk_file(h.tier, key_a), chunk_file(h.tier, key_b))
 
 
-class TestFsConformanceDirectIO(TestFsConformance):
-    """A page-aligned primary buffer: chunks move with O_DIRECT straight from and into it.
-    The I/O path differs, not the loop: one backend."""
+class TestFsConformanceDirectIO(OnDisk, TestFsConformance):
+    """A page-aligned primary buffer: chunks move with O_DIRECT straight from and into it,
+    on a disk's file system (not the suite's tmpfs). The I/O path differs, not the loop: one
+    backend."""
 
     page_aligned_buffer = True
     backends = ("asyncio",)
@@ -98,8 +100,8 @@ class TestFsConformanceThreads(TestFsConformance):
         return {**super().tier_config(tmp_path), "io_engine": "threads"}
 
 
-class TestFsConformanceThreadsDirectIO(TestFsConformanceThreads):
-    """The threads engine with O_DIRECT (one backend, as above)."""
+class TestFsConformanceThreadsDirectIO(OnDisk, TestFsConformanceThreads):
+    """The threads engine with O_DIRECT, on a disk (one backend, as above)."""
 
     page_aligned_buffer = True
     backends = ("asyncio",)

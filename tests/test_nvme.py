@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from disk_helpers import OnDisk
 from nvme_helpers import CHUNK, chunk_at, damage_slot, fill, make, swap_slots
 
 from asynctier import OffloadingSpec, SecondaryTierFactory, TierConfigError
@@ -48,8 +49,9 @@ class TestNvmeTier(TierConformance):
         }
 
 
-class TestNvmeTierAligned(TestNvmeTier):
-    """The same checks with a page-aligned primary buffer (pinned memory is): the zero-copy path,
+class TestNvmeTierAligned(OnDisk, TestNvmeTier):
+    """The same checks with a page-aligned primary buffer (pinned memory is), on a disk's file
+    system (O_DIRECT there, not on the suite's tmpfs): the zero-copy path,
     where loads run on the native workers (io_engine "auto"), planned and booked on the loop
     thread: asyncio and trio."""
 

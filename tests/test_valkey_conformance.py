@@ -28,8 +28,18 @@ class _ValkeyHooks(TierConformance):
     cluster: bool = False
 
     def tier_config(self, tmp_path: Path) -> dict[str, Any]:
-        # a key prefix per check: the suite's keys repeat from check to check on one server
-        return {"type": "valkey", "url": self.url, "key_prefix": f"conf{next(_prefixes)}"}
+        # a key prefix per check: the suite's keys repeat from check to check on one server.
+        # Pipelines of 4 chunks: a call of the suite's 64 chunks is then 16 of them for 4
+        # in-flight slots, so a cancellation check's interruption lands while some wait. With
+        # the default 1 MiB a call was 4 pipelines, all in flight at once, and under trio
+        # (the client on its own loop thread) they often all ended before the deadline did:
+        # a deadline check missed 30 tries in a row. test_valkey.py keeps the default size.
+        return {
+            "type": "valkey",
+            "url": self.url,
+            "key_prefix": f"conf{next(_prefixes)}",
+            "pipeline_bytes": 4 * self.chunk_bytes,
+        }
 
     def _raw(self) -> Any:
         import valkey
