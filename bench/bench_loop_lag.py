@@ -109,11 +109,12 @@ async def measure(
     async with tier:
         # idle: the loop with nothing to do but the ticker
         ticker = Ticker()
+        seen = benchkit.Interference()
         task = asyncio.ensure_future(ticker.run())
         await asyncio.sleep(min(1.0, args.seconds))
         ticker.stop()
         await task
-        out.append({"op": "idle", "bytes_per_s": 0.0, "lag": ticker.summary()})
+        out.append({"op": "idle", "bytes_per_s": 0.0, "lag": ticker.summary(), **seen.stop()})
 
         stored: list[bytes] = []
         counter = 0
@@ -147,6 +148,7 @@ async def measure(
                 if len(keep) < args.batch:
                     continue
             ticker = Ticker()
+            seen = benchkit.Interference()
             task = asyncio.ensure_future(ticker.run())
             t0 = time.perf_counter()
             deadline = t0 + args.seconds
@@ -161,6 +163,7 @@ async def measure(
                     "bytes": moved,
                     "failed_chunks": failures,
                     "lag": ticker.summary(),
+                    **seen.stop(),
                 }
             )
         stats = tier.stats()
@@ -325,6 +328,8 @@ def main() -> int:
             f"{r['lag']['p999_s'] * 1e3:.2f}",
             f"{r['lag']['max_s'] * 1e3:.2f}",
             str(r["lag"]["samples"]),
+            f"{r['steal_share'] * 100:.1f}" if r.get("steal_share") is not None else "-",
+            str(r["loop_preempted"]),
             ("yes" if r["lag"]["p99_s"] <= TARGET_P99_S else "no") if r["op"] != "idle" else "",
         ]
         for r in results
@@ -342,7 +347,10 @@ def main() -> int:
             f"{args.streams} producers keep the tier busy with {args.batch}-chunk calls (max_inflight = depth) "
             f"for {args.seconds:g} s per phase. Loads read chunks just written (page cache warm: the most CPU per "
             f"second the loop has to share). Target: p99 <= {TARGET_P99_S * 1e3:g} ms during an fs offload at "
-            "full speed.",
+            "full speed. *steal %*: the share of the machine's CPU time its hypervisor kept meanwhile (a "
+            "virtual CPU stopped, which no thread in the guest sees); *loop preempted*: the loop thread's "
+            "involuntary context switches. On a virtual machine a lag tail with steal well above zero is "
+            "the host's, not the tier's.",
             "",
             benchkit.md_table(
                 [
@@ -357,6 +365,8 @@ def main() -> int:
                     "p99.9 ms",
                     "max ms",
                     "samples",
+                    "steal %",
+                    "loop preempted",
                     f"p99 <= {TARGET_P99_S * 1e3:g} ms",
                 ],
                 rows,

@@ -91,13 +91,17 @@ def test_bench_loop_lag_measures_lag_during_each_stream(tmp_path: Path) -> None:
     for r in results:
         assert r["lag"], r  # the ticker ran while the stream did
         assert r["worker_nice"] == 3, r  # the tier got it
+        # what the host and the scheduler took meanwhile, beside the lag
+        assert r["steal_share"] is None or 0.0 <= r["steal_share"] <= 1.0, r
+        assert isinstance(r["loop_preempted"], int) and r["loop_preempted"] >= 0, r
     assert {r["run"] for r in results} == {0, 1}  # every point, twice
     for p in report["points"]:  # each streaming point over its two runs
         assert len(p["p99_s"]) == 2 and min(p["p99_s"]) <= p["median_p99_s"] <= max(p["p99_s"]), p
         assert p["runs_over_target"] == sum(v > report["target_p99_s"] for v in p["p99_s"]), p
     worst = max(p["median_p99_s"] for p in report["points"] if p["op"] == "offload" and p["asked"] == "auto")
     assert report["worst_fs_offload_p99_s"] == worst
-    assert "Each point over the runs" in (out / "loop_lag.md").read_text()
+    md = (out / "loop_lag.md").read_text()
+    assert "Each point over the runs" in md and "| steal % | loop preempted |" in md
 
 
 @needs_fio

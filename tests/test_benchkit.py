@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -63,3 +66,21 @@ def test_run_fio_writes_its_own_files_whatever_the_cwd_holds(tmp_path: Path, mon
         assert r.bytes_per_s > 0
         assert sorted(os.listdir(work)) == [], os.listdir(work)  # every file it wrote was removed
     assert sorted(os.listdir(tmp_path)) == ["asynctier", "fio"]
+
+
+def test_interference_counts_this_threads_involuntary_switches_and_the_hosts_steal() -> None:
+    """A thread kept busy beside more busy processes than CPUs is switched out while it could
+    run; the steal share is a fraction of the machine's CPU time."""
+    spin = "import time\nend = time.monotonic() + 1.0\nwhile time.monotonic() < end: pass"
+    others = [subprocess.Popen([sys.executable, "-c", spin]) for _ in range(2 * (os.cpu_count() or 1))]
+    try:
+        seen = benchkit.Interference()
+        end = time.monotonic() + 0.5
+        while time.monotonic() < end:
+            pass
+        got = seen.stop()
+    finally:
+        for p in others:
+            p.wait()
+    assert got["loop_preempted"] > 0, got
+    assert got["steal_share"] is None or 0.0 <= got["steal_share"] <= 1.0, got

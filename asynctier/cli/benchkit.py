@@ -10,6 +10,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import resource
 import shutil
 import subprocess
 import time
@@ -307,6 +308,44 @@ def percentile(sorted_values: list[float], p: float) -> float:
     if not sorted_values:
         return 0.0
     return sorted_values[min(len(sorted_values) - 1, int(p * len(sorted_values)))]
+
+
+def _cpu_ticks() -> tuple[int, int] | None:
+    """(all, steal) clock ticks of every CPU so far, from ``/proc/stat``; None where it is absent."""
+    try:
+        with open("/proc/stat") as f:
+            fields = f.readline().split()
+    except OSError:
+        return None
+    if len(fields) < 9 or fields[0] != "cpu":
+        return None
+    ticks = [int(v) for v in fields[1:9]]  # user nice system idle iowait irq softirq steal
+    return sum(ticks), ticks[7]
+
+
+class Interference:
+    """What took the CPU from this thread between its making and :meth:`stop`: the share of
+    the machine's CPU time its hypervisor kept (*steal*, from ``/proc/stat``; a virtual CPU
+    stopped while the host serves someone else, which no thread in the guest sees), and how
+    many times this thread was switched out while it could have run (involuntary context
+    switches). Event-loop lag measured on a virtual machine means little without them."""
+
+    def __init__(self) -> None:
+        self._ticks = _cpu_ticks()
+        self._switches = _thread_switches()
+
+    def stop(self) -> dict[str, Any]:
+        """``steal_share`` (0..1, None where ``/proc/stat`` is absent) and ``loop_preempted``
+        (the calling thread's involuntary switches) since this was made."""
+        t0, t1 = self._ticks, _cpu_ticks()
+        steal = (t1[1] - t0[1]) / (t1[0] - t0[0]) if t0 and t1 and t1[0] > t0[0] else None
+        return {"steal_share": steal, "loop_preempted": _thread_switches() - self._switches}
+
+
+def _thread_switches() -> int:
+    """Involuntary context switches of the calling thread so far (of the process where the
+    system does not count them per thread)."""
+    return resource.getrusage(getattr(resource, "RUSAGE_THREAD", resource.RUSAGE_SELF)).ru_nivcsw
 
 
 async def naive_aiofiles(
