@@ -84,8 +84,7 @@ def pytest_configure(config: pytest.Config) -> None:
     base = Path(choice) if choice else _tmpfs_base()
     if base is None:
         return
-    if not choice:
-        _remove_stale(base)
+    _remove_stale(base)
     config.option.basetemp = tempfile.mkdtemp(prefix=f"{_PREFIX}{os.getpid()}-", dir=base)
 
 
