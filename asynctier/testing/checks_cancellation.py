@@ -26,6 +26,13 @@ __all__ = ["CancellationChecks"]
 # how long a check watches for I/O that goes on after the caller got control back
 _AFTERMATH_S = 0.05
 
+# why an interruption may never land, and what the test class can do about it
+_NO_WINDOW = (
+    "the interruption comes once the tier reports progress, so a tier that starts all of a call's "
+    "chunks at once (as many batches as max_inflight) and ends them together leaves it no window: "
+    "give the test class a config with more, smaller batches than max_inflight"
+)
+
 
 async def _assert_quiet_after(h: Harness, got: Interrupted, progress: Callable[[], int], what: str) -> None:
     """Nothing of the interrupted call was running at its return, and nothing ran later."""
@@ -65,7 +72,7 @@ class CancellationChecks(SuiteBase):
             assert bytes(h.buf) == got.buffer, "the primary buffer changed after the interrupted load returned"
             if landed >= want:
                 break
-        assert landed, f"could not interrupt a load ({how}) mid-transfer in 30 attempts (tier too fast for this check?)"
+        assert landed, f"could not interrupt a load ({how}) mid-transfer in 30 attempts; {_NO_WINDOW}"
 
     async def _interrupt_offloads(self, h: Harness, how: How, want: int) -> None:
         """Interrupt an offload of every slot mid-transfer ``want`` times; the caller then
@@ -101,7 +108,7 @@ class CancellationChecks(SuiteBase):
             h.refill(data)  # for the next attempt
             if landed >= want:
                 break
-        assert landed, f"could not interrupt an offload ({how}) mid-transfer in 30 attempts"
+        assert landed, f"could not interrupt an offload ({how}) mid-transfer in 30 attempts; {_NO_WINDOW}"
 
     def test_cancelled_load_waits_for_inflight_io(self, tmp_path: Path, backend: Backend) -> None:
         async def check() -> None:
