@@ -1,7 +1,7 @@
-"""Group jobs of the native workers (``nativeio.GROUP``): several files read by one worker
-in one slot, each as if alone, reported once; and the fs tier's
-loads that run as such jobs when a call has at least twice as many chunks as its share of
-``max_inflight``."""
+"""Group jobs of the native workers (``nativeio.GROUP``): several files read, or written and
+recycled, by one worker in one slot, each as if alone, reported once; and the fs tier's loads
+that run as such jobs when a call has at least twice as many chunks as its share of
+``max_inflight``, and its stores when they fill the tier (each then recycles a victim's file)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from asynctier import ChunkNotFoundError, IntegrityError, OffloadingSpec, Second
 from asynctier.core import Op
 from asynctier.engines import native as nativeio
 from asynctier.integrity import checksum
-from asynctier.tiers.fs import FsTier
+from asynctier.tiers.fs import HEADER_BLOCK, FsTier
 from asynctier.tiers.fs.native import GROUP_CHUNKS
 
 native_only = pytest.mark.skipif(nativeio.problem() is not None, reason=f"no native workers: {nativeio.problem()}")
@@ -70,6 +70,58 @@ async def test_a_group_reads_each_file_as_if_alone_and_reports_each_outcome(tmp_
         os.close(dfd)
 
 
+def _recycle(dfd: int, name: bytes, victim: bytes, temp: bytes, lock_fd: int, hb: Buf, buf: Buf) -> nativeio.JobFields:
+    f = nativeio.fields(nativeio.RECYCLE, 0, dfd, name, flags=os.O_WRONLY, fd=lock_fd, dfd2=dfd, name2=victim,
+                        hb=ctypes.addressof(hb), hb_len=HB, buf=ctypes.addressof(buf), n=N, body_len=BODY)  # fmt: skip
+    return (*f[:-1], temp)
+
+
+BODY = 28  # a header body whose payload checksum sits at CSUM_OFFSET (20); its own follows it
+
+
+def _sums(hb: bytes, payload: bytes) -> bool:
+    """Whether a written header block carries the payload's checksum and its own."""
+    return int.from_bytes(hb[20:28], "little") == checksum(payload) and int.from_bytes(
+        hb[BODY : BODY + 8], "little"
+    ) == checksum(hb[:BODY])
+
+
+@native_only
+async def test_a_group_writes_and_recycles_each_file_as_if_alone(tmp_path: Path) -> None:
+    """A store group: a new file, a victim's file recycled under a new name, a recycle
+    whose victim is gone and one more recycle. Each has its own outcome and its header's
+    checksums filled in; the failed one stops nothing and leaves nothing behind."""
+    (tmp_path / "victim1").write_bytes(b"old" * 100)
+    (tmp_path / "victim3").write_bytes(b"older" * 100)
+    (tmp_path / "lock").write_bytes(b"")
+    dfd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    lock_fd = os.open(tmp_path / "lock", os.O_RDONLY)
+    pool = nativeio.NativePool(threads=2, bound=1, slots=2)
+    pool.attach()
+    hbs = [ctypes.create_string_buffer(b"h" * HB, HB) for _ in range(4)]
+    bufs = [ctypes.create_string_buffer(bytes([65 + i]) * N, N) for i in range(4)]
+    w = nativeio.fields(nativeio.WRITE, 0, dfd, b"new0", flags=os.O_WRONLY, hb=ctypes.addressof(hbs[0]), hb_len=HB,
+                        buf=ctypes.addressof(bufs[0]), n=N, body_len=BODY)  # fmt: skip
+    subs = [w, _recycle(dfd, b"new1", b"victim1", b"t1", lock_fd, hbs[1], bufs[1]),
+            _recycle(dfd, b"new2", b"victim2", b"t2", lock_fd, hbs[2], bufs[2]),
+            _recycle(dfd, b"new3", b"victim3", b"t3", lock_fd, hbs[3], bufs[3])]  # fmt: skip
+    try:
+        res = await pool.run(1, nativeio.Job(-1, 0, *pool.group(1, 0, subs)))
+        assert (res.result, res.stage) == (4, 0)
+        out = pool.group_outcomes(1, 4)
+        for i in (0, 1, 3):
+            assert out[i] == (HB + N, checksum(bufs[i].raw), 0, 0), (i, out[i])
+            got = (tmp_path / f"new{i}").read_bytes()
+            assert got[HB:] == bufs[i].raw and _sums(got[:HB], bufs[i].raw), i
+        assert out[2][0] == -errno.ENOENT and out[2][2] == nativeio.ST_OPEN
+        assert sorted(os.listdir(tmp_path)) == ["lock", "new0", "new1", "new3"]
+        assert pool.counts()[:2] == (0, 1)  # one token for the whole group
+    finally:
+        await pool.aclose()
+        os.close(dfd)
+        os.close(lock_fd)
+
+
 @native_only
 def test_a_group_out_of_bounds_is_refused() -> None:
     pool = nativeio.NativePool(threads=1, bound=1, slots=1)
@@ -84,18 +136,21 @@ def test_a_group_out_of_bounds_is_refused() -> None:
 
 @native_only
 async def test_the_workers_refuse_a_group_of_other_kinds(tmp_path: Path) -> None:
-    """Only reads go in a group (no writes, no unlinks, no nested groups): refused, nothing
-    done."""
+    """Reads, or writes and recycles, go in a group: a read beside a write, an unlink, a
+    nested group are refused, nothing done."""
+    (tmp_path / "x").write_bytes(b"kept")
     dfd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
     pool = nativeio.NativePool(threads=1, bound=1, slots=1)
     pool.attach()
     hb, buf = ctypes.create_string_buffer(HB), ctypes.create_string_buffer(N)
+    read, write = _read(dfd, b"x", hb, buf), _write(dfd, b"new", hb, buf)
     try:
-        for sub in (_write(dfd, b"new", hb, buf), nativeio.fields(nativeio.UNLINK, 0, dfd, b"x")):
-            bad = pool.group(0, 0, [sub])
+        inner = pool.group(0, 0, [read])
+        for subs in ([read, write], [write, read], [nativeio.fields(nativeio.UNLINK, 0, dfd, b"x")], [inner]):
+            bad = pool.group(0, 0, subs)
             with pytest.raises(OSError, match="refused"):
                 await pool.run(0, nativeio.Job(-1, 0, *bad))
-        assert not (tmp_path / "new").exists()
+        assert not (tmp_path / "new").exists() and (tmp_path / "x").read_bytes() == b"kept"
     finally:
         await pool.aclose()
         os.close(dfd)
@@ -212,21 +267,110 @@ async def test_a_cancelled_call_of_group_jobs_waits_for_those_running(tmp_path: 
 @native_only
 async def test_group_sizes(tmp_path: Path) -> None:
     """A load's share of max_inflight: as many jobs over the calls in progress, at most
-    GROUP_CHUNKS chunks and 1 MiB per call in progress each; stores, other operations and
-    the threads engine: one chunk a job."""
+    GROUP_CHUNKS chunks and 1 MiB per call in progress each; stores the same only when they
+    fill a tier that recycles; other operations and the threads engine: one chunk a job."""
     tier, _ = fs_tier(tmp_path, max_inflight=4)
     threads, _ = fs_tier(tmp_path / "t", "threads", max_inflight=4)
     big, _ = fs_tier(tmp_path / "b", max_inflight=4, chunk=512 * 1024)
+    bounded, _ = fs_tier(tmp_path / "c", max_inflight=4, capacity_bytes=64 * PER)
+    unrecycled, _ = fs_tier(tmp_path / "u", max_inflight=4, capacity_bytes=PER, recycle=False)
     assert GROUP_CHUNKS <= nativeio.GROUP_MAX  # a group the fs tier plans always fits the pool's
-    async with tier, threads, big:
+    async with tier, threads, big, bounded, unrecycled:
         assert [tier.group_size(Op.LOAD, n) for n in (1, 4, 7, 8, 16, 64)] == [1, 1, 1, 2, 4, GROUP_CHUNKS]
-        assert tier.group_size(Op.STORE, 64) == 1 and tier.group_size(Op.REMOVE, 64) == 1
+        assert tier.group_size(Op.STORE, 64) == 1 and tier.group_size(Op.REMOVE, 64) == 1  # no capacity
+        assert bounded.group_size(Op.STORE, 64) == 1 and bounded.group_size(Op.STORE, 65) == 8  # fits / fills
+        assert unrecycled.group_size(Op.STORE, 64) == 1
         assert threads.group_size(Op.LOAD, 64) == 1
         tier._active = 1  # another call in progress: this one's share is half
         assert tier.group_size(Op.LOAD, 16) == 8
         assert big.group_size(Op.LOAD, 64) == 2
         big._active = 3
         assert big.group_size(Op.LOAD, 64) == GROUP_CHUNKS
+
+
+PER = HEADER_BLOCK + CHUNK  # a chunk's bytes on disk
+
+
+@native_only
+async def test_stores_that_fill_the_tier_run_as_group_jobs_each_recycling_a_victim(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Into a tier with room, stores go one chunk a job; once a call fills it, as group jobs
+    whose every chunk takes a victim's file: each key then loads its own bytes, each
+    eviction is counted once, and the disk holds the new chunks only."""
+    spy = GroupSpy(monkeypatch)
+    tier, view = fs_tier(tmp_path, chunks=32, max_inflight=2, capacity_bytes=16 * PER)
+    data = os.urandom(len(view))
+    view[:] = data
+    old, new = [b"old-%d" % i for i in range(16)], [b"new-%d" % i for i in range(16)]
+    async with tier:
+        assert (await tier.offload(old, list(range(16)))).ok
+        assert spy.sizes == []  # it fitted
+        assert tier.group_size(Op.STORE, 16) == 8
+        inodes = {chunk_file(tier, k).stat().st_ino for k in old}
+        assert (await tier.offload(new, list(range(16, 32)))).ok
+        assert spy.sizes == [8, 8]
+        s = tier.stats()
+        assert (s.evictions, s.extra.get("recycled"), s.stored_chunks) == (16, 16, 16), s.extra
+        assert {chunk_file(tier, k).stat().st_ino for k in new} == inodes  # the victims' files
+        assert await tier.lookup(old) == [False] * 16
+        view[:] = bytes(len(view))
+        assert (await tier.load(new, list(range(16)))).ok
+        assert bytes(view[: 16 * CHUNK]) == data[16 * CHUNK :]
+
+
+@native_only
+async def test_a_store_group_chunk_whose_victim_vanished_goes_on_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A victim's file deleted behind the tier's back fails that chunk's recycle in the
+    group; the chunk is stored on the slow path, the others recycled; all load back."""
+    spy = GroupSpy(monkeypatch)
+    tier, view = fs_tier(tmp_path, chunks=16, max_inflight=1, capacity_bytes=8 * PER)
+    data = os.urandom(len(view))
+    view[:] = data
+    old, new = [b"o%d" % i for i in range(8)], [b"n%d" % i for i in range(8)]
+    async with tier:
+        assert (await tier.offload(old, list(range(8)))).ok
+        chunk_file(tier, b"o2").unlink()  # the third store's victim (least recently used first)
+        assert (await tier.offload(new, list(range(8, 16)))).ok
+        assert spy.sizes == [8]
+        s = tier.stats()
+        assert s.evictions == 8 and s.extra.get("recycled") == 7 and s.stored_chunks == 8, s.extra
+        view[:] = bytes(len(view))
+        assert (await tier.load(new, list(range(8)))).ok
+        assert bytes(view[: 8 * CHUNK]) == data[8 * CHUNK :]
+        # the chunks' files and nothing else: no victim's, no temporary name left behind
+        on_disk = sorted(p for p in tier.dir.glob("??/*") if p.is_file())
+        assert on_disk == sorted(chunk_file(tier, k) for k in new)
+
+
+@native_only
+async def test_a_cancelled_call_of_store_groups_leaves_each_key_whole_or_absent(tmp_path: Path) -> None:
+    """Cancelled while its store groups run: the groups not started are withdrawn, the call
+    comes back once none runs; every key it stored loads the bytes it had when the call
+    began, the others are absent."""
+    tier, view = fs_tier(tmp_path, chunks=128, max_inflight=1, capacity_bytes=64 * PER)
+    data = os.urandom(len(view))
+    view[:] = data
+    old, new = [b"o%d" % i for i in range(64)], [b"n%d" % i for i in range(64)]
+    async with tier:
+        assert (await tier.offload(old, list(range(64)))).ok
+        assert tier.group_size(Op.STORE, 64) == 8
+        task = asyncio.ensure_future(tier.offload(new, list(range(64, 128))))
+        await asyncio.sleep(0)  # it plans its first groups (16 chunks a turn) and waits for them
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert tier.stats().in_flight == 0
+        view[64 * CHUNK :] = bytes(64 * CHUNK)  # the caller reuses its slots at once
+        stored = [k for k, hit in zip(new, await tier.lookup(new)) if hit]
+        assert 0 < len(stored) < 64  # groups ran, others were withdrawn
+        res = await tier.load(stored, list(range(len(stored))))
+        assert res.ok, res.failed
+        for slot, k in enumerate(stored):
+            i = 64 + new.index(k)
+            assert bytes(view[slot * CHUNK : (slot + 1) * CHUNK]) == data[i * CHUNK : (i + 1) * CHUNK]
 
 
 @native_only

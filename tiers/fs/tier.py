@@ -451,18 +451,16 @@ class FsTier(BlockingChunkTier):
         return engine
 
     def group_size(self, op: Op, n: int) -> int:
-        """Chunks per job for a load of ``n`` chunks: on the native engine, a call's share of
+        """Chunks per job for a call of ``n`` chunks: on the native engine, a call's share of
         ``max_inflight`` is as many jobs as that over the calls in progress, and a call with at
         least twice as many chunks puts several (up to ``GROUP_CHUNKS``, and ``GROUP_BYTES`` per
         call in progress) in each job, each its own file, so that the loop thread plans, submits
-        and books one job for them. Not while the index is rebuilt (a miss is looked up on a
-        thread, and a group's continuations run one after another).
-
-        Stores stay one chunk a job: grouped the same way they cost the loop 13-22 % less CPU,
-        but its p99 lag while streaming offloads went over issue 28's 2 ms (2-3.4 ms while the
-        pool's lock was on the loop's side; still in 2-3 of 7 runs without it: the scheduler
-        gives a woken worker the loop's CPU; docs/benchmarks.md, eighth and ninth passes)."""
-        if self._native is None or n < 2 or op is not Op.LOAD or self.index_incomplete:
+        and books one job for them. Loads, while the index is complete (a miss is looked up on
+        a thread, and a group's continuations run one after another); stores into a tier they
+        will fill, whose chunks then recycle their victims' files (:meth:`_groups_stores`)."""
+        if self._native is None or n < 2 or self.index_incomplete:
+            return 1
+        if op is not Op.LOAD and not (op is Op.STORE and self._groups_stores(n)):
             return 1
         calls = self._active + 1
         share = max(1, (self.max_inflight or 1) // calls)
@@ -471,6 +469,20 @@ class FsTier(BlockingChunkTier):
         # chunks, whose loop-thread cost is small beside their I/O, stay one a job
         most = min(GROUP_CHUNKS, GROUP_BYTES * calls // self.offloading_spec.chunk_bytes)
         return max(1, min(most, n // share))
+
+    def _groups_stores(self, n: int) -> bool:
+        """Whether a store of ``n`` chunks goes as group jobs: only into a tier it fills, where
+        its chunks recycle their victims' files (a cache's steady state). Into a tier with
+        room each chunk makes a new file, and a group made all of them ahead of its I/O: on
+        ext4 without a journal that cost the loop's p99 lag over 2 ms (docs/benchmarks.md,
+        eighth pass)."""
+        cap = self.capacity_bytes
+        return (
+            self.recycle_on
+            and not self.network_fs
+            and cap is not None
+            and self.index.used_bytes + n * self._chunk_size > cap
+        )
 
     def group_body(self, op: Op) -> Callable[[list[bytes], list[int], float], Any]:
         body = self.job_body(op)  # the native engine's coroutine per chunk
