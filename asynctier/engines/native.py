@@ -89,8 +89,9 @@ class Job(ctypes.Structure):
     :data:`COMMIT`, a journal write: ``hb`` the address of ``hb_len`` int32 descriptors to
     ``fdatasync`` first, ``buf``/``len`` the bytes written at ``off`` of ``fd``, ``sync`` to
     ``fdatasync`` it after; :data:`GROUP`, several reads (:data:`READ`), or several writes and
-    recycles, run one after another in one slot (:meth:`NativePool.group`). ``hb``/``hb_len`` and ``buf``/``len``: the
-    header block and the payload (addresses that stay valid until the job ends).
+    recycles, run one after another in one slot (:meth:`NativePool.group`). ``hb``/``hb_len``
+    and ``buf``/``len``: the header block and the payload (addresses that stay valid until the
+    job ends).
     """
 
     _fields_ = [
