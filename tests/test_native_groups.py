@@ -291,6 +291,15 @@ async def test_group_sizes(tmp_path: Path) -> None:
 PER = HEADER_BLOCK + CHUNK  # a chunk's bytes on disk
 
 
+def full_tier(root: Path, n: int, max_inflight: int) -> tuple[FsTier, memoryview, bytes, list[bytes], list[bytes]]:
+    """A tier with room for ``n`` chunks and a buffer of ``2 n`` random ones: the tier, the
+    buffer, its bytes, ``n`` keys to fill it with (slots 0..n-1), ``n`` more for what follows."""
+    tier, view = fs_tier(root, chunks=2 * n, max_inflight=max_inflight, capacity_bytes=n * PER)
+    data = os.urandom(len(view))
+    view[:] = data
+    return tier, view, data, [b"old-%d" % i for i in range(n)], [b"new-%d" % i for i in range(n)]
+
+
 @native_only
 async def test_stores_that_fill_the_tier_run_as_group_jobs_each_recycling_a_victim(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -299,10 +308,7 @@ async def test_stores_that_fill_the_tier_run_as_group_jobs_each_recycling_a_vict
     whose every chunk takes a victim's file: each key then loads its own bytes, each
     eviction is counted once, and the disk holds the new chunks only."""
     spy = GroupSpy(monkeypatch)
-    tier, view = fs_tier(tmp_path, chunks=32, max_inflight=2, capacity_bytes=16 * PER)
-    data = os.urandom(len(view))
-    view[:] = data
-    old, new = [b"old-%d" % i for i in range(16)], [b"new-%d" % i for i in range(16)]
+    tier, view, data, old, new = full_tier(tmp_path, 16, max_inflight=2)
     async with tier:
         assert (await tier.offload(old, list(range(16)))).ok
         assert spy.sizes == []  # it fitted
@@ -326,13 +332,10 @@ async def test_a_store_group_chunk_whose_victim_vanished_goes_on_alone(
     """A victim's file deleted behind the tier's back fails that chunk's recycle in the
     group; the chunk is stored on the slow path, the others recycled; all load back."""
     spy = GroupSpy(monkeypatch)
-    tier, view = fs_tier(tmp_path, chunks=16, max_inflight=1, capacity_bytes=8 * PER)
-    data = os.urandom(len(view))
-    view[:] = data
-    old, new = [b"o%d" % i for i in range(8)], [b"n%d" % i for i in range(8)]
+    tier, view, data, old, new = full_tier(tmp_path, 8, max_inflight=1)
     async with tier:
         assert (await tier.offload(old, list(range(8)))).ok
-        chunk_file(tier, b"o2").unlink()  # the third store's victim (least recently used first)
+        chunk_file(tier, old[2]).unlink()  # the third store's victim (least recently used first)
         assert (await tier.offload(new, list(range(8, 16)))).ok
         assert spy.sizes == [8]
         s = tier.stats()
@@ -350,10 +353,7 @@ async def test_a_cancelled_call_of_store_groups_leaves_each_key_whole_or_absent(
     """Cancelled while its store groups run: the groups not started are withdrawn, the call
     comes back once none runs; every key it stored loads the bytes it had when the call
     began, the others are absent."""
-    tier, view = fs_tier(tmp_path, chunks=128, max_inflight=1, capacity_bytes=64 * PER)
-    data = os.urandom(len(view))
-    view[:] = data
-    old, new = [b"o%d" % i for i in range(64)], [b"n%d" % i for i in range(64)]
+    tier, view, data, old, new = full_tier(tmp_path, 64, max_inflight=1)
     async with tier:
         assert (await tier.offload(old, list(range(64)))).ok
         assert tier.group_size(Op.STORE, 64) == 8
