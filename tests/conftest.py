@@ -17,7 +17,6 @@ is one. ``--basetemp`` given on the command line wins over all three.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import shutil
 import sys
@@ -88,13 +87,19 @@ def pytest_configure(config: pytest.Config) -> None:
     config.option.basetemp = tempfile.mkdtemp(prefix=f"{_PREFIX}{os.getpid()}-", dir=base)
 
 
+_FAILED = pytest.StashKey[int]()
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    session.config.stash[_FAILED] = session.testsfailed
+
+
 def pytest_unconfigure(config: pytest.Config) -> None:
-    # pytest removed each passed test's directory (tmp_path_retention_policy): what is left
-    # is a failed test's, kept for a look until the next run on this machine
+    # a run's base (its tests' and session fixtures' directories) goes with it unless a test
+    # failed: then it is kept for a look, until the next run on this machine
     base = config.option.basetemp
-    if base and Path(base).name.startswith(_PREFIX):
-        with contextlib.suppress(OSError):
-            Path(base).rmdir()  # empty: every test passed
+    if base and Path(base).name.startswith(_PREFIX) and config.stash.get(_FAILED, 1) == 0:
+        shutil.rmtree(base, ignore_errors=True)
 
 
 @pytest.fixture
