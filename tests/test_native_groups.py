@@ -1,7 +1,7 @@
 """Group jobs of the native workers (``nativeio.GROUP``): several files read, or written and
 recycled, by one worker in one slot, each as if alone, reported once; and the fs tier's loads
 that run as such jobs when a call has at least twice as many chunks as its share of
-``max_inflight``, and its stores when they fill the tier (each then recycles a victim's file)."""
+``max_inflight``, and its stores into a full tier (each then recycles a victim's file)."""
 
 from __future__ import annotations
 
@@ -267,18 +267,20 @@ async def test_a_cancelled_call_of_group_jobs_waits_for_those_running(tmp_path: 
 @native_only
 async def test_group_sizes(tmp_path: Path) -> None:
     """A load's share of max_inflight: as many jobs over the calls in progress, at most
-    GROUP_CHUNKS chunks and 1 MiB per call in progress each; stores the same only when they
-    fill a tier that recycles; other operations and the threads engine: one chunk a job."""
+    GROUP_CHUNKS chunks and 1 MiB per call in progress each; stores the same only into a
+    full tier that recycles; other operations and the threads engine: one chunk a job."""
     tier, _ = fs_tier(tmp_path, max_inflight=4)
     threads, _ = fs_tier(tmp_path / "t", "threads", max_inflight=4)
     big, _ = fs_tier(tmp_path / "b", max_inflight=4, chunk=512 * 1024)
-    bounded, _ = fs_tier(tmp_path / "c", max_inflight=4, capacity_bytes=64 * PER)
+    bounded, _ = fs_tier(tmp_path / "c", max_inflight=4, capacity_bytes=2 * PER)
     unrecycled, _ = fs_tier(tmp_path / "u", max_inflight=4, capacity_bytes=PER, recycle=False)
     assert GROUP_CHUNKS <= nativeio.GROUP_MAX  # a group the fs tier plans always fits the pool's
     async with tier, threads, big, bounded, unrecycled:
         assert [tier.group_size(Op.LOAD, n) for n in (1, 4, 7, 8, 16, 64)] == [1, 1, 1, 2, 4, GROUP_CHUNKS]
         assert tier.group_size(Op.STORE, 64) == 1 and tier.group_size(Op.REMOVE, 64) == 1  # no capacity
-        assert bounded.group_size(Op.STORE, 64) == 1 and bounded.group_size(Op.STORE, 65) == 8  # fits / fills
+        assert bounded.group_size(Op.STORE, 64) == 1  # room left: a chunk would make a new file
+        assert (await bounded.offload([b"a", b"b"], [0, 1])).ok
+        assert bounded.group_size(Op.STORE, 64) == GROUP_CHUNKS  # full: each chunk recycles
         assert unrecycled.group_size(Op.STORE, 64) == 1
         assert threads.group_size(Op.LOAD, 64) == 1
         tier._active = 1  # another call in progress: this one's share is half
