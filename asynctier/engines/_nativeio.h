@@ -29,12 +29,13 @@
  * It holds no I/O token: slow paths holding tokens may be waiting for it (the journal) */
 #define AT_COMMIT 8
 #define COMMIT_FDS_MAX 64
-/* several files read one after another by one worker holding one token, each as if alone:
- * hb is the caller's struct at_job[len] (each an AT_READ; its group and prio ignored),
- * copied at submission; their outcomes go to the pool's own struct at_res[GROUP_MAX] of the
- * slot (at_group_results). The group's own result is len. One job for many small files: the
- * loop plans and books one job, not one per file (tiers/fs/fast.py). Writes are not taken:
- * grouped, they held the event loop (docs/benchmarks.md, issue 28's eighth pass) */
+/* several jobs run one after another by one worker holding one token, each as if alone:
+ * hb is the caller's struct at_job[len] (reads: AT_READ or AT_READV; or writes: AT_WRITE,
+ * AT_RECYCLE or AT_WRITEV; their group and prio ignored), copied at submission; their
+ * outcomes go to the pool's own struct at_res[GROUP_MAX] of the slot (at_group_results). The
+ * group's own result is len. One job for many small files, or for the runs of a slab store or
+ * load whose slots lie apart: the loop plans and books one job, not one per file or run
+ * (tiers/fs/fast.py, tiers/nvme/stores.py and fast.py) */
 #define AT_GROUP 9
 #define GROUP_MAX 16
 

@@ -11,15 +11,19 @@
 
 static int job_ok(const struct at_pool *p, int idx, const struct at_job *j);
 
-/* The sub-jobs of an AT_GROUP job: files read, or files written or recycled, each a valid
- * job (one kind of I/O a group: a call's loads, or its stores). */
+static int is_read(int kind) { return kind == AT_READ || kind == AT_READV; }
+
+/* The sub-jobs of an AT_GROUP job: files or runs of slab slots read, or files written or
+ * recycled or runs of slots written, each a valid job (one kind of I/O a group: a call's
+ * loads, or its stores). */
 static int group_ok(const struct at_pool *p, int idx, const struct at_job *j) {
     if (!j->hb || j->len < 1 || j->len > GROUP_MAX || j->hb_len != j->len) return 0;
     const struct at_job *sub = j->hb;
-    int reads = sub[0].kind == AT_READ;
+    int reads = is_read(sub[0].kind);
     for (size_t i = 0; i < j->len; i++) {
         int k = sub[i].kind;
-        if ((reads ? k != AT_READ : k != AT_WRITE && k != AT_RECYCLE) || !job_ok(p, idx, &sub[i])) return 0;
+        if ((reads ? !is_read(k) : k != AT_WRITE && k != AT_RECYCLE && k != AT_WRITEV) || !job_ok(p, idx, &sub[i]))
+            return 0;
     }
     return 1;
 }
@@ -65,7 +69,7 @@ static int queue_job(struct at_pool *p, int idx, const struct at_job *j, uint64_
             op->subs[i].job = sub[i];
             op->subs[i].fd = -1;
             memset(&op->subres[i], 0, sizeof op->subres[i]);
-            if (sub[i].kind != AT_READ)
+            if (!is_read(sub[i].kind))
                 op->prep = PREP_WANTED; /* the writes' checksums (and new files), before the I/O */
             else if (sub[i].hashed)
                 op->job.hashed = 1; /* some read's checksum, after the I/O */
@@ -97,8 +101,9 @@ static int queue_job(struct at_pool *p, int idx, const struct at_job *j, uint64_
  *   AT_READV   preadv of a run of slots of the open file `fd` at `off` (see _nativeio.h);
  *   AT_WRITEV  pwritev of a run of slots, each header's checksums filled in first;
  *   AT_COMMIT  [fdatasync of the descriptors at hb], pwrite of buf at off of fd, [fdatasync];
- *   AT_GROUP   the jobs at hb (len of them: reads, or writes and recycles), one after
- *              another, each as if alone, reported once, their outcomes in at_group_results.
+ *   AT_GROUP   the jobs at hb (len of them: reads and slot reads, or writes, recycles and
+ *              slot writes), one after another, each as if alone, reported once, their
+ *              outcomes in at_group_results.
  * Returns 0, or -EINVAL (bad slot or job), -EBUSY (slot in use), -ESHUTDOWN. */
 int at_submit_many(struct at_pool *p, int n, const int32_t *idx, const struct at_job *jobs);
 

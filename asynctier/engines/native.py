@@ -88,8 +88,9 @@ class Job(ctypes.Structure):
     for a write (each header's checksums filled in first, over its first ``body_len`` bytes);
     :data:`COMMIT`, a journal write: ``hb`` the address of ``hb_len`` int32 descriptors to
     ``fdatasync`` first, ``buf``/``len`` the bytes written at ``off`` of ``fd``, ``sync`` to
-    ``fdatasync`` it after; :data:`GROUP`, several reads (:data:`READ`), or several writes and
-    recycles, run one after another in one slot (:meth:`NativePool.group`). ``hb``/``hb_len``
+    ``fdatasync`` it after; :data:`GROUP`, several reads (:data:`READ`, :data:`READV`), or
+    several writes (:data:`WRITE`, :data:`RECYCLE`, :data:`WRITEV`), run one after another in
+    one slot (:meth:`NativePool.group`). ``hb``/``hb_len``
     and ``buf``/``len``: the header block and the payload (addresses that stay valid until the
     job ends).
     """
@@ -426,8 +427,8 @@ class NativePool:
 
     def group(self, slot: int, prio: int, subs: list[JobFields]) -> JobFields:
         """The descriptor of one :data:`GROUP` job in ``slot``: the jobs ``subs`` (1 to
-        :data:`GROUP_MAX` reads, or writes and recycles, each as if alone; the workers refuse
-        other kinds and mixes) run one after another by one worker holding one token, each
+        :data:`GROUP_MAX` reads, or writes, each as if alone; the workers refuse other kinds and
+        mixes) run one after another by one worker holding one token, each
         write's checksums filled in first, reported once; their outcomes: :meth:`group_outcomes`."""
         n = len(subs)
         if not 0 < n <= GROUP_MAX:

@@ -42,15 +42,17 @@ Outcomes = list[BaseException | None]
 
 class _Group:
     """A group job's state: the slots pinned (position -> slot, seq, checksum), its outcomes,
-    its runs of adjacent slots and the next to read, the positions to read again."""
+    its runs of adjacent slots, the next to read and how many are in flight, the positions to
+    read again."""
 
-    __slots__ = ("bad", "found", "next", "outcomes", "runs")
+    __slots__ = ("bad", "batch", "found", "next", "outcomes", "runs")
 
     def __init__(self, found: dict[int, tuple[int, int, int]], outcomes: Outcomes, runs: list[list[Any]]) -> None:
         self.found = found
         self.outcomes = outcomes
         self.runs = runs
         self.next = 0
+        self.batch = 1
         self.bad: list[int] = []
 
 
@@ -134,7 +136,7 @@ class LoadPath:
         self, job: Job, slot: int, result: int, csum: int, stage: int, info: int
     ) -> nativeio.JobFields | Continuation | None:
         if job.grouped:
-            return self._finish_run(job, slot, stage, info)
+            return self._finish_run(job, slot, (result, csum, stage, info))
         key, cid, t0 = job.args
         where = self._plans[slot]
         assert where is not None
@@ -158,7 +160,7 @@ class LoadPath:
         self._booked.append(perf_counter() - t0)
         return None
 
-    # -- group jobs: runs of adjacent slots, one READV job each, one after the other in a slot --
+    # -- group jobs: runs of adjacent slots, one READV each, in one GROUP job (GROUP_MAX a turn) --
     def _plan_group(self, job: Job, slot: int) -> nativeio.JobFields | Continuation | None:
         keys, cids, t0 = job.args
         tier = self._live()
@@ -192,46 +194,71 @@ class LoadPath:
             raise
 
     def _run_fields(self, tier: NvmeTier, slot: int, job: Job, g: _Group) -> nativeio.JobFields:
-        """The descriptor of ``g``'s next run: its iovecs and checksums in ``slot``'s arrays."""
+        """The descriptor of ``g``'s next runs: one READV job, or a GROUP of up to ``GROUP_MAX``
+        of them (slots that lie apart cost one round trip through the loop, not one a run),
+        their iovecs and checksums in ``slot``'s arrays, each run at its own place."""
         slabs = tier._slabs
-        run = g.runs[g.next]
+        runs = g.runs[g.next : g.next + nativeio.GROUP_MAX]
+        g.batch = len(runs)
         H, n = slabs.hdr_area, tier.offloading_spec.chunk_bytes
-        need = len(run)
+        need = sum(map(len, runs))
         if self._hb is None:
             self._bind(tier)
         area = self._areas.get(slot)
         if area is None or area.slots < need:
             area = self._areas[slot] = IoArea(need, H)
-        cids = job.args[1]
+        cids, hashed = job.args[1], int(tier.verify)
         hb, view = area.hb_addr, self._view_addr
         iov: list[ctypes.c_uint64 | int] = []  # (as the ctypes array takes them)
-        for i, (p, _, _, _) in enumerate(run):
-            iov += (hb + i * H, H, view + cids[p] * n, n)
+        subs: list[nativeio.JobFields] = []
+        i = 0
+        for run in runs:
+            first = i
+            for p, _, _, _ in run:
+                iov += (hb + i * H, H, view + cids[p] * n, n)
+                i += 1
+            subs.append((nativeio.READV, PRIO_LOAD, -1, 0, slabs.fds[run[0][2]], -1, 0, hashed, 0, 0,
+                         area.iov_addr + 32 * first, 2 * len(run), area.sums_addr + 8 * first, len(run), run[0][3],
+                         b"", b"", b""))  # fmt: skip
         area.iov[: 4 * need] = iov
-        return (nativeio.READV, PRIO_LOAD, -1, 0, slabs.fds[run[0][2]], -1, 0, int(tier.verify), 0, 0, area.iov_addr,
-                2 * need, area.sums_addr, need, run[0][3], b"", b"", b"")  # fmt: skip
+        if len(subs) == 1:
+            return subs[0]
+        pool = self._engine.pool
+        assert pool is not None  # planning runs on a started engine
+        return pool.group(slot, PRIO_LOAD, subs)
 
-    def _finish_run(self, job: Job, slot: int, stage: int, info: int) -> nativeio.JobFields | Continuation | None:
-        """Check each slot of the run that ended; the group's next run, or its end."""
+    def _finish_run(
+        self, job: Job, slot: int, own: tuple[int, int, int, int]
+    ) -> nativeio.JobFields | Continuation | None:
+        """Check each slot of the runs that ended; the group's next runs, or its end."""
         keys, cids, t0 = job.args
         tier = self._live()
         g = self._groups[slot]
-        run = g.runs[g.next]
+        k = g.batch
+        if k == 1 or own[2]:  # one run; or a group that never ran (the pool refused it): each run's end
+            ends = [own] * k
+        else:
+            pool = self._engine.pool
+            assert pool is not None
+            ends = pool.group_outcomes(slot, k)
         area = self._areas[slot]
         H, n = tier._slabs.hdr_area, tier.offloading_spec.chunk_bytes
-        digest, verify, whole = tier.offloading_spec.layout_digest, tier.verify, not stage and info == 1
-        hb, sums, found = area.hb, area.sums[: len(run)], g.found
-        good = 0
-        for i, (p, _, _, _) in enumerate(run):
-            _, seq, want = found[p]
-            head = pack_header(keys[p], n, want, digest, seq)  # header_matches written out
-            if whole and (not verify or sums[i] == want) and hb[i * H : i * H + len(head)] == head:
-                good += 1
-            else:
-                g.bad.append(p)
-        self._unpins += [nslot for _, nslot, _, _ in run]
+        digest, verify, found = tier.offloading_spec.layout_digest, tier.verify, g.found
+        hb, sums = area.hb, area.sums
+        good, i = 0, 0
+        for run, (_, _, stage, info) in zip(g.runs[g.next : g.next + k], ends):
+            whole = not stage and info == 1
+            for p, _, _, _ in run:
+                _, seq, want = found[p]
+                head = pack_header(keys[p], n, want, digest, seq)  # header_matches written out
+                if whole and (not verify or sums[i] == want) and hb[i * H : i * H + len(head)] == head:
+                    good += 1
+                else:
+                    g.bad.append(p)
+                i += 1
+            self._unpins += [nslot for _, nslot, _, _ in run]
         self._booked += [perf_counter() - t0] * good
-        g.next += 1
+        g.next += k
         if g.next < len(g.runs):
             return self._run_fields(tier, slot, job, g)
         del self._groups[slot]

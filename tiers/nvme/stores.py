@@ -50,11 +50,11 @@ Run = list[tuple[int, int, int, int]]  # (position, slot, stripe, offset)
 
 class _Store:
     """One store job between its steps: its chunks, the slots allocated (position -> slot,
-    seq), the runs to write and the next, what each run wrote or why it did not, the keys
-    found stored already, and the journal ticket it waits for."""
+    seq), the runs to write, the next and how many are in flight, what each run wrote or why
+    it did not, the keys found stored already, and the journal ticket it waits for."""
 
-    __slots__ = ("acking", "bad", "cids", "csums", "evict", "keys", "next", "out", "runs", "skip_ticket",
-                 "skipped", "slots", "t0", "ticket", "written")  # fmt: skip
+    __slots__ = ("acking", "bad", "batch", "cids", "csums", "evict", "keys", "next", "out", "runs",
+                 "skip_ticket", "skipped", "slots", "t0", "ticket", "written")  # fmt: skip
 
     def __init__(self, keys: list[bytes], cids: list[int], t0: float) -> None:
         self.keys = keys
@@ -67,6 +67,7 @@ class _Store:
         self.skip_ticket = 0
         self.runs: list[Run] = []
         self.next = 0
+        self.batch = 1  # the runs of the job in flight (a GROUP of them when more than one)
         self.csums: dict[int, int] = {}
         self.written: list[int] = []
         self.bad: list[tuple[list[int], BaseException]] = []
@@ -197,29 +198,43 @@ class StorePath:
         return partial(self._engine.blocking, tier._store_job, *job.args)
 
     def _run_fields(self, tier: NvmeTier, slot: int, job: Job, st: _Store) -> nativeio.JobFields:
-        """The descriptor of ``st``'s next run: each header (checksums left to the worker) in
-        ``slot``'s header blocks, the iovecs, the checksums' array."""
+        """The descriptor of ``st``'s next runs: one WRITEV job, or a GROUP of up to
+        ``GROUP_MAX`` of them (a store whose slots lie apart makes one round trip through the
+        loop, not one a run: a full slab's stores came to 7-8 runs of 8 chunks). Each header
+        (checksums left to the worker) in ``slot``'s header blocks, the iovecs, the checksums'
+        array, each run at its own place in them."""
         slabs, spec = tier._slabs, tier.offloading_spec
-        run = st.runs[st.next]
+        runs = st.runs[st.next : st.next + nativeio.GROUP_MAX]
+        st.batch = len(runs)
         H, n, digest = slabs.hdr_area, spec.chunk_bytes, spec.layout_digest
-        need = len(run)
+        need = sum(map(len, runs))
         area = self._areas.get(slot)
         if area is None or area.slots < need:
             area = self._areas[slot] = IoArea(need, H)
         if not self._view_addr:
             self._view_addr = buffer_address(tier._view)
         hb, base, view = area.hb, area.hb_addr, self._view_addr
-        keys, cids, slots = st.keys, st.cids, st.slots
-        head = b""
+        keys, cids, slots, prio = st.keys, st.cids, st.slots, job.priority
         iov: list[ctypes.c_uint64 | int] = []  # (as the ctypes array takes them)
-        for i, (p, _, _, _) in enumerate(run):
-            head = pack_header(keys[p], n, 0, digest, slots[p][1])
-            hb[i * H : i * H + len(head)] = head
-            iov += (base + i * H, H, view + cids[p] * n, n)
+        subs: list[nativeio.JobFields] = []
+        i = 0
+        for run in runs:
+            first, head = i, b""
+            for p, _, _, _ in run:
+                head = pack_header(keys[p], n, 0, digest, slots[p][1])
+                hb[i * H : i * H + len(head)] = head
+                iov += (base + i * H, H, view + cids[p] * n, n)
+                i += 1
+            # nativeio.fields written out: one pwritev of the run at its offset, headers completed first
+            subs.append((nativeio.WRITEV, prio, -1, 0, slabs.fds[run[0][2]], -1, 0, 0, len(head) - 8, 0,
+                         area.iov_addr + 32 * first, 2 * len(run), area.sums_addr + 8 * first, len(run), run[0][3],
+                         b"", b"", b""))  # fmt: skip
         area.iov[: 4 * need] = iov
-        # nativeio.fields written out: one pwritev of the run at its offset, headers completed first
-        return (nativeio.WRITEV, job.priority, -1, 0, slabs.fds[run[0][2]], -1, 0, 0, len(head) - 8, 0,
-                area.iov_addr, 2 * need, area.sums_addr, need, run[0][3], b"", b"", b"")  # fmt: skip
+        if len(subs) == 1:
+            return subs[0]
+        pool = self._engine.pool
+        assert pool is not None  # planning runs on a started engine
+        return pool.group(slot, prio, subs)
 
     # -- ends ------------------------------------------------------------------------------------
     def finish(self, job: Job, slot: int, result: int, csum: int, stage: int, info: int) -> Step:
@@ -227,17 +242,26 @@ class StorePath:
             return self._commit_ended(result, stage)
         tier = self._live()
         st = self._jobs[slot]
-        run = st.runs[st.next]
-        ps = [p for p, _, _, _ in run]
-        if not stage and info == 1:
-            st.csums.update(zip(ps, self._areas[slot].sums[: len(ps)]))
-            st.written += ps
+        k, own = st.batch, (result, csum, stage, info)
+        if k == 1 or stage:  # one run; or a group that never ran (the pool refused it): each run's end
+            ends = [own] * k
         else:
-            code = -result if result < 0 else errno.EIO
-            what = os.strerror(code) if result < 0 else f"short write ({result} bytes)"
-            st.bad.append((ps, OSError(code, f"nvme tier: writing {len(ps)} slot(s) at offset {run[0][3]} "
-                                             f"of {tier._slabs.paths[run[0][2]]} failed: {what}")))  # fmt: skip
-        st.next += 1
+            pool = self._engine.pool
+            assert pool is not None
+            ends = pool.group_outcomes(slot, k)
+        sums, i = self._areas[slot].sums, 0
+        for run, (result, _, stage, info) in zip(st.runs[st.next : st.next + k], ends):
+            ps = [p for p, _, _, _ in run]
+            if not stage and info == 1:
+                st.csums.update(zip(ps, sums[i : i + len(ps)]))
+                st.written += ps
+            else:
+                code = -result if result < 0 else errno.EIO
+                what = os.strerror(code) if result < 0 else f"short write ({result} bytes)"
+                st.bad.append((ps, OSError(code, f"nvme tier: writing {len(ps)} slot(s) at offset {run[0][3]} "
+                                                 f"of {tier._slabs.paths[run[0][2]]} failed: {what}")))  # fmt: skip
+            i += len(ps)
+        st.next += k
         if st.next < len(st.runs):
             try:
                 return self._run_fields(tier, slot, job, st)
