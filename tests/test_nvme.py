@@ -309,7 +309,7 @@ async def test_a_batch_into_a_full_slab_evicts_what_it_lacks_at_once(tmp_path: P
 
 async def test_a_batch_takes_the_free_slots_first_then_evicts_what_it_lacks(tmp_path: Path) -> None:
     """As one-by-one allocation would: the slots free already (their EVICT records likely in)
-    go first, and only what the batch still lacks is evicted (a quota at least)."""
+    are taken, and only what the batch still lacks is evicted (a quota at least)."""
     tier, view = make(tmp_path / "f.slab", slots=64, evict_batch=4)
     async with tier:
         old = await _fill_slab(tier, view)
@@ -321,7 +321,7 @@ async def test_a_batch_takes_the_free_slots_first_then_evicts_what_it_lacks(tmp_
         new = [b"n%d" % i for i in range(6)]
         with cat.index.lock:
             slots, failed, _, _, _ = cat.allocate_many_locked(new)
-        assert not failed and {slots[0][0], slots[1][0]} == freed  # the first keys get them
+        assert not failed and freed <= {slot for slot, _ in slots.values()}
         assert tier.stats().evictions == 4  # the 4 it lacked (a quota of 4)
         for p, (slot, _) in slots.items():
             cat.abort(new[p], slot)

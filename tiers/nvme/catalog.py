@@ -202,6 +202,7 @@ class Catalog:
         slot = idx.free[-1]
         (seq,), ticket = self._begin_writes_locked([key], [slot])
         idx.free.pop()
+        idx.run_end[slot] = 1
         return slot, seq, ticket
 
     def _evict_quota(self) -> int:
@@ -209,11 +210,17 @@ class Catalog:
         # the slots, or a small slab is emptied whole (chunks just stored too)
         return min(self.evict_batch, max(1, self.index.nslots // 8))
 
+    def _spare_max(self) -> int:
+        # free slots a full tier may hold for runs' sake (evicted ahead of need): a 32nd of
+        # the slab, at most 64
+        return min(64, self.index.nslots // 32)
+
     def _evict_locked(self, n: int) -> None:
         """Evict up to ``n`` least recently used unpinned slots (their ``EVICT`` records
         queued together; each slot free once its record is in)."""
         idx = self.index
-        victims = idx.oldest_unpinned(n)
+        # and the rest of the last victim's run, while the batch stays within an eighth of the slots
+        victims = idx.oldest_unpinned(n, min(n, idx.nslots // 8 - n))
         if victims:
             recs = []
             for s in victims:
@@ -252,25 +259,27 @@ class Catalog:
             idx.touch_slot(have)  # already stored: skip the write
             skipped.append(p)
             skip_ticket = max(skip_ticket, idx.slot_ticket[have])
-        free, n = idx.free, len(new)
+        n = len(new)
         if self.counter + n < 1 << EPOCH_SHIFT:
-            # the usual case, in bulk (this runs per chunk on the event loop's thread): slots
-            # taken in allocate_locked's order (the free ones last freed first, then, in a full
-            # tier, what the batch lacks evicted in one go, at least a quota as allocate_locked
-            # evicts), numbered together
-            taken = free[: -n - 1 : -1]
-            del free[len(free) - len(taken) :]
-            short = n - len(taken)
-            if short and short <= max(1, idx.nslots // 8):
+            # the usual case, in bulk (this runs per chunk on the event loop's thread): in a
+            # full tier, what the batch lacks evicted in one go (at least a quota, as
+            # allocate_locked evicts), then slots taken in runs of adjacent ones where the
+            # free list allows (SlotIndex.take_free), numbered together
+            short = n - len(idx.free)
+            if 0 < short <= max(1, idx.nslots // 8):
                 self._evict_locked(max(short, self._evict_quota()))
-                more = free[: -short - 1 : -1]
-                del free[len(free) - len(more) :]
-                taken += more
-            if len(taken) == n:
+            if n <= len(idx.free):
+                # in a full tier, a free list that holds the batch only in pieces gets one more
+                # quota of victims first (likely a run that fits), while it is short: pieces
+                # then wait for a batch they fit instead of piling up (docs/tiers/nvme.md)
+                taken = idx.take_free(n, whole=short <= 0 and len(idx.free) < self._spare_max())
+                if taken is None:
+                    self._evict_locked(self._evict_quota())
+                    taken = idx.take_free(n)
+                assert taken is not None
                 seqs, wait = self._begin_writes_locked([keys[p] for p in new], taken)
                 slots = dict(zip(new, zip(taken, seqs)))
                 return slots, failed, wait, skipped, skip_ticket
-            free += taken[::-1]  # not enough: back as they were, for the one-by-one path
         for p in new:  # evicting on the way
             try:
                 slot, seq, ticket = self.allocate_locked(keys[p])

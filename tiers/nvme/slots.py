@@ -13,6 +13,10 @@ from .checkpoint import Checkpoint
 
 __all__ = ["SlotIndex"]
 
+#: free lists up to this long are searched for adjacent slots (a full tier's: the victims of
+#: an eviction batch and a few left over); a longer one is popped from its end as it lies
+_PICK_MAX = 128
+
 
 class SlotIndex:
     """Key -> slot, slots linked in LRU order, per-slot seq/checksum, free slots, pins.
@@ -38,6 +42,9 @@ class SlotIndex:
         # already in the journal): a store that finds its key stored waits for that one only
         self.slot_ticket = array("Q", bytes(8 * nslots))
         self.free: list[int] = []
+        # 0 where the next slot was allocated with this one, in one run (see oldest_unpinned);
+        # 1 otherwise, and for every slot until allocated (a recovered index knows no runs)
+        self.run_end = bytearray(b"\x01") * nslots
         self.reuse_ticket: dict[int, int] = {}
         self.pins: dict[int, int] = {}
         self.zombies: dict[int, int] = {}  # freed while pinned: slot -> ticket
@@ -136,15 +143,23 @@ class SlotIndex:
             self.slot_key[slot] = b""
         return slot
 
-    def oldest_unpinned(self, n: int) -> list[int]:
-        """Up to ``n`` used slots, least recently used first, skipping pinned ones."""
+    def oldest_unpinned(self, n: int, more: int = 0) -> list[int]:
+        """Up to ``n`` used slots, least recently used first, skipping pinned ones; then up to
+        ``more`` others while each is the next slot of the last one's run (the rest of a run
+        of adjacent slots allocated together: published together, in slot order, its slots
+        lie together in LRU order too, and freed together they stay one run for a store)."""
         out: list[int] = []
         s = self.head
-        pins = self.pins
+        pins, nxt = self.pins, self.nxt
         while s >= 0 and len(out) < n:
             if not pins.get(s):
                 out.append(s)
-            s = self.nxt[s]
+            s = nxt[s]
+        ends = self.run_end
+        while out and more > 0 and not ends[out[-1]] and s == out[-1] + 1 and not pins.get(s):
+            out.append(s)
+            s = nxt[s]
+            more -= 1
         return out
 
     def keys_lru(self) -> list[bytes]:
@@ -184,6 +199,56 @@ class SlotIndex:
                 t = zombies.pop(slot, None)
                 if t is not None:
                     self.release(slot, t)
+
+    def take_free(self, n: int, whole: bool = False) -> list[int] | None:
+        """Take ``n`` (at most ``len(free)``) free slots, in as few runs of consecutive slots
+        as the free list holds (call with the lock held); with ``whole``, None (nothing
+        taken) unless one run holds them all.
+
+        A full tier frees its LRU victims, which lie wherever earlier stores put them; taken
+        as they were freed, a store's slots drifted apart, each store made the next worse,
+        and a job of 8 chunks came to need 7-8 separate writes (docs/tiers/nvme.md). One run
+        is the shortest that holds them all (the longer ones kept for later); else the
+        longest runs go first."""
+        free = self.free
+        if len(free) > _PICK_MAX or (n >= len(free) and not whole):  # a long list: its low end; or all
+            taken = free[: -n - 1 : -1]
+            del free[len(free) - len(taken) :]
+            self.mark_runs(taken)
+            return taken
+        asc = sorted(free)
+        runs: list[tuple[int, int]] = []  # (-length, start index in asc): longest, then lowest, first
+        start = 0
+        for i in range(1, len(asc) + 1):
+            if i == len(asc) or asc[i] != asc[i - 1] + 1:
+                runs.append((start - i, start))
+                start = i
+        fits = [(-neg, i) for neg, i in runs if -neg >= n]
+        if fits:
+            i = min(fits)[1]
+            taken, kept = asc[i : i + n], asc[:i] + asc[i + n :]
+        elif whole:
+            return None
+        else:
+            runs.sort()
+            taken, kept, left = [], [], n
+            for neg, i in runs:
+                k = min(-neg, left)
+                taken += asc[i : i + k]
+                kept += asc[i + k : i - neg]
+                left -= k
+        kept.sort(reverse=True)  # low slots popped first, as rebuild_free orders them
+        self.free = kept
+        self.mark_runs(taken)
+        return taken
+
+    def mark_runs(self, taken: list[int]) -> None:
+        """Note ``taken``'s runs of adjacent slots, allocated together (for oldest_unpinned)."""
+        ends, asc = self.run_end, sorted(taken)
+        for i in range(len(asc) - 1):
+            ends[asc[i]] = asc[i + 1] != asc[i] + 1
+        if asc:
+            ends[asc[-1]] = 1
 
     def release(self, slot: int, ticket: int) -> None:
         """Free ``slot`` once unpinned; it may be rewritten after journal ticket ``ticket``."""

@@ -46,7 +46,9 @@ class NvmeTier(CoalescedJobs):
         checkpoint_every: journal records between checkpoints (bounds replay at open).
         evict_batch: LRU entries evicted at once when no slot is free (one journal flush);
             a job of many chunks evicts what it lacks if that is more; at most an eighth
-            of the slots.
+            of the slots; a batch goes on to the end of its last victim's run of adjacent
+            slots, up to as many more within that eighth (docs/tiers/nvme.md, "Runs in a
+            full slab").
         coalesce_bytes: a call of many small chunks runs as jobs of up to this many slot
             bytes (default 1 MiB; 0: one job per chunk); adjacent slots in a job move with
             one ``pwritev``/``preadv``. A call is cut into ``max_inflight`` jobs; while other
