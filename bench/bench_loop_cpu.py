@@ -10,7 +10,11 @@ where the tier reports it (``stats().extra["loop_wakeups"]``), the times its wor
 loop per chunk. Worker threads are not counted: that is the point. Points run interleaved
 (each repeat goes over every point once), and the median of the repeats is reported. With
 ``--steady``, as many new keys are then offloaded into the tier it filled (each store
-evicts: a cache's steady state), reported as "full tier".
+evicts: a cache's steady state), reported as "full tier". ``--settle N`` first streams N
+untimed passes of new keys into the full tier, so that "full tier" is a tier that has lived
+at capacity a while (the nvme tier's first pass over a full slab cost less than its later
+ones until its slots stopped drifting apart: docs/tiers/nvme.md), and adds "full-tier load":
+loading the keys stored last, wherever they landed.
 
 Run from the repository root: ``.venv/bin/python bench/bench_loop_cpu.py`` (``--help`` for
 options); prints a table and, with ``--json``, writes the figures. Only the public API is
@@ -68,32 +72,41 @@ async def stream(tier: Any, op: str, keys: list[bytes], slots: int, batch: int, 
 
 
 async def measure(
-    config: dict[str, Any], chunk: int, chunks: int, batch: int, streams: int, steady: bool = False
+    config: dict[str, Any], chunk: int, chunks: int, batch: int, streams: int, steady: bool = False, settle: int = 0
 ) -> dict[str, Any]:
     slots = max(batch * streams, 64)
     spec = OffloadingSpec(chunk, slots, namespace="bench/loop-cpu")
     view = _aligned_view(spec.total_bytes)
     tier = SecondaryTierFactory.create_secondary_tier(config, view, spec)
     out: dict[str, Any] = {}
+
+    async def timed(name: str, op: str, ks: list[bytes]) -> None:
+        st0 = tier.stats()
+        wakes0 = st0.extra.get("loop_wakeups")
+        cpu0, t0 = time.thread_time(), time.perf_counter()
+        await stream(tier, op, ks, slots, batch, streams)
+        cpu, wall = time.thread_time() - cpu0, time.perf_counter() - t0
+        st1 = tier.stats()
+        wakes1 = st1.extra.get("loop_wakeups")
+        out[name] = {
+            "us_per_chunk": cpu / chunks * 1e6,
+            "gbps": chunks * chunk / wall / 1e9,
+            "wakeups_per_chunk": None if wakes0 is None or wakes1 is None else (wakes1 - wakes0) / chunks,
+            "evictions_per_chunk": (st1.evictions - st0.evictions) / chunks,
+        }
+
     async with tier:
         keys = [b"loop-cpu-%d" % i for i in range(chunks)]
-        phases = [("offload", "offload", keys), ("load", "load", keys)]
+        await timed("offload", "offload", keys)
+        await timed("load", "load", keys)
         if steady:  # as many new keys into the tier now full: each store evicts
-            phases.append(("steady", "offload", [b"loop-cpu-new-%d" % i for i in range(chunks)]))
-        for name, op, ks in phases:
-            st0 = tier.stats()
-            wakes0 = st0.extra.get("loop_wakeups")
-            cpu0, t0 = time.thread_time(), time.perf_counter()
-            await stream(tier, op, ks, slots, batch, streams)
-            cpu, wall = time.thread_time() - cpu0, time.perf_counter() - t0
-            st1 = tier.stats()
-            wakes1 = st1.extra.get("loop_wakeups")
-            out[name] = {
-                "us_per_chunk": cpu / chunks * 1e6,
-                "gbps": chunks * chunk / wall / 1e9,
-                "wakeups_per_chunk": None if wakes0 is None or wakes1 is None else (wakes1 - wakes0) / chunks,
-                "evictions_per_chunk": (st1.evictions - st0.evictions) / chunks,
-            }
+            for r in range(settle):  # untimed: the tier's state after a while at capacity
+                await stream(tier, "offload", [b"loop-cpu-settle-%d-%d" % (r, i) for i in range(chunks)],
+                             slots, batch, streams)  # fmt: skip
+            new = [b"loop-cpu-new-%d" % i for i in range(chunks)]
+            await timed("steady", "offload", new)
+            if settle:
+                await timed("steady_load", "load", new)
         out["io_engine"] = getattr(tier, "active_io_engine", None)
     return out
 
@@ -126,17 +139,20 @@ def _cell(row: dict[str, Any], op: str) -> str:
 def print_table(rows: list[dict[str, Any]]) -> None:
     print()
     steady = any("steady" in row for row in rows)
+    settled = any("steady_load" in row for row in rows)
     print("loop-thread CPU per chunk (us), loop wake-ups per chunk, GB/s (median of repeats)")
     head = f"{'tier':5} {'engine':8} {'KiB':>5} {'loop':8} | {'offload us':>10} {'wakes':>6} {'GB/s':>6} | "
     head += f"{'load us':>10} {'wakes':>6} {'GB/s':>6}"
-    print(head + (f" | {'full tier':>10} {'wakes':>6} {'GB/s':>6}" if steady else ""))
+    head += f" | {'full tier':>10} {'wakes':>6} {'GB/s':>6}" if steady else ""
+    print(head + (f" | {'full load':>10} {'wakes':>6} {'GB/s':>6}" if settled else ""))
     for row in rows:
         label = f"{row['tier']:5} {row['engine'] or '-':8} {row['chunk_kib']:5} {row['backend']:8}"
         if row.get("error"):
             print(f"{label} | did not run: {row['error']}")
             continue
         line = f"{label} |    {_cell(row, 'offload')} |    {_cell(row, 'load')}"
-        print(line + (f" |    {_cell(row, 'steady')}" if steady else ""))
+        line += f" |    {_cell(row, 'steady')}" if steady else ""
+        print(line + (f" |    {_cell(row, 'steady_load')}" if settled else ""))
 
 
 def main() -> int:
@@ -159,6 +175,12 @@ def main() -> int:
         action="store_true",
         help="also offload as many new keys into the tier then full (each store evicts): a cache's steady state",
     )
+    ap.add_argument(
+        "--settle",
+        type=int,
+        default=0,
+        help="with --steady: untimed passes of new keys into the full tier first; then also time loading the last keys",
+    )
     args = ap.parse_args()
     engines = [None] if args.engines == "-" else args.engines.split(",")
     points: list[tuple[str, str | None, int, str]] = []
@@ -180,7 +202,7 @@ def main() -> int:
             config = _config(tier, engine, root, args.depth, args.chunks, chunk, args.steady)
             try:
                 r = anyio.run(measure, config, chunk, args.chunks, args.batch, args.streams, args.steady,
-                              backend=name, backend_options=options)  # fmt: skip
+                              args.settle, backend=name, backend_options=options)  # fmt: skip
             except Exception as e:  # an older checkout may not run on every loop
                 errors[point] = f"{type(e).__name__}: {e}"[:120]
                 continue
@@ -189,6 +211,7 @@ def main() -> int:
             runs[point].append(r)
             off, load = r["offload"]["us_per_chunk"], r["load"]["us_per_chunk"]
             full = f", full tier {r['steady']['us_per_chunk']:6.1f} us/chunk" if "steady" in r else ""
+            full += f", full-tier load {r['steady_load']['us_per_chunk']:6.1f} us/chunk" if "steady_load" in r else ""
             print(f"[{rep + 1}/{args.repeat}] {tier:5} {engine or '-':8} {kib:4} KiB {backend:8} "
                   f"offload {off:6.1f} us/chunk, load {load:6.1f} us/chunk{full}", flush=True)  # fmt: skip
     rows = []
@@ -198,7 +221,7 @@ def main() -> int:
                                "error": errors.get(point)}  # fmt: skip
         done = runs[point]
         if done and point not in errors:
-            for op in ("offload", "load", "steady"):
+            for op in ("offload", "load", "steady", "steady_load"):
                 if op in done[0]:
                     row[op] = sorted(done, key=lambda r: r[op]["us_per_chunk"])[len(done) // 2][op]
             row["active_io_engine"] = done[0]["io_engine"]
