@@ -164,10 +164,9 @@ def test_take_free_takes_the_shortest_run_that_holds_them_all() -> None:
     assert idx.free == [3]
 
 
-def test_take_free_without_one_run_takes_the_longest_first_or_nothing() -> None:
+def test_take_free_without_one_run_takes_the_longest_first() -> None:
     idx = _index([20, 11, 10, 3, 2, 1])
-    assert idx.take_free(5, whole=True) is None and idx.free == [20, 11, 10, 3, 2, 1]
-    assert sorted(idx.take_free(5) or []) == [1, 2, 3, 10, 11]
+    assert sorted(idx.take_free(5)) == [1, 2, 3, 10, 11]
     assert idx.free == [20]
     assert idx.take_free(1) == [20] and idx.free == []
 
@@ -176,7 +175,7 @@ def test_take_free_pops_a_long_list_from_its_end_and_a_short_one_low_first() -> 
     idx = _index(list(range(299, -1, -1)))  # rebuild_free's order: low slots popped first
     assert idx.take_free(3) == [0, 1, 2] and len(idx.free) == 297
     idx = _index([7, 40, 5, 41])
-    assert sorted(idx.take_free(4) or []) == [5, 7, 40, 41]  # all of them
+    assert sorted(idx.take_free(4)) == [5, 7, 40, 41]  # all of them
     idx = _index([9, 2, 30, 4])
     assert idx.take_free(1) == [2] and idx.free == [30, 9, 4]  # kept low slots last: popped first
 
@@ -184,7 +183,8 @@ def test_take_free_pops_a_long_list_from_its_end_and_a_short_one_low_first() -> 
 async def test_a_full_slab_streaming_stores_keeps_their_slots_in_runs(tmp_path: Path) -> None:
     """Stores of 8, 2, 6 and 4 chunks into a full slab, four in flight, published in random
     order (as jobs end): taken as they were freed, their slots drifted apart pass after pass
-    (3-4 runs a store after 30 passes); now a store's slots stay in one run nearly always."""
+    (3.1 runs a store after 30 passes); now 2.3, and the free list stays short (no slots are
+    held back for the runs' sake). Deterministic: the order of ends is seeded."""
     tier, _ = make(tmp_path / "f.slab", chunk=4096, slots=1024, io_engine="threads")
     rnd = random.Random(5)
     sizes = [8, 8, 2, 8, 6, 8, 4]
@@ -206,8 +206,8 @@ async def test_a_full_slab_streaming_stores_keeps_their_slots_in_runs(tmp_path: 
                     done_keys, done = inflight.pop(rnd.randrange(4))
                     cat.publish_many_locked(done_keys, list(done), done, dict.fromkeys(done, 0))
         late = runs[-500:]
-        assert sum(late) / len(late) < 1.3, sorted(late)
-        assert len(cat.index.free) <= 1024 // 32 + 16  # what a full slab keeps free for runs
+        assert sum(late) / len(late) < 2.6, sorted(late)
+        assert len(cat.index.free) <= 2 * 16 + 8  # a batch of 16 and the rest of a run, at most
 
 
 @pytest.mark.parametrize(("batch", "evicted"), [(4, 8), (2, 4)])

@@ -210,11 +210,6 @@ class Catalog:
         # the slots, or a small slab is emptied whole (chunks just stored too)
         return min(self.evict_batch, max(1, self.index.nslots // 8))
 
-    def _spare_max(self) -> int:
-        # free slots a full tier may hold for runs' sake (evicted ahead of need): a 32nd of
-        # the slab, at most 64
-        return min(64, self.index.nslots // 32)
-
     def _evict_locked(self, n: int) -> None:
         """Evict up to ``n`` least recently used unpinned slots (their ``EVICT`` records
         queued together; each slot free once its record is in)."""
@@ -269,14 +264,7 @@ class Catalog:
             if 0 < short <= max(1, idx.nslots // 8):
                 self._evict_locked(max(short, self._evict_quota()))
             if n <= len(idx.free):
-                # in a full tier, a free list that holds the batch only in pieces gets one more
-                # quota of victims first (likely a run that fits), while it is short: pieces
-                # then wait for a batch they fit instead of piling up (docs/tiers/nvme.md)
-                taken = idx.take_free(n, whole=short <= 0 and len(idx.free) < self._spare_max())
-                if taken is None:
-                    self._evict_locked(self._evict_quota())
-                    taken = idx.take_free(n)
-                assert taken is not None
+                taken = idx.take_free(n)
                 seqs, wait = self._begin_writes_locked([keys[p] for p in new], taken)
                 slots = dict(zip(new, zip(taken, seqs)))
                 return slots, failed, wait, skipped, skip_ticket

@@ -200,10 +200,9 @@ class SlotIndex:
                 if t is not None:
                     self.release(slot, t)
 
-    def take_free(self, n: int, whole: bool = False) -> list[int] | None:
+    def take_free(self, n: int) -> list[int]:
         """Take ``n`` (at most ``len(free)``) free slots, in as few runs of consecutive slots
-        as the free list holds (call with the lock held); with ``whole``, None (nothing
-        taken) unless one run holds them all.
+        as the free list holds (call with the lock held).
 
         A full tier frees its LRU victims, which lie wherever earlier stores put them; taken
         as they were freed, a store's slots drifted apart, each store made the next worse,
@@ -211,7 +210,7 @@ class SlotIndex:
         is the shortest that holds them all (the longer ones kept for later); else the
         longest runs go first."""
         free = self.free
-        if len(free) > _PICK_MAX or (n >= len(free) and not whole):  # a long list: its low end; or all
+        if len(free) > _PICK_MAX or n >= len(free):  # a long list: its low end; or all of it
             taken = free[: -n - 1 : -1]
             del free[len(free) - len(taken) :]
             self.mark_runs(taken)
@@ -227,8 +226,6 @@ class SlotIndex:
         if fits:
             i = min(fits)[1]
             taken, kept = asc[i : i + n], asc[:i] + asc[i + n :]
-        elif whole:
-            return None
         else:
             runs.sort()
             taken, kept, left = [], [], n
