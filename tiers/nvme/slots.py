@@ -241,11 +241,17 @@ class SlotIndex:
 
     def mark_runs(self, taken: list[int]) -> None:
         """Note ``taken``'s runs of adjacent slots, allocated together (for oldest_unpinned)."""
-        ends, asc = self.run_end, sorted(taken)
+        if not taken:
+            return
+        ends, lo, hi = self.run_end, min(taken), max(taken)
+        if hi - lo == len(taken) - 1:  # one run (the usual case: slots are distinct), in bulk
+            ends[lo:hi] = bytes(hi - lo)
+            ends[hi] = 1
+            return
+        asc = sorted(taken)
         for i in range(len(asc) - 1):
             ends[asc[i]] = asc[i + 1] != asc[i] + 1
-        if asc:
-            ends[asc[-1]] = 1
+        ends[hi] = 1
 
     def release(self, slot: int, ticket: int) -> None:
         """Free ``slot`` once unpinned; it may be rewritten after journal ticket ``ticket``."""
