@@ -164,11 +164,12 @@ def test_take_free_takes_the_shortest_run_that_holds_them_all() -> None:
     assert idx.free == [3]
 
 
-def test_take_free_without_one_run_takes_the_longest_first() -> None:
-    idx = _index([20, 11, 10, 3, 2, 1])
-    assert sorted(idx.take_free(5)) == [1, 2, 3, 10, 11]
-    assert idx.free == [20]
-    assert idx.take_free(1) == [20] and idx.free == []
+def test_take_free_without_one_run_takes_the_lowest() -> None:
+    idx = _index([40, 31, 30, 20, 11, 10, 3, 2])
+    assert idx.take_free(3) == [2, 3, 10]
+    assert idx.free == [40, 31, 30, 20, 11]
+    assert idx.take_free(2) == [30, 31] and idx.free == [40, 20, 11]  # a run that fits, if any
+    assert idx.take_free(2) == [11, 20] and idx.free == [40]
 
 
 def test_take_free_pops_a_long_list_from_its_end_and_a_short_one_low_first() -> None:

@@ -7,7 +7,7 @@ import operator
 import threading
 from array import array
 from collections.abc import Iterable
-from itertools import compress
+from itertools import compress, pairwise
 
 from .checkpoint import Checkpoint
 
@@ -208,7 +208,7 @@ class SlotIndex:
         as they were freed, a store's slots drifted apart, each store made the next worse,
         and a job of 8 chunks came to need 7-8 separate writes (docs/tiers/nvme.md). One run
         is the shortest that holds them all (the longer ones kept for later); else the
-        longest runs go first."""
+        lowest slots go."""
         free = self.free
         if len(free) > _PICK_MAX or n >= len(free):  # a long list: its low end; or all of it
             taken = free[: -n - 1 : -1]
@@ -216,25 +216,15 @@ class SlotIndex:
             self.mark_runs(taken)
             return taken
         asc = sorted(free)
-        runs: list[tuple[int, int]] = []  # (-length, start index in asc): longest, then lowest, first
-        start = 0
-        for i in range(1, len(asc) + 1):
-            if i == len(asc) or asc[i] != asc[i - 1] + 1:
-                runs.append((start - i, start))
-                start = i
-        fits = [(-neg, i) for neg, i in runs if -neg >= n]
+        m = len(asc)
+        starts = [0, *[i for i in range(1, m) if asc[i] != asc[i - 1] + 1], m]
+        fits = [(b - a, a) for a, b in pairwise(starts) if b - a >= n]
         if fits:
             i = min(fits)[1]
             taken, kept = asc[i : i + n], asc[:i] + asc[i + n :]
-        else:
-            runs.sort()
-            taken, kept, left = [], [], n
-            for neg, i in runs:
-                k = min(-neg, left)
-                taken += asc[i : i + k]
-                kept += asc[i + k : i - neg]
-                left -= k
-        kept.sort(reverse=True)  # low slots popped first, as rebuild_free orders them
+        else:  # in pieces only: the lowest (no better for runs to come than the longest first, and cheaper)
+            taken, kept = asc[:n], asc[n:]
+        kept.reverse()  # low slots popped first, as rebuild_free orders them
         self.free = kept
         self.mark_runs(taken)
         return taken
