@@ -4,8 +4,28 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
-__all__ = ["native_workers"]
+import pytest
+
+from asynctier.engines import native as nativeio
+
+__all__ = ["GroupSpy", "native_workers"]
+
+
+class GroupSpy:
+    """Counts the group jobs the pool is given, and their sizes (the real pool packs and runs
+    them)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.sizes: list[int] = []
+        real = nativeio.NativePool.group
+
+        def group(pool: nativeio.NativePool, slot: int, prio: int, subs: list[nativeio.JobFields]) -> Any:
+            self.sizes.append(len(subs))
+            return real(pool, slot, prio, subs)
+
+        monkeypatch.setattr(nativeio.NativePool, "group", group)
 
 
 def native_workers() -> dict[int, int]:

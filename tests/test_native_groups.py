@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 from fs_helpers import chunk_file, damage_file
+from native_helpers import GroupSpy
 
 from asynctier import ChunkNotFoundError, IntegrityError, OffloadingSpec, SecondaryTierFactory
 from asynctier.core import Op
@@ -171,20 +172,6 @@ def fs_tier(
     )
     assert isinstance(tier, FsTier)
     return tier, view
-
-
-class GroupSpy:
-    """Counts the group jobs the pool is given (the real pool packs and runs them)."""
-
-    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        self.sizes: list[int] = []
-        real = nativeio.NativePool.group
-
-        def group(pool: nativeio.NativePool, slot: int, prio: int, subs: list[nativeio.JobFields]) -> Any:
-            self.sizes.append(len(subs))
-            return real(pool, slot, prio, subs)
-
-        monkeypatch.setattr(nativeio.NativePool, "group", group)
 
 
 @native_only

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import anyio
 import pytest
-from native_helpers import native_workers
+from native_helpers import GroupSpy, native_workers
 from nvme_helpers import CHUNK, chunk_at, damage_slot, fill, make
 
 from asynctier import ChunkNotFoundError, IntegrityError, TierConfigError
@@ -203,14 +203,7 @@ async def test_a_group_reads_its_runs_of_adjacent_slots_one_after_the_other(
     """Chunks stored one call each sit in slots the loads below take out of order: each group
     job then reads several runs in turn (one READV each, in one GROUP job of the pool)."""
     tier, view = make(tmp_path / "g.slab", io_engine="native", max_inflight=2, nchunks=32)
-    runs: list[int] = []
-    real = nativeio.NativePool.group
-
-    def group(pool: nativeio.NativePool, slot: int, prio: int, subs: list[nativeio.JobFields]) -> object:
-        runs.append(len(subs))
-        return real(pool, slot, prio, subs)
-
-    monkeypatch.setattr(nativeio.NativePool, "group", group)
+    spy = GroupSpy(monkeypatch)
     async with tier:
         data = fill(view, CHUNK, 8)
         keys = [b"g%d" % i for i in range(16)]
@@ -226,7 +219,7 @@ async def test_a_group_reads_its_runs_of_adjacent_slots_one_after_the_other(
         assert res.ok, res.failed
         assert [chunk_at(view, CHUNK, 16 + j) for j in range(16)] == [data[i] for i in order]
         assert split.native.wakeups > before
-        assert sorted(runs) == [3, 4]  # slots 0-1, 5-6, 10-12, 15; then 2-4, 7-9, 13-14
+        assert sorted(spy.sizes) == [3, 4]  # slots 0-1, 5-6, 10-12, 15; then 2-4, 7-9, 13-14
         st = tier.stats()
         assert st.loaded == 16 and st.extra.get("native_retries", 0) == 0
         assert not pinned(tier)

@@ -13,6 +13,7 @@ import random
 from pathlib import Path
 
 import pytest
+from native_helpers import GroupSpy
 from nvme_helpers import CHUNK, chunk_at, fill, make
 
 from asynctier.engines import native as nativeio
@@ -100,20 +101,6 @@ async def test_a_group_writes_and_reads_runs_of_slots_each_at_its_offset(tmp_pat
 
 
 # -- the tier: a store and a load whose slots lie apart --------------------------------------------
-class _GroupSizes:
-    """The sizes of the group jobs the pool is given (the real pool packs and runs them)."""
-
-    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        self.sizes: list[int] = []
-        real = nativeio.NativePool.group
-
-        def group(pool: nativeio.NativePool, slot: int, prio: int, subs: list[nativeio.JobFields]) -> object:
-            self.sizes.append(len(subs))
-            return real(pool, slot, prio, subs)
-
-        monkeypatch.setattr(nativeio.NativePool, "group", group)
-
-
 @native_only
 async def test_a_store_and_a_load_of_slots_apart_run_as_groups_of_their_runs(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -133,7 +120,7 @@ async def test_a_store_and_a_load_of_slots_apart_run_as_groups_of_their_runs(
         cat = tier._catalog
         assert cat is not None and _runs(cat.index.free) == 64  # 64 free slots, none adjacent
         assert tier.group_size("offload", 40) == 40
-        spy = _GroupSizes(monkeypatch)
+        spy = GroupSpy(monkeypatch)
         new = [b"n%d" % i for i in range(40)]
         assert (await tier.offload(new, list(range(40)))).ok
         assert spy.sizes == [16, 16, 8]
