@@ -10,7 +10,7 @@ where the tier reports it (``stats().extra["loop_wakeups"]``), the times its wor
 loop per chunk. Worker threads are not counted: that is the point. Points run interleaved
 (each repeat goes over every point once), and the median of the repeats is reported. With
 ``--steady``, as many new keys are then offloaded into the tier it filled (each store
-evicts: a cache's steady state), reported as "full tier". ``--settle N`` first streams N
+evicts: a cache's steady state), reported as "full tier". ``--steady-passes N`` first streams N
 untimed passes of new keys into the full tier, so that "full tier" is a tier that has lived
 at capacity a while (the nvme tier's first pass over a full slab cost less than its later
 ones until its slots stopped drifting apart: docs/tiers/nvme.md), and adds "full-tier load":
@@ -72,7 +72,7 @@ async def stream(tier: Any, op: str, keys: list[bytes], slots: int, batch: int, 
 
 
 async def measure(
-    config: dict[str, Any], chunk: int, chunks: int, batch: int, streams: int, steady: bool = False, settle: int = 0
+    config: dict[str, Any], chunk: int, chunks: int, batch: int, streams: int, steady: bool = False, passes: int = 0
 ) -> dict[str, Any]:
     slots = max(batch * streams, 64)
     spec = OffloadingSpec(chunk, slots, namespace="bench/loop-cpu")
@@ -100,12 +100,12 @@ async def measure(
         await timed("offload", "offload", keys)
         await timed("load", "load", keys)
         if steady:  # as many new keys into the tier now full: each store evicts
-            for r in range(settle):  # untimed: the tier's state after a while at capacity
-                await stream(tier, "offload", [b"loop-cpu-settle-%d-%d" % (r, i) for i in range(chunks)],
+            for r in range(passes):  # untimed: the tier's state after a while at capacity
+                await stream(tier, "offload", [b"loop-cpu-pass-%d-%d" % (r, i) for i in range(chunks)],
                              slots, batch, streams)  # fmt: skip
             new = [b"loop-cpu-new-%d" % i for i in range(chunks)]
             await timed("steady", "offload", new)
-            if settle:
+            if passes:
                 await timed("steady_load", "load", new)
         out["io_engine"] = getattr(tier, "active_io_engine", None)
     return out
@@ -176,7 +176,7 @@ def main() -> int:
         help="also offload as many new keys into the tier then full (each store evicts): a cache's steady state",
     )
     ap.add_argument(
-        "--settle",
+        "--steady-passes",
         type=int,
         default=0,
         help="with --steady: untimed passes of new keys into the full tier first; then also time loading the last keys",
@@ -202,7 +202,7 @@ def main() -> int:
             config = _config(tier, engine, root, args.depth, args.chunks, chunk, args.steady)
             try:
                 r = anyio.run(measure, config, chunk, args.chunks, args.batch, args.streams, args.steady,
-                              args.settle, backend=name, backend_options=options)  # fmt: skip
+                              args.steady_passes, backend=name, backend_options=options)  # fmt: skip
             except Exception as e:  # an older checkout may not run on every loop
                 errors[point] = f"{type(e).__name__}: {e}"[:120]
                 continue

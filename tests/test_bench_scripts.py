@@ -162,12 +162,12 @@ def test_bench_loop_cpu_steady_stores_evict(tmp_path: Path) -> None:
 
 
 def test_bench_loop_cpu_settle_times_the_full_tier_after_untimed_passes(tmp_path: Path) -> None:
-    """``--settle N``: N passes of new keys go into the full tier untimed; the timed pass then
+    """``--steady-passes N``: N passes of new keys go into the full tier untimed; the timed pass then
     evicts as before, and the keys it stored load back ("full-tier load")."""
     out = tmp_path / "cpu.json"
     _run("bench_loop_cpu.py", "--tiers", "nvme", "--engines", "-", "--chunk-kib", "16", "--chunks", "256",
-         "--repeat", "1", "--backends", "asyncio", "--steady", "--settle", "2", "--root", str(tmp_path), "--json",
-         str(out))  # fmt: skip
+         "--repeat", "1", "--backends", "asyncio", "--steady", "--steady-passes", "2", "--root", str(tmp_path),
+         "--json", str(out))  # fmt: skip
     (r,) = json.loads(out.read_text())["rows"]
     assert r["error"] is None, r
     assert r["offload"]["evictions_per_chunk"] == 0, r  # the fill first, then the passes

@@ -96,6 +96,21 @@ def test_bench_reports_a_tier_that_cannot_be_imported_as_skipped(tmp_path: Path)
     assert "ghost: skipped" in r.output
 
 
+def test_bench_steady_passes_go_into_the_full_tier_before_the_timed_one(tmp_path: Path) -> None:
+    """``--steady-passes 2``: two untimed passes of new keys fill and turn over the full tier;
+    the timed pass still evicts one chunk a store, and every chunk the tier then holds is one of
+    its keys (the point's own check); without ``--steady`` the option is refused."""
+    r = invoke(*_bench_args(tmp_path, "memory", "nvme"), "--no-fio", "--no-naive", "--steady", "--steady-passes", "2")
+    assert r.exit_code == 0, r.output
+    report = json.loads((tmp_path / "bench.json").read_text())
+    assert report["options"]["steady_passes"] == 2 and "--steady-passes 2" in report["command"]
+    for p in report["points"]:
+        assert p["ok"], p["error"]
+        assert p["steady_evictions"] >= 8, p  # the tier was full before the timed pass
+    bad = invoke(*_bench_args(tmp_path, "memory"), "--no-fio", "--steady-passes", "1")
+    assert bad.exit_code == 2 and "need --steady" in bad.output, bad.output
+
+
 def test_bench_repeat_reports_the_median_of_verified_runs(tmp_path: Path) -> None:
     r = invoke(*_bench_args(tmp_path, "memory"), "--no-fio", "--repeat", "3")
     assert r.exit_code == 0, r.output

@@ -227,6 +227,15 @@ def _run(opts: BenchOptions, plan: Plan, quiet: bool) -> Any:
     help="Also offload into a full tier (half the point's chunks fill it, the other half each evict one): "
     "the steady state of a cache, beside the empty-tier figure.",
 )
+@click.option(
+    "--steady-passes",
+    type=click.IntRange(min=0),
+    default=0,
+    show_default=True,
+    help="With --steady: offload this many untimed passes of new keys into the full tier first, so that the "
+    "timed pass sees a tier that has lived at capacity (a tier's first pass over a full tier may cost less "
+    "than its later ones).",
+)
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None, help="Write every figure as JSON.")
 @click.option(
     "--plot",
@@ -256,11 +265,12 @@ def bench(
     naive: bool,
     repeat: int,
     steady: bool,
+    steady_passes: int,
     json_path: str | None,
     plot_path: str | None,
     md_path: str | None,
     quiet: bool,
-) -> None:  # long: the signature names the 15 options; the body is checks, run, files, exit status
+) -> None:  # long: the signature names the 16 options; the body is checks, run, files, exit status
     """Offload, look up, load back and verify chunks through each tier; compare with fio and a naive loop.
 
     With no arguments: an fs tier and an nvme slab in a temporary directory and an obj tier
@@ -276,6 +286,10 @@ def bench(
     try:
         tfile = load_tier_file(config_path) if config_path else None
         sizes, deps, data = _sweep(tfile, chunk_sizes, depths, data_size)
+        if steady_passes and not steady:
+            raise click.BadParameter(
+                f"{steady_passes} passes into a full tier need --steady (which times one)", param_hint="--steady-passes"
+            )
         _check_outputs(outputs)
         opts = BenchOptions(
             tiers=resolve_tiers(tier_names, tfile),
@@ -288,6 +302,7 @@ def bench(
             naive=naive,
             repeat=repeat,
             steady=steady,
+            steady_passes=steady_passes,
             command=_command_line(click.get_current_context()),
         )
         from ..valkey_server import with_local_valkey

@@ -55,6 +55,8 @@ class BenchOptions:
     repeat: int = 1
     #: Also time offloads into a full tier (each store evicting): a cache's steady state.
     steady: bool = False
+    #: With ``steady``: untimed passes of new keys into the full tier before the timed one.
+    steady_passes: int = 0
     command: str = "asynctier bench"
 
     def points(self) -> list[tuple[int, int]]:
@@ -76,9 +78,16 @@ class BenchOptions:
 
 def tier_point_bytes(opts: BenchOptions, chunk: int, depth: int) -> int:
     """Bytes one tier moves at one point: the batch and the probes, each offloaded and loaded;
-    with ``steady``, the batch offloaded once more into a tier half its size."""
+    with ``steady``, the batch offloaded once more into a tier half its size, and half the
+    batch once per ``steady_passes`` pass."""
     chunks = opts.chunks_for(chunk, depth)
-    return 2 * chunk * (chunks + opts.probe_chunks(chunk, depth)) + (chunk * chunks if opts.steady else 0)
+    steady = chunk * (chunks + opts.steady_passes * steady_half(chunks)) if opts.steady else 0
+    return 2 * chunk * (chunks + opts.probe_chunks(chunk, depth)) + steady
+
+
+def steady_half(chunks: int) -> int:
+    """Chunks that fill the steady phase's tier, and chunks of each pass into it."""
+    return max(1, chunks // 2)
 
 
 def fio_side_bytes(size: int, rw: str) -> int:

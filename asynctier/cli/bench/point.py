@@ -17,6 +17,7 @@ from ...stats import TransferResult
 from .. import benchkit
 from ..sizes import MiB, format_size
 from ..tierfile import nested_configs, substitute, uses_dir
+from .plan import steady_half
 from .primary import PrimaryBuffer
 from .progress import Progress
 from .results import Phase, PointResult
@@ -73,6 +74,7 @@ class PointRun:
         progress: Progress,
         *,
         steady: bool = False,
+        steady_passes: int = 0,
     ) -> None:
         chunk, depth, chunks, probe = point
         self.res = PointResult(
@@ -89,9 +91,10 @@ class PointRun:
         self.keys = [chunk_key(run_id, name, chunk, depth, i) for i in range(chunks)]
         self.absent = [chunk_key(run_id, name, chunk, depth, i, "absent") for i in range(chunks)]
         self.probe_keys = [chunk_key(run_id, name, chunk, depth, i, "probe") for i in range(probe)]
-        self.steady = steady
+        self.steady, self.passes = steady, steady_passes
         # the bytes the plan counted for this point (plan.tier_point_bytes)
-        self._left = 2 * chunk * (chunks + probe) + (self.nbytes if steady else 0)
+        steady_bytes = chunk * (chunks + steady_passes * steady_half(chunks)) if steady else 0
+        self._left = 2 * chunk * (chunks + probe) + steady_bytes
 
     def _advance(self, nbytes: int) -> None:
         self._left -= nbytes
@@ -183,9 +186,10 @@ class PointRun:
         return off_lat, load_lat
 
     async def _steady(self, per_chunk: int) -> None:
-        """A second tier holding half the point's chunks: filled (untimed), then the other half
-        offloaded as new keys, each evicting one (timed up to the flush): a cache at capacity."""
-        half = max(1, self.chunks // 2)
+        """A second tier holding half the point's chunks: filled (untimed), ``steady_passes``
+        passes of as many new keys (untimed), then the other half offloaded as new keys, each
+        evicting one (timed up to the flush): a cache at capacity."""
+        half = steady_half(self.chunks)
         cfg = self._tier_config(self.pointdir / "steady")
         if "capacity_bytes" not in accepted_parameters(SecondaryTierFactory.get_tier_class(cfg)):
             return
@@ -199,6 +203,13 @@ class PointRun:
             self._check("offload", (await tier.offload(keys[:half], list(range(half)))).failed)
             await self._flush()
             self._advance(half * self.chunk)
+            for k in range(self.passes):
+                self.progress.phase(f"{self.label}: pass {k + 1} of {self.passes} into a full tier")
+                tag = f"pass{k}-"
+                more = [chunk_key(self.run_id, self.res.tier, self.chunk, self.depth, i, tag) for i in range(half)]
+                self._check("offload", (await tier.offload(more, [half + i for i in range(half)])).failed)
+                await self._flush()
+                self._advance(half * self.chunk)
             before = tier.stats().evictions
             if self.local:
                 await asyncio.to_thread(benchkit.settle, self.pointdir)

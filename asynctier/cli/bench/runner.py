@@ -101,6 +101,7 @@ def _new_report(
             "naive": opts.naive,
             "repeat": opts.repeat,
             "steady": opts.steady,
+            "steady_passes": opts.steady_passes,
         },
         tiers=status,
     )
@@ -131,6 +132,7 @@ async def _sweep_point(
                 ctx["run_id"],
                 ctx["progress"],
                 steady=opts.steady,
+                steady_passes=opts.steady_passes,
             )
             tier_runs[name].append(await run.run())
     ref = median_ref(ref_runs) if ref_runs else None
