@@ -136,6 +136,30 @@ def test_a_group_out_of_bounds_is_refused() -> None:
 
 
 @native_only
+async def test_one_job_goes_alone_and_a_refused_group_gives_each_job_its_own_failure(tmp_path: Path) -> None:
+    """``one_or_group``: a lone job is submitted as itself (its outcome is the job's own), more
+    as a GROUP; ``group_outcomes`` of a group the pool refused is that failure for each job."""
+    (tmp_path / "one").write_bytes(b"h" * HB + b"1" * N)
+    dfd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    pool = nativeio.NativePool(threads=1, bound=1, slots=1)
+    pool.attach()
+    hb, buf = ctypes.create_string_buffer(HB), ctypes.create_string_buffer(N)
+    read = _read(dfd, b"one", hb, buf)
+    try:
+        alone = pool.one_or_group(0, 0, [read])
+        assert alone == read
+        res = await pool.run(0, nativeio.Job(-1, 0, *alone))
+        own = (res.result, res.csum, res.stage, res.info)
+        assert pool.group_outcomes(0, 1, own) == [own] and own[:3] == (HB + N, checksum(b"1" * N), 0)
+        assert pool.one_or_group(0, 0, [read, read])[0] == nativeio.GROUP
+        refused = (-errno.ESHUTDOWN, 0, nativeio.ST_OPEN, 0)
+        assert pool.group_outcomes(0, 3, refused) == [refused] * 3
+    finally:
+        await pool.aclose()
+        os.close(dfd)
+
+
+@native_only
 async def test_the_workers_refuse_a_group_of_other_kinds(tmp_path: Path) -> None:
     """Reads, or writes and recycles, go in a group: a read beside a write, an unlink, a
     nested group are refused, nothing done."""

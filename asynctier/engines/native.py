@@ -439,9 +439,20 @@ class NativePool:
             pack(table, base + i * size, -1, 0, *f)
         return (GROUP, prio, -1, 0, -1, -1, 0, 0, 0, 0, self._sub_table_addr + base, n, 0, n, 0, b"", b"", b"")
 
-    def group_outcomes(self, slot: int, n: int) -> list[tuple[int, int, int, int]]:
+    def one_or_group(self, slot: int, prio: int, subs: list[JobFields]) -> JobFields:
+        """The job ``subs[0]`` if it is alone, else the :meth:`group` of ``subs`` in ``slot``
+        (read its ends with :meth:`group_outcomes`, passing ``len(subs)``)."""
+        return subs[0] if len(subs) == 1 else self.group(slot, prio, subs)
+
+    def group_outcomes(
+        self, slot: int, n: int, own: tuple[int, int, int, int] | None = None
+    ) -> list[tuple[int, int, int, int]]:
         """``(result, csum, stage, info)`` of each of the ``n`` jobs of the :data:`GROUP` job
-        that ended in ``slot`` (valid until the slot runs another)."""
+        that ended in ``slot`` (valid until the slot runs another). ``own``, the group's own
+        outcome: a group that never ran (refused: its stage set) gives it for each job; and
+        ``n`` 1 is a job submitted alone (:meth:`one_or_group`), whose outcome is ``own``."""
+        if own is not None and (own[2] or n == 1):
+            return [own] * n
         unpack, size = _RESULT_LAYOUT.unpack_from, _RESULT_LAYOUT.size
         base = size * GROUP_MAX * slot
         mem = self._sub_res

@@ -140,7 +140,7 @@ class _Path:
         if not subs:
             return _group_end(job, out, later)
         self._keep(slot, (out, planned, later))
-        return io._pool.group(slot, self.prio, subs)
+        return io._pool.one_or_group(slot, self.prio, subs)
 
     def _finish_group(self, job: Job, slot: int, own: tuple[int, int, int, int]) -> Continuation | None:
         keys, cids, t0 = job.args
@@ -148,8 +148,7 @@ class _Path:
         self._plans[slot] = None
         out, planned, later = state
         io = self._live()
-        # a group that never ran (the pool refused it) reports its own failure: each chunk's
-        ends = io._pool.group_outcomes(slot, len(planned)) if not own[2] else [own] * len(planned)
+        ends = io._pool.group_outcomes(slot, len(planned), own)
         for (i, step), (result, csum, stage, info) in zip(planned, ends):
             try:
                 r = self._finish_key(io, keys[i], cids[i], t0, step, result, csum, stage, info)

@@ -221,11 +221,9 @@ class LoadPath:
                          area.iov_addr + 32 * first, 2 * len(run), area.sums_addr + 8 * first, len(run), run[0][3],
                          b"", b"", b""))  # fmt: skip
         area.iov[: 4 * need] = iov
-        if len(subs) == 1:
-            return subs[0]
         pool = self._engine.pool
         assert pool is not None  # planning runs on a started engine
-        return pool.group(slot, PRIO_LOAD, subs)
+        return pool.one_or_group(slot, PRIO_LOAD, subs)
 
     def _finish_run(
         self, job: Job, slot: int, own: tuple[int, int, int, int]
@@ -234,13 +232,9 @@ class LoadPath:
         keys, cids, t0 = job.args
         tier = self._live()
         g = self._groups[slot]
-        k = g.batch
-        if k == 1 or own[2]:  # one run; or a group that never ran (the pool refused it): each run's end
-            ends = [own] * k
-        else:
-            pool = self._engine.pool
-            assert pool is not None
-            ends = pool.group_outcomes(slot, k)
+        k, pool = g.batch, self._engine.pool
+        assert pool is not None
+        ends = pool.group_outcomes(slot, k, own)
         area = self._areas[slot]
         H, n = tier._slabs.hdr_area, tier.offloading_spec.chunk_bytes
         digest, verify, found = tier.offloading_spec.layout_digest, tier.verify, g.found

@@ -230,11 +230,9 @@ class StorePath:
                          area.iov_addr + 32 * first, 2 * len(run), area.sums_addr + 8 * first, len(run), run[0][3],
                          b"", b"", b""))  # fmt: skip
         area.iov[: 4 * need] = iov
-        if len(subs) == 1:
-            return subs[0]
         pool = self._engine.pool
         assert pool is not None  # planning runs on a started engine
-        return pool.group(slot, prio, subs)
+        return pool.one_or_group(slot, prio, subs)
 
     # -- ends ------------------------------------------------------------------------------------
     def finish(self, job: Job, slot: int, result: int, csum: int, stage: int, info: int) -> Step:
@@ -242,13 +240,9 @@ class StorePath:
             return self._commit_ended(result, stage)
         tier = self._live()
         st = self._jobs[slot]
-        k, own = st.batch, (result, csum, stage, info)
-        if k == 1 or stage:  # one run; or a group that never ran (the pool refused it): each run's end
-            ends = [own] * k
-        else:
-            pool = self._engine.pool
-            assert pool is not None
-            ends = pool.group_outcomes(slot, k)
+        k, pool = st.batch, self._engine.pool
+        assert pool is not None
+        ends = pool.group_outcomes(slot, k, (result, csum, stage, info))
         sums, i = self._areas[slot].sums, 0
         for run, (result, _, stage, info) in zip(st.runs[st.next : st.next + k], ends):
             ps = [p for p, _, _, _ in run]
