@@ -100,9 +100,12 @@ async def measure(
         await timed("offload", "offload", keys)
         await timed("load", "load", keys)
         if steady:  # as many new keys into the tier now full: each store evicts
+            evicted = tier.stats().evictions
             for r in range(passes):  # untimed: the tier's state after a while at capacity
                 await stream(tier, "offload", [b"loop-cpu-pass-%d-%d" % (r, i) for i in range(chunks)],
                              slots, batch, streams)  # fmt: skip
+            if passes:
+                out["passes"] = {"count": passes, "evictions_per_chunk": (tier.stats().evictions - evicted) / chunks}
             new = [b"loop-cpu-new-%d" % i for i in range(chunks)]
             await timed("steady", "offload", new)
             if passes:
@@ -225,6 +228,8 @@ def main() -> int:
                 if op in done[0]:
                     row[op] = sorted(done, key=lambda r: r[op]["us_per_chunk"])[len(done) // 2][op]
             row["active_io_engine"] = done[0]["io_engine"]
+            if "passes" in done[0]:
+                row["passes"] = done[0]["passes"]
         rows.append(row)
     print_table(rows)
     if args.json:

@@ -106,7 +106,8 @@ def test_bench_steady_passes_go_into_the_full_tier_before_the_timed_one(tmp_path
     assert report["options"]["steady_passes"] == 2 and "--steady-passes 2" in report["command"]
     for p in report["points"]:
         assert p["ok"], p["error"]
-        assert p["steady_evictions"] >= 8, p  # the tier was full before the timed pass
+        assert p["steady_pass_evictions"] >= 2 * 8, p  # each pass turned the tier over
+        assert p["steady_evictions"] >= 8, p  # and it was full before the timed pass
     bad = invoke(*_bench_args(tmp_path, "memory"), "--no-fio", "--steady-passes", "1")
     assert bad.exit_code == 2 and "need --steady" in bad.output, bad.output
 
@@ -133,6 +134,7 @@ def test_bench_steady_times_offloads_into_a_full_tier_beside_the_empty_one(tmp_p
         # half the 16 chunks fill a tier of that capacity; each of the other half evicts one
         # (nvme's capacity_bytes also holds its superblock: it fits fewer, and evicts more)
         assert p["steady_evictions"] >= 8 if p["tier"] == "nvme" else p["steady_evictions"] == 8, p
+        assert p["steady_pass_evictions"] == 0, p  # no --steady-passes
         assert p["steady"]["bytes_per_s"] > 0 and p["offload"]["bytes_per_s"] > 0
     assert "full tier" in r.output
     assert not any(p.is_file() for p in (tmp_path / "root").rglob("*"))

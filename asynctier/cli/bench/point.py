@@ -203,6 +203,7 @@ class PointRun:
             self._check("offload", (await tier.offload(keys[:half], list(range(half)))).failed)
             await self._flush()
             self._advance(half * self.chunk)
+            filled = tier.stats().evictions
             for k in range(self.passes):
                 self.progress.phase(f"{self.label}: pass {k + 1} of {self.passes} into a full tier")
                 tag = f"pass{k}-"
@@ -211,6 +212,7 @@ class PointRun:
                 await self._flush()
                 self._advance(half * self.chunk)
             before = tier.stats().evictions
+            self.res.steady_pass_evictions = before - filled
             if self.local:
                 await asyncio.to_thread(benchkit.settle, self.pointdir)
             t = time.perf_counter()

@@ -96,6 +96,8 @@ class PointResult:
     steady: Phase | None = None
     #: Chunks the steady phase evicted (as many as it stored, in a tier that was full).
     steady_evictions: int = 0
+    #: Chunks the untimed ``--steady-passes`` evicted before it (each pass turns the tier over).
+    steady_pass_evictions: int = 0
     lookup_ops_per_s: float = 0.0
     #: Chunks timed one call at a time for the latency percentiles (also verified).
     probe_chunks: int = 0
@@ -186,6 +188,7 @@ def median_point(runs: list[PointResult]) -> PointResult:
         load=ld.load,
         steady=st.steady,
         steady_evictions=st.steady_evictions,
+        steady_pass_evictions=st.steady_pass_evictions,
         lookup_ops_per_s=_median_of(runs, lambda r: r.lookup_ops_per_s).lookup_ops_per_s,
         probe_chunks=off.probe_chunks,
         verified_bytes=sum(r.verified_bytes for r in runs),
