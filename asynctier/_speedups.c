@@ -9,9 +9,16 @@
  * The fs tier's per-chunk plan on the native engine (tiers/fs/fast.py) also needs, per store,
  * the shard and name of the key and of its victim and the chunk's header in the job slot's
  * header block: name_of and pack_header_into, twins of asynctier.tiers.fs.layout.shard_of +
- * key_token and of asynctier.integrity.pack_header. Both hash with xxh3: the system
- * xxHash's XXH3_64bits, the one the native workers use, whose address the caller gives
- * (use_xxh3, once: asynctier.engines.native finds and checks it). */
+ * key_token and of asynctier.integrity.pack_header.
+ *
+ * The nvme tier's native paths pack a run's headers (pack_headers_into), check each header a
+ * read brought (header_matches, also the fs tier's loads) and pack the journal's records
+ * (pack_records): twins of asynctier.integrity.pack_headers_into and header_matches and of
+ * asynctier.tiers.nvme.format._pack_records (tests/test_c_twins.py compares them).
+ *
+ * All but b32 hash with xxh3: the system xxHash's XXH3_64bits, the one the native workers
+ * use, whose address the caller gives (use_xxh3, once: asynctier.engines.native.speedups()
+ * finds and checks it, and gives this module only then). */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
@@ -121,6 +128,52 @@ static void put_le(unsigned char *p, uint64_t v, int n) {
     for (int i = 0; i < n; i++) p[i] = (unsigned char)(v >> (8 * i));
 }
 
+/* The header asynctier.integrity.pack_header(key, payload_len, csum, layout_digest, seq) at p
+ * (FIXED_LEN + klen + 8 bytes); its size. */
+static Py_ssize_t put_header(unsigned char *p, const char *key, Py_ssize_t klen, uint64_t payload_len, uint64_t csum,
+                             uint64_t seq, const char *digest) {
+    memcpy(p, HEADER_MAGIC, 4);
+    put_le(p + 4, FORMAT_VERSION, 2);
+    put_le(p + 6, 0, 2); /* flags */
+    put_le(p + 8, (uint64_t)klen, 4);
+    put_le(p + 12, payload_len, 8);
+    put_le(p + 20, csum, 8);
+    put_le(p + 28, seq, 8);
+    memcpy(p + 36, digest, DIGEST_LEN);
+    memcpy(p + FIXED_LEN, key, (size_t)klen);
+    put_le(p + FIXED_LEN + klen, xxh3(p, (size_t)(FIXED_LEN + klen)), 8);
+    return FIXED_LEN + klen + 8;
+}
+
+/* A key argument: bytes of at most 2**32 - 1 bytes (the header's key length field). */
+static int check_key(PyObject *key, const char *fn) {
+    if (!PyBytes_Check(key)) {
+        PyErr_Format(PyExc_TypeError, "%s(): a key is bytes, not %.100s", fn, Py_TYPE(key)->tp_name);
+        return -1;
+    }
+    if ((uint64_t)PyBytes_GET_SIZE(key) > UINT32_MAX) {
+        PyErr_Format(PyExc_ValueError, "%s(): a key of %zd bytes (at most 2**32 - 1)", fn, PyBytes_GET_SIZE(key));
+        return -1;
+    }
+    return 0;
+}
+
+static int check_digest(PyObject *digest, const char *fn) {
+    if (!PyBytes_Check(digest) || PyBytes_GET_SIZE(digest) != DIGEST_LEN) {
+        PyErr_Format(PyExc_ValueError, "%s(): layout_digest is %d bytes", fn, DIGEST_LEN);
+        return -1;
+    }
+    return 0;
+}
+
+/* An unsigned 64-bit field from a Python int (OverflowError outside 0 .. 2**64 - 1). */
+static int get_u64(PyObject *v, uint64_t *out) {
+    unsigned long long x = PyLong_AsUnsignedLongLong(v);
+    if (x == (unsigned long long)-1 && PyErr_Occurred()) return -1;
+    *out = (uint64_t)x;
+    return 0;
+}
+
 /* pack_header_into(block, used, key, payload_len, layout_digest) -> size: the header
  * asynctier.integrity.pack_header(key, payload_len, 0, layout_digest) written at
  * the start of block, and the rest of the first `used` bytes zeroed (what an older, longer
@@ -134,23 +187,11 @@ static PyObject *pack_header_into(PyObject *self, PyObject *const *args, Py_ssiz
     Py_ssize_t used = PyLong_AsSsize_t(args[1]);
     if (used == -1 && PyErr_Occurred()) return NULL;
     PyObject *key = args[2], *digest = args[4];
-    if (!PyBytes_Check(key) || !PyBytes_Check(digest)) {
-        PyErr_SetString(PyExc_TypeError, "pack_header_into(): key and layout_digest are bytes");
+    uint64_t payload_len;
+    if (check_key(key, "pack_header_into") < 0 || check_digest(digest, "pack_header_into") < 0 ||
+        get_u64(args[3], &payload_len) < 0 || need_xxh3("pack_header_into") < 0)
         return NULL;
-    }
-    if (PyBytes_GET_SIZE(digest) != DIGEST_LEN) {
-        PyErr_Format(PyExc_ValueError, "pack_header_into(): layout_digest is %d bytes, not %zd", DIGEST_LEN,
-                     PyBytes_GET_SIZE(digest));
-        return NULL;
-    }
-    unsigned long long payload_len = PyLong_AsUnsignedLongLong(args[3]);
-    if (payload_len == (unsigned long long)-1 && PyErr_Occurred()) return NULL;
     Py_ssize_t klen = PyBytes_GET_SIZE(key);
-    if (klen > UINT32_MAX) {
-        PyErr_SetString(PyExc_ValueError, "pack_header_into(): key too long");
-        return NULL;
-    }
-    if (need_xxh3("pack_header_into") < 0) return NULL;
     Py_buffer view;
     if (PyObject_GetBuffer(args[0], &view, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) return NULL;
     Py_ssize_t size = FIXED_LEN + klen + 8;
@@ -161,19 +202,175 @@ static PyObject *pack_header_into(PyObject *self, PyObject *const *args, Py_ssiz
         return NULL;
     }
     unsigned char *p = (unsigned char *)view.buf;
-    memcpy(p, HEADER_MAGIC, 4);
-    put_le(p + 4, FORMAT_VERSION, 2);
-    put_le(p + 6, 0, 2);              /* flags */
-    put_le(p + 8, (uint64_t)klen, 4);
-    put_le(p + 12, payload_len, 8);
-    put_le(p + 20, 0, 8);             /* the payload's checksum: the workers fill it in */
-    put_le(p + 28, 0, 8);             /* seq */
-    memcpy(p + 36, PyBytes_AS_STRING(digest), DIGEST_LEN);
-    memcpy(p + FIXED_LEN, PyBytes_AS_STRING(key), (size_t)klen);
-    put_le(p + FIXED_LEN + klen, xxh3(p, (size_t)(FIXED_LEN + klen)), 8);
+    put_header(p, PyBytes_AS_STRING(key), klen, payload_len, 0, 0, PyBytes_AS_STRING(digest));
     if (used > size) memset(p + size, 0, (size_t)(used - size));
     PyBuffer_Release(&view);
     return PyLong_FromSsize_t(size);
+}
+
+/* pack_headers_into(block, start, stride, keys, payload_len, layout_digest, seqs) -> size:
+ * for each j, pack_header(keys[j], payload_len, 0, layout_digest, seqs[j]) written at
+ * block[(start + j) * stride:] (the nvme tier's stores: a run's headers, the checksum left to
+ * the workers); the last one's size, 0 for none. Everything is checked before a byte is
+ * written. */
+static PyObject *pack_headers_into(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    static const char fn[] = "pack_headers_into";
+    if (nargs != 7) {
+        PyErr_Format(PyExc_TypeError, "%s() takes 7 arguments (%zd given)", fn, nargs);
+        return NULL;
+    }
+    Py_ssize_t start = PyLong_AsSsize_t(args[1]), stride = PyLong_AsSsize_t(args[2]);
+    if ((start == -1 || stride == -1) && PyErr_Occurred()) return NULL;
+    if (start < 0 || stride <= 0) {
+        PyErr_Format(PyExc_ValueError, "%s(): start >= 0 and stride > 0, not %zd and %zd", fn, start, stride);
+        return NULL;
+    }
+    uint64_t payload_len;
+    if (get_u64(args[4], &payload_len) < 0 || check_digest(args[5], fn) < 0 || need_xxh3(fn) < 0) return NULL;
+    PyObject *keys = PySequence_Fast(args[3], "pack_headers_into(): keys is a sequence");
+    if (keys == NULL) return NULL;
+    PyObject *seqs = PySequence_Fast(args[6], "pack_headers_into(): seqs is a sequence");
+    if (seqs == NULL) {
+        Py_DECREF(keys);
+        return NULL;
+    }
+    PyObject *out = NULL;
+    Py_buffer view = {0};
+    int have_view = 0;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(keys);
+    uint64_t seq_stack[64], *seq = seq_stack;
+    if (PySequence_Fast_GET_SIZE(seqs) != n) {
+        PyErr_Format(PyExc_ValueError, "%s(): %zd keys but %zd seqs", fn, n, PySequence_Fast_GET_SIZE(seqs));
+        goto done;
+    }
+    if (n > 64 && (seq = PyMem_Malloc((size_t)n * sizeof(uint64_t))) == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    if (PyObject_GetBuffer(args[0], &view, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) goto done;
+    have_view = 1;
+    PyObject **ks = PySequence_Fast_ITEMS(keys), **ss = PySequence_Fast_ITEMS(seqs);
+    for (Py_ssize_t j = 0; j < n; j++) {
+        if (check_key(ks[j], fn) < 0 || get_u64(ss[j], &seq[j]) < 0) goto done;
+        Py_ssize_t size = FIXED_LEN + PyBytes_GET_SIZE(ks[j]) + 8;
+        if (size > stride || start + j > (view.len - size) / stride) {
+            PyErr_Format(PyExc_ValueError, "%s(): header %zd (%zd bytes) does not fit block %zd of %zd bytes in %zd",
+                         fn, j, size, start + j, stride, view.len);
+            goto done;
+        }
+    }
+    Py_ssize_t size = 0;
+    const char *digest = PyBytes_AS_STRING(args[5]);
+    for (Py_ssize_t j = 0; j < n; j++)
+        size = put_header((unsigned char *)view.buf + (start + j) * stride, PyBytes_AS_STRING(ks[j]),
+                          PyBytes_GET_SIZE(ks[j]), payload_len, 0, seq[j], digest);
+    out = PyLong_FromSsize_t(size);
+done:
+    if (have_view) PyBuffer_Release(&view);
+    if (seq != seq_stack) PyMem_Free(seq);
+    Py_DECREF(keys);
+    Py_DECREF(seqs);
+    return out;
+}
+
+/* header_matches(buf, key, payload_len, csum, layout_digest, seq) -> bool: whether buf
+ * starts with pack_header(key, payload_len, csum, layout_digest, seq) (its twin:
+ * asynctier.integrity.header_matches, the loads' fast accept). */
+static PyObject *header_matches(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    static const char fn[] = "header_matches";
+    if (nargs != 6) {
+        PyErr_Format(PyExc_TypeError, "%s() takes 6 arguments (%zd given)", fn, nargs);
+        return NULL;
+    }
+    uint64_t payload_len, csum, seq;
+    PyObject *key = args[1];
+    if (check_key(key, fn) < 0 || get_u64(args[2], &payload_len) < 0 || get_u64(args[3], &csum) < 0 ||
+        check_digest(args[4], fn) < 0 || get_u64(args[5], &seq) < 0 || need_xxh3(fn) < 0)
+        return NULL;
+    Py_buffer view;
+    if (PyObject_GetBuffer(args[0], &view, PyBUF_C_CONTIGUOUS) < 0) return NULL;
+    Py_ssize_t klen = PyBytes_GET_SIZE(key), size = FIXED_LEN + klen + 8;
+    int same = 0;
+    if (view.len >= size) {
+        unsigned char stack[512], *want = size <= (Py_ssize_t)sizeof stack ? stack : PyMem_Malloc((size_t)size);
+        if (want == NULL) {
+            PyBuffer_Release(&view);
+            return PyErr_NoMemory();
+        }
+        put_header(want, PyBytes_AS_STRING(key), klen, payload_len, csum, seq, PyBytes_AS_STRING(args[4]));
+        same = memcmp(view.buf, want, (size_t)size) == 0;
+        if (want != stack) PyMem_Free(want);
+    }
+    PyBuffer_Release(&view);
+    return PyBool_FromLong(same);
+}
+
+#define RECORD_LEN 24 /* asynctier.tiers.nvme.format.RECORD: <BBHIQQ */
+
+/* pack_records(typ, items) -> list[bytes]: the nvme journal's records of type typ, one per
+ * (key, slot, seq, csum) in items, each with its trailing xxh3 (its twin:
+ * asynctier.tiers.nvme.format.pack_records). */
+static PyObject *pack_records(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    static const char fn[] = "pack_records";
+    if (nargs != 2) {
+        PyErr_Format(PyExc_TypeError, "%s() takes 2 arguments (%zd given)", fn, nargs);
+        return NULL;
+    }
+    long typ = PyLong_AsLong(args[0]);
+    if (typ == -1 && PyErr_Occurred()) return NULL;
+    if (typ < 0 || typ > 255) {
+        PyErr_Format(PyExc_ValueError, "%s(): a record type is 0 to 255, not %ld", fn, typ);
+        return NULL;
+    }
+    if (need_xxh3(fn) < 0) return NULL;
+    PyObject *items = PySequence_Fast(args[1], "pack_records(): items is a sequence of (key, slot, seq, csum)");
+    if (items == NULL) return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(items);
+    PyObject *out = PyList_New(n);
+    if (out == NULL) goto fail;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *item = PySequence_Fast_GET_ITEM(items, i);
+        if (!PyTuple_Check(item) || PyTuple_GET_SIZE(item) != 4) {
+            PyErr_Format(PyExc_TypeError, "%s(): each item is a (key, slot, seq, csum) tuple", fn);
+            goto fail;
+        }
+        PyObject *key = PyTuple_GET_ITEM(item, 0);
+        uint64_t slot, seq, csum;
+        if (!PyBytes_Check(key)) {
+            PyErr_Format(PyExc_TypeError, "%s(): a key is bytes, not %.100s", fn, Py_TYPE(key)->tp_name);
+            goto fail;
+        }
+        Py_ssize_t klen = PyBytes_GET_SIZE(key);
+        if (get_u64(PyTuple_GET_ITEM(item, 1), &slot) < 0 || get_u64(PyTuple_GET_ITEM(item, 2), &seq) < 0 ||
+            get_u64(PyTuple_GET_ITEM(item, 3), &csum) < 0)
+            goto fail;
+        if (klen > UINT16_MAX || slot > UINT32_MAX) {
+            PyErr_Format(PyExc_ValueError, "%s(): a key of %zd bytes (at most 65535) or slot %llu (at most 2**32 - 1)",
+                         fn, klen, (unsigned long long)slot);
+            goto fail;
+        }
+        PyObject *rec = PyBytes_FromStringAndSize(NULL, RECORD_LEN + klen + 8);
+        if (rec == NULL) goto fail;
+        unsigned char *p = (unsigned char *)PyBytes_AS_STRING(rec);
+        p[0] = (unsigned char)typ;
+        p[1] = 0;
+        put_le(p + 2, (uint64_t)klen, 2);
+        put_le(p + 4, slot, 4);
+        put_le(p + 8, seq, 8);
+        put_le(p + 16, csum, 8);
+        memcpy(p + RECORD_LEN, PyBytes_AS_STRING(key), (size_t)klen);
+        put_le(p + RECORD_LEN + klen, xxh3(p, (size_t)(RECORD_LEN + klen)), 8);
+        PyList_SET_ITEM(out, i, rec);
+    }
+    Py_DECREF(items);
+    return out;
+fail:
+    Py_XDECREF(out);
+    Py_DECREF(items);
+    return NULL;
 }
 
 static PyMethodDef methods[] = {
@@ -182,6 +379,12 @@ static PyMethodDef methods[] = {
     {"name_of", name_of, METH_O, "name_of(key: bytes) -> (shard, token): the fs tier's shard and file name."},
     {"pack_header_into", (PyCFunction)(void (*)(void))pack_header_into, METH_FASTCALL,
      "pack_header_into(block, used, key, payload_len, layout_digest) -> size: a header with a zero checksum."},
+    {"pack_headers_into", (PyCFunction)(void (*)(void))pack_headers_into, METH_FASTCALL,
+     "pack_headers_into(block, start, stride, keys, payload_len, layout_digest, seqs) -> size: a run's headers."},
+    {"header_matches", (PyCFunction)(void (*)(void))header_matches, METH_FASTCALL,
+     "header_matches(buf, key, payload_len, csum, layout_digest, seq) -> bool: buf starts with that header."},
+    {"pack_records", (PyCFunction)(void (*)(void))pack_records, METH_FASTCALL,
+     "pack_records(typ, items) -> list[bytes]: nvme journal records of (key, slot, seq, csum)."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import xxhash
@@ -103,6 +104,31 @@ def pack_header(
     """
     body = _FIXED.pack(HEADER_MAGIC, version, flags, len(key), payload_len, csum, seq, layout_digest) + key
     return body + _TAIL.pack(xxhash.xxh3_64_intdigest(body))
+
+
+def pack_headers_into(
+    block: memoryview | bytearray,
+    start: int,
+    stride: int,
+    keys: Sequence[bytes],
+    payload_len: int,
+    layout_digest: bytes,
+    seqs: Sequence[int],
+) -> int:
+    """For each ``j``, ``pack_header(keys[j], payload_len, 0, layout_digest, seqs[j])``
+    written at ``block[(start + j) * stride:]`` (a run of chunks' headers, their checksums
+    left to whoever writes the payloads); the last one's size, 0 for none. The reference of
+    ``asynctier._speedups.pack_headers_into``."""
+    if len(keys) != len(seqs):
+        raise ValueError(f"pack_headers_into(): {len(keys)} keys but {len(seqs)} seqs")
+    heads = [pack_header(key, payload_len, 0, layout_digest, seq) for key, seq in zip(keys, seqs)]
+    for j, head in enumerate(heads):
+        if len(head) > stride or (start + j) * stride + len(head) > len(block):
+            raise ValueError(f"pack_headers_into(): header {j} ({len(head)} bytes) does not fit block {start + j}")
+    for j, head in enumerate(heads):
+        at = (start + j) * stride
+        block[at : at + len(head)] = head
+    return len(heads[-1]) if heads else 0
 
 
 def header_matches(

@@ -32,11 +32,6 @@ from . import layout
 from .layout import HEADER_BLOCK
 from .protocol import SAFE_OPEN, Outcome, Spare, SpareJob, Step, StoreJob, not_found
 
-try:  # C twins of layout.name_of and integrity.pack_header (asynctier/_speedups.c), where built
-    from asynctier import _speedups
-except ImportError:  # pragma: no cover - installed without a C compiler
-    _speedups = None  # type: ignore[assignment]
-
 if TYPE_CHECKING:
     from .tier import FsTier
 
@@ -78,10 +73,10 @@ class NativeIO:
         # per-chunk naming and header packing: the C twins where built, else the Python ones
         self._name_of: Callable[[bytes], tuple[int, bytes]] = layout.name_of
         self._pack_header_into: Callable[[memoryview, int, bytes, int, bytes], int] | None = None
-        if _speedups is not None and nativeio.xxh3_address() is not None:
-            _speedups.use_xxh3(nativeio.xxh3_address())  # type: ignore[arg-type]
-            self._name_of = _speedups.name_of
-            self._pack_header_into = _speedups.pack_header_into
+        fast = nativeio.speedups()
+        if fast is not None:
+            self._name_of = fast.name_of
+            self._pack_header_into = fast.pack_header_into
 
     def start(self) -> None:
         """Once the engine runs: the header blocks, and addresses by arithmetic on the hot

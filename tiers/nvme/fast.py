@@ -27,7 +27,7 @@ from asynctier.core.jobs import Job
 from asynctier.core.ops import PRIO_LOAD
 from asynctier.engines import native as nativeio
 from asynctier.engines.native_engine import Continuation, NativeEngine
-from asynctier.integrity import pack_header
+from asynctier.integrity import header_matches as _py_header_matches
 from asynctier.posix_io import aligned_buffer, buffer_address
 
 from .slots import SlotIndex
@@ -36,6 +36,10 @@ if TYPE_CHECKING:
     from .tier import NvmeTier
 
 __all__ = ["IoArea", "LoadPath"]
+
+# a read's header check, per chunk on the loop's thread: the C twin where built
+_fast = nativeio.speedups()
+header_matches = _py_header_matches if _fast is None else _fast.header_matches
 
 Outcomes = list[BaseException | None]
 
@@ -145,13 +149,11 @@ class LoadPath:
         nslot, seq, want = where
         H, n = tier._slabs.hdr_area, tier.offloading_spec.chunk_bytes
         assert self._hb is not None
-        head = pack_header(key, n, want, tier.offloading_spec.layout_digest, seq)  # header_matches written out
-        at = slot * H
         ok = (
             not stage
             and result == H + n
             and (not tier.verify or csum == want)
-            and self._hb[at : at + len(head)] == head
+            and header_matches(self._hb[slot * H :], key, n, want, tier.offloading_spec.layout_digest, seq)
         )
         self._unpins.append(nslot)  # at the next flush: one lock for the batch of ends
         if not ok:  # read again on a thread, which tells what is wrong and drops a bad copy
@@ -238,14 +240,13 @@ class LoadPath:
         area = self._areas[slot]
         H, n = tier._slabs.hdr_area, tier.offloading_spec.chunk_bytes
         digest, verify, found = tier.offloading_spec.layout_digest, tier.verify, g.found
-        hb, sums = area.hb, area.sums
+        hb, sums, matches = area.hb, area.sums, header_matches
         good, i = 0, 0
         for run, (_, _, stage, info) in zip(g.runs[g.next : g.next + k], ends):
             whole = not stage and info == 1
             for p, _, _, _ in run:
                 _, seq, want = found[p]
-                head = pack_header(keys[p], n, want, digest, seq)  # header_matches written out
-                if whole and (not verify or sums[i] == want) and hb[i * H : i * H + len(head)] == head:
+                if whole and (not verify or sums[i] == want) and matches(hb[i * H :], keys[p], n, want, digest, seq):
                     good += 1
                 else:
                     g.bad.append(p)

@@ -8,10 +8,12 @@ foreign one is told apart before any field is trusted.
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import xxhash
+
+from asynctier.engines import native as nativeio
 
 __all__ = [
     "CHECKPOINT_HEAD",
@@ -66,15 +68,22 @@ def pack_record(typ: int, key: bytes, slot: int, seq: int, csum: int) -> bytes:
     return pack_records(typ, ((key, slot, seq, csum),))[0]
 
 
-def pack_records(typ: int, items: Iterable[tuple[bytes, int, int, int]]) -> list[bytes]:
+def _pack_records(typ: int, items: Sequence[tuple[bytes, int, int, int]]) -> list[bytes]:
     """:func:`pack_record` of type ``typ`` for each ``(key, slot, seq, csum)`` (a store's
-    batch of them, one loop: this runs per chunk on the event loop's thread)."""
+    batch of them, one loop: this runs per chunk on the event loop's thread). The reference
+    of ``asynctier._speedups.pack_records``, which :func:`pack_records` is where built."""
     pack, tail, hash64 = RECORD.pack, U64.pack, xxhash.xxh3_64_intdigest
     out: list[bytes] = []
     for key, slot, seq, csum in items:
         body = pack(typ, 0, len(key), slot, seq, csum) + key
         out.append(body + tail(hash64(body)))
     return out
+
+
+_fast = nativeio.speedups()
+pack_records: Callable[[int, Sequence[tuple[bytes, int, int, int]]], list[bytes]] = (
+    _pack_records if _fast is None else _fast.pack_records
+)
 
 
 def pack_journal_head(gen: int, slab_id: bytes) -> bytes:

@@ -1,0 +1,178 @@
+"""The C twins of the nvme and fs tiers' per-chunk helpers (asynctier/_speedups.c) give what
+their Python references give, byte for byte, refuse what those refuse without writing a byte,
+and the nvme tier stores, loads and reopens the same with either set."""
+
+from __future__ import annotations
+
+import os
+import random
+import struct
+from pathlib import Path
+from typing import Any
+
+import pytest
+from nvme_helpers import chunk_at, fill, make
+
+from asynctier import integrity
+from asynctier.engines import native as nativeio
+from asynctier.integrity import pack_header
+from asynctier.tiers.nvme import catalog, fast, stores
+from asynctier.tiers.nvme.format import EVICT, PUBLISH, _pack_records
+
+native_only = pytest.mark.skipif(nativeio.problem() is not None, reason=f"no native workers: {nativeio.problem()}")
+U64 = (1 << 64) - 1
+
+
+@pytest.fixture
+def speedups() -> Any:
+    mod = nativeio.speedups()
+    if mod is None:
+        pytest.skip(f"no C twins here: {nativeio.problem() or 'asynctier._speedups not built'}")
+    return mod
+
+
+def _keys(rng: random.Random) -> list[bytes]:
+    return [rng.randbytes(n) for n in (0, 1, 7, 32, 96, 97, 200, 400, 600)] + [b"k-%d" % i for i in range(20)]
+
+
+def test_a_runs_headers_are_pack_headers_bytes(speedups: Any) -> None:
+    """Each header at its block, as pack_header packs it with a zero checksum; nothing else in
+    the buffer touched; the size returned is the last header's (0 for none)."""
+    rng = random.Random(1)
+    stride = 1024
+    for _ in range(30):
+        keys = rng.sample(_keys(rng), rng.randrange(0, 8))
+        seqs = [rng.choice([0, 1, U64, rng.getrandbits(64)]) for _ in keys]
+        payload, digest, start = rng.choice([0, 4096, 1 << 40]), rng.randbytes(16), rng.randrange(0, 4)
+        bufs = [bytearray(rng.randbytes(stride * 12)) for _ in range(2)]
+        bufs[1][:] = bufs[0]
+        got = speedups.pack_headers_into(memoryview(bufs[0]), start, stride, keys, payload, digest, seqs)
+        want = integrity.pack_headers_into(bufs[1], start, stride, keys, payload, digest, seqs)
+        assert got == want and bufs[0] == bufs[1]
+        for j, (key, seq) in enumerate(zip(keys, seqs)):
+            head = pack_header(key, payload, 0, digest, seq)
+            at = (start + j) * stride
+            assert bufs[0][at : at + len(head)] == head
+        assert got == (len(pack_header(keys[-1], 0, 0, digest)) if keys else 0)
+
+
+@pytest.mark.parametrize(
+    ("args", "error"),
+    [
+        ({"keys": [b"a", b"b"], "seqs": [1]}, ValueError),  # not one seq a key
+        ({"keys": [b"a", bytes(1000)], "seqs": [1, 2]}, ValueError),  # a header longer than its block
+        ({"keys": [b"a", b"b"], "seqs": [1, 2], "start": 7}, ValueError),  # past the buffer's end
+        ({"keys": [b"a", "b"], "seqs": [1, 2]}, TypeError),  # a key that is not bytes
+        ({"keys": [b"a", b"b"], "seqs": [1, -1]}, (OverflowError, struct.error)),  # a seq below 0
+        ({"keys": [b"a", b"b"], "seqs": [1, 1 << 64]}, (OverflowError, struct.error)),  # or above 2**64 - 1
+    ],
+)
+def test_a_runs_headers_refused_leave_the_buffer_as_it_was(speedups: Any, args: dict[str, Any], error: Any) -> None:
+    stride = 512
+    for fn in (speedups.pack_headers_into, integrity.pack_headers_into):
+        buf = bytearray(b"\xee" * (stride * 8))
+        with pytest.raises(error):
+            fn(memoryview(buf), args.get("start", 0), stride, args["keys"], 4096, bytes(16), args["seqs"])
+        assert buf == b"\xee" * (stride * 8), fn
+    with pytest.raises(ValueError, match="layout_digest is 16 bytes"):
+        speedups.pack_headers_into(bytearray(4096), 0, 512, [b"a"], 1, bytes(15), [1])
+    with pytest.raises(ValueError, match="stride > 0"):
+        speedups.pack_headers_into(bytearray(4096), 0, 0, [b"a"], 1, bytes(16), [1])
+    with pytest.raises(BufferError, match="not writable"):
+        speedups.pack_headers_into(memoryview(bytes(4096)), 0, 512, [b"a"], 1, bytes(16), [1])
+
+
+def test_a_header_matches_as_the_python_check_says(speedups: Any) -> None:
+    """True for the very header (any bytes after it), False for a byte changed anywhere in it,
+    a field that differs, or a buffer cut short; from bytes, bytearrays and memoryviews."""
+    rng = random.Random(2)
+    for key in _keys(rng):
+        payload, csum, seq, digest = rng.getrandbits(40), rng.getrandbits(64), rng.getrandbits(64), rng.randbytes(16)
+        head = pack_header(key, payload, csum, digest, seq)
+        bufs: list[Any] = [head, head + rng.randbytes(50), bytearray(head), memoryview(head + b"\0" * 9)]
+        for buf in bufs:
+            assert speedups.header_matches(buf, key, payload, csum, digest, seq)
+            assert integrity.header_matches(buf, key, payload, csum, digest, seq)
+        for at in (0, 5, 12, 20, 28, 40, len(head) - 9, len(head) - 1):
+            bad = bytearray(head)
+            bad[at] ^= 0x10
+            assert not speedups.header_matches(bad, key, payload, csum, digest, seq)
+            assert not integrity.header_matches(bad, key, payload, csum, digest, seq)
+        cases = [(payload + 1, csum, seq), (payload, csum ^ 1, seq), (payload, csum, seq ^ 1)]
+        for p, c, s in cases:
+            assert not speedups.header_matches(head, key, p, c, digest, s)
+        assert not speedups.header_matches(head[:-1], key, payload, csum, digest, seq)
+        assert not speedups.header_matches(head, key + b"x", payload, csum, digest, seq)
+    with pytest.raises(TypeError, match="a key is bytes"):
+        speedups.header_matches(b"", "k", 1, 0, bytes(16), 0)
+    with pytest.raises(OverflowError):
+        speedups.header_matches(b"", b"k", 1, -1, bytes(16), 0)
+
+
+def test_journal_records_are_the_python_records(speedups: Any) -> None:
+    """The same bytes for every (key, slot, seq, csum), at the limits of each field; a field past
+    its limit refused by both."""
+    rng = random.Random(3)
+    items = [
+        (rng.randbytes(rng.choice([1, 32, 300, 65535])), rng.choice([0, 5, (1 << 32) - 1]), rng.getrandbits(64),
+         rng.choice([0, U64, rng.getrandbits(64)]))
+        for _ in range(40)
+    ]  # fmt: skip
+    for typ in (PUBLISH, EVICT):
+        assert speedups.pack_records(typ, items) == _pack_records(typ, items)
+        assert speedups.pack_records(typ, tuple(items[:3])) == _pack_records(typ, items[:3])
+    assert speedups.pack_records(PUBLISH, []) == []
+    for bad in [(bytes(65536), 1, 1, 1), (b"k", 1 << 32, 1, 1), (b"k", 1, -1, 1), (b"k", 1, 1, 1 << 64)]:
+        with pytest.raises((ValueError, OverflowError)):
+            speedups.pack_records(PUBLISH, [bad])
+        with pytest.raises(struct.error):
+            _pack_records(PUBLISH, [bad])
+    with pytest.raises(TypeError, match="a key is bytes"):
+        speedups.pack_records(PUBLISH, [("k", 1, 1, 1)])
+    with pytest.raises(TypeError, match=r"\(key, slot, seq, csum\) tuple"):
+        speedups.pack_records(PUBLISH, [(b"k", 1, 1)])
+    with pytest.raises(ValueError, match="0 to 255"):
+        speedups.pack_records(256, [])
+
+
+@native_only
+@pytest.mark.parametrize("twins", ["c", "python"])
+async def test_the_nvme_tier_stores_loads_and_reopens_with_either_twins(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, twins: str
+) -> None:
+    """Stores into a slab that evicts, loads, a reopen that replays the journal: every byte
+    back, the same with the Python references in place of the C twins (a build without a
+    compiler); a slot whose header was rewritten is not loaded."""
+    if twins == "python":
+        monkeypatch.setattr(stores, "pack_headers_into", integrity.pack_headers_into)
+        monkeypatch.setattr(fast, "header_matches", integrity.header_matches)
+        monkeypatch.setattr(catalog, "pack_records", _pack_records)
+    elif nativeio.speedups() is None:
+        pytest.skip("asynctier._speedups not built")
+    chunk, path = 4096, tmp_path / "t.slab"
+    tier, view = make(path, chunk=chunk, nchunks=48, slots=32, io_engine="native")
+    async with tier:
+        data = fill(view, chunk, 4)
+        for c in range(0, 48, 12):  # 48 keys into 32 slots: the first ones evicted
+            assert (await tier.offload([b"k%d" % i for i in range(c, c + 12)], list(range(c, c + 12)))).ok
+        keys = [b"k%d" % i for i in range(24, 48)]
+        view[:] = bytes(view.nbytes)
+        res = await tier.load(keys, list(range(24)))
+        assert res.ok, res.failed
+        assert [chunk_at(view, chunk, i) for i in range(24)] == data[24:48]
+        assert tier.stats().extra.get("native_retries", 0) == 0
+    tier, view = make(path, chunk=chunk, nchunks=48, slots=32, io_engine="native")
+    async with tier:
+        res = await tier.load(keys, list(range(24)))
+        assert res.ok, res.failed
+        assert [chunk_at(view, chunk, i) for i in range(24)] == data[24:48]
+        cat, geo = tier._catalog, tier._slabs.geo
+        assert cat is not None and geo is not None
+        _, off = geo.locate(cat.index.entries[keys[0]])
+        fd = os.open(path, os.O_RDWR)
+        try:  # the header of another key, a valid one, in keys[0]'s slot
+            os.pwrite(fd, pack_header(b"other", chunk, 0, tier.offloading_spec.layout_digest, 1), off)
+        finally:
+            os.close(fd)
+        res = await tier.load(keys[:2], [0, 1])
+        assert keys[0] in res.failed and keys[1] not in res.failed
