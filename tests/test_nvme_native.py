@@ -226,13 +226,21 @@ async def test_a_group_reads_its_runs_of_adjacent_slots_one_after_the_other(
 
 
 async def test_a_call_is_cut_into_its_share_of_the_depth_while_other_calls_run(tmp_path: Path) -> None:
-    """Alone, a call is cut into max_inflight jobs of at most coalesce_bytes; with other calls
-    in progress, into its share of that depth, so the calls together still give the device
-    max_inflight jobs, each larger (fewer to plan and book on the loop thread), up to that
-    many times coalesce_bytes; and the calls all move their chunks."""
+    """Alone, a call is cut into up to max_inflight jobs of at most coalesce_bytes, and never
+    into jobs smaller than that where it has that much (evened out: each job costs the loop
+    thread its planning and booking, and a run of slots is one I/O however long); with other
+    calls in progress, into its share of that depth, each job larger, up to that many times
+    coalesce_bytes; and the calls all move their chunks."""
     tier, view = make(tmp_path / "s.slab", io_engine="native", max_inflight=16, nchunks=128, slots=1024)
     async with tier:
-        assert tier.group_size("offload", 32) == 2  # alone: 16 jobs of 2
+        slot = tier._slabs.geo.slot_size
+        assert tier.coalesce_bytes // slot == 15  # 1 MiB of 64 KiB slots and their headers
+        # alone: 3 jobs of about coalesce_bytes, not 16 jobs of 2
+        assert [tier.group_size("offload", n) for n in (2, 15, 16, 31, 32)] == [2, 15, 8, 11, 11]
+        alone = tier.group_size("offload", 4096)  # a call alone: never more than coalesce_bytes a job
+        assert alone > 8 and alone * slot <= tier.coalesce_bytes < (alone + 1) * slot
+        tier.coalesce_bytes = 2 * slot  # jobs of two slots: 16 of them for a call alone
+        assert tier.group_size("offload", 32) == 2
         sizes: list[int] = []
         real = tier.group_size
 
@@ -246,10 +254,7 @@ async def test_a_call_is_cut_into_its_share_of_the_depth_while_other_calls_run(t
         async with anyio.create_task_group() as tg:
             for c in range(4):  # four calls at once: the later ones see the others in progress
                 tg.start_soon(tier.offload, keys[c], list(range(32 * c, 32 * c + 32)))
-        assert sizes == [2, 4, 6, 8]  # 32 chunks over 16, 8, 5 and 4 jobs
-        slot = tier._slabs.geo.slot_size
-        alone = real("offload", 4096)  # a call alone: never more than coalesce_bytes a job
-        assert alone > 8 and alone * slot <= tier.coalesce_bytes < (alone + 1) * slot
+        assert sizes == [2, 4, 6, 8]  # 32 chunks over 16, 8, 6 and 4 jobs
         tier.coalesce_bytes = 4 * slot  # with three other calls in progress: four times that
         tier._active += 3
         try:

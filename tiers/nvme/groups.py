@@ -38,10 +38,10 @@ class CoalescedJobs(BlockingChunkTier):
         if op not in ("offload", "load") or n < 2 or geo is None:
             return 1
         workers = self.max_inflight or 1
-        # the device needs max_inflight jobs at once, from all the calls in progress: this
-        # call's share is as many jobs as that over the calls, each up to that many times
-        # coalesce_bytes, since every job costs the loop thread its planning and booking
-        # (bench_loop_cpu.py). A call alone keeps jobs of coalesce_bytes at most: a large
+        # up to max_inflight jobs at once, from all the calls in progress: this call's share
+        # is as many jobs as that over the calls, each up to that many times coalesce_bytes,
+        # since every job costs the loop thread its planning and booking (bench_loop_cpu.py;
+        # some 35-50 us a job). A call alone keeps jobs of coalesce_bytes at most: a large
         # one then has many, and the last of them do not leave the device idle for long
         # (with other calls in progress, theirs keep it busy)
         calls = self._active + 1
@@ -52,7 +52,13 @@ class CoalescedJobs(BlockingChunkTier):
         cmax = min(self.coalesce_bytes * calls // geo.slot_size, geo.nslots // (2 * workers))
         if cmax < 2:
             return 1
-        return max(1, min(cmax, n // share))
+        # and never jobs smaller than coalesce_bytes where the call has that much: a run of
+        # adjacent slots is one I/O however long, and a lone call of 32 chunks of 64 KiB
+        # moved as fast as 3 jobs as it did as 16, at half the loop's CPU a chunk
+        # (docs/benchmarks.md, thirteenth pass); the jobs evened out
+        size = max(1, min(cmax, max(n // share, min(n, self.coalesce_bytes // geo.slot_size))))
+        jobs = -(-n // size)
+        return -(-n // jobs)
 
     def group_body(self, op: str) -> Callable[[list[bytes], list[int], float], Outcomes]:
         return self._store_group if op == "offload" else self._load_group

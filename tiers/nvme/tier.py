@@ -49,12 +49,12 @@ class NvmeTier(CoalescedJobs):
             of the slots; a batch goes on to the end of its last victim's run of adjacent
             slots, up to as many more within that eighth (docs/tiers/nvme.md, "Runs in a
             full slab").
-        coalesce_bytes: a call of many small chunks runs as jobs of up to this many slot
+        coalesce_bytes: a call of many small chunks runs as jobs of about this many slot
             bytes (default 1 MiB; 0: one job per chunk); adjacent slots in a job move with
-            one ``pwritev``/``preadv``. A call is cut into ``max_inflight`` jobs; while other
-            calls are in progress, into its share of that depth (``max_inflight`` over the
-            calls), each job up to as many times ``coalesce_bytes``: the device sees the
-            full depth either way, from fewer jobs. Smaller on a small slab: the
+            one ``pwritev``/``preadv``. A call is cut into at most ``max_inflight`` jobs; while
+            other calls are in progress, into its share of that depth (``max_inflight`` over
+            the calls), each job up to as many times ``coalesce_bytes``. Never into jobs
+            smaller than ``coalesce_bytes`` where it has that much. Smaller on a small slab: the
             jobs running at once hold at most half its slots, so a call larger than the slab
             evicts as one chunk per job would.
         reformat: format over what the paths hold when it is not a slab set of this layout
