@@ -73,6 +73,9 @@ class NvmeTier(CoalescedJobs):
             the fs tier's: where there are fewer cores than workers, the event loop's thread
             then wins the CPU when it wakes (5, not the fs tier's 10: these workers mostly
             wait for the device, and 10 changed neither the loop's lag nor its CPU here).
+            Where the slab is not read with ``O_DIRECT`` (tmpfs, or refused), the workers copy
+            every byte and the loop waits for a core: 19 took 256 KiB loads' p99 lag on tmpfs
+            from 4.4-5.3 to 1.9-2.2 ms at the same GB/s (docs/benchmarks.md).
         file_mode: permission bits of every file the tier creates (slab files, checkpoint,
             journal; an int, default ``0o600``), set exactly whatever the umask.
         dir_mode: permission bits of every directory it creates (default ``0o700``). A slab's
