@@ -200,17 +200,18 @@ def fs_tier(
 
 @native_only
 async def test_a_load_beyond_its_share_runs_as_group_jobs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """16 chunks at max_inflight=2: loads in jobs of 8 files, each chunk its own bytes (in
-    the order asked), the stats counting each; stores stay one chunk a job."""
+    """16 chunks at max_inflight=2: stores and loads in jobs of 8 files (each store a new
+    file), each chunk its own bytes (in the order asked), the stats counting each."""
     spy = GroupSpy(monkeypatch)
     tier, view = fs_tier(tmp_path, max_inflight=2)
     data = os.urandom(16 * CHUNK)
     view[:] = data
     keys = [b"key-%d" % i for i in range(16)]
     async with tier:
-        assert tier.group_size(Op.LOAD, 16) == 8 and tier.group_size(Op.STORE, 16) == 1
+        assert tier.group_size(Op.LOAD, 16) == 8 and tier.group_size(Op.STORE, 16) == 8
         assert (await tier.offload(keys, list(range(16)))).ok
-        assert spy.sizes == []
+        assert spy.sizes == [8, 8]
+        spy.sizes.clear()
         view[:] = bytes(len(view))
         res = await tier.load(keys[::-1], list(range(16)))
         assert res.ok and res.bytes_transferred == 16 * CHUNK
@@ -236,6 +237,8 @@ async def test_each_chunk_of_a_group_fails_or_succeeds_on_its_own(
     keys = [b"k%d" % i for i in range(6)]
     async with tier:
         assert (await tier.offload(keys, list(range(6)))).ok
+        assert spy.sizes == [6]  # the store too: one job for the call
+        spy.sizes.clear()
         chunk_file(tier, b"k1").unlink()
         damage_file(chunk_file(tier, b"k3"), "flip")
         view[:] = bytes(len(view))
@@ -278,21 +281,24 @@ async def test_a_cancelled_call_of_group_jobs_waits_for_those_running(tmp_path: 
 @native_only
 async def test_group_sizes(tmp_path: Path) -> None:
     """A load's share of max_inflight: as many jobs over the calls in progress, at most
-    GROUP_CHUNKS chunks and 1 MiB per call in progress each; stores the same only into a
-    full tier that recycles; other operations and the threads engine: one chunk a job."""
+    GROUP_CHUNKS chunks and 1 MiB per call in progress each; stores the same where each chunk
+    makes a new file or recycles its victim's, not where a call would evict without
+    recycling; other operations and the threads engine: one chunk a job."""
     tier, _ = fs_tier(tmp_path, max_inflight=4)
     threads, _ = fs_tier(tmp_path / "t", "threads", max_inflight=4)
     big, _ = fs_tier(tmp_path / "b", max_inflight=4, chunk=512 * 1024)
     bounded, _ = fs_tier(tmp_path / "c", max_inflight=4, capacity_bytes=2 * PER)
-    unrecycled, _ = fs_tier(tmp_path / "u", max_inflight=4, capacity_bytes=PER, recycle=False)
+    unrecycled, _ = fs_tier(tmp_path / "u", max_inflight=4, capacity_bytes=64 * PER, recycle=False)
     assert GROUP_CHUNKS <= nativeio.GROUP_MAX  # a group the fs tier plans always fits the pool's
     async with tier, threads, big, bounded, unrecycled:
         assert [tier.group_size(Op.LOAD, n) for n in (1, 4, 7, 8, 16, 64)] == [1, 1, 1, 2, 4, GROUP_CHUNKS]
-        assert tier.group_size(Op.STORE, 64) == 1 and tier.group_size(Op.REMOVE, 64) == 1  # no capacity
-        assert bounded.group_size(Op.STORE, 64) == 1  # room left: a chunk would make a new file
+        assert tier.group_size(Op.STORE, 64) == GROUP_CHUNKS  # no capacity: every chunk a new file
+        assert tier.group_size(Op.REMOVE, 64) == 1
+        assert bounded.group_size(Op.STORE, 64) == GROUP_CHUNKS  # room left: new files
         assert (await bounded.offload([b"a", b"b"], [0, 1])).ok
         assert bounded.group_size(Op.STORE, 64) == GROUP_CHUNKS  # full: each chunk recycles
-        assert unrecycled.group_size(Op.STORE, 64) == 1
+        assert unrecycled.group_size(Op.STORE, 64) == GROUP_CHUNKS  # it fits: new files
+        assert unrecycled.group_size(Op.STORE, 65) == 1  # it would evict, deleting files first
         assert threads.group_size(Op.LOAD, 64) == 1
         tier._active = 1  # another call in progress: this one's share is half
         assert tier.group_size(Op.LOAD, 16) == 8
@@ -317,14 +323,15 @@ def full_tier(root: Path, n: int, max_inflight: int) -> tuple[FsTier, memoryview
 async def test_stores_that_fill_the_tier_run_as_group_jobs_each_recycling_a_victim(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Into a tier with room, stores go one chunk a job; once a call fills it, as group jobs
-    whose every chunk takes a victim's file: each key then loads its own bytes, each
-    eviction is counted once, and the disk holds the new chunks only."""
+    """Into a tier with room, stores go as group jobs of new files; once a call fills it, as
+    group jobs whose every chunk takes a victim's file: each key then loads its own bytes,
+    each eviction is counted once, and the disk holds the new chunks only."""
     spy = GroupSpy(monkeypatch)
     tier, view, data, old, new = full_tier(tmp_path, 16, max_inflight=2)
     async with tier:
         assert (await tier.offload(old, list(range(16)))).ok
-        assert spy.sizes == []  # it fitted
+        assert spy.sizes == [8, 8] and tier.stats().evictions == 0  # it fitted: new files
+        spy.sizes.clear()
         assert tier.group_size(Op.STORE, 16) == 8
         inodes = {chunk_file(tier, k).stat().st_ino for k in old}
         assert (await tier.offload(new, list(range(16, 32)))).ok
@@ -348,6 +355,7 @@ async def test_a_store_group_chunk_whose_victim_vanished_goes_on_alone(
     tier, view, data, old, new = full_tier(tmp_path, 8, max_inflight=1)
     async with tier:
         assert (await tier.offload(old, list(range(8)))).ok
+        spy.sizes.clear()
         chunk_file(tier, old[2]).unlink()  # the third store's victim (least recently used first)
         assert (await tier.offload(new, list(range(8, 16)))).ok
         assert spy.sizes == [8]

@@ -456,11 +456,11 @@ class FsTier(BlockingChunkTier):
         least twice as many chunks puts several (up to ``GROUP_CHUNKS``, and ``GROUP_BYTES`` per
         call in progress) in each job, each its own file, so that the loop thread plans, submits
         and books one job for them. Loads, while the index is complete (a miss is looked up on
-        a thread, and a group's continuations run one after another); stores into a full tier,
-        whose chunks then recycle their victims' files (:meth:`_groups_stores`)."""
+        a thread, and a group's continuations run one after another); stores on a local file
+        system (:meth:`_groups_stores`)."""
         if self._native is None or n < 2 or self.index_incomplete:
             return 1
-        if op is not Op.LOAD and not (op is Op.STORE and self._groups_stores()):
+        if op is not Op.LOAD and not (op is Op.STORE and self._groups_stores(n)):
             return 1
         calls = self._active + 1
         share = max(1, (self.max_inflight or 1) // calls)
@@ -470,18 +470,19 @@ class FsTier(BlockingChunkTier):
         most = min(GROUP_CHUNKS, GROUP_BYTES * calls // self.offloading_spec.chunk_bytes)
         return max(1, min(most, n // share))
 
-    def _groups_stores(self) -> bool:
-        """Whether a store goes as group jobs: only into a tier already full, where each of its
-        chunks recycles a victim's file (a cache's steady state). A chunk that finds room makes
-        a new file, and a group made all of its files ahead of its I/O: on ext4 without a
-        journal that cost the loop's p99 lag over 2 ms (docs/benchmarks.md, eighth pass)."""
+    def _groups_stores(self, n: int) -> bool:
+        """Whether a store of ``n`` chunks goes as group jobs: on a local file system, where
+        each chunk then makes a new file in room the tier has, or recycles its one victim's
+        file. (A chunk whose victims must be deleted first goes on after its group, one such
+        after another: not grouped when ``recycle`` is off and the call does not fit.) On a
+        network file system every file made is a round trip: one job each. Groups of new
+        files raised the loop's lag on the disk before a group's worker yielded between its
+        jobs (eighth and ninth passes); since then they lower it, and take the loop's CPU for
+        a fill on the disk from 68-92 to 27 µs a chunk (docs/benchmarks.md, thirteenth pass)."""
+        if self.network_fs:
+            return False
         cap = self.capacity_bytes
-        return (
-            self.recycle_on
-            and not self.network_fs
-            and cap is not None
-            and self.index.used_bytes + self._chunk_size > cap
-        )
+        return cap is None or self.recycle_on or self.index.used_bytes + n * self._chunk_size <= cap
 
     def group_body(self, op: Op) -> Callable[[list[bytes], list[int], float], Any]:
         body = self.job_body(op)  # the native engine's coroutine per chunk
