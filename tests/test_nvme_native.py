@@ -337,3 +337,22 @@ async def test_the_workers_run_below_the_event_loop_by_worker_nice(tmp_path: Pat
     for bad in (-1, 20, 2.5, True, "5"):
         with pytest.raises(TierConfigError, match="worker_nice must be an int from 0 to 19"):
             make(tmp_path / "x.slab", worker_nice=bad)
+
+
+async def test_the_tier_reports_how_often_its_workers_woke_the_loop(tmp_path: Path) -> None:
+    """stats().extra["loop_wakeups"], as the fs tier has it: a 64-chunk offload and its load
+    wake the event loop at least once and far fewer times than once a chunk; the threads
+    engine has no such count."""
+    tier, view = make(tmp_path / "w.slab", io_engine="native", max_inflight=16, nchunks=128, slots=256)
+    threads, _ = make(tmp_path / "t.slab", io_engine="threads")
+    async with tier, threads:
+        data = fill(view, CHUNK, 6)
+        keys = [b"w%d" % i for i in range(64)]
+        before = tier.stats().extra["loop_wakeups"]
+        assert (await tier.offload(keys, list(range(64)))).ok
+        stored = tier.stats().extra["loop_wakeups"]
+        assert 1 <= stored - before <= 32
+        assert (await tier.load(keys, list(range(64, 128)))).ok
+        assert 1 <= tier.stats().extra["loop_wakeups"] - stored <= 32
+        assert [chunk_at(view, CHUNK, 64 + i) for i in range(64)] == data[:64]
+        assert "loop_wakeups" not in threads.stats().extra

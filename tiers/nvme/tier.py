@@ -19,6 +19,7 @@ from asynctier.engines import Engine
 from asynctier.engines.split import SplitEngine
 from asynctier.integrity import checksum, pack_header
 from asynctier.io_engine import check_io_engine, runs_native
+from asynctier.stats import TierStats
 
 from .catalog import Catalog
 from .fast import LoadPath
@@ -148,6 +149,14 @@ class NvmeTier(CoalescedJobs):
     def active_io_engine(self) -> str:
         """``"native"`` or ``"threads"``: what ``io_engine`` resolved to at ``open()``."""
         return "native" if self._split is not None else "threads"
+
+    def stats(self) -> TierStats:
+        """The common counters; ``extra["loop_wakeups"]`` (native engine): times its workers
+        woke the event loop (each for a batch of ends), as the fs tier reports it."""
+        s = super().stats()
+        if self._split is not None:
+            s.extra["loop_wakeups"] = self._split.native.wakeups
+        return s
 
     # -- engines -------------------------------------------------------------------------------
     def make_engine(self) -> Engine:
