@@ -17,7 +17,7 @@
  * asynctier.tiers.nvme.format._pack_records (tests/test_c_twins.py compares them).
  *
  * All but b32 hash with xxh3: the system xxHash's XXH3_64bits, the one the native workers
- * use, whose address the caller gives (use_xxh3, once: asynctier.engines.native.speedups()
+ * use, whose address the caller gives (use_xxh3, once: asynctier.engines.speedups.speedups()
  * finds and checks it, and gives this module only then). */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>

@@ -15,6 +15,7 @@ from nvme_helpers import chunk_at, fill, make
 
 from asynctier import integrity
 from asynctier.engines import native as nativeio
+from asynctier.engines.speedups import speedups as bound_twins
 from asynctier.integrity import pack_header
 from asynctier.tiers.nvme import catalog, fast, stores
 from asynctier.tiers.nvme.format import EVICT, PUBLISH, _pack_records
@@ -25,7 +26,7 @@ U64 = (1 << 64) - 1
 
 @pytest.fixture
 def speedups() -> Any:
-    mod = nativeio.speedups()
+    mod = bound_twins()
     if mod is None:
         pytest.skip(f"no C twins here: {nativeio.problem() or 'asynctier._speedups not built'}")
     return mod
@@ -147,7 +148,7 @@ async def test_the_nvme_tier_stores_loads_and_reopens_with_either_twins(
         monkeypatch.setattr(stores, "pack_headers_into", integrity.pack_headers_into)
         monkeypatch.setattr(fast, "header_matches", integrity.header_matches)
         monkeypatch.setattr(catalog, "pack_records", _pack_records)
-    elif nativeio.speedups() is None:
+    elif bound_twins() is None:
         pytest.skip("asynctier._speedups not built")
     chunk, path = 4096, tmp_path / "t.slab"
     tier, view = make(path, chunk=chunk, nchunks=48, slots=32, io_engine="native")

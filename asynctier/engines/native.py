@@ -32,7 +32,6 @@ import sys
 import weakref
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from types import ModuleType
 from typing import Any, NamedTuple, TypeVar
 
 import anyio
@@ -276,27 +275,6 @@ def xxh3_address() -> int | None:
     """The address of the checked ``XXH3_64bits`` the workers hash with (None where the
     library is not loaded): for other C code that must hash as they do."""
     return _XXH3
-
-
-_SPEEDUPS: list[ModuleType | None] = []
-
-
-def speedups() -> ModuleType | None:
-    """:mod:`asynctier._speedups`, the C twins of per-chunk Python helpers, set to hash with
-    the ``XXH3_64bits`` the workers use; None where it was not built or that is not loaded
-    (then the Python twins serve)."""
-    if not _SPEEDUPS:
-        mod: ModuleType | None = None
-        if _XXH3 is not None:
-            try:
-                from asynctier import _speedups
-            except ImportError:  # pragma: no cover - installed without a C compiler
-                pass
-            else:
-                _speedups.use_xxh3(_XXH3)
-                mod = _speedups
-        _SPEEDUPS.append(mod)
-    return _SPEEDUPS[0]
 
 
 def problem() -> str | None:

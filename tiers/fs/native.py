@@ -25,6 +25,7 @@ from asynctier.core.backend import run_on_thread_to_end, run_to_completion
 from asynctier.core.ops import PRIO_LOAD, PRIO_STORE
 from asynctier.engines import native as nativeio
 from asynctier.engines.native_engine import NativeEngine
+from asynctier.engines.speedups import speedups
 from asynctier.integrity import MAX_B32_KEY, pack_header
 from asynctier.posix_io import O_DIRECT, aligned_buffer, buffer_address
 
@@ -73,7 +74,7 @@ class NativeIO:
         # per-chunk naming and header packing: the C twins where built, else the Python ones
         self._name_of: Callable[[bytes], tuple[int, bytes]] = layout.name_of
         self._pack_header_into: Callable[[memoryview, int, bytes, int, bytes], int] | None = None
-        fast = nativeio.speedups()
+        fast = speedups()
         if fast is not None:
             self._name_of = fast.name_of
             self._pack_header_into = fast.pack_header_into

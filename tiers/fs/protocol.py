@@ -32,7 +32,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from asynctier.engines import native as nativeio
+from asynctier.engines.speedups import speedups
 from asynctier.errors import ChunkNotFoundError, IntegrityError
 from asynctier.integrity import ChunkHeader, checksum, header_matches, key_token, pack_header
 from asynctier.posix_io import O_DIRECT, O_NOATIME, buffer_address
@@ -58,7 +58,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 # a load's header check, per chunk on both engines: the C twin where built
-_fast = nativeio.speedups()
+_fast = speedups()
 _header_matches = header_matches if _fast is None else _fast.header_matches
 
 #: errno values of a full file system (or quota): evict and retry once.

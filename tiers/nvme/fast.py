@@ -27,6 +27,7 @@ from asynctier.core.jobs import Job
 from asynctier.core.ops import PRIO_LOAD
 from asynctier.engines import native as nativeio
 from asynctier.engines.native_engine import Continuation, NativeEngine
+from asynctier.engines.speedups import speedups
 from asynctier.integrity import header_matches as _py_header_matches
 from asynctier.posix_io import aligned_buffer, buffer_address
 
@@ -38,7 +39,7 @@ if TYPE_CHECKING:
 __all__ = ["IoArea", "LoadPath"]
 
 # a read's header check, per chunk on the loop's thread: the C twin where built
-_fast = nativeio.speedups()
+_fast = speedups()
 header_matches = _py_header_matches if _fast is None else _fast.header_matches
 
 Outcomes = list[BaseException | None]

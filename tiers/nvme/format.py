@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import xxhash
 
-from asynctier.engines import native as nativeio
+from asynctier.engines.speedups import speedups
 
 __all__ = [
     "CHECKPOINT_HEAD",
@@ -80,7 +80,7 @@ def _pack_records(typ: int, items: Sequence[tuple[bytes, int, int, int]]) -> lis
     return out
 
 
-_fast = nativeio.speedups()
+_fast = speedups()
 pack_records: Callable[[int, Sequence[tuple[bytes, int, int, int]]], list[bytes]] = (
     _pack_records if _fast is None else _fast.pack_records
 )

@@ -32,6 +32,7 @@ from asynctier.core.jobs import Job
 from asynctier.core.ops import PRIO_LOAD
 from asynctier.engines import native as nativeio
 from asynctier.engines.native_engine import PARKED, Continuation, NativeEngine, Parked, Step
+from asynctier.engines.speedups import speedups
 from asynctier.integrity import pack_headers_into as _py_pack_headers_into
 from asynctier.posix_io import buffer_address
 
@@ -45,7 +46,7 @@ if TYPE_CHECKING:
 __all__ = ["StorePath"]
 
 # a run's headers, per chunk on the loop's thread: the C twin where built
-_fast = nativeio.speedups()
+_fast = speedups()
 pack_headers_into = _py_pack_headers_into if _fast is None else _fast.pack_headers_into
 
 Outcomes = list[BaseException | None]
