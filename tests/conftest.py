@@ -144,3 +144,16 @@ def atime_updates(tmp_path: Path) -> None:
     probe.unlink()
     if not updated:
         pytest.skip("the file system under tmp_path does not update access times (noatime)")
+
+
+@pytest.fixture
+def speedups() -> Any:
+    """The C twins (asynctier/_speedups.c) bound to the native workers' xxh3; skipped where
+    they were not built or no system xxHash library was found."""
+    from asynctier.engines.native import problem
+    from asynctier.engines.speedups import speedups as bound
+
+    mod = bound()
+    if mod is None:
+        pytest.skip(f"no C twins here: {problem() or 'asynctier._speedups not built'}")
+    return mod

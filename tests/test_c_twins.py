@@ -24,14 +24,6 @@ native_only = pytest.mark.skipif(nativeio.problem() is not None, reason=f"no nat
 U64 = (1 << 64) - 1
 
 
-@pytest.fixture
-def speedups() -> Any:
-    mod = bound_twins()
-    if mod is None:
-        pytest.skip(f"no C twins here: {nativeio.problem() or 'asynctier._speedups not built'}")
-    return mod
-
-
 def _keys(rng: random.Random) -> list[bytes]:
     return [rng.randbytes(n) for n in (0, 1, 7, 32, 96, 97, 200, 400, 600)] + [b"k-%d" % i for i in range(20)]
 

@@ -21,16 +21,6 @@ CHUNK = 64 * 1024
 native_only = pytest.mark.skipif(nativeio.problem() is not None, reason=f"no native workers: {nativeio.problem()}")
 
 
-@pytest.fixture
-def speedups() -> Any:
-    mod = pytest.importorskip("asynctier._speedups")
-    addr = nativeio.xxh3_address()
-    if addr is None:
-        pytest.skip("no system xxHash library to hash with")
-    mod.use_xxh3(addr)
-    return mod
-
-
 def _keys() -> list[bytes]:
     rng = random.Random(5)
     out = []
