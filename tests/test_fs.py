@@ -32,6 +32,7 @@ import anyio
 import pytest
 from disk_helpers import OnDisk
 from fs_helpers import chunk_file, damage_file, swap_files
+from native_helpers import GroupSpy
 
 from asynctier import (
     CapacityError,
@@ -697,6 +698,33 @@ async def test_fsync_durability_and_rename_leave_no_temporaries(tmp_path: Path) 
 
 
 # -- faults of the file system -----------------------------------------------------------------
+@pytest.mark.skipif(nativeio.problem() is not None, reason=f"no native workers: {nativeio.problem()}")
+async def test_a_store_group_on_a_full_file_system_fails_each_chunk(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A call of 8 new files as one group job on the native engine, on a file system full of
+    someone else's data with nothing of ours to evict: every chunk fails with ENOSPC, none
+    is reported stored or left behind; once the space is back, the same call stores them."""
+    spy = GroupSpy(monkeypatch)
+    per = HEADER_BLOCK + CHUNK
+    with mounted(tmp_path / "small", "-t", "tmpfs", "-o", f"size={24 * per}", "tmpfs") as mnt:
+        tier, view = make_tier(mnt, io_engine="native", max_inflight=1)
+        data = fill(view, 14)
+        k = keys(8, "g")
+        async with tier:
+            ballast = mnt / "ballast"
+            fill_up(ballast, per)
+            res = await tier.offload(k, list(range(8)))
+            assert spy.sizes == [8]
+            assert not res.succeeded and set(res.failed) == set(k)
+            assert all(getattr(e, "errno", None) == errno.ENOSPC for e in res.failed.values()), res.failed
+            assert await tier.lookup(k) == [False] * 8 and not chunk_files(tier)
+            ballast.unlink()
+            assert (await tier.offload(k, list(range(8)))).ok
+            assert (await tier.load(k, list(range(8, 16)))).ok
+            assert [chunk(view, 8 + i) for i in range(8)] == data[:8]
+
+
 async def test_full_filesystem_evicts_instead_of_failing(tmp_path: Path, io_engine: str) -> None:
     per = HEADER_BLOCK + CHUNK
     with mounted(tmp_path / "small", "-t", "tmpfs", "-o", f"size={24 * per}", "tmpfs") as mnt:

@@ -370,11 +370,14 @@ async def test_a_store_group_chunk_whose_victim_vanished_goes_on_alone(
 
 
 @native_only
-async def test_a_cancelled_call_of_store_groups_leaves_each_key_whole_or_absent(tmp_path: Path) -> None:
-    """Cancelled while its store groups run: the groups not started are withdrawn, the call
-    comes back once none runs; every key it stored loads the bytes it had when the call
-    began, the others are absent."""
-    tier, view, data, old, new = full_tier(tmp_path, 64, max_inflight=1)
+@pytest.mark.parametrize("into", ["full", "room"])
+async def test_a_cancelled_call_of_store_groups_leaves_each_key_whole_or_absent(tmp_path: Path, into: str) -> None:
+    """Cancelled while its store groups run (each chunk recycling a victim's file, or making
+    a new one): the groups not started are withdrawn, the call comes back once none runs;
+    every key it stored loads the bytes it had when the call began, the others are absent."""
+    # "room": capacity for all 128 chunks, so each store makes a new file
+    tier, view, data, old, new = full_tier(tmp_path, 64 if into == "full" else 128, max_inflight=1)
+    old, new = old[:64], new[:64]
     async with tier:
         assert (await tier.offload(old, list(range(64)))).ok
         assert tier.group_size(Op.STORE, 64) == 8
@@ -384,9 +387,10 @@ async def test_a_cancelled_call_of_store_groups_leaves_each_key_whole_or_absent(
         with pytest.raises(asyncio.CancelledError):
             await task
         assert tier.stats().in_flight == 0
-        view[64 * CHUNK :] = bytes(64 * CHUNK)  # the caller reuses its slots at once
+        view[64 * CHUNK : 128 * CHUNK] = bytes(64 * CHUNK)  # the caller reuses its slots at once
         stored = [k for k, hit in zip(new, await tier.lookup(new)) if hit]
         assert 0 < len(stored) < 64  # groups ran, others were withdrawn
+        assert (tier.stats().evictions > 0) == (into == "full")
         res = await tier.load(stored, list(range(len(stored))))
         assert res.ok, res.failed
         for slot, k in enumerate(stored):
