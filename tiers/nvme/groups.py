@@ -41,7 +41,7 @@ class CoalescedJobs(BlockingChunkTier):
         # up to max_inflight jobs at once, from all the calls in progress: this call's share
         # is as many jobs as that over the calls, each up to that many times coalesce_bytes,
         # since every job costs the loop thread its planning and booking (bench_loop_cpu.py;
-        # some 35-50 us a job). A call alone keeps jobs of coalesce_bytes at most: a large
+        # some 35-55 us a job). A call alone keeps jobs of coalesce_bytes at most: a large
         # one then has many, and the last of them do not leave the device idle for long
         # (with other calls in progress, theirs keep it busy)
         calls = self._active + 1
