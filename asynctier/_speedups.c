@@ -166,6 +166,13 @@ static int check_digest(PyObject *digest, const char *fn) {
     return 0;
 }
 
+/* 0 if a METH_FASTCALL function fn got the want arguments it takes, else -1 with TypeError. */
+static int check_nargs(const char *fn, Py_ssize_t nargs, Py_ssize_t want) {
+    if (nargs == want) return 0;
+    PyErr_Format(PyExc_TypeError, "%s() takes %zd arguments (%zd given)", fn, want, nargs);
+    return -1;
+}
+
 /* An unsigned 64-bit field from a Python int (OverflowError outside 0 .. 2**64 - 1). */
 static int get_u64(PyObject *v, uint64_t *out) {
     unsigned long long x = PyLong_AsUnsignedLongLong(v);
@@ -180,10 +187,7 @@ static int get_u64(PyObject *v, uint64_t *out) {
  * header left: the block is written to the file whole). The header's size. */
 static PyObject *pack_header_into(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
-    if (nargs != 5) {
-        PyErr_Format(PyExc_TypeError, "pack_header_into() takes 5 arguments (%zd given)", nargs);
-        return NULL;
-    }
+    if (check_nargs("pack_header_into", nargs, 5) < 0) return NULL;
     Py_ssize_t used = PyLong_AsSsize_t(args[1]);
     if (used == -1 && PyErr_Occurred()) return NULL;
     PyObject *key = args[2], *digest = args[4];
@@ -216,10 +220,7 @@ static PyObject *pack_header_into(PyObject *self, PyObject *const *args, Py_ssiz
 static PyObject *pack_headers_into(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
     static const char fn[] = "pack_headers_into";
-    if (nargs != 7) {
-        PyErr_Format(PyExc_TypeError, "%s() takes 7 arguments (%zd given)", fn, nargs);
-        return NULL;
-    }
+    if (check_nargs(fn, nargs, 7) < 0) return NULL;
     Py_ssize_t start = PyLong_AsSsize_t(args[1]), stride = PyLong_AsSsize_t(args[2]);
     if ((start == -1 || stride == -1) && PyErr_Occurred()) return NULL;
     if (start < 0 || stride <= 0) {
@@ -280,10 +281,7 @@ done:
 static PyObject *header_matches(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
     static const char fn[] = "header_matches";
-    if (nargs != 6) {
-        PyErr_Format(PyExc_TypeError, "%s() takes 6 arguments (%zd given)", fn, nargs);
-        return NULL;
-    }
+    if (check_nargs(fn, nargs, 6) < 0) return NULL;
     uint64_t payload_len, csum, seq;
     PyObject *key = args[1];
     if (check_key(key, fn) < 0 || get_u64(args[2], &payload_len) < 0 || get_u64(args[3], &csum) < 0 ||
@@ -315,10 +313,7 @@ static PyObject *header_matches(PyObject *self, PyObject *const *args, Py_ssize_
 static PyObject *pack_records(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
     static const char fn[] = "pack_records";
-    if (nargs != 2) {
-        PyErr_Format(PyExc_TypeError, "%s() takes 2 arguments (%zd given)", fn, nargs);
-        return NULL;
-    }
+    if (check_nargs(fn, nargs, 2) < 0) return NULL;
     long typ = PyLong_AsLong(args[0]);
     if (typ == -1 && PyErr_Occurred()) return NULL;
     if (typ < 0 || typ > 255) {
