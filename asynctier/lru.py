@@ -327,6 +327,30 @@ class LRUIndex:
             e.pins += 1
             return e
 
+    def pin_entries(self, keys: Iterable[bytes]) -> list[object | None]:
+        """:meth:`pin_entry` of each of ``keys``, under one lock (a group of loads)."""
+        with self._lock:
+            get = self._entries.get
+            out: list[object | None] = []
+            for key in keys:
+                e = get(key)
+                if e is None or not e.committed:
+                    out.append(None)
+                else:
+                    e.pins += 1
+                    out.append(e)
+            return out
+
+    def unpin_entries(self, keys: Iterable[bytes], entries: Iterable[object]) -> None:
+        """:meth:`unpin` of each key's entry from :meth:`pin_entries` (touched), under one lock."""
+        with self._lock:
+            get, to_end = self._entries.get, self._entries.move_to_end
+            for key, entry in zip(keys, entries, strict=True):
+                assert isinstance(entry, _Entry)
+                entry.pins = max(0, entry.pins - 1)
+                if get(key) is entry:  # else it left the index meanwhile: only its pin goes
+                    to_end(key)
+
     def unpin(self, key: bytes, *, touch: bool = True, entry: object | None = None) -> None:
         """Release a :meth:`pin`; ``touch`` makes the entry most recently used. With
         ``entry`` (from :meth:`pin_entry`), only if the key still has that entry."""

@@ -90,6 +90,31 @@ def test_pinned_entries_are_never_evicted() -> None:
     assert idx.reserve(b"d", 1) == [b"a"]
 
 
+def test_entries_pinned_and_unpinned_together_are_as_if_one_by_one() -> None:
+    """pin_entries: each committed key's entry pinned, None for the others; unpin_entries
+    touches each still held and only drops the pin of one that left the index meanwhile."""
+    idx = LRUIndex(capacity_bytes=3)
+    for k in (b"a", b"b", b"c"):
+        assert idx.reserve(k, 1) == []
+        idx.commit(k)
+    assert idx.reserve(b"r", 0) == []  # reserved, not committed
+    entries = idx.pin_entries([b"a", b"r", b"b", b"x"])
+    assert entries[1] is None and entries[3] is None
+    a, b = entries[0], entries[2]
+    assert a is not None and b is not None
+    with pytest.raises(CapacityError):
+        idx.reserve(b"d", 2)  # a and b are pinned: only c is evictable
+    assert idx.discard(b"b")  # b leaves while pinned; a new b is stored
+    assert idx.reserve(b"b", 1) == []
+    idx.commit(b"b")
+    idx.unpin_entries([b"a", b"b"], [a, b])
+    assert b.pins == 0  # type: ignore[attr-defined]  # the old entry's pin dropped; the new one not touched
+    assert idx.reserve(b"e", 1) == [b"c"]
+    assert idx.reserve(b"f", 1) == [b"b"]  # a was touched (unpinned): most recently used
+    with pytest.raises(ValueError):
+        idx.unpin_entries([b"a"], [])
+
+
 def test_reserved_entries_are_invisible_until_commit() -> None:
     idx = LRUIndex(capacity_bytes=10)
     assert idx.reserve(b"a", 4) == []

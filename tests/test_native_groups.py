@@ -20,8 +20,9 @@ from asynctier import ChunkNotFoundError, IntegrityError, OffloadingSpec, Second
 from asynctier.core import Op
 from asynctier.engines import native as nativeio
 from asynctier.integrity import checksum
+from asynctier.posix_io import aligned_buffer
 from asynctier.tiers.fs import HEADER_BLOCK, FsTier
-from asynctier.tiers.fs.native import GROUP_CHUNKS
+from asynctier.tiers.fs.native import GROUP_CHUNKS, NativeIO
 
 native_only = pytest.mark.skipif(nativeio.problem() is not None, reason=f"no native workers: {nativeio.problem()}")
 
@@ -187,10 +188,11 @@ CHUNK = 64 * 1024
 
 
 def fs_tier(
-    root: Path, engine: str = "native", chunks: int = 16, chunk: int = CHUNK, **config: Any
+    root: Path, engine: str = "native", chunks: int = 16, chunk: int = CHUNK, aligned: bool = False, **config: Any
 ) -> tuple[FsTier, memoryview]:
+    """``aligned``: a page-aligned view (the native loads' one-pass group plan needs one)."""
     spec = OffloadingSpec(chunk, chunks, namespace="test/groups")
-    view = memoryview(bytearray(spec.total_bytes))
+    view = aligned_buffer(spec.total_bytes) if aligned else memoryview(bytearray(spec.total_bytes))
     tier = SecondaryTierFactory.create_secondary_tier(
         {"type": "fs", "root": str(root), "io_engine": engine, **config}, view, spec
     )
@@ -224,14 +226,15 @@ async def test_a_load_beyond_its_share_runs_as_group_jobs(tmp_path: Path, monkey
 
 
 @native_only
+@pytest.mark.parametrize("aligned", [True, False], ids=["aligned", "unaligned"])
 async def test_each_chunk_of_a_group_fails_or_succeeds_on_its_own(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, aligned: bool
 ) -> None:
     """In one group job: a key never stored, a file removed behind the tier's back and a
     damaged file fail their own chunks (the damaged copy dropped, on the slow path); the
     others load."""
     spy = GroupSpy(monkeypatch)
-    tier, view = fs_tier(tmp_path, max_inflight=1)
+    tier, view = fs_tier(tmp_path, max_inflight=1, aligned=aligned)
     view[:] = os.urandom(len(view))
     expect = bytes(view)
     keys = [b"k%d" % i for i in range(6)]
@@ -411,3 +414,81 @@ async def test_a_group_body_run_as_a_coroutine_gives_each_chunks_outcome(tmp_pat
         out = await tier.group_body(Op.LOAD)([b"a", b"missing", b"b"], [0, 5, 1], 0.0)
         assert out[0] is None and out[2] is None and isinstance(out[1], ChunkNotFoundError)
         assert bytes(view[: 2 * CHUNK]) == expect
+
+
+@native_only
+async def test_a_group_of_loads_books_each_chunk_as_a_load_alone_would(tmp_path: Path) -> None:
+    """Loads checked and booked for a whole group at once: the keys loaded become the most
+    recently used (the next stores evict the others), their files are stamped with their time
+    of use at close (``lru_times``), and nothing stays pinned."""
+    tier, view = fs_tier(tmp_path, max_inflight=1, aligned=True, capacity_bytes=16 * (HEADER_BLOCK + CHUNK))
+    view[:] = os.urandom(len(view))
+    keys = [b"k%d" % i for i in range(16)]
+    async with tier:
+        assert tier.stored_size() == HEADER_BLOCK + CHUNK and tier.lru_times
+        assert (await tier.offload(keys, list(range(16)))).ok
+        for k in keys:
+            os.utime(chunk_file(tier, k), ns=(10**9, 10**9))
+        assert tier.group_size(Op.LOAD, 8) == 8
+        assert (await tier.load(keys[:8], list(range(8)))).ok
+        new = [b"n%d" % i for i in range(8)]
+        assert (await tier.offload(new, list(range(8)))).ok  # evicts the 8 least recently used
+        assert await tier.lookup(keys) == [True] * 8 + [False] * 8
+        assert tier.index is not None and tier.index.evict_over_capacity() == []
+        assert all(e.pins == 0 for e in tier.index._entries.values())
+    assert all(chunk_file(tier, k).stat().st_mtime_ns > 10**9 for k in keys[:8])
+    assert [chunk_file(tier, k).stat().st_mtime_ns for k in new] != [10**9] * 8
+
+
+@native_only
+@pytest.mark.parametrize("config", [{"verify": False}, {"shared": True}], ids=["unverified", "shared"])
+async def test_group_loads_without_the_header_compare_or_a_complete_index(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, config: dict[str, Any]
+) -> None:
+    """``verify=False`` (each header parsed field by field) and ``shared=True`` (an index that
+    may miss another process's chunks: each chunk planned alone) still go as group jobs, and
+    each chunk gets its own bytes or its own failure."""
+    spy = GroupSpy(monkeypatch)
+    tier, view = fs_tier(tmp_path, max_inflight=1, aligned=True, **config)
+    view[:] = os.urandom(len(view))
+    expect = bytes(view)
+    keys = [b"k%d" % i for i in range(6)]
+    async with tier:
+        assert (await tier.offload(keys, list(range(6)))).ok
+        spy.sizes.clear()
+        chunk_file(tier, b"k2").unlink()
+        view[:] = bytes(len(view))
+        res = await tier.load([*keys, b"never"], list(range(7)))
+        assert spy.sizes == ([6] if "verify" in config else [])  # shared: each chunk alone, on a thread
+        assert set(res.succeeded) == {b"k0", b"k1", b"k3", b"k4", b"k5"}
+        assert isinstance(res.failed[b"k2"], ChunkNotFoundError)
+        assert isinstance(res.failed[b"never"], ChunkNotFoundError)
+        for i in (0, 1, 3, 4, 5):
+            assert bytes(view[i * CHUNK : (i + 1) * CHUNK]) == expect[i * CHUNK : (i + 1) * CHUNK]
+        s = tier.stats()
+        assert (s.loaded, s.failed) == (5, 2)
+
+
+@native_only
+async def test_a_chunk_that_cannot_be_planned_fails_alone_and_leaves_no_pin(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    spy = GroupSpy(monkeypatch)
+    tier, _ = fs_tier(tmp_path, max_inflight=1, aligned=True)
+    keys = [b"k%d" % i for i in range(6)]
+    async with tier:
+        assert (await tier.offload(keys, list(range(6)))).ok
+        spy.sizes.clear()
+        real = NativeIO.name_of
+
+        def name_of(io: NativeIO, key: bytes) -> tuple[int, bytes]:
+            if key == b"k3":
+                raise OSError(errno.EIO, "no name today")
+            return real(io, key)
+
+        monkeypatch.setattr(NativeIO, "name_of", name_of)
+        res = await tier.load(keys, list(range(6)))
+        assert spy.sizes == [5] and list(res.failed) == [b"k3"] and len(res.succeeded) == 5
+        monkeypatch.setattr(NativeIO, "name_of", real)
+        assert (await tier.load(keys, list(range(6)))).ok
+        assert tier.index is not None and all(e.pins == 0 for e in tier.index._entries.values())

@@ -34,7 +34,7 @@ from asynctier.lru import RemovalPending
 from asynctier.posix_io import O_DIRECT
 
 from .layout import HEADER_BLOCK
-from .protocol import Outcome, SpareJob, Step, StoreJob, not_found, remove_quietly
+from .protocol import Outcome, SpareJob, Step, StoreJob, header_matches_fast, not_found, remove_quietly
 
 if TYPE_CHECKING:
     from .native import NativeIO
@@ -346,6 +346,80 @@ class LoadPath(_Path):
             tier._end_load(key, t0, e, entry)
             raise
         return fields, (entry, out, block)
+
+    def _plan_group(self, job: Job, slot: int) -> nativeio.JobFields | Continuation | None:
+        """With the index complete, a group's chunks planned in one pass (as :meth:`_plan_key`
+        does each): their entries pinned under one lock, no per-chunk call but the namer's."""
+        io = self._live()
+        tier = io._tier
+        if tier.index_incomplete or not io.aligned:
+            return super()._plan_group(job, slot)
+        keys, cids, t0 = job.args
+        out: _Outcomes = [None] * len(keys)
+        entries = tier.index.pin_entries(keys)
+        blocks = io.blocks(slot, len(keys) - entries.count(None))
+        proto, hb_used, name_of = tier.protocol, io._hb_used, io.name_of
+        fds, flags = proto.shard_fds, proto.read_flags | (O_DIRECT if proto.use_direct else 0)
+        n, verify, view, hb_addr = tier.offloading_spec.chunk_bytes, int(tier.verify), io._view_addr, io._hb_addr
+        subs: list[nativeio.JobFields] = []
+        planned: list[tuple[int, tuple[Any, ...]]] = []
+        for i, (key, cid, entry) in enumerate(zip(keys, cids, entries)):
+            if entry is None:
+                out[i] = e = not_found(key)
+                tier._stats.record_failure(e)
+                continue
+            try:
+                block = blocks[len(subs)]
+                shard, name = name_of(key)
+                hb_used[block] = HEADER_BLOCK  # NativeIO.hb_read_into
+                hb = hb_addr + block * HEADER_BLOCK
+                subs.append((nativeio.READ, PRIO_LOAD, fds[shard], flags, -1, -1, 0, verify, 0, 0, hb, HEADER_BLOCK,
+                             view + cid * n, n, 0, name, b"", b""))  # fmt: skip
+            except BaseException as e:  # that chunk's failure
+                tier._end_load(key, t0, e, entry)
+                out[i] = e
+                continue
+            planned.append((i, (entry, None, block)))  # (the chunk's view made only if needed)
+        if not subs:
+            return _group_end(job, out, [])
+        self._keep(slot, (out, planned, []))
+        return io._pool.one_or_group(slot, self.prio, subs)
+
+    def _finish_group(self, job: Job, slot: int, own: tuple[int, int, int, int]) -> Continuation | None:
+        """Each chunk whose header matches, booked together (one lock, one clock read); the
+        others one by one by :meth:`_finish_key`."""
+        keys, cids, t0 = job.args
+        out, planned, later = self._plans[slot]  # type: ignore[misc]
+        self._plans[slot] = None
+        io = self._live()
+        tier = io._tier
+        n = tier.offloading_spec.chunk_bytes
+        ends = io._pool.group_outcomes(slot, len(planned), own)
+        fast = tier.verify  # else each header is parsed field by field (ChunkProtocol.check_slow)
+        full, digest, hbs = HEADER_BLOCK + n, tier.offloading_spec.layout_digest, io.slot_hb
+        ok_keys: list[bytes] = []
+        ok_entries: list[object] = []
+        for (i, step), (result, csum, stage, info) in zip(planned, ends):
+            key = keys[i]
+            entry, view, block = step
+            if fast and not stage and result == full and header_matches_fast(hbs[block], key, n, csum, digest, 0):
+                ok_keys.append(key)
+                ok_entries.append(entry)
+                continue
+            if view is None:
+                step = (entry, tier._chunk(cids[i]), block)
+            try:
+                r = self._finish_key(io, key, cids[i], t0, step, result, csum, stage, info)
+            except BaseException as e:
+                out[i] = e
+                continue
+            if r is not None:
+                later.append((i, r))
+        if ok_keys:  # Tier.check_read's and _end_load's bookkeeping, for all at once
+            tier.note_loaded(ok_keys)
+            tier.index.unpin_entries(ok_keys, ok_entries)
+            self._booked.extend([perf_counter() - t0] * len(ok_keys))
+        return _group_end(job, out, later)
 
     def _finish_key(
         self, io: NativeIO, key: bytes, cid: int, t0: float, step: tuple[Any, ...], result: int, csum: int,

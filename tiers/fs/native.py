@@ -97,6 +97,11 @@ class NativeIO:
         slot's own, so a one-chunk job's block is its slot's number."""
         return slot if i == 0 else self._slots + slot * (GROUP_CHUNKS - 1) + i - 1
 
+    def blocks(self, slot: int, n: int) -> list[int]:
+        """:meth:`block` of the first ``n`` chunks of the group job in ``slot``."""
+        base = self._slots + slot * (GROUP_CHUNKS - 1) - 1
+        return [slot, *range(base + 1, base + n)] if n else []
+
     def hb_address(self, slot: int) -> int:
         return self._hb_addr + slot * HEADER_BLOCK
 

@@ -255,6 +255,11 @@ class FsTier(BlockingChunkTier):
             # on the journal, on the latency path
             self._touched[key] = time.time_ns()
 
+    def note_loaded(self, keys: list[bytes]) -> None:
+        """The time of use of ``keys`` for ``lru_times``, as :meth:`check_read` notes one key's."""
+        if self.lru_times and len(self._touched) < _MAX_PENDING_TOUCHES:
+            self._touched.update(dict.fromkeys(keys, time.time_ns()))
+
     # -- lifecycle ---------------------------------------------------------------------------
     def open_medium(self) -> None:
         """Create/open the namespace, probe O_DIRECT and O_TMPFILE, rebuild the index."""
