@@ -11,6 +11,11 @@
  * header block: name_of and pack_header_into, twins of asynctier.tiers.fs.layout.shard_of +
  * key_token and of asynctier.integrity.pack_header.
  *
+ * A group of fs loads is planned and checked in bulk: pack_reads writes each chunk's READ
+ * descriptor (its file named as name_of does) into the pool's table, reads_failed finds the
+ * reads that did not bring the whole file with the header expected; twins of
+ * asynctier.tiers.fs.native.pack_reads and reads_failed.
+ *
  * The nvme tier's native paths pack a run's headers (pack_headers_into), check each header a
  * read brought (header_matches, also the fs tier's loads) and pack the journal's records
  * (pack_records): twins of asynctier.integrity.pack_headers_into and header_matches and of
@@ -23,6 +28,11 @@
 #include <Python.h>
 #include <stdint.h>
 #include <string.h>
+
+#include "engines/_nativeio.h" /* struct at_job and at_res: the workers' descriptors (pack_reads) */
+
+_Static_assert(sizeof(struct at_job) == 856, "struct at_job is asynctier.engines.native.JOB_LAYOUT");
+_Static_assert(sizeof(struct at_res) == 24, "struct at_res is asynctier.engines.native.RESULT_LAYOUT");
 
 static const char ALPHABET[] = "abcdefghijklmnopqrstuvwxyz234567";
 
@@ -57,7 +67,6 @@ static PyObject *b32(PyObject *self, PyObject *arg) {
     return out;
 }
 
-typedef uint64_t (*xxh3_fn)(const void *, size_t);
 static xxh3_fn xxh3 = NULL;
 
 static PyObject *use_xxh3(PyObject *self, PyObject *arg) {
@@ -368,6 +377,202 @@ fail:
     return NULL;
 }
 
+/* An int argument within int32 (the descriptors' fields). */
+static int get_i32(PyObject *v, int32_t *out, const char *fn, const char *what) {
+    long x = PyLong_AsLong(v);
+    if (x == -1 && PyErr_Occurred()) return -1;
+    if (x < INT32_MIN || x > INT32_MAX) {
+        PyErr_Format(PyExc_ValueError, "%s(): %s is a 32-bit int, not %ld", fn, what, x);
+        return -1;
+    }
+    *out = (int32_t)x;
+    return 0;
+}
+
+/* The base32 token of a key named by name_of (1 to MAX_B32_KEY bytes), else -1 with an error. */
+static int check_named_key(PyObject *key, const char *fn) {
+    if (!PyBytes_Check(key)) {
+        PyErr_Format(PyExc_TypeError, "%s(): a key is bytes, not %.100s", fn, Py_TYPE(key)->tp_name);
+        return -1;
+    }
+    if (PyBytes_GET_SIZE(key) < 1 || PyBytes_GET_SIZE(key) > MAX_B32_KEY) {
+        PyErr_Format(PyExc_ValueError, "%s(): names keys of 1 to %d bytes, not %zd", fn, MAX_B32_KEY,
+                     PyBytes_GET_SIZE(key));
+        return -1;
+    }
+    return 0;
+}
+
+/* pack_reads(table, offset, prio, keys, cids, blocks, dfds, flags, hashed, hb_addr, hb_len,
+ * view_addr, n) -> None: for each j, the READ descriptor (struct at_job, group -1) of keys[j]'s
+ * file, named as name_of names it in the directory dfds[shard], written at table[offset + j *
+ * 856:]: header block blocks[j] of hb_len bytes from hb_addr, payload of n bytes into chunk
+ * cids[j] of the view at view_addr. Everything is checked before a byte is written. */
+static PyObject *pack_reads(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    static const char fn[] = "pack_reads";
+    if (check_nargs(fn, nargs, 13) < 0) return NULL;
+    Py_ssize_t offset = PyLong_AsSsize_t(args[1]);
+    if (offset == -1 && PyErr_Occurred()) return NULL;
+    int32_t prio, flags, hashed;
+    uint64_t hb_addr, hb_len, view_addr, n;
+    if (get_i32(args[2], &prio, fn, "prio") < 0 || get_i32(args[7], &flags, fn, "flags") < 0 ||
+        get_i32(args[8], &hashed, fn, "hashed") < 0 || get_u64(args[9], &hb_addr) < 0 ||
+        get_u64(args[10], &hb_len) < 0 || get_u64(args[11], &view_addr) < 0 || get_u64(args[12], &n) < 0 ||
+        need_xxh3(fn) < 0)
+        return NULL;
+    PyObject *keys = NULL, *cids = NULL, *blocks = NULL, *dfds = NULL, *out = NULL;
+    Py_buffer view = {0};
+    int have_view = 0;
+    if ((keys = PySequence_Fast(args[3], "pack_reads(): keys is a sequence")) == NULL ||
+        (cids = PySequence_Fast(args[4], "pack_reads(): cids is a sequence")) == NULL ||
+        (blocks = PySequence_Fast(args[5], "pack_reads(): blocks is a sequence")) == NULL ||
+        (dfds = PySequence_Fast(args[6], "pack_reads(): dfds is a sequence")) == NULL)
+        goto done;
+    Py_ssize_t m = PySequence_Fast_GET_SIZE(keys);
+    if (PySequence_Fast_GET_SIZE(cids) != m || PySequence_Fast_GET_SIZE(blocks) != m ||
+        PySequence_Fast_GET_SIZE(dfds) != N_SHARDS) {
+        PyErr_Format(PyExc_ValueError, "%s(): %zd keys, %zd cids, %zd blocks and %zd dfds (one per key, %d dfds)", fn,
+                     m, PySequence_Fast_GET_SIZE(cids), PySequence_Fast_GET_SIZE(blocks),
+                     PySequence_Fast_GET_SIZE(dfds), N_SHARDS);
+        goto done;
+    }
+    if (PyObject_GetBuffer(args[0], &view, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) goto done;
+    have_view = 1;
+    if (offset < 0 || offset > view.len || m > (view.len - offset) / (Py_ssize_t)sizeof(struct at_job)) {
+        PyErr_Format(PyExc_ValueError, "%s(): %zd descriptors at offset %zd of a %zd-byte table", fn, m, offset,
+                     view.len);
+        goto done;
+    }
+    PyObject **ks = PySequence_Fast_ITEMS(keys), **cs = PySequence_Fast_ITEMS(cids);
+    PyObject **bs = PySequence_Fast_ITEMS(blocks), **ds = PySequence_Fast_ITEMS(dfds);
+    uint64_t v;
+    int32_t fd;
+    for (Py_ssize_t j = 0; j < m; j++)
+        if (check_named_key(ks[j], fn) < 0 || get_u64(cs[j], &v) < 0 || get_u64(bs[j], &v) < 0) goto done;
+    for (Py_ssize_t i = 0; i < N_SHARDS; i++)
+        if (get_i32(ds[i], &fd, fn, "a dfd") < 0) goto done;
+    struct at_job *jobs = (struct at_job *)((char *)view.buf + offset);
+    for (Py_ssize_t j = 0; j < m; j++) {
+        struct at_job *job = &jobs[j];
+        const unsigned char *s = (const unsigned char *)PyBytes_AS_STRING(ks[j]);
+        Py_ssize_t klen = PyBytes_GET_SIZE(ks[j]);
+        uint64_t cid, block;
+        get_u64(cs[j], &cid);
+        get_u64(bs[j], &block);
+        get_i32(ds[xxh3(s, (size_t)klen) & (N_SHARDS - 1)], &fd, fn, "a dfd");
+        memset(job, 0, sizeof *job);
+        job->group = -1;
+        job->kind = AT_READ;
+        job->prio = prio;
+        job->dfd = fd;
+        job->flags = flags;
+        job->fd = -1;
+        job->dfd2 = -1;
+        job->hashed = hashed;
+        job->hb = (void *)(uintptr_t)(hb_addr + block * hb_len);
+        job->hb_len = (size_t)hb_len;
+        job->buf = (void *)(uintptr_t)(view_addr + cid * n);
+        job->len = (size_t)n;
+        b32_into(s, klen, job->name);
+    }
+    out = Py_None;
+    Py_INCREF(out);
+done:
+    if (have_view) PyBuffer_Release(&view);
+    Py_XDECREF(keys);
+    Py_XDECREF(cids);
+    Py_XDECREF(blocks);
+    Py_XDECREF(dfds);
+    return out;
+}
+
+/* reads_failed(res, offset, keys, blocks, hbs, hb_len, n, layout_digest) -> list[int]: the
+ * j whose read (its outcome, struct at_res, at res[offset + j * 24:]) failed, did not bring
+ * hb_len + n bytes, or left in header block blocks[j] of hbs a header other than
+ * pack_header(keys[j], n, the payload's checksum it computed, layout_digest). */
+static PyObject *reads_failed(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    static const char fn[] = "reads_failed";
+    if (check_nargs(fn, nargs, 8) < 0) return NULL;
+    Py_ssize_t offset = PyLong_AsSsize_t(args[1]);
+    if (offset == -1 && PyErr_Occurred()) return NULL;
+    uint64_t hb_len, n;
+    if (get_u64(args[5], &hb_len) < 0 || get_u64(args[6], &n) < 0 || check_digest(args[7], fn) < 0 ||
+        need_xxh3(fn) < 0)
+        return NULL;
+    PyObject *keys = NULL, *blocks = NULL, *out = NULL, *bad = NULL;
+    Py_buffer res = {0}, hbs = {0};
+    int have_res = 0, have_hbs = 0;
+    if ((keys = PySequence_Fast(args[2], "reads_failed(): keys is a sequence")) == NULL ||
+        (blocks = PySequence_Fast(args[3], "reads_failed(): blocks is a sequence")) == NULL)
+        goto done;
+    Py_ssize_t m = PySequence_Fast_GET_SIZE(keys);
+    if (PySequence_Fast_GET_SIZE(blocks) != m) {
+        PyErr_Format(PyExc_ValueError, "%s(): %zd keys but %zd blocks", fn, m, PySequence_Fast_GET_SIZE(blocks));
+        goto done;
+    }
+    if (PyObject_GetBuffer(args[0], &res, PyBUF_C_CONTIGUOUS) < 0) goto done;
+    have_res = 1;
+    if (PyObject_GetBuffer(args[4], &hbs, PyBUF_C_CONTIGUOUS) < 0) goto done;
+    have_hbs = 1;
+    if (offset < 0 || offset > res.len || m > (res.len - offset) / (Py_ssize_t)sizeof(struct at_res)) {
+        PyErr_Format(PyExc_ValueError, "%s(): %zd outcomes at offset %zd of %zd bytes", fn, m, offset, res.len);
+        goto done;
+    }
+    PyObject **ks = PySequence_Fast_ITEMS(keys), **bs = PySequence_Fast_ITEMS(blocks);
+    uint64_t block;
+    for (Py_ssize_t j = 0; j < m; j++) {
+        if (check_key(ks[j], fn) < 0 || get_u64(bs[j], &block) < 0) goto done;
+        Py_ssize_t size = FIXED_LEN + PyBytes_GET_SIZE(ks[j]) + 8;
+        if (hb_len > (uint64_t)hbs.len || (uint64_t)size > hb_len || block >= (uint64_t)hbs.len / hb_len) {
+            PyErr_Format(PyExc_ValueError, "%s(): header %zd (%zd bytes) does not fit block %llu of %llu bytes in %zd",
+                         fn, j, size, (unsigned long long)block, (unsigned long long)hb_len, hbs.len);
+            goto done;
+        }
+    }
+    if ((bad = PyList_New(0)) == NULL) goto done;
+    const char *digest = PyBytes_AS_STRING(args[7]);
+    unsigned char want[FIXED_LEN + MAX_B32_KEY + 8], *big = NULL;
+    for (Py_ssize_t j = 0; j < m; j++) {
+        struct at_res r;
+        memcpy(&r, (const char *)res.buf + offset + j * (Py_ssize_t)sizeof r, sizeof r);
+        get_u64(bs[j], &block);
+        Py_ssize_t klen = PyBytes_GET_SIZE(ks[j]), size = FIXED_LEN + klen + 8;
+        int ok = r.stage == 0 && r.result >= 0 && (uint64_t)r.result == hb_len + n;
+        if (ok) {
+            unsigned char *w = want;
+            if (size > (Py_ssize_t)sizeof want && (w = big = PyMem_Malloc((size_t)size)) == NULL) {
+                PyErr_NoMemory();
+                Py_CLEAR(bad);
+                goto done;
+            }
+            put_header(w, PyBytes_AS_STRING(ks[j]), klen, n, r.csum, 0, digest);
+            ok = memcmp((const char *)hbs.buf + block * hb_len, w, (size_t)size) == 0;
+            PyMem_Free(big);
+            big = NULL;
+        }
+        if (!ok) {
+            PyObject *i = PyLong_FromSsize_t(j);
+            if (i == NULL || PyList_Append(bad, i) < 0) {
+                Py_XDECREF(i);
+                Py_CLEAR(bad);
+                goto done;
+            }
+            Py_DECREF(i);
+        }
+    }
+    out = bad;
+    bad = NULL;
+done:
+    if (have_res) PyBuffer_Release(&res);
+    if (have_hbs) PyBuffer_Release(&hbs);
+    Py_XDECREF(keys);
+    Py_XDECREF(blocks);
+    Py_XDECREF(bad);
+    return out;
+}
+
 static PyMethodDef methods[] = {
     {"b32", b32, METH_O, "b32(key: bytes) -> str: RFC 4648 base32 of key, lowercase, without padding."},
     {"use_xxh3", use_xxh3, METH_O, "use_xxh3(address: int) -> None: hash with the XXH3_64bits there."},
@@ -378,6 +583,11 @@ static PyMethodDef methods[] = {
      "pack_headers_into(block, start, stride, keys, payload_len, layout_digest, seqs) -> size: a run's headers."},
     {"header_matches", (PyCFunction)(void (*)(void))header_matches, METH_FASTCALL,
      "header_matches(buf, key, payload_len, csum, layout_digest, seq) -> bool: buf starts with that header."},
+    {"pack_reads", (PyCFunction)(void (*)(void))pack_reads, METH_FASTCALL,
+     "pack_reads(table, offset, prio, keys, cids, blocks, dfds, flags, hashed, hb_addr, hb_len, view_addr, n) -> None:"
+     " a group of fs loads' READ descriptors."},
+    {"reads_failed", (PyCFunction)(void (*)(void))reads_failed, METH_FASTCALL,
+     "reads_failed(res, offset, keys, blocks, hbs, hb_len, n, layout_digest) -> list[int]: the reads not simply done."},
     {"pack_records", (PyCFunction)(void (*)(void))pack_records, METH_FASTCALL,
      "pack_records(typ, items) -> list[bytes]: nvme journal records of (key, slot, seq, csum)."},
     {NULL, NULL, 0, NULL},

@@ -16,4 +16,29 @@ def pack_headers_into(
 def header_matches(
     buf: bytes | bytearray | memoryview, key: bytes, payload_len: int, csum: int, layout_digest: bytes, seq: int
 ) -> bool: ...
+def pack_reads(
+    table: bytearray,
+    offset: int,
+    prio: int,
+    keys: Sequence[bytes],
+    cids: Sequence[int],
+    blocks: Sequence[int],
+    dfds: Sequence[int],
+    flags: int,
+    hashed: int,
+    hb_addr: int,
+    hb_len: int,
+    view_addr: int,
+    n: int,
+) -> None: ...
+def reads_failed(
+    res: memoryview,
+    offset: int,
+    keys: Sequence[bytes],
+    blocks: Sequence[int],
+    hbs: memoryview,
+    hb_len: int,
+    n: int,
+    layout_digest: bytes,
+) -> list[int]: ...
 def pack_records(typ: int, items: Sequence[tuple[bytes, int, int, int]]) -> list[bytes]: ...

@@ -19,13 +19,13 @@ class GroupSpy:
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.sizes: list[int] = []
-        real = nativeio.NativePool.group
+        real = nativeio.NativePool.packed_group  # (group() packs, then calls it)
 
-        def group(pool: nativeio.NativePool, slot: int, prio: int, subs: list[nativeio.JobFields]) -> Any:
-            self.sizes.append(len(subs))
-            return real(pool, slot, prio, subs)
+        def packed_group(pool: nativeio.NativePool, slot: int, prio: int, n: int) -> Any:
+            self.sizes.append(n)
+            return real(pool, slot, prio, n)
 
-        monkeypatch.setattr(nativeio.NativePool, "group", group)
+        monkeypatch.setattr(nativeio.NativePool, "packed_group", packed_group)
 
 
 def native_workers() -> dict[int, int]:

@@ -11,12 +11,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fs_helpers import chunk_file, damage_file
 from nvme_helpers import chunk_at, fill, make
 
 from asynctier import integrity
 from asynctier.engines import native as nativeio
 from asynctier.engines.speedups import speedups as bound_twins
-from asynctier.integrity import pack_header
+from asynctier.integrity import MAX_B32_KEY, pack_header
+from asynctier.tiers.fs import layout
+from asynctier.tiers.fs import native as fs_native
+from asynctier.tiers.fs.layout import N_SHARDS
 from asynctier.tiers.nvme import catalog, fast, stores
 from asynctier.tiers.nvme.format import EVICT, PUBLISH, _pack_records
 
@@ -169,3 +173,148 @@ async def test_the_nvme_tier_stores_loads_and_reopens_with_either_twins(
             os.close(fd)
         res = await tier.load(keys[:2], [0, 1])
         assert keys[0] in res.failed and keys[1] not in res.failed
+
+
+def _read_args(rng: random.Random, keys: list[bytes], table: bytearray, offset: int) -> tuple[Any, ...]:
+    m = len(keys)
+    cids, blocks = rng.sample(range(1000), m), rng.sample(range(1000), m)
+    dfds = [rng.randrange(0, 1 << 31) for _ in range(N_SHARDS)]
+    return (table, offset, rng.randrange(4), keys, cids, blocks, dfds, rng.getrandbits(31), rng.randrange(2),
+            rng.getrandbits(47), 4096, rng.getrandbits(47), rng.choice([4096, 1 << 20]))  # fmt: skip
+
+
+def test_a_groups_read_descriptors_are_the_python_descriptors(speedups: Any) -> None:
+    """Each key's READ descriptor, byte for byte as the Python twin packs it (names by name_of,
+    its shard's directory), at its place in the table and nothing else touched."""
+    rng = random.Random(4)
+    size = nativeio.JOB_LAYOUT.size
+    for _ in range(30):
+        keys = rng.sample([k for k in _keys(rng) if 0 < len(k) <= MAX_B32_KEY], rng.randrange(0, 17))
+        offset = size * rng.randrange(0, 3)
+        tables = [bytearray(rng.randbytes(size * 20)) for _ in range(2)]
+        tables[1][:] = tables[0]
+        args = _read_args(rng, keys, tables[0], offset)
+        speedups.pack_reads(*args)
+        fs_native.pack_reads(tables[1], *args[1:])
+        assert tables[0] == tables[1]
+        for j, key in enumerate(keys):
+            job = nativeio.Job.from_buffer_copy(bytes(tables[0][offset + j * size : offset + (j + 1) * size]))
+            shard, name = layout.name_of(key)
+            assert (job.kind, job.dfd, job.name, job.group) == (nativeio.READ, args[6][shard], name, -1)
+            assert job.buf == args[11] + args[4][j] * args[12] and job.hb == args[9] + args[5][j] * 4096
+
+
+@pytest.mark.parametrize(
+    ("change", "error"),
+    [
+        ({"keys": [b"a", bytes(97)]}, ValueError),  # a key longer than name_of names
+        ({"keys": [b"a", b""]}, ValueError),  # or empty
+        ({"keys": [b"a", "b"]}, TypeError),  # not bytes
+        ({"cids": [1]}, ValueError),  # not one cid a key
+        ({"cids": [1, -1]}, OverflowError),  # a cid below 0
+        ({"dfds": [3] * 255}, ValueError),  # not one directory a shard
+        ({"dfds": [3] * 255 + [1 << 31]}, ValueError),  # a descriptor past int32
+        ({"offset": 856 * 19}, ValueError),  # past the table's end
+        ({"flags": 1 << 40}, ValueError),
+    ],
+)
+def test_read_descriptors_refused_leave_the_table_as_it_was(speedups: Any, change: dict[str, Any], error: Any) -> None:
+    table = bytearray(b"\xee" * (856 * 20))
+    args = dict(zip(
+        ("table", "offset", "prio", "keys", "cids", "blocks", "dfds", "flags", "hashed", "hb_addr", "hb_len",
+         "view_addr", "n"),
+        (table, 0, 2, [b"a", b"b"], [1, 2], [3, 4], [3] * 256, 0, 1, 4096, 4096, 1 << 20, 4096),
+    ))  # fmt: skip
+    with pytest.raises(BufferError, match="not writable"):
+        speedups.pack_reads(bytes(856 * 4), *list(args.values())[1:])
+    args.update(change)
+    with pytest.raises(error):
+        speedups.pack_reads(*args.values())
+    assert table == b"\xee" * (856 * 20)
+
+
+def test_reads_failed_finds_the_reads_the_python_check_finds(speedups: Any) -> None:
+    """A read that failed, came short, or brought a header other than its key's with the
+    checksum read (a key, a checksum, a length that differs) is named by both twins; the others
+    by neither."""
+    rng = random.Random(5)
+    hb_len, n, digest = 512, 1 << 16, rng.randbytes(16)
+    for _ in range(30):
+        keys = rng.sample(_keys(rng), rng.randrange(0, 16))
+        blocks = rng.sample(range(40), len(keys))
+        hbs = bytearray(rng.randbytes(hb_len * 40))
+        res = bytearray(nativeio.RESULT_LAYOUT.size * 20)
+        offset = nativeio.RESULT_LAYOUT.size * rng.randrange(0, 4)
+        want: list[int] = []
+        for j, (key, block) in enumerate(zip(keys, blocks)):
+            csum, result, stage = rng.getrandbits(64), hb_len + n, 0
+            head = pack_header(key, n, csum, digest)
+            how = rng.choice(["ok", "ok", "ok", "stage", "short", "csum", "key", "flip"])
+            if how == "stage":
+                stage, result = 2, -5
+            elif how == "short":
+                result -= 1
+            elif how == "csum":
+                head = pack_header(key, n, csum ^ 1, digest)
+            elif how == "key":
+                head = pack_header(key + b"x", n, csum, digest)
+            elif how == "flip":
+                head = bytes([head[0] ^ 1]) + head[1:]
+            if len(head) > hb_len:
+                head, how = head[:hb_len], "long"  # a key whose header does not fit a block: bad
+            hbs[block * hb_len : block * hb_len + len(head)] = head
+            nativeio.RESULT_LAYOUT.pack_into(res, offset + j * 24, result, csum, stage, 0)
+            if how != "ok":
+                want.append(j)
+        if any(len(pack_header(k, n, 0, digest)) > hb_len for k in keys):
+            with pytest.raises(ValueError, match="does not fit"):
+                speedups.reads_failed(memoryview(res), offset, keys, blocks, memoryview(hbs), hb_len, n, digest)
+            continue
+        got = speedups.reads_failed(memoryview(res), offset, keys, blocks, memoryview(hbs), hb_len, n, digest)
+        ref = fs_native.reads_failed(memoryview(res), offset, keys, blocks, memoryview(hbs), hb_len, n, digest)
+        assert got == ref == want
+    with pytest.raises(ValueError, match="outcomes at offset"):
+        speedups.reads_failed(bytes(48), 24, [b"a", b"b"], [0, 1], bytes(1024), 512, 1, digest)
+    with pytest.raises(ValueError, match="does not fit block 2"):
+        speedups.reads_failed(bytes(48), 0, [b"a", b"b"], [0, 2], bytes(1024), 512, 1, digest)
+
+
+@native_only
+@pytest.mark.parametrize("twins", ["c", "python"])
+async def test_the_fs_tier_loads_groups_with_either_twins(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, twins: str
+) -> None:
+    """Group loads planned and checked by either twin: every byte back, a damaged file and a
+    missing one failing alone."""
+    from asynctier import IntegrityError, OffloadingSpec, SecondaryTierFactory
+    from asynctier.posix_io import aligned_buffer
+
+    if twins == "python":
+        monkeypatch.setattr(fs_native.NativeIO, "start", _python_twins(fs_native.NativeIO.start))
+    elif bound_twins() is None:
+        pytest.skip("asynctier._speedups not built")
+    spec = OffloadingSpec(4096, 16, namespace="test/twins")
+    view = aligned_buffer(spec.total_bytes)
+    tier = SecondaryTierFactory.create_secondary_tier(
+        {"type": "fs", "root": str(tmp_path), "io_engine": "native", "max_inflight": 1}, view, spec
+    )
+    keys = [b"k%d" % i for i in range(8)] + [bytes(200)]  # the last one named by a hash, in Python
+    async with tier:
+        view[:] = os.urandom(len(view))
+        data = bytes(view)
+        assert (await tier.offload(keys, list(range(9)))).ok
+        damage_file(chunk_file(tier, b"k3"), "flip")
+        chunk_file(tier, b"k5").unlink()
+        view[:] = bytes(len(view))
+        res = await tier.load(keys, list(range(9)))
+        assert sorted(res.failed) == [b"k3", b"k5"] and isinstance(res.failed[b"k3"], IntegrityError)
+        for i in (0, 1, 2, 4, 6, 7, 8):
+            assert bytes(view[i * 4096 : (i + 1) * 4096]) == data[i * 4096 : (i + 1) * 4096]
+
+
+def _python_twins(start: Any) -> Any:
+    def patched(io: fs_native.NativeIO) -> None:
+        start(io)
+        io._pack_reads, io._reads_failed = fs_native.pack_reads, fs_native.reads_failed
+
+    return patched

@@ -470,25 +470,24 @@ async def test_group_loads_without_the_header_compare_or_a_complete_index(
 
 
 @native_only
-async def test_a_chunk_that_cannot_be_planned_fails_alone_and_leaves_no_pin(
+async def test_a_group_that_cannot_be_planned_fails_each_chunk_and_leaves_no_pin(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    spy = GroupSpy(monkeypatch)
     tier, _ = fs_tier(tmp_path, max_inflight=1, aligned=True)
     keys = [b"k%d" % i for i in range(6)]
     async with tier:
         assert (await tier.offload(keys, list(range(6)))).ok
-        spy.sizes.clear()
-        real = NativeIO.name_of
+        real = NativeIO.pack_reads
 
-        def name_of(io: NativeIO, key: bytes) -> tuple[int, bytes]:
-            if key == b"k3":
-                raise OSError(errno.EIO, "no name today")
-            return real(io, key)
+        def pack_reads(*args: Any) -> Any:
+            raise OSError(errno.EIO, "no descriptors today")
 
-        monkeypatch.setattr(NativeIO, "name_of", name_of)
-        res = await tier.load(keys, list(range(6)))
-        assert spy.sizes == [5] and list(res.failed) == [b"k3"] and len(res.succeeded) == 5
-        monkeypatch.setattr(NativeIO, "name_of", real)
-        assert (await tier.load(keys, list(range(6)))).ok
+        monkeypatch.setattr(NativeIO, "pack_reads", pack_reads)
+        res = await tier.load([*keys, b"never"], list(range(7)))
+        assert not res.succeeded and set(res.failed) == {*keys, b"never"}
+        assert all(isinstance(res.failed[k], OSError) and "no descriptors" in str(res.failed[k]) for k in keys)
+        assert isinstance(res.failed[b"never"], ChunkNotFoundError)
         assert tier.index is not None and all(e.pins == 0 for e in tier.index._entries.values())
+        monkeypatch.setattr(NativeIO, "pack_reads", real)
+        assert (await tier.load(keys, list(range(6)))).ok
+        assert await tier.lookup(keys) == [True] * 6

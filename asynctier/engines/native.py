@@ -38,7 +38,18 @@ import anyio
 
 from ..core.backend import ReadableWatch, run_on_thread_to_end, wait_uninterrupted, watch_readable
 
-__all__ = ["DoneHandler", "Job", "JobFields", "NativePool", "Outcome", "fields", "job", "problem"]
+__all__ = [
+    "JOB_LAYOUT",
+    "RESULT_LAYOUT",
+    "DoneHandler",
+    "Job",
+    "JobFields",
+    "NativePool",
+    "Outcome",
+    "fields",
+    "job",
+    "problem",
+]
 
 T = TypeVar("T")
 
@@ -149,7 +160,8 @@ def job(
 #: A job's fields in :class:`Job`'s order without ``group`` and ``pad`` (the hot path's
 #: form: a tuple, packed straight into the pool's submission table).
 JobFields = tuple[int, int, int, int, int, int, int, int, int, int, int, int, int, int, int, bytes, bytes, bytes]
-_JOB_LAYOUT = struct.Struct("<12i4Qq256s256s256s")
+#: :class:`Job` as packed bytes (``group`` and ``pad`` first, then :data:`JobFields`).
+JOB_LAYOUT = struct.Struct("<12i4Qq256s256s256s")
 
 
 def fields(
@@ -169,7 +181,8 @@ class _Result(ctypes.Structure):
                 ("info", ctypes.c_int32)]  # fmt: skip
 
 
-_RESULT_LAYOUT = struct.Struct("<qQii")
+#: An :class:`Outcome` as the workers write it.
+RESULT_LAYOUT = struct.Struct("<qQii")
 
 #: Called on the loop thread for each job of :meth:`NativePool.submit_many` that ended:
 #: ``(owner, slot, result, csum, stage, info)`` (the fields of :class:`Outcome`).
@@ -315,7 +328,7 @@ class NativePool:
         #: the free job slots (:meth:`take_slot` pops, :meth:`put_slot` appends)
         self.free_slots = self._free
         # submit_many's side: a table of descriptors packed in place, and who owns each slot
-        self._table = bytearray(_JOB_LAYOUT.size * slots)
+        self._table = bytearray(JOB_LAYOUT.size * slots)
         self._table_c = (ctypes.c_char * len(self._table)).from_buffer(self._table)  # pins it
         self._table_addr = ctypes.addressof(self._table_c)
         self._table_idx = (ctypes.c_int32 * slots)()
@@ -326,11 +339,11 @@ class NativePool:
         ).cast("B")
         # group(): each slot's sub-jobs packed here (the workers copy them at submission), and
         # their outcomes where the workers put them
-        self._sub_table = bytearray(_JOB_LAYOUT.size * GROUP_MAX * slots)
+        self._sub_table = bytearray(JOB_LAYOUT.size * GROUP_MAX * slots)
         self._sub_table_c = (ctypes.c_char * len(self._sub_table)).from_buffer(self._sub_table)  # pins it
         self._sub_table_addr = ctypes.addressof(self._sub_table_c)
         self._sub_res = memoryview(
-            (ctypes.c_char * (_RESULT_LAYOUT.size * GROUP_MAX * slots)).from_address(_LIB.at_group_results(handle))
+            (ctypes.c_char * (RESULT_LAYOUT.size * GROUP_MAX * slots)).from_address(_LIB.at_group_results(handle))
         ).cast("B")
         #: the engine's handlers: each job of submit_many that ended; then, once per batch reaped
         self.on_done: DoneHandler | None = None
@@ -402,7 +415,7 @@ class NativePool:
         if self._closed or self._watch is None:
             raise RuntimeError("native I/O pool is not running")
         table, idx, owners = self._table, self._table_idx, self._owners
-        pack, size = _JOB_LAYOUT.pack_into, _JOB_LAYOUT.size
+        pack, size = JOB_LAYOUT.pack_into, JOB_LAYOUT.size
         off = 0
         for i, (slot, group, owner, f) in enumerate(items):
             pack(table, off, group, 0, *f)
@@ -433,11 +446,30 @@ class NativePool:
         n = len(subs)
         if not 0 < n <= GROUP_MAX:
             raise ValueError(f"a group job holds 1 to {GROUP_MAX} jobs; got {n}")
-        table, pack, size = self._sub_table, _JOB_LAYOUT.pack_into, _JOB_LAYOUT.size
+        table, pack, size = self._sub_table, JOB_LAYOUT.pack_into, JOB_LAYOUT.size
         base = size * GROUP_MAX * slot
         for i, f in enumerate(subs):
             pack(table, base + i * size, -1, 0, *f)
-        return (GROUP, prio, -1, 0, -1, -1, 0, 0, 0, 0, self._sub_table_addr + base, n, 0, n, 0, b"", b"", b"")
+        return self.packed_group(slot, prio, n)
+
+    def sub_jobs(self, slot: int) -> tuple[bytearray, int]:
+        """Where the jobs of a :data:`GROUP` job in ``slot`` are packed: (table, offset), room
+        for :data:`GROUP_MAX` descriptors laid out as :class:`Job` (what :meth:`group` fills)."""
+        return self._sub_table, JOB_LAYOUT.size * GROUP_MAX * slot
+
+    def packed_group(self, slot: int, prio: int, n: int) -> JobFields:
+        """The descriptor of one :data:`GROUP` job in ``slot`` of the ``n`` jobs (1 to
+        :data:`GROUP_MAX`) the caller packed at :meth:`sub_jobs` (as :meth:`group` does)."""
+        if not 0 < n <= GROUP_MAX:
+            raise ValueError(f"a group job holds 1 to {GROUP_MAX} jobs; got {n}")
+        addr = self._sub_table_addr + JOB_LAYOUT.size * GROUP_MAX * slot
+        return (GROUP, prio, -1, 0, -1, -1, 0, 0, 0, 0, addr, n, 0, n, 0, b"", b"", b"")
+
+    def sub_outcomes(self, slot: int) -> tuple[memoryview, int]:
+        """Where the outcomes of the jobs of the :data:`GROUP` job that ended in ``slot`` are:
+        (memory, offset), :data:`GROUP_MAX` results laid out as ``(result, csum, stage, info)``
+        (what :meth:`group_outcomes` reads; valid until the slot runs another job)."""
+        return self._sub_res, RESULT_LAYOUT.size * GROUP_MAX * slot
 
     def one_or_group(self, slot: int, prio: int, subs: list[JobFields]) -> JobFields:
         """The job ``subs[0]`` if it is alone, else the :meth:`group` of ``subs`` in ``slot``
@@ -453,7 +485,7 @@ class NativePool:
         ``n`` 1 is a job submitted alone (:meth:`one_or_group`), whose outcome is ``own``."""
         if own is not None and (own[2] or n == 1):
             return [own] * n
-        unpack, size = _RESULT_LAYOUT.unpack_from, _RESULT_LAYOUT.size
+        unpack, size = RESULT_LAYOUT.unpack_from, RESULT_LAYOUT.size
         base = size * GROUP_MAX * slot
         mem = self._sub_res
         return [unpack(mem, base + i * size) for i in range(n)]
@@ -473,7 +505,7 @@ class NativePool:
         except BlockingIOError:
             pass
         lib, h, reaped, res, waiters = self._glib, self._h, self._reaped, self._res, self._waiters
-        owners, on_done, res_mem, unpack = self._owners, self.on_done, self._res_mem, _RESULT_LAYOUT.unpack_from
+        owners, on_done, res_mem, unpack = self._owners, self.on_done, self._res_mem, RESULT_LAYOUT.unpack_from
         while True:
             n = lib.at_reap(h, reaped, self.slots)
             self._running -= n

@@ -34,7 +34,7 @@ from asynctier.lru import RemovalPending
 from asynctier.posix_io import O_DIRECT
 
 from .layout import HEADER_BLOCK
-from .protocol import Outcome, SpareJob, Step, StoreJob, header_matches_fast, not_found, remove_quietly
+from .protocol import Outcome, SpareJob, Step, StoreJob, not_found, remove_quietly
 
 if TYPE_CHECKING:
     from .native import NativeIO
@@ -348,8 +348,9 @@ class LoadPath(_Path):
         return fields, (entry, out, block)
 
     def _plan_group(self, job: Job, slot: int) -> nativeio.JobFields | Continuation | None:
-        """With the index complete, a group's chunks planned in one pass (as :meth:`_plan_key`
-        does each): their entries pinned under one lock, no per-chunk call but the namer's."""
+        """With the index complete, a group's chunks planned in bulk (as :meth:`_plan_key`
+        plans each): their entries pinned under one lock, their descriptors packed by
+        :meth:`.native.NativeIO.pack_reads`."""
         io = self._live()
         tier = io._tier
         if tier.index_incomplete or not io.aligned:
@@ -357,68 +358,63 @@ class LoadPath(_Path):
         keys, cids, t0 = job.args
         out: _Outcomes = [None] * len(keys)
         entries = tier.index.pin_entries(keys)
-        blocks = io.blocks(slot, len(keys) - entries.count(None))
-        proto, hb_used, name_of = tier.protocol, io._hb_used, io.name_of
-        fds, flags = proto.shard_fds, proto.read_flags | (O_DIRECT if proto.use_direct else 0)
-        n, verify, view, hb_addr = tier.offloading_spec.chunk_bytes, int(tier.verify), io._view_addr, io._hb_addr
-        subs: list[nativeio.JobFields] = []
-        planned: list[tuple[int, tuple[Any, ...]]] = []
-        for i, (key, cid, entry) in enumerate(zip(keys, cids, entries)):
-            if entry is None:
-                out[i] = e = not_found(key)
-                tier._stats.record_failure(e)
-                continue
-            try:
-                block = blocks[len(subs)]
-                shard, name = name_of(key)
-                hb_used[block] = HEADER_BLOCK  # NativeIO.hb_read_into
-                hb = hb_addr + block * HEADER_BLOCK
-                subs.append((nativeio.READ, PRIO_LOAD, fds[shard], flags, -1, -1, 0, verify, 0, 0, hb, HEADER_BLOCK,
-                             view + cid * n, n, 0, name, b"", b""))  # fmt: skip
-            except BaseException as e:  # that chunk's failure
+        if None in entries:  # misses fail as planned; the others go on
+            hits = [i for i, e in enumerate(entries) if e is not None]
+            for i, e in enumerate(entries):
+                if e is None:
+                    out[i] = exc = not_found(keys[i])
+                    tier._stats.record_failure(exc)
+            if not hits:
+                return _group_end(job, out, [])
+            keys, cids, entries = [keys[i] for i in hits], [cids[i] for i in hits], [entries[i] for i in hits]
+        else:
+            hits = list(range(len(keys)))
+        proto = tier.protocol
+        try:
+            fields = io.pack_reads(slot, keys, cids, proto.read_flags | (O_DIRECT if proto.use_direct else 0),
+                                   int(tier.verify))  # fmt: skip
+        except BaseException as e:  # nothing went to the workers: each chunk fails with it
+            for i, key, entry in zip(hits, keys, entries):
                 tier._end_load(key, t0, e, entry)
                 out[i] = e
-                continue
-            planned.append((i, (entry, None, block)))  # (the chunk's view made only if needed)
-        if not subs:
             return _group_end(job, out, [])
-        self._keep(slot, (out, planned, []))
-        return io._pool.one_or_group(slot, self.prio, subs)
+        self._keep(slot, (out, hits, keys, entries))
+        return fields
 
     def _finish_group(self, job: Job, slot: int, own: tuple[int, int, int, int]) -> Continuation | None:
-        """Each chunk whose header matches, booked together (one lock, one clock read); the
-        others one by one by :meth:`_finish_key`."""
-        keys, cids, t0 = job.args
-        out, planned, later = self._plans[slot]  # type: ignore[misc]
+        """Each chunk read whole with the header expected, booked together (one lock, one clock
+        read); the others one by one by :meth:`_finish_key`."""
+        state = self._plans[slot]
+        if state is None or len(state) == 3:  # planned chunk by chunk (_Path._plan_group)
+            return super()._finish_group(job, slot, own)
         self._plans[slot] = None
+        out, hits, keys, entries = state
         io = self._live()
         tier = io._tier
-        n = tier.offloading_spec.chunk_bytes
-        ends = io._pool.group_outcomes(slot, len(planned), own)
-        fast = tier.verify  # else each header is parsed field by field (ChunkProtocol.check_slow)
-        full, digest, hbs = HEADER_BLOCK + n, tier.offloading_spec.layout_digest, io.slot_hb
-        ok_keys: list[bytes] = []
-        ok_entries: list[object] = []
-        for (i, step), (result, csum, stage, info) in zip(planned, ends):
-            key = keys[i]
-            entry, view, block = step
-            if fast and not stage and result == full and header_matches_fast(hbs[block], key, n, csum, digest, 0):
-                ok_keys.append(key)
-                ok_entries.append(entry)
-                continue
-            if view is None:
-                step = (entry, tier._chunk(cids[i]), block)
-            try:
-                r = self._finish_key(io, key, cids[i], t0, step, result, csum, stage, info)
-            except BaseException as e:
-                out[i] = e
-                continue
-            if r is not None:
-                later.append((i, r))
-        if ok_keys:  # Tier.check_read's and _end_load's bookkeeping, for all at once
-            tier.note_loaded(ok_keys)
-            tier.index.unpin_entries(ok_keys, ok_entries)
-            self._booked.extend([perf_counter() - t0] * len(ok_keys))
+        # refused as a whole; or (verify=False) each header parsed field by field
+        bad = list(range(len(keys))) if own[2] or not tier.verify else io.reads_failed(slot, keys)
+        later: list[tuple[int, Continuation]] = []
+        if bad:
+            ends = io._pool.group_outcomes(slot, len(keys), own if own[2] else None)
+            _, cids, t0 = job.args
+            for j in bad:
+                i, entry = hits[j], entries[j]
+                result, csum, stage, info = ends[j]
+                step = (entry, tier._chunk(cids[i]), io.block(slot, j))
+                try:
+                    r = self._finish_key(io, keys[j], cids[i], t0, step, result, csum, stage, info)
+                except BaseException as e:
+                    out[i] = e
+                    continue
+                if r is not None:
+                    later.append((i, r))
+            done = set(bad)
+            keys = [k for j, k in enumerate(keys) if j not in done]
+            entries = [e for j, e in enumerate(entries) if j not in done]
+        if keys:  # Tier.check_read's and _end_load's bookkeeping, for all at once
+            tier.note_loaded(keys)
+            tier.index.unpin_entries(keys, entries)
+            self._booked.extend([perf_counter() - job.args[2]] * len(keys))
         return _group_end(job, out, later)
 
     def _finish_key(

@@ -16,7 +16,7 @@ from __future__ import annotations
 import errno
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -26,7 +26,7 @@ from asynctier.core.ops import PRIO_LOAD, PRIO_STORE
 from asynctier.engines import native as nativeio
 from asynctier.engines.native_engine import NativeEngine
 from asynctier.engines.speedups import speedups
-from asynctier.integrity import MAX_B32_KEY, pack_header
+from asynctier.integrity import MAX_B32_KEY, header_matches, pack_header
 from asynctier.posix_io import O_DIRECT, aligned_buffer, buffer_address
 
 from . import layout
@@ -36,7 +36,7 @@ from .protocol import SAFE_OPEN, Outcome, Spare, SpareJob, Step, StoreJob, not_f
 if TYPE_CHECKING:
     from .tier import FsTier
 
-__all__ = ["NativeIO"]
+__all__ = ["NativeIO", "pack_reads", "reads_failed"]
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +52,41 @@ def _outcome(res: nativeio.Outcome) -> Outcome:
     if res.stage:
         return Outcome(Step(res.stage), -res.result)
     return Outcome(result=res.result, name_taken=bool(res.info), csum=res.csum)
+
+
+def pack_reads(
+    table: bytearray, offset: int, prio: int, keys: Sequence[bytes], cids: Sequence[int], blocks: Sequence[int],
+    dfds: Sequence[int], flags: int, hashed: int, hb_addr: int, hb_len: int, view_addr: int, n: int,
+) -> None:  # fmt: skip
+    """The :data:`~asynctier.engines.native.READ` job of each chunk of a group of loads,
+    packed at ``table[offset:]`` one after another: ``keys[j]``'s file (in its shard's
+    directory, ``dfds[shard]``), its header into block ``blocks[j]`` of ``hb_len`` bytes at
+    ``hb_addr``, its ``n`` bytes of payload into chunk ``cids[j]`` of the view at ``view_addr``.
+    The reference of ``asynctier._speedups.pack_reads`` (which names keys of up to 96 bytes)."""
+    pack, size = nativeio.JOB_LAYOUT.pack_into, nativeio.JOB_LAYOUT.size
+    for j, (key, cid, block) in enumerate(zip(keys, cids, blocks, strict=True)):
+        shard, name = layout.name_of(key)
+        pack(table, offset + j * size, -1, 0, nativeio.READ, prio, dfds[shard], flags, -1, -1, 0, hashed, 0, 0,
+             hb_addr + block * hb_len, hb_len, view_addr + cid * n, n, 0, name, b"", b"")  # fmt: skip
+
+
+def reads_failed(
+    res: memoryview, offset: int, keys: Sequence[bytes], blocks: Sequence[int], hbs: memoryview, hb_len: int, n: int,
+    layout_digest: bytes,
+) -> list[int]:  # fmt: skip
+    """The ``j`` whose read (its outcome at ``res[offset:]``, one
+    :data:`~asynctier.engines.native.RESULT_LAYOUT` each) failed, did not bring the whole
+    file (``hb_len + n`` bytes), or left in header block ``blocks[j]`` of ``hbs`` another
+    header than ``keys[j]``'s with the payload's checksum the workers computed. The reference
+    of ``asynctier._speedups.reads_failed``."""
+    unpack, size = nativeio.RESULT_LAYOUT.unpack_from, nativeio.RESULT_LAYOUT.size
+    bad: list[int] = []
+    for j, (key, block) in enumerate(zip(keys, blocks, strict=True)):
+        result, csum, stage, _ = unpack(res, offset + j * size)
+        at = block * hb_len
+        if stage or result != hb_len + n or not header_matches(hbs[at : at + hb_len], key, n, csum, layout_digest, 0):
+            bad.append(j)
+    return bad
 
 
 class NativeIO:
@@ -74,10 +109,14 @@ class NativeIO:
         # per-chunk naming and header packing: the C twins where built, else the Python ones
         self._name_of: Callable[[bytes], tuple[int, bytes]] = layout.name_of
         self._pack_header_into: Callable[[memoryview, int, bytes, int, bytes], int] | None = None
+        self._pack_reads = pack_reads
+        self._reads_failed = reads_failed
         fast = speedups()
         if fast is not None:
             self._name_of = fast.name_of
             self._pack_header_into = fast.pack_header_into
+            self._pack_reads = fast.pack_reads
+            self._reads_failed = fast.reads_failed
 
     def start(self) -> None:
         """Once the engine runs: the header blocks, and addresses by arithmetic on the hot
@@ -101,6 +140,32 @@ class NativeIO:
         """:meth:`block` of the first ``n`` chunks of the group job in ``slot``."""
         base = self._slots + slot * (GROUP_CHUNKS - 1) - 1
         return [slot, *range(base + 1, base + n)] if n else []
+
+    def pack_reads(self, slot: int, keys: list[bytes], cids: list[int], flags: int, hashed: int) -> nativeio.JobFields:
+        """The :data:`~asynctier.engines.native.GROUP` job of slot ``slot`` that reads the
+        file of each of ``keys`` (1 to :data:`GROUP_CHUNKS`) into chunk ``cids[j]`` and header
+        block :meth:`block` ``(slot, j)``; :meth:`reads_failed` checks them once it ended."""
+        pool, tier = self._pool, self._tier
+        table, offset = pool.sub_jobs(slot)
+        blocks = self.blocks(slot, len(keys))
+        pack = self._pack_reads if max(map(len, keys)) <= MAX_B32_KEY else pack_reads
+        pack(table, offset, PRIO_LOAD, keys, cids, blocks, tier.protocol.shard_fds, flags, hashed, self._hb_addr,
+             HEADER_BLOCK, self._view_addr, tier.offloading_spec.chunk_bytes)  # fmt: skip
+        used = self._hb_used
+        for b in blocks:
+            used[b] = HEADER_BLOCK  # hb_read_into
+        return pool.packed_group(slot, PRIO_LOAD, len(keys))
+
+    def reads_failed(self, slot: int, keys: list[bytes]) -> list[int]:
+        """The ``j`` of the reads of :meth:`pack_reads` (its ``keys``) that did not simply
+        succeed: each other read its whole file, whose header is the one its key was stored
+        with, with the checksum of the payload read (for ``verify=True``)."""
+        res, offset = self._pool.sub_outcomes(slot)
+        assert self._hb is not None
+        spec = self._tier.offloading_spec
+        blocks = self.blocks(slot, len(keys))
+        return self._reads_failed(res, offset, keys, blocks, self._hb, HEADER_BLOCK, spec.chunk_bytes,
+                                  spec.layout_digest)  # fmt: skip
 
     def hb_address(self, slot: int) -> int:
         return self._hb_addr + slot * HEADER_BLOCK

@@ -59,8 +59,7 @@ log = logging.getLogger(__name__)
 
 # a load's header check, per chunk on both engines: the C twin where built
 _fast = speedups()
-#: :func:`asynctier.integrity.header_matches`, in C where built
-header_matches_fast = header_matches if _fast is None else _fast.header_matches
+_header_matches = header_matches if _fast is None else _fast.header_matches
 
 #: errno values of a full file system (or quota): evict and retry once.
 NOSPACE = (errno.ENOSPC, errno.EDQUOT)
@@ -458,7 +457,7 @@ class ChunkProtocol:
         if not (
             self.verify
             and got == HEADER_BLOCK + out.nbytes
-            and header_matches_fast(hb, key, out.nbytes, checksum(out) if csum is None else csum, self._digest, 0)
+            and _header_matches(hb, key, out.nbytes, checksum(out) if csum is None else csum, self._digest, 0)
         ):
             self.check_slow(key, hb, out, got)
 
