@@ -14,7 +14,8 @@
  * A group of fs loads is planned and checked in bulk: pack_reads writes each chunk's READ
  * descriptor (its file named as name_of does) into the pool's table, reads_failed finds the
  * reads that did not bring the whole file with the header expected; twins of
- * asynctier.tiers.fs.native.pack_reads and reads_failed.
+ * asynctier.tiers.fs.native.pack_reads and reads_failed. A full tier's group of stores, each
+ * into its victim's file, likewise: pack_recycles (headers and descriptors) and jobs_failed.
  *
  * The nvme tier's native paths pack a run's headers (pack_headers_into), check each header a
  * read brought (header_matches, also the fs tier's loads) and pack the journal's records
@@ -573,6 +574,158 @@ done:
     return out;
 }
 
+/* A temporary file name: ASCII str shorter than a descriptor's name field, else -1. */
+static const char *get_temp(PyObject *v, const char *fn) {
+    Py_ssize_t len;
+    const char *p = PyUnicode_Check(v) && PyUnicode_IS_ASCII(v) ? PyUnicode_AsUTF8AndSize(v, &len) : NULL;
+    if (p == NULL || len >= NAME_MAX_LEN) {
+        if (!PyErr_Occurred())
+            PyErr_Format(PyExc_ValueError, "%s(): a temporary name is an ASCII str of under %d characters", fn,
+                         NAME_MAX_LEN);
+        return NULL;
+    }
+    return p;
+}
+
+/* pack_recycles(table, offset, prio, keys, victims, temps, cids, blocks, dfds, flags, lock_fd,
+ * sync, hbs, hb_addr, hb_len, view_addr, n, layout_digest) -> None: for each j, the store of
+ * chunk cids[j] under keys[j] into the file of victims[j] (one AT_RECYCLE job: renamed to
+ * temps[j] while it is filled): pack_header(keys[j], n, 0, layout_digest) written into header
+ * block blocks[j] of hbs (the rest of the block zeroed) and the descriptor at table[offset + j
+ * * 856:], the names as name_of gives them. Everything is checked before a byte is written. */
+static PyObject *pack_recycles(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    static const char fn[] = "pack_recycles";
+    if (check_nargs(fn, nargs, 18) < 0) return NULL;
+    Py_ssize_t offset = PyLong_AsSsize_t(args[1]);
+    if (offset == -1 && PyErr_Occurred()) return NULL;
+    int32_t prio, flags, lock_fd, sync, fd;
+    uint64_t hb_addr, hb_len, view_addr, n, v;
+    if (get_i32(args[2], &prio, fn, "prio") < 0 || get_i32(args[9], &flags, fn, "flags") < 0 ||
+        get_i32(args[10], &lock_fd, fn, "lock_fd") < 0 || get_i32(args[11], &sync, fn, "sync") < 0 ||
+        get_u64(args[13], &hb_addr) < 0 || get_u64(args[14], &hb_len) < 0 || get_u64(args[15], &view_addr) < 0 ||
+        get_u64(args[16], &n) < 0 || check_digest(args[17], fn) < 0 || need_xxh3(fn) < 0)
+        return NULL;
+    PyObject *seq[6] = {NULL};
+    static const char *what[6] = {"keys", "victims", "temps", "cids", "blocks", "dfds"};
+    PyObject *out = NULL;
+    Py_buffer table = {0}, hbs = {0};
+    int have_table = 0, have_hbs = 0;
+    for (int i = 0; i < 6; i++) {
+        if ((seq[i] = PySequence_Fast(args[3 + i], "pack_recycles(): keys, victims, temps, cids, blocks and dfds "
+                                                   "are sequences")) == NULL)
+            goto done;
+    }
+    Py_ssize_t m = PySequence_Fast_GET_SIZE(seq[0]);
+    for (int i = 1; i < 6; i++) {
+        Py_ssize_t want = i == 5 ? N_SHARDS : m;
+        if (PySequence_Fast_GET_SIZE(seq[i]) != want) {
+            PyErr_Format(PyExc_ValueError, "%s(): %zd %s, not %zd (one per key; %d dfds)", fn,
+                         PySequence_Fast_GET_SIZE(seq[i]), what[i], want, N_SHARDS);
+            goto done;
+        }
+    }
+    if (PyObject_GetBuffer(args[0], &table, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) goto done;
+    have_table = 1;
+    if (PyObject_GetBuffer(args[12], &hbs, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) goto done;
+    have_hbs = 1;
+    if (offset < 0 || offset > table.len || m > (table.len - offset) / (Py_ssize_t)sizeof(struct at_job)) {
+        PyErr_Format(PyExc_ValueError, "%s(): %zd descriptors at offset %zd of a %zd-byte table", fn, m, offset,
+                     table.len);
+        goto done;
+    }
+    PyObject **ks = PySequence_Fast_ITEMS(seq[0]), **vs = PySequence_Fast_ITEMS(seq[1]);
+    PyObject **ts = PySequence_Fast_ITEMS(seq[2]), **cs = PySequence_Fast_ITEMS(seq[3]);
+    PyObject **bs = PySequence_Fast_ITEMS(seq[4]), **ds = PySequence_Fast_ITEMS(seq[5]);
+    for (Py_ssize_t j = 0; j < m; j++) {
+        if (check_named_key(ks[j], fn) < 0 || check_named_key(vs[j], fn) < 0 || get_temp(ts[j], fn) == NULL ||
+            get_u64(cs[j], &v) < 0 || get_u64(bs[j], &v) < 0)
+            goto done;
+        Py_ssize_t size = FIXED_LEN + PyBytes_GET_SIZE(ks[j]) + 8;
+        if (hb_len > (uint64_t)hbs.len || (uint64_t)size > hb_len || v >= (uint64_t)hbs.len / hb_len) {
+            PyErr_Format(PyExc_ValueError, "%s(): header %zd (%zd bytes) does not fit block %llu of %llu bytes in %zd",
+                         fn, j, size, (unsigned long long)v, (unsigned long long)hb_len, hbs.len);
+            goto done;
+        }
+    }
+    for (Py_ssize_t i = 0; i < N_SHARDS; i++)
+        if (get_i32(ds[i], &fd, fn, "a dfd") < 0) goto done;
+    struct at_job *jobs = (struct at_job *)((char *)table.buf + offset);
+    const char *digest = PyBytes_AS_STRING(args[17]);
+    for (Py_ssize_t j = 0; j < m; j++) {
+        struct at_job *job = &jobs[j];
+        const unsigned char *k = (const unsigned char *)PyBytes_AS_STRING(ks[j]);
+        const unsigned char *vk = (const unsigned char *)PyBytes_AS_STRING(vs[j]);
+        Py_ssize_t klen = PyBytes_GET_SIZE(ks[j]), vlen = PyBytes_GET_SIZE(vs[j]);
+        uint64_t cid, block;
+        int32_t dfd, vdfd;
+        get_u64(cs[j], &cid);
+        get_u64(bs[j], &block);
+        get_i32(ds[xxh3(k, (size_t)klen) & (N_SHARDS - 1)], &dfd, fn, "a dfd");
+        get_i32(ds[xxh3(vk, (size_t)vlen) & (N_SHARDS - 1)], &vdfd, fn, "a dfd");
+        unsigned char *hb = (unsigned char *)hbs.buf + block * hb_len;
+        Py_ssize_t size = put_header(hb, (const char *)k, klen, n, 0, 0, digest);
+        memset(hb + size, 0, (size_t)(hb_len - (uint64_t)size));
+        memset(job, 0, sizeof *job);
+        job->group = -1;
+        job->kind = AT_RECYCLE;
+        job->prio = prio;
+        job->dfd = dfd;
+        job->flags = flags;
+        job->fd = lock_fd;
+        job->dfd2 = vdfd;
+        job->sync = sync;
+        job->body_len = (int32_t)(size - 8);
+        job->hb = (void *)(uintptr_t)(hb_addr + block * hb_len);
+        job->hb_len = (size_t)hb_len;
+        job->buf = (void *)(uintptr_t)(view_addr + cid * n);
+        job->len = (size_t)n;
+        b32_into(k, klen, job->name);
+        b32_into(vk, vlen, job->name2);
+        strcpy(job->name3, get_temp(ts[j], fn));
+    }
+    out = Py_None;
+    Py_INCREF(out);
+done:
+    if (have_table) PyBuffer_Release(&table);
+    if (have_hbs) PyBuffer_Release(&hbs);
+    for (int i = 0; i < 6; i++) Py_XDECREF(seq[i]);
+    return out;
+}
+
+/* jobs_failed(res, offset, m) -> list[int]: the j whose outcome (struct at_res at res[offset +
+ * j * 24:]) names a failed step. */
+static PyObject *jobs_failed(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    static const char fn[] = "jobs_failed";
+    if (check_nargs(fn, nargs, 3) < 0) return NULL;
+    Py_ssize_t offset = PyLong_AsSsize_t(args[1]), m = PyLong_AsSsize_t(args[2]);
+    if ((offset == -1 || m == -1) && PyErr_Occurred()) return NULL;
+    Py_buffer res;
+    if (PyObject_GetBuffer(args[0], &res, PyBUF_C_CONTIGUOUS) < 0) return NULL;
+    PyObject *bad = NULL;
+    if (offset < 0 || m < 0 || offset > res.len || m > (res.len - offset) / (Py_ssize_t)sizeof(struct at_res)) {
+        PyErr_Format(PyExc_ValueError, "%s(): %zd outcomes at offset %zd of %zd bytes", fn, m, offset, res.len);
+        goto done;
+    }
+    if ((bad = PyList_New(0)) == NULL) goto done;
+    for (Py_ssize_t j = 0; j < m; j++) {
+        struct at_res r;
+        memcpy(&r, (const char *)res.buf + offset + j * (Py_ssize_t)sizeof r, sizeof r);
+        if (r.stage == 0) continue;
+        PyObject *i = PyLong_FromSsize_t(j);
+        if (i == NULL || PyList_Append(bad, i) < 0) {
+            Py_XDECREF(i);
+            Py_CLEAR(bad);
+            goto done;
+        }
+        Py_DECREF(i);
+    }
+done:
+    PyBuffer_Release(&res);
+    return bad;
+}
+
 static PyMethodDef methods[] = {
     {"b32", b32, METH_O, "b32(key: bytes) -> str: RFC 4648 base32 of key, lowercase, without padding."},
     {"use_xxh3", use_xxh3, METH_O, "use_xxh3(address: int) -> None: hash with the XXH3_64bits there."},
@@ -588,6 +741,11 @@ static PyMethodDef methods[] = {
      " a group of fs loads' READ descriptors."},
     {"reads_failed", (PyCFunction)(void (*)(void))reads_failed, METH_FASTCALL,
      "reads_failed(res, offset, keys, blocks, hbs, hb_len, n, layout_digest) -> list[int]: the reads not simply done."},
+    {"pack_recycles", (PyCFunction)(void (*)(void))pack_recycles, METH_FASTCALL,
+     "pack_recycles(table, offset, prio, keys, victims, temps, cids, blocks, dfds, flags, lock_fd, sync, hbs, hb_addr,"
+     " hb_len, view_addr, n, layout_digest) -> None: a group of fs stores into victims' files."},
+    {"jobs_failed", (PyCFunction)(void (*)(void))jobs_failed, METH_FASTCALL,
+     "jobs_failed(res, offset, m) -> list[int]: the jobs whose outcome names a failed step."},
     {"pack_records", (PyCFunction)(void (*)(void))pack_records, METH_FASTCALL,
      "pack_records(typ, items) -> list[bytes]: nvme journal records of (key, slot, seq, csum)."},
     {NULL, NULL, 0, NULL},

@@ -106,20 +106,36 @@ class LRUIndex:
         :meth:`abort`.
         """
         with self._lock:
-            if key in self._removing:
-                raise RemovalPending(key, self._removal_event(key))
-            e = self._entries.get(key)
-            if e is not None:
-                if e.committed:
-                    self._entries.move_to_end(key)
-                    return None
-                e.writers += 1  # a concurrent write of the same key: both write, one entry
-                return []
-            cap = self.capacity_bytes
-            victims = [] if cap is None or self._used + nbytes <= cap else self._make_room(nbytes, key, cap)
-            self._entries[key] = _Entry(nbytes, False, 1)
-            self._used += nbytes
-            return victims
+            return self._reserve_locked(key, nbytes)
+
+    def reserve_many(self, keys: Iterable[bytes], nbytes: int) -> list[list[bytes] | Exception | None]:
+        """:meth:`reserve` of each of ``keys`` in turn, under one lock (a group of stores):
+        for each, what it returns, or the :class:`CapacityError` or :class:`RemovalPending`
+        it raises."""
+        out: list[list[bytes] | Exception | None] = []
+        with self._lock:
+            for key in keys:
+                try:
+                    out.append(self._reserve_locked(key, nbytes))
+                except (CapacityError, RemovalPending) as e:
+                    out.append(e)
+        return out
+
+    def _reserve_locked(self, key: bytes, nbytes: int) -> list[bytes] | None:
+        if key in self._removing:
+            raise RemovalPending(key, self._removal_event(key))
+        e = self._entries.get(key)
+        if e is not None:
+            if e.committed:
+                self._entries.move_to_end(key)
+                return None
+            e.writers += 1  # a concurrent write of the same key: both write, one entry
+            return []
+        cap = self.capacity_bytes
+        victims = [] if cap is None or self._used + nbytes <= cap else self._make_room(nbytes, key, cap)
+        self._entries[key] = _Entry(nbytes, False, 1)
+        self._used += nbytes
+        return victims
 
     def _make_room(self, nbytes: int, key: bytes, cap: int) -> list[bytes]:
         # Victims: committed, not pinned by a reader, and not being written again (a second
@@ -204,14 +220,24 @@ class LRUIndex:
         ``removed``: :meth:`removed` of them too, under the same lock (a store's victims)."""
         with self._lock:
             self._removed_locked(removed)
-            e = self._entries.get(key)
-            if e is None:  # removed while being written; nothing to publish
-                return
-            e.writers = max(0, e.writers - 1)
-            if not e.committed:
-                e.committed = True
-                self._committed += 1
-            self._entries.move_to_end(key)
+            self._commit_locked(key)
+
+    def commit_many(self, keys: Iterable[bytes], removed: Iterable[bytes] = ()) -> None:
+        """:meth:`commit` of each of ``keys``, and :meth:`removed` of ``removed``, under one lock."""
+        with self._lock:
+            self._removed_locked(removed)
+            for key in keys:
+                self._commit_locked(key)
+
+    def _commit_locked(self, key: bytes) -> None:
+        e = self._entries.get(key)
+        if e is None:  # removed while being written; nothing to publish
+            return
+        e.writers = max(0, e.writers - 1)
+        if not e.committed:
+            e.committed = True
+            self._committed += 1
+        self._entries.move_to_end(key)
 
     def abort(self, key: bytes) -> None:
         """The write of ``key`` failed: release its reservation."""

@@ -18,7 +18,7 @@ from asynctier import integrity
 from asynctier.engines import native as nativeio
 from asynctier.engines.speedups import speedups as bound_twins
 from asynctier.integrity import MAX_B32_KEY, pack_header
-from asynctier.tiers.fs import layout
+from asynctier.tiers.fs import bulk, layout
 from asynctier.tiers.fs import native as fs_native
 from asynctier.tiers.fs.layout import N_SHARDS
 from asynctier.tiers.nvme import catalog, fast, stores
@@ -195,7 +195,7 @@ def test_a_groups_read_descriptors_are_the_python_descriptors(speedups: Any) -> 
         tables[1][:] = tables[0]
         args = _read_args(rng, keys, tables[0], offset)
         speedups.pack_reads(*args)
-        fs_native.pack_reads(tables[1], *args[1:])
+        bulk.pack_reads(tables[1], *args[1:])
         assert tables[0] == tables[1]
         for j, key in enumerate(keys):
             job = nativeio.Job.from_buffer_copy(bytes(tables[0][offset + j * size : offset + (j + 1) * size]))
@@ -271,7 +271,7 @@ def test_reads_failed_finds_the_reads_the_python_check_finds(speedups: Any) -> N
                 speedups.reads_failed(memoryview(res), offset, keys, blocks, memoryview(hbs), hb_len, n, digest)
             continue
         got = speedups.reads_failed(memoryview(res), offset, keys, blocks, memoryview(hbs), hb_len, n, digest)
-        ref = fs_native.reads_failed(memoryview(res), offset, keys, blocks, memoryview(hbs), hb_len, n, digest)
+        ref = bulk.reads_failed(memoryview(res), offset, keys, blocks, memoryview(hbs), hb_len, n, digest)
         assert got == ref == want
     with pytest.raises(ValueError, match="outcomes at offset"):
         speedups.reads_failed(bytes(48), 24, [b"a", b"b"], [0, 1], bytes(1024), 512, 1, digest)
@@ -279,15 +279,95 @@ def test_reads_failed_finds_the_reads_the_python_check_finds(speedups: Any) -> N
         speedups.reads_failed(bytes(48), 0, [b"a", b"b"], [0, 2], bytes(1024), 512, 1, digest)
 
 
+def test_a_groups_recycling_stores_are_the_python_ones(speedups: Any) -> None:
+    """Each store's header (the rest of its block zeroed) and RECYCLE descriptor, byte for
+    byte as the Python twin writes them, at their places and nothing else touched."""
+    rng = random.Random(6)
+    size, hb_len = nativeio.JOB_LAYOUT.size, 512
+    names = [k for k in _keys(rng) if 0 < len(k) <= MAX_B32_KEY]
+    for _ in range(30):
+        m = rng.randrange(0, 17)
+        keys, victims = rng.sample(names, m), rng.sample(names, m)
+        temps = [f".tmp~h~{rng.randrange(1 << 20)}~{'x' * rng.randrange(0, 60)}" for _ in range(m)]
+        cids, blocks = rng.sample(range(1000), m), rng.sample(range(40), m)
+        dfds = [rng.randrange(0, 1 << 31) for _ in range(N_SHARDS)]
+        offset = size * rng.randrange(0, 3)
+        tables = [bytearray(rng.randbytes(size * 20)) for _ in range(2)]
+        tables[1][:] = tables[0]
+        hbs = [bytearray(rng.randbytes(hb_len * 40)) for _ in range(2)]
+        hbs[1][:] = hbs[0]
+        rest = (rng.randrange(4), keys, victims, temps, cids, blocks, dfds, rng.getrandbits(31), rng.randrange(-1, 99),
+                rng.randrange(2))  # fmt: skip
+        tail = (rng.getrandbits(47), hb_len, rng.getrandbits(47), rng.choice([4096, 1 << 20]), rng.randbytes(16))
+        speedups.pack_recycles(tables[0], offset, *rest, memoryview(hbs[0]), *tail)
+        bulk.pack_recycles(tables[1], offset, *rest, memoryview(hbs[1]), *tail)
+        assert tables[0] == tables[1] and hbs[0] == hbs[1]
+        for j, key in enumerate(keys):
+            job = nativeio.Job.from_buffer_copy(bytes(tables[0][offset + j * size : offset + (j + 1) * size]))
+            head = pack_header(key, tail[3], 0, tail[4])
+            at = blocks[j] * hb_len
+            assert hbs[0][at : at + hb_len] == head + bytes(hb_len - len(head))
+            assert (job.kind, job.name, job.name2, job.name3) == (
+                nativeio.RECYCLE, layout.name_of(key)[1], layout.name_of(victims[j])[1], temps[j].encode()
+            )  # fmt: skip
+            assert (job.dfd, job.dfd2, job.body_len) == (dfds[layout.shard_of(key)], dfds[layout.shard_of(victims[j])],
+                                                         len(head) - 8)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("change", "error"),
+    [
+        ({"victims": [b"v", bytes(97)]}, ValueError),  # a victim longer than name_of names
+        ({"temps": ["t1", "t" * 256]}, ValueError),  # a temporary name too long for its field
+        ({"temps": ["t1", "\u00e9"]}, ValueError),  # or not ASCII
+        ({"temps": ["t1", b"t2"]}, ValueError),  # or not a str
+        ({"keys": [b"a", bytes(90)], "hb_len": 128}, ValueError),  # a header longer than its block
+        ({"blocks": [0, 8]}, ValueError),  # a block past the header blocks' end
+        ({"cids": [1]}, ValueError),  # not one cid a key
+        ({"lock_fd": 1 << 31}, ValueError),
+    ],
+)
+def test_recycling_stores_refused_leave_table_and_blocks_as_they_were(
+    speedups: Any, change: dict[str, Any], error: Any
+) -> None:
+    table, hbs = bytearray(b"\xee" * (856 * 4)), bytearray(b"\xdd" * (512 * 8))
+    args = {"table": table, "offset": 0, "prio": 3, "keys": [b"a", b"b"], "victims": [b"v", b"w"],
+            "temps": ["t1", "t2"], "cids": [1, 2], "blocks": [0, 1], "dfds": [3] * 256, "flags": 1, "lock_fd": 9,
+            "sync": 0, "hbs": hbs, "hb_addr": 4096, "hb_len": 512, "view_addr": 8192, "n": 4096,
+            "layout_digest": bytes(16)}  # fmt: skip
+    speedups.pack_recycles(*args.values())  # as given: fine
+    table[:], hbs[:] = b"\xee" * len(table), b"\xdd" * len(hbs)
+    args.update(change)
+    with pytest.raises(error):
+        speedups.pack_recycles(*args.values())
+    assert table == b"\xee" * (856 * 4) and hbs == b"\xdd" * (512 * 8)
+
+
+def test_jobs_failed_names_the_jobs_with_a_failed_step(speedups: Any) -> None:
+    rng = random.Random(7)
+    for _ in range(20):
+        m, offset = rng.randrange(0, 17), 24 * rng.randrange(0, 4)
+        res = bytearray(24 * 20)
+        stages = [rng.choice([0, 0, 0, 1, 2, 7]) for _ in range(m)]
+        for j, stage in enumerate(stages):
+            nativeio.RESULT_LAYOUT.pack_into(res, offset + 24 * j, rng.randrange(-5, 9), rng.getrandbits(64), stage, 0)
+        want = [j for j, st in enumerate(stages) if st]
+        assert speedups.jobs_failed(memoryview(res), offset, m) == bulk.jobs_failed(memoryview(res), offset, m) == want
+    with pytest.raises(ValueError, match="outcomes at offset"):
+        speedups.jobs_failed(bytes(48), 24, 2)
+
+
 @native_only
 @pytest.mark.parametrize("twins", ["c", "python"])
-async def test_the_fs_tier_loads_groups_with_either_twins(
+async def test_the_fs_tier_loads_and_recycles_groups_with_either_twins(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, twins: str
 ) -> None:
     """Group loads planned and checked by either twin: every byte back, a damaged file and a
-    missing one failing alone."""
+    missing one failing alone. Then a group of stores into the full tier, two into room and
+    six each into a victim's file: every key loads its bytes, before and after a reopen."""
     from asynctier import IntegrityError, OffloadingSpec, SecondaryTierFactory
     from asynctier.posix_io import aligned_buffer
+    from asynctier.tiers.fs import HEADER_BLOCK
 
     if twins == "python":
         monkeypatch.setattr(fs_native.NativeIO, "start", _python_twins(fs_native.NativeIO.start))
@@ -295,9 +375,9 @@ async def test_the_fs_tier_loads_groups_with_either_twins(
         pytest.skip("asynctier._speedups not built")
     spec = OffloadingSpec(4096, 16, namespace="test/twins")
     view = aligned_buffer(spec.total_bytes)
-    tier = SecondaryTierFactory.create_secondary_tier(
-        {"type": "fs", "root": str(tmp_path), "io_engine": "native", "max_inflight": 1}, view, spec
-    )
+    config = {"type": "fs", "root": str(tmp_path), "io_engine": "native", "max_inflight": 1,
+              "capacity_bytes": 9 * (HEADER_BLOCK + 4096)}  # fmt: skip
+    tier = SecondaryTierFactory.create_secondary_tier(config, view, spec)
     keys = [b"k%d" % i for i in range(8)] + [bytes(200)]  # the last one named by a hash, in Python
     async with tier:
         view[:] = os.urandom(len(view))
@@ -310,11 +390,28 @@ async def test_the_fs_tier_loads_groups_with_either_twins(
         assert sorted(res.failed) == [b"k3", b"k5"] and isinstance(res.failed[b"k3"], IntegrityError)
         for i in (0, 1, 2, 4, 6, 7, 8):
             assert bytes(view[i * 4096 : (i + 1) * 4096]) == data[i * 4096 : (i + 1) * 4096]
+        view[:] = data
+        new = [b"n%d" % i for i in range(7)] + [bytes(150)]
+        assert (await tier.offload(new, list(range(8, 16)))).ok
+        s = tier.stats()
+        assert (s.evictions, s.extra.get("recycled"), s.stored_chunks) == (6, 6, 9), s.extra
+        view[: 8 * 4096] = bytes(8 * 4096)
+        assert (await tier.load(new, list(range(8)))).ok
+        assert bytes(view[: 8 * 4096]) == data[8 * 4096 :]
+    tier = SecondaryTierFactory.create_secondary_tier(config, view, spec)
+    async with tier:
+        view[:] = bytes(len(view))
+        assert (await tier.load(new, list(range(8)))).ok
+        assert bytes(view[: 8 * 4096]) == data[8 * 4096 :]
+        held = await tier.stored_keys()
+        assert len(held) == 9 and set(new) <= set(held)  # no victim's file or temporary name left
+        assert sorted(p.name for p in tier.dir.glob("??/*")) == sorted(layout.name_of(k)[1].decode() for k in held)
 
 
 def _python_twins(start: Any) -> Any:
     def patched(io: fs_native.NativeIO) -> None:
         start(io)
-        io._pack_reads, io._reads_failed = fs_native.pack_reads, fs_native.reads_failed
+        io._pack_reads, io._reads_failed = bulk.pack_reads, bulk.reads_failed
+        io._pack_recycles, io._jobs_failed = bulk.pack_recycles, bulk.jobs_failed
 
     return patched

@@ -313,24 +313,28 @@ async def test_group_sizes(tmp_path: Path) -> None:
 PER = HEADER_BLOCK + CHUNK  # a chunk's bytes on disk
 
 
-def full_tier(root: Path, n: int, max_inflight: int) -> tuple[FsTier, memoryview, bytes, list[bytes], list[bytes]]:
+def full_tier(
+    root: Path, n: int, max_inflight: int, aligned: bool = False
+) -> tuple[FsTier, memoryview, bytes, list[bytes], list[bytes]]:
     """A tier with room for ``n`` chunks and a buffer of ``2 n`` random ones: the tier, the
-    buffer, its bytes, ``n`` keys to fill it with (slots 0..n-1), ``n`` more for what follows."""
-    tier, view = fs_tier(root, chunks=2 * n, max_inflight=max_inflight, capacity_bytes=n * PER)
+    buffer, its bytes, ``n`` keys to fill it with (slots 0..n-1), ``n`` more for what follows.
+    ``aligned``: a page-aligned buffer, whose full-tier store groups are planned in bulk."""
+    tier, view = fs_tier(root, chunks=2 * n, max_inflight=max_inflight, aligned=aligned, capacity_bytes=n * PER)
     data = os.urandom(len(view))
     view[:] = data
     return tier, view, data, [b"old-%d" % i for i in range(n)], [b"new-%d" % i for i in range(n)]
 
 
 @native_only
+@pytest.mark.parametrize("aligned", [True, False], ids=["aligned", "unaligned"])
 async def test_stores_that_fill_the_tier_run_as_group_jobs_each_recycling_a_victim(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, aligned: bool
 ) -> None:
     """Into a tier with room, stores go as group jobs of new files; once a call fills it, as
     group jobs whose every chunk takes a victim's file: each key then loads its own bytes,
     each eviction is counted once, and the disk holds the new chunks only."""
     spy = GroupSpy(monkeypatch)
-    tier, view, data, old, new = full_tier(tmp_path, 16, max_inflight=2)
+    tier, view, data, old, new = full_tier(tmp_path, 16, max_inflight=2, aligned=aligned)
     async with tier:
         assert (await tier.offload(old, list(range(16)))).ok
         assert spy.sizes == [8, 8] and tier.stats().evictions == 0  # it fitted: new files
@@ -349,13 +353,14 @@ async def test_stores_that_fill_the_tier_run_as_group_jobs_each_recycling_a_vict
 
 
 @native_only
+@pytest.mark.parametrize("aligned", [True, False], ids=["aligned", "unaligned"])
 async def test_a_store_group_chunk_whose_victim_vanished_goes_on_alone(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, aligned: bool
 ) -> None:
     """A victim's file deleted behind the tier's back fails that chunk's recycle in the
     group; the chunk is stored on the slow path, the others recycled; all load back."""
     spy = GroupSpy(monkeypatch)
-    tier, view, data, old, new = full_tier(tmp_path, 8, max_inflight=1)
+    tier, view, data, old, new = full_tier(tmp_path, 8, max_inflight=1, aligned=aligned)
     async with tier:
         assert (await tier.offload(old, list(range(8)))).ok
         spy.sizes.clear()
@@ -373,13 +378,14 @@ async def test_a_store_group_chunk_whose_victim_vanished_goes_on_alone(
 
 
 @native_only
-@pytest.mark.parametrize("into", ["full", "room"])
+@pytest.mark.parametrize("into", ["full", "full-aligned", "room"])
 async def test_a_cancelled_call_of_store_groups_leaves_each_key_whole_or_absent(tmp_path: Path, into: str) -> None:
     """Cancelled while its store groups run (each chunk recycling a victim's file, or making
     a new one): the groups not started are withdrawn, the call comes back once none runs;
     every key it stored loads the bytes it had when the call began, the others are absent."""
     # "room": capacity for all 128 chunks, so each store makes a new file
-    tier, view, data, old, new = full_tier(tmp_path, 64 if into == "full" else 128, max_inflight=1)
+    tier, view, data, old, new = full_tier(tmp_path, 128 if into == "room" else 64, max_inflight=1,
+                                           aligned=into == "full-aligned")  # fmt: skip
     old, new = old[:64], new[:64]
     async with tier:
         assert (await tier.offload(old, list(range(64)))).ok
@@ -393,7 +399,7 @@ async def test_a_cancelled_call_of_store_groups_leaves_each_key_whole_or_absent(
         view[64 * CHUNK : 128 * CHUNK] = bytes(64 * CHUNK)  # the caller reuses its slots at once
         stored = [k for k, hit in zip(new, await tier.lookup(new)) if hit]
         assert 0 < len(stored) < 64  # groups ran, others were withdrawn
-        assert (tier.stats().evictions > 0) == (into == "full")
+        assert (tier.stats().evictions > 0) == (into != "room")
         res = await tier.load(stored, list(range(len(stored))))
         assert res.ok, res.failed
         for slot, k in enumerate(stored):

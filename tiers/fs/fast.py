@@ -214,11 +214,21 @@ class StorePath(_Path):
         tier = io._tier
         try:
             victims = tier.index.reserve(key, tier._chunk_size)
-        except RemovalPending:  # an old copy of the key is being deleted: wait for it there
+        except Exception as e:
+            victims = e  # type: ignore[assignment]
+        return self._plan_reserved(io, key, cid, t0, block, victims)
+
+    def _plan_reserved(
+        self, io: NativeIO, key: bytes, cid: int, t0: float, block: int, victims: list[bytes] | Exception | None
+    ) -> _KeyPlan:
+        """:meth:`_plan_key` once the index said what reserving room for ``key`` gives: the
+        victims to evict, None (stored already) or the exception it raised."""
+        tier = io._tier
+        if isinstance(victims, RemovalPending):  # an old copy of the key is being deleted: wait for it there
             return partial(io.store_job, key, cid, t0)
-        except BaseException as e:
-            tier._stats.record_failure(e)
-            raise
+        if isinstance(victims, Exception):
+            tier._stats.record_failure(victims)
+            raise victims
         if victims is None:  # stored already
             tier._end_store(key, t0, None, skipped=True)
             return None
@@ -246,6 +256,106 @@ class StorePath(_Path):
             tier._end_store(key, t0, e)
             raise
         return fields, step
+
+    def _plan_group(self, job: Job, slot: int) -> nativeio.JobFields | Continuation | None:
+        """A group of stores into a full tier planned in bulk: room reserved for all under one
+        lock; the chunks that take their one victim's file packed by
+        :meth:`.native.NativeIO.pack_recycles`, the others (a key stored already, a store into
+        room, ...) planned one by one by :meth:`_plan_reserved`."""
+        io = self._live()
+        tier = io._tier
+        if not (io.aligned and tier.recycle_on and not tier.network_fs):
+            return super()._plan_group(job, slot)
+        keys, cids, t0 = job.args
+        reserved = tier.index.reserve_many(keys, tier._chunk_size)
+        out: _Outcomes = [None] * len(keys)
+        subs: list[nativeio.JobFields] = []
+        planned: list[tuple[int, tuple[Any, ...]]] = []
+        later: list[tuple[int, Continuation]] = []
+        rec: list[int] = []  # the chunks that take their victim's file
+        for i, r in enumerate(reserved):
+            if type(r) is list and len(r) == 1:
+                rec.append(i)
+                continue
+            try:
+                p = self._plan_reserved(io, keys[i], cids[i], t0, io.block(slot, len(subs)), r)
+            except BaseException as e:  # that chunk's failure (booked by _plan_reserved)
+                out[i] = e
+                continue
+            if type(p) is tuple:
+                subs.append(p[0])
+                planned.append((i, p[1]))
+            elif p is not None:
+                later.append((i, p))  # type: ignore[arg-type]
+        rkeys, rvictims = [keys[i] for i in rec], [reserved[i][0] for i in rec]  # type: ignore[index]
+        proto = tier.protocol
+        flags = io.direct_flags if proto.use_direct else os.O_WRONLY  # (the view is aligned)
+        temps: list[str] = []
+        if rec:
+            if tier.recovery.scanning:  # Tier._note_gone, as recycle_plan's caller does it
+                for v in rvictims:
+                    tier._note_gone(v)
+            try:
+                temps = io.pack_recycles(slot, len(subs), rkeys, rvictims, [cids[i] for i in rec], flags)
+            except BaseException as e:  # none of them went to the workers: each fails with it
+                for i, key, victim in zip(rec, rkeys, rvictims):
+                    tier._removed([victim])
+                    tier._end_store(key, t0, e)
+                    out[i] = e
+                rec, rkeys, rvictims = [], [], []
+        if not rec:
+            if not subs:
+                return _group_end(job, out, later)
+            self._keep(slot, (out, planned, later))
+            return io._pool.one_or_group(slot, self.prio, subs)
+        table, offset = io._pool.sub_jobs(slot)
+        for j, f in enumerate(subs):  # before the recycles, as NativePool.group packs them
+            nativeio.JOB_LAYOUT.pack_into(table, offset + j * nativeio.JOB_LAYOUT.size, -1, 0, *f)
+        self._keep(slot, (out, planned, later, (rec, rkeys, rvictims, temps, flags)))
+        return io._pool.packed_group(slot, self.prio, len(subs) + len(rec))
+
+    def _finish_group(self, job: Job, slot: int, own: tuple[int, int, int, int]) -> Continuation | None:
+        """The chunks that recycled a file and simply succeeded, booked together (one lock, one
+        clock read); the others one by one (:meth:`_finish_key`, :meth:`_recycled`)."""
+        state = self._plans[slot]
+        if state is None or len(state) == 3:  # planned chunk by chunk (_Path._plan_group)
+            return super()._finish_group(job, slot, own)
+        self._plans[slot] = None
+        out, planned, later, (rec, rkeys, rvictims, temps, flags) = state
+        io = self._live()
+        tier = io._tier
+        keys, cids, t0 = job.args
+        first, total = len(planned), len(planned) + len(rec)
+        bad = list(range(total)) if own[2] else io.jobs_failed(slot, total)  # (own[2]: refused as a whole)
+        ends = io._pool.group_outcomes(slot, total, own if own[2] else None) if planned or bad else []
+        for (i, step), (result, csum, stage, info) in zip(planned, ends):
+            try:
+                r = self._finish_key(io, keys[i], cids[i], t0, step, result, csum, stage, info)
+            except BaseException as e:
+                out[i] = e
+                continue
+            if r is not None:
+                later.append((i, r))
+        failed = {j - first for j in bad if j >= first}
+        for j in sorted(failed):
+            i = rec[j]
+            result, _, stage, info = ends[first + j]
+            try:
+                r = self._recycled(io, keys[i], cids[i], t0, tier._chunk(cids[i]), [rvictims[j]], flags, temps[j],
+                                   result, stage, info)  # fmt: skip
+            except BaseException as e:
+                out[i] = e
+                continue
+            if r is not None:
+                later.append((i, r))
+        if failed:
+            rkeys = [k for j, k in enumerate(rkeys) if j not in failed]
+            rvictims = [v for j, v in enumerate(rvictims) if j not in failed]
+        if rkeys:  # _recycled's bookkeeping, for all at once
+            self._recycles += len(rkeys)
+            tier.index.commit_many(rkeys, rvictims)
+            self._booked.extend([perf_counter() - t0] * len(rkeys))
+        return _group_end(job, out, later)
 
     def _finish_key(
         self, io: NativeIO, key: bytes, cid: int, t0: float, step_: tuple[Any, ...], result: int, csum: int,

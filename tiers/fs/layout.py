@@ -99,6 +99,11 @@ class TempNames:
         """A name no other writer uses."""
         return f"{self.tag}{next(self._seq)}"
 
+    def next_many(self, n: int) -> list[str]:
+        """:meth:`next` ``n`` times."""
+        tag, seq = self.tag, self._seq
+        return [f"{tag}{next(seq)}" for _ in range(n)]
+
     def is_stale(self, name: str, mtime: float, stale_s: float, now: float | None = None) -> bool:
         """Whether the temporary file ``name`` is debris: older than ``stale_s``, or of a
         process on this host that is gone."""

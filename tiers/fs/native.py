@@ -16,7 +16,7 @@ from __future__ import annotations
 import errno
 import logging
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -26,17 +26,17 @@ from asynctier.core.ops import PRIO_LOAD, PRIO_STORE
 from asynctier.engines import native as nativeio
 from asynctier.engines.native_engine import NativeEngine
 from asynctier.engines.speedups import speedups
-from asynctier.integrity import MAX_B32_KEY, header_matches, pack_header
+from asynctier.integrity import MAX_B32_KEY, pack_header
 from asynctier.posix_io import O_DIRECT, aligned_buffer, buffer_address
 
-from . import layout
+from . import bulk, layout
 from .layout import HEADER_BLOCK
 from .protocol import SAFE_OPEN, Outcome, Spare, SpareJob, Step, StoreJob, not_found
 
 if TYPE_CHECKING:
     from .tier import FsTier
 
-__all__ = ["NativeIO", "pack_reads", "reads_failed"]
+__all__ = ["NativeIO"]
 
 log = logging.getLogger(__name__)
 
@@ -52,41 +52,6 @@ def _outcome(res: nativeio.Outcome) -> Outcome:
     if res.stage:
         return Outcome(Step(res.stage), -res.result)
     return Outcome(result=res.result, name_taken=bool(res.info), csum=res.csum)
-
-
-def pack_reads(
-    table: bytearray, offset: int, prio: int, keys: Sequence[bytes], cids: Sequence[int], blocks: Sequence[int],
-    dfds: Sequence[int], flags: int, hashed: int, hb_addr: int, hb_len: int, view_addr: int, n: int,
-) -> None:  # fmt: skip
-    """The :data:`~asynctier.engines.native.READ` job of each chunk of a group of loads,
-    packed at ``table[offset:]`` one after another: ``keys[j]``'s file (in its shard's
-    directory, ``dfds[shard]``), its header into block ``blocks[j]`` of ``hb_len`` bytes at
-    ``hb_addr``, its ``n`` bytes of payload into chunk ``cids[j]`` of the view at ``view_addr``.
-    The reference of ``asynctier._speedups.pack_reads`` (which names keys of up to 96 bytes)."""
-    pack, size = nativeio.JOB_LAYOUT.pack_into, nativeio.JOB_LAYOUT.size
-    for j, (key, cid, block) in enumerate(zip(keys, cids, blocks, strict=True)):
-        shard, name = layout.name_of(key)
-        pack(table, offset + j * size, -1, 0, nativeio.READ, prio, dfds[shard], flags, -1, -1, 0, hashed, 0, 0,
-             hb_addr + block * hb_len, hb_len, view_addr + cid * n, n, 0, name, b"", b"")  # fmt: skip
-
-
-def reads_failed(
-    res: memoryview, offset: int, keys: Sequence[bytes], blocks: Sequence[int], hbs: memoryview, hb_len: int, n: int,
-    layout_digest: bytes,
-) -> list[int]:  # fmt: skip
-    """The ``j`` whose read (its outcome at ``res[offset:]``, one
-    :data:`~asynctier.engines.native.RESULT_LAYOUT` each) failed, did not bring the whole
-    file (``hb_len + n`` bytes), or left in header block ``blocks[j]`` of ``hbs`` another
-    header than ``keys[j]``'s with the payload's checksum the workers computed. The reference
-    of ``asynctier._speedups.reads_failed``."""
-    unpack, size = nativeio.RESULT_LAYOUT.unpack_from, nativeio.RESULT_LAYOUT.size
-    bad: list[int] = []
-    for j, (key, block) in enumerate(zip(keys, blocks, strict=True)):
-        result, csum, stage, _ = unpack(res, offset + j * size)
-        at = block * hb_len
-        if stage or result != hb_len + n or not header_matches(hbs[at : at + hb_len], key, n, csum, layout_digest, 0):
-            bad.append(j)
-    return bad
 
 
 class NativeIO:
@@ -109,14 +74,18 @@ class NativeIO:
         # per-chunk naming and header packing: the C twins where built, else the Python ones
         self._name_of: Callable[[bytes], tuple[int, bytes]] = layout.name_of
         self._pack_header_into: Callable[[memoryview, int, bytes, int, bytes], int] | None = None
-        self._pack_reads = pack_reads
-        self._reads_failed = reads_failed
+        self._pack_reads = bulk.pack_reads
+        self._reads_failed = bulk.reads_failed
+        self._pack_recycles = bulk.pack_recycles
+        self._jobs_failed = bulk.jobs_failed
         fast = speedups()
         if fast is not None:
             self._name_of = fast.name_of
             self._pack_header_into = fast.pack_header_into
             self._pack_reads = fast.pack_reads
             self._reads_failed = fast.reads_failed
+            self._pack_recycles = fast.pack_recycles
+            self._jobs_failed = fast.jobs_failed
 
     def start(self) -> None:
         """Once the engine runs: the header blocks, and addresses by arithmetic on the hot
@@ -148,13 +117,43 @@ class NativeIO:
         pool, tier = self._pool, self._tier
         table, offset = pool.sub_jobs(slot)
         blocks = self.blocks(slot, len(keys))
-        pack = self._pack_reads if max(map(len, keys)) <= MAX_B32_KEY else pack_reads
+        pack = self._pack_reads if max(map(len, keys)) <= MAX_B32_KEY else bulk.pack_reads
         pack(table, offset, PRIO_LOAD, keys, cids, blocks, tier.protocol.shard_fds, flags, hashed, self._hb_addr,
              HEADER_BLOCK, self._view_addr, tier.offloading_spec.chunk_bytes)  # fmt: skip
         used = self._hb_used
         for b in blocks:
             used[b] = HEADER_BLOCK  # hb_read_into
         return pool.packed_group(slot, PRIO_LOAD, len(keys))
+
+    def pack_recycles(
+        self, slot: int, first: int, keys: list[bytes], victims: list[bytes], cids: list[int], flags: int
+    ) -> list[str]:
+        """Into the :data:`~asynctier.engines.native.GROUP` job of slot ``slot``, from its job
+        ``first`` on: the store of each chunk ``cids[j]`` under ``keys[j]`` into the file of
+        ``victims[j]`` (one ``RECYCLE`` job each, as :meth:`recycle_plan` plans one); the
+        temporary names they give the victims' files. The group's descriptor:
+        :meth:`~asynctier.engines.native.NativePool.packed_group`."""
+        tier = self._tier
+        proto, spec = tier.protocol, tier.offloading_spec
+        table, offset = self._pool.sub_jobs(slot)
+        m = len(keys)
+        blocks = self.blocks(slot, first + m)[first:]
+        temps = proto.names.next_many(m)
+        long = max(map(len, keys)) > MAX_B32_KEY or max(map(len, victims)) > MAX_B32_KEY
+        pack = bulk.pack_recycles if long else self._pack_recycles
+        assert self._hb is not None
+        pack(table, offset + first * nativeio.JOB_LAYOUT.size, PRIO_STORE, keys, victims, temps, cids, blocks,
+             proto.shard_fds, flags | SAFE_OPEN, tier._lock_fd, int(proto.sync), self._hb, self._hb_addr,
+             HEADER_BLOCK, self._view_addr, spec.chunk_bytes, spec.layout_digest)  # fmt: skip
+        used = self._hb_used
+        for b in blocks:
+            used[b] = HEADER_BLOCK  # (zeroed after the header: a bound, not the header's size)
+        return temps
+
+    def jobs_failed(self, slot: int, m: int) -> list[int]:
+        """The ``j`` of the ``m`` jobs of the group job that ended in ``slot`` that failed a step."""
+        res, offset = self._pool.sub_outcomes(slot)
+        return self._jobs_failed(res, offset, m)
 
     def reads_failed(self, slot: int, keys: list[bytes]) -> list[int]:
         """The ``j`` of the reads of :meth:`pack_reads` (its ``keys``) that did not simply

@@ -1,0 +1,83 @@
+"""A group job's descriptors packed, and its outcomes checked, for all its chunks at once:
+the Python references of the C twins in ``asynctier/_speedups.c`` (which serve where built;
+:class:`.native.NativeIO` binds one set). The loop thread runs these once per group job of
+up to :data:`.native.GROUP_CHUNKS` files, instead of a descriptor and a check per chunk.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from asynctier.engines import native as nativeio
+from asynctier.integrity import header_matches, pack_header
+
+from . import layout
+
+__all__ = ["jobs_failed", "pack_reads", "pack_recycles", "reads_failed"]
+
+
+def pack_reads(
+    table: bytearray, offset: int, prio: int, keys: Sequence[bytes], cids: Sequence[int], blocks: Sequence[int],
+    dfds: Sequence[int], flags: int, hashed: int, hb_addr: int, hb_len: int, view_addr: int, n: int,
+) -> None:  # fmt: skip
+    """The :data:`~asynctier.engines.native.READ` job of each chunk of a group of loads,
+    packed at ``table[offset:]`` one after another: ``keys[j]``'s file (in its shard's
+    directory, ``dfds[shard]``), its header into block ``blocks[j]`` of ``hb_len`` bytes at
+    ``hb_addr``, its ``n`` bytes of payload into chunk ``cids[j]`` of the view at ``view_addr``.
+    The reference of ``asynctier._speedups.pack_reads`` (which names keys of up to 96 bytes)."""
+    pack, size = nativeio.JOB_LAYOUT.pack_into, nativeio.JOB_LAYOUT.size
+    for j, (key, cid, block) in enumerate(zip(keys, cids, blocks, strict=True)):
+        shard, name = layout.name_of(key)
+        pack(table, offset + j * size, -1, 0, nativeio.READ, prio, dfds[shard], flags, -1, -1, 0, hashed, 0, 0,
+             hb_addr + block * hb_len, hb_len, view_addr + cid * n, n, 0, name, b"", b"")  # fmt: skip
+
+
+def reads_failed(
+    res: memoryview, offset: int, keys: Sequence[bytes], blocks: Sequence[int], hbs: memoryview, hb_len: int, n: int,
+    layout_digest: bytes,
+) -> list[int]:  # fmt: skip
+    """The ``j`` whose read (its outcome at ``res[offset:]``, one
+    :data:`~asynctier.engines.native.RESULT_LAYOUT` each) failed, did not bring the whole
+    file (``hb_len + n`` bytes), or left in header block ``blocks[j]`` of ``hbs`` another
+    header than ``keys[j]``'s with the payload's checksum the workers computed. The reference
+    of ``asynctier._speedups.reads_failed``."""
+    unpack, size = nativeio.RESULT_LAYOUT.unpack_from, nativeio.RESULT_LAYOUT.size
+    bad: list[int] = []
+    for j, (key, block) in enumerate(zip(keys, blocks, strict=True)):
+        result, csum, stage, _ = unpack(res, offset + j * size)
+        at = block * hb_len
+        if stage or result != hb_len + n or not header_matches(hbs[at : at + hb_len], key, n, csum, layout_digest, 0):
+            bad.append(j)
+    return bad
+
+
+def pack_recycles(
+    table: bytearray, offset: int, prio: int, keys: Sequence[bytes], victims: Sequence[bytes], temps: Sequence[str],
+    cids: Sequence[int], blocks: Sequence[int], dfds: Sequence[int], flags: int, lock_fd: int, sync: int,
+    hbs: memoryview, hb_addr: int, hb_len: int, view_addr: int, n: int, layout_digest: bytes,
+) -> None:  # fmt: skip
+    """The store of each chunk ``cids[j]`` under ``keys[j]`` into the file of ``victims[j]``
+    (one :data:`~asynctier.engines.native.RECYCLE` job, the file renamed to ``temps[j]``
+    while it is filled): its header, with a zero checksum (the workers fill it in), written
+    into block ``blocks[j]`` of ``hbs`` (the rest of the block zeroed) and its descriptor
+    packed at ``table[offset:]`` one after another. The reference of
+    ``asynctier._speedups.pack_recycles`` (which names keys of up to 96 bytes)."""
+    pack, size = nativeio.JOB_LAYOUT.pack_into, nativeio.JOB_LAYOUT.size
+    for j, (key, victim, temp, cid, block) in enumerate(zip(keys, victims, temps, cids, blocks, strict=True)):
+        ks, kname = layout.name_of(key)
+        vs, vname = layout.name_of(victim)
+        head = pack_header(key, n, 0, layout_digest)
+        if len(head) > hb_len:
+            raise ValueError(f"a {len(head)}-byte header does not fit a {hb_len}-byte block")
+        at = block * hb_len
+        hbs[at : at + hb_len] = head + bytes(hb_len - len(head))
+        body, buf = len(head) - 8, view_addr + cid * n
+        pack(table, offset + j * size, -1, 0, nativeio.RECYCLE, prio, dfds[ks], flags, lock_fd, dfds[vs], sync, 0,
+             body, 0, hb_addr + at, hb_len, buf, n, 0, kname, vname, temp.encode())  # fmt: skip
+
+
+def jobs_failed(res: memoryview, offset: int, m: int) -> list[int]:
+    """The ``j`` whose outcome (at ``res[offset:]``, one :data:`~asynctier.engines.native.RESULT_LAYOUT`
+    each) names a failed step. The reference of ``asynctier._speedups.jobs_failed``."""
+    unpack, size = nativeio.RESULT_LAYOUT.unpack_from, nativeio.RESULT_LAYOUT.size
+    return [j for j in range(m) if unpack(res, offset + j * size)[2]]
