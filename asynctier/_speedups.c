@@ -14,8 +14,8 @@
  * A group of fs loads is planned and checked in bulk: pack_reads writes each chunk's READ
  * descriptor (its file named as name_of does) into the pool's table, reads_failed finds the
  * reads that did not bring the whole file with the header expected; twins of
- * asynctier.tiers.fs.native.pack_reads and reads_failed. A full tier's group of stores, each
- * into its victim's file, likewise: pack_recycles (headers and descriptors) and jobs_failed.
+ * asynctier.tiers.fs.bulk.pack_reads and reads_failed. A group of stores likewise: each into
+ * a new file (pack_writes) or into its victim's (pack_recycles), and jobs_failed.
  *
  * The nvme tier's native paths pack a run's headers (pack_headers_into), check each header a
  * read brought (header_matches, also the fs tier's loads) and pack the journal's records
@@ -587,6 +587,120 @@ static const char *get_temp(PyObject *v, const char *fn) {
     return p;
 }
 
+/* A store's header, pack_header(key, n, 0, digest), at the start of its block of hb_len bytes,
+ * the rest zeroed (the block is written to the file whole); its size. */
+static Py_ssize_t put_block_header(unsigned char *hb, uint64_t hb_len, PyObject *key, uint64_t n, const char *digest) {
+    Py_ssize_t size = put_header(hb, PyBytes_AS_STRING(key), PyBytes_GET_SIZE(key), n, 0, 0, digest);
+    memset(hb + size, 0, (size_t)(hb_len - (uint64_t)size));
+    return size;
+}
+
+/* Whether key's header fits block `block` of hb_len bytes in hbs (else -1 with ValueError). */
+static int check_block(const Py_buffer *hbs, uint64_t hb_len, uint64_t block, PyObject *key, Py_ssize_t j,
+                       const char *fn) {
+    Py_ssize_t size = FIXED_LEN + PyBytes_GET_SIZE(key) + 8;
+    if (hb_len > (uint64_t)hbs->len || (uint64_t)size > hb_len || block >= (uint64_t)hbs->len / hb_len) {
+        PyErr_Format(PyExc_ValueError, "%s(): header %zd (%zd bytes) does not fit block %llu of %llu bytes in %zd", fn,
+                     j, size, (unsigned long long)block, (unsigned long long)hb_len, hbs->len);
+        return -1;
+    }
+    return 0;
+}
+
+/* pack_writes(table, offset, prio, keys, cids, blocks, fds, dfds, flags, sync, mode, hbs,
+ * hb_addr, hb_len, view_addr, n, layout_digest) -> None: for each j, the store of chunk cids[j]
+ * under keys[j] into a new unnamed file (one AT_WRITE job: fds[j], a file made ahead, or -1 for
+ * the worker to make one; published by linking it at the key's name): its header, with a zero
+ * checksum, written into header block blocks[j] of hbs (the rest zeroed) and the descriptor at
+ * table[offset + j * 856:]. Everything is checked before a byte is written. */
+static PyObject *pack_writes(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    static const char fn[] = "pack_writes";
+    if (check_nargs(fn, nargs, 17) < 0) return NULL;
+    Py_ssize_t offset = PyLong_AsSsize_t(args[1]);
+    if (offset == -1 && PyErr_Occurred()) return NULL;
+    int32_t prio, flags, sync, mode, fd;
+    uint64_t hb_addr, hb_len, view_addr, n, v;
+    if (get_i32(args[2], &prio, fn, "prio") < 0 || get_i32(args[8], &flags, fn, "flags") < 0 ||
+        get_i32(args[9], &sync, fn, "sync") < 0 || get_i32(args[10], &mode, fn, "mode") < 0 ||
+        get_u64(args[12], &hb_addr) < 0 || get_u64(args[13], &hb_len) < 0 || get_u64(args[14], &view_addr) < 0 ||
+        get_u64(args[15], &n) < 0 || check_digest(args[16], fn) < 0 || need_xxh3(fn) < 0)
+        return NULL;
+    PyObject *seq[5] = {NULL};
+    static const char *what[5] = {"keys", "cids", "blocks", "fds", "dfds"};
+    PyObject *out = NULL;
+    Py_buffer table = {0}, hbs = {0};
+    int have_table = 0, have_hbs = 0;
+    for (int i = 0; i < 5; i++)
+        if ((seq[i] = PySequence_Fast(args[3 + i], "pack_writes(): keys, cids, blocks, fds and dfds are sequences")) ==
+            NULL)
+            goto done;
+    Py_ssize_t m = PySequence_Fast_GET_SIZE(seq[0]);
+    for (int i = 1; i < 5; i++) {
+        Py_ssize_t want = i == 4 ? N_SHARDS : m;
+        if (PySequence_Fast_GET_SIZE(seq[i]) != want) {
+            PyErr_Format(PyExc_ValueError, "%s(): %zd %s, not %zd (one per key; %d dfds)", fn,
+                         PySequence_Fast_GET_SIZE(seq[i]), what[i], want, N_SHARDS);
+            goto done;
+        }
+    }
+    if (PyObject_GetBuffer(args[0], &table, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) goto done;
+    have_table = 1;
+    if (PyObject_GetBuffer(args[11], &hbs, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) goto done;
+    have_hbs = 1;
+    if (offset < 0 || offset > table.len || m > (table.len - offset) / (Py_ssize_t)sizeof(struct at_job)) {
+        PyErr_Format(PyExc_ValueError, "%s(): %zd descriptors at offset %zd of a %zd-byte table", fn, m, offset,
+                     table.len);
+        goto done;
+    }
+    PyObject **ks = PySequence_Fast_ITEMS(seq[0]), **cs = PySequence_Fast_ITEMS(seq[1]);
+    PyObject **bs = PySequence_Fast_ITEMS(seq[2]), **fs = PySequence_Fast_ITEMS(seq[3]);
+    PyObject **ds = PySequence_Fast_ITEMS(seq[4]);
+    for (Py_ssize_t j = 0; j < m; j++)
+        if (check_named_key(ks[j], fn) < 0 || get_u64(cs[j], &v) < 0 || get_i32(fs[j], &fd, fn, "a fd") < 0 ||
+            get_u64(bs[j], &v) < 0 || check_block(&hbs, hb_len, v, ks[j], j, fn) < 0)
+            goto done;
+    for (Py_ssize_t i = 0; i < N_SHARDS; i++)
+        if (get_i32(ds[i], &fd, fn, "a dfd") < 0) goto done;
+    struct at_job *jobs = (struct at_job *)((char *)table.buf + offset);
+    const char *digest = PyBytes_AS_STRING(args[16]);
+    for (Py_ssize_t j = 0; j < m; j++) {
+        struct at_job *job = &jobs[j];
+        const unsigned char *k = (const unsigned char *)PyBytes_AS_STRING(ks[j]);
+        Py_ssize_t klen = PyBytes_GET_SIZE(ks[j]);
+        uint64_t cid, block;
+        int32_t dfd, own_fd;
+        get_u64(cs[j], &cid);
+        get_u64(bs[j], &block);
+        get_i32(fs[j], &own_fd, fn, "a fd");
+        get_i32(ds[xxh3(k, (size_t)klen) & (N_SHARDS - 1)], &dfd, fn, "a dfd");
+        Py_ssize_t size = put_block_header((unsigned char *)hbs.buf + block * hb_len, hb_len, ks[j], n, digest);
+        memset(job, 0, sizeof *job);
+        job->group = -1;
+        job->kind = AT_WRITE;
+        job->prio = prio;
+        job->dfd = dfd;
+        job->flags = flags;
+        job->fd = own_fd;
+        job->dfd2 = -1;
+        job->sync = sync;
+        job->body_len = (int32_t)(size - 8);
+        job->mode = mode;
+        job->hb = (void *)(uintptr_t)(hb_addr + block * hb_len);
+        job->hb_len = (size_t)hb_len;
+        job->buf = (void *)(uintptr_t)(view_addr + cid * n);
+        job->len = (size_t)n;
+        b32_into(k, klen, job->name);
+    }
+    out = Py_None;
+    Py_INCREF(out);
+done:
+    if (have_table) PyBuffer_Release(&table);
+    if (have_hbs) PyBuffer_Release(&hbs);
+    for (int i = 0; i < 5; i++) Py_XDECREF(seq[i]);
+    return out;
+}
+
 /* pack_recycles(table, offset, prio, keys, victims, temps, cids, blocks, dfds, flags, lock_fd,
  * sync, hbs, hb_addr, hb_len, view_addr, n, layout_digest) -> None: for each j, the store of
  * chunk cids[j] under keys[j] into the file of victims[j] (one AT_RECYCLE job: renamed to
@@ -639,14 +753,8 @@ static PyObject *pack_recycles(PyObject *self, PyObject *const *args, Py_ssize_t
     PyObject **bs = PySequence_Fast_ITEMS(seq[4]), **ds = PySequence_Fast_ITEMS(seq[5]);
     for (Py_ssize_t j = 0; j < m; j++) {
         if (check_named_key(ks[j], fn) < 0 || check_named_key(vs[j], fn) < 0 || get_temp(ts[j], fn) == NULL ||
-            get_u64(cs[j], &v) < 0 || get_u64(bs[j], &v) < 0)
+            get_u64(cs[j], &v) < 0 || get_u64(bs[j], &v) < 0 || check_block(&hbs, hb_len, v, ks[j], j, fn) < 0)
             goto done;
-        Py_ssize_t size = FIXED_LEN + PyBytes_GET_SIZE(ks[j]) + 8;
-        if (hb_len > (uint64_t)hbs.len || (uint64_t)size > hb_len || v >= (uint64_t)hbs.len / hb_len) {
-            PyErr_Format(PyExc_ValueError, "%s(): header %zd (%zd bytes) does not fit block %llu of %llu bytes in %zd",
-                         fn, j, size, (unsigned long long)v, (unsigned long long)hb_len, hbs.len);
-            goto done;
-        }
     }
     for (Py_ssize_t i = 0; i < N_SHARDS; i++)
         if (get_i32(ds[i], &fd, fn, "a dfd") < 0) goto done;
@@ -663,9 +771,7 @@ static PyObject *pack_recycles(PyObject *self, PyObject *const *args, Py_ssize_t
         get_u64(bs[j], &block);
         get_i32(ds[xxh3(k, (size_t)klen) & (N_SHARDS - 1)], &dfd, fn, "a dfd");
         get_i32(ds[xxh3(vk, (size_t)vlen) & (N_SHARDS - 1)], &vdfd, fn, "a dfd");
-        unsigned char *hb = (unsigned char *)hbs.buf + block * hb_len;
-        Py_ssize_t size = put_header(hb, (const char *)k, klen, n, 0, 0, digest);
-        memset(hb + size, 0, (size_t)(hb_len - (uint64_t)size));
+        Py_ssize_t size = put_block_header((unsigned char *)hbs.buf + block * hb_len, hb_len, ks[j], n, digest);
         memset(job, 0, sizeof *job);
         job->group = -1;
         job->kind = AT_RECYCLE;
@@ -694,7 +800,8 @@ done:
 }
 
 /* jobs_failed(res, offset, m) -> list[int]: the j whose outcome (struct at_res at res[offset +
- * j * 24:]) names a failed step. */
+ * j * 24:]) did not simply succeed: it names a failed step, or has info set (a write whose name
+ * was taken by another writer). */
 static PyObject *jobs_failed(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
     static const char fn[] = "jobs_failed";
@@ -712,7 +819,7 @@ static PyObject *jobs_failed(PyObject *self, PyObject *const *args, Py_ssize_t n
     for (Py_ssize_t j = 0; j < m; j++) {
         struct at_res r;
         memcpy(&r, (const char *)res.buf + offset + j * (Py_ssize_t)sizeof r, sizeof r);
-        if (r.stage == 0) continue;
+        if (r.stage == 0 && r.info == 0) continue;
         PyObject *i = PyLong_FromSsize_t(j);
         if (i == NULL || PyList_Append(bad, i) < 0) {
             Py_XDECREF(i);
@@ -741,11 +848,14 @@ static PyMethodDef methods[] = {
      " a group of fs loads' READ descriptors."},
     {"reads_failed", (PyCFunction)(void (*)(void))reads_failed, METH_FASTCALL,
      "reads_failed(res, offset, keys, blocks, hbs, hb_len, n, layout_digest) -> list[int]: the reads not simply done."},
+    {"pack_writes", (PyCFunction)(void (*)(void))pack_writes, METH_FASTCALL,
+     "pack_writes(table, offset, prio, keys, cids, blocks, fds, dfds, flags, sync, mode, hbs, hb_addr, hb_len,"
+     " view_addr, n, layout_digest) -> None: a group of fs stores into new files."},
     {"pack_recycles", (PyCFunction)(void (*)(void))pack_recycles, METH_FASTCALL,
      "pack_recycles(table, offset, prio, keys, victims, temps, cids, blocks, dfds, flags, lock_fd, sync, hbs, hb_addr,"
      " hb_len, view_addr, n, layout_digest) -> None: a group of fs stores into victims' files."},
     {"jobs_failed", (PyCFunction)(void (*)(void))jobs_failed, METH_FASTCALL,
-     "jobs_failed(res, offset, m) -> list[int]: the jobs whose outcome names a failed step."},
+     "jobs_failed(res, offset, m) -> list[int]: the jobs that did not simply succeed."},
     {"pack_records", (PyCFunction)(void (*)(void))pack_records, METH_FASTCALL,
      "pack_records(typ, items) -> list[bytes]: nvme journal records of (key, slot, seq, csum)."},
     {NULL, NULL, 0, NULL},

@@ -314,6 +314,46 @@ def test_a_groups_recycling_stores_are_the_python_ones(speedups: Any) -> None:
                                                          len(head) - 8)  # fmt: skip
 
 
+def test_a_groups_new_file_stores_are_the_python_ones(speedups: Any) -> None:
+    """Each store's header (the rest of its block zeroed) and WRITE descriptor, byte for byte
+    as the Python twin writes them, at their places and nothing else touched."""
+    rng = random.Random(8)
+    size, hb_len = nativeio.JOB_LAYOUT.size, 512
+    names = [k for k in _keys(rng) if 0 < len(k) <= MAX_B32_KEY]
+    for _ in range(30):
+        m = rng.randrange(0, 17)
+        keys, fds = rng.sample(names, m), [rng.choice([-1, rng.randrange(1 << 20)]) for _ in range(m)]
+        cids, blocks = rng.sample(range(1000), m), rng.sample(range(40), m)
+        dfds = [rng.randrange(0, 1 << 31) for _ in range(N_SHARDS)]
+        offset = size * rng.randrange(0, 3)
+        tables = [bytearray(rng.randbytes(size * 20)) for _ in range(2)]
+        tables[1][:] = tables[0]
+        hbs = [bytearray(rng.randbytes(hb_len * 40)) for _ in range(2)]
+        hbs[1][:] = hbs[0]
+        rest = (rng.randrange(4), keys, cids, blocks, fds, dfds, rng.getrandbits(31), rng.randrange(2),
+                rng.choice([0o644, 0o600 | nativeio.MODE_FIX]))  # fmt: skip
+        tail = (rng.getrandbits(47), hb_len, rng.getrandbits(47), rng.choice([4096, 1 << 20]), rng.randbytes(16))
+        speedups.pack_writes(tables[0], offset, *rest, memoryview(hbs[0]), *tail)
+        bulk.pack_writes(tables[1], offset, *rest, memoryview(hbs[1]), *tail)
+        assert tables[0] == tables[1] and hbs[0] == hbs[1]
+        for j, key in enumerate(keys):
+            job = nativeio.Job.from_buffer_copy(bytes(tables[0][offset + j * size : offset + (j + 1) * size]))
+            head = pack_header(key, tail[3], 0, tail[4])
+            assert (job.kind, job.fd, job.dfd2, job.name, job.name2) == (nativeio.WRITE, fds[j], -1,
+                                                                          layout.name_of(key)[1], b"")  # fmt: skip
+            assert (job.dfd, job.body_len, job.mode) == (dfds[layout.shard_of(key)], len(head) - 8, rest[-1])
+    table = bytearray(b"\xee" * (size * 4))
+    for bad, error in [({"fds": [1 << 31]}, ValueError), ({"keys": [bytes(97)]}, ValueError),
+                       ({"blocks": [99]}, ValueError), ({"dfds": [1] * 3}, ValueError)]:  # fmt: skip
+        args = {"table": table, "offset": 0, "prio": 1, "keys": [b"a"], "cids": [0], "blocks": [0], "fds": [-1],
+                "dfds": [3] * 256, "flags": 1, "sync": 0, "mode": 0o644, "hbs": bytearray(hb_len * 4),
+                "hb_addr": 0, "hb_len": hb_len, "view_addr": 0, "n": 4096, "layout_digest": bytes(16)}  # fmt: skip
+        args.update(bad)
+        with pytest.raises(error):
+            speedups.pack_writes(*args.values())
+        assert table == b"\xee" * (size * 4) and args["hbs"] == bytes(hb_len * 4)
+
+
 @pytest.mark.parametrize(
     ("change", "error"),
     [
@@ -343,15 +383,17 @@ def test_recycling_stores_refused_leave_table_and_blocks_as_they_were(
     assert table == b"\xee" * (856 * 4) and hbs == b"\xdd" * (512 * 8)
 
 
-def test_jobs_failed_names_the_jobs_with_a_failed_step(speedups: Any) -> None:
+def test_jobs_failed_names_the_jobs_that_did_not_simply_succeed(speedups: Any) -> None:
     rng = random.Random(7)
     for _ in range(20):
         m, offset = rng.randrange(0, 17), 24 * rng.randrange(0, 4)
         res = bytearray(24 * 20)
-        stages = [rng.choice([0, 0, 0, 1, 2, 7]) for _ in range(m)]
-        for j, stage in enumerate(stages):
-            nativeio.RESULT_LAYOUT.pack_into(res, offset + 24 * j, rng.randrange(-5, 9), rng.getrandbits(64), stage, 0)
-        want = [j for j, st in enumerate(stages) if st]
+        ends = [(rng.choice([0, 0, 0, 1, 2, 7]), rng.choice([0, 0, 0, 1])) for _ in range(m)]
+        for j, (stage, info) in enumerate(ends):
+            nativeio.RESULT_LAYOUT.pack_into(
+                res, offset + 24 * j, rng.randrange(-5, 9), rng.getrandbits(64), stage, info
+            )
+        want = [j for j, (stage, info) in enumerate(ends) if stage or info]  # a failed step, or a name taken
         assert speedups.jobs_failed(memoryview(res), offset, m) == bulk.jobs_failed(memoryview(res), offset, m) == want
     with pytest.raises(ValueError, match="outcomes at offset"):
         speedups.jobs_failed(bytes(48), 24, 2)

@@ -699,16 +699,19 @@ async def test_fsync_durability_and_rename_leave_no_temporaries(tmp_path: Path) 
 
 # -- faults of the file system -----------------------------------------------------------------
 @pytest.mark.skipif(nativeio.problem() is not None, reason=f"no native workers: {nativeio.problem()}")
+@pytest.mark.parametrize("aligned", [True, False], ids=["aligned", "unaligned"])
 async def test_a_store_group_on_a_full_file_system_fails_each_chunk(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, aligned: bool
 ) -> None:
     """A call of 8 new files as one group job on the native engine, on a file system full of
     someone else's data with nothing of ours to evict: every chunk fails with ENOSPC, none
-    is reported stored or left behind; once the space is back, the same call stores them."""
+    is reported stored or left behind; once the space is back, the same call stores them.
+    (An aligned buffer's group is packed in bulk, an unaligned one's chunk by chunk.)"""
     spy = GroupSpy(monkeypatch)
     per = HEADER_BLOCK + CHUNK
     with mounted(tmp_path / "small", "-t", "tmpfs", "-o", f"size={24 * per}", "tmpfs") as mnt:
-        tier, view = make_tier(mnt, io_engine="native", max_inflight=1)
+        view = aligned_buffer(CHUNK * NCHUNKS) if aligned else None
+        tier, view = make_tier(mnt, view, io_engine="native", max_inflight=1)
         data = fill(view, 14)
         k = keys(8, "g")
         async with tier:

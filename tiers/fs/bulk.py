@@ -13,7 +13,7 @@ from asynctier.integrity import header_matches, pack_header
 
 from . import layout
 
-__all__ = ["jobs_failed", "pack_reads", "pack_recycles", "reads_failed"]
+__all__ = ["jobs_failed", "pack_reads", "pack_recycles", "pack_writes", "reads_failed"]
 
 
 def pack_reads(
@@ -51,6 +51,36 @@ def reads_failed(
     return bad
 
 
+def _put_block_header(hbs: memoryview, block: int, hb_len: int, key: bytes, n: int, layout_digest: bytes) -> int:
+    """A store's header (a zero checksum: the workers fill it in) at the start of block
+    ``block`` of ``hbs``, the rest of the block zeroed; its size."""
+    head = pack_header(key, n, 0, layout_digest)
+    if len(head) > hb_len:
+        raise ValueError(f"a {len(head)}-byte header does not fit a {hb_len}-byte block")
+    at = block * hb_len
+    hbs[at : at + hb_len] = head + bytes(hb_len - len(head))
+    return len(head)
+
+
+def pack_writes(
+    table: bytearray, offset: int, prio: int, keys: Sequence[bytes], cids: Sequence[int], blocks: Sequence[int],
+    fds: Sequence[int], dfds: Sequence[int], flags: int, sync: int, mode: int, hbs: memoryview, hb_addr: int,
+    hb_len: int, view_addr: int, n: int, layout_digest: bytes,
+) -> None:  # fmt: skip
+    """The store of each chunk ``cids[j]`` under ``keys[j]`` into a new unnamed file (one
+    :data:`~asynctier.engines.native.WRITE` job: ``fds[j]``, a file made ahead, or -1 for the
+    worker to make one; published by linking it at the key's name): its header written into
+    block ``blocks[j]`` of ``hbs`` and its descriptor packed at ``table[offset:]`` one after
+    another. The reference of ``asynctier._speedups.pack_writes``."""
+    pack, size = nativeio.JOB_LAYOUT.pack_into, nativeio.JOB_LAYOUT.size
+    for j, (key, cid, block, fd) in enumerate(zip(keys, cids, blocks, fds, strict=True)):
+        shard, name = layout.name_of(key)
+        body = _put_block_header(hbs, block, hb_len, key, n, layout_digest) - 8
+        hb, buf = hb_addr + block * hb_len, view_addr + cid * n
+        pack(table, offset + j * size, -1, 0, nativeio.WRITE, prio, dfds[shard], flags, fd, -1, sync, 0, body, mode,
+             hb, hb_len, buf, n, 0, name, b"", b"")  # fmt: skip
+
+
 def pack_recycles(
     table: bytearray, offset: int, prio: int, keys: Sequence[bytes], victims: Sequence[bytes], temps: Sequence[str],
     cids: Sequence[int], blocks: Sequence[int], dfds: Sequence[int], flags: int, lock_fd: int, sync: int,
@@ -66,18 +96,15 @@ def pack_recycles(
     for j, (key, victim, temp, cid, block) in enumerate(zip(keys, victims, temps, cids, blocks, strict=True)):
         ks, kname = layout.name_of(key)
         vs, vname = layout.name_of(victim)
-        head = pack_header(key, n, 0, layout_digest)
-        if len(head) > hb_len:
-            raise ValueError(f"a {len(head)}-byte header does not fit a {hb_len}-byte block")
-        at = block * hb_len
-        hbs[at : at + hb_len] = head + bytes(hb_len - len(head))
-        body, buf = len(head) - 8, view_addr + cid * n
+        body = _put_block_header(hbs, block, hb_len, key, n, layout_digest) - 8
+        hb, buf = hb_addr + block * hb_len, view_addr + cid * n
         pack(table, offset + j * size, -1, 0, nativeio.RECYCLE, prio, dfds[ks], flags, lock_fd, dfds[vs], sync, 0,
-             body, 0, hb_addr + at, hb_len, buf, n, 0, kname, vname, temp.encode())  # fmt: skip
+             body, 0, hb, hb_len, buf, n, 0, kname, vname, temp.encode())  # fmt: skip
 
 
 def jobs_failed(res: memoryview, offset: int, m: int) -> list[int]:
     """The ``j`` whose outcome (at ``res[offset:]``, one :data:`~asynctier.engines.native.RESULT_LAYOUT`
-    each) names a failed step. The reference of ``asynctier._speedups.jobs_failed``."""
+    each) did not simply succeed: it names a failed step, or its ``info`` is set (a write whose
+    name another writer took first). The reference of ``asynctier._speedups.jobs_failed``."""
     unpack, size = nativeio.RESULT_LAYOUT.unpack_from, nativeio.RESULT_LAYOUT.size
-    return [j for j in range(m) if unpack(res, offset + j * size)[2]]
+    return [j for j in range(m) if any(unpack(res, offset + j * size)[2:])]

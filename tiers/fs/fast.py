@@ -258,13 +258,14 @@ class StorePath(_Path):
         return fields, step
 
     def _plan_group(self, job: Job, slot: int) -> nativeio.JobFields | Continuation | None:
-        """A group of stores into a full tier planned in bulk: room reserved for all under one
-        lock; the chunks that take their one victim's file packed by
-        :meth:`.native.NativeIO.pack_recycles`, the others (a key stored already, a store into
-        room, ...) planned one by one by :meth:`_plan_reserved`."""
+        """A group of stores planned in bulk: room reserved for all under one lock; the chunks
+        that take their one victim's file packed by :meth:`.native.NativeIO.pack_recycles`,
+        those that make a new file by :meth:`~.native.NativeIO.pack_writes`; the others (a key
+        stored already, victims to delete first, ...) planned one by one by :meth:`_plan_reserved`."""
         io = self._live()
         tier = io._tier
-        if not (io.aligned and tier.recycle_on and not tier.network_fs):
+        proto = tier.protocol
+        if not io.aligned or tier.network_fs:
             return super()._plan_group(job, slot)
         keys, cids, t0 = job.args
         reserved = tier.index.reserve_many(keys, tier._chunk_size)
@@ -273,9 +274,11 @@ class StorePath(_Path):
         planned: list[tuple[int, tuple[Any, ...]]] = []
         later: list[tuple[int, Continuation]] = []
         rec: list[int] = []  # the chunks that take their victim's file
+        new: list[int] = []  # the chunks that make a new (unnamed, then linked) file
+        recycle, tmpfile = tier.recycle_on, proto.use_tmpfile
         for i, r in enumerate(reserved):
-            if type(r) is list and len(r) == 1:
-                rec.append(i)
+            if type(r) is list and len(r) < 2 and (tmpfile if not r else recycle):
+                (rec if r else new).append(i)
                 continue
             try:
                 p = self._plan_reserved(io, keys[i], cids[i], t0, io.block(slot, len(subs)), r)
@@ -288,9 +291,10 @@ class StorePath(_Path):
             elif p is not None:
                 later.append((i, p))  # type: ignore[arg-type]
         rkeys, rvictims = [keys[i] for i in rec], [reserved[i][0] for i in rec]  # type: ignore[index]
-        proto = tier.protocol
+        nkeys = [keys[i] for i in new]
         flags = io.direct_flags if proto.use_direct else os.O_WRONLY  # (the view is aligned)
         temps: list[str] = []
+        fds: list[int] = []
         if rec:
             if tier.recovery.scanning:  # Tier._note_gone, as recycle_plan's caller does it
                 for v in rvictims:
@@ -303,29 +307,37 @@ class StorePath(_Path):
                     tier._end_store(key, t0, e)
                     out[i] = e
                 rec, rkeys, rvictims = [], [], []
-        if not rec:
+        if new:
+            try:
+                fds = io.pack_writes(slot, len(subs) + len(rec), nkeys, [cids[i] for i in new], flags)
+            except BaseException as e:
+                for i, key in zip(new, nkeys):
+                    tier._end_store(key, t0, e)
+                    out[i] = e
+                new, nkeys = [], []
+        if not rec and not new:
             if not subs:
                 return _group_end(job, out, later)
             self._keep(slot, (out, planned, later))
             return io._pool.one_or_group(slot, self.prio, subs)
         table, offset = io._pool.sub_jobs(slot)
-        for j, f in enumerate(subs):  # before the recycles, as NativePool.group packs them
+        for j, f in enumerate(subs):  # first, as NativePool.group packs them
             nativeio.JOB_LAYOUT.pack_into(table, offset + j * nativeio.JOB_LAYOUT.size, -1, 0, *f)
-        self._keep(slot, (out, planned, later, (rec, rkeys, rvictims, temps, flags)))
-        return io._pool.packed_group(slot, self.prio, len(subs) + len(rec))
+        self._keep(slot, (out, planned, later, (rec, rkeys, rvictims, temps, flags), (new, nkeys, fds)))
+        return io._pool.packed_group(slot, self.prio, len(subs) + len(rec) + len(new))
 
     def _finish_group(self, job: Job, slot: int, own: tuple[int, int, int, int]) -> Continuation | None:
-        """The chunks that recycled a file and simply succeeded, booked together (one lock, one
-        clock read); the others one by one (:meth:`_finish_key`, :meth:`_recycled`)."""
+        """The chunks that simply succeeded booked together (one lock, one clock read); the
+        others one by one (:meth:`_finish_key`, :meth:`_recycled`)."""
         state = self._plans[slot]
         if state is None or len(state) == 3:  # planned chunk by chunk (_Path._plan_group)
             return super()._finish_group(job, slot, own)
         self._plans[slot] = None
-        out, planned, later, (rec, rkeys, rvictims, temps, flags) = state
+        out, planned, later, (rec, rkeys, rvictims, temps, flags), (new, nkeys, fds) = state
         io = self._live()
         tier = io._tier
         keys, cids, t0 = job.args
-        first, total = len(planned), len(planned) + len(rec)
+        first, total = len(planned), len(planned) + len(rec) + len(new)
         bad = list(range(total)) if own[2] else io.jobs_failed(slot, total)  # (own[2]: refused as a whole)
         ends = io._pool.group_outcomes(slot, total, own if own[2] else None) if planned or bad else []
         for (i, step), (result, csum, stage, info) in zip(planned, ends):
@@ -336,25 +348,36 @@ class StorePath(_Path):
                 continue
             if r is not None:
                 later.append((i, r))
-        failed = {j - first for j in bad if j >= first}
-        for j in sorted(failed):
-            i = rec[j]
-            result, _, stage, info = ends[first + j]
+        written = first + len(rec)
+        for fd in fds:  # ChunkProtocol.release: the files made ahead (linked, or to go)
+            if fd >= 0:
+                os.close(fd)
+        failed = [j for j in bad if j >= first]
+        for j in failed:
+            result, csum, stage, info = ends[j]
+            i = rec[j - first] if j < written else new[j - written]
             try:
-                r = self._recycled(io, keys[i], cids[i], t0, tier._chunk(cids[i]), [rvictims[j]], flags, temps[j],
-                                   result, stage, info)  # fmt: skip
+                if j < written:
+                    r = self._recycled(io, keys[i], cids[i], t0, tier._chunk(cids[i]), [rvictims[j - first]], flags,
+                                       temps[j - first], result, stage, info)  # fmt: skip
+                else:  # as _finish_key's failure, with the plan's objects made now
+                    plan = tier.protocol.store(keys[i], tier._chunk(cids[i]), None, None, flags, pooled=False)
+                    r = self._finish_key(io, keys[i], cids[i], t0, (_WRITE, tier._chunk(cids[i]), [], plan, None),
+                                         result, csum, stage, info)  # fmt: skip
             except BaseException as e:
                 out[i] = e
                 continue
             if r is not None:
                 later.append((i, r))
         if failed:
-            rkeys = [k for j, k in enumerate(rkeys) if j not in failed]
-            rvictims = [v for j, v in enumerate(rvictims) if j not in failed]
-        if rkeys:  # _recycled's bookkeeping, for all at once
+            gone = set(failed)
+            rkeys = [k for j, k in enumerate(rkeys, first) if j not in gone]
+            rvictims = [v for j, v in enumerate(rvictims, first) if j not in gone]
+            nkeys = [k for j, k in enumerate(nkeys, written) if j not in gone]
+        if rkeys or nkeys:  # _recycled's and _finish_key's bookkeeping, for all at once
             self._recycles += len(rkeys)
-            tier.index.commit_many(rkeys, rvictims)
-            self._booked.extend([perf_counter() - t0] * len(rkeys))
+            tier.index.commit_many(rkeys + nkeys, rvictims)
+            self._booked.extend([perf_counter() - t0] * (len(rkeys) + len(nkeys)))
         return _group_end(job, out, later)
 
     def _finish_key(

@@ -77,6 +77,7 @@ class NativeIO:
         self._pack_reads = bulk.pack_reads
         self._reads_failed = bulk.reads_failed
         self._pack_recycles = bulk.pack_recycles
+        self._pack_writes = bulk.pack_writes
         self._jobs_failed = bulk.jobs_failed
         fast = speedups()
         if fast is not None:
@@ -85,6 +86,7 @@ class NativeIO:
             self._pack_reads = fast.pack_reads
             self._reads_failed = fast.reads_failed
             self._pack_recycles = fast.pack_recycles
+            self._pack_writes = fast.pack_writes
             self._jobs_failed = fast.jobs_failed
 
     def start(self) -> None:
@@ -125,6 +127,38 @@ class NativeIO:
             used[b] = HEADER_BLOCK  # hb_read_into
         return pool.packed_group(slot, PRIO_LOAD, len(keys))
 
+    def pack_writes(self, slot: int, first: int, keys: list[bytes], cids: list[int], flags: int) -> list[int]:
+        """Into the :data:`~asynctier.engines.native.GROUP` job of slot ``slot``, from its job
+        ``first`` on: the store of each chunk ``cids[j]`` under ``keys[j]`` into a new unnamed
+        file (one ``WRITE`` job each, as ``protocol.store`` and :meth:`store_fields` plan one),
+        a file made ahead by the tier's pool where one is ready; those files (-1: none), the
+        caller's to close once the jobs ended."""
+        tier = self._tier
+        proto, spec = tier.protocol, tier.offloading_spec
+        m = len(keys)
+        pool = proto.pool
+        fds = pool.take_many(m) if pool is not None and flags == pool.flags else [-1] * m
+        if pool is not None and fds[-1] < 0:
+            tier._stats.incr("tmpfile_pool_empty", fds.count(-1))
+        table, offset = self._pool.sub_jobs(slot)
+        blocks = self.blocks(slot, first + m)[first:]
+        pack = bulk.pack_writes if max(map(len, keys)) > MAX_B32_KEY else self._pack_writes
+        mode = proto.file_mode | (nativeio.MODE_FIX if proto.fix_mode else 0)
+        assert self._hb is not None
+        try:
+            pack(table, offset + first * nativeio.JOB_LAYOUT.size, PRIO_STORE, keys, cids, blocks, fds,
+                 proto.shard_fds, flags, int(proto.sync), mode, self._hb, self._hb_addr, HEADER_BLOCK,
+                 self._view_addr, spec.chunk_bytes, spec.layout_digest)  # fmt: skip
+        except BaseException:
+            for fd in fds:
+                if fd >= 0:
+                    os.close(fd)
+            raise
+        used = self._hb_used
+        for b in blocks:
+            used[b] = HEADER_BLOCK  # (zeroed after the header: a bound, not the header's size)
+        return fds
+
     def pack_recycles(
         self, slot: int, first: int, keys: list[bytes], victims: list[bytes], cids: list[int], flags: int
     ) -> list[str]:
@@ -151,7 +185,8 @@ class NativeIO:
         return temps
 
     def jobs_failed(self, slot: int, m: int) -> list[int]:
-        """The ``j`` of the ``m`` jobs of the group job that ended in ``slot`` that failed a step."""
+        """The ``j`` of the ``m`` jobs of the group job that ended in ``slot`` that did not simply
+        succeed (a failed step, or a name another writer took first)."""
         res, offset = self._pool.sub_outcomes(slot)
         return self._jobs_failed(res, offset, m)
 

@@ -63,6 +63,19 @@ class TmpfilePool:
                 self._cv.notify()
         return fd
 
+    def take_many(self, n: int) -> list[int]:
+        """:meth:`take` ``n`` times: each a file, or -1 where none was ready."""
+        fds, out = self._fds, []
+        try:
+            for _ in range(n):
+                out.append(fds.popleft())
+        except IndexError:  # (slow-path threads take too: the deque's length may change meanwhile)
+            pass
+        if out and self._wants_room:
+            with self._cv:
+                self._cv.notify()
+        return out + [-1] * (n - len(out))
+
     @property
     def ready(self) -> int:
         """Files made and not yet taken."""

@@ -293,11 +293,13 @@ class ChunkProtocol:
 
     # -- plans -----------------------------------------------------------------------------
     def store(
-        self, key: bytes, data: memoryview, csum: int | None, spare: Spare | None = None, flags: int | None = None
-    ) -> StoreJob:
+        self, key: bytes, data: memoryview, csum: int | None, spare: Spare | None = None, flags: int | None = None,
+        *, pooled: bool = True,
+    ) -> StoreJob:  # fmt: skip
         """The plan of a store of ``data`` under ``key``: into ``spare`` where given, else a
-        file made ahead, a new unnamed file, or a new temporary file (publishing by rename).
-        ``csum`` None: the executor fills in the checksums (the header is packed with zero)."""
+        file made ahead (not with ``pooled=False``), a new unnamed file, or a new temporary
+        file (publishing by rename). ``csum`` None: the executor fills in the checksums (the
+        header is packed with zero)."""
         dfd, name = self.name(key)
         if flags is None:
             flags = self.write_flags(data)
@@ -309,7 +311,7 @@ class ChunkProtocol:
         else:
             source, fd, temp = Source.TMPFILE, -1, ""
             pool = self.pool
-            if pool is not None and flags == pool.flags:
+            if pool is not None and pooled and flags == pool.flags:
                 taken = pool.take()
                 if taken is None:
                     self._stats.incr("tmpfile_pool_empty")
