@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import random
 import threading
 
 import pytest
@@ -113,6 +114,52 @@ def test_entries_pinned_and_unpinned_together_are_as_if_one_by_one() -> None:
     assert idx.reserve(b"f", 1) == [b"b"]  # a was touched (unpinned): most recently used
     with pytest.raises(ValueError):
         idx.unpin_entries([b"a"], [])
+
+
+def _index_state(idx: LRUIndex) -> tuple[object, ...]:
+    entries = [(k, e.nbytes, e.committed, e.pins, e.writers) for k, e in idx._entries.items()]
+    return entries, idx.used_bytes, len(idx), sorted(idx._removing)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_reserving_many_is_reserving_each_in_turn(seed: int) -> None:
+    """reserve_many gives, for each key, what reserve gives (the victims, None, or the
+    exception) and leaves the index as reserving them one by one does: from random states
+    with pinned, reserved, committed and being-removed entries of mixed sizes."""
+    rng = random.Random(seed)
+    cap = rng.choice([None, 8, 12, 20])
+    twins = [LRUIndex(capacity_bytes=cap, track_removals=True) for _ in range(2)]
+    pool = [bytes([i]) for i in range(24)]
+    for _ in range(rng.randrange(5, 40)):  # the same history for both
+        k, n, op = rng.choice(pool), rng.choice([1, 1, 1, 2, 3]), rng.choice(["store", "store", "hold", "pin", "rm"])
+        done = rng.random() < 0.5  # a removal that ends at once
+        for idx in twins:
+            try:
+                if op == "rm":
+                    if idx.begin_remove(k) and done:
+                        idx.removed([k])
+                    continue
+                if op == "pin":
+                    idx.pin(k)
+                    continue
+                victims = idx.reserve(k, n)
+            except (CapacityError, RemovalPending):
+                continue
+            if victims is not None and op == "store":
+                idx.commit(k, victims)
+    assert _index_state(twins[0]) == _index_state(twins[1])
+    keys, n = rng.sample(pool, rng.randrange(1, 12)), rng.choice([1, 1, 2, 4])
+    got = twins[0].reserve_many(keys, n)
+    want: list[object] = []
+    for k in keys:
+        try:
+            want.append(twins[1].reserve(k, n))
+        except (CapacityError, RemovalPending) as e:
+            want.append(e)
+    assert [type(g) if isinstance(g, Exception) else g for g in got] == [
+        type(w) if isinstance(w, Exception) else w for w in want
+    ]
+    assert _index_state(twins[0]) == _index_state(twins[1])
 
 
 def test_reserved_entries_are_invisible_until_commit() -> None:

@@ -136,16 +136,16 @@ class NativeIO:
         tier = self._tier
         proto, spec = tier.protocol, tier.offloading_spec
         m = len(keys)
-        pool = proto.pool
-        fds = pool.take_many(m) if pool is not None and flags == pool.flags else [-1] * m
-        if pool is not None and fds[-1] < 0:
-            tier._stats.incr("tmpfile_pool_empty", fds.count(-1))
         table, offset = self._pool.sub_jobs(slot)
         blocks = self.blocks(slot, first + m)[first:]
         pack = bulk.pack_writes if max(map(len, keys)) > MAX_B32_KEY else self._pack_writes
         mode = proto.file_mode | (nativeio.MODE_FIX if proto.fix_mode else 0)
         assert self._hb is not None
+        pool = proto.pool
+        fds = pool.take_many(m) if pool is not None and flags == pool.flags else [-1] * m
         try:
+            if pool is not None and fds[-1] < 0:
+                tier._stats.incr("tmpfile_pool_empty", fds.count(-1))
             pack(table, offset + first * nativeio.JOB_LAYOUT.size, PRIO_STORE, keys, cids, blocks, fds,
                  proto.shard_fds, flags, int(proto.sync), mode, self._hb, self._hb_addr, HEADER_BLOCK,
                  self._view_addr, spec.chunk_bytes, spec.layout_digest)  # fmt: skip
