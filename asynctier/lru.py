@@ -114,31 +114,7 @@ class LRUIndex:
         it raises."""
         out: list[list[bytes] | Exception | None] = []
         with self._lock:
-            entries, removing, cap = self._entries, self._removing, self.capacity_bytes
             for key in keys:
-                # the usual case written out: a new key into room, or into a full index whose
-                # oldest entry can go and frees enough (each store of a full cache evicts one)
-                if key not in removing and key not in entries and entries:
-                    victims: list[bytes] = []
-                    if cap is not None and self._used + nbytes > cap:
-                        k, e = entries.popitem(last=False)
-                        if not (
-                            e.committed and e.pins == 0 and e.writers == 0 and self._used + nbytes - e.nbytes <= cap
-                        ):
-                            entries[k] = e  # not so simple: back in front, and _reserve_locked decides
-                            entries.move_to_end(k, last=False)
-                            victims = None  # type: ignore[assignment]
-                        else:
-                            self._used -= e.nbytes
-                            self._committed -= 1
-                            victims.append(k)
-                            if self.track_removals:
-                                removing.setdefault(k, None)
-                    if victims is not None:
-                        entries[key] = _Entry(nbytes, False, 1)
-                        self._used += nbytes
-                        out.append(victims)
-                        continue
                 try:
                     out.append(self._reserve_locked(key, nbytes))
                 except (CapacityError, RemovalPending) as e:
