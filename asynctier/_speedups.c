@@ -11,11 +11,7 @@
  * header block: name_of and pack_header_into, twins of asynctier.tiers.fs.layout.shard_of +
  * key_token and of asynctier.integrity.pack_header.
  *
- * A group of fs loads is planned and checked in bulk: pack_reads writes each chunk's READ
- * descriptor (its file named as name_of does) into the pool's table, reads_failed finds the
- * reads that did not bring the whole file with the header expected; twins of
- * asynctier.tiers.fs.bulk.pack_reads and reads_failed. A group of stores likewise: each into
- * a new file (pack_writes) or into its victim's (pack_recycles), and jobs_failed.
+ * A group of fs loads or stores is planned and checked in bulk: _speedups_groups.c.
  *
  * The nvme tier's native paths pack a run's headers (pack_headers_into), check each header a
  * read brought (header_matches, also the fs tier's loads) and pack the journal's records
@@ -25,20 +21,12 @@
  * All but b32 hash with xxh3: the system xxHash's XXH3_64bits, the one the native workers
  * use, whose address the caller gives (use_xxh3, once: asynctier.engines.speedups.speedups()
  * finds and checks it, and gives this module only then). */
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
-#include <stdint.h>
-#include <string.h>
-
-#include "engines/_nativeio.h" /* struct at_job and at_res: the workers' descriptors (pack_reads) */
-
-_Static_assert(sizeof(struct at_job) == 856, "struct at_job is asynctier.engines.native.JOB_LAYOUT");
-_Static_assert(sizeof(struct at_res) == 24, "struct at_res is asynctier.engines.native.RESULT_LAYOUT");
+#include "_speedups.h"
 
 static const char ALPHABET[] = "abcdefghijklmnopqrstuvwxyz234567";
 
 /* The base32 of s[0:n] written at d (8n/5 characters, rounded up); the end. */
-static char *b32_into(const unsigned char *s, Py_ssize_t n, char *d) {
+SP_HIDDEN char *b32_into(const unsigned char *s, Py_ssize_t n, char *d) {
     /* the low bits of acc hold the bits not written yet (the older ones shift out unread) */
     uint32_t acc = 0;
     int bits = 0;
@@ -68,7 +56,7 @@ static PyObject *b32(PyObject *self, PyObject *arg) {
     return out;
 }
 
-static xxh3_fn xxh3 = NULL;
+SP_HIDDEN xxh3_fn xxh3 = NULL;
 
 static PyObject *use_xxh3(PyObject *self, PyObject *arg) {
     (void)self;
@@ -86,14 +74,12 @@ static PyObject *use_xxh3(PyObject *self, PyObject *arg) {
     Py_RETURN_NONE;
 }
 
-static int need_xxh3(const char *fn) {
+SP_HIDDEN int need_xxh3(const char *fn) {
     if (xxh3 != NULL) return 0;
     PyErr_Format(PyExc_RuntimeError, "%s() hashes with XXH3_64bits: call use_xxh3() first", fn);
     return -1;
 }
 
-#define MAX_B32_KEY 96 /* longer keys are named by a hash (asynctier.integrity.key_token) */
-#define N_SHARDS 256   /* asynctier.tiers.fs.layout.N_SHARDS */
 
 /* name_of(key) -> (shard, token): the shard directory of key's file and its name, ASCII
  * bytes (as the native job descriptors take it); keys of at most 96 bytes (longer ones are
@@ -129,10 +115,6 @@ static PyObject *name_of(PyObject *self, PyObject *arg) {
     return out;
 }
 
-#define FORMAT_VERSION 1 /* asynctier.spec.FORMAT_VERSION (the tests compare the headers) */
-#define HEADER_MAGIC "ATKV"
-#define FIXED_LEN 52 /* asynctier.integrity._FIXED: <4sHHIQQQ16s */
-#define DIGEST_LEN 16
 
 static void put_le(unsigned char *p, uint64_t v, int n) {
     for (int i = 0; i < n; i++) p[i] = (unsigned char)(v >> (8 * i));
@@ -140,7 +122,7 @@ static void put_le(unsigned char *p, uint64_t v, int n) {
 
 /* The header asynctier.integrity.pack_header(key, payload_len, csum, layout_digest, seq) at p
  * (FIXED_LEN + klen + 8 bytes); its size. */
-static Py_ssize_t put_header(unsigned char *p, const char *key, Py_ssize_t klen, uint64_t payload_len, uint64_t csum,
+SP_HIDDEN Py_ssize_t put_header(unsigned char *p, const char *key, Py_ssize_t klen, uint64_t payload_len, uint64_t csum,
                              uint64_t seq, const char *digest) {
     memcpy(p, HEADER_MAGIC, 4);
     put_le(p + 4, FORMAT_VERSION, 2);
@@ -156,7 +138,7 @@ static Py_ssize_t put_header(unsigned char *p, const char *key, Py_ssize_t klen,
 }
 
 /* A key argument: bytes of at most 2**32 - 1 bytes (the header's key length field). */
-static int check_key(PyObject *key, const char *fn) {
+SP_HIDDEN int check_key(PyObject *key, const char *fn) {
     if (!PyBytes_Check(key)) {
         PyErr_Format(PyExc_TypeError, "%s(): a key is bytes, not %.100s", fn, Py_TYPE(key)->tp_name);
         return -1;
@@ -168,7 +150,7 @@ static int check_key(PyObject *key, const char *fn) {
     return 0;
 }
 
-static int check_digest(PyObject *digest, const char *fn) {
+SP_HIDDEN int check_digest(PyObject *digest, const char *fn) {
     if (!PyBytes_Check(digest) || PyBytes_GET_SIZE(digest) != DIGEST_LEN) {
         PyErr_Format(PyExc_ValueError, "%s(): layout_digest is %d bytes", fn, DIGEST_LEN);
         return -1;
@@ -177,14 +159,14 @@ static int check_digest(PyObject *digest, const char *fn) {
 }
 
 /* 0 if a METH_FASTCALL function fn got the want arguments it takes, else -1 with TypeError. */
-static int check_nargs(const char *fn, Py_ssize_t nargs, Py_ssize_t want) {
+SP_HIDDEN int check_nargs(const char *fn, Py_ssize_t nargs, Py_ssize_t want) {
     if (nargs == want) return 0;
     PyErr_Format(PyExc_TypeError, "%s() takes %zd arguments (%zd given)", fn, want, nargs);
     return -1;
 }
 
 /* An unsigned 64-bit field from a Python int (OverflowError outside 0 .. 2**64 - 1). */
-static int get_u64(PyObject *v, uint64_t *out) {
+SP_HIDDEN int get_u64(PyObject *v, uint64_t *out) {
     unsigned long long x = PyLong_AsUnsignedLongLong(v);
     if (x == (unsigned long long)-1 && PyErr_Occurred()) return -1;
     *out = (uint64_t)x;
@@ -379,7 +361,7 @@ fail:
 }
 
 /* An int argument within int32 (the descriptors' fields). */
-static int get_i32(PyObject *v, int32_t *out, const char *fn, const char *what) {
+SP_HIDDEN int get_i32(PyObject *v, int32_t *out, const char *fn, const char *what) {
     long x = PyLong_AsLong(v);
     if (x == -1 && PyErr_Occurred()) return -1;
     if (x < INT32_MIN || x > INT32_MAX) {
@@ -391,7 +373,7 @@ static int get_i32(PyObject *v, int32_t *out, const char *fn, const char *what) 
 }
 
 /* The base32 token of a key named by name_of (1 to MAX_B32_KEY bytes), else -1 with an error. */
-static int check_named_key(PyObject *key, const char *fn) {
+SP_HIDDEN int check_named_key(PyObject *key, const char *fn) {
     if (!PyBytes_Check(key)) {
         PyErr_Format(PyExc_TypeError, "%s(): a key is bytes, not %.100s", fn, Py_TYPE(key)->tp_name);
         return -1;
@@ -402,435 +384,6 @@ static int check_named_key(PyObject *key, const char *fn) {
         return -1;
     }
     return 0;
-}
-
-/* pack_reads(table, offset, prio, keys, cids, blocks, dfds, flags, hashed, hb_addr, hb_len,
- * view_addr, n) -> None: for each j, the READ descriptor (struct at_job, group -1) of keys[j]'s
- * file, named as name_of names it in the directory dfds[shard], written at table[offset + j *
- * 856:]: header block blocks[j] of hb_len bytes from hb_addr, payload of n bytes into chunk
- * cids[j] of the view at view_addr. Everything is checked before a byte is written. */
-static PyObject *pack_reads(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    (void)self;
-    static const char fn[] = "pack_reads";
-    if (check_nargs(fn, nargs, 13) < 0) return NULL;
-    Py_ssize_t offset = PyLong_AsSsize_t(args[1]);
-    if (offset == -1 && PyErr_Occurred()) return NULL;
-    int32_t prio, flags, hashed;
-    uint64_t hb_addr, hb_len, view_addr, n;
-    if (get_i32(args[2], &prio, fn, "prio") < 0 || get_i32(args[7], &flags, fn, "flags") < 0 ||
-        get_i32(args[8], &hashed, fn, "hashed") < 0 || get_u64(args[9], &hb_addr) < 0 ||
-        get_u64(args[10], &hb_len) < 0 || get_u64(args[11], &view_addr) < 0 || get_u64(args[12], &n) < 0 ||
-        need_xxh3(fn) < 0)
-        return NULL;
-    PyObject *keys = NULL, *cids = NULL, *blocks = NULL, *dfds = NULL, *out = NULL;
-    Py_buffer view = {0};
-    int have_view = 0;
-    if ((keys = PySequence_Fast(args[3], "pack_reads(): keys is a sequence")) == NULL ||
-        (cids = PySequence_Fast(args[4], "pack_reads(): cids is a sequence")) == NULL ||
-        (blocks = PySequence_Fast(args[5], "pack_reads(): blocks is a sequence")) == NULL ||
-        (dfds = PySequence_Fast(args[6], "pack_reads(): dfds is a sequence")) == NULL)
-        goto done;
-    Py_ssize_t m = PySequence_Fast_GET_SIZE(keys);
-    if (PySequence_Fast_GET_SIZE(cids) != m || PySequence_Fast_GET_SIZE(blocks) != m ||
-        PySequence_Fast_GET_SIZE(dfds) != N_SHARDS) {
-        PyErr_Format(PyExc_ValueError, "%s(): %zd keys, %zd cids, %zd blocks and %zd dfds (one per key, %d dfds)", fn,
-                     m, PySequence_Fast_GET_SIZE(cids), PySequence_Fast_GET_SIZE(blocks),
-                     PySequence_Fast_GET_SIZE(dfds), N_SHARDS);
-        goto done;
-    }
-    if (PyObject_GetBuffer(args[0], &view, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) goto done;
-    have_view = 1;
-    if (offset < 0 || offset > view.len || m > (view.len - offset) / (Py_ssize_t)sizeof(struct at_job)) {
-        PyErr_Format(PyExc_ValueError, "%s(): %zd descriptors at offset %zd of a %zd-byte table", fn, m, offset,
-                     view.len);
-        goto done;
-    }
-    PyObject **ks = PySequence_Fast_ITEMS(keys), **cs = PySequence_Fast_ITEMS(cids);
-    PyObject **bs = PySequence_Fast_ITEMS(blocks), **ds = PySequence_Fast_ITEMS(dfds);
-    uint64_t v;
-    int32_t fd;
-    for (Py_ssize_t j = 0; j < m; j++)
-        if (check_named_key(ks[j], fn) < 0 || get_u64(cs[j], &v) < 0 || get_u64(bs[j], &v) < 0) goto done;
-    for (Py_ssize_t i = 0; i < N_SHARDS; i++)
-        if (get_i32(ds[i], &fd, fn, "a dfd") < 0) goto done;
-    struct at_job *jobs = (struct at_job *)((char *)view.buf + offset);
-    for (Py_ssize_t j = 0; j < m; j++) {
-        struct at_job *job = &jobs[j];
-        const unsigned char *s = (const unsigned char *)PyBytes_AS_STRING(ks[j]);
-        Py_ssize_t klen = PyBytes_GET_SIZE(ks[j]);
-        uint64_t cid, block;
-        get_u64(cs[j], &cid);
-        get_u64(bs[j], &block);
-        get_i32(ds[xxh3(s, (size_t)klen) & (N_SHARDS - 1)], &fd, fn, "a dfd");
-        memset(job, 0, sizeof *job);
-        job->group = -1;
-        job->kind = AT_READ;
-        job->prio = prio;
-        job->dfd = fd;
-        job->flags = flags;
-        job->fd = -1;
-        job->dfd2 = -1;
-        job->hashed = hashed;
-        job->hb = (void *)(uintptr_t)(hb_addr + block * hb_len);
-        job->hb_len = (size_t)hb_len;
-        job->buf = (void *)(uintptr_t)(view_addr + cid * n);
-        job->len = (size_t)n;
-        b32_into(s, klen, job->name);
-    }
-    out = Py_None;
-    Py_INCREF(out);
-done:
-    if (have_view) PyBuffer_Release(&view);
-    Py_XDECREF(keys);
-    Py_XDECREF(cids);
-    Py_XDECREF(blocks);
-    Py_XDECREF(dfds);
-    return out;
-}
-
-/* reads_failed(res, offset, keys, blocks, hbs, hb_len, n, layout_digest) -> list[int]: the
- * j whose read (its outcome, struct at_res, at res[offset + j * 24:]) failed, did not bring
- * hb_len + n bytes, or left in header block blocks[j] of hbs a header other than
- * pack_header(keys[j], n, the payload's checksum it computed, layout_digest). */
-static PyObject *reads_failed(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    (void)self;
-    static const char fn[] = "reads_failed";
-    if (check_nargs(fn, nargs, 8) < 0) return NULL;
-    Py_ssize_t offset = PyLong_AsSsize_t(args[1]);
-    if (offset == -1 && PyErr_Occurred()) return NULL;
-    uint64_t hb_len, n;
-    if (get_u64(args[5], &hb_len) < 0 || get_u64(args[6], &n) < 0 || check_digest(args[7], fn) < 0 ||
-        need_xxh3(fn) < 0)
-        return NULL;
-    PyObject *keys = NULL, *blocks = NULL, *out = NULL, *bad = NULL;
-    Py_buffer res = {0}, hbs = {0};
-    int have_res = 0, have_hbs = 0;
-    if ((keys = PySequence_Fast(args[2], "reads_failed(): keys is a sequence")) == NULL ||
-        (blocks = PySequence_Fast(args[3], "reads_failed(): blocks is a sequence")) == NULL)
-        goto done;
-    Py_ssize_t m = PySequence_Fast_GET_SIZE(keys);
-    if (PySequence_Fast_GET_SIZE(blocks) != m) {
-        PyErr_Format(PyExc_ValueError, "%s(): %zd keys but %zd blocks", fn, m, PySequence_Fast_GET_SIZE(blocks));
-        goto done;
-    }
-    if (PyObject_GetBuffer(args[0], &res, PyBUF_C_CONTIGUOUS) < 0) goto done;
-    have_res = 1;
-    if (PyObject_GetBuffer(args[4], &hbs, PyBUF_C_CONTIGUOUS) < 0) goto done;
-    have_hbs = 1;
-    if (offset < 0 || offset > res.len || m > (res.len - offset) / (Py_ssize_t)sizeof(struct at_res)) {
-        PyErr_Format(PyExc_ValueError, "%s(): %zd outcomes at offset %zd of %zd bytes", fn, m, offset, res.len);
-        goto done;
-    }
-    PyObject **ks = PySequence_Fast_ITEMS(keys), **bs = PySequence_Fast_ITEMS(blocks);
-    uint64_t block;
-    for (Py_ssize_t j = 0; j < m; j++) {
-        if (check_key(ks[j], fn) < 0 || get_u64(bs[j], &block) < 0) goto done;
-        Py_ssize_t size = FIXED_LEN + PyBytes_GET_SIZE(ks[j]) + 8;
-        if (hb_len > (uint64_t)hbs.len || (uint64_t)size > hb_len || block >= (uint64_t)hbs.len / hb_len) {
-            PyErr_Format(PyExc_ValueError, "%s(): header %zd (%zd bytes) does not fit block %llu of %llu bytes in %zd",
-                         fn, j, size, (unsigned long long)block, (unsigned long long)hb_len, hbs.len);
-            goto done;
-        }
-    }
-    if ((bad = PyList_New(0)) == NULL) goto done;
-    const char *digest = PyBytes_AS_STRING(args[7]);
-    unsigned char want[FIXED_LEN + MAX_B32_KEY + 8], *big = NULL;
-    for (Py_ssize_t j = 0; j < m; j++) {
-        struct at_res r;
-        memcpy(&r, (const char *)res.buf + offset + j * (Py_ssize_t)sizeof r, sizeof r);
-        get_u64(bs[j], &block);
-        Py_ssize_t klen = PyBytes_GET_SIZE(ks[j]), size = FIXED_LEN + klen + 8;
-        int ok = r.stage == 0 && r.result >= 0 && (uint64_t)r.result == hb_len + n;
-        if (ok) {
-            unsigned char *w = want;
-            if (size > (Py_ssize_t)sizeof want && (w = big = PyMem_Malloc((size_t)size)) == NULL) {
-                PyErr_NoMemory();
-                Py_CLEAR(bad);
-                goto done;
-            }
-            put_header(w, PyBytes_AS_STRING(ks[j]), klen, n, r.csum, 0, digest);
-            ok = memcmp((const char *)hbs.buf + block * hb_len, w, (size_t)size) == 0;
-            PyMem_Free(big);
-            big = NULL;
-        }
-        if (!ok) {
-            PyObject *i = PyLong_FromSsize_t(j);
-            if (i == NULL || PyList_Append(bad, i) < 0) {
-                Py_XDECREF(i);
-                Py_CLEAR(bad);
-                goto done;
-            }
-            Py_DECREF(i);
-        }
-    }
-    out = bad;
-    bad = NULL;
-done:
-    if (have_res) PyBuffer_Release(&res);
-    if (have_hbs) PyBuffer_Release(&hbs);
-    Py_XDECREF(keys);
-    Py_XDECREF(blocks);
-    Py_XDECREF(bad);
-    return out;
-}
-
-/* A temporary file name: ASCII str shorter than a descriptor's name field, else -1. */
-static const char *get_temp(PyObject *v, const char *fn) {
-    Py_ssize_t len;
-    const char *p = PyUnicode_Check(v) && PyUnicode_IS_ASCII(v) ? PyUnicode_AsUTF8AndSize(v, &len) : NULL;
-    if (p == NULL || len >= NAME_MAX_LEN) {
-        if (!PyErr_Occurred())
-            PyErr_Format(PyExc_ValueError, "%s(): a temporary name is an ASCII str of under %d characters", fn,
-                         NAME_MAX_LEN);
-        return NULL;
-    }
-    return p;
-}
-
-/* A store's header, pack_header(key, n, 0, digest), at the start of its block of hb_len bytes,
- * the rest zeroed (the block is written to the file whole); its size. */
-static Py_ssize_t put_block_header(unsigned char *hb, uint64_t hb_len, PyObject *key, uint64_t n, const char *digest) {
-    Py_ssize_t size = put_header(hb, PyBytes_AS_STRING(key), PyBytes_GET_SIZE(key), n, 0, 0, digest);
-    memset(hb + size, 0, (size_t)(hb_len - (uint64_t)size));
-    return size;
-}
-
-/* Whether key's header fits block `block` of hb_len bytes in hbs (else -1 with ValueError). */
-static int check_block(const Py_buffer *hbs, uint64_t hb_len, uint64_t block, PyObject *key, Py_ssize_t j,
-                       const char *fn) {
-    Py_ssize_t size = FIXED_LEN + PyBytes_GET_SIZE(key) + 8;
-    if (hb_len > (uint64_t)hbs->len || (uint64_t)size > hb_len || block >= (uint64_t)hbs->len / hb_len) {
-        PyErr_Format(PyExc_ValueError, "%s(): header %zd (%zd bytes) does not fit block %llu of %llu bytes in %zd", fn,
-                     j, size, (unsigned long long)block, (unsigned long long)hb_len, hbs->len);
-        return -1;
-    }
-    return 0;
-}
-
-/* pack_writes(table, offset, prio, keys, cids, blocks, fds, dfds, flags, sync, mode, hbs,
- * hb_addr, hb_len, view_addr, n, layout_digest) -> None: for each j, the store of chunk cids[j]
- * under keys[j] into a new unnamed file (one AT_WRITE job: fds[j], a file made ahead, or -1 for
- * the worker to make one; published by linking it at the key's name): its header, with a zero
- * checksum, written into header block blocks[j] of hbs (the rest zeroed) and the descriptor at
- * table[offset + j * 856:]. Everything is checked before a byte is written. */
-static PyObject *pack_writes(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    (void)self;
-    static const char fn[] = "pack_writes";
-    if (check_nargs(fn, nargs, 17) < 0) return NULL;
-    Py_ssize_t offset = PyLong_AsSsize_t(args[1]);
-    if (offset == -1 && PyErr_Occurred()) return NULL;
-    int32_t prio, flags, sync, mode, fd;
-    uint64_t hb_addr, hb_len, view_addr, n, v;
-    if (get_i32(args[2], &prio, fn, "prio") < 0 || get_i32(args[8], &flags, fn, "flags") < 0 ||
-        get_i32(args[9], &sync, fn, "sync") < 0 || get_i32(args[10], &mode, fn, "mode") < 0 ||
-        get_u64(args[12], &hb_addr) < 0 || get_u64(args[13], &hb_len) < 0 || get_u64(args[14], &view_addr) < 0 ||
-        get_u64(args[15], &n) < 0 || check_digest(args[16], fn) < 0 || need_xxh3(fn) < 0)
-        return NULL;
-    PyObject *seq[5] = {NULL};
-    static const char *what[5] = {"keys", "cids", "blocks", "fds", "dfds"};
-    PyObject *out = NULL;
-    Py_buffer table = {0}, hbs = {0};
-    int have_table = 0, have_hbs = 0;
-    for (int i = 0; i < 5; i++)
-        if ((seq[i] = PySequence_Fast(args[3 + i], "pack_writes(): keys, cids, blocks, fds and dfds are sequences")) ==
-            NULL)
-            goto done;
-    Py_ssize_t m = PySequence_Fast_GET_SIZE(seq[0]);
-    for (int i = 1; i < 5; i++) {
-        Py_ssize_t want = i == 4 ? N_SHARDS : m;
-        if (PySequence_Fast_GET_SIZE(seq[i]) != want) {
-            PyErr_Format(PyExc_ValueError, "%s(): %zd %s, not %zd (one per key; %d dfds)", fn,
-                         PySequence_Fast_GET_SIZE(seq[i]), what[i], want, N_SHARDS);
-            goto done;
-        }
-    }
-    if (PyObject_GetBuffer(args[0], &table, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) goto done;
-    have_table = 1;
-    if (PyObject_GetBuffer(args[11], &hbs, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) goto done;
-    have_hbs = 1;
-    if (offset < 0 || offset > table.len || m > (table.len - offset) / (Py_ssize_t)sizeof(struct at_job)) {
-        PyErr_Format(PyExc_ValueError, "%s(): %zd descriptors at offset %zd of a %zd-byte table", fn, m, offset,
-                     table.len);
-        goto done;
-    }
-    PyObject **ks = PySequence_Fast_ITEMS(seq[0]), **cs = PySequence_Fast_ITEMS(seq[1]);
-    PyObject **bs = PySequence_Fast_ITEMS(seq[2]), **fs = PySequence_Fast_ITEMS(seq[3]);
-    PyObject **ds = PySequence_Fast_ITEMS(seq[4]);
-    for (Py_ssize_t j = 0; j < m; j++)
-        if (check_named_key(ks[j], fn) < 0 || get_u64(cs[j], &v) < 0 || get_i32(fs[j], &fd, fn, "a fd") < 0 ||
-            get_u64(bs[j], &v) < 0 || check_block(&hbs, hb_len, v, ks[j], j, fn) < 0)
-            goto done;
-    for (Py_ssize_t i = 0; i < N_SHARDS; i++)
-        if (get_i32(ds[i], &fd, fn, "a dfd") < 0) goto done;
-    struct at_job *jobs = (struct at_job *)((char *)table.buf + offset);
-    const char *digest = PyBytes_AS_STRING(args[16]);
-    for (Py_ssize_t j = 0; j < m; j++) {
-        struct at_job *job = &jobs[j];
-        const unsigned char *k = (const unsigned char *)PyBytes_AS_STRING(ks[j]);
-        Py_ssize_t klen = PyBytes_GET_SIZE(ks[j]);
-        uint64_t cid, block;
-        int32_t dfd, own_fd;
-        get_u64(cs[j], &cid);
-        get_u64(bs[j], &block);
-        get_i32(fs[j], &own_fd, fn, "a fd");
-        get_i32(ds[xxh3(k, (size_t)klen) & (N_SHARDS - 1)], &dfd, fn, "a dfd");
-        Py_ssize_t size = put_block_header((unsigned char *)hbs.buf + block * hb_len, hb_len, ks[j], n, digest);
-        memset(job, 0, sizeof *job);
-        job->group = -1;
-        job->kind = AT_WRITE;
-        job->prio = prio;
-        job->dfd = dfd;
-        job->flags = flags;
-        job->fd = own_fd;
-        job->dfd2 = -1;
-        job->sync = sync;
-        job->body_len = (int32_t)(size - 8);
-        job->mode = mode;
-        job->hb = (void *)(uintptr_t)(hb_addr + block * hb_len);
-        job->hb_len = (size_t)hb_len;
-        job->buf = (void *)(uintptr_t)(view_addr + cid * n);
-        job->len = (size_t)n;
-        b32_into(k, klen, job->name);
-    }
-    out = Py_None;
-    Py_INCREF(out);
-done:
-    if (have_table) PyBuffer_Release(&table);
-    if (have_hbs) PyBuffer_Release(&hbs);
-    for (int i = 0; i < 5; i++) Py_XDECREF(seq[i]);
-    return out;
-}
-
-/* pack_recycles(table, offset, prio, keys, victims, temps, cids, blocks, dfds, flags, lock_fd,
- * sync, hbs, hb_addr, hb_len, view_addr, n, layout_digest) -> None: for each j, the store of
- * chunk cids[j] under keys[j] into the file of victims[j] (one AT_RECYCLE job: renamed to
- * temps[j] while it is filled): pack_header(keys[j], n, 0, layout_digest) written into header
- * block blocks[j] of hbs (the rest of the block zeroed) and the descriptor at table[offset + j
- * * 856:], the names as name_of gives them. Everything is checked before a byte is written. */
-static PyObject *pack_recycles(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    (void)self;
-    static const char fn[] = "pack_recycles";
-    if (check_nargs(fn, nargs, 18) < 0) return NULL;
-    Py_ssize_t offset = PyLong_AsSsize_t(args[1]);
-    if (offset == -1 && PyErr_Occurred()) return NULL;
-    int32_t prio, flags, lock_fd, sync, fd;
-    uint64_t hb_addr, hb_len, view_addr, n, v;
-    if (get_i32(args[2], &prio, fn, "prio") < 0 || get_i32(args[9], &flags, fn, "flags") < 0 ||
-        get_i32(args[10], &lock_fd, fn, "lock_fd") < 0 || get_i32(args[11], &sync, fn, "sync") < 0 ||
-        get_u64(args[13], &hb_addr) < 0 || get_u64(args[14], &hb_len) < 0 || get_u64(args[15], &view_addr) < 0 ||
-        get_u64(args[16], &n) < 0 || check_digest(args[17], fn) < 0 || need_xxh3(fn) < 0)
-        return NULL;
-    PyObject *seq[6] = {NULL};
-    static const char *what[6] = {"keys", "victims", "temps", "cids", "blocks", "dfds"};
-    PyObject *out = NULL;
-    Py_buffer table = {0}, hbs = {0};
-    int have_table = 0, have_hbs = 0;
-    for (int i = 0; i < 6; i++) {
-        if ((seq[i] = PySequence_Fast(args[3 + i], "pack_recycles(): keys, victims, temps, cids, blocks and dfds "
-                                                   "are sequences")) == NULL)
-            goto done;
-    }
-    Py_ssize_t m = PySequence_Fast_GET_SIZE(seq[0]);
-    for (int i = 1; i < 6; i++) {
-        Py_ssize_t want = i == 5 ? N_SHARDS : m;
-        if (PySequence_Fast_GET_SIZE(seq[i]) != want) {
-            PyErr_Format(PyExc_ValueError, "%s(): %zd %s, not %zd (one per key; %d dfds)", fn,
-                         PySequence_Fast_GET_SIZE(seq[i]), what[i], want, N_SHARDS);
-            goto done;
-        }
-    }
-    if (PyObject_GetBuffer(args[0], &table, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) goto done;
-    have_table = 1;
-    if (PyObject_GetBuffer(args[12], &hbs, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) goto done;
-    have_hbs = 1;
-    if (offset < 0 || offset > table.len || m > (table.len - offset) / (Py_ssize_t)sizeof(struct at_job)) {
-        PyErr_Format(PyExc_ValueError, "%s(): %zd descriptors at offset %zd of a %zd-byte table", fn, m, offset,
-                     table.len);
-        goto done;
-    }
-    PyObject **ks = PySequence_Fast_ITEMS(seq[0]), **vs = PySequence_Fast_ITEMS(seq[1]);
-    PyObject **ts = PySequence_Fast_ITEMS(seq[2]), **cs = PySequence_Fast_ITEMS(seq[3]);
-    PyObject **bs = PySequence_Fast_ITEMS(seq[4]), **ds = PySequence_Fast_ITEMS(seq[5]);
-    for (Py_ssize_t j = 0; j < m; j++) {
-        if (check_named_key(ks[j], fn) < 0 || check_named_key(vs[j], fn) < 0 || get_temp(ts[j], fn) == NULL ||
-            get_u64(cs[j], &v) < 0 || get_u64(bs[j], &v) < 0 || check_block(&hbs, hb_len, v, ks[j], j, fn) < 0)
-            goto done;
-    }
-    for (Py_ssize_t i = 0; i < N_SHARDS; i++)
-        if (get_i32(ds[i], &fd, fn, "a dfd") < 0) goto done;
-    struct at_job *jobs = (struct at_job *)((char *)table.buf + offset);
-    const char *digest = PyBytes_AS_STRING(args[17]);
-    for (Py_ssize_t j = 0; j < m; j++) {
-        struct at_job *job = &jobs[j];
-        const unsigned char *k = (const unsigned char *)PyBytes_AS_STRING(ks[j]);
-        const unsigned char *vk = (const unsigned char *)PyBytes_AS_STRING(vs[j]);
-        Py_ssize_t klen = PyBytes_GET_SIZE(ks[j]), vlen = PyBytes_GET_SIZE(vs[j]);
-        uint64_t cid, block;
-        int32_t dfd, vdfd;
-        get_u64(cs[j], &cid);
-        get_u64(bs[j], &block);
-        get_i32(ds[xxh3(k, (size_t)klen) & (N_SHARDS - 1)], &dfd, fn, "a dfd");
-        get_i32(ds[xxh3(vk, (size_t)vlen) & (N_SHARDS - 1)], &vdfd, fn, "a dfd");
-        Py_ssize_t size = put_block_header((unsigned char *)hbs.buf + block * hb_len, hb_len, ks[j], n, digest);
-        memset(job, 0, sizeof *job);
-        job->group = -1;
-        job->kind = AT_RECYCLE;
-        job->prio = prio;
-        job->dfd = dfd;
-        job->flags = flags;
-        job->fd = lock_fd;
-        job->dfd2 = vdfd;
-        job->sync = sync;
-        job->body_len = (int32_t)(size - 8);
-        job->hb = (void *)(uintptr_t)(hb_addr + block * hb_len);
-        job->hb_len = (size_t)hb_len;
-        job->buf = (void *)(uintptr_t)(view_addr + cid * n);
-        job->len = (size_t)n;
-        b32_into(k, klen, job->name);
-        b32_into(vk, vlen, job->name2);
-        strcpy(job->name3, get_temp(ts[j], fn));
-    }
-    out = Py_None;
-    Py_INCREF(out);
-done:
-    if (have_table) PyBuffer_Release(&table);
-    if (have_hbs) PyBuffer_Release(&hbs);
-    for (int i = 0; i < 6; i++) Py_XDECREF(seq[i]);
-    return out;
-}
-
-/* jobs_failed(res, offset, m) -> list[int]: the j whose outcome (struct at_res at res[offset +
- * j * 24:]) did not simply succeed: it names a failed step, or has info set (a write whose name
- * was taken by another writer). */
-static PyObject *jobs_failed(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    (void)self;
-    static const char fn[] = "jobs_failed";
-    if (check_nargs(fn, nargs, 3) < 0) return NULL;
-    Py_ssize_t offset = PyLong_AsSsize_t(args[1]), m = PyLong_AsSsize_t(args[2]);
-    if ((offset == -1 || m == -1) && PyErr_Occurred()) return NULL;
-    Py_buffer res;
-    if (PyObject_GetBuffer(args[0], &res, PyBUF_C_CONTIGUOUS) < 0) return NULL;
-    PyObject *bad = NULL;
-    if (offset < 0 || m < 0 || offset > res.len || m > (res.len - offset) / (Py_ssize_t)sizeof(struct at_res)) {
-        PyErr_Format(PyExc_ValueError, "%s(): %zd outcomes at offset %zd of %zd bytes", fn, m, offset, res.len);
-        goto done;
-    }
-    if ((bad = PyList_New(0)) == NULL) goto done;
-    for (Py_ssize_t j = 0; j < m; j++) {
-        struct at_res r;
-        memcpy(&r, (const char *)res.buf + offset + j * (Py_ssize_t)sizeof r, sizeof r);
-        if (r.stage == 0 && r.info == 0) continue;
-        PyObject *i = PyLong_FromSsize_t(j);
-        if (i == NULL || PyList_Append(bad, i) < 0) {
-            Py_XDECREF(i);
-            Py_CLEAR(bad);
-            goto done;
-        }
-        Py_DECREF(i);
-    }
-done:
-    PyBuffer_Release(&res);
-    return bad;
 }
 
 static PyMethodDef methods[] = {

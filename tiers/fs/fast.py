@@ -8,10 +8,12 @@ plans and outcomes are the protocol's (:mod:`.protocol`), the same as :class:`.n
 runs one coroutine at a time; anything else is handed to it as a continuation.
 
 A group job (of a load with at least twice as many chunks as its share of ``max_inflight``,
-or of such a store on a local file system, see :meth:`.tier.FsTier.group_size`) is planned
-chunk by chunk the same way into one
-:data:`~asynctier.engines.native.GROUP` descriptor, so that the engine plans, submits and
-books one job for several files; its chunks' continuations run one after another.
+or of such a store on a local file system, see :meth:`.tier.FsTier.group_size`) puts
+several files in one :data:`~asynctier.engines.native.GROUP` descriptor, so that the engine
+plans, submits and books one job for them; its chunks' continuations run one after another.
+Where the view is aligned, its plain chunks are planned and booked in bulk (the index under
+one lock, descriptors and checks by :mod:`.bulk`); the others, and every chunk of an
+unaligned view, chunk by chunk as a lone job is.
 """
 
 from __future__ import annotations

@@ -1,0 +1,50 @@
+/* What the two files of asynctier._speedups share (_speedups.c: the per-chunk twins and the
+ * module; _speedups_groups.c: a group job's descriptors and checks). */
+#ifndef ASYNCTIER_SPEEDUPS_H
+#define ASYNCTIER_SPEEDUPS_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "engines/_nativeio.h" /* struct at_job and at_res: the workers' descriptors */
+
+_Static_assert(sizeof(struct at_job) == 856, "struct at_job is asynctier.engines.native.JOB_LAYOUT");
+_Static_assert(sizeof(struct at_res) == 24, "struct at_res is asynctier.engines.native.RESULT_LAYOUT");
+
+#define SP_HIDDEN __attribute__((visibility("hidden")))
+
+#define MAX_B32_KEY 96 /* longer keys are named by a hash (asynctier.integrity.key_token) */
+#define N_SHARDS 256   /* asynctier.tiers.fs.layout.N_SHARDS */
+#define FORMAT_VERSION 1 /* asynctier.spec.FORMAT_VERSION (the tests compare the headers) */
+#define HEADER_MAGIC "ATKV"
+#define FIXED_LEN 52 /* asynctier.integrity._FIXED: <4sHHIQQQ16s */
+#define DIGEST_LEN 16
+
+/* the XXH3_64bits the workers hash with (use_xxh3) */
+SP_HIDDEN extern xxh3_fn xxh3;
+
+/* The base32 of s[0:n] written at d (8n/5 characters, rounded up); the end. */
+SP_HIDDEN char *b32_into(const unsigned char *s, Py_ssize_t n, char *d);
+/* 0 once use_xxh3 was called, else -1 with RuntimeError naming fn. */
+SP_HIDDEN int need_xxh3(const char *fn);
+/* asynctier.integrity.pack_header(key, payload_len, csum, digest, seq) at p; its size. */
+SP_HIDDEN Py_ssize_t put_header(unsigned char *p, const char *key, Py_ssize_t klen, uint64_t payload_len,
+                                uint64_t csum, uint64_t seq, const char *digest);
+/* Argument checks: 0, or -1 with an exception naming fn. */
+SP_HIDDEN int check_key(PyObject *key, const char *fn);
+SP_HIDDEN int check_named_key(PyObject *key, const char *fn);
+SP_HIDDEN int check_digest(PyObject *digest, const char *fn);
+SP_HIDDEN int check_nargs(const char *fn, Py_ssize_t nargs, Py_ssize_t want);
+SP_HIDDEN int get_u64(PyObject *v, uint64_t *out);
+SP_HIDDEN int get_i32(PyObject *v, int32_t *out, const char *fn, const char *what);
+
+/* _speedups_groups.c */
+SP_HIDDEN PyObject *pack_reads(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+SP_HIDDEN PyObject *reads_failed(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+SP_HIDDEN PyObject *pack_writes(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+SP_HIDDEN PyObject *pack_recycles(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+SP_HIDDEN PyObject *jobs_failed(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+
+#endif
