@@ -300,7 +300,6 @@ done:
     return out;
 }
 
-
 /* pack_recycles(table, offset, prio, keys, victims, temps, cids, blocks, dfds, flags, lock_fd,
  * sync, hbs, hb_addr, hb_len, view_addr, n, layout_digest) -> None: for each j, the store of
  * chunk cids[j] under keys[j] into the file of victims[j] (one AT_RECYCLE job: renamed to
