@@ -13,7 +13,7 @@
 
 /* What the packers share: the caller's table of descriptors, with room for m at offset, and
  * their sequences (PySequence_Fast): m items each but the last, dfds, the N_SHARDS shard
- * directories (int32 each). */
+ * directories (those used are checked by check_shard). */
 struct packing {
     Py_buffer table;
     int have_table, nseq;
@@ -51,10 +51,6 @@ static int packing_open(struct packing *pk, PyObject *const *args, int first, in
             return -1;
         }
     }
-    PyObject **ds = PySequence_Fast_ITEMS(pk->seq[nseq - 1]);
-    int32_t fd;
-    for (Py_ssize_t i = 0; i < N_SHARDS; i++)
-        if (get_i32(ds[i], &fd, fn, "a dfd") < 0) return -1;
     if (PyObject_GetBuffer(args[0], &pk->table, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) return -1;
     pk->have_table = 1;
     if (offset < 0 || offset > pk->table.len || pk->m > (pk->table.len - offset) / (Py_ssize_t)sizeof(struct at_job)) {
@@ -66,11 +62,19 @@ static int packing_open(struct packing *pk, PyObject *const *args, int first, in
     return 0;
 }
 
-/* The directory of key's shard (the dfds were checked by packing_open). */
+/* The directory of key's shard, a checked key's (check_shard); an int32. */
 static int32_t shard_dfd(const struct packing *pk, PyObject *key) {
-    PyObject *d = PySequence_Fast_ITEMS(pk->seq[pk->nseq - 1])[xxh3(PyBytes_AS_STRING(key), (size_t)PyBytes_GET_SIZE(key)) &
-                                                             (N_SHARDS - 1)];
-    return (int32_t)PyLong_AsLong(d);
+    PyObject **ds = PySequence_Fast_ITEMS(pk->seq[pk->nseq - 1]);
+    return (int32_t)PyLong_AsLong(ds[xxh3(PyBytes_AS_STRING(key), (size_t)PyBytes_GET_SIZE(key)) & (N_SHARDS - 1)]);
+}
+
+/* check_named_key, and its shard's directory an int32 (only the shards used are looked at:
+ * a group uses a few of the N_SHARDS); -1 with an error. */
+static int check_shard(const struct packing *pk, PyObject *key, const char *fn) {
+    if (check_named_key(key, fn) < 0) return -1;
+    PyObject **ds = PySequence_Fast_ITEMS(pk->seq[pk->nseq - 1]);
+    int32_t fd;
+    return get_i32(ds[xxh3(PyBytes_AS_STRING(key), (size_t)PyBytes_GET_SIZE(key)) & (N_SHARDS - 1)], &fd, fn, "a dfd");
 }
 
 /* Job j of pk: its common fields (the rest zero), its file named after key as name_of names it. */
@@ -116,7 +120,7 @@ PyObject *pack_reads(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     PyObject **ks = PySequence_Fast_ITEMS(pk.seq[0]), **cs = PySequence_Fast_ITEMS(pk.seq[1]);
     PyObject **bs = PySequence_Fast_ITEMS(pk.seq[2]);
     for (Py_ssize_t j = 0; j < pk.m; j++)
-        if (check_named_key(ks[j], fn) < 0 || get_u64(cs[j], &cid) < 0 || get_u64(bs[j], &block) < 0) goto done;
+        if (check_shard(&pk, ks[j], fn) < 0 || get_u64(cs[j], &cid) < 0 || get_u64(bs[j], &block) < 0) goto done;
     for (Py_ssize_t j = 0; j < pk.m; j++) {
         get_u64(cs[j], &cid);
         get_u64(bs[j], &block);
@@ -277,7 +281,7 @@ PyObject *pack_writes(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     PyObject **ks = PySequence_Fast_ITEMS(pk.seq[0]), **cs = PySequence_Fast_ITEMS(pk.seq[1]);
     PyObject **bs = PySequence_Fast_ITEMS(pk.seq[2]), **fs = PySequence_Fast_ITEMS(pk.seq[3]);
     for (Py_ssize_t j = 0; j < pk.m; j++)
-        if (check_named_key(ks[j], fn) < 0 || get_u64(cs[j], &cid) < 0 || get_i32(fs[j], &fd, fn, "a fd") < 0 ||
+        if (check_shard(&pk, ks[j], fn) < 0 || get_u64(cs[j], &cid) < 0 || get_i32(fs[j], &fd, fn, "a fd") < 0 ||
             get_u64(bs[j], &block) < 0 || check_block(&hbs, hb_len, block, ks[j], j, fn) < 0)
             goto done;
     const char *digest = PyBytes_AS_STRING(args[16]);
@@ -329,7 +333,7 @@ PyObject *pack_recycles(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     PyObject **ts = PySequence_Fast_ITEMS(pk.seq[2]), **cs = PySequence_Fast_ITEMS(pk.seq[3]);
     PyObject **bs = PySequence_Fast_ITEMS(pk.seq[4]);
     for (Py_ssize_t j = 0; j < pk.m; j++)
-        if (check_named_key(ks[j], fn) < 0 || check_named_key(vs[j], fn) < 0 || get_temp(ts[j], fn) == NULL ||
+        if (check_shard(&pk, ks[j], fn) < 0 || check_shard(&pk, vs[j], fn) < 0 || get_temp(ts[j], fn) == NULL ||
             get_u64(cs[j], &cid) < 0 || get_u64(bs[j], &block) < 0 || check_block(&hbs, hb_len, block, ks[j], j, fn) < 0)
             goto done;
     const char *digest = PyBytes_AS_STRING(args[17]);
