@@ -258,11 +258,12 @@ async def test_each_chunk_of_a_group_fails_or_succeeds_on_its_own(
 
 
 @native_only
-async def test_a_cancelled_call_of_group_jobs_waits_for_those_running(tmp_path: Path) -> None:
+@pytest.mark.parametrize("aligned", [True, False], ids=["aligned", "unaligned"])
+async def test_a_cancelled_call_of_group_jobs_waits_for_those_running(tmp_path: Path, aligned: bool) -> None:
     """Cancelled while its group jobs run: jobs not started are withdrawn, those running end
-    before the cancellation comes back; afterwards every chunk loads its own bytes and the
-    tier closes."""
-    tier, view = fs_tier(tmp_path, chunks=64, max_inflight=1)
+    before the cancellation comes back (nothing stays pinned); afterwards every chunk loads its
+    own bytes and the tier closes."""
+    tier, view = fs_tier(tmp_path, chunks=64, max_inflight=1, aligned=aligned)
     view[:] = os.urandom(len(view))
     expect = bytes(view)
     keys = [b"c%d" % i for i in range(64)]
@@ -276,6 +277,7 @@ async def test_a_cancelled_call_of_group_jobs_waits_for_those_running(tmp_path: 
         with pytest.raises(asyncio.CancelledError):
             await task
         assert tier.stats().in_flight == 0  # nothing runs on the buffer any more
+        assert tier.index is not None and all(e.pins == 0 for e in tier.index._entries.values())
         view[:] = bytes(len(view))
         assert (await tier.load(keys, list(range(64)))).ok
         assert bytes(view) == expect
