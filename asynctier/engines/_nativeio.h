@@ -62,7 +62,7 @@
 
 typedef uint64_t (*xxh3_fn)(const void *, size_t);
 
-/* One job, as the caller describes it (laid out as nativeio.Job). */
+/* One job, as the caller describes it (laid out as asynctier.engines.descriptors.Job). */
 struct at_job {
     int32_t group; /* -1: wake the loop when it ends; else a group of jobs (0..nops-1): when its last ends */
     int32_t pad;
@@ -83,7 +83,7 @@ struct at_job {
     char name3[NAME_MAX_LEN]; /* recycling: the victim's file's name while it is overwritten (in dfd) */
 };
 
-/* What Python reads back; one per slot, laid out as nativeio._Result. */
+/* What Python reads back; one per slot, laid out as asynctier.engines.descriptors.Result. */
 struct at_res {
     int64_t result;  /* bytes moved, or -errno of the failed step */
     uint64_t csum;   /* xxh3-64 of the payload (reads that got it all; writes) */
