@@ -27,7 +27,7 @@ from ..stats import StatsRecorder, TierStats, TransferResult
 from .backend import run_to_completion
 from .bookkeeping import Bookkeeping
 from .framing import Framing
-from .jobs import CANCELLED, Batch, Job
+from .jobs import CANCELLED, Job
 from .lifecycle import Lifecycle
 from .ops import Op
 from .validation import check_keys, check_pairs, non_negative_float, positive_int
@@ -312,15 +312,17 @@ class ChunkTier(Bookkeeping, Lifecycle, SecondaryTierManager):
     def _jobs(self, op: Op, keys: list[bytes], ids: list[int]) -> list[Job]:
         t0 = time.perf_counter()
         g = self.group_size(op, len(keys))
+        engine = self._engine
+        assert engine is not None
         if g > 1:
             gfn = self.group_body(op)
-            batch = Batch(-(-len(keys) // g))
+            batch = engine.new_batch(-(-len(keys) // g), op)
             return [
                 Job(op, gfn, (keys[i : i + g], ids[i : i + g], t0), keys[i : i + g], batch, grouped=True)
                 for i in range(0, len(keys), g)
             ]
         fn = self.job_body(op)
-        batch = Batch(len(keys))
+        batch = engine.new_batch(len(keys), op)
         prio = op.priority
         return [Job(op, fn, (k, c, t0), (k,), batch, priority=prio) for k, c in zip(keys, ids)]
 

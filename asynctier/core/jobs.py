@@ -15,7 +15,7 @@ from typing import Any
 
 import anyio
 
-from .backend import LoopCaller, loop_caller
+from .backend import Event, LoopCaller, loop_caller
 from .ops import Op
 
 __all__ = ["Batch", "CANCELLED", "DONE", "Job", "PENDING", "RUNNING"]
@@ -28,14 +28,16 @@ _seq = itertools.count()
 class Batch:
     """The jobs of one call. :attr:`event` is set once none is left pending or running; engines
     call :meth:`one_done` (loop thread) or :meth:`one_done_threadsafe` (worker threads), under
-    their own lock, once per job. Made by the call, on its event loop."""
+    their own lock, once per job. Made by the call, on its event loop: an engine bound to one
+    loop gives its own ``event`` (:func:`~asynctier.core.backend.event_class`) and ``call``
+    (:meth:`~asynctier.engines.base.EngineCounters.new_batch`); else they are this loop's."""
 
     __slots__ = ("_call", "event", "remaining")
 
-    def __init__(self, size: int) -> None:
-        self.event = anyio.Event()
+    def __init__(self, size: int, event: Event | None = None, call: LoopCaller | None = None) -> None:
+        self.event: Event = anyio.Event() if event is None else event
         self.remaining = size
-        self._call: LoopCaller = loop_caller()  # how a worker thread wakes this call's loop
+        self._call: LoopCaller = loop_caller() if call is None else call  # how a worker thread wakes its loop
 
     def one_done(self) -> bool:
         """On the loop thread: count one job out; True if it was the last."""

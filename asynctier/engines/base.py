@@ -15,7 +15,8 @@ from typing import Protocol
 import anyio
 
 from ..core.backend import wait_uninterrupted
-from ..core.jobs import CANCELLED, PENDING, RUNNING, Job
+from ..core.jobs import CANCELLED, PENDING, RUNNING, Batch, Job
+from ..core.ops import Op
 from ..errors import TierStateError
 
 __all__ = ["DropHandler", "Engine", "EngineCounters", "refuse_other_loop"]
@@ -36,6 +37,7 @@ class Engine(Protocol):
     @property
     def workers(self) -> int: ...
     def start(self) -> None: ...
+    def new_batch(self, size: int, op: Op) -> Batch: ...
     async def run(
         self, jobs: list[Job], *, drop_after: float | None = None, on_drop: DropHandler | None = None
     ) -> None:
@@ -64,6 +66,10 @@ class EngineCounters:
         self._stopping = False
         # (priority, seq, job): tuples compare in C; seq is unique, so jobs are never compared
         self._heap: list[tuple[int, int, Job]] = []
+
+    def new_batch(self, size: int, op: Op) -> Batch:
+        """The :class:`~asynctier.core.jobs.Batch` of a call of ``size`` jobs (on its loop)."""
+        return Batch(size)
 
     def _claim(self) -> Job | None:
         """The next pending job off the queue, marked running and counted; None when none is
@@ -125,7 +131,10 @@ class EngineCounters:
                     await done.wait()
                 if not done.is_set() and on_drop is not None:
                     on_drop(self.cancel_pending(jobs))
-            await done.wait()
+            if done.is_set():  # every job ended in submit: a checkpoint all the same, as anyio's wait
+                await anyio.lowlevel.checkpoint()
+            else:
+                await done.wait()
         except anyio.get_cancelled_exc_class():
             # No new I/O of this call starts; I/O already running touches the caller's
             # buffer, so the caller hears of the cancellation only once it has finished.

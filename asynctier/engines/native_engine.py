@@ -38,8 +38,10 @@ from typing import Any, Protocol, TypeVar
 import anyio
 
 from ..core.backend import (
+    Event,
     LoopCaller,
     current_loop,
+    event_class,
     loop_caller,
     loop_soon,
     run_on_thread_to_end,
@@ -153,6 +155,7 @@ class NativeEngine(EngineCounters):
         self._running_workers = 0
         self._ended: anyio.Event | None = None
         self._call: LoopCaller | None = None
+        self._new_event: Callable[[], Event] | None = None
         self._soon: LoopCaller | None = None
         self._loop: object = None
 
@@ -169,6 +172,7 @@ class NativeEngine(EngineCounters):
         self.executor = concurrent.futures.ThreadPoolExecutor(self.bound, thread_name_prefix=f"{self._name}-slow")
         self._loop = current_loop()
         self._call = loop_caller()
+        self._new_event = event_class()
         self._soon = loop_soon()
         self._ended = anyio.Event()
         for i in range(self.slots):
@@ -182,6 +186,13 @@ class NativeEngine(EngineCounters):
         return await run_on_thread_to_end(self.pool.hold, fn, *args, executor=self.executor)
 
     # -- jobs in -------------------------------------------------------------------------------
+    def new_batch(self, size: int, op: Op) -> Batch:
+        """A call's batch with this loop's own event and caller, made once at start (the loop
+        its workers serve: another loop's call is refused at submit)."""
+        if self._new_event is None or self._call is None:
+            return Batch(size)
+        return Batch(size, self._new_event(), self._call)
+
     def submit(self, jobs: Iterable[Job]) -> None:
         if self._stopping or self._ended is None:
             raise EngineStoppedError("engine is not running")

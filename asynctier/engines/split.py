@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from ..core.jobs import Job
+from ..core.jobs import Batch, Job
 from ..core.ops import Op
 from .base import DropHandler
 from .native_engine import NativeEngine
@@ -72,6 +72,9 @@ class SplitEngine:
     @property
     def workers(self) -> int:
         return self.bound
+
+    def new_batch(self, size: int, op: Op) -> Batch:
+        return (self.native if op in self.native.fast else self.threads).new_batch(size, op)
 
     def start(self) -> None:
         self.native.start()
