@@ -141,6 +141,31 @@ async def test_cancel_waits_for_running_io_and_withdraws_queued_io() -> None:
         assert len(tier.log) == 2, "a chunk I/O started after the cancellation"
 
 
+async def test_drain_and_close_wait_for_the_calls_in_flight_and_no_longer() -> None:
+    """drain() returns at once with no call in flight; else once the last has ended (two
+    overlapping calls: not at the first's end); aclose() waits for them too."""
+    tier, _ = make(max_inflight=4)
+    async with tier:
+        await tier.drain()
+        tier.gate.clear()
+        first = asyncio.ensure_future(tier.offload([b"a"], [0]))
+        second = asyncio.ensure_future(tier.offload([b"b"], [1]))
+        await wait_until(lambda: tier.stats().in_flight == 2)
+        drained = asyncio.ensure_future(tier.drain())
+        for _ in range(10):
+            await asyncio.sleep(0.001)
+        assert not drained.done()
+        tier.gate.set()
+        await drained
+        assert first.done() and second.done() and first.result().ok and second.result().ok
+        await tier.drain()
+        tier.gate.clear()
+        third = asyncio.ensure_future(tier.offload([b"c"], [2]))
+        await wait_until(lambda: tier.stats().in_flight == 1)
+        asyncio.get_running_loop().call_later(0.02, tier.gate.set)
+    assert third.done() and third.result().ok  # the close waited for it
+
+
 async def test_cancel_under_timeout_context_also_waits() -> None:
     tier, _ = make(max_inflight=1)
     async with tier:

@@ -125,7 +125,7 @@ class ChunkTier(Bookkeeping, Lifecycle, SecondaryTierManager):
         self._init_lifecycle()
         self._engine: Engine | None = None
         self._active = 0
-        self._idle: anyio.Event | None = None
+        self._idle: anyio.Event | None = None  # made by drain() only while calls run (not per call)
 
     # -- hooks for subclasses (docs/writing-a-tier.md) -------------------------------------
     def make_engine(self) -> Engine:
@@ -188,8 +188,6 @@ class ChunkTier(Bookkeeping, Lifecycle, SecondaryTierManager):
         self._engine = engine
         # a tier dropped without aclose() must not leave its workers behind
         weakref.finalize(self, engine.stop_nowait)
-        self._idle = anyio.Event()
-        self._idle.set()
 
     async def _closing_down(self) -> None:
         try:
@@ -212,7 +210,9 @@ class ChunkTier(Bookkeeping, Lifecycle, SecondaryTierManager):
         self._view = release_view(self._view)
 
     async def drain(self) -> None:
-        while self._idle is not None and not self._idle.is_set():
+        while self._active:
+            if self._idle is None:
+                self._idle = anyio.Event()
             await self._idle.wait()
 
     # -- the contract ----------------------------------------------------------------------
@@ -332,10 +332,8 @@ class ChunkTier(Bookkeeping, Lifecycle, SecondaryTierManager):
         t0 = time.perf_counter()
         jobs = self._jobs(op, keys, ids)
         engine = self._engine
-        assert engine is not None and self._idle is not None
+        assert engine is not None
         self._active += 1
-        if self._active == 1:
-            self._idle = anyio.Event()
         drop = op is Op.STORE and self.store_backpressure == "drop"
         try:
             await engine.run(
@@ -348,7 +346,9 @@ class ChunkTier(Bookkeeping, Lifecycle, SecondaryTierManager):
         finally:
             self._active -= 1
             if self._active == 0:
-                self._idle.set()
+                idle, self._idle = self._idle, None
+                if idle is not None:  # a drain() waits
+                    idle.set()
                 self.on_idle()
         return self._result(op, jobs, time.perf_counter() - t0)
 
