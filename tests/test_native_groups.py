@@ -310,6 +310,7 @@ async def test_group_sizes(tmp_path: Path) -> None:
         assert big.group_size(Op.LOAD, 64) == 2
         big._active = 3
         assert big.group_size(Op.LOAD, 64) == GROUP_CHUNKS
+        tier._active = big._active = 0  # (no call was in progress: the close waits for those)
 
 
 PER = HEADER_BLOCK + CHUNK  # a chunk's bytes on disk
