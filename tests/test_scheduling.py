@@ -166,6 +166,56 @@ async def test_drain_and_close_wait_for_the_calls_in_flight_and_no_longer() -> N
     assert third.done() and third.result().ok  # the close waited for it
 
 
+class _OwnEngine:
+    """An engine of a tier's own: the ``Engine`` protocol and nothing more (no ``new_batch``),
+    here around the threads engine."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+        self.calls = 0
+
+    in_flight = property(lambda self: self._inner.in_flight)
+    peak_in_flight = property(lambda self: self._inner.peak_in_flight)
+    queued = property(lambda self: self._inner.queued)
+    workers = property(lambda self: self._inner.workers)
+
+    def start(self) -> None:
+        self._inner.start()
+
+    async def run(self, jobs: Any, **kw: Any) -> None:
+        self.calls += 1
+        await self._inner.run(jobs, **kw)
+
+    def cancel_pending(self, jobs: Any) -> Any:
+        return self._inner.cancel_pending(jobs)
+
+    async def stop(self) -> None:
+        await self._inner.stop()
+
+    def stop_nowait(self) -> None:
+        self._inner.stop_nowait()
+
+
+async def test_an_engine_of_a_tiers_own_needs_only_the_engine_protocol() -> None:
+    """new_batch is the built-in engines' (their loop's own event): an engine without it runs
+    calls with a plain batch."""
+    from asynctier.engines.threads import ThreadEngine
+
+    class OwnTier(GatedTier):
+        def make_engine(self) -> Any:
+            return _OwnEngine(ThreadEngine(2))
+
+    view = memoryview(bytearray(SPEC.total_bytes))
+    tier = OwnTier(offloading_spec=SPEC, primary_kv_view=view, max_inflight=2)
+    async with tier:
+        assert not hasattr(tier._engine, "new_batch")
+        view[:4096] = b"x" * 4096
+        assert (await tier.offload([b"a", b"b"], [0, 1])).ok
+        view[:] = bytes(len(view))
+        assert (await tier.load([b"a"], [2])).ok and bytes(view[8192:12288]) == b"x" * 4096
+        assert tier._engine.calls == 2
+
+
 async def test_cancel_under_timeout_context_also_waits() -> None:
     tier, _ = make(max_inflight=1)
     async with tier:

@@ -18,7 +18,7 @@ from typing import Any, ClassVar, Literal
 import anyio
 
 from ..contract import SecondaryTierManager
-from ..engines.base import Engine
+from ..engines.base import Engine, new_batch_of
 from ..engines.threads import EngineStoppedError
 from ..errors import BackpressureError, TierClosedError, TierConfigError
 from ..lru import LRUIndex
@@ -27,7 +27,7 @@ from ..stats import StatsRecorder, TierStats, TransferResult
 from .backend import run_to_completion
 from .bookkeeping import Bookkeeping
 from .framing import Framing
-from .jobs import CANCELLED, Job
+from .jobs import CANCELLED, Batch, Job
 from .lifecycle import Lifecycle
 from .ops import Op
 from .validation import check_keys, check_pairs, non_negative_float, positive_int
@@ -124,6 +124,7 @@ class ChunkTier(Bookkeeping, Lifecycle, SecondaryTierManager):
         self._framing = Framing(offloading_spec, verify)
         self._init_lifecycle()
         self._engine: Engine | None = None
+        self._new_batch: Callable[[int, Op], Batch] = lambda size, op: Batch(size)  # the engine's, once open
         self._active = 0
         self._idle: anyio.Event | None = None  # made by drain() only while calls run (not per call)
 
@@ -186,6 +187,7 @@ class ChunkTier(Bookkeeping, Lifecycle, SecondaryTierManager):
             await run_to_completion(engine.stop)  # a failed or cancelled open leaves nothing running
             raise
         self._engine = engine
+        self._new_batch = new_batch_of(engine)
         # a tier dropped without aclose() must not leave its workers behind
         weakref.finalize(self, engine.stop_nowait)
 
@@ -312,17 +314,15 @@ class ChunkTier(Bookkeeping, Lifecycle, SecondaryTierManager):
     def _jobs(self, op: Op, keys: list[bytes], ids: list[int]) -> list[Job]:
         t0 = time.perf_counter()
         g = self.group_size(op, len(keys))
-        engine = self._engine
-        assert engine is not None
         if g > 1:
             gfn = self.group_body(op)
-            batch = engine.new_batch(-(-len(keys) // g), op)
+            batch = self._new_batch(-(-len(keys) // g), op)
             return [
                 Job(op, gfn, (keys[i : i + g], ids[i : i + g], t0), keys[i : i + g], batch, grouped=True)
                 for i in range(0, len(keys), g)
             ]
         fn = self.job_body(op)
-        batch = engine.new_batch(len(keys), op)
+        batch = self._new_batch(len(keys), op)
         prio = op.priority
         return [Job(op, fn, (k, c, t0), (k,), batch, priority=prio) for k, c in zip(keys, ids)]
 

@@ -19,7 +19,7 @@ from ..core.jobs import CANCELLED, PENDING, RUNNING, Batch, Job
 from ..core.ops import Op
 from ..errors import TierStateError
 
-__all__ = ["DropHandler", "Engine", "EngineCounters", "refuse_other_loop"]
+__all__ = ["DropHandler", "Engine", "EngineCounters", "new_batch_of", "refuse_other_loop"]
 
 #: Called with the store jobs withdrawn because no I/O slot came in time (``store_backpressure="drop"``).
 DropHandler = Callable[[list[Job]], None]
@@ -37,7 +37,6 @@ class Engine(Protocol):
     @property
     def workers(self) -> int: ...
     def start(self) -> None: ...
-    def new_batch(self, size: int, op: Op) -> Batch: ...
     async def run(
         self, jobs: list[Job], *, drop_after: float | None = None, on_drop: DropHandler | None = None
     ) -> None:
@@ -68,7 +67,9 @@ class EngineCounters:
         self._heap: list[tuple[int, int, Job]] = []
 
     def new_batch(self, size: int, op: Op) -> Batch:
-        """The :class:`~asynctier.core.jobs.Batch` of a call of ``size`` jobs (on its loop)."""
+        """The :class:`~asynctier.core.jobs.Batch` of a call of ``size`` jobs (on its loop).
+        Optional for an :class:`Engine` (a tier makes a plain ``Batch`` where it is missing): an
+        engine bound to one loop gives that loop's own event (:func:`new_batch_of`)."""
         return Batch(size)
 
     def _claim(self) -> Job | None:
@@ -141,6 +142,14 @@ class EngineCounters:
             self.cancel_pending(jobs)
             await wait_uninterrupted(done)
             raise
+
+
+def new_batch_of(engine: Engine) -> Callable[[int, Op], Batch]:
+    """How ``engine`` makes a call's :class:`~asynctier.core.jobs.Batch`: its ``new_batch``
+    where it has one (not part of :class:`Engine`: an engine of a tier's own need not), else
+    a plain one, this loop's ``anyio.Event``."""
+    make: Callable[[int, Op], Batch] | None = getattr(engine, "new_batch", None)
+    return make if make is not None else lambda size, op: Batch(size)
 
 
 def refuse_other_loop(name: str, home_loop: object, this_loop: object) -> None:
