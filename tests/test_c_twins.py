@@ -28,6 +28,12 @@ native_only = pytest.mark.skipif(nativeio.problem() is not None, reason=f"no nat
 U64 = (1 << 64) - 1
 
 
+def _twin_buffers(rng: random.Random, n: int) -> list[bytearray]:
+    """Two buffers of the same ``n`` random bytes: one for the C twin, one for its reference."""
+    first = bytearray(rng.randbytes(n))
+    return [first, bytearray(first)]
+
+
 def _keys(rng: random.Random) -> list[bytes]:
     return [rng.randbytes(n) for n in (0, 1, 7, 32, 96, 97, 200, 400, 600)] + [b"k-%d" % i for i in range(20)]
 
@@ -41,8 +47,7 @@ def test_a_runs_headers_are_pack_headers_bytes(speedups: Any) -> None:
         keys = rng.sample(_keys(rng), rng.randrange(0, 8))
         seqs = [rng.choice([0, 1, U64, rng.getrandbits(64)]) for _ in keys]
         payload, digest, start = rng.choice([0, 4096, 1 << 40]), rng.randbytes(16), rng.randrange(0, 4)
-        bufs = [bytearray(rng.randbytes(stride * 12)) for _ in range(2)]
-        bufs[1][:] = bufs[0]
+        bufs = _twin_buffers(rng, stride * 12)
         got = speedups.pack_headers_into(memoryview(bufs[0]), start, stride, keys, payload, digest, seqs)
         want = integrity.pack_headers_into(bufs[1], start, stride, keys, payload, digest, seqs)
         assert got == want and bufs[0] == bufs[1]
@@ -191,8 +196,7 @@ def test_a_groups_read_descriptors_are_the_python_descriptors(speedups: Any) -> 
     for _ in range(30):
         keys = rng.sample([k for k in _keys(rng) if 0 < len(k) <= MAX_B32_KEY], rng.randrange(0, 17))
         offset = size * rng.randrange(0, 3)
-        tables = [bytearray(rng.randbytes(size * 20)) for _ in range(2)]
-        tables[1][:] = tables[0]
+        tables = _twin_buffers(rng, size * 20)
         args = _read_args(rng, keys, tables[0], offset)
         speedups.pack_reads(*args)
         bulk.pack_reads(tables[1], *args[1:])
@@ -293,10 +297,8 @@ def test_a_groups_recycling_stores_are_the_python_ones(speedups: Any) -> None:
         cids, blocks = rng.sample(range(1000), m), rng.sample(range(40), m)
         dfds = [rng.randrange(0, 1 << 31) for _ in range(N_SHARDS)]
         offset = size * rng.randrange(0, 3)
-        tables = [bytearray(rng.randbytes(size * 20)) for _ in range(2)]
-        tables[1][:] = tables[0]
-        hbs = [bytearray(rng.randbytes(hb_len * 40)) for _ in range(2)]
-        hbs[1][:] = hbs[0]
+        tables = _twin_buffers(rng, size * 20)
+        hbs = _twin_buffers(rng, hb_len * 40)
         rest = (rng.randrange(4), keys, victims, temps, cids, blocks, dfds, rng.getrandbits(31), rng.randrange(-1, 99),
                 rng.randrange(2))  # fmt: skip
         tail = (rng.getrandbits(47), hb_len, rng.getrandbits(47), rng.choice([4096, 1 << 20]), rng.randbytes(16))
@@ -327,10 +329,8 @@ def test_a_groups_new_file_stores_are_the_python_ones(speedups: Any) -> None:
         cids, blocks = rng.sample(range(1000), m), rng.sample(range(40), m)
         dfds = [rng.randrange(0, 1 << 31) for _ in range(N_SHARDS)]
         offset = size * rng.randrange(0, 3)
-        tables = [bytearray(rng.randbytes(size * 20)) for _ in range(2)]
-        tables[1][:] = tables[0]
-        hbs = [bytearray(rng.randbytes(hb_len * 40)) for _ in range(2)]
-        hbs[1][:] = hbs[0]
+        tables = _twin_buffers(rng, size * 20)
+        hbs = _twin_buffers(rng, hb_len * 40)
         rest = (rng.randrange(4), keys, cids, blocks, fds, dfds, rng.getrandbits(31), rng.randrange(2),
                 rng.choice([0o644, 0o600 | nativeio.MODE_FIX]))  # fmt: skip
         tail = (rng.getrandbits(47), hb_len, rng.getrandbits(47), rng.choice([4096, 1 << 20]), rng.randbytes(16))
