@@ -411,6 +411,21 @@ static PyMethodDef methods[] = {
      "jobs_failed(res, offset, m) -> list[int]: the jobs that did not simply succeed."},
     {"pack_records", (PyCFunction)(void (*)(void))pack_records, METH_FASTCALL,
      "pack_records(typ, items) -> list[bytes]: nvme journal records of (key, slot, seq, csum)."},
+    {"evict_oldest", (PyCFunction)(void (*)(void))evict_oldest, METH_FASTCALL,
+     "evict_oldest(index, n, more) -> list[(key, slot, seq, 0)]: the nvme index's LRU victims dropped."},
+    {"release_many", (PyCFunction)(void (*)(void))release_many, METH_FASTCALL,
+     "release_many(index, slots, first_ticket) -> None: the nvme index's slots freed behind their tickets."},
+    {"begin_writes", (PyCFunction)(void (*)(void))begin_writes, METH_FASTCALL,
+     "begin_writes(index, keys, taken, first_seq) -> None: the nvme index's writes numbered and counted."},
+    {"end_writes", (PyCFunction)(void (*)(void))end_writes, METH_FASTCALL,
+     "end_writes(index, keys, written, slots, csums) -> list[(key, slot, seq, csum)]: the nvme index's writes ended."},
+    {"put_published", (PyCFunction)(void (*)(void))put_published, METH_FASTCALL,
+     "put_published(index, recs, first_ticket) -> list[(position, slot)]: the nvme index's keys mapped."},
+    {"pack_slot_writes", (PyCFunction)(void (*)(void))pack_slot_writes, METH_FASTCALL,
+     "pack_slot_writes(table, offset, prio, runs, keys, cids, slots, fds, hbs, hb_addr, hb_len, iovs, iov_addr,"
+     " sums_addr, view_addr, n, layout_digest) -> None: an nvme store job's WRITEV descriptors, headers, iovecs."},
+    {"runs_written", (PyCFunction)(void (*)(void))runs_written, METH_FASTCALL,
+     "runs_written(res, offset, runs, sums, csums, written) -> list[int]: an nvme store job's runs not written."},
     {NULL, NULL, 0, NULL},
 };
 

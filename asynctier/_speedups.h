@@ -1,5 +1,6 @@
-/* What the two files of asynctier._speedups share (_speedups.c: the per-chunk twins and the
- * module; _speedups_groups.c: a group job's descriptors and checks). */
+/* What the files of asynctier._speedups share (_speedups.c: the per-chunk twins and the
+ * module; _speedups_groups.c: a group job's descriptors and checks; _speedups_nvme.c: the nvme
+ * slot index's steps of a store job). */
 #ifndef ASYNCTIER_SPEEDUPS_H
 #define ASYNCTIER_SPEEDUPS_H
 
@@ -46,5 +47,14 @@ SP_HIDDEN PyObject *reads_failed(PyObject *self, PyObject *const *args, Py_ssize
 SP_HIDDEN PyObject *pack_writes(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 SP_HIDDEN PyObject *pack_recycles(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 SP_HIDDEN PyObject *jobs_failed(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+
+/* _speedups_nvme.c */
+SP_HIDDEN PyObject *evict_oldest(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+SP_HIDDEN PyObject *release_many(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+SP_HIDDEN PyObject *begin_writes(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+SP_HIDDEN PyObject *end_writes(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+SP_HIDDEN PyObject *put_published(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+SP_HIDDEN PyObject *pack_slot_writes(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+SP_HIDDEN PyObject *runs_written(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 
 #endif

@@ -1,4 +1,5 @@
 from collections.abc import Sequence
+from typing import Any
 
 def b32(key: bytes) -> str: ...
 def use_xxh3(address: int) -> None: ...
@@ -82,3 +83,48 @@ def pack_recycles(
 ) -> None: ...
 def jobs_failed(res: memoryview, offset: int, m: int) -> list[int]: ...
 def pack_records(typ: int, items: Sequence[tuple[bytes, int, int, int]]) -> list[bytes]: ...
+
+# an nvme store job's steps (index: a tiers.nvme.slots.SlotIndex)
+_Record = tuple[bytes, int, int, int]
+_Run = list[tuple[int, int, int, int]]
+
+def evict_oldest(index: object, n: int, more: int) -> list[_Record]: ...
+def release_many(index: object, slots: Sequence[int], first_ticket: int) -> None: ...
+def begin_writes(index: object, keys: Sequence[bytes], taken: Sequence[int], first_seq: int) -> None: ...
+def end_writes(
+    index: object,
+    keys: Sequence[bytes],
+    written: Sequence[int],
+    slots: dict[int, tuple[int, int]],
+    csums: dict[int, int],
+) -> list[tuple[bytes, int, int, int]]: ...
+def put_published(
+    index: object, recs: Sequence[tuple[bytes, int, int, int]], first_ticket: int
+) -> list[tuple[int, int]]: ...
+def pack_slot_writes(
+    table: bytearray,
+    offset: int,
+    prio: int,
+    runs: Sequence[_Run],
+    keys: Sequence[bytes],
+    cids: Sequence[int],
+    slots: dict[int, tuple[int, int]],
+    fds: Sequence[int],
+    hbs: Any,
+    hb_addr: int,
+    hb_len: int,
+    iovs: Any,
+    iov_addr: int,
+    sums_addr: int,
+    view_addr: int,
+    n: int,
+    layout_digest: bytes,
+) -> None: ...
+def runs_written(
+    res: Any,
+    offset: int,
+    runs: Sequence[_Run],
+    sums: Any,
+    csums: dict[int, int],
+    written: list[int],
+) -> list[int]: ...

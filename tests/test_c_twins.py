@@ -21,6 +21,7 @@ from asynctier.integrity import MAX_B32_KEY, pack_header
 from asynctier.tiers.fs import bulk, layout
 from asynctier.tiers.fs import native as fs_native
 from asynctier.tiers.fs.layout import N_SHARDS
+from asynctier.tiers.nvme import bulk as nvme_bulk
 from asynctier.tiers.nvme import catalog, fast, stores
 from asynctier.tiers.nvme.format import EVICT, PUBLISH, _pack_records
 
@@ -146,7 +147,8 @@ async def test_the_nvme_tier_stores_loads_and_reopens_with_either_twins(
     back, the same with the Python references in place of the C twins (a build without a
     compiler); a slot whose header was rewritten is not loaded."""
     if twins == "python":
-        monkeypatch.setattr(stores, "pack_headers_into", integrity.pack_headers_into)
+        monkeypatch.setattr(stores, "_ops", nvme_bulk)
+        monkeypatch.setattr(catalog, "_bulk", nvme_bulk)
         monkeypatch.setattr(fast, "header_matches", integrity.header_matches)
         monkeypatch.setattr(catalog, "pack_records", _pack_records)
     elif bound_twins() is None:

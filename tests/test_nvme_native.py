@@ -209,6 +209,8 @@ async def test_a_group_reads_its_runs_of_adjacent_slots_one_after_the_other(
         keys = [b"g%d" % i for i in range(16)]
         for i, k in enumerate(keys):
             assert (await tier.offload([k], [i])).ok
+        assert spy.sizes == [1] * 16  # a store's runs: one GROUP job (of one run each here)
+        spy.sizes.clear()
         assert tier.group_size("load", 16) == 8  # two group jobs of eight chunks
         order = [0, 5, 10, 15, 1, 6, 11, 12, 2, 3, 4, 7, 8, 9, 13, 14]
         view[:] = bytes(view.nbytes)

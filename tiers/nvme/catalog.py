@@ -14,9 +14,12 @@ import os
 import threading
 import weakref
 from collections.abc import Callable
+from types import ModuleType
 
 from asynctier import CapacityError, ChunkNotFoundError
+from asynctier.engines.speedups import speedups
 
+from . import bulk as _py_bulk
 from .checkpoint import read_checkpoint, write_checkpoint
 from .files import TEMP_MARK, IndexDir
 from .format import EVICT, PUBLISH, pack_record, pack_records
@@ -32,6 +35,11 @@ _CKPT_RETRY_MIN_S, _CKPT_RETRY_MAX_S = 0.5, 60.0  # pause after a failed checkpo
 
 #: per key position in a group: (slot, seq)
 Slots = dict[int, tuple[int, int]]
+
+# a store job's steps on the index, each for the whole job: the C twins where built
+# (bulk.py holds their Python references)
+_fast = speedups()
+_bulk: ModuleType = _py_bulk if _fast is None else _fast
 
 
 class Catalog:
@@ -181,10 +189,8 @@ class Catalog:
         first = (self.epoch << EPOCH_SHIFT) | (self.counter + 1)
         self.counter += n
         idx = self.index
-        slot_seq, writing, reuse = idx.slot_seq, idx.writing, idx.reuse_ticket
-        for k, slot, seq in zip(keys, taken, range(first, first + n)):
-            slot_seq[slot] = seq
-            writing[k] = writing.get(k, 0) + 1
+        _bulk.begin_writes(idx, keys, taken, first)
+        reuse = idx.reuse_ticket
         return range(first, first + n), (max([reuse.pop(s, 0) for s in taken], default=0) if reuse else 0)
 
     def allocate(self, key: bytes) -> tuple[int, int, int]:
@@ -215,18 +221,11 @@ class Catalog:
         queued together; each slot free once its record is in)."""
         idx = self.index
         # and the rest of the last victim's run, while the batch stays within an eighth of the slots
-        victims = idx.oldest_unpinned(n, min(n, idx.nslots // 8 - n))
-        if victims:
-            recs = []
-            for s in victims:
-                k = idx.slot_key[s]
-                assert k
-                idx.drop(k)
-                recs.append((k, s, idx.slot_seq[s], 0))
+        recs = _bulk.evict_oldest(idx, n, min(n, idx.nslots // 8 - n))
+        if recs:
             last = self.journal.append_many(pack_records(EVICT, recs))
-            for t, s in enumerate(victims, last - len(victims) + 1):
-                idx.release(s, t)
-            self._count("evictions", len(victims))
+            _bulk.release_many(idx, [s for _, s, _, _ in recs], last - len(recs) + 1)
+            self._count("evictions", len(recs))
         self.checkpoint_if_due()
 
     def allocate_many(self, keys: list[bytes]) -> tuple[Slots, dict[int, BaseException], int, list[int], int]:
@@ -303,24 +302,14 @@ class Catalog:
     def publish_many_locked(self, keys: list[bytes], written: list[int], slots: Slots, csums: dict[int, int]) -> int:
         """:meth:`publish_many` for a caller that holds the index lock."""
         idx = self.index
-        slot_csum, slot_ticket = idx.slot_csum, idx.slot_ticket
-        recs: list[tuple[bytes, int, int, int]] = []
-        for p in written:
-            k = keys[p]
-            slot, seq = slots[p]
-            if self._done_writing(k, seq):  # removed while being written: nothing to publish
-                idx.release(slot, 0)
-                continue
-            slot_csum[slot] = c = csums[p]
-            recs.append((k, slot, seq, c))
+        # a key removed while being written gets no record (its slot freed)
+        recs = _bulk.end_writes(idx, keys, written, slots, csums)
         if not recs:
             return 0
         last = self.journal.append_many(pack_records(PUBLISH, recs))
         first = last - len(recs) + 1
-        for t, (_, slot, _, _) in enumerate(recs, first):
-            slot_ticket[slot] = t
         # an earlier store of the same key won: free its slot
-        for i, old in idx.put_many([(k, slot) for k, slot, _, _ in recs]):
+        for i, old in _bulk.put_published(idx, recs, first):
             idx.release(old, first + i)
         self.checkpoint_if_due()
         return last
@@ -329,21 +318,8 @@ class Catalog:
         """A write into ``slot`` failed: free it, still behind ``ticket`` (its ``EVICT`` record,
         which may not be in the journal yet if waiting for it is what failed)."""
         with self.index.lock:
-            self._done_writing(key, 0)
+            self.index.done_writing(key, 0)
             self.index.release(slot, ticket)
-
-    def _done_writing(self, key: bytes, seq: int) -> bool:
-        """The write of ``key`` numbered ``seq`` ended (under the index lock); True if ``key``
-        was removed while it ran (a store that began after the removal is not affected)."""
-        idx = self.index
-        killed = seq <= idx.killed.get(key, -1)
-        n = idx.writing.get(key, 0) - 1
-        if n > 0:
-            idx.writing[key] = n
-        else:
-            idx.writing.pop(key, None)
-            idx.killed.pop(key, None)
-        return killed
 
     def forget(self, key: bytes, slot: int | None = None, seq: int | None = None) -> int:
         """Drop ``key`` from the index; return a ticket or 0. With ``slot`` and ``seq`` (a bad

@@ -243,6 +243,18 @@ class SlotIndex:
             ends[asc[i]] = asc[i + 1] != asc[i] + 1
         ends[hi] = 1
 
+    def done_writing(self, key: bytes, seq: int) -> bool:
+        """The write of ``key`` numbered ``seq`` ended; True if ``key`` was removed while it
+        ran (a store that began after the removal is not affected)."""
+        killed = seq <= self.killed.get(key, -1)
+        n = self.writing.get(key, 0) - 1
+        if n > 0:
+            self.writing[key] = n
+        else:
+            self.writing.pop(key, None)
+            self.killed.pop(key, None)
+        return killed
+
     def release(self, slot: int, ticket: int) -> None:
         """Free ``slot`` once unpinned; it may be rewritten after journal ticket ``ticket``."""
         if self.pins.get(slot):

@@ -25,17 +25,19 @@ import weakref
 from collections import deque
 from functools import partial
 from time import perf_counter
+from types import ModuleType
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from asynctier import TierClosedError
 from asynctier.core.jobs import Job
 from asynctier.core.ops import PRIO_LOAD
 from asynctier.engines import native as nativeio
+from asynctier.engines.descriptors import RESULT_LAYOUT
 from asynctier.engines.native_engine import PARKED, Continuation, NativeEngine, Parked, Step
 from asynctier.engines.speedups import speedups
-from asynctier.integrity import pack_headers_into as _py_pack_headers_into
 from asynctier.posix_io import buffer_address
 
+from . import bulk as _py_bulk
 from .catalog import Slots
 from .fast import IoArea
 
@@ -45,12 +47,12 @@ if TYPE_CHECKING:
 
 __all__ = ["StorePath"]
 
-# a run's headers, per chunk on the loop's thread: the C twin where built
+# a store job's runs packed and read back in one call each: the C twins where built
 _fast = speedups()
-pack_headers_into = _py_pack_headers_into if _fast is None else _fast.pack_headers_into
+_ops: ModuleType = _py_bulk if _fast is None else _fast
 
 Outcomes = list[BaseException | None]
-Run = list[tuple[int, int, int, int]]  # (position, slot, stripe, offset)
+Run = _py_bulk.Run
 
 
 class _Store:
@@ -203,41 +205,28 @@ class StorePath:
         return partial(self._engine.blocking, tier._store_job, *job.args)
 
     def _run_fields(self, tier: NvmeTier, slot: int, job: Job, st: _Store) -> nativeio.JobFields:
-        """The descriptor of ``st``'s next runs: one WRITEV job, or a GROUP of up to
-        ``GROUP_MAX`` of them (a store whose slots lie apart makes one round trip through the
-        loop, not one a run: a full slab's stores came to 7-8 runs of 8 chunks). Each header
+        """The descriptor of ``st``'s next runs: one GROUP job of up to ``GROUP_MAX`` WRITEV
+        jobs, one a run (a store whose slots lie apart makes one round trip through the loop,
+        not one a run: a full slab's stores came to 4-8 runs of 8-10 chunks). Each header
         (checksums left to the worker) in ``slot``'s header blocks, the iovecs, the checksums'
-        array, each run at its own place in them."""
+        array, each run at its own place in them (:func:`.bulk.pack_slot_writes`)."""
         slabs, spec = tier._slabs, tier.offloading_spec
         runs = st.runs[st.next : st.next + nativeio.GROUP_MAX]
         st.batch = len(runs)
-        H, n, digest = slabs.hdr_area, spec.chunk_bytes, spec.layout_digest
+        H = slabs.hdr_area
         need = sum(map(len, runs))
         area = self._areas.get(slot)
         if area is None or area.slots < need:
             area = self._areas[slot] = IoArea(need, H)
         if not self._view_addr:
             self._view_addr = buffer_address(tier._view)
-        hb, base, view = area.hb, area.hb_addr, self._view_addr
-        keys, cids, slots, prio = st.keys, st.cids, st.slots, job.priority
-        iov: list[ctypes.c_uint64 | int] = []  # (as the ctypes array takes them)
-        subs: list[nativeio.JobFields] = []
-        i = 0
-        for run in runs:
-            first = i
-            ps = [p for p, _, _, _ in run]
-            size = pack_headers_into(hb, first, H, [keys[p] for p in ps], n, digest, [slots[p][1] for p in ps])
-            for p in ps:
-                iov += (base + i * H, H, view + cids[p] * n, n)
-                i += 1
-            # nativeio.fields written out: one pwritev of the run at its offset, headers completed first
-            subs.append((nativeio.WRITEV, prio, -1, 0, slabs.fds[run[0][2]], -1, 0, 0, size - 8, 0,
-                         area.iov_addr + 32 * first, 2 * len(run), area.sums_addr + 8 * first, len(run), run[0][3],
-                         b"", b"", b""))  # fmt: skip
-        area.iov[: 4 * need] = iov
         pool = self._engine.pool
         assert pool is not None  # planning runs on a started engine
-        return pool.one_or_group(slot, prio, subs)
+        table, offset = pool.sub_jobs(slot)
+        _ops.pack_slot_writes(table, offset, job.priority, runs, st.keys, st.cids, st.slots, slabs.fds, area.hb,
+                              area.hb_addr, H, area.iov, area.iov_addr, area.sums_addr, self._view_addr,
+                              spec.chunk_bytes, spec.layout_digest)  # fmt: skip
+        return pool.packed_group(slot, job.priority, len(runs))
 
     # -- ends ------------------------------------------------------------------------------------
     def finish(self, job: Job, slot: int, result: int, csum: int, stage: int, info: int) -> Step:
@@ -247,19 +236,18 @@ class StorePath:
         st = self._jobs[slot]
         k, pool = st.batch, self._engine.pool
         assert pool is not None
-        ends = pool.group_outcomes(slot, k, (result, csum, stage, info))
-        sums, i = self._areas[slot].sums, 0
-        for run, (result, _, stage, info) in zip(st.runs[st.next : st.next + k], ends):
-            ps = [p for p, _, _, _ in run]
-            if not stage and info == 1:
-                st.csums.update(zip(ps, sums[i : i + len(ps)]))
-                st.written += ps
-            else:
-                code = -result if result < 0 else errno.EIO
-                what = os.strerror(code) if result < 0 else f"short write ({result} bytes)"
-                st.bad.append((ps, OSError(code, f"nvme tier: writing {len(ps)} slot(s) at offset {run[0][3]} "
-                                                 f"of {tier._slabs.paths[run[0][2]]} failed: {what}")))  # fmt: skip
-            i += len(ps)
+        runs = st.runs[st.next : st.next + k]
+        res, offset = pool.sub_outcomes(slot)
+        own, size = (result, csum, stage, info), RESULT_LAYOUT.size
+        # a group refused whole (its stage set) never ran: its outcome is each run's
+        bad = range(k) if stage else _ops.runs_written(res, offset, runs, self._areas[slot].sums, st.csums, st.written)
+        for j in bad:
+            result, _, _, _ = own if own[2] else RESULT_LAYOUT.unpack_from(res, offset + j * size)
+            run = runs[j]
+            code = -result if result < 0 else errno.EIO
+            what = os.strerror(code) if result < 0 else f"short write ({result} bytes)"
+            where = f"{len(run)} slot(s) at offset {run[0][3]} of {tier._slabs.paths[run[0][2]]}"
+            st.bad.append(([p for p, _, _, _ in run], OSError(code, f"nvme tier: writing {where} failed: {what}")))
         st.next += k
         if st.next < len(st.runs):
             try:

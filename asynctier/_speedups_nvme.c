@@ -1,0 +1,758 @@
+/* asynctier._speedups, the nvme tier's slot index: a store job's steps on the index (evict,
+ * number the writes, end them, publish them), each for the whole job in one call under the
+ * index lock. Each function has its Python twin, the reference and the fallback, in
+ * asynctier/tiers/nvme/bulk.py, written with the SlotIndex methods it matches
+ * (tests/test_c_twins_nvme.py compares the two from random states).
+ *
+ * The index is a SlotIndex (tiers/nvme/slots.py): its attributes are read here by name and
+ * checked for their types; its LRU list's head and tail are written back at the end. Every
+ * argument is checked before the index changes: a refused call leaves it as it was. */
+#include "_speedups.h"
+
+/* What a call uses of the SlotIndex: new references to its containers, its arrays' buffers,
+ * the LRU list's ends (written back by index_close when `moved`). */
+struct index {
+    PyObject *obj;
+    Py_ssize_t nslots;
+    PyObject *entries, *slot_key, *free, *reuse, *pins, *zombies, *writing, *killed, *run_end;
+    Py_buffer bufs[5];
+    int nbufs;
+    int32_t *prev, *nxt;
+    uint64_t *seq, *csum, *ticket;
+    long head, tail;
+    int moved;
+};
+
+enum { NEED_LRU = 1, NEED_SEQ = 2, NEED_CSUM = 4, NEED_TICKET = 8, NEED_RUNS = 16 };
+
+static PyObject *attr(PyObject *obj, const char *name, PyTypeObject *type, const char *fn) {
+    PyObject *v = PyObject_GetAttrString(obj, name);
+    if (v != NULL && !Py_IS_TYPE(v, type)) {
+        PyErr_Format(PyExc_TypeError, "%s(): the index's %s is a %s, not %.50s", fn, name, type->tp_name,
+                     Py_TYPE(v)->tp_name);
+        Py_CLEAR(v);
+    }
+    return v;
+}
+
+/* One per-slot array of the index (an array.array of `code`, nslots long) into *out. */
+static int array_of(struct index *x, const char *name, char code, Py_ssize_t size, void **out, const char *fn) {
+    PyObject *v = PyObject_GetAttrString(x->obj, name);
+    if (v == NULL) return -1;
+    Py_buffer *b = &x->bufs[x->nbufs];
+    int rc = PyObject_GetBuffer(v, b, PyBUF_WRITABLE | PyBUF_FORMAT | PyBUF_C_CONTIGUOUS);
+    Py_DECREF(v);
+    if (rc < 0) return -1;
+    x->nbufs++;
+    if (b->itemsize != size || b->format == NULL || b->format[0] != code || b->format[1] != 0 ||
+        b->len != x->nslots * size) {
+        PyErr_Format(PyExc_TypeError, "%s(): the index's %s is an array('%c') of %zd items, not one of format %s, %zd bytes",
+                     fn, name, code, x->nslots, b->format ? b->format : "B", b->len);
+        return -1;
+    }
+    *out = b->buf;
+    return 0;
+}
+
+static void index_close(struct index *x) {
+    if (x->moved) {
+        PyObject *h = PyLong_FromLong(x->head), *t = PyLong_FromLong(x->tail);
+        if (h == NULL || t == NULL || PyObject_SetAttrString(x->obj, "head", h) < 0 ||
+            PyObject_SetAttrString(x->obj, "tail", t) < 0)
+            PyErr_WriteUnraisable(x->obj); /* only memory running out gets here */
+        Py_XDECREF(h);
+        Py_XDECREF(t);
+    }
+    for (int i = 0; i < x->nbufs; i++) PyBuffer_Release(&x->bufs[i]);
+    Py_XDECREF(x->entries);
+    Py_XDECREF(x->slot_key);
+    Py_XDECREF(x->free);
+    Py_XDECREF(x->reuse);
+    Py_XDECREF(x->pins);
+    Py_XDECREF(x->zombies);
+    Py_XDECREF(x->writing);
+    Py_XDECREF(x->killed);
+    Py_XDECREF(x->run_end);
+}
+
+static long get_long_attr(PyObject *obj, const char *name) {
+    PyObject *v = PyObject_GetAttrString(obj, name);
+    if (v == NULL) return -2;
+    long r = PyLong_AsLong(v);
+    Py_DECREF(v);
+    return r == -1 && PyErr_Occurred() ? -2 : r;
+}
+
+/* Open x over the SlotIndex obj; -1 with an error (then index_close it all the same). */
+static int index_open(struct index *x, PyObject *obj, int need, const char *fn) {
+    memset(x, 0, sizeof *x);
+    x->obj = obj;
+    long n = get_long_attr(obj, "nslots");
+    if (n < 0) {
+        if (!PyErr_Occurred()) PyErr_Format(PyExc_ValueError, "%s(): the index has %ld slots", fn, n);
+        return -1;
+    }
+    x->nslots = n;
+    if (!(x->entries = attr(obj, "entries", &PyDict_Type, fn)) || !(x->slot_key = attr(obj, "slot_key", &PyList_Type, fn)) ||
+        !(x->free = attr(obj, "free", &PyList_Type, fn)) || !(x->reuse = attr(obj, "reuse_ticket", &PyDict_Type, fn)) ||
+        !(x->pins = attr(obj, "pins", &PyDict_Type, fn)) || !(x->zombies = attr(obj, "zombies", &PyDict_Type, fn)) ||
+        !(x->writing = attr(obj, "writing", &PyDict_Type, fn)) || !(x->killed = attr(obj, "killed", &PyDict_Type, fn)))
+        return -1;
+    if (PyList_GET_SIZE(x->slot_key) != x->nslots) {
+        PyErr_Format(PyExc_ValueError, "%s(): the index's slot_key has %zd items, not %zd", fn,
+                     PyList_GET_SIZE(x->slot_key), x->nslots);
+        return -1;
+    }
+    if (need & NEED_LRU) {
+        if (array_of(x, "prev", 'i', 4, (void **)&x->prev, fn) < 0 || array_of(x, "nxt", 'i', 4, (void **)&x->nxt, fn) < 0)
+            return -1;
+        if ((x->head = get_long_attr(obj, "head")) < -1 || (x->tail = get_long_attr(obj, "tail")) < -1 ||
+            x->head >= x->nslots || x->tail >= x->nslots) {
+            if (!PyErr_Occurred()) PyErr_Format(PyExc_ValueError, "%s(): the index's LRU ends are out of range", fn);
+            return -1;
+        }
+    }
+    if ((need & NEED_SEQ) && array_of(x, "slot_seq", 'Q', 8, (void **)&x->seq, fn) < 0) return -1;
+    if ((need & NEED_CSUM) && array_of(x, "slot_csum", 'Q', 8, (void **)&x->csum, fn) < 0) return -1;
+    if ((need & NEED_TICKET) && array_of(x, "slot_ticket", 'Q', 8, (void **)&x->ticket, fn) < 0) return -1;
+    if (need & NEED_RUNS) {
+        if (!(x->run_end = attr(obj, "run_end", &PyByteArray_Type, fn))) return -1;
+        if (PyByteArray_GET_SIZE(x->run_end) != x->nslots) {
+            PyErr_Format(PyExc_ValueError, "%s(): the index's run_end has %zd bytes, not %zd", fn,
+                         PyByteArray_GET_SIZE(x->run_end), x->nslots);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* A slot number in range, from a Python int; -1 with an error. */
+static long slot_of(struct index *x, PyObject *v, const char *fn) {
+    long s = PyLong_AsLong(v);
+    if (s == -1 && PyErr_Occurred()) return -1;
+    if (s < 0 || s >= x->nslots) {
+        PyErr_Format(PyExc_IndexError, "%s(): slot %ld of an index of %zd", fn, s, x->nslots);
+        return -1;
+    }
+    return s;
+}
+
+/* The linked list's next slot after s, checked; -2 with an error. */
+static long next_of(struct index *x, long s, const char *fn) {
+    long q = x->nxt[s];
+    if (q < -1 || q >= x->nslots) {
+        PyErr_Format(PyExc_ValueError, "%s(): the index's LRU list is broken at slot %ld", fn, s);
+        return -2;
+    }
+    return q;
+}
+
+static void unlink_slot(struct index *x, long s) { /* SlotIndex._unlink */
+    long p = x->prev[s], q = x->nxt[s];
+    if (p >= 0) x->nxt[p] = (int32_t)q;
+    else x->head = q;
+    if (q >= 0) x->prev[q] = (int32_t)p;
+    else x->tail = p;
+    x->prev[s] = x->nxt[s] = -1;
+    x->moved = 1;
+}
+
+static void link_tail(struct index *x, long s) { /* SlotIndex._link_tail */
+    long t = x->tail;
+    x->prev[s] = (int32_t)t;
+    x->nxt[s] = -1;
+    if (t >= 0) x->nxt[t] = (int32_t)s;
+    else x->head = s;
+    x->tail = s;
+    x->moved = 1;
+}
+
+/* 1 if slot s is pinned (pins.get(s) is true), 0 if not, -1 with an error. */
+static int pinned(struct index *x, PyObject *s) {
+    if (PyDict_GET_SIZE(x->pins) == 0) return 0;
+    PyObject *v = PyDict_GetItemWithError(x->pins, s);
+    if (v == NULL) return PyErr_Occurred() ? -1 : 0;
+    return PyObject_IsTrue(v);
+}
+
+/* SlotIndex.release(slot, ticket): 0, or -1 with an error. */
+static int release(struct index *x, long slot, uint64_t ticket) {
+    PyObject *s = PyLong_FromLong(slot), *t = NULL;
+    int rc = -1, pin = s ? pinned(x, s) : -1;
+    if (pin < 0) goto done;
+    if (pin) { /* freed once unpinned: zombies[slot] = max(ticket, zombies.get(slot, 0)) */
+        PyObject *old = PyDict_GetItemWithError(x->zombies, s);
+        if (old == NULL && PyErr_Occurred()) goto done;
+        uint64_t was = 0;
+        if (old != NULL && get_u64(old, &was) < 0) goto done;
+        if (old != NULL && was >= ticket) {
+            rc = 0;
+            goto done;
+        }
+        t = PyLong_FromUnsignedLongLong(ticket);
+        rc = t ? PyDict_SetItem(x->zombies, s, t) : -1;
+        goto done;
+    }
+    if (ticket) {
+        t = PyLong_FromUnsignedLongLong(ticket);
+        if (t == NULL || PyDict_SetItem(x->reuse, s, t) < 0) goto done;
+    }
+    rc = PyList_Append(x->free, s);
+done:
+    Py_XDECREF(s);
+    Py_XDECREF(t);
+    return rc;
+}
+
+/* SlotIndex.drop(key): 0, or -1 with an error. */
+static int drop(struct index *x, PyObject *key) {
+    PyObject *v = PyDict_GetItemWithError(x->entries, key);
+    if (v == NULL) return PyErr_Occurred() ? -1 : 0;
+    Py_INCREF(v);
+    long s = PyLong_AsLong(v);
+    int rc = -1;
+    if (s == -1 && PyErr_Occurred()) goto done;
+    if (s < 0 || s >= x->nslots) {
+        PyErr_Format(PyExc_ValueError, "the index maps a key to slot %ld of %zd", s, x->nslots);
+        goto done;
+    }
+    if (PyDict_DelItem(x->entries, key) < 0) goto done;
+    unlink_slot(x, s);
+    PyObject *empty = PyBytes_FromStringAndSize(NULL, 0);
+    if (empty == NULL) goto done;
+    PyList_SetItem(x->slot_key, s, empty); /* steals empty, drops the key's reference */
+    rc = 0;
+done:
+    Py_DECREF(v);
+    return rc;
+}
+
+static PyObject *record(PyObject *key, long slot, uint64_t seq, uint64_t csum) {
+    return Py_BuildValue("(OlKK)", key, slot, (unsigned long long)seq, (unsigned long long)csum);
+}
+
+/* evict_oldest(index, n, more) -> list[(key, slot, seq, 0)]: see bulk.evict_oldest. */
+SP_HIDDEN PyObject *evict_oldest(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    static const char fn[] = "evict_oldest";
+    if (check_nargs(fn, nargs, 3) < 0) return NULL;
+    Py_ssize_t n = PyLong_AsSsize_t(args[1]), more = PyLong_AsSsize_t(args[2]);
+    if ((n == -1 || more == -1) && PyErr_Occurred()) return NULL;
+    struct index x;
+    PyObject *out = NULL;
+    long *victims = NULL;
+    if (index_open(&x, args[0], NEED_LRU | NEED_SEQ | NEED_RUNS, fn) < 0) goto fail;
+    /* SlotIndex.oldest_unpinned, nothing changed yet */
+    Py_ssize_t cap = (n > 0 ? n : 0) + (more > 0 ? more : 0), m = 0;
+    victims = PyMem_Malloc(sizeof(long) * (size_t)(cap > 0 ? cap : 1));
+    if (victims == NULL) {
+        PyErr_NoMemory();
+        goto fail;
+    }
+    long s = x.head;
+    while (s >= 0 && m < n) {
+        PyObject *o = PyLong_FromLong(s);
+        int pin = o ? pinned(&x, o) : -1;
+        Py_XDECREF(o);
+        if (pin < 0) goto fail;
+        if (!pin) victims[m++] = s;
+        if ((s = next_of(&x, s, fn)) == -2) goto fail;
+    }
+    const char *ends = PyByteArray_AS_STRING(x.run_end);
+    while (m > 0 && more > 0 && !ends[victims[m - 1]] && s == victims[m - 1] + 1) {
+        PyObject *o = PyLong_FromLong(s);
+        int pin = o ? pinned(&x, o) : -1;
+        Py_XDECREF(o);
+        if (pin < 0) goto fail;
+        if (pin) break;
+        victims[m++] = s;
+        if ((s = next_of(&x, s, fn)) == -2) goto fail;
+        more--;
+    }
+    for (Py_ssize_t i = 0; i < m; i++) { /* each victim's key, checked before any is dropped */
+        PyObject *k = PyList_GET_ITEM(x.slot_key, victims[i]);
+        if (!PyBytes_Check(k) || PyBytes_GET_SIZE(k) == 0) {
+            PyErr_Format(PyExc_AssertionError, "%s(): slot %ld is in the LRU list without a key", fn, victims[i]);
+            goto fail;
+        }
+    }
+    if ((out = PyList_New(m)) == NULL) goto fail;
+    for (Py_ssize_t i = 0; i < m; i++) {
+        long v = victims[i];
+        PyObject *k = PyList_GET_ITEM(x.slot_key, v);
+        Py_INCREF(k);
+        PyObject *rec = drop(&x, k) < 0 ? NULL : record(k, v, x.seq[v], 0);
+        Py_DECREF(k);
+        if (rec == NULL) goto fail;
+        PyList_SET_ITEM(out, i, rec);
+    }
+    PyMem_Free(victims);
+    index_close(&x);
+    return out;
+fail:
+    PyMem_Free(victims);
+    Py_XDECREF(out);
+    index_close(&x);
+    return NULL;
+}
+
+/* release_many(index, slots, first_ticket) -> None: see bulk.release_many. */
+SP_HIDDEN PyObject *release_many(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    static const char fn[] = "release_many";
+    if (check_nargs(fn, nargs, 3) < 0) return NULL;
+    uint64_t first;
+    if (get_u64(args[2], &first) < 0) return NULL;
+    PyObject *slots = PySequence_Fast(args[1], "release_many(): slots is a sequence");
+    if (slots == NULL) return NULL;
+    struct index x;
+    int rc = index_open(&x, args[0], 0, fn);
+    Py_ssize_t m = PySequence_Fast_GET_SIZE(slots);
+    for (Py_ssize_t i = 0; rc == 0 && i < m; i++)
+        if (slot_of(&x, PySequence_Fast_GET_ITEM(slots, i), fn) < 0) rc = -1;
+    for (Py_ssize_t i = 0; rc == 0 && i < m; i++)
+        rc = release(&x, PyLong_AsLong(PySequence_Fast_GET_ITEM(slots, i)), first + (uint64_t)i);
+    index_close(&x);
+    Py_DECREF(slots);
+    if (rc < 0) return NULL;
+    Py_RETURN_NONE;
+}
+
+/* writing[key] += by (by: 1 or -1; at 0 the key leaves `writing`, and `killed` with it). */
+static int count_write(struct index *x, PyObject *key, long by) {
+    PyObject *v = PyDict_GetItemWithError(x->writing, key);
+    if (v == NULL && PyErr_Occurred()) return -1;
+    long n = v == NULL ? 0 : PyLong_AsLong(v);
+    if (n == -1 && PyErr_Occurred()) return -1;
+    n += by;
+    if (n > 0) {
+        PyObject *c = PyLong_FromLong(n);
+        int rc = c ? PyDict_SetItem(x->writing, key, c) : -1;
+        Py_XDECREF(c);
+        return rc;
+    }
+    if (v != NULL && PyDict_DelItem(x->writing, key) < 0) return -1;
+    if (PyDict_GET_SIZE(x->killed) && PyDict_Contains(x->killed, key) == 1 && PyDict_DelItem(x->killed, key) < 0)
+        return -1;
+    return 0;
+}
+
+/* begin_writes(index, keys, taken, first_seq) -> None: see bulk.begin_writes. */
+SP_HIDDEN PyObject *begin_writes(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    static const char fn[] = "begin_writes";
+    if (check_nargs(fn, nargs, 4) < 0) return NULL;
+    uint64_t first;
+    if (get_u64(args[3], &first) < 0) return NULL;
+    PyObject *keys = PySequence_Fast(args[1], "begin_writes(): keys is a sequence");
+    PyObject *taken = keys ? PySequence_Fast(args[2], "begin_writes(): taken is a sequence") : NULL;
+    struct index x;
+    int rc = taken ? index_open(&x, args[0], NEED_SEQ, fn) : -1;
+    Py_ssize_t m = keys ? PySequence_Fast_GET_SIZE(keys) : 0;
+    if (rc == 0 && PySequence_Fast_GET_SIZE(taken) != m) {
+        PyErr_Format(PyExc_ValueError, "%s(): %zd keys and %zd slots", fn, m, PySequence_Fast_GET_SIZE(taken));
+        rc = -1;
+    }
+    for (Py_ssize_t i = 0; rc == 0 && i < m; i++)
+        if (slot_of(&x, PySequence_Fast_GET_ITEM(taken, i), fn) < 0 ||
+            check_key(PySequence_Fast_GET_ITEM(keys, i), fn) < 0)
+            rc = -1;
+    for (Py_ssize_t i = 0; rc == 0 && i < m; i++) {
+        x.seq[PyLong_AsLong(PySequence_Fast_GET_ITEM(taken, i))] = first + (uint64_t)i;
+        rc = count_write(&x, PySequence_Fast_GET_ITEM(keys, i), 1);
+    }
+    if (taken) index_close(&x);
+    Py_XDECREF(keys);
+    Py_XDECREF(taken);
+    if (rc < 0) return NULL;
+    Py_RETURN_NONE;
+}
+
+/* end_writes(index, keys, written, slots, csums) -> list[(key, slot, seq, csum)]: see
+ * bulk.end_writes. */
+SP_HIDDEN PyObject *end_writes(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    static const char fn[] = "end_writes";
+    if (check_nargs(fn, nargs, 5) < 0) return NULL;
+    PyObject *slots = args[3], *csums = args[4], *out = NULL;
+    if (!PyDict_Check(slots) || !PyDict_Check(csums)) {
+        PyErr_Format(PyExc_TypeError, "%s(): slots and csums are dicts by position", fn);
+        return NULL;
+    }
+    PyObject *keys = PySequence_Fast(args[1], "end_writes(): keys is a sequence");
+    PyObject *written = keys ? PySequence_Fast(args[2], "end_writes(): written is a sequence") : NULL;
+    if (written == NULL) {
+        Py_XDECREF(keys);
+        return NULL;
+    }
+    Py_ssize_t m = PySequence_Fast_GET_SIZE(written), nk = PySequence_Fast_GET_SIZE(keys);
+    struct {
+        PyObject *key;
+        long slot;
+        uint64_t seq, csum;
+    } *w = PyMem_Malloc(sizeof *w * (size_t)(m > 0 ? m : 1));
+    struct index x;
+    int rc = -1;
+    if (w == NULL) PyErr_NoMemory();
+    else rc = index_open(&x, args[0], NEED_CSUM, fn);
+    for (Py_ssize_t i = 0; rc == 0 && i < m; i++) { /* every argument checked first */
+        PyObject *p = PySequence_Fast_GET_ITEM(written, i), *sl, *c;
+        Py_ssize_t pos = PyLong_AsSsize_t(p);
+        rc = -1;
+        if (pos == -1 && PyErr_Occurred()) break;
+        if (pos < 0 || pos >= nk) {
+            PyErr_Format(PyExc_IndexError, "%s(): position %zd of %zd keys", fn, pos, nk);
+            break;
+        }
+        w[i].key = PySequence_Fast_GET_ITEM(keys, pos);
+        if (check_key(w[i].key, fn) < 0) break;
+        if ((sl = PyDict_GetItemWithError(slots, p)) == NULL || (c = PyDict_GetItemWithError(csums, p)) == NULL) {
+            if (!PyErr_Occurred()) PyErr_Format(PyExc_KeyError, "%s(): no slot or checksum for position %zd", fn, pos);
+            break;
+        }
+        if (!PyTuple_Check(sl) || PyTuple_GET_SIZE(sl) != 2) {
+            PyErr_Format(PyExc_TypeError, "%s(): slots[%zd] is a (slot, seq) tuple", fn, pos);
+            break;
+        }
+        if ((w[i].slot = slot_of(&x, PyTuple_GET_ITEM(sl, 0), fn)) < 0 || get_u64(PyTuple_GET_ITEM(sl, 1), &w[i].seq) < 0 ||
+            get_u64(c, &w[i].csum) < 0)
+            break;
+        rc = 0;
+    }
+    if (rc == 0 && (out = PyList_New(0)) == NULL) rc = -1;
+    for (Py_ssize_t i = 0; rc == 0 && i < m; i++) {
+        PyObject *key = w[i].key, *rec;
+        /* SlotIndex.done_writing: killed is seq <= killed.get(key, -1) */
+        PyObject *kv = PyDict_GET_SIZE(x.killed) ? PyDict_GetItemWithError(x.killed, key) : NULL;
+        if (kv == NULL && PyErr_Occurred()) {
+            rc = -1;
+            break;
+        }
+        int killed = 0;
+        if (kv != NULL) {
+            long long k = PyLong_AsLongLong(kv);
+            if (k == -1 && PyErr_Occurred()) {
+                rc = -1;
+                break;
+            }
+            killed = k >= 0 && w[i].seq <= (uint64_t)k;
+        }
+        if (count_write(&x, key, -1) < 0) {
+            rc = -1;
+            break;
+        }
+        if (killed) {
+            rc = release(&x, w[i].slot, 0);
+            continue;
+        }
+        x.csum[w[i].slot] = w[i].csum;
+        if ((rec = record(key, w[i].slot, w[i].seq, w[i].csum)) == NULL || PyList_Append(out, rec) < 0) rc = -1;
+        Py_XDECREF(rec);
+    }
+    if (w) index_close(&x);
+    PyMem_Free(w);
+    Py_DECREF(keys);
+    Py_DECREF(written);
+    if (rc < 0) Py_CLEAR(out);
+    return out;
+}
+
+/* put_published(index, recs, first_ticket) -> list[(position, old slot)]: see
+ * bulk.put_published. */
+SP_HIDDEN PyObject *put_published(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    static const char fn[] = "put_published";
+    if (check_nargs(fn, nargs, 3) < 0) return NULL;
+    uint64_t first;
+    if (get_u64(args[2], &first) < 0) return NULL;
+    PyObject *recs = PySequence_Fast(args[1], "put_published(): recs is a sequence"), *had = NULL;
+    if (recs == NULL) return NULL;
+    struct index x;
+    int rc = index_open(&x, args[0], NEED_LRU | NEED_TICKET, fn);
+    Py_ssize_t m = PySequence_Fast_GET_SIZE(recs);
+    for (Py_ssize_t i = 0; rc == 0 && i < m; i++) {
+        PyObject *r = PySequence_Fast_GET_ITEM(recs, i);
+        rc = -1;
+        if (!PyTuple_Check(r) || PyTuple_GET_SIZE(r) != 4) {
+            PyErr_Format(PyExc_TypeError, "%s(): recs[%zd] is a (key, slot, seq, csum) tuple", fn, i);
+            break;
+        }
+        if (check_key(PyTuple_GET_ITEM(r, 0), fn) < 0 || slot_of(&x, PyTuple_GET_ITEM(r, 1), fn) < 0) break;
+        rc = 0;
+    }
+    if (rc == 0 && (had = PyList_New(0)) == NULL) rc = -1;
+    for (Py_ssize_t i = 0; rc == 0 && i < m; i++) {
+        PyObject *r = PySequence_Fast_GET_ITEM(recs, i), *key = PyTuple_GET_ITEM(r, 0), *so = PyTuple_GET_ITEM(r, 1);
+        long s = PyLong_AsLong(so);
+        x.ticket[s] = first + (uint64_t)i;
+        PyObject *cur = PyList_GET_ITEM(x.slot_key, s);
+        int known = PyDict_Contains(x.entries, key);
+        if (known < 0) {
+            rc = -1;
+            break;
+        }
+        if (known || !PyBytes_Check(cur) || PyBytes_GET_SIZE(cur) != 0) {
+            /* the general case: SlotIndex.put itself, with the LRU ends handed over */
+            PyObject *h = PyLong_FromLong(x.head), *t = PyLong_FromLong(x.tail), *old = NULL;
+            if (h && t && PyObject_SetAttrString(x.obj, "head", h) == 0 && PyObject_SetAttrString(x.obj, "tail", t) == 0)
+                old = PyObject_CallMethod(x.obj, "put", "OO", key, so);
+            Py_XDECREF(h);
+            Py_XDECREF(t);
+            if (old == NULL || (x.head = get_long_attr(x.obj, "head")) < -1 || (x.tail = get_long_attr(x.obj, "tail")) < -1) {
+                Py_XDECREF(old);
+                rc = -1;
+                break;
+            }
+            if (old != Py_None) {
+                PyObject *pair = Py_BuildValue("(nO)", i, old);
+                if (pair == NULL || PyList_Append(had, pair) < 0) rc = -1;
+                Py_XDECREF(pair);
+            }
+            Py_DECREF(old);
+            continue;
+        }
+        if (PyDict_SetItem(x.entries, key, so) < 0) {
+            rc = -1;
+            break;
+        }
+        Py_INCREF(key);
+        PyList_SetItem(x.slot_key, s, key); /* steals the new reference, drops b"" */
+        link_tail(&x, s);
+    }
+    index_close(&x);
+    Py_DECREF(recs);
+    if (rc < 0) Py_CLEAR(had);
+    return had;
+}
+
+/* A run's items, checked: (position, slot, stripe, offset) tuples; -1 with an error. */
+static int run_item(PyObject *it, Py_ssize_t nk, Py_ssize_t nfd, Py_ssize_t *pos, int64_t *stripe, int64_t *off,
+                    const char *fn) {
+    if (!PyTuple_Check(it) || PyTuple_GET_SIZE(it) != 4) {
+        PyErr_Format(PyExc_TypeError, "%s(): a run's items are (position, slot, stripe, offset) tuples", fn);
+        return -1;
+    }
+    *pos = PyLong_AsSsize_t(PyTuple_GET_ITEM(it, 0));
+    *stripe = PyLong_AsLongLong(PyTuple_GET_ITEM(it, 2));
+    *off = PyLong_AsLongLong(PyTuple_GET_ITEM(it, 3));
+    if (PyErr_Occurred()) return -1;
+    if (*pos < 0 || *pos >= nk || *stripe < 0 || *stripe >= nfd || *off < 0) {
+        PyErr_Format(PyExc_ValueError, "%s(): position %zd of %zd keys, stripe %lld of %zd, offset %lld", fn, *pos, nk,
+                     (long long)*stripe, nfd, (long long)*off);
+        return -1;
+    }
+    return 0;
+}
+
+/* pack_slot_writes(table, offset, prio, runs, keys, cids, slots, fds, hbs, hb_addr, hb_len, iovs,
+ * iov_addr, sums_addr, view_addr, n, layout_digest) -> None: see bulk.pack_slot_writes.
+ * Everything is checked before a byte is written. */
+SP_HIDDEN PyObject *pack_slot_writes(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    static const char fn[] = "pack_slot_writes";
+    if (check_nargs(fn, nargs, 17) < 0) return NULL;
+    Py_ssize_t offset = PyLong_AsSsize_t(args[1]);
+    int32_t prio;
+    uint64_t hb_addr, hb_len, iov_addr, sums_addr, view_addr, n;
+    if ((offset == -1 && PyErr_Occurred()) || get_i32(args[2], &prio, fn, "prio") < 0 || get_u64(args[9], &hb_addr) < 0 ||
+        get_u64(args[10], &hb_len) < 0 || get_u64(args[12], &iov_addr) < 0 || get_u64(args[13], &sums_addr) < 0 ||
+        get_u64(args[14], &view_addr) < 0 || get_u64(args[15], &n) < 0 || check_digest(args[16], fn) < 0 ||
+        need_xxh3(fn) < 0)
+        return NULL;
+    PyObject *slots = args[6];
+    if (!PyDict_Check(slots)) {
+        PyErr_Format(PyExc_TypeError, "%s(): slots is a dict by position", fn);
+        return NULL;
+    }
+    PyObject *runs = NULL, *keys = NULL, *cids = NULL, *fds = NULL, *out = NULL;
+    Py_buffer table = {0}, hbs = {0}, iovs = {0};
+    int nbuf = 0;
+    if (!(runs = PySequence_Fast(args[3], "pack_slot_writes(): runs is a sequence")) ||
+        !(keys = PySequence_Fast(args[4], "pack_slot_writes(): keys is a sequence")) ||
+        !(cids = PySequence_Fast(args[5], "pack_slot_writes(): cids is a sequence")) ||
+        !(fds = PySequence_Fast(args[7], "pack_slot_writes(): fds is a sequence")))
+        goto done;
+    if (PyObject_GetBuffer(args[0], &table, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) goto done;
+    nbuf = 1;
+    if (PyObject_GetBuffer(args[8], &hbs, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) goto done;
+    nbuf = 2;
+    if (PyObject_GetBuffer(args[11], &iovs, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) goto done;
+    nbuf = 3;
+    Py_ssize_t m = PySequence_Fast_GET_SIZE(runs), nk = PySequence_Fast_GET_SIZE(keys), nfd = PySequence_Fast_GET_SIZE(fds);
+    if (PySequence_Fast_GET_SIZE(cids) != nk) {
+        PyErr_Format(PyExc_ValueError, "%s(): %zd keys and %zd cids", fn, nk, PySequence_Fast_GET_SIZE(cids));
+        goto done;
+    }
+    if (offset < 0 || offset > table.len || m > (table.len - offset) / (Py_ssize_t)sizeof(struct at_job)) {
+        PyErr_Format(PyExc_ValueError, "%s(): %zd descriptors at offset %zd of a %zd-byte table", fn, m, offset, table.len);
+        goto done;
+    }
+    Py_ssize_t total = 0;
+    for (Py_ssize_t j = 0; j < m; j++) { /* every run checked first */
+        PyObject *run = PySequence_Fast_GET_ITEM(runs, j);
+        if (!PyList_Check(run) || PyList_GET_SIZE(run) == 0) {
+            PyErr_Format(PyExc_TypeError, "%s(): runs[%zd] is a non-empty list", fn, j);
+            goto done;
+        }
+        Py_ssize_t klen = -1;
+        for (Py_ssize_t i = 0; i < PyList_GET_SIZE(run); i++) {
+            Py_ssize_t pos;
+            int64_t stripe, off;
+            uint64_t u;
+            if (run_item(PyList_GET_ITEM(run, i), nk, nfd, &pos, &stripe, &off, fn) < 0) goto done;
+            PyObject *key = PySequence_Fast_GET_ITEM(keys, pos), *sl = PyDict_GetItemWithError(slots, PyTuple_GET_ITEM(PyList_GET_ITEM(run, i), 0));
+            if (check_key(key, fn) < 0) goto done;
+            if (klen >= 0 && PyBytes_GET_SIZE(key) != klen) {
+                PyErr_Format(PyExc_ValueError, "%s(): a run's keys are one length", fn);
+                goto done;
+            }
+            klen = PyBytes_GET_SIZE(key);
+            if ((uint64_t)(FIXED_LEN + klen + 8) > hb_len) {
+                PyErr_Format(PyExc_ValueError, "%s(): a header of %zd bytes in a %llu-byte block", fn,
+                             FIXED_LEN + klen + 8, (unsigned long long)hb_len);
+                goto done;
+            }
+            if (sl == NULL || !PyTuple_Check(sl) || PyTuple_GET_SIZE(sl) != 2 || get_u64(PyTuple_GET_ITEM(sl, 1), &u) < 0 ||
+                get_u64(PySequence_Fast_GET_ITEM(cids, pos), &u) < 0) {
+                if (!PyErr_Occurred())
+                    PyErr_Format(PyExc_KeyError, "%s(): no (slot, seq) for position %zd", fn, pos);
+                goto done;
+            }
+            int32_t fd;
+            if (i == 0 && get_i32(PySequence_Fast_GET_ITEM(fds, stripe), &fd, fn, "fd") < 0) goto done;
+        }
+        total += PyList_GET_SIZE(run);
+    }
+    if (hb_len == 0 || (uint64_t)total > (uint64_t)hbs.len / hb_len || total > iovs.len / 32) {
+        PyErr_Format(PyExc_ValueError, "%s(): %zd chunks for %zd bytes of header blocks and %zd of iovecs", fn, total,
+                     hbs.len, iovs.len);
+        goto done;
+    }
+    const char *digest = PyBytes_AS_STRING(args[16]);
+    uint64_t *iov = (uint64_t *)iovs.buf;
+    struct at_job *jobs = (struct at_job *)((char *)table.buf + offset);
+    Py_ssize_t c = 0;
+    for (Py_ssize_t j = 0; j < m; j++) {
+        PyObject *run = PySequence_Fast_GET_ITEM(runs, j);
+        Py_ssize_t len = PyList_GET_SIZE(run), first = c, size = 0;
+        int64_t stripe = 0, off = 0;
+        for (Py_ssize_t i = 0; i < len; i++, c++) {
+            PyObject *it = PyList_GET_ITEM(run, i);
+            Py_ssize_t pos = PyLong_AsSsize_t(PyTuple_GET_ITEM(it, 0));
+            if (i == 0) {
+                stripe = PyLong_AsLongLong(PyTuple_GET_ITEM(it, 2));
+                off = PyLong_AsLongLong(PyTuple_GET_ITEM(it, 3));
+            }
+            PyObject *key = PySequence_Fast_GET_ITEM(keys, pos), *sl = PyDict_GetItem(slots, PyTuple_GET_ITEM(it, 0));
+            uint64_t seq = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(sl, 1));
+            uint64_t cid = PyLong_AsUnsignedLongLong(PySequence_Fast_GET_ITEM(cids, pos));
+            size = put_header((unsigned char *)hbs.buf + c * hb_len, PyBytes_AS_STRING(key), PyBytes_GET_SIZE(key), n, 0,
+                              seq, digest);
+            iov[4 * c] = hb_addr + (uint64_t)c * hb_len;
+            iov[4 * c + 1] = hb_len;
+            iov[4 * c + 2] = view_addr + cid * n;
+            iov[4 * c + 3] = n;
+        }
+        struct at_job *job = &jobs[j];
+        memset(job, 0, sizeof *job);
+        job->group = -1;
+        job->kind = AT_WRITEV;
+        job->prio = prio;
+        job->dfd = -1;
+        job->fd = (int32_t)PyLong_AsLong(PySequence_Fast_GET_ITEM(fds, stripe));
+        job->dfd2 = -1;
+        job->body_len = (int32_t)(size - 8);
+        job->hb = (void *)(uintptr_t)(iov_addr + 32 * (uint64_t)first);
+        job->hb_len = (size_t)(2 * len);
+        job->buf = (void *)(uintptr_t)(sums_addr + 8 * (uint64_t)first);
+        job->len = (size_t)len;
+        job->off = off;
+    }
+    out = Py_None;
+    Py_INCREF(out);
+done:
+    if (nbuf > 2) PyBuffer_Release(&iovs);
+    if (nbuf > 1) PyBuffer_Release(&hbs);
+    if (nbuf > 0) PyBuffer_Release(&table);
+    Py_XDECREF(runs);
+    Py_XDECREF(keys);
+    Py_XDECREF(cids);
+    Py_XDECREF(fds);
+    return out;
+}
+
+/* runs_written(res, offset, runs, sums, csums, written) -> list[int]: see bulk.runs_written. */
+SP_HIDDEN PyObject *runs_written(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    static const char fn[] = "runs_written";
+    if (check_nargs(fn, nargs, 6) < 0) return NULL;
+    Py_ssize_t offset = PyLong_AsSsize_t(args[1]);
+    if (offset == -1 && PyErr_Occurred()) return NULL;
+    PyObject *csums = args[4], *written = args[5];
+    if (!PyDict_Check(csums) || !PyList_Check(written)) {
+        PyErr_Format(PyExc_TypeError, "%s(): csums is a dict and written a list", fn);
+        return NULL;
+    }
+    PyObject *runs = PySequence_Fast(args[2], "runs_written(): runs is a sequence"), *bad = NULL;
+    if (runs == NULL) return NULL;
+    Py_buffer res = {0}, sums = {0};
+    int nbuf = 0;
+    if (PyObject_GetBuffer(args[0], &res, PyBUF_C_CONTIGUOUS) < 0) goto done;
+    nbuf = 1;
+    if (PyObject_GetBuffer(args[3], &sums, PyBUF_C_CONTIGUOUS) < 0) goto done;
+    nbuf = 2;
+    Py_ssize_t m = PySequence_Fast_GET_SIZE(runs), total = 0;
+    if (offset < 0 || offset > res.len || m > (res.len - offset) / (Py_ssize_t)sizeof(struct at_res)) {
+        PyErr_Format(PyExc_ValueError, "%s(): %zd outcomes at offset %zd of %zd bytes", fn, m, offset, res.len);
+        goto done;
+    }
+    for (Py_ssize_t j = 0; j < m; j++) {
+        PyObject *run = PySequence_Fast_GET_ITEM(runs, j);
+        if (!PyList_Check(run)) {
+            PyErr_Format(PyExc_TypeError, "%s(): runs[%zd] is a list", fn, j);
+            goto done;
+        }
+        for (Py_ssize_t i = 0; i < PyList_GET_SIZE(run); i++) {
+            PyObject *it = PyList_GET_ITEM(run, i);
+            if (!PyTuple_Check(it) || PyTuple_GET_SIZE(it) != 4 || !PyLong_Check(PyTuple_GET_ITEM(it, 0))) {
+                PyErr_Format(PyExc_TypeError, "%s(): a run's items are (position, slot, stripe, offset) tuples", fn);
+                goto done;
+            }
+        }
+        total += PyList_GET_SIZE(run);
+    }
+    if (total > sums.len / 8) {
+        PyErr_Format(PyExc_ValueError, "%s(): %zd chunks for %zd bytes of checksums", fn, total, sums.len);
+        goto done;
+    }
+    if ((bad = PyList_New(0)) == NULL) goto done;
+    const struct at_res *r = (const struct at_res *)((const char *)res.buf + offset);
+    const uint64_t *sum = (const uint64_t *)sums.buf;
+    Py_ssize_t c = 0;
+    for (Py_ssize_t j = 0; j < m; j++) {
+        PyObject *run = PySequence_Fast_GET_ITEM(runs, j);
+        Py_ssize_t len = PyList_GET_SIZE(run);
+        if (r[j].stage || r[j].info != 1) {
+            PyObject *o = PyLong_FromSsize_t(j);
+            int rc = o ? PyList_Append(bad, o) : -1;
+            Py_XDECREF(o);
+            if (rc < 0) goto fail;
+        } else {
+            for (Py_ssize_t i = 0; i < len; i++) {
+                PyObject *pos = PyTuple_GET_ITEM(PyList_GET_ITEM(run, i), 0), *v = PyLong_FromUnsignedLongLong(sum[c + i]);
+                int rc = v ? PyDict_SetItem(csums, pos, v) : -1;
+                Py_XDECREF(v);
+                if (rc < 0 || PyList_Append(written, pos) < 0) goto fail;
+            }
+        }
+        c += len;
+    }
+    goto done;
+fail:
+    Py_CLEAR(bad);
+done:
+    if (nbuf > 1) PyBuffer_Release(&sums);
+    if (nbuf > 0) PyBuffer_Release(&res);
+    Py_DECREF(runs);
+    return bad;
+}

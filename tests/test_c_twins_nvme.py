@@ -1,0 +1,236 @@
+"""The C twins of an nvme store job's steps (asynctier/_speedups_nvme.c) do what their Python
+references (asynctier/tiers/nvme/bulk.py) do: the same slot index after each step from random
+states, the same return values, the same descriptors, headers and iovecs byte for byte; and
+they refuse what is wrong without changing anything."""
+
+from __future__ import annotations
+
+import ctypes
+import random
+import struct
+from array import array
+from typing import Any
+
+import pytest
+
+from asynctier.engines.descriptors import GROUP_MAX, JOB_LAYOUT, RESULT_LAYOUT
+from asynctier.posix_io import aligned_buffer, buffer_address
+from asynctier.tiers.nvme import bulk
+from asynctier.tiers.nvme.slots import SlotIndex
+
+NSLOTS = 64
+STATE = ("entries", "slot_key", "prev", "nxt", "head", "tail", "slot_seq", "slot_csum", "slot_ticket", "free",
+         "run_end", "reuse_ticket", "pins", "zombies", "writing", "killed")  # fmt: skip
+
+
+def clone(idx: SlotIndex) -> SlotIndex:
+    out = SlotIndex(idx.nslots)
+    for name in STATE:
+        v = getattr(idx, name)
+        setattr(out, name, v if isinstance(v, int) else v.copy() if not isinstance(v, array) else v[:])
+    return out
+
+
+def state(idx: SlotIndex) -> dict[str, Any]:
+    return {name: getattr(idx, name) for name in STATE}
+
+
+def random_index(rng: random.Random) -> SlotIndex:
+    """A slot index after a random history of stores, loads (pins), evictions and removals,
+    made with the SlotIndex methods (the Python references' own terms)."""
+    idx = SlotIndex(NSLOTS)
+    idx.rebuild_free()
+    seq, ticket = 0, 0
+    for _step in range(rng.randrange(20, 200)):
+        r = rng.random()
+        if r < 0.45 and idx.free:
+            n = rng.randrange(1, min(len(idx.free), 8) + 1)
+            taken = idx.take_free(n)
+            keys = [b"k%d" % rng.randrange(80) for _ in taken]
+            bulk.begin_writes(idx, keys, taken, seq + 1)
+            seq += n
+            slots = {p: (s, seq - n + 1 + p) for p, s in enumerate(taken)}
+            recs = bulk.end_writes(idx, keys, list(slots), slots, {p: rng.getrandbits(64) for p in slots})
+            for i, old in bulk.put_published(idx, recs, ticket + 1):
+                idx.release(old, ticket + 1 + i)
+            ticket += len(recs)
+        elif r < 0.6 and idx.entries:
+            idx.pin(idx.entries[rng.choice(list(idx.entries))])
+        elif r < 0.7 and idx.pins:
+            idx.unpin(rng.choice(list(idx.pins)))
+        elif r < 0.85:
+            recs = bulk.evict_oldest(idx, rng.randrange(1, 6), rng.randrange(0, 4))
+            bulk.release_many(idx, [s for _, s, _, _ in recs], ticket + 1)
+            ticket += len(recs)
+        elif idx.entries:  # a removal while a write of the key is in flight
+            k = rng.choice(list(idx.entries))
+            idx.writing[k] = idx.writing.get(k, 0) + 1
+            idx.killed[k] = seq
+            idx.release(idx.drop(k) or 0, ticket)
+    return idx
+
+
+def both(speedups: Any, idx: SlotIndex, name: str, *args: Any) -> Any:
+    """Run ``name`` as the C twin on ``idx`` and as the reference on a copy: the same index
+    after, the same result."""
+    ref = clone(idx)
+    got = getattr(speedups, name)(idx, *args)
+    want = getattr(bulk, name)(ref, *args)
+    assert got == want
+    assert state(idx) == state(ref)
+    return got
+
+
+def test_the_index_steps_match_their_references_from_random_states(speedups: Any) -> None:
+    rng = random.Random(5)
+    for _ in range(60):
+        idx = random_index(rng)
+        recs = both(speedups, idx, "evict_oldest", rng.randrange(0, 10), rng.randrange(-1, 6))
+        both(speedups, idx, "release_many", [s for _, s, _, _ in recs], rng.randrange(1, 1000))
+        if not idx.free:
+            continue
+        n = rng.randrange(1, len(idx.free) + 1)
+        taken = idx.take_free(n)
+        keys = [b"k%d" % rng.randrange(80) for _ in taken]  # some stored, some twice in a job
+        both(speedups, idx, "begin_writes", keys, taken, rng.randrange(1, 1 << 40))
+        for k in rng.sample(keys, k=min(2, len(keys))):  # removed while being written
+            idx.killed[k] = idx.slot_seq[taken[keys.index(k)]] + rng.choice((-1, 0))
+        slots = {p: (s, idx.slot_seq[s]) for p, s in enumerate(taken)}
+        written = rng.sample(list(slots), k=rng.randrange(len(slots) + 1))
+        recs = both(speedups, idx, "end_writes", keys, written, slots, {p: rng.getrandbits(64) for p in slots})
+        both(speedups, idx, "put_published", recs, rng.randrange(1, 1 << 40))
+
+
+def test_the_index_steps_refuse_without_changing_the_index(speedups: Any) -> None:
+    rng = random.Random(6)
+    idx = random_index(rng)
+    before = state(clone(idx))
+    calls: list[tuple[str, tuple[Any, ...], type[BaseException], str]] = [
+        ("release_many", (idx, [1, NSLOTS], 1), IndexError, "slot 64 of an index of 64"),
+        ("release_many", (idx, [-1], 1), IndexError, "slot -1"),
+        ("begin_writes", (idx, [b"a", b"b"], [1], 1), ValueError, "2 keys and 1 slots"),
+        ("begin_writes", (idx, [b"a", "b"], [1, 2], 1), TypeError, "a key is bytes"),
+        ("begin_writes", (idx, [b"a"], [NSLOTS], 1), IndexError, "slot 64"),
+        ("end_writes", (idx, [b"a"], [0], {0: (1, 5)}, {}), KeyError, "no slot or checksum for position 0"),
+        ("end_writes", (idx, [b"a"], [1], {1: (1, 5)}, {1: 0}), IndexError, "position 1 of 1 keys"),
+        ("end_writes", (idx, [b"a"], [0], {0: (1, -5)}, {0: 0}), OverflowError, "negative"),
+        ("end_writes", (idx, [b"a"], [0], [(1, 5)], {0: 0}), TypeError, "dicts by position"),
+        ("put_published", (idx, [(b"a", NSLOTS, 1, 1)], 1), IndexError, "slot 64"),
+        ("put_published", (idx, [(b"a", 1, 1)], 1), TypeError, r"\(key, slot, seq, csum\) tuple"),
+        ("evict_oldest", (idx, 3), TypeError, "takes 3 arguments"),
+    ]
+    for name, args, exc, match in calls:
+        with pytest.raises(exc, match=match):
+            getattr(speedups, name)(*args)
+        assert state(idx) == before, name
+    idx.prev = array("q", [-1]) * NSLOTS  # an index whose arrays are not the ones expected
+    with pytest.raises(TypeError, match="array"):
+        speedups.evict_oldest(idx, 2, 0)
+    idx.prev = before["prev"][:]
+    idx.entries = list(idx.entries)  # type: ignore[assignment]
+    with pytest.raises(TypeError, match="entries is a dict"):
+        speedups.put_published(idx, [], 1)
+
+
+class _Area:
+    """What a store job's runs are packed into: a table of GROUP_MAX descriptors, header
+    blocks, iovecs and checksums (as IoArea and the pool's sub-job table)."""
+
+    def __init__(self, slots: int, hb_len: int) -> None:
+        self.table = bytearray(JOB_LAYOUT.size * GROUP_MAX * 2)
+        self.hb = aligned_buffer(slots * hb_len)
+        self.iov = (ctypes.c_uint64 * (4 * slots))()
+        self.sums = (ctypes.c_uint64 * slots)()
+
+    def args(self, runs: list[bulk.Run], keys: list[bytes], cids: list[int], slots: Any, hb_len: int) -> list[Any]:
+        return [self.table, JOB_LAYOUT.size * GROUP_MAX, 3, runs, keys, cids, slots, [7, 9, 11], self.hb,
+                buffer_address(self.hb), hb_len, self.iov, ctypes.addressof(self.iov), ctypes.addressof(self.sums),
+                1 << 30, 65536, b"d" * 16]  # fmt: skip
+
+    def fill(self, rng: random.Random) -> None:
+        self.table[:] = rng.randbytes(len(self.table))
+        self.hb[:] = rng.randbytes(len(self.hb))
+        ctypes.memmove(self.iov, rng.randbytes(ctypes.sizeof(self.iov)), ctypes.sizeof(self.iov))
+
+    def bytes(self) -> tuple[bytes, bytes, bytes]:
+        return bytes(self.table), bytes(self.hb), bytes(self.iov)
+
+
+def _random_runs(rng: random.Random, keylen: int) -> tuple[list[bulk.Run], list[bytes], list[int], dict[int, Any]]:
+    m = rng.randrange(1, 20)
+    keys = [rng.randbytes(keylen) for _ in range(m)]
+    slots = {p: (rng.randrange(1000), rng.getrandbits(63)) for p in range(m)}
+    order = rng.sample(range(m), m)
+    runs: list[bulk.Run] = []
+    while order:
+        k = rng.randrange(1, len(order) + 1)
+        stripe, off = rng.randrange(3), rng.randrange(1 << 30)
+        runs.append([(p, slots[p][0], stripe, off + 4096 * i) for i, p in enumerate(order[:k])])
+        order = order[k:]
+    return runs, keys, [rng.randrange(500) for _ in range(m)], slots
+
+
+def test_a_store_jobs_runs_pack_as_their_reference_packs_them(speedups: Any) -> None:
+    rng = random.Random(7)
+    for keylen in (1, 16, 40, 200):
+        for _ in range(10):
+            runs, keys, cids, slots = _random_runs(rng, keylen)
+            if len(runs) > GROUP_MAX:
+                continue
+            area, sides = _Area(32, 512), []
+            for fn in (speedups.pack_slot_writes, bulk.pack_slot_writes):
+                area.fill(random.Random(1))  # the same bytes left over for both
+                fn(*area.args(runs, keys, cids, slots, 512))
+                sides.append(area.bytes())
+            assert sides[0] == sides[1]
+            job = JOB_LAYOUT.unpack_from(sides[0][0], JOB_LAYOUT.size * GROUP_MAX)
+            assert job[2:4] == (7, 3) and job[6] in (7, 9, 11) and job[13:16:2] == (2 * len(runs[0]), len(runs[0]))
+
+
+def test_packing_runs_refuses_without_writing_a_byte(speedups: Any) -> None:
+    rng = random.Random(8)
+    _runs, keys, cids, slots = _random_runs(rng, 16)
+    cases: list[tuple[Any, type[BaseException], str]] = [
+        (lambda a: a.__setitem__(4, [[(0, 1, 1, 0)], [(0, 1, 3, 0)]]), ValueError, "stripe 3 of 3"),
+        (lambda a: a.__setitem__(4, [[]]), TypeError, "non-empty list"),
+        (lambda a: a.__setitem__(5, [b"x" * 16, b"y" * 17, *a[5][2:]]), ValueError, "one length"),
+        (lambda a: a.__setitem__(7, {}), KeyError, "no \\(slot, seq\\)"),
+        (lambda a: a.__setitem__(11, 40), ValueError, "header of 76 bytes in a 40-byte block"),
+        (lambda a: a.__setitem__(2, JOB_LAYOUT.size * (2 * GROUP_MAX - 1) + 1), ValueError, "descriptors at offset"),
+        (lambda a: a.__setitem__(17, b"short"), ValueError, "layout_digest"),
+    ]
+    for mutate, exc, match in cases:
+        area = _Area(32, 512)
+        args = [None, *area.args([[(p, 1, 0, 4096 * p) for p in range(len(keys))]], keys, cids, slots, 512)]
+        mutate(args)
+        before = area.bytes()
+        with pytest.raises(exc, match=match):
+            speedups.pack_slot_writes(*args[1:])
+        assert area.bytes() == before
+
+
+def test_a_store_jobs_outcomes_read_as_their_reference_reads_them(speedups: Any) -> None:
+    rng = random.Random(9)
+    for _ in range(40):
+        runs, _, _, _ = _random_runs(rng, 8)
+        total = sum(map(len, runs))
+        res = bytearray(RESULT_LAYOUT.size * (len(runs) + 2))
+        for j in range(len(runs)):
+            ok = rng.random() < 0.7
+            RESULT_LAYOUT.pack_into(res, RESULT_LAYOUT.size * (j + 2), 4096 if ok else -5, 0, 0 if ok else 3,
+                                    1 if ok or rng.random() < 0.5 else 0)  # fmt: skip
+        sums = (ctypes.c_uint64 * total)(*[rng.getrandbits(64) for _ in range(total)])
+        sides = []
+        for fn in (speedups.runs_written, bulk.runs_written):
+            csums: dict[int, int] = {99: 1}
+            written: list[int] = [99]
+            bad = fn(memoryview(res), RESULT_LAYOUT.size * 2, runs, sums, csums, written)
+            sides.append((bad, csums, written))
+        assert sides[0] == sides[1]
+    with pytest.raises(ValueError, match="outcomes at offset"):
+        speedups.runs_written(memoryview(res), len(res), runs, sums, {}, [])
+    with pytest.raises(ValueError, match="bytes of checksums"):
+        speedups.runs_written(memoryview(res), 0, runs[:1], (ctypes.c_uint64 * 0)(), {}, [])
+    with pytest.raises(TypeError, match="csums is a dict"):
+        speedups.runs_written(memoryview(res), 0, runs, sums, [], [])
+    assert struct.calcsize("=Q") == 8
