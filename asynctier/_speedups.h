@@ -51,6 +51,7 @@ SP_HIDDEN PyObject *jobs_failed(PyObject *self, PyObject *const *args, Py_ssize_
 /* _speedups_nvme.c */
 SP_HIDDEN PyObject *evict_oldest(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 SP_HIDDEN PyObject *release_many(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+SP_HIDDEN PyObject *take_free(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 SP_HIDDEN PyObject *begin_writes(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 SP_HIDDEN PyObject *end_writes(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 SP_HIDDEN PyObject *put_published(PyObject *self, PyObject *const *args, Py_ssize_t nargs);

@@ -337,7 +337,7 @@ static int count_write(struct index *x, PyObject *key, long by) {
     return 0;
 }
 
-/* begin_writes(index, keys, taken, first_seq) -> None: see bulk.begin_writes. */
+/* begin_writes(index, keys, taken, first_seq) -> int: see bulk.begin_writes. */
 SP_HIDDEN PyObject *begin_writes(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
     static const char fn[] = "begin_writes";
@@ -357,15 +357,127 @@ SP_HIDDEN PyObject *begin_writes(PyObject *self, PyObject *const *args, Py_ssize
         if (slot_of(&x, PySequence_Fast_GET_ITEM(taken, i), fn) < 0 ||
             check_key(PySequence_Fast_GET_ITEM(keys, i), fn) < 0)
             rc = -1;
+    uint64_t wait = 0;
     for (Py_ssize_t i = 0; rc == 0 && i < m; i++) {
-        x.seq[PyLong_AsLong(PySequence_Fast_GET_ITEM(taken, i))] = first + (uint64_t)i;
+        PyObject *so = PySequence_Fast_GET_ITEM(taken, i);
+        x.seq[PyLong_AsLong(so)] = first + (uint64_t)i;
         rc = count_write(&x, PySequence_Fast_GET_ITEM(keys, i), 1);
+        if (rc == 0 && PyDict_GET_SIZE(x.reuse)) { /* wait = max(reuse.pop(slot, 0), ...) */
+            PyObject *t = PyDict_GetItemWithError(x.reuse, so);
+            uint64_t u = 0;
+            if (t == NULL) {
+                if (PyErr_Occurred()) rc = -1;
+                continue;
+            }
+            if (get_u64(t, &u) < 0 || PyDict_DelItem(x.reuse, so) < 0) rc = -1;
+            else if (u > wait) wait = u;
+        }
     }
     if (taken) index_close(&x);
     Py_XDECREF(keys);
     Py_XDECREF(taken);
-    if (rc < 0) return NULL;
-    Py_RETURN_NONE;
+    return rc < 0 ? NULL : PyLong_FromUnsignedLongLong(wait);
+}
+
+static int cmp_long(const void *a, const void *b) {
+    long x = *(const long *)a, y = *(const long *)b;
+    return (x > y) - (x < y);
+}
+
+/* SlotIndex.mark_runs(taken): taken's runs of adjacent slots noted in run_end. */
+static void mark_runs(struct index *x, const long *taken, Py_ssize_t n, long *scratch) {
+    if (n == 0) return;
+    char *ends = PyByteArray_AS_STRING(x->run_end);
+    long lo = taken[0], hi = taken[0];
+    for (Py_ssize_t i = 1; i < n; i++) {
+        if (taken[i] < lo) lo = taken[i];
+        if (taken[i] > hi) hi = taken[i];
+    }
+    if (hi - lo == n - 1) { /* one run (slots are distinct) */
+        memset(ends + lo, 0, (size_t)(hi - lo));
+        ends[hi] = 1;
+        return;
+    }
+    memcpy(scratch, taken, sizeof(long) * (size_t)n);
+    qsort(scratch, (size_t)n, sizeof(long), cmp_long);
+    for (Py_ssize_t i = 0; i + 1 < n; i++) ends[scratch[i]] = scratch[i + 1] != scratch[i] + 1;
+    ends[hi] = 1;
+}
+
+/* take_free(index, n, pick_max) -> list[int]: see bulk.take_free (SlotIndex.take_free). */
+SP_HIDDEN PyObject *take_free(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    static const char fn[] = "take_free";
+    if (check_nargs(fn, nargs, 3) < 0) return NULL;
+    Py_ssize_t n = PyLong_AsSsize_t(args[1]), pick_max = PyLong_AsSsize_t(args[2]);
+    if ((n == -1 || pick_max == -1) && PyErr_Occurred()) return NULL;
+    struct index x;
+    PyObject *out = NULL, *kept = NULL;
+    long *asc = NULL;
+    if (index_open(&x, args[0], NEED_RUNS, fn) < 0) goto done;
+    Py_ssize_t m = PyList_GET_SIZE(x.free);
+    if (n < 0 || n > m) {
+        PyErr_Format(PyExc_ValueError, "%s(): %zd of %zd free slots", fn, n, m);
+        goto done;
+    }
+    if ((asc = PyMem_Malloc(sizeof(long) * (size_t)(2 * m + 1))) == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < m; i++)
+        if ((asc[i] = slot_of(&x, PyList_GET_ITEM(x.free, i), fn)) < 0) goto done;
+    long *scratch = asc + m;
+    Py_ssize_t at = 0; /* where taken starts in asc (sorted), or -1: the list's end as it lies */
+    if (m > pick_max || n >= m) {
+        at = -1;
+    } else {
+        qsort(asc, (size_t)m, sizeof(long), cmp_long);
+        /* the shortest run that holds n (the lowest of those), else the lowest n */
+        Py_ssize_t best = -1, best_len = 0;
+        for (Py_ssize_t a = 0, b; a < m; a = b) {
+            for (b = a + 1; b < m && asc[b] == asc[b - 1] + 1; b++)
+                ;
+            if (b - a >= n && (best < 0 || b - a < best_len)) {
+                best = a;
+                best_len = b - a;
+            }
+        }
+        at = best < 0 ? 0 : best;
+    }
+    if ((out = PyList_New(n)) == NULL) goto done;
+    if (at < 0) { /* free[: -n - 1 : -1], then deleted from the list */
+        for (Py_ssize_t i = 0; i < n; i++) {
+            PyObject *o = PyList_GET_ITEM(x.free, m - 1 - i);
+            Py_INCREF(o);
+            PyList_SET_ITEM(out, i, o);
+            scratch[i] = asc[m - 1 - i];
+        }
+        if (PyList_SetSlice(x.free, m - n, m, NULL) < 0) goto fail;
+        mark_runs(&x, scratch, n, asc); /* (asc is spare by now) */
+    } else { /* the rest kept, highest first (low slots popped first) */
+        if ((kept = PyList_New(m - n)) == NULL) goto fail;
+        for (Py_ssize_t i = 0; i < n; i++) {
+            PyObject *o = PyLong_FromLong(asc[at + i]);
+            if (o == NULL) goto fail;
+            PyList_SET_ITEM(out, i, o);
+        }
+        for (Py_ssize_t i = 0, k = m - n - 1; i < m; i++) {
+            if (i >= at && i < at + n) continue;
+            PyObject *o = PyLong_FromLong(asc[i]);
+            if (o == NULL) goto fail;
+            PyList_SET_ITEM(kept, k--, o);
+        }
+        if (PyList_SetSlice(x.free, 0, m, kept) < 0) goto fail;
+        mark_runs(&x, asc + at, n, scratch);
+    }
+    goto done;
+fail:
+    Py_CLEAR(out);
+done:
+    Py_XDECREF(kept);
+    PyMem_Free(asc);
+    index_close(&x);
+    return out;
 }
 
 /* end_writes(index, keys, written, slots, csums) -> list[(key, slot, seq, csum)]: see

@@ -16,7 +16,7 @@ import pytest
 from asynctier.engines.descriptors import GROUP_MAX, JOB_LAYOUT, RESULT_LAYOUT
 from asynctier.posix_io import aligned_buffer, buffer_address
 from asynctier.tiers.nvme import bulk
-from asynctier.tiers.nvme.slots import SlotIndex
+from asynctier.tiers.nvme.slots import PICK_MAX, SlotIndex
 
 NSLOTS = 64
 STATE = ("entries", "slot_key", "prev", "nxt", "head", "tail", "slot_seq", "slot_csum", "slot_ticket", "free",
@@ -89,8 +89,9 @@ def test_the_index_steps_match_their_references_from_random_states(speedups: Any
         both(speedups, idx, "release_many", [s for _, s, _, _ in recs], rng.randrange(1, 1000))
         if not idx.free:
             continue
-        n = rng.randrange(1, len(idx.free) + 1)
-        taken = idx.take_free(n)
+        n = rng.randrange(0, len(idx.free) + 1)
+        # short free lists are searched for runs; a longer one (pick_max) taken as it lies
+        taken = both(speedups, idx, "take_free", n, rng.choice((PICK_MAX, 4, 0)))
         keys = [b"k%d" % rng.randrange(80) for _ in taken]  # some stored, some twice in a job
         both(speedups, idx, "begin_writes", keys, taken, rng.randrange(1, 1 << 40))
         for k in rng.sample(keys, k=min(2, len(keys))):  # removed while being written
@@ -111,6 +112,8 @@ def test_the_index_steps_refuse_without_changing_the_index(speedups: Any) -> Non
         ("begin_writes", (idx, [b"a", b"b"], [1], 1), ValueError, "2 keys and 1 slots"),
         ("begin_writes", (idx, [b"a", "b"], [1, 2], 1), TypeError, "a key is bytes"),
         ("begin_writes", (idx, [b"a"], [NSLOTS], 1), IndexError, "slot 64"),
+        ("take_free", (idx, len(idx.free) + 1, PICK_MAX), ValueError, "free slots"),
+        ("take_free", (idx, -1, PICK_MAX), ValueError, "free slots"),
         ("end_writes", (idx, [b"a"], [0], {0: (1, 5)}, {}), KeyError, "no slot or checksum for position 0"),
         ("end_writes", (idx, [b"a"], [1], {1: (1, 5)}, {1: 0}), IndexError, "position 1 of 1 keys"),
         ("end_writes", (idx, [b"a"], [0], {0: (1, -5)}, {0: 0}), OverflowError, "negative"),

@@ -29,6 +29,7 @@ __all__ = [
     "put_published",
     "release_many",
     "runs_written",
+    "take_free",
 ]
 
 #: a run of adjacent slots of one stripe: (position in the job, slot, stripe, offset) of each
@@ -58,13 +59,21 @@ def release_many(idx: SlotIndex, slots: list[int], first_ticket: int) -> None:
         idx.release(s, t)
 
 
-def begin_writes(idx: SlotIndex, keys: list[bytes], taken: list[int], first_seq: int) -> None:
+def take_free(idx: SlotIndex, n: int, pick_max: int) -> list[int]:
+    """``idx.take_free(n, pick_max)``: ``n`` free slots in as few runs as the free list holds."""
+    return idx.take_free(n, pick_max)
+
+
+def begin_writes(idx: SlotIndex, keys: list[bytes], taken: list[int], first_seq: int) -> int:
     """The writes of ``keys`` into the slots ``taken`` begin, numbered from ``first_seq``:
-    each slot's sequence number set, each key's writes in flight counted."""
-    slot_seq, writing = idx.slot_seq, idx.writing
+    each slot's sequence number set, each key's writes in flight counted. Returns the journal
+    ticket to flush before any is written: the latest of the ``EVICT`` records that freed
+    them (each slot's taken from ``reuse_ticket``), 0 for none."""
+    slot_seq, writing, reuse = idx.slot_seq, idx.writing, idx.reuse_ticket
     for k, slot, seq in zip(keys, taken, range(first_seq, first_seq + len(taken)), strict=True):
         slot_seq[slot] = seq
         writing[k] = writing.get(k, 0) + 1
+    return max([reuse.pop(s, 0) for s in taken], default=0) if reuse else 0
 
 
 def end_writes(

@@ -24,7 +24,7 @@ from .checkpoint import read_checkpoint, write_checkpoint
 from .files import TEMP_MARK, IndexDir
 from .format import EVICT, PUBLISH, pack_record, pack_records
 from .journal import Journal, replay
-from .slots import SlotIndex
+from .slots import PICK_MAX, SlotIndex
 
 __all__ = ["Catalog"]
 
@@ -188,10 +188,7 @@ class Catalog:
             raise OSError(errno.EOVERFLOW, "sequence numbers exhausted for this open; reopen the tier")
         first = (self.epoch << EPOCH_SHIFT) | (self.counter + 1)
         self.counter += n
-        idx = self.index
-        _bulk.begin_writes(idx, keys, taken, first)
-        reuse = idx.reuse_ticket
-        return range(first, first + n), (max([reuse.pop(s, 0) for s in taken], default=0) if reuse else 0)
+        return range(first, first + n), _bulk.begin_writes(self.index, keys, taken, first)
 
     def allocate(self, key: bytes) -> tuple[int, int, int]:
         """Take a free slot (evicting LRU entries when none is): (slot, seq, ticket to await)."""
@@ -245,14 +242,17 @@ class Catalog:
         wait = skip_ticket = 0
         skipped: list[int] = []
         new: list[int] = []
-        for p, k in enumerate(keys):
-            have = entries.get(k)
-            if have is None:
-                new.append(p)
-                continue
-            idx.touch_slot(have)  # already stored: skip the write
-            skipped.append(p)
-            skip_ticket = max(skip_ticket, idx.slot_ticket[have])
+        if entries.keys().isdisjoint(keys):  # the usual case: none stored yet
+            new = list(range(len(keys)))
+        else:
+            for p, k in enumerate(keys):
+                have = entries.get(k)
+                if have is None:
+                    new.append(p)
+                    continue
+                idx.touch_slot(have)  # already stored: skip the write
+                skipped.append(p)
+                skip_ticket = max(skip_ticket, idx.slot_ticket[have])
         n = len(new)
         if self.counter + n < 1 << EPOCH_SHIFT:
             # the usual case, in bulk (this runs per chunk on the event loop's thread): in a
@@ -263,8 +263,8 @@ class Catalog:
             if 0 < short <= max(1, idx.nslots // 8):
                 self._evict_locked(max(short, self._evict_quota()))
             if n <= len(idx.free):
-                taken = idx.take_free(n)
-                seqs, wait = self._begin_writes_locked([keys[p] for p in new], taken)
+                taken = _bulk.take_free(idx, n, PICK_MAX)
+                seqs, wait = self._begin_writes_locked(keys if n == len(keys) else [keys[p] for p in new], taken)
                 slots = dict(zip(new, zip(taken, seqs)))
                 return slots, failed, wait, skipped, skip_ticket
         for p in new:  # evicting on the way

@@ -11,11 +11,11 @@ from itertools import compress, pairwise
 
 from .checkpoint import Checkpoint
 
-__all__ = ["SlotIndex"]
+__all__ = ["PICK_MAX", "SlotIndex"]
 
 #: free lists up to this long are searched for adjacent slots (a full tier's: the victims of
 #: an eviction batch and a few left over); a longer one is popped from its end as it lies
-_PICK_MAX = 128
+PICK_MAX = 128
 
 
 class SlotIndex:
@@ -200,9 +200,10 @@ class SlotIndex:
                 if t is not None:
                     self.release(slot, t)
 
-    def take_free(self, n: int) -> list[int]:
+    def take_free(self, n: int, pick_max: int = PICK_MAX) -> list[int]:
         """Take ``n`` (at most ``len(free)``) free slots, in as few runs of consecutive slots
-        as the free list holds (call with the lock held).
+        as the free list holds (call with the lock held); a free list longer than
+        ``pick_max`` is taken from its low end as it lies.
 
         A full tier frees its LRU victims, which lie wherever earlier stores put them; taken
         as they were freed, a store's slots drifted apart, each store made the next worse,
@@ -210,7 +211,7 @@ class SlotIndex:
         is the shortest that holds them all (the longer ones kept for later); else the
         lowest slots go."""
         free = self.free
-        if len(free) > _PICK_MAX or n >= len(free):  # a long list: its low end; or all of it
+        if len(free) > pick_max or n >= len(free):  # a long list: its low end; or all of it
             taken = free[: -n - 1 : -1]
             del free[len(free) - len(taken) :]
             self.mark_runs(taken)
