@@ -426,6 +426,9 @@ static PyMethodDef methods[] = {
     {"pack_slot_writes", (PyCFunction)(void (*)(void))pack_slot_writes, METH_FASTCALL,
      "pack_slot_writes(table, offset, prio, runs, keys, cids, slots, fds, hbs, hb_addr, hb_len, iovs, iov_addr,"
      " sums_addr, view_addr, n, layout_digest) -> None: an nvme store job's WRITEV descriptors, headers, iovecs."},
+    {"slot_runs", (PyCFunction)(void (*)(void))slot_runs, METH_FASTCALL,
+     "slot_runs(slots, nstripes, data_off, slot_size, limit) -> list[list[(position, slot, stripe, offset)]]:"
+     " an nvme job's slots in runs adjacent on one stripe."},
     {"runs_written", (PyCFunction)(void (*)(void))runs_written, METH_FASTCALL,
      "runs_written(res, offset, runs, sums, csums, written) -> list[int]: an nvme store job's runs not written."},
     {NULL, NULL, 0, NULL},

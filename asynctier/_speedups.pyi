@@ -1,4 +1,4 @@
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 def b32(key: bytes) -> str: ...
@@ -121,6 +121,9 @@ def pack_slot_writes(
     n: int,
     layout_digest: bytes,
 ) -> None: ...
+def slot_runs(
+    slots: Mapping[int, tuple[int, ...]], nstripes: int, data_off: int, slot_size: int, limit: int
+) -> list[_Run]: ...
 def runs_written(
     res: Any,
     offset: int,

@@ -868,3 +868,83 @@ done:
     Py_DECREF(runs);
     return bad;
 }
+
+struct placed {
+    int64_t stripe, off;
+    Py_ssize_t pos;
+    long slot;
+};
+
+static int cmp_placed(const void *a, const void *b) {
+    const struct placed *x = a, *y = b;
+    if (x->stripe != y->stripe) return x->stripe < y->stripe ? -1 : 1;
+    if (x->off != y->off) return x->off < y->off ? -1 : 1;
+    return (x->pos > y->pos) - (x->pos < y->pos);
+}
+
+/* slot_runs(slots, nstripes, data_off, slot_size, limit) -> list[list[(position, slot,
+ * stripe, offset)]]: see tiers.nvme.slab.slot_runs. */
+SP_HIDDEN PyObject *slot_runs(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    static const char fn[] = "slot_runs";
+    if (check_nargs(fn, nargs, 5) < 0) return NULL;
+    PyObject *slots = args[0];
+    if (!PyDict_Check(slots)) {
+        PyErr_Format(PyExc_TypeError, "%s(): slots is a dict of position -> (slot, ...)", fn);
+        return NULL;
+    }
+    long long nstripes = PyLong_AsLongLong(args[1]), data_off = PyLong_AsLongLong(args[2]),
+              size = PyLong_AsLongLong(args[3]), limit = PyLong_AsLongLong(args[4]);
+    if (PyErr_Occurred()) return NULL;
+    if (nstripes < 1 || data_off < 0 || size < 1 || limit < 1) {
+        PyErr_Format(PyExc_ValueError, "%s(): nstripes, slot_size and limit >= 1, data_off >= 0", fn);
+        return NULL;
+    }
+    Py_ssize_t m = PyDict_GET_SIZE(slots), i = 0, at = 0;
+    struct placed *pl = PyMem_Malloc(sizeof *pl * (size_t)(m > 0 ? m : 1));
+    if (pl == NULL) return PyErr_NoMemory();
+    PyObject *k, *v, *out = NULL, *run = NULL;
+    while (PyDict_Next(slots, &at, &k, &v)) {
+        long s;
+        if (!PyTuple_Check(v) || PyTuple_GET_SIZE(v) < 1) {
+            PyErr_Format(PyExc_TypeError, "%s(): a value of slots is a tuple, its slot first", fn);
+            goto done;
+        }
+        pl[i].pos = PyLong_AsSsize_t(k);
+        s = PyLong_AsLong(PyTuple_GET_ITEM(v, 0));
+        if (PyErr_Occurred()) goto done;
+        if (s < 0 || pl[i].pos < 0) {
+            PyErr_Format(PyExc_ValueError, "%s(): position %zd, slot %ld", fn, pl[i].pos, s);
+            goto done;
+        }
+        pl[i].slot = s;
+        pl[i].stripe = s % nstripes;
+        pl[i].off = data_off + s / nstripes * size;
+        i++;
+    }
+    qsort(pl, (size_t)m, sizeof *pl, cmp_placed);
+    if ((out = PyList_New(0)) == NULL) goto done;
+    for (i = 0; i < m; i++) {
+        PyObject *item = Py_BuildValue("(nlLL)", pl[i].pos, pl[i].slot, (long long)pl[i].stripe, (long long)pl[i].off);
+        if (item == NULL) goto fail;
+        if (run == NULL || pl[i].stripe != pl[i - 1].stripe || pl[i].off != pl[i - 1].off + size ||
+            PyList_GET_SIZE(run) >= limit) {
+            run = PyList_New(0);
+            if (run == NULL || PyList_Append(out, run) < 0) {
+                Py_XDECREF(run);
+                Py_DECREF(item);
+                goto fail;
+            }
+            Py_DECREF(run); /* (out holds it) */
+        }
+        int rc = PyList_Append(run, item);
+        Py_DECREF(item);
+        if (rc < 0) goto fail;
+    }
+    goto done;
+fail:
+    Py_CLEAR(out);
+done:
+    PyMem_Free(pl);
+    return out;
+}

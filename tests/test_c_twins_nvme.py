@@ -16,6 +16,7 @@ import pytest
 from asynctier.engines.descriptors import GROUP_MAX, JOB_LAYOUT, RESULT_LAYOUT
 from asynctier.posix_io import aligned_buffer, buffer_address
 from asynctier.tiers.nvme import bulk
+from asynctier.tiers.nvme.slab import slot_runs
 from asynctier.tiers.nvme.slots import PICK_MAX, SlotIndex
 
 NSLOTS = 64
@@ -237,3 +238,26 @@ def test_a_store_jobs_outcomes_read_as_their_reference_reads_them(speedups: Any)
     with pytest.raises(TypeError, match="csums is a dict"):
         speedups.runs_written(memoryview(res), 0, runs, sums, [], [])
     assert struct.calcsize("=Q") == 8
+
+
+def test_a_jobs_slots_fall_into_runs_as_their_reference_cuts_them(speedups: Any) -> None:
+    """Runs adjacent on one stripe, in disk order, at most ``limit`` long, for stores' (slot,
+    seq) and loads' (slot, seq, checksum) alike."""
+    rng = random.Random(10)
+    for _ in range(200):
+        nstripes, limit = rng.randrange(1, 4), rng.randrange(1, 9)
+        slots = rng.sample(range(200), rng.randrange(0, 40))
+        found: dict[int, tuple[int, ...]] = {
+            p: (s, 1) if rng.random() < 0.5 else (s, 1, 2) for p, s in zip(rng.sample(range(100), len(slots)), slots)
+        }
+        args = (found, nstripes, 8192, 69632, limit)
+        assert speedups.slot_runs(*args) == slot_runs(*args)
+    for bad, exc, match in [
+        (({0: [1]}, 1, 0, 1, 1), TypeError, "its slot first"),
+        (({0: ()}, 1, 0, 1, 1), TypeError, "its slot first"),
+        (({0: (-1,)}, 1, 0, 1, 1), ValueError, "slot -1"),
+        (({}, 0, 0, 1, 1), ValueError, "nstripes"),
+        (([], 1, 0, 1, 1), TypeError, "a dict"),
+    ]:
+        with pytest.raises(exc, match=match):
+            speedups.slot_runs(*bad)

@@ -17,6 +17,7 @@ from typing import Any
 from asynctier.engines.descriptors import JOB_LAYOUT, RESULT_LAYOUT, WRITEV
 from asynctier.integrity import pack_headers_into
 
+from .slab import Run
 from .slots import SlotIndex
 
 __all__ = [
@@ -32,8 +33,6 @@ __all__ = [
     "take_free",
 ]
 
-#: a run of adjacent slots of one stripe: (position in the job, slot, stripe, offset) of each
-Run = list[tuple[int, int, int, int]]
 
 #: a journal record's fields: key, slot, sequence number, checksum (0 for ``EVICT``)
 Record = tuple[bytes, int, int, int]

@@ -188,7 +188,7 @@ class LoadPath:
             return None
         try:
             # (the workers refuse a READV of more slots than theirs, whatever the slab's limit)
-            runs = tier._slabs.runs([(p, where[0]) for p, where in found.items()], nativeio.READV_MAX)
+            runs = tier._slabs.runs(found, nativeio.READV_MAX)
             self._groups[slot] = _Group(found, outcomes, runs)
             return self._run_fields(tier, slot, job, self._groups[slot])
         except BaseException:  # never leave a slot pinned

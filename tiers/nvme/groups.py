@@ -119,7 +119,7 @@ class CoalescedJobs(BlockingChunkTier):
         view, cb, zc_all = self._view, self.offloading_spec.chunk_bytes, self._zc_all
         csums: dict[int, int] = {}
         written: list[int] = []
-        for run in slabs.runs([(p, s) for p, (s, _) in slots.items()]):
+        for run in slabs.runs(slots):
             iov: list[memoryview] = []
             try:
                 for p, _slot, _, _ in run:
@@ -180,7 +180,7 @@ class CoalescedJobs(BlockingChunkTier):
         gbuf = slabs.buffer(len(keys))
         view, cb, zc_all = self._view, self.offloading_spec.chunk_bytes, self._zc_all
         try:
-            for run in slabs.runs([(p, s) for p, (s, _, _) in found.items()]):
+            for run in slabs.runs(found):
                 iov: list[memoryview] = []
                 direct: list[bool] = []
                 for p, _, _, _ in run:

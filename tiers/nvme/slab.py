@@ -10,11 +10,12 @@ import os
 import stat
 import threading
 import uuid as uuidlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from asynctier import IntegrityError, TierConfigError
 from asynctier.core import MAX_KEY_BYTES
+from asynctier.engines.speedups import speedups
 from asynctier.integrity import ChunkHeader, checksum, header_matches
 from asynctier.posix_io import O_DIRECT, aligned_buffer, buffer_address, logical_block_size
 
@@ -22,10 +23,13 @@ from . import sysio
 from .files import check_opened_slab, create_slab, slab_kind
 from .format import SB_MAGIC, VERSION, Superblock, round_up
 
-__all__ = ["Geometry", "SlabSet", "slot_error"]
+__all__ = ["Geometry", "Run", "SlabSet", "slot_error", "slot_runs"]
 
 log = logging.getLogger(__name__)
 
+
+#: a run of adjacent slots of one stripe: (position in the job, slot, stripe, offset) of each
+Run = list[tuple[int, int, int, int]]
 
 #: Slots of one run at most: two buffers a slot stay within the kernel's IOV_MAX (1024).
 RUN_MAX = 512
@@ -48,12 +52,6 @@ class Geometry:
         """(stripe, byte offset in that stripe) of ``slot``."""
         stripe, pos = divmod(slot, self.nstripes)[::-1]
         return stripe, self.data_off + pos * self.slot_size
-
-    def placed(self, items: list[tuple[int, int]]) -> list[tuple[int, int, int, int]]:
-        """``(stripe, byte offset in it, p, slot)`` of each ``(p, slot)``, in disk order
-        (:meth:`locate` for a job's slots, in one pass)."""
-        n, base, size = self.nstripes, self.data_off, self.slot_size
-        return sorted([(s % n, base + s // n * size, p, s) for p, s in items])
 
 
 class _Buffers(threading.local):
@@ -369,23 +367,37 @@ class SlabSet:
     def preadv(self, fd: int, bufs: list[memoryview], offset: int) -> int:
         return sysio.preadv_all(fd, bufs, offset)
 
-    def runs(self, items: list[tuple[int, int]], limit: int = RUN_MAX) -> list[list[tuple[int, int, int, int]]]:
-        """Group ``(position, slot)`` pairs into runs adjacent on one stripe, each one I/O of
-        at most ``limit`` slots: ``(position, slot, stripe, offset)``."""
+    def runs(self, slots: Mapping[int, tuple[int, ...]], limit: int = RUN_MAX) -> list[Run]:
+        """A job's slots (position -> (slot, ...)) in runs adjacent on one stripe, each one I/O
+        of at most ``limit`` slots, in disk order: ``(position, slot, stripe, offset)``."""
         geo = self.geo
         assert geo is not None
-        size = geo.slot_size
-        runs: list[list[tuple[int, int, int, int]]] = []
-        run: list[tuple[int, int, int, int]] = []
-        last_stripe = last_off = -1
-        for stripe, off, p, s in geo.placed(items):
-            if stripe == last_stripe and off == last_off + size and len(run) < limit:
-                run.append((p, s, stripe, off))
-            else:
-                run = [(p, s, stripe, off)]
-                runs.append(run)
-            last_stripe, last_off = stripe, off
-        return runs
+        return _slot_runs(slots, geo.nstripes, geo.data_off, geo.slot_size, limit)
+
+
+def slot_runs(
+    slots: Mapping[int, tuple[int, ...]], nstripes: int, data_off: int, slot_size: int, limit: int
+) -> list[Run]:
+    """The reference of ``asynctier._speedups.slot_runs`` (:meth:`SlabSet.runs`): where each
+    slot lives (stripe ``slot % nstripes``, ``data_off + slot // nstripes * slot_size`` in it),
+    in disk order, cut into runs of adjacent slots of one stripe, ``limit`` at most."""
+    placed = sorted((s % nstripes, data_off + s // nstripes * slot_size, p, s) for p, (s, *_) in slots.items())
+    runs: list[Run] = []
+    run: Run = []
+    last_stripe = last_off = -1
+    for stripe, off, p, s in placed:
+        if stripe == last_stripe and off == last_off + slot_size and len(run) < limit:
+            run.append((p, s, stripe, off))
+        else:
+            run = [(p, s, stripe, off)]
+            runs.append(run)
+        last_stripe, last_off = stripe, off
+    return runs
+
+
+# a job's runs, per job on the loop's thread: the C twin where built
+_fast = speedups()
+_slot_runs = slot_runs if _fast is None else _fast.slot_runs
 
 
 def slot_error(

@@ -190,9 +190,7 @@ class StorePath:
         if not st.slots:
             return self._acknowledge(tier, slot, job, st)
         try:
-            st.runs = _split_by_key_length(
-                tier._slabs.runs([(p, s) for p, (s, _) in st.slots.items()], nativeio.READV_MAX), keys
-            )
+            st.runs = _split_by_key_length(tier._slabs.runs(st.slots, nativeio.READV_MAX), keys)
             if st.evict and not cat.journal.flushed(st.evict):  # a reused slot's EVICT record first
                 return self._park(st.evict, slot, job, st)
             return self._run_fields(tier, slot, job, st)
