@@ -426,6 +426,10 @@ static PyMethodDef methods[] = {
     {"pack_slot_writes", (PyCFunction)(void (*)(void))pack_slot_writes, METH_FASTCALL,
      "pack_slot_writes(table, offset, prio, runs, keys, cids, slots, fds, hbs, hb_addr, hb_len, iovs, iov_addr,"
      " sums_addr, view_addr, n, layout_digest) -> None: an nvme store job's WRITEV descriptors, headers, iovecs."},
+    {"pin_many", (PyCFunction)(void (*)(void))pin_many, METH_FASTCALL,
+     "pin_many(index, keys) -> (found, missing): the nvme index's slots of a load job pinned."},
+    {"unpin_many", (PyCFunction)(void (*)(void))unpin_many, METH_FASTCALL,
+     "unpin_many(index, slots) -> None: the nvme index's slots unpinned (freed if freed meanwhile)."},
     {"slot_runs", (PyCFunction)(void (*)(void))slot_runs, METH_FASTCALL,
      "slot_runs(slots, nstripes, data_off, slot_size, limit) -> list[list[(position, slot, stripe, offset)]]:"
      " an nvme job's slots in runs adjacent on one stripe."},

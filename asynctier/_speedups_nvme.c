@@ -948,3 +948,118 @@ done:
     PyMem_Free(pl);
     return out;
 }
+
+/* pin_many(index, keys) -> (dict[position, (slot, seq, csum)], list[position]): see
+ * bulk.pin_many. */
+SP_HIDDEN PyObject *pin_many(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    static const char fn[] = "pin_many";
+    if (check_nargs(fn, nargs, 2) < 0) return NULL;
+    PyObject *keys = PySequence_Fast(args[1], "pin_many(): keys is a sequence"), *found = NULL, *missing = NULL;
+    if (keys == NULL) return NULL;
+    struct index x;
+    int rc = index_open(&x, args[0], NEED_LRU | NEED_SEQ | NEED_CSUM, fn);
+    Py_ssize_t m = PySequence_Fast_GET_SIZE(keys);
+    for (Py_ssize_t i = 0; rc == 0 && i < m; i++)
+        if (!PyBytes_Check(PySequence_Fast_GET_ITEM(keys, i))) {
+            PyErr_Format(PyExc_TypeError, "%s(): a key is bytes, not %.100s", fn,
+                         Py_TYPE(PySequence_Fast_GET_ITEM(keys, i))->tp_name);
+            rc = -1;
+        }
+    if (rc == 0 && (!(found = PyDict_New()) || !(missing = PyList_New(0)))) rc = -1;
+    for (Py_ssize_t i = 0; rc == 0 && i < m; i++) {
+        PyObject *so = PyDict_GetItemWithError(x.entries, PySequence_Fast_GET_ITEM(keys, i)), *pos = NULL, *v = NULL;
+        if (so == NULL) {
+            if (PyErr_Occurred() || !(pos = PyLong_FromSsize_t(i)) || PyList_Append(missing, pos) < 0) rc = -1;
+            Py_XDECREF(pos);
+            continue;
+        }
+        long s = slot_of(&x, so, fn);
+        if (s < 0) {
+            rc = -1;
+            break;
+        }
+        if (x.tail != s) { /* SlotIndex.touch_slot */
+            unlink_slot(&x, s);
+            link_tail(&x, s);
+        }
+        PyObject *had = PyDict_GetItemWithError(x.pins, so);
+        long n = had == NULL ? 0 : PyLong_AsLong(had);
+        if ((had == NULL && PyErr_Occurred()) || (n == -1 && PyErr_Occurred())) {
+            rc = -1;
+            break;
+        }
+        PyObject *cnt = PyLong_FromLong(n + 1);
+        if (cnt == NULL || PyDict_SetItem(x.pins, so, cnt) < 0 || !(pos = PyLong_FromSsize_t(i)) ||
+            !(v = Py_BuildValue("(OKK)", so, (unsigned long long)x.seq[s], (unsigned long long)x.csum[s])) ||
+            PyDict_SetItem(found, pos, v) < 0)
+            rc = -1;
+        Py_XDECREF(cnt);
+        Py_XDECREF(pos);
+        Py_XDECREF(v);
+    }
+    index_close(&x);
+    Py_DECREF(keys);
+    PyObject *out = rc == 0 ? PyTuple_Pack(2, found, missing) : NULL;
+    Py_XDECREF(found);
+    Py_XDECREF(missing);
+    return out;
+}
+
+/* unpin_many(index, slots) -> None: see bulk.unpin_many (SlotIndex.unpin_many). */
+SP_HIDDEN PyObject *unpin_many(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    static const char fn[] = "unpin_many";
+    if (check_nargs(fn, nargs, 2) < 0) return NULL;
+    PyObject *slots = PySequence_Fast(args[1], "unpin_many(): slots is a sequence");
+    if (slots == NULL) return NULL;
+    struct index x;
+    int rc = index_open(&x, args[0], 0, fn);
+    Py_ssize_t m = PySequence_Fast_GET_SIZE(slots);
+    for (Py_ssize_t i = 0; rc == 0 && i < m; i++) { /* each pinned (one pinned fewer times than it comes fails on the way) */
+        PyObject *so = PySequence_Fast_GET_ITEM(slots, i);
+        if (slot_of(&x, so, fn) < 0) rc = -1;
+        else if (PyDict_GetItemWithError(x.pins, so) == NULL) {
+            if (!PyErr_Occurred()) PyErr_Format(PyExc_KeyError, "%s(): slot %ld is not pinned", fn, PyLong_AsLong(so));
+            rc = -1;
+        }
+    }
+    for (Py_ssize_t i = 0; rc == 0 && i < m; i++) {
+        PyObject *so = PySequence_Fast_GET_ITEM(slots, i), *had = PyDict_GetItemWithError(x.pins, so);
+        if (had == NULL) { /* unpinned to 0 by an earlier item: as pins[slot] raises */
+            if (!PyErr_Occurred()) PyErr_Format(PyExc_KeyError, "%s(): slot %ld is not pinned", fn, PyLong_AsLong(so));
+            rc = -1;
+            break;
+        }
+        long n = PyLong_AsLong(had) - 1;
+        if (n == -2 && PyErr_Occurred()) {
+            rc = -1;
+            break;
+        }
+        if (n) {
+            PyObject *cnt = PyLong_FromLong(n);
+            rc = cnt ? PyDict_SetItem(x.pins, so, cnt) : -1;
+            Py_XDECREF(cnt);
+            continue;
+        }
+        if (PyDict_DelItem(x.pins, so) < 0) {
+            rc = -1;
+            break;
+        }
+        if (PyDict_GET_SIZE(x.zombies)) { /* freed while pinned: freed now */
+            PyObject *t = PyDict_GetItemWithError(x.zombies, so);
+            uint64_t u;
+            if (t == NULL) {
+                if (PyErr_Occurred()) rc = -1;
+                continue;
+            }
+            Py_INCREF(t);
+            rc = get_u64(t, &u) < 0 || PyDict_DelItem(x.zombies, so) < 0 ? -1 : release(&x, PyLong_AsLong(so), u);
+            Py_DECREF(t);
+        }
+    }
+    index_close(&x);
+    Py_DECREF(slots);
+    if (rc < 0) return NULL;
+    Py_RETURN_NONE;
+}

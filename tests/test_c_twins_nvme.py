@@ -261,3 +261,30 @@ def test_a_jobs_slots_fall_into_runs_as_their_reference_cuts_them(speedups: Any)
     ]:
         with pytest.raises(exc, match=match):
             speedups.slot_runs(*bad)
+
+
+def test_a_load_jobs_pins_match_their_references_from_random_states(speedups: Any) -> None:
+    """Pins of stored keys (some twice, some missing) and their ends: the same index after
+    each, freed slots freed once unpinned."""
+    rng = random.Random(11)
+    for _ in range(60):
+        idx = random_index(rng)
+        keys = [b"k%d" % rng.randrange(90) for _ in range(rng.randrange(0, 12))]
+        found, _ = both(speedups, idx, "pin_many", keys)
+        slots = [s for s, _, _ in found.values()]
+        for s in rng.sample(slots, k=len(slots) // 2):  # evicted or removed while being read
+            if idx.slot_key[s]:
+                idx.drop(idx.slot_key[s])
+                idx.release(s, rng.randrange(1, 99))
+        both(speedups, idx, "unpin_many", rng.sample(slots, k=len(slots)))
+    idx = random_index(rng)
+    before = state(clone(idx))
+    free = next(s for s in range(NSLOTS) if not idx.pins.get(s))
+    for name, args, exc, match in [
+        ("unpin_many", (idx, [free]), KeyError, "not pinned"),
+        ("unpin_many", (idx, [NSLOTS]), IndexError, "slot 64"),
+        ("pin_many", (idx, ["k1"]), TypeError, "a key is bytes"),
+    ]:
+        with pytest.raises(exc, match=match):
+            getattr(speedups, name)(*args)
+        assert state(idx) == before, name

@@ -2,7 +2,7 @@
 references of their C twins (``asynctier/_speedups_nvme.c``), which the tier calls where built.
 
 Why: a store job works on the event loop's thread a few steps per chunk: on the slot index,
-under its lock (evict a victim, number the write, end it, publish it), and for its runs of
+under its lock (evict a victim, number the write, end it, publish it; a load's pins), and for its runs of
 adjacent slots (each header, its two iovecs, a descriptor per run, each run's outcome). As
 Python those steps came to several µs a chunk of a full slab (docs/benchmarks.md, fifteenth
 pass). The index steps have the effect of the :class:`~.slots.SlotIndex` methods they are
@@ -27,10 +27,12 @@ __all__ = [
     "end_writes",
     "evict_oldest",
     "pack_slot_writes",
+    "pin_many",
     "put_published",
     "release_many",
     "runs_written",
     "take_free",
+    "unpin_many",
 ]
 
 
@@ -152,3 +154,25 @@ def runs_written(
             bad.append(j)
         i += len(run)
     return bad
+
+
+def pin_many(idx: SlotIndex, keys: list[bytes]) -> tuple[dict[int, tuple[int, int, int]], list[int]]:
+    """Pin the slot of each of ``keys`` that is stored, made most recently used, in order (a
+    load job's): ``(position -> (slot, seq, checksum), the positions not stored)``."""
+    entries, pins, seqs, csums = idx.entries, idx.pins, idx.slot_seq, idx.slot_csum
+    found: dict[int, tuple[int, int, int]] = {}
+    missing: list[int] = []
+    for p, k in enumerate(keys):
+        slot = entries.get(k)
+        if slot is None:
+            missing.append(p)
+            continue
+        idx.touch_slot(slot)
+        pins[slot] = pins.get(slot, 0) + 1
+        found[p] = (slot, seqs[slot], csums[slot])
+    return found, missing
+
+
+def unpin_many(idx: SlotIndex, slots: list[int]) -> None:
+    """``idx.unpin_many(slots)``: the reads of ``slots`` ended (a slot freed meanwhile is freed now)."""
+    idx.unpin_many(slots)

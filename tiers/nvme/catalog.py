@@ -353,19 +353,10 @@ class Catalog:
     def pin_many_locked(self, keys: list[bytes]) -> tuple[dict[int, tuple[int, int, int]], dict[int, BaseException]]:
         """:meth:`pin_many` for a caller that holds the index lock (one pass over the keys:
         a load job's batch, on the event loop's thread)."""
-        idx = self.index
-        entries, pins, seqs, csums, touch = idx.entries, idx.pins, idx.slot_seq, idx.slot_csum, idx.touch_slot
-        found: dict[int, tuple[int, int, int]] = {}
-        missing: dict[int, BaseException] = {}
-        for p, k in enumerate(keys):
-            slot = entries.get(k)
-            if slot is None:
-                missing[p] = ChunkNotFoundError(f"no chunk stored under key {k.hex()[:32]}", k)
-                continue
-            touch(slot)
-            pins[slot] = pins.get(slot, 0) + 1
-            found[p] = (slot, seqs[slot], csums[slot])
-        return found, missing
+        found, missing = _bulk.pin_many(self.index, keys)
+        return found, {
+            p: ChunkNotFoundError(f"no chunk stored under key {keys[p].hex()[:32]}", keys[p]) for p in missing
+        }
 
     def pin_locked(self, key: bytes) -> tuple[int, int, int]:
         """:meth:`pin` for a caller that holds the index lock."""
@@ -376,7 +367,11 @@ class Catalog:
 
     def unpin(self, slots: list[int]) -> None:
         with self.index.lock:
-            self.index.unpin_many(slots)
+            self.unpin_locked(slots)
+
+    def unpin_locked(self, slots: list[int]) -> None:
+        """:meth:`unpin` for a caller that holds the index lock: the reads of ``slots`` ended."""
+        _bulk.unpin_many(self.index, slots)
 
     def touch(self, keys: list[bytes]) -> None:
         """Make the stored ones of ``keys`` most recently used."""

@@ -31,9 +31,8 @@ from asynctier.engines.speedups import speedups
 from asynctier.integrity import header_matches as _py_header_matches
 from asynctier.posix_io import aligned_buffer, buffer_address
 
-from .slots import SlotIndex
-
 if TYPE_CHECKING:
+    from .catalog import Catalog
     from .tier import NvmeTier
 
 __all__ = ["IoArea", "LoadPath"]
@@ -116,7 +115,7 @@ class LoadPath:
             tier._stats.incr("native_index_busy")
             return self._on_thread(tier, key, cid, t0)
         try:
-            self._unpin_locked(cat.index)
+            self._unpin_locked(cat)
             where = cat.pin_locked(key)
         except ChunkNotFoundError as e:
             tier._end_load(key, t0, e)
@@ -175,7 +174,7 @@ class LoadPath:
             tier._stats.incr("native_index_busy", len(keys))
             return partial(self._engine.blocking, tier._load_group, keys, cids, t0)
         try:
-            self._unpin_locked(cat.index)
+            self._unpin_locked(cat)
             found, missing = cat.pin_many_locked(keys)
         finally:
             lock.release()
@@ -281,11 +280,11 @@ class LoadPath:
         self._hb_addr = buffer_address(self._hb)
         self._view_addr = buffer_address(tier._view)
 
-    def _unpin_locked(self, index: SlotIndex) -> None:
+    def _unpin_locked(self, cat: Catalog) -> None:
         unpins = self._unpins
         if unpins:
             self._unpins = []
-            index.unpin_many(unpins)
+            cat.unpin_locked(unpins)
 
     def flush(self) -> None:
         """Count the loads ended since the last flush and unpin their slots (on a slow-path
@@ -301,7 +300,7 @@ class LoadPath:
         if unpins and cat is not None:
             if cat.index.lock.acquire(blocking=False):
                 try:
-                    self._unpin_locked(cat.index)
+                    self._unpin_locked(cat)
                 finally:
                     cat.index.lock.release()
             elif self._engine.executor is not None:
