@@ -435,6 +435,10 @@ static PyMethodDef methods[] = {
      " an nvme job's slots in runs adjacent on one stripe."},
     {"runs_written", (PyCFunction)(void (*)(void))runs_written, METH_FASTCALL,
      "runs_written(res, offset, runs, sums, csums, written) -> list[int]: an nvme store job's runs not written."},
+    {"lru_reserve_plain", (PyCFunction)(void (*)(void))lru_reserve_plain, METH_FASTCALL,
+     "lru_reserve_plain(index, entry_type, keys, start, nbytes, out) -> int: an LRU index's plain reservations."},
+    {"lru_commit_all", (PyCFunction)(void (*)(void))lru_commit_all, METH_FASTCALL,
+     "lru_commit_all(index, keys) -> None: an LRU index's writes of keys committed."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -1,6 +1,6 @@
 /* What the files of asynctier._speedups share (_speedups.c: the per-chunk twins and the
  * module; _speedups_groups.c: a group job's descriptors and checks; _speedups_nvme.c: the nvme
- * slot index's steps of a store job). */
+ * tier's store and load jobs' steps; _speedups_lru.c: the LRU index's). */
 #ifndef ASYNCTIER_SPEEDUPS_H
 #define ASYNCTIER_SPEEDUPS_H
 
@@ -60,5 +60,9 @@ SP_HIDDEN PyObject *pin_many(PyObject *self, PyObject *const *args, Py_ssize_t n
 SP_HIDDEN PyObject *unpin_many(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 SP_HIDDEN PyObject *slot_runs(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 SP_HIDDEN PyObject *runs_written(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+
+/* _speedups_lru.c */
+SP_HIDDEN PyObject *lru_reserve_plain(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+SP_HIDDEN PyObject *lru_commit_all(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 
 #endif

@@ -1,4 +1,4 @@
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 def b32(key: bytes) -> str: ...
@@ -134,3 +134,9 @@ def runs_written(
     csums: dict[int, int],
     written: list[int],
 ) -> list[int]: ...
+
+# the LRU index's plain reservations and commits (index: an asynctier.lru.LRUIndex)
+def lru_reserve_plain(
+    index: Any, entry_type: Any, keys: list[bytes], start: int, nbytes: int, out: list[Any]
+) -> int: ...
+def lru_commit_all(index: Any, keys: Iterable[bytes]) -> None: ...

@@ -19,10 +19,11 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator
+from typing import Any
 
 from .errors import CapacityError
 
-__all__ = ["LRUIndex", "RemovalPending"]
+__all__ = ["LRUIndex", "RemovalPending", "commit_all", "reserve_plain"]
 
 
 class RemovalPending(Exception):
@@ -113,12 +114,18 @@ class LRUIndex:
         for each, what it returns, or the :class:`CapacityError` or :class:`RemovalPending`
         it raises."""
         out: list[list[bytes] | Exception | None] = []
+        keys = list(keys)
         with self._lock:
-            for key in keys:
-                try:
-                    out.append(self._reserve_locked(key, nbytes))
-                except (CapacityError, RemovalPending) as e:
-                    out.append(e)
+            i = 0
+            while i < len(keys):
+                # new keys whose room the oldest entries make, in one call; then one the usual way
+                i += _reserve_plain(self, _Entry, keys, i, nbytes, out)
+                if i < len(keys):
+                    try:
+                        out.append(self._reserve_locked(keys[i], nbytes))
+                    except (CapacityError, RemovalPending) as e:
+                        out.append(e)
+                    i += 1
         return out
 
     def _reserve_locked(self, key: bytes, nbytes: int) -> list[bytes] | None:
@@ -226,8 +233,7 @@ class LRUIndex:
         """:meth:`commit` of each of ``keys``, and :meth:`removed` of ``removed``, under one lock."""
         with self._lock:
             self._removed_locked(removed)
-            for key in keys:
-                self._commit_locked(key)
+            _commit_all(self, keys)
 
     def _commit_locked(self, key: bytes) -> None:
         e = self._entries.get(key)
@@ -417,3 +423,61 @@ class LRUIndex:
             if e.committed:
                 self._committed -= 1
             return e.committed
+
+
+# A group of stores' reservations and commits, for the plain case: the C twins where built
+# (asynctier/_speedups_lru.c), whose references these are. Call them with the index's lock held.
+
+
+def reserve_plain(
+    index: LRUIndex, entry_type: type[_Entry], keys: list[bytes], start: int, nbytes: int, out: list[Any]
+) -> int:
+    """Reserve ``nbytes`` for each of ``keys[start:]`` as :meth:`LRUIndex.reserve` would, in
+    order, while each is plain: bytes, without an entry, not being removed, and, when there
+    is no room, the oldest entries that make it all evictable (committed, not pinned, not
+    being written). Appends each one's victims to ``out``; returns how many it reserved (the
+    caller reserves the next one the usual way)."""
+    entries, removing, cap = index._entries, index._removing, index.capacity_bytes
+    done = 0
+    for key in keys[start:]:
+        if type(key) is not bytes or key in removing or key in entries:
+            break
+        victims: list[bytes] = []
+        if cap is not None and index._used + nbytes > cap:
+            if nbytes > cap:
+                break
+            need, freed = index._used + nbytes - cap, 0
+            for k, e in entries.items():
+                if need <= 0:
+                    break
+                if not (e.committed and e.pins == 0 and e.writers == 0):
+                    break
+                victims.append(k)
+                need -= e.nbytes
+                freed += e.nbytes
+            if need > 0:
+                break
+            for k in victims:
+                del entries[k]
+            index._used -= freed
+            index._committed -= len(victims)
+            index._hand_out(victims)
+        entries[key] = entry_type(nbytes, False, 1)
+        index._used += nbytes
+        out.append(victims)
+        done += 1
+    return done
+
+
+def commit_all(index: LRUIndex, keys: Iterable[bytes]) -> None:
+    """:meth:`LRUIndex.commit` of each of ``keys``, without the lock (the caller holds it)."""
+    for key in keys:
+        index._commit_locked(key)
+
+
+try:
+    from . import _speedups
+except ImportError:  # pragma: no cover - installed without a C compiler
+    _reserve_plain, _commit_all = reserve_plain, commit_all
+else:
+    _reserve_plain, _commit_all = _speedups.lru_reserve_plain, _speedups.lru_commit_all

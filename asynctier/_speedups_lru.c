@@ -1,0 +1,209 @@
+/* asynctier._speedups, the LRU index's side (asynctier/lru.py): a group of stores reserves
+ * room for its keys and commits them in one call each instead of a few Python steps per key.
+ * Each function has its Python twin, the reference and the fallback, in asynctier/lru.py
+ * (tests/test_c_twins_lru.py compares the two from random states).
+ *
+ * The index is an LRUIndex: its attributes are read here by name and checked for their
+ * types; its counts are written back at the end. Only the plain case is done here; the
+ * caller does the rest one key at a time, as before. */
+#include "_speedups.h"
+
+static PyObject *s_entries, *s_removing, *s_used, *s_committed, *s_flag, *s_capacity, *s_track, *s_pins, *s_writers,
+    *s_nbytes, *s_move_to_end;
+
+static int intern_names(void) {
+    if (s_entries) return 0;
+#define NAME(var, text) \
+    if ((var = PyUnicode_InternFromString(text)) == NULL) return -1;
+    NAME(s_entries, "_entries")
+    NAME(s_removing, "_removing")
+    NAME(s_used, "_used")
+    NAME(s_committed, "_committed")
+    NAME(s_flag, "committed")
+    NAME(s_capacity, "capacity_bytes")
+    NAME(s_track, "track_removals")
+    NAME(s_pins, "pins")
+    NAME(s_writers, "writers")
+    NAME(s_nbytes, "nbytes")
+    NAME(s_move_to_end, "move_to_end")
+#undef NAME
+    return 0;
+}
+
+/* An int attribute of obj into *out; -1 with an error. */
+static int long_attr(PyObject *obj, PyObject *name, long long *out) {
+    PyObject *v = PyObject_GetAttr(obj, name);
+    if (v == NULL) return -1;
+    *out = PyLong_AsLongLong(v);
+    Py_DECREF(v);
+    return *out == -1 && PyErr_Occurred() ? -1 : 0;
+}
+
+static int set_long_attr(PyObject *obj, PyObject *name, long long v) {
+    PyObject *o = PyLong_FromLongLong(v);
+    int rc = o ? PyObject_SetAttr(obj, name, o) : -1;
+    Py_XDECREF(o);
+    return rc;
+}
+
+/* 1 if entry e may be evicted (committed, not pinned, not being written), 0 if not, -1. */
+static int evictable(PyObject *e, long long *nbytes) {
+    PyObject *c = PyObject_GetAttr(e, s_flag);
+    if (c == NULL) return -1;
+    int committed = PyObject_IsTrue(c);
+    Py_DECREF(c);
+    long long pins, writers;
+    if (committed < 0 || long_attr(e, s_pins, &pins) < 0 || long_attr(e, s_writers, &writers) < 0 ||
+        long_attr(e, s_nbytes, nbytes) < 0)
+        return -1;
+    return committed && pins == 0 && writers == 0;
+}
+
+/* lru_reserve_plain(index, entry_type, keys, start, nbytes, out) -> int: see
+ * asynctier.lru.reserve_plain. */
+SP_HIDDEN PyObject *lru_reserve_plain(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    static const char fn[] = "lru_reserve_plain";
+    if (check_nargs(fn, nargs, 6) < 0 || intern_names() < 0) return NULL;
+    PyObject *index = args[0], *etype = args[1], *out = args[5];
+    Py_ssize_t start = PyLong_AsSsize_t(args[3]), nbytes = PyLong_AsSsize_t(args[4]);
+    if ((start == -1 || nbytes == -1) && PyErr_Occurred()) return NULL;
+    if (!PyList_Check(out) || start < 0 || nbytes < 0) {
+        PyErr_Format(PyExc_ValueError, "%s(): out is a list, start and nbytes >= 0", fn);
+        return NULL;
+    }
+    PyObject *keys = PySequence_Fast(args[2], "lru_reserve_plain(): keys is a sequence");
+    if (keys == NULL) return NULL;
+    PyObject *entries = PyObject_GetAttr(index, s_entries), *removing = PyObject_GetAttr(index, s_removing);
+    PyObject *capo = PyObject_GetAttr(index, s_capacity), *tracko = PyObject_GetAttr(index, s_track);
+    PyObject *victims = NULL, *it = NULL, *result = NULL;
+    long long used = 0, committed = 0, cap = -1;
+    int track = 0, have_counts = 0;
+    Py_ssize_t done = 0, m = PySequence_Fast_GET_SIZE(keys);
+    if (!entries || !removing || !capo || !tracko) goto out;
+    if (!PyDict_Check(entries) || !PyDict_CheckExact(removing)) {
+        PyErr_Format(PyExc_TypeError, "%s(): the index's _entries and _removing are dicts", fn);
+        goto out;
+    }
+    if ((track = PyObject_IsTrue(tracko)) < 0 || (capo != Py_None && (cap = PyLong_AsLongLong(capo)) == -1 && PyErr_Occurred()))
+        goto out;
+    if (long_attr(index, s_used, &used) < 0 || long_attr(index, s_committed, &committed) < 0) goto out;
+    have_counts = 1;
+    for (Py_ssize_t i = start; i < m; i++) {
+        PyObject *key = PySequence_Fast_GET_ITEM(keys, i);
+        int r;
+        if (!PyBytes_CheckExact(key)) break;
+        if ((r = PyDict_Contains(removing, key)) != 0 || (r = PyDict_Contains(entries, key)) != 0) {
+            if (r < 0) goto out;
+            break; /* being removed, or has an entry: the caller's */
+        }
+        if ((victims = PyList_New(0)) == NULL) goto out;
+        if (capo != Py_None && used + nbytes > cap) {
+            if (nbytes > cap) break; /* CapacityError: the caller's */
+            long long need = used + nbytes - cap, freed = 0, eb;
+            int plain = 1;
+            if ((it = PyObject_GetIter(entries)) == NULL) goto out;
+            while (need > 0) { /* the oldest entries, each evictable, until there is room */
+                PyObject *k = PyIter_Next(it);
+                if (k == NULL) {
+                    if (PyErr_Occurred()) goto out;
+                    plain = 0; /* too few: the caller's (CapacityError) */
+                    break;
+                }
+                PyObject *e = PyDict_GetItemWithError(entries, k);
+                int ok = e == NULL ? -1 : evictable(e, &eb);
+                if (ok <= 0 || PyList_Append(victims, k) < 0) {
+                    Py_DECREF(k);
+                    if (ok < 0 || PyErr_Occurred()) {
+                        if (!PyErr_Occurred()) PyErr_SetString(PyExc_RuntimeError, "lru_reserve_plain(): index changed");
+                        goto out;
+                    }
+                    plain = 0; /* one to pass over: the caller's */
+                    break;
+                }
+                Py_DECREF(k);
+                need -= eb;
+                freed += eb;
+            }
+            Py_CLEAR(it);
+            if (!plain) break;
+            Py_ssize_t nv = PyList_GET_SIZE(victims);
+            for (Py_ssize_t j = 0; j < nv; j++) {
+                PyObject *k = PyList_GET_ITEM(victims, j);
+                if (PyObject_DelItem(entries, k) < 0 || (track && PyDict_SetDefault(removing, k, Py_None) == NULL))
+                    goto out;
+            }
+            used -= freed;
+            committed -= nv;
+        }
+        PyObject *e = PyObject_CallFunction(etype, "nOi", nbytes, Py_False, 1);
+        int rc = e ? PyObject_SetItem(entries, key, e) : -1;
+        Py_XDECREF(e);
+        if (rc < 0 || PyList_Append(out, victims) < 0) goto out;
+        Py_CLEAR(victims);
+        used += nbytes;
+        done++;
+    }
+    result = PyLong_FromSsize_t(done);
+out:
+    if (have_counts && (set_long_attr(index, s_used, used) < 0 || set_long_attr(index, s_committed, committed) < 0))
+        Py_CLEAR(result);
+    Py_XDECREF(victims);
+    Py_XDECREF(it);
+    Py_XDECREF(entries);
+    Py_XDECREF(removing);
+    Py_XDECREF(capo);
+    Py_XDECREF(tracko);
+    Py_DECREF(keys);
+    return result;
+}
+
+/* lru_commit_all(index, keys) -> None: see asynctier.lru.commit_all. */
+SP_HIDDEN PyObject *lru_commit_all(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    static const char fn[] = "lru_commit_all";
+    if (check_nargs(fn, nargs, 2) < 0 || intern_names() < 0) return NULL;
+    PyObject *index = args[0], *keys = PySequence_Fast(args[1], "lru_commit_all(): keys is a sequence");
+    if (keys == NULL) return NULL;
+    PyObject *entries = PyObject_GetAttr(index, s_entries), *result = NULL;
+    long long committed = 0;
+    int have_counts = 0;
+    if (entries == NULL) goto out;
+    if (!PyDict_Check(entries)) {
+        PyErr_Format(PyExc_TypeError, "%s(): the index's _entries is a dict", fn);
+        goto out;
+    }
+    if (long_attr(index, s_committed, &committed) < 0) goto out;
+    have_counts = 1;
+    for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(keys); i++) {
+        PyObject *key = PySequence_Fast_GET_ITEM(keys, i);
+        PyObject *e = PyDict_GetItemWithError(entries, key); /* (a read: OrderedDict keeps its order itself) */
+        if (e == NULL) {
+            if (PyErr_Occurred()) goto out;
+            continue; /* removed while being written: nothing to publish */
+        }
+        Py_INCREF(e);
+        long long writers;
+        PyObject *c = NULL, *r = NULL;
+        int ok = long_attr(e, s_writers, &writers) == 0 &&
+                 set_long_attr(e, s_writers, writers > 1 ? writers - 1 : 0) == 0 &&
+                 (c = PyObject_GetAttr(e, s_flag)) != NULL;
+        int was = ok ? PyObject_IsTrue(c) : -1;
+        if (was == 0) {
+            ok = PyObject_SetAttr(e, s_flag, Py_True) == 0;
+            committed++;
+        }
+        Py_XDECREF(c);
+        if (ok && was >= 0) r = PyObject_CallMethodOneArg(entries, s_move_to_end, key);
+        Py_DECREF(e);
+        if (r == NULL) goto out;
+        Py_DECREF(r);
+    }
+    result = Py_None;
+    Py_INCREF(result);
+out:
+    if (have_counts && set_long_attr(index, s_committed, committed) < 0) Py_CLEAR(result);
+    Py_XDECREF(entries);
+    Py_DECREF(keys);
+    return result;
+}

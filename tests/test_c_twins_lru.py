@@ -1,0 +1,110 @@
+"""The C twins of the LRU index's group steps (asynctier/_speedups_lru.c) do what their Python
+references in asynctier/lru.py do: from random states, the same index after and the same
+answers, a group's reservations made in one call where they are plain and one key at a time
+where they are not (a key stored or being removed, an entry passed over, no room)."""
+
+from __future__ import annotations
+
+import random
+from collections import OrderedDict
+from typing import Any
+
+import pytest
+
+from asynctier import lru
+from asynctier.errors import CapacityError
+from asynctier.lru import LRUIndex, RemovalPending
+
+NBYTES = 100
+
+
+def clone(idx: LRUIndex) -> LRUIndex:
+    out = LRUIndex(idx.capacity_bytes, track_removals=idx.track_removals)
+    out._entries = OrderedDict()
+    for k, e in idx._entries.items():
+        c = lru._Entry(e.nbytes, e.committed, e.writers)
+        c.pins = e.pins
+        out._entries[k] = c
+    out._removing = dict.fromkeys(idx._removing)
+    out._used, out._committed = idx._used, idx._committed
+    return out
+
+
+def state(idx: LRUIndex) -> tuple[Any, ...]:
+    entries = [(k, e.nbytes, e.committed, e.writers, e.pins) for k, e in idx._entries.items()]
+    return entries, sorted(idx._removing), idx._used, idx._committed
+
+
+def answer(a: object) -> object:
+    return (type(a).__name__, getattr(a, "key", None)) if isinstance(a, Exception) else a
+
+
+def random_index(rng: random.Random) -> LRUIndex:
+    """An index after a random history of stores (some of other sizes), loads (pins), writes
+    in flight, removals in progress."""
+    cap = rng.choice((None, 4 * NBYTES, 20 * NBYTES, 30 * NBYTES + 50))
+    idx = LRUIndex(cap, track_removals=rng.random() < 0.7)
+    for _ in range(rng.randrange(10, 120)):
+        k = b"k%d" % rng.randrange(60)
+        r = rng.random()
+        try:
+            if r < 0.5:
+                victims = idx.reserve(k, rng.choice((NBYTES, NBYTES, 60, 250)))
+                if victims is not None and rng.random() < 0.9:
+                    idx.commit(k, victims if rng.random() < 0.7 else ())
+            elif r < 0.65:
+                idx.pin(k)
+            elif r < 0.75:
+                idx.unpin(k)
+            elif r < 0.85:
+                idx.begin_remove(k)
+            else:
+                idx.removed([k])
+        except (CapacityError, RemovalPending):
+            pass
+    return idx
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_groups_reservations_and_commits_match_the_references(monkeypatch: pytest.MonkeyPatch, seed: int) -> None:
+    c = pytest.importorskip("asynctier._speedups")
+    rng = random.Random(seed)
+    for _ in range(80):
+        idx = random_index(rng)
+        keys = [b"k%d" % rng.randrange(90) for _ in range(rng.randrange(0, 12))]
+        keys = list(dict.fromkeys(keys))  # distinct within a call, as the fs tier's are
+        ref = clone(idx)
+        monkeypatch.setattr(lru, "_reserve_plain", c.lru_reserve_plain)
+        got = idx.reserve_many(keys, NBYTES)
+        monkeypatch.setattr(lru, "_reserve_plain", lru.reserve_plain)
+        want = ref.reserve_many(keys, NBYTES)
+        assert list(map(answer, got)) == list(map(answer, want))
+        assert state(idx) == state(ref)
+        done = [k for k, a in zip(keys, got, strict=True) if isinstance(a, list)]
+        removed = [v for a in got if isinstance(a, list) for v in a]
+        ok = rng.sample(done, k=len(done) // 2 + 1) if done else [b"absent"]
+        monkeypatch.setattr(lru, "_commit_all", c.lru_commit_all)
+        idx.commit_many(ok, removed)
+        monkeypatch.setattr(lru, "_commit_all", lru.commit_all)
+        ref.commit_many(ok, removed)
+        assert state(idx) == state(ref)
+
+
+def test_the_plain_reservation_stops_where_the_usual_way_takes_over() -> None:
+    c = pytest.importorskip("asynctier._speedups")
+    idx = LRUIndex(3 * NBYTES, track_removals=True)
+    for k in (b"a", b"b", b"c"):
+        idx.commit(k, idx.reserve(k, NBYTES) or ())
+    idx.pin(b"a")  # the oldest is passed over: not plain
+    out: list[Any] = []
+    assert c.lru_reserve_plain(idx, lru._Entry, [b"x"], 0, NBYTES, out) == 0 and out == []
+    idx.unpin(b"a", touch=False)
+    assert c.lru_reserve_plain(idx, lru._Entry, [b"x", b"b", b"y"], 0, NBYTES, out) == 1  # b is stored
+    assert out == [[b"a"]] and idx.being_removed(b"a") and idx.used_bytes == 3 * NBYTES
+    assert c.lru_reserve_plain(idx, lru._Entry, [b"x", b"a"], 1, NBYTES, out) == 0  # a is being removed
+    assert c.lru_reserve_plain(idx, lru._Entry, [b"big"], 0, 4 * NBYTES, out) == 0  # never fits
+    with pytest.raises(ValueError, match="out is a list"):
+        c.lru_reserve_plain(idx, lru._Entry, [b"z"], 0, NBYTES, ())
+    with pytest.raises(TypeError, match="takes 6 arguments"):
+        c.lru_reserve_plain(idx, lru._Entry, [b"z"], 0, NBYTES)
+    assert idx.used_bytes == 3 * NBYTES and len(out) == 1
