@@ -23,21 +23,42 @@ struct index {
     int moved;
 };
 
-enum { NEED_LRU = 1, NEED_SEQ = 2, NEED_CSUM = 4, NEED_TICKET = 8, NEED_RUNS = 16 };
+enum {
+    NEED_LRU = 1, NEED_SEQ = 2, NEED_CSUM = 4, NEED_TICKET = 8, NEED_RUNS = 16,
+    NEED_MAP = 32, NEED_FREE = 64, NEED_REUSE = 128, NEED_PINS = 256, NEED_ZOMBIES = 512, NEED_WRITING = 1024,
+    NEED_RELEASE = NEED_FREE | NEED_REUSE | NEED_PINS | NEED_ZOMBIES, /* (release()) */
+};
 
-static PyObject *attr(PyObject *obj, const char *name, PyTypeObject *type, const char *fn) {
-    PyObject *v = PyObject_GetAttrString(obj, name);
+/* The SlotIndex's attribute names, interned once: a call reads only those it uses. */
+enum { A_NSLOTS, A_ENTRIES, A_SLOT_KEY, A_FREE, A_REUSE, A_PINS, A_ZOMBIES, A_WRITING, A_KILLED, A_RUN_END,
+       A_PREV, A_NXT, A_HEAD, A_TAIL, A_SEQ, A_CSUM, A_TICKET, A_COUNT };
+static const char *const attr_names[A_COUNT] = {
+    "nslots", "entries", "slot_key", "free", "reuse_ticket", "pins", "zombies", "writing", "killed", "run_end",
+    "prev", "nxt", "head", "tail", "slot_seq", "slot_csum", "slot_ticket",
+};
+static PyObject *attr_str[A_COUNT];
+
+static int intern_attrs(void) {
+    for (int i = 0; i < A_COUNT; i++)
+        if (attr_str[i] == NULL && (attr_str[i] = PyUnicode_InternFromString(attr_names[i])) == NULL) return -1;
+    return 0;
+}
+
+/* The index's attribute `a`, checked to be of `type` (a new reference), into *out. */
+static int attr(struct index *x, int a, PyTypeObject *type, PyObject **out, const char *fn) {
+    PyObject *v = PyObject_GetAttr(x->obj, attr_str[a]);
     if (v != NULL && !Py_IS_TYPE(v, type)) {
-        PyErr_Format(PyExc_TypeError, "%s(): the index's %s is a %s, not %.50s", fn, name, type->tp_name,
+        PyErr_Format(PyExc_TypeError, "%s(): the index's %s is a %s, not %.50s", fn, attr_names[a], type->tp_name,
                      Py_TYPE(v)->tp_name);
         Py_CLEAR(v);
     }
-    return v;
+    *out = v;
+    return v == NULL ? -1 : 0;
 }
 
 /* One per-slot array of the index (an array.array of `code`, nslots long) into *out. */
-static int array_of(struct index *x, const char *name, char code, Py_ssize_t size, void **out, const char *fn) {
-    PyObject *v = PyObject_GetAttrString(x->obj, name);
+static int array_of(struct index *x, int a, char code, Py_ssize_t size, void **out, const char *fn) {
+    PyObject *v = PyObject_GetAttr(x->obj, attr_str[a]);
     if (v == NULL) return -1;
     Py_buffer *b = &x->bufs[x->nbufs];
     int rc = PyObject_GetBuffer(v, b, PyBUF_WRITABLE | PyBUF_FORMAT | PyBUF_C_CONTIGUOUS);
@@ -47,7 +68,7 @@ static int array_of(struct index *x, const char *name, char code, Py_ssize_t siz
     if (b->itemsize != size || b->format == NULL || b->format[0] != code || b->format[1] != 0 ||
         b->len != x->nslots * size) {
         PyErr_Format(PyExc_TypeError, "%s(): the index's %s is an array('%c') of %zd items, not one of format %s, %zd bytes",
-                     fn, name, code, x->nslots, b->format ? b->format : "B", b->len);
+                     fn, attr_names[a], code, x->nslots, b->format ? b->format : "B", b->len);
         return -1;
     }
     *out = b->buf;
@@ -57,8 +78,8 @@ static int array_of(struct index *x, const char *name, char code, Py_ssize_t siz
 static void index_close(struct index *x) {
     if (x->moved) {
         PyObject *h = PyLong_FromLong(x->head), *t = PyLong_FromLong(x->tail);
-        if (h == NULL || t == NULL || PyObject_SetAttrString(x->obj, "head", h) < 0 ||
-            PyObject_SetAttrString(x->obj, "tail", t) < 0)
+        if (h == NULL || t == NULL || PyObject_SetAttr(x->obj, attr_str[A_HEAD], h) < 0 ||
+            PyObject_SetAttr(x->obj, attr_str[A_TAIL], t) < 0)
             PyErr_WriteUnraisable(x->obj); /* only memory running out gets here */
         Py_XDECREF(h);
         Py_XDECREF(t);
@@ -75,48 +96,56 @@ static void index_close(struct index *x) {
     Py_XDECREF(x->run_end);
 }
 
-static long get_long_attr(PyObject *obj, const char *name) {
-    PyObject *v = PyObject_GetAttrString(obj, name);
+/* An int attribute of the index; -2 with an error. */
+static long long_attr(struct index *x, int a) {
+    PyObject *v = PyObject_GetAttr(x->obj, attr_str[a]);
     if (v == NULL) return -2;
     long r = PyLong_AsLong(v);
     Py_DECREF(v);
     return r == -1 && PyErr_Occurred() ? -2 : r;
 }
 
-/* Open x over the SlotIndex obj; -1 with an error (then index_close it all the same). */
+/* Open x over the SlotIndex obj, reading what `need` names; -1 with an error (then
+ * index_close it all the same). */
 static int index_open(struct index *x, PyObject *obj, int need, const char *fn) {
     memset(x, 0, sizeof *x);
     x->obj = obj;
-    long n = get_long_attr(obj, "nslots");
+    if (intern_attrs() < 0) return -1;
+    long n = long_attr(x, A_NSLOTS);
     if (n < 0) {
         if (!PyErr_Occurred()) PyErr_Format(PyExc_ValueError, "%s(): the index has %ld slots", fn, n);
         return -1;
     }
     x->nslots = n;
-    if (!(x->entries = attr(obj, "entries", &PyDict_Type, fn)) || !(x->slot_key = attr(obj, "slot_key", &PyList_Type, fn)) ||
-        !(x->free = attr(obj, "free", &PyList_Type, fn)) || !(x->reuse = attr(obj, "reuse_ticket", &PyDict_Type, fn)) ||
-        !(x->pins = attr(obj, "pins", &PyDict_Type, fn)) || !(x->zombies = attr(obj, "zombies", &PyDict_Type, fn)) ||
-        !(x->writing = attr(obj, "writing", &PyDict_Type, fn)) || !(x->killed = attr(obj, "killed", &PyDict_Type, fn)))
+    if ((need & NEED_MAP) &&
+        (attr(x, A_ENTRIES, &PyDict_Type, &x->entries, fn) < 0 || attr(x, A_SLOT_KEY, &PyList_Type, &x->slot_key, fn) < 0))
         return -1;
-    if (PyList_GET_SIZE(x->slot_key) != x->nslots) {
+    if (x->slot_key && PyList_GET_SIZE(x->slot_key) != x->nslots) {
         PyErr_Format(PyExc_ValueError, "%s(): the index's slot_key has %zd items, not %zd", fn,
                      PyList_GET_SIZE(x->slot_key), x->nslots);
         return -1;
     }
+    if (((need & NEED_FREE) && attr(x, A_FREE, &PyList_Type, &x->free, fn) < 0) ||
+        ((need & NEED_REUSE) && attr(x, A_REUSE, &PyDict_Type, &x->reuse, fn) < 0) ||
+        ((need & NEED_PINS) && attr(x, A_PINS, &PyDict_Type, &x->pins, fn) < 0) ||
+        ((need & NEED_ZOMBIES) && attr(x, A_ZOMBIES, &PyDict_Type, &x->zombies, fn) < 0) ||
+        ((need & NEED_WRITING) &&
+         (attr(x, A_WRITING, &PyDict_Type, &x->writing, fn) < 0 || attr(x, A_KILLED, &PyDict_Type, &x->killed, fn) < 0)))
+        return -1;
     if (need & NEED_LRU) {
-        if (array_of(x, "prev", 'i', 4, (void **)&x->prev, fn) < 0 || array_of(x, "nxt", 'i', 4, (void **)&x->nxt, fn) < 0)
+        if (array_of(x, A_PREV, 'i', 4, (void **)&x->prev, fn) < 0 || array_of(x, A_NXT, 'i', 4, (void **)&x->nxt, fn) < 0)
             return -1;
-        if ((x->head = get_long_attr(obj, "head")) < -1 || (x->tail = get_long_attr(obj, "tail")) < -1 ||
-            x->head >= x->nslots || x->tail >= x->nslots) {
+        if ((x->head = long_attr(x, A_HEAD)) < -1 || (x->tail = long_attr(x, A_TAIL)) < -1 || x->head >= x->nslots ||
+            x->tail >= x->nslots) {
             if (!PyErr_Occurred()) PyErr_Format(PyExc_ValueError, "%s(): the index's LRU ends are out of range", fn);
             return -1;
         }
     }
-    if ((need & NEED_SEQ) && array_of(x, "slot_seq", 'Q', 8, (void **)&x->seq, fn) < 0) return -1;
-    if ((need & NEED_CSUM) && array_of(x, "slot_csum", 'Q', 8, (void **)&x->csum, fn) < 0) return -1;
-    if ((need & NEED_TICKET) && array_of(x, "slot_ticket", 'Q', 8, (void **)&x->ticket, fn) < 0) return -1;
+    if ((need & NEED_SEQ) && array_of(x, A_SEQ, 'Q', 8, (void **)&x->seq, fn) < 0) return -1;
+    if ((need & NEED_CSUM) && array_of(x, A_CSUM, 'Q', 8, (void **)&x->csum, fn) < 0) return -1;
+    if ((need & NEED_TICKET) && array_of(x, A_TICKET, 'Q', 8, (void **)&x->ticket, fn) < 0) return -1;
     if (need & NEED_RUNS) {
-        if (!(x->run_end = attr(obj, "run_end", &PyByteArray_Type, fn))) return -1;
+        if (attr(x, A_RUN_END, &PyByteArray_Type, &x->run_end, fn) < 0) return -1;
         if (PyByteArray_GET_SIZE(x->run_end) != x->nslots) {
             PyErr_Format(PyExc_ValueError, "%s(): the index's run_end has %zd bytes, not %zd", fn,
                          PyByteArray_GET_SIZE(x->run_end), x->nslots);
@@ -241,7 +270,7 @@ SP_HIDDEN PyObject *evict_oldest(PyObject *self, PyObject *const *args, Py_ssize
     struct index x;
     PyObject *out = NULL;
     long *victims = NULL;
-    if (index_open(&x, args[0], NEED_LRU | NEED_SEQ | NEED_RUNS, fn) < 0) goto fail;
+    if (index_open(&x, args[0], NEED_LRU | NEED_SEQ | NEED_RUNS | NEED_MAP | NEED_PINS, fn) < 0) goto fail;
     /* SlotIndex.oldest_unpinned, nothing changed yet */
     Py_ssize_t cap = (n > 0 ? n : 0) + (more > 0 ? more : 0), m = 0;
     victims = PyMem_Malloc(sizeof(long) * (size_t)(cap > 0 ? cap : 1));
@@ -306,7 +335,7 @@ SP_HIDDEN PyObject *release_many(PyObject *self, PyObject *const *args, Py_ssize
     PyObject *slots = PySequence_Fast(args[1], "release_many(): slots is a sequence");
     if (slots == NULL) return NULL;
     struct index x;
-    int rc = index_open(&x, args[0], 0, fn);
+    int rc = index_open(&x, args[0], NEED_RELEASE, fn);
     Py_ssize_t m = PySequence_Fast_GET_SIZE(slots);
     for (Py_ssize_t i = 0; rc == 0 && i < m; i++)
         if (slot_of(&x, PySequence_Fast_GET_ITEM(slots, i), fn) < 0) rc = -1;
@@ -347,7 +376,7 @@ SP_HIDDEN PyObject *begin_writes(PyObject *self, PyObject *const *args, Py_ssize
     PyObject *keys = PySequence_Fast(args[1], "begin_writes(): keys is a sequence");
     PyObject *taken = keys ? PySequence_Fast(args[2], "begin_writes(): taken is a sequence") : NULL;
     struct index x;
-    int rc = taken ? index_open(&x, args[0], NEED_SEQ, fn) : -1;
+    int rc = taken ? index_open(&x, args[0], NEED_SEQ | NEED_WRITING | NEED_REUSE, fn) : -1;
     Py_ssize_t m = keys ? PySequence_Fast_GET_SIZE(keys) : 0;
     if (rc == 0 && PySequence_Fast_GET_SIZE(taken) != m) {
         PyErr_Format(PyExc_ValueError, "%s(): %zd keys and %zd slots", fn, m, PySequence_Fast_GET_SIZE(taken));
@@ -414,7 +443,7 @@ SP_HIDDEN PyObject *take_free(PyObject *self, PyObject *const *args, Py_ssize_t 
     struct index x;
     PyObject *out = NULL, *kept = NULL;
     long *asc = NULL;
-    if (index_open(&x, args[0], NEED_RUNS, fn) < 0) goto done;
+    if (index_open(&x, args[0], NEED_RUNS | NEED_FREE, fn) < 0) goto done;
     Py_ssize_t m = PyList_GET_SIZE(x.free);
     if (n < 0 || n > m) {
         PyErr_Format(PyExc_ValueError, "%s(): %zd of %zd free slots", fn, n, m);
@@ -506,7 +535,7 @@ SP_HIDDEN PyObject *end_writes(PyObject *self, PyObject *const *args, Py_ssize_t
     struct index x;
     int rc = -1;
     if (w == NULL) PyErr_NoMemory();
-    else rc = index_open(&x, args[0], NEED_CSUM, fn);
+    else rc = index_open(&x, args[0], NEED_CSUM | NEED_WRITING | NEED_RELEASE, fn);
     for (Py_ssize_t i = 0; rc == 0 && i < m; i++) { /* every argument checked first */
         PyObject *p = PySequence_Fast_GET_ITEM(written, i), *sl, *c;
         Py_ssize_t pos = PyLong_AsSsize_t(p);
@@ -580,7 +609,7 @@ SP_HIDDEN PyObject *put_published(PyObject *self, PyObject *const *args, Py_ssiz
     PyObject *recs = PySequence_Fast(args[1], "put_published(): recs is a sequence"), *had = NULL;
     if (recs == NULL) return NULL;
     struct index x;
-    int rc = index_open(&x, args[0], NEED_LRU | NEED_TICKET, fn);
+    int rc = index_open(&x, args[0], NEED_LRU | NEED_TICKET | NEED_MAP, fn);
     Py_ssize_t m = PySequence_Fast_GET_SIZE(recs);
     for (Py_ssize_t i = 0; rc == 0 && i < m; i++) {
         PyObject *r = PySequence_Fast_GET_ITEM(recs, i);
@@ -606,11 +635,11 @@ SP_HIDDEN PyObject *put_published(PyObject *self, PyObject *const *args, Py_ssiz
         if (known || !PyBytes_Check(cur) || PyBytes_GET_SIZE(cur) != 0) {
             /* the general case: SlotIndex.put itself, with the LRU ends handed over */
             PyObject *h = PyLong_FromLong(x.head), *t = PyLong_FromLong(x.tail), *old = NULL;
-            if (h && t && PyObject_SetAttrString(x.obj, "head", h) == 0 && PyObject_SetAttrString(x.obj, "tail", t) == 0)
+            if (h && t && PyObject_SetAttr(x.obj, attr_str[A_HEAD], h) == 0 && PyObject_SetAttr(x.obj, attr_str[A_TAIL], t) == 0)
                 old = PyObject_CallMethod(x.obj, "put", "OO", key, so);
             Py_XDECREF(h);
             Py_XDECREF(t);
-            if (old == NULL || (x.head = get_long_attr(x.obj, "head")) < -1 || (x.tail = get_long_attr(x.obj, "tail")) < -1) {
+            if (old == NULL || (x.head = long_attr(&x, A_HEAD)) < -1 || (x.tail = long_attr(&x, A_TAIL)) < -1) {
                 Py_XDECREF(old);
                 rc = -1;
                 break;
@@ -958,7 +987,7 @@ SP_HIDDEN PyObject *pin_many(PyObject *self, PyObject *const *args, Py_ssize_t n
     PyObject *keys = PySequence_Fast(args[1], "pin_many(): keys is a sequence"), *found = NULL, *missing = NULL;
     if (keys == NULL) return NULL;
     struct index x;
-    int rc = index_open(&x, args[0], NEED_LRU | NEED_SEQ | NEED_CSUM, fn);
+    int rc = index_open(&x, args[0], NEED_LRU | NEED_SEQ | NEED_CSUM | NEED_MAP | NEED_PINS, fn);
     Py_ssize_t m = PySequence_Fast_GET_SIZE(keys);
     for (Py_ssize_t i = 0; rc == 0 && i < m; i++)
         if (!PyBytes_Check(PySequence_Fast_GET_ITEM(keys, i))) {
@@ -1014,7 +1043,7 @@ SP_HIDDEN PyObject *unpin_many(PyObject *self, PyObject *const *args, Py_ssize_t
     PyObject *slots = PySequence_Fast(args[1], "unpin_many(): slots is a sequence");
     if (slots == NULL) return NULL;
     struct index x;
-    int rc = index_open(&x, args[0], 0, fn);
+    int rc = index_open(&x, args[0], NEED_RELEASE, fn);
     Py_ssize_t m = PySequence_Fast_GET_SIZE(slots);
     for (Py_ssize_t i = 0; rc == 0 && i < m; i++) { /* each pinned (one pinned fewer times than it comes fails on the way) */
         PyObject *so = PySequence_Fast_GET_ITEM(slots, i);
