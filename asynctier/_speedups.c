@@ -439,6 +439,10 @@ static PyMethodDef methods[] = {
      "lru_reserve_plain(index, entry_type, keys, start, nbytes, out) -> int: an LRU index's plain reservations."},
     {"lru_commit_all", (PyCFunction)(void (*)(void))lru_commit_all, METH_FASTCALL,
      "lru_commit_all(index, keys) -> None: an LRU index's writes of keys committed."},
+    {"lru_pin_all", (PyCFunction)(void (*)(void))lru_pin_all, METH_FASTCALL,
+     "lru_pin_all(index, keys) -> list[entry | None]: an LRU index's committed entries of keys pinned."},
+    {"lru_unpin_all", (PyCFunction)(void (*)(void))lru_unpin_all, METH_FASTCALL,
+     "lru_unpin_all(index, entry_type, keys, entries) -> None: an LRU index's pins of lru_pin_all ended."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -64,5 +64,7 @@ SP_HIDDEN PyObject *runs_written(PyObject *self, PyObject *const *args, Py_ssize
 /* _speedups_lru.c */
 SP_HIDDEN PyObject *lru_reserve_plain(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 SP_HIDDEN PyObject *lru_commit_all(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+SP_HIDDEN PyObject *lru_pin_all(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+SP_HIDDEN PyObject *lru_unpin_all(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 
 #endif

@@ -207,3 +207,89 @@ out:
     Py_DECREF(keys);
     return result;
 }
+
+/* lru_pin_all(index, keys) -> list[entry | None]: see asynctier.lru.pin_all. */
+SP_HIDDEN PyObject *lru_pin_all(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    static const char fn[] = "lru_pin_all";
+    if (check_nargs(fn, nargs, 2) < 0 || intern_names() < 0) return NULL;
+    PyObject *keys = PySequence_Fast(args[1], "lru_pin_all(): keys is a sequence");
+    if (keys == NULL) return NULL;
+    PyObject *entries = PyObject_GetAttr(args[0], s_entries), *out = NULL;
+    Py_ssize_t m = PySequence_Fast_GET_SIZE(keys);
+    if (entries == NULL) goto done;
+    if (!PyDict_Check(entries)) {
+        PyErr_Format(PyExc_TypeError, "%s(): the index's _entries is a dict", fn);
+        goto done;
+    }
+    if ((out = PyList_New(m)) == NULL) goto done;
+    for (Py_ssize_t i = 0; i < m; i++) {
+        PyObject *e = PyDict_GetItemWithError(entries, PySequence_Fast_GET_ITEM(keys, i)), *c = NULL;
+        int committed = 0;
+        long long pins;
+        if (e == NULL && PyErr_Occurred()) goto fail;
+        if (e != NULL) {
+            if ((c = PyObject_GetAttr(e, s_flag)) == NULL) goto fail;
+            committed = PyObject_IsTrue(c);
+            Py_DECREF(c);
+            if (committed < 0) goto fail;
+        }
+        if (!committed) {
+            Py_INCREF(Py_None);
+            PyList_SET_ITEM(out, i, Py_None);
+            continue;
+        }
+        if (long_attr(e, s_pins, &pins) < 0 || set_long_attr(e, s_pins, pins + 1) < 0) goto fail;
+        Py_INCREF(e);
+        PyList_SET_ITEM(out, i, e);
+    }
+    goto done;
+fail:
+    Py_CLEAR(out);
+done:
+    Py_XDECREF(entries);
+    Py_DECREF(keys);
+    return out;
+}
+
+/* lru_unpin_all(index, entry_type, keys, pinned) -> None: see asynctier.lru.unpin_all. */
+SP_HIDDEN PyObject *lru_unpin_all(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    static const char fn[] = "lru_unpin_all";
+    if (check_nargs(fn, nargs, 4) < 0 || intern_names() < 0) return NULL;
+    PyObject *keys = PySequence_Fast(args[2], "lru_unpin_all(): keys is a sequence");
+    PyObject *pinned = keys ? PySequence_Fast(args[3], "lru_unpin_all(): entries is a sequence") : NULL;
+    PyObject *entries = pinned ? PyObject_GetAttr(args[0], s_entries) : NULL, *result = NULL;
+    if (entries == NULL) goto done;
+    Py_ssize_t m = PySequence_Fast_GET_SIZE(keys);
+    if (!PyDict_Check(entries) || !PyType_Check(args[1])) {
+        PyErr_Format(PyExc_TypeError, "%s(): the index's _entries is a dict, entry_type a type", fn);
+        goto done;
+    }
+    if (PySequence_Fast_GET_SIZE(pinned) != m) {
+        PyErr_Format(PyExc_ValueError, "%s(): %zd keys and %zd entries", fn, m, PySequence_Fast_GET_SIZE(pinned));
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < m; i++) /* (as the reference asserts) */
+        if (!Py_IS_TYPE(PySequence_Fast_GET_ITEM(pinned, i), (PyTypeObject *)args[1])) {
+            PyErr_Format(PyExc_TypeError, "%s(): entries[%zd] is not an entry", fn, i);
+            goto done;
+        }
+    for (Py_ssize_t i = 0; i < m; i++) {
+        PyObject *key = PySequence_Fast_GET_ITEM(keys, i), *e = PySequence_Fast_GET_ITEM(pinned, i), *r;
+        long long pins;
+        if (long_attr(e, s_pins, &pins) < 0 || set_long_attr(e, s_pins, pins > 1 ? pins - 1 : 0) < 0) goto done;
+        PyObject *cur = PyDict_GetItemWithError(entries, key);
+        if (cur == NULL && PyErr_Occurred()) goto done;
+        if (cur != e) continue; /* it left the index meanwhile: only its pin goes */
+        if ((r = PyObject_CallMethodOneArg(entries, s_move_to_end, key)) == NULL) goto done;
+        Py_DECREF(r);
+    }
+    result = Py_None;
+    Py_INCREF(result);
+done:
+    Py_XDECREF(entries);
+    Py_XDECREF(pinned);
+    Py_XDECREF(keys);
+    return result;
+}

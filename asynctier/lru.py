@@ -23,7 +23,7 @@ from typing import Any
 
 from .errors import CapacityError
 
-__all__ = ["LRUIndex", "RemovalPending", "commit_all", "reserve_plain"]
+__all__ = ["LRUIndex", "RemovalPending", "commit_all", "pin_all", "reserve_plain", "unpin_all"]
 
 
 class RemovalPending(Exception):
@@ -362,26 +362,12 @@ class LRUIndex:
     def pin_entries(self, keys: Iterable[bytes]) -> list[object | None]:
         """:meth:`pin_entry` of each of ``keys``, under one lock (a group of loads)."""
         with self._lock:
-            get = self._entries.get
-            out: list[object | None] = []
-            for key in keys:
-                e = get(key)
-                if e is None or not e.committed:
-                    out.append(None)
-                else:
-                    e.pins += 1
-                    out.append(e)
-            return out
+            return _pin_all(self, keys)
 
     def unpin_entries(self, keys: Iterable[bytes], entries: Iterable[object]) -> None:
         """:meth:`unpin` of each key's entry from :meth:`pin_entries` (touched), under one lock."""
         with self._lock:
-            get, to_end = self._entries.get, self._entries.move_to_end
-            for key, entry in zip(keys, entries, strict=True):
-                assert isinstance(entry, _Entry)
-                entry.pins = max(0, entry.pins - 1)
-                if get(key) is entry:  # else it left the index meanwhile: only its pin goes
-                    to_end(key)
+            _unpin_all(self, _Entry, keys, entries)
 
     def unpin(self, key: bytes, *, touch: bool = True, entry: object | None = None) -> None:
         """Release a :meth:`pin`; ``touch`` makes the entry most recently used. With
@@ -425,7 +411,7 @@ class LRUIndex:
             return e.committed
 
 
-# A group of stores' reservations and commits, for the plain case: the C twins where built
+# A group of stores' reservations and commits (the plain case), and a group of loads' pins: the C twins where built
 # (asynctier/_speedups_lru.c), whose references these are. Call them with the index's lock held.
 
 
@@ -469,6 +455,30 @@ def reserve_plain(
     return done
 
 
+def pin_all(index: LRUIndex, keys: Iterable[bytes]) -> list[object | None]:
+    """:meth:`LRUIndex.pin_entry` of each of ``keys``, without the lock (the caller holds it)."""
+    get = index._entries.get
+    out: list[object | None] = []
+    for key in keys:
+        e = get(key)
+        if e is None or not e.committed:
+            out.append(None)
+        else:
+            e.pins += 1
+            out.append(e)
+    return out
+
+
+def unpin_all(index: LRUIndex, entry_type: type[_Entry], keys: Iterable[bytes], entries: Iterable[object]) -> None:
+    """:meth:`LRUIndex.unpin` of each key's entry from :func:`pin_all`, touched, without the lock."""
+    get, to_end = index._entries.get, index._entries.move_to_end
+    for key, entry in zip(keys, entries, strict=True):
+        assert isinstance(entry, entry_type)
+        entry.pins = max(0, entry.pins - 1)
+        if get(key) is entry:  # else it left the index meanwhile: only its pin goes
+            to_end(key)
+
+
 def commit_all(index: LRUIndex, keys: Iterable[bytes]) -> None:
     """:meth:`LRUIndex.commit` of each of ``keys``, without the lock (the caller holds it)."""
     for key in keys:
@@ -478,6 +488,7 @@ def commit_all(index: LRUIndex, keys: Iterable[bytes]) -> None:
 try:
     from . import _speedups
 except ImportError:  # pragma: no cover - installed without a C compiler
-    _reserve_plain, _commit_all = reserve_plain, commit_all
+    _reserve_plain, _commit_all, _pin_all, _unpin_all = reserve_plain, commit_all, pin_all, unpin_all
 else:
     _reserve_plain, _commit_all = _speedups.lru_reserve_plain, _speedups.lru_commit_all
+    _pin_all, _unpin_all = _speedups.lru_pin_all, _speedups.lru_unpin_all

@@ -108,3 +108,42 @@ def test_the_plain_reservation_stops_where_the_usual_way_takes_over() -> None:
     with pytest.raises(TypeError, match="takes 6 arguments"):
         c.lru_reserve_plain(idx, lru._Entry, [b"z"], 0, NBYTES)
     assert idx.used_bytes == 3 * NBYTES and len(out) == 1
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_a_groups_pins_and_their_ends_match_the_references(monkeypatch: pytest.MonkeyPatch, seed: int) -> None:
+    """Pins of committed keys (absent and reserved ones get None), then their ends, some keys
+    removed or stored again meanwhile: the same index and answers as the references."""
+    c = pytest.importorskip("asynctier._speedups")
+    rng = random.Random(100 + seed)
+    for _ in range(80):
+        idx = random_index(rng)
+        keys = list(dict.fromkeys(b"k%d" % rng.randrange(90) for _ in range(rng.randrange(0, 12))))
+        ref = clone(idx)
+        monkeypatch.setattr(lru, "_pin_all", c.lru_pin_all)
+        got = idx.pin_entries(keys)
+        monkeypatch.setattr(lru, "_pin_all", lru.pin_all)
+        want = ref.pin_entries(keys)
+        assert [g is None for g in got] == [w is None for w in want]
+        assert state(idx) == state(ref)
+        pinned = [(k, g, w) for k, g, w in zip(keys, got, want, strict=True) if g is not None]
+        for k, _, _ in rng.sample(pinned, k=len(pinned) // 3):  # gone meanwhile, some stored again
+            again = rng.random() < 0.5
+            for side in (idx, ref):
+                side.discard(k)
+                if again:
+                    try:
+                        side.commit(k, side.reserve(k, NBYTES) or ())
+                    except CapacityError:  # (the same on both sides)
+                        pass
+        monkeypatch.setattr(lru, "_unpin_all", c.lru_unpin_all)
+        idx.unpin_entries([k for k, _, _ in pinned], [g for _, g, _ in pinned])
+        monkeypatch.setattr(lru, "_unpin_all", lru.unpin_all)
+        ref.unpin_entries([k for k, _, _ in pinned], [w for _, _, w in pinned])
+        assert state(idx) == state(ref)
+        assert [g.pins for _, g, _ in pinned] == [w.pins for _, _, w in pinned]  # type: ignore[attr-defined]
+    idx = random_index(rng)
+    with pytest.raises(TypeError, match="not an entry"):
+        c.lru_unpin_all(idx, lru._Entry, [b"k1"], [object()])
+    with pytest.raises(ValueError, match="1 keys and 0 entries"):
+        c.lru_unpin_all(idx, lru._Entry, [b"k1"], [])
