@@ -176,14 +176,21 @@ static long next_of(struct index *x, long s, const char *fn) {
     return q;
 }
 
-static void unlink_slot(struct index *x, long s) { /* SlotIndex._unlink */
+/* SlotIndex._unlink: 0, or -1 with an error if s's links are out of range (an index that
+ * lost its consistency is refused, never written outside its arrays). */
+static int unlink_slot(struct index *x, long s) {
     long p = x->prev[s], q = x->nxt[s];
+    if (p < -1 || p >= x->nslots || q < -1 || q >= x->nslots) {
+        PyErr_Format(PyExc_ValueError, "the index's LRU list is broken at slot %ld", s);
+        return -1;
+    }
     if (p >= 0) x->nxt[p] = (int32_t)q;
     else x->head = q;
     if (q >= 0) x->prev[q] = (int32_t)p;
     else x->tail = p;
     x->prev[s] = x->nxt[s] = -1;
     x->moved = 1;
+    return 0;
 }
 
 static void link_tail(struct index *x, long s) { /* SlotIndex._link_tail */
@@ -245,8 +252,7 @@ static int drop(struct index *x, PyObject *key) {
         PyErr_Format(PyExc_ValueError, "the index maps a key to slot %ld of %zd", s, x->nslots);
         goto done;
     }
-    if (PyDict_DelItem(x->entries, key) < 0) goto done;
-    unlink_slot(x, s);
+    if (unlink_slot(x, s) < 0 || PyDict_DelItem(x->entries, key) < 0) goto done;
     PyObject *empty = PyBytes_FromStringAndSize(NULL, 0);
     if (empty == NULL) goto done;
     PyList_SetItem(x->slot_key, s, empty); /* steals empty, drops the key's reference */
@@ -639,7 +645,10 @@ SP_HIDDEN PyObject *put_published(PyObject *self, PyObject *const *args, Py_ssiz
                 old = PyObject_CallMethod(x.obj, "put", "OO", key, so);
             Py_XDECREF(h);
             Py_XDECREF(t);
-            if (old == NULL || (x.head = long_attr(&x, A_HEAD)) < -1 || (x.tail = long_attr(&x, A_TAIL)) < -1) {
+            if (old == NULL || (x.head = long_attr(&x, A_HEAD)) < -1 || (x.tail = long_attr(&x, A_TAIL)) < -1 ||
+                x.head >= x.nslots || x.tail >= x.nslots) {
+                if (old != NULL && !PyErr_Occurred())
+                    PyErr_Format(PyExc_ValueError, "%s(): the index's LRU ends are out of range", fn);
                 Py_XDECREF(old);
                 rc = -1;
                 break;
@@ -1009,7 +1018,10 @@ SP_HIDDEN PyObject *pin_many(PyObject *self, PyObject *const *args, Py_ssize_t n
             break;
         }
         if (x.tail != s) { /* SlotIndex.touch_slot */
-            unlink_slot(&x, s);
+            if (unlink_slot(&x, s) < 0) {
+                rc = -1;
+                break;
+            }
             link_tail(&x, s);
         }
         PyObject *had = PyDict_GetItemWithError(x.pins, so);

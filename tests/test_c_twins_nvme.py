@@ -288,3 +288,19 @@ def test_a_load_jobs_pins_match_their_references_from_random_states(speedups: An
         with pytest.raises(exc, match=match):
             getattr(speedups, name)(*args)
         assert state(idx) == before, name
+
+
+def test_an_index_whose_links_are_broken_is_refused_not_written_past(speedups: Any) -> None:
+    """A slot whose LRU links point outside the arrays (an index that lost its consistency)
+    fails the step with ValueError; nothing is written outside the index's arrays."""
+    rng = random.Random(12)
+    idx = random_index(rng)
+    while len(idx.entries) < 2:
+        idx = random_index(rng)
+    key = next(k for k, s in idx.entries.items() if s != idx.tail)
+    idx.prev[idx.entries[key]] = NSLOTS + 5
+    with pytest.raises(ValueError, match="LRU list is broken"):
+        speedups.pin_many(idx, [key])
+    idx.head = NSLOTS
+    with pytest.raises(ValueError, match="LRU ends are out of range"):
+        speedups.evict_oldest(idx, 1, 0)
