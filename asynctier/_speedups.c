@@ -13,10 +13,10 @@
  *
  * A group of fs loads or stores is planned and checked in bulk: _speedups_groups.c.
  *
- * The nvme tier's native paths pack a run's headers (pack_headers_into), check each header a
- * read brought (header_matches, also the fs tier's loads) and pack the journal's records
- * (pack_records): twins of asynctier.integrity.pack_headers_into and header_matches and of
- * asynctier.tiers.nvme.format._pack_records (tests/test_c_twins.py compares them).
+ * The nvme tier's native paths check each header a read brought (header_matches, also the
+ * fs tier's loads) and pack the journal's records (pack_records): twins of
+ * asynctier.integrity.header_matches and of asynctier.tiers.nvme.format._pack_records
+ * (tests/test_c_twins.py compares them); a store job's steps are in _speedups_nvme.c.
  *
  * All but b32 hash with xxh3: the system xxHash's XXH3_64bits, the one the native workers
  * use, whose address the caller gives (use_xxh3, once: asynctier.engines.speedups.speedups()
@@ -204,69 +204,6 @@ static PyObject *pack_header_into(PyObject *self, PyObject *const *args, Py_ssiz
     return PyLong_FromSsize_t(size);
 }
 
-/* pack_headers_into(block, start, stride, keys, payload_len, layout_digest, seqs) -> size:
- * for each j, pack_header(keys[j], payload_len, 0, layout_digest, seqs[j]) written at
- * block[(start + j) * stride:] (the nvme tier's stores: a run's headers, the checksum left to
- * the workers); the last one's size, 0 for none. Everything is checked before a byte is
- * written. */
-static PyObject *pack_headers_into(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    (void)self;
-    static const char fn[] = "pack_headers_into";
-    if (check_nargs(fn, nargs, 7) < 0) return NULL;
-    Py_ssize_t start = PyLong_AsSsize_t(args[1]), stride = PyLong_AsSsize_t(args[2]);
-    if ((start == -1 || stride == -1) && PyErr_Occurred()) return NULL;
-    if (start < 0 || stride <= 0) {
-        PyErr_Format(PyExc_ValueError, "%s(): start >= 0 and stride > 0, not %zd and %zd", fn, start, stride);
-        return NULL;
-    }
-    uint64_t payload_len;
-    if (get_u64(args[4], &payload_len) < 0 || check_digest(args[5], fn) < 0 || need_xxh3(fn) < 0) return NULL;
-    PyObject *keys = PySequence_Fast(args[3], "pack_headers_into(): keys is a sequence");
-    if (keys == NULL) return NULL;
-    PyObject *seqs = PySequence_Fast(args[6], "pack_headers_into(): seqs is a sequence");
-    if (seqs == NULL) {
-        Py_DECREF(keys);
-        return NULL;
-    }
-    PyObject *out = NULL;
-    Py_buffer view = {0};
-    int have_view = 0;
-    Py_ssize_t n = PySequence_Fast_GET_SIZE(keys);
-    uint64_t seq_stack[64], *seq = seq_stack;
-    if (PySequence_Fast_GET_SIZE(seqs) != n) {
-        PyErr_Format(PyExc_ValueError, "%s(): %zd keys but %zd seqs", fn, n, PySequence_Fast_GET_SIZE(seqs));
-        goto done;
-    }
-    if (n > 64 && (seq = PyMem_Malloc((size_t)n * sizeof(uint64_t))) == NULL) {
-        PyErr_NoMemory();
-        goto done;
-    }
-    if (PyObject_GetBuffer(args[0], &view, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) goto done;
-    have_view = 1;
-    PyObject **ks = PySequence_Fast_ITEMS(keys), **ss = PySequence_Fast_ITEMS(seqs);
-    for (Py_ssize_t j = 0; j < n; j++) {
-        if (check_key(ks[j], fn) < 0 || get_u64(ss[j], &seq[j]) < 0) goto done;
-        Py_ssize_t size = FIXED_LEN + PyBytes_GET_SIZE(ks[j]) + 8;
-        if (size > stride || start + j > (view.len - size) / stride) {
-            PyErr_Format(PyExc_ValueError, "%s(): header %zd (%zd bytes) does not fit block %zd of %zd bytes in %zd",
-                         fn, j, size, start + j, stride, view.len);
-            goto done;
-        }
-    }
-    Py_ssize_t size = 0;
-    const char *digest = PyBytes_AS_STRING(args[5]);
-    for (Py_ssize_t j = 0; j < n; j++)
-        size = put_header((unsigned char *)view.buf + (start + j) * stride, PyBytes_AS_STRING(ks[j]),
-                          PyBytes_GET_SIZE(ks[j]), payload_len, 0, seq[j], digest);
-    out = PyLong_FromSsize_t(size);
-done:
-    if (have_view) PyBuffer_Release(&view);
-    if (seq != seq_stack) PyMem_Free(seq);
-    Py_DECREF(keys);
-    Py_DECREF(seqs);
-    return out;
-}
-
 /* header_matches(buf, key, payload_len, csum, layout_digest, seq) -> bool: whether buf
  * starts with pack_header(key, payload_len, csum, layout_digest, seq) (its twin:
  * asynctier.integrity.header_matches, the loads' fast accept). */
@@ -392,8 +329,6 @@ static PyMethodDef methods[] = {
     {"name_of", name_of, METH_O, "name_of(key: bytes) -> (shard, token): the fs tier's shard and file name."},
     {"pack_header_into", (PyCFunction)(void (*)(void))pack_header_into, METH_FASTCALL,
      "pack_header_into(block, used, key, payload_len, layout_digest) -> size: a header with a zero checksum."},
-    {"pack_headers_into", (PyCFunction)(void (*)(void))pack_headers_into, METH_FASTCALL,
-     "pack_headers_into(block, start, stride, keys, payload_len, layout_digest, seqs) -> size: a run's headers."},
     {"header_matches", (PyCFunction)(void (*)(void))header_matches, METH_FASTCALL,
      "header_matches(buf, key, payload_len, csum, layout_digest, seq) -> bool: buf starts with that header."},
     {"pack_reads", (PyCFunction)(void (*)(void))pack_reads, METH_FASTCALL,
