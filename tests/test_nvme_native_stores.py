@@ -17,7 +17,7 @@ from test_nvme_native import index_lock_held
 
 from asynctier import CapacityError
 from asynctier.engines import native as nativeio
-from asynctier.tiers.nvme import NvmeTier
+from asynctier.tiers.nvme import NvmeTier, stores
 
 pytestmark = pytest.mark.skipif(nativeio.problem() is not None, reason=f"no native workers: {nativeio.problem()}")
 
@@ -278,3 +278,35 @@ async def test_worker_commits_and_thread_flushes_append_one_after_the_other(tmp_
         assert await tier.lookup([b"o0", b"o1", b"o2", b"x0", b"x1", b"x2"]) == [True] * 3 + [False] * 3
         assert (await tier.load([b"o0", b"o1", b"o2"], [3, 4, 5])).ok
         assert [chunk_at(view, CHUNK, i) for i in (3, 4, 5)] == data[:3]
+
+
+async def test_a_store_whose_runs_cannot_be_packed_fails_and_gives_its_slots_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Packing a store's runs fails (here: the packer raises), whether at planning or after
+    the store waited for its EVICT records: its chunks fail with that error, nothing is
+    published, no slot leaks, no store is left waiting; the tier goes on."""
+    tier, view = make(tmp_path / "p.slab", io_engine="native", slots=16, evict_batch=2, max_inflight=4)
+    async with tier:
+        fill(view, CHUNK, 17)
+        for r in range(2):  # a full slab: the next stores reuse slots, most after waiting
+            assert (await tier.offload([b"p%d-%d" % (r, i) for i in range(8)], list(range(8)))).ok
+        real = stores._ops
+
+        class Refusing:
+            def __getattr__(self, name: str) -> Any:
+                return getattr(real, name)
+
+            @staticmethod
+            def pack_slot_writes(*args: Any) -> None:
+                raise ValueError("cannot pack")
+
+        monkeypatch.setattr(stores, "_ops", Refusing())
+        keys = [b"q-%d" % i for i in range(8)]
+        with anyio.fail_after(30):
+            res = await tier.offload(keys, list(range(8)))
+        assert set(res.failed) == set(keys)
+        assert all(isinstance(e, ValueError) and "cannot pack" in str(e) for e in res.failed.values())
+        assert slots_accounted(tier) and not any(await tier.lookup(keys))
+        monkeypatch.undo()
+        assert (await tier.offload(keys, list(range(8)))).ok

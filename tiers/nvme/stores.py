@@ -454,9 +454,12 @@ class StorePath:
             return
         if not st.acking:  # waited for the EVICT records: write now, or give the slots back
             if err is None:
-                engine.resume(slot, job, self._run_fields(tier, slot, job, st))
-            else:
-                engine.unpark(slot, job, self._settle_on_thread(tier, slot, job, st, err))
+                try:
+                    engine.resume(slot, job, self._run_fields(tier, slot, job, st))
+                    return
+                except Exception as e:  # as in _plan: never leave the slots allocated (nor the job parked)
+                    err = e
+            engine.unpark(slot, job, self._settle_on_thread(tier, slot, job, st, err))
             return
         if err is not None:  # as the threads path: the stores it covered fail
             for p in st.written + st.skipped:
