@@ -323,7 +323,52 @@ SP_HIDDEN int check_named_key(PyObject *key, const char *fn) {
     return 0;
 }
 
+/* plain_keys(keys, max_len) -> bool: every item of the list keys is a bytes (exactly) of 1 to
+ * max_len bytes (asynctier.core.validation.plain_keys, the reference). */
+static PyObject *plain_keys(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (check_nargs("plain_keys", nargs, 2) < 0) return NULL;
+    Py_ssize_t most = PyLong_AsSsize_t(args[1]);
+    if (most == -1 && PyErr_Occurred()) return NULL;
+    if (!PyList_CheckExact(args[0])) {
+        PyErr_Format(PyExc_TypeError, "plain_keys(): keys is a list, not %.100s", Py_TYPE(args[0])->tp_name);
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(args[0]); i++) {
+        PyObject *k = PyList_GET_ITEM(args[0], i);
+        if (!PyBytes_CheckExact(k) || PyBytes_GET_SIZE(k) < 1 || PyBytes_GET_SIZE(k) > most) Py_RETURN_FALSE;
+    }
+    Py_RETURN_TRUE;
+}
+
+/* plain_ids(ids, n) -> bool: the list ids is not empty and each item is an int (exactly) in
+ * [0, n) (asynctier.core.validation.plain_ids, the reference). */
+static PyObject *plain_ids(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (check_nargs("plain_ids", nargs, 2) < 0) return NULL;
+    Py_ssize_t n = PyLong_AsSsize_t(args[1]);
+    if (n == -1 && PyErr_Occurred()) return NULL;
+    if (!PyList_CheckExact(args[0])) {
+        PyErr_Format(PyExc_TypeError, "plain_ids(): ids is a list, not %.100s", Py_TYPE(args[0])->tp_name);
+        return NULL;
+    }
+    Py_ssize_t m = PyList_GET_SIZE(args[0]);
+    if (m == 0) Py_RETURN_FALSE;
+    for (Py_ssize_t i = 0; i < m; i++) {
+        PyObject *c = PyList_GET_ITEM(args[0], i);
+        if (!PyLong_CheckExact(c)) Py_RETURN_FALSE;
+        int overflow;
+        long long v = PyLong_AsLongLongAndOverflow(c, &overflow);
+        if (overflow || v < 0 || v >= n) Py_RETURN_FALSE;
+    }
+    Py_RETURN_TRUE;
+}
+
 static PyMethodDef methods[] = {
+    {"plain_keys", (PyCFunction)(void (*)(void))plain_keys, METH_FASTCALL,
+     "plain_keys(keys, max_len) -> bool: each key is bytes of 1 to max_len bytes."},
+    {"plain_ids", (PyCFunction)(void (*)(void))plain_ids, METH_FASTCALL,
+     "plain_ids(ids, n) -> bool: ids is not empty and each is an int in [0, n)."},
     {"b32", b32, METH_O, "b32(key: bytes) -> str: RFC 4648 base32 of key, lowercase, without padding."},
     {"use_xxh3", use_xxh3, METH_O, "use_xxh3(address: int) -> None: hash with the XXH3_64bits there."},
     {"name_of", name_of, METH_O, "name_of(key: bytes) -> (shard, token): the fs tier's shard and file name."},
@@ -344,6 +389,9 @@ static PyMethodDef methods[] = {
      " hb_len, view_addr, n, layout_digest) -> None: a group of fs stores into victims' files."},
     {"jobs_failed", (PyCFunction)(void (*)(void))jobs_failed, METH_FASTCALL,
      "jobs_failed(res, offset, m) -> list[int]: the jobs that did not simply succeed."},
+    {"split_plain", (PyCFunction)(void (*)(void))split_plain, METH_FASTCALL,
+     "split_plain(keys, cids, reserved, tmpfile, recycle) -> (rec, new, others, rkeys, rvictims, rcids, nkeys, ncids):"
+     " a group of fs stores sorted by what their reservations leave to do."},
     {"pack_records", (PyCFunction)(void (*)(void))pack_records, METH_FASTCALL,
      "pack_records(typ, items) -> list[bytes]: nvme journal records of (key, slot, seq, csum)."},
     {"evict_oldest", (PyCFunction)(void (*)(void))evict_oldest, METH_FASTCALL,
@@ -378,6 +426,8 @@ static PyMethodDef methods[] = {
      "lru_pin_all(index, keys) -> list[entry | None]: an LRU index's committed entries of keys pinned."},
     {"lru_unpin_all", (PyCFunction)(void (*)(void))lru_unpin_all, METH_FASTCALL,
      "lru_unpin_all(index, entry_type, keys, entries) -> None: an LRU index's pins of lru_pin_all ended."},
+    {"lru_removed_all", (PyCFunction)(void (*)(void))lru_removed_all, METH_FASTCALL,
+     "lru_removed_all(index, keys) -> None: an LRU index's removals of keys over (their waiters woken)."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -386,4 +436,8 @@ static struct PyModuleDef module = {
     NULL, NULL, NULL, NULL,
 };
 
-PyMODINIT_FUNC PyInit__speedups(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit__speedups(void) {
+    PyObject *m = PyModule_Create(&module);
+    if (m != NULL && lru_add_types(m) < 0) Py_CLEAR(m);
+    return m;
+}

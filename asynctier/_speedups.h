@@ -47,6 +47,7 @@ SP_HIDDEN PyObject *reads_failed(PyObject *self, PyObject *const *args, Py_ssize
 SP_HIDDEN PyObject *pack_writes(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 SP_HIDDEN PyObject *pack_recycles(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 SP_HIDDEN PyObject *jobs_failed(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+SP_HIDDEN PyObject *split_plain(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 
 /* _speedups_nvme.c */
 SP_HIDDEN PyObject *evict_oldest(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
@@ -66,5 +67,8 @@ SP_HIDDEN PyObject *lru_reserve_plain(PyObject *self, PyObject *const *args, Py_
 SP_HIDDEN PyObject *lru_commit_all(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 SP_HIDDEN PyObject *lru_pin_all(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 SP_HIDDEN PyObject *lru_unpin_all(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+SP_HIDDEN PyObject *lru_removed_all(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+/* The LRUEntry type added to the module; -1 with an error. */
+SP_HIDDEN int lru_add_types(PyObject *module);
 
 #endif

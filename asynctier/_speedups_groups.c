@@ -390,3 +390,55 @@ done:
     PyBuffer_Release(&res);
     return bad;
 }
+
+/* split_plain(keys, cids, reserved, tmpfile, recycle) -> (rec, new, others, rkeys, rvictims,
+ * rcids, nkeys, ncids): see asynctier.tiers.fs.bulk.split_plain, the reference. */
+PyObject *split_plain(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    static const char fn[] = "split_plain";
+    if (check_nargs(fn, nargs, 5) < 0) return NULL;
+    int tmpfile = PyObject_IsTrue(args[3]), recycle = PyObject_IsTrue(args[4]);
+    if (tmpfile < 0 || recycle < 0) return NULL;
+    PyObject *keys = PySequence_Fast(args[0], "split_plain(): keys is a sequence");
+    PyObject *cids = keys ? PySequence_Fast(args[1], "split_plain(): cids is a sequence") : NULL;
+    PyObject *res = cids ? PySequence_Fast(args[2], "split_plain(): reserved is a sequence") : NULL;
+    PyObject *lists[8] = {NULL}, *out = NULL;
+    if (res == NULL) goto done;
+    Py_ssize_t m = PySequence_Fast_GET_SIZE(res);
+    if (PySequence_Fast_GET_SIZE(keys) != m || PySequence_Fast_GET_SIZE(cids) != m) {
+        PyErr_Format(PyExc_ValueError, "%s(): %zd keys, %zd cids and %zd reservations (one each)", fn,
+                     PySequence_Fast_GET_SIZE(keys), PySequence_Fast_GET_SIZE(cids), m);
+        goto done;
+    }
+    for (int i = 0; i < 8; i++)
+        if ((lists[i] = PyList_New(0)) == NULL) goto done;
+    PyObject **ks = PySequence_Fast_ITEMS(keys), **cs = PySequence_Fast_ITEMS(cids), **rs = PySequence_Fast_ITEMS(res);
+    for (Py_ssize_t j = 0; j < m; j++) {
+        PyObject *r = rs[j], *pos = PyLong_FromSsize_t(j);
+        if (pos == NULL) goto done;
+        Py_ssize_t nv = PyList_CheckExact(r) ? PyList_GET_SIZE(r) : -1;
+        int rc;
+        if (nv == 1 && recycle)
+            rc = PyList_Append(lists[0], pos) < 0 || PyList_Append(lists[3], ks[j]) < 0 ||
+                 PyList_Append(lists[4], PyList_GET_ITEM(r, 0)) < 0 || PyList_Append(lists[5], cs[j]) < 0;
+        else if (nv == 0 && tmpfile)
+            rc = PyList_Append(lists[1], pos) < 0 || PyList_Append(lists[6], ks[j]) < 0 ||
+                 PyList_Append(lists[7], cs[j]) < 0;
+        else
+            rc = PyList_Append(lists[2], pos) < 0;
+        Py_DECREF(pos);
+        if (rc) goto done;
+    }
+    out = PyTuple_New(8);
+    if (out == NULL) goto done;
+    for (int i = 0; i < 8; i++) {
+        PyTuple_SET_ITEM(out, i, lists[i]);
+        lists[i] = NULL;
+    }
+done:
+    for (int i = 0; i < 8; i++) Py_XDECREF(lists[i]);
+    Py_XDECREF(res);
+    Py_XDECREF(cids);
+    Py_XDECREF(keys);
+    return out;
+}

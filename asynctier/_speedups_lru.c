@@ -5,11 +5,83 @@
  *
  * The index is an LRUIndex: its attributes are read here by name and checked for their
  * types; its counts are written back at the end. Only the plain case is done here; the
- * caller does the rest one key at a time, as before. */
+ * caller does the rest one key at a time, as before.
+ *
+ * LRUEntry is the index's entry (the twin of asynctier.lru._PyEntry, the same four
+ * attributes): made here without a Python __init__, and read here without an attribute
+ * lookup; the functions take entries of either type. */
 #include "_speedups.h"
 
+#include <structmember.h>
+
+typedef struct {
+    PyObject_HEAD
+    Py_ssize_t nbytes, writers, pins;
+    char committed;
+} Entry;
+
+static PyTypeObject EntryType;
+
+#define IS_ENTRY(e) Py_IS_TYPE((e), &EntryType)
+#define AS_ENTRY(e) ((Entry *)(e))
+
+static Entry *entry_make(Py_ssize_t nbytes, int committed, Py_ssize_t writers) {
+    Entry *e = PyObject_New(Entry, &EntryType);
+    if (e != NULL) {
+        e->nbytes = nbytes;
+        e->writers = writers;
+        e->pins = 0;
+        e->committed = (char)committed;
+    }
+    return e;
+}
+
+/* LRUEntry(nbytes, committed, writers=0), as _PyEntry's __init__ takes them. */
+static PyObject *entry_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
+    static char *kw[] = {"nbytes", "committed", "writers", NULL};
+    Py_ssize_t nbytes, writers = 0;
+    int committed;
+    (void)type;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "np|n:LRUEntry", kw, &nbytes, &committed, &writers)) return NULL;
+    return (PyObject *)entry_make(nbytes, committed, writers);
+}
+
+static PyObject *entry_repr(PyObject *self) {
+    Entry *e = AS_ENTRY(self);
+    return PyUnicode_FromFormat("LRUEntry(nbytes=%zd, committed=%s, writers=%zd, pins=%zd)", e->nbytes,
+                                e->committed ? "True" : "False", e->writers, e->pins);
+}
+
+static PyMemberDef entry_members[] = {
+    {"nbytes", T_PYSSIZET, offsetof(Entry, nbytes), 0, "bytes counted against the capacity"},
+    {"committed", T_BOOL, offsetof(Entry, committed), 0, "visible to lookups (else reserved by a write)"},
+    {"writers", T_PYSSIZET, offsetof(Entry, writers), 0, "writes of the key in progress"},
+    {"pins", T_PYSSIZET, offsetof(Entry, pins), 0, "readers holding it"},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyTypeObject EntryType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "asynctier._speedups.LRUEntry",
+    .tp_basicsize = sizeof(Entry),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "An LRU index's entry (asynctier.lru._PyEntry's twin).",
+    .tp_new = entry_new,
+    .tp_repr = entry_repr,
+    .tp_members = entry_members,
+};
+
+SP_HIDDEN int lru_add_types(PyObject *module) {
+    if (PyType_Ready(&EntryType) < 0) return -1;
+    Py_INCREF(&EntryType);
+    if (PyModule_AddObject(module, "LRUEntry", (PyObject *)&EntryType) < 0) {
+        Py_DECREF(&EntryType);
+        return -1;
+    }
+    return 0;
+}
+
 static PyObject *s_entries, *s_removing, *s_used, *s_committed, *s_flag, *s_capacity, *s_track, *s_pins, *s_writers,
-    *s_nbytes, *s_move_to_end;
+    *s_nbytes, *s_move_to_end, *s_set;
 
 static int intern_names(void) {
     if (s_entries) return 0;
@@ -26,6 +98,7 @@ static int intern_names(void) {
     NAME(s_writers, "writers")
     NAME(s_nbytes, "nbytes")
     NAME(s_move_to_end, "move_to_end")
+    NAME(s_set, "set")
 #undef NAME
     return 0;
 }
@@ -48,6 +121,11 @@ static int set_long_attr(PyObject *obj, PyObject *name, long long v) {
 
 /* 1 if entry e may be evicted (committed, not pinned, not being written), 0 if not, -1. */
 static int evictable(PyObject *e, long long *nbytes) {
+    if (IS_ENTRY(e)) {
+        Entry *x = AS_ENTRY(e);
+        *nbytes = x->nbytes;
+        return x->committed && x->pins == 0 && x->writers == 0;
+    }
     PyObject *c = PyObject_GetAttr(e, s_flag);
     if (c == NULL) return -1;
     int committed = PyObject_IsTrue(c);
@@ -136,7 +214,8 @@ SP_HIDDEN PyObject *lru_reserve_plain(PyObject *self, PyObject *const *args, Py_
             used -= freed;
             committed -= nv;
         }
-        PyObject *e = PyObject_CallFunction(etype, "nOi", nbytes, Py_False, 1);
+        PyObject *e = etype == (PyObject *)&EntryType ? (PyObject *)entry_make(nbytes, 0, 1)
+                                                     : PyObject_CallFunction(etype, "nOi", nbytes, Py_False, 1);
         int rc = e ? PyObject_SetItem(entries, key, e) : -1;
         Py_XDECREF(e);
         if (rc < 0 || PyList_Append(out, victims) < 0) goto out;
@@ -185,6 +264,19 @@ SP_HIDDEN PyObject *lru_commit_all(PyObject *self, PyObject *const *args, Py_ssi
         Py_INCREF(e);
         long long writers;
         PyObject *c = NULL, *r = NULL;
+        if (IS_ENTRY(e)) {
+            Entry *x = AS_ENTRY(e);
+            x->writers = x->writers > 1 ? x->writers - 1 : 0;
+            if (!x->committed) {
+                x->committed = 1;
+                committed++;
+            }
+            r = PyObject_CallMethodOneArg(entries, s_move_to_end, key);
+            Py_DECREF(e);
+            if (r == NULL) goto out;
+            Py_DECREF(r);
+            continue;
+        }
         int ok = long_attr(e, s_writers, &writers) == 0 &&
                  set_long_attr(e, s_writers, writers > 1 ? writers - 1 : 0) == 0 &&
                  (c = PyObject_GetAttr(e, s_flag)) != NULL;
@@ -228,6 +320,17 @@ SP_HIDDEN PyObject *lru_pin_all(PyObject *self, PyObject *const *args, Py_ssize_
         int committed = 0;
         long long pins;
         if (e == NULL && PyErr_Occurred()) goto fail;
+        if (e != NULL && IS_ENTRY(e)) {
+            if (!AS_ENTRY(e)->committed) {
+                Py_INCREF(Py_None);
+                PyList_SET_ITEM(out, i, Py_None);
+                continue;
+            }
+            AS_ENTRY(e)->pins++;
+            Py_INCREF(e);
+            PyList_SET_ITEM(out, i, e);
+            continue;
+        }
         if (e != NULL) {
             if ((c = PyObject_GetAttr(e, s_flag)) == NULL) goto fail;
             committed = PyObject_IsTrue(c);
@@ -278,7 +381,10 @@ SP_HIDDEN PyObject *lru_unpin_all(PyObject *self, PyObject *const *args, Py_ssiz
     for (Py_ssize_t i = 0; i < m; i++) {
         PyObject *key = PySequence_Fast_GET_ITEM(keys, i), *e = PySequence_Fast_GET_ITEM(pinned, i), *r;
         long long pins;
-        if (long_attr(e, s_pins, &pins) < 0 || set_long_attr(e, s_pins, pins > 1 ? pins - 1 : 0) < 0) goto done;
+        if (IS_ENTRY(e))
+            AS_ENTRY(e)->pins = AS_ENTRY(e)->pins > 1 ? AS_ENTRY(e)->pins - 1 : 0;
+        else if (long_attr(e, s_pins, &pins) < 0 || set_long_attr(e, s_pins, pins > 1 ? pins - 1 : 0) < 0)
+            goto done;
         PyObject *cur = PyDict_GetItemWithError(entries, key);
         if (cur == NULL && PyErr_Occurred()) goto done;
         if (cur != e) continue; /* it left the index meanwhile: only its pin goes */
@@ -291,5 +397,46 @@ done:
     Py_XDECREF(entries);
     Py_XDECREF(pinned);
     Py_XDECREF(keys);
+    return result;
+}
+
+/* lru_removed_all(index, keys) -> None: see asynctier.lru.removed_all. */
+SP_HIDDEN PyObject *lru_removed_all(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    static const char fn[] = "lru_removed_all";
+    if (check_nargs(fn, nargs, 2) < 0 || intern_names() < 0) return NULL;
+    PyObject *keys = PySequence_Fast(args[1], "lru_removed_all(): keys is a sequence");
+    if (keys == NULL) return NULL;
+    PyObject *removing = PyObject_GetAttr(args[0], s_removing), *result = NULL;
+    if (removing == NULL) goto done;
+    if (!PyDict_CheckExact(removing)) {
+        PyErr_Format(PyExc_TypeError, "%s(): the index's _removing is a dict", fn);
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(keys); i++) {
+        PyObject *key = PySequence_Fast_GET_ITEM(keys, i), *ev = PyDict_GetItemWithError(removing, key), *r;
+        if (ev == NULL) {
+            if (PyErr_Occurred()) goto done;
+            continue; /* not being removed */
+        }
+        Py_INCREF(ev);
+        if (PyDict_DelItem(removing, key) < 0) {
+            Py_DECREF(ev);
+            goto done;
+        }
+        if (ev == Py_None) {
+            Py_DECREF(ev);
+            continue;
+        }
+        r = PyObject_CallMethodNoArgs(ev, s_set); /* someone waits */
+        Py_DECREF(ev);
+        if (r == NULL) goto done;
+        Py_DECREF(r);
+    }
+    result = Py_None;
+    Py_INCREF(result);
+done:
+    Py_XDECREF(removing);
+    Py_DECREF(keys);
     return result;
 }

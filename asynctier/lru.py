@@ -19,11 +19,11 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator
-from typing import Any
+from typing import Any, cast
 
 from .errors import CapacityError
 
-__all__ = ["LRUIndex", "RemovalPending", "commit_all", "pin_all", "reserve_plain", "unpin_all"]
+__all__ = ["LRUIndex", "RemovalPending", "commit_all", "pin_all", "removed_all", "reserve_plain", "unpin_all"]
 
 
 class RemovalPending(Exception):
@@ -39,7 +39,10 @@ class RemovalPending(Exception):
         return self.done.wait(timeout)
 
 
-class _Entry:
+class _PyEntry:
+    """An entry (the reference of ``asynctier._speedups.LRUEntry``, which the index uses when
+    it is built: made and read without Python calls)."""
+
     __slots__ = ("committed", "nbytes", "pins", "writers")
 
     def __init__(self, nbytes: int, committed: bool, writers: int = 0) -> None:
@@ -57,7 +60,7 @@ class LRUIndex:
         #: keys handed out for deletion stay "being removed" until :meth:`removed` (see the module doc)
         self.track_removals = track_removals
         self._lock = threading.Lock()
-        self._entries: OrderedDict[bytes, _Entry] = OrderedDict()
+        self._entries: OrderedDict[bytes, _PyEntry] = OrderedDict()
         # keys being deleted -> the event a write of one waits on, made when one first does
         # (a threading.Event costs more than the rest of an eviction's bookkeeping)
         self._removing: dict[bytes, threading.Event | None] = {}
@@ -154,7 +157,7 @@ class LRUIndex:
         entries = self._entries
         need = self._used + nbytes - cap
         victims: list[bytes] = []
-        taken: list[tuple[bytes, _Entry, bool]] = []  # every entry popped, oldest first; a victim?
+        taken: list[tuple[bytes, _PyEntry, bool]] = []  # every entry popped, oldest first; a victim?
         freed = 0
         while need > 0 and entries:
             k, e = entries.popitem(last=False)
@@ -199,10 +202,8 @@ class LRUIndex:
             self._removed_locked(keys)
 
     def _removed_locked(self, keys: Iterable[bytes]) -> None:
-        for k in keys:
-            ev = self._removing.pop(k, None)
-            if ev is not None:  # someone waits
-                ev.set()
+        if keys:
+            _removed_all(self, keys)
 
     def begin_remove(self, key: bytes) -> bool:
         """Before deleting ``key`` from the medium on request: drop its entry and, tracking
@@ -416,7 +417,7 @@ class LRUIndex:
 
 
 def reserve_plain(
-    index: LRUIndex, entry_type: type[_Entry], keys: list[bytes], start: int, nbytes: int, out: list[Any]
+    index: LRUIndex, entry_type: type[_PyEntry], keys: list[bytes], start: int, nbytes: int, out: list[Any]
 ) -> int:
     """Reserve ``nbytes`` for each of ``keys[start:]`` as :meth:`LRUIndex.reserve` would, in
     order, while each is plain: bytes, without an entry, not being removed, and, when there
@@ -469,7 +470,7 @@ def pin_all(index: LRUIndex, keys: Iterable[bytes]) -> list[object | None]:
     return out
 
 
-def unpin_all(index: LRUIndex, entry_type: type[_Entry], keys: Iterable[bytes], entries: Iterable[object]) -> None:
+def unpin_all(index: LRUIndex, entry_type: type[_PyEntry], keys: Iterable[bytes], entries: Iterable[object]) -> None:
     """:meth:`LRUIndex.unpin` of each key's entry from :func:`pin_all`, touched, without the lock."""
     get, to_end = index._entries.get, index._entries.move_to_end
     for key, entry in zip(keys, entries, strict=True):
@@ -485,10 +486,24 @@ def commit_all(index: LRUIndex, keys: Iterable[bytes]) -> None:
         index._commit_locked(key)
 
 
+def removed_all(index: LRUIndex, keys: Iterable[bytes]) -> None:
+    """:meth:`LRUIndex.removed` of ``keys``, without the lock (the caller holds it): each
+    leaves ``_removing``, and a write that waits for it is woken."""
+    removing = index._removing
+    for k in keys:
+        ev = removing.pop(k, None)
+        if ev is not None:  # someone waits
+            ev.set()
+
+
+_Entry: type[_PyEntry] = _PyEntry  # what the index makes: LRUEntry where it is built
 try:
     from . import _speedups
 except ImportError:  # pragma: no cover - installed without a C compiler
     _reserve_plain, _commit_all, _pin_all, _unpin_all = reserve_plain, commit_all, pin_all, unpin_all
+    _removed_all = removed_all
 else:
     _reserve_plain, _commit_all = _speedups.lru_reserve_plain, _speedups.lru_commit_all
     _pin_all, _unpin_all = _speedups.lru_pin_all, _speedups.lru_unpin_all
+    _removed_all = _speedups.lru_removed_all
+    _Entry = cast("type[_PyEntry]", _speedups.LRUEntry)

@@ -453,5 +453,74 @@ def _python_twins(start: Any) -> Any:
         start(io)
         io._pack_reads, io._reads_failed = bulk.pack_reads, bulk.reads_failed
         io._pack_recycles, io._jobs_failed = bulk.pack_recycles, bulk.jobs_failed
+        io.split_plain = bulk.split_plain
 
     return patched
+
+
+def test_a_group_of_stores_is_split_as_the_python_split_says(speedups: Any) -> None:
+    """split_plain from random reservations (no victim, one, two; a key stored already, an
+    error; reservations of other types) under each setting of the tier's two flags."""
+    rng = random.Random(7)
+    kinds: list[Any] = [[], [b"v1"], [b"v1", b"v2"], None, CapacityErrorLike(), ("v",), [b"v3"]]
+    for _ in range(300):
+        m = rng.randrange(0, 10)
+        keys = [b"k%d" % rng.randrange(1000) for _ in range(m)]
+        cids = [rng.randrange(64) for _ in range(m)]
+        reserved = [rng.choice(kinds) for _ in range(m)]
+        for tmpfile in (False, True):
+            for recycle in (False, True):
+                got = speedups.split_plain(keys, cids, reserved, tmpfile, recycle)
+                assert got == bulk.split_plain(keys, cids, reserved, tmpfile, recycle)
+                rec, new, others = got[:3]
+                assert sorted(rec + new + others) == list(range(m))
+    with pytest.raises(ValueError, match="1 keys, 0 cids and 1 reservations"):
+        speedups.split_plain([b"k"], [], [[]], True, True)
+    with pytest.raises(TypeError, match="takes 5 arguments"):
+        speedups.split_plain([b"k"], [0], [[]], True)
+
+
+class CapacityErrorLike(Exception):
+    pass
+
+
+PLAIN_KEYS = [[b"a"], [], [b""], ["a"], [b"a" * 1025], [b"a" * 1024, b"b"], [bytearray(b"a")], [b"a", None], [b"x"] * 3]
+PLAIN_IDS = [[0], [], [-1], [5], [4], [True], [1.0], [2**70], [-(2**70)], [0, 4, 3], [3, 3], [0, "1"]]
+
+
+def test_a_calls_plain_keys_and_ids_are_what_the_references_say() -> None:
+    from asynctier.core import validation
+
+    c = pytest.importorskip("asynctier._speedups")
+    for keys in PLAIN_KEYS:
+        assert c.plain_keys(keys, 1024) is validation.plain_keys(keys, 1024), keys
+    for ids in PLAIN_IDS:
+        assert c.plain_ids(ids, 5) is validation.plain_ids(ids, 5), ids
+    with pytest.raises(TypeError, match="keys is a list"):
+        c.plain_keys((b"a",), 1024)
+    with pytest.raises(TypeError, match="ids is a list"):
+        c.plain_ids((0,), 5)
+
+
+@pytest.mark.parametrize("twins", ["c", "python"])
+def test_a_calls_checks_give_the_same_errors_with_either_twins(monkeypatch: pytest.MonkeyPatch, twins: str) -> None:
+    from asynctier import OffloadingSpec
+    from asynctier.core import validation
+
+    if twins == "python":
+        monkeypatch.setattr(validation, "_plain_keys", validation.plain_keys)
+        monkeypatch.setattr(validation, "_plain_ids", validation.plain_ids)
+    spec = OffloadingSpec(4096, 5)
+    view = memoryview(bytearray(spec.total_bytes))
+    assert validation.check_pairs(spec, view, (b"a", b"b"), (0, 4), load=True) == ([b"a", b"b"], [0, 4])
+    bad: list[tuple[Any, Any, type[Exception], str]] = [
+        ([b"a", b"a"], [0, 1], ValueError, "distinct"),
+        ([b"a", "b"], [0, 1], TypeError, "each key must be bytes"),
+        ([b""], [0], ValueError, "1..1024 bytes"),
+        ([b"a"], [5], IndexError, "out of range"),
+        ([b"a"], [True], TypeError, "chunk id must be an int"),
+        ([b"a", b"b"], [1, 1], ValueError, "distinct within one load"),
+    ]
+    for keys, ids, exc, msg in bad:
+        with pytest.raises(exc, match=msg):
+            validation.check_pairs(spec, view, keys, ids, load=True)

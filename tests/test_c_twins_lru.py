@@ -6,7 +6,9 @@ where they are not (a key stored or being removed, an entry passed over, no room
 from __future__ import annotations
 
 import random
+import threading
 from collections import OrderedDict
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -16,6 +18,14 @@ from asynctier.errors import CapacityError
 from asynctier.lru import LRUIndex, RemovalPending
 
 NBYTES = 100
+
+
+@pytest.fixture(autouse=True, params=["LRUEntry", "_PyEntry"])
+def entry_type(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[type[Any]]:
+    """Each test with the index's entries of either type: the twins read and make both."""
+    kind = pytest.importorskip("asynctier._speedups").LRUEntry if request.param == "LRUEntry" else lru._PyEntry
+    monkeypatch.setattr(lru, "_Entry", kind)
+    yield kind
 
 
 def clone(idx: LRUIndex) -> LRUIndex:
@@ -84,10 +94,13 @@ def test_a_groups_reservations_and_commits_match_the_references(monkeypatch: pyt
         removed = [v for a in got if isinstance(a, list) for v in a]
         ok = rng.sample(done, k=len(done) // 2 + 1) if done else [b"absent"]
         monkeypatch.setattr(lru, "_commit_all", c.lru_commit_all)
+        monkeypatch.setattr(lru, "_removed_all", c.lru_removed_all)
         idx.commit_many(ok, removed)
         monkeypatch.setattr(lru, "_commit_all", lru.commit_all)
+        monkeypatch.setattr(lru, "_removed_all", lru.removed_all)
         ref.commit_many(ok, removed)
         assert state(idx) == state(ref)
+        assert all(type(e) is lru._Entry for e in idx._entries.values())
 
 
 def test_the_plain_reservation_stops_where_the_usual_way_takes_over() -> None:
@@ -147,3 +160,48 @@ def test_a_groups_pins_and_their_ends_match_the_references(monkeypatch: pytest.M
         c.lru_unpin_all(idx, lru._Entry, [b"k1"], [object()])
     with pytest.raises(ValueError, match="1 keys and 0 entries"):
         c.lru_unpin_all(idx, lru._Entry, [b"k1"], [])
+
+
+def test_the_end_of_a_removal_wakes_the_write_that_waits_for_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """removed_all and its twin: each key leaves ``_removing``; a waiter's event is set; keys
+    not being removed are passed over."""
+    c = pytest.importorskip("asynctier._speedups")
+    for removed_all in (c.lru_removed_all, lru.removed_all):
+        monkeypatch.setattr(lru, "_removed_all", removed_all)
+        idx = LRUIndex(2 * NBYTES, track_removals=True)
+        for k in (b"a", b"b"):
+            idx.commit(k, idx.reserve(k, NBYTES) or ())
+        assert idx.reserve(b"c", NBYTES) == [b"a"]
+        idx.commit(b"c")  # a's deletion not over yet
+        assert idx.being_removed(b"a")
+        with pytest.raises(RemovalPending) as info:
+            idx.reserve(b"a", NBYTES)
+        waiter = info.value
+        woke = threading.Thread(target=waiter.wait, args=(5.0,))
+        woke.start()
+        idx.removed([b"zz", b"a"])
+        woke.join(5.0)
+        assert not woke.is_alive() and waiter.done.is_set() and not idx.being_removed(b"a")
+        idx.removed([b"a"])  # harmless again
+    with pytest.raises(TypeError, match="takes 2 arguments"):
+        c.lru_removed_all(idx)
+
+
+def test_the_c_entry_has_the_references_attributes_and_refuses_wrong_types() -> None:
+    c = pytest.importorskip("asynctier._speedups")
+    e = c.LRUEntry(7, False, 2)
+    ref = lru._PyEntry(7, False, 2)
+    names = ("nbytes", "committed", "writers", "pins")
+    assert [getattr(e, n) for n in names] == [getattr(ref, n) for n in names] == [7, False, 2, 0]
+    assert c.LRUEntry(nbytes=3, committed=True).writers == 0
+    e.pins += 1
+    e.committed = True
+    assert repr(e) == "LRUEntry(nbytes=7, committed=True, writers=2, pins=1)"
+    with pytest.raises(TypeError, match="bool"):
+        e.committed = 1  # as a flag, only a bool
+    with pytest.raises(TypeError):
+        e.pins = "1"
+    with pytest.raises(AttributeError):
+        e.other = 1
+    with pytest.raises(TypeError):
+        c.LRUEntry("7", False)

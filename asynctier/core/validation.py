@@ -116,6 +116,25 @@ def _unordered(items: object) -> bool:
     return isinstance(items, AbstractSet) and not isinstance(items, KeysView)
 
 
+def plain_keys(keys: list[object], max_len: int) -> bool:
+    """Whether each of ``keys`` is a ``bytes`` of 1 to ``max_len`` bytes (the reference of
+    ``asynctier._speedups.plain_keys``)."""
+    return all(type(k) is bytes and 0 < len(k) <= max_len for k in keys)
+
+
+def plain_ids(ids: list[object], n: int) -> bool:
+    """Whether ``ids`` is not empty and each is an ``int`` in ``[0, n)`` (the reference of
+    ``asynctier._speedups.plain_ids``)."""
+    return bool(ids) and all(type(c) is int for c in ids) and min(ids) >= 0 and max(ids) < n  # type: ignore[type-var,operator]
+
+
+try:
+    from .._speedups import plain_ids as _plain_ids
+    from .._speedups import plain_keys as _plain_keys
+except ImportError:  # pragma: no cover - installed without a C compiler
+    _plain_keys, _plain_ids = plain_keys, plain_ids
+
+
 def check_keys(keys: Sequence[bytes]) -> list[bytes]:
     if isinstance(keys, (bytes, bytearray, memoryview, str)):
         raise TypeError("keys must be a sequence of bytes keys (for example [key]), not a single key")
@@ -123,6 +142,10 @@ def check_keys(keys: Sequence[bytes]) -> list[bytes]:
         raise TypeError(f"keys must be an ordered sequence (a list or tuple), paired with chunk_ids by "
                         f"position; got a {type(keys).__name__}")  # fmt: skip
     out = list(keys)
+    if _plain_keys(out, MAX_KEY_BYTES):  # the common case in one call; else each, for the error
+        if len(set(out)) != len(out):
+            raise ValueError("keys must be distinct within one call")
+        return out
     for k in out:
         if type(k) is not bytes:
             raise TypeError(f"each key must be bytes; got {type(k).__name__} {k!r:.60}")
@@ -143,7 +166,7 @@ def check_pairs(
         )
     ids = list(chunk_ids)
     # the common case checked in bulk (plain ints in range); else one by one, for the error
-    if not (ids and all(type(c) is int for c in ids) and min(ids) >= 0 and max(ids) < spec.num_chunks):
+    if not _plain_ids(ids, spec.num_chunks):
         ids = [spec.check_chunk_id(c) for c in ids]
     if len(ks) != len(ids):
         raise ValueError(f"got {len(ks)} keys but {len(ids)} chunk ids; they pair up one to one")

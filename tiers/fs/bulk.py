@@ -13,7 +13,32 @@ from asynctier.integrity import header_matches, pack_header
 
 from . import layout
 
-__all__ = ["jobs_failed", "pack_reads", "pack_recycles", "pack_writes", "reads_failed"]
+__all__ = ["jobs_failed", "pack_reads", "pack_recycles", "pack_writes", "reads_failed", "split_plain"]
+
+
+#: What :func:`split_plain` gives: the positions of the chunks that recycle their one victim's
+#: file, of those that make a new file, of the others; the keys, victims and chunks of the
+#: first, the keys and chunks of the second.
+Split = tuple[list[int], list[int], list[int], list[bytes], list[bytes], list[int], list[bytes], list[int]]
+
+
+def split_plain(keys: Sequence[bytes], cids: Sequence[int], reserved: Sequence[object], tmpfile: bool,
+                recycle: bool) -> Split:  # fmt: skip
+    """A group of stores sorted by what the index's reservations (``reserved[j]``, as
+    :meth:`~asynctier.lru.LRUIndex.reserve_many` gives them) leave to do: a list of one
+    victim and ``recycle`` on, its file taken over; an empty list and ``tmpfile`` on, a new
+    file; anything else (a key stored already, victims to delete first, an error) planned
+    one by one. The reference of ``asynctier._speedups.split_plain``."""
+    rec: list[int] = []
+    new: list[int] = []
+    others: list[int] = []
+    for j, r in enumerate(reserved):
+        if type(r) is list and len(r) < 2 and (tmpfile if not r else recycle):
+            (rec if r else new).append(j)
+        else:
+            others.append(j)
+    return (rec, new, others, [keys[j] for j in rec], [reserved[j][0] for j in rec],  # type: ignore[index]
+            [cids[j] for j in rec], [keys[j] for j in new], [cids[j] for j in new])  # fmt: skip
 
 
 def pack_reads(

@@ -275,15 +275,14 @@ class StorePath(_Path):
         subs: list[nativeio.JobFields] = []
         planned: list[tuple[int, tuple[Any, ...]]] = []
         later: list[tuple[int, Continuation]] = []
-        rec: list[int] = []  # the chunks that take their victim's file
-        new: list[int] = []  # the chunks that make a new (unnamed, then linked) file
-        recycle, tmpfile = tier.recycle_on, proto.use_tmpfile
-        for i, r in enumerate(reserved):
-            if type(r) is list and len(r) < 2 and (tmpfile if not r else recycle):
-                (rec if r else new).append(i)
-                continue
+        # rec: the chunks that take their victim's file; new: those that make a new (unnamed,
+        # then linked) file; others: planned one by one
+        rec, new, others, rkeys, rvictims, rcids, nkeys, ncids = io.split_plain(
+            keys, cids, reserved, proto.use_tmpfile, tier.recycle_on
+        )
+        for i in others:
             try:
-                p = self._plan_reserved(io, keys[i], cids[i], t0, io.block(slot, len(subs)), r)
+                p = self._plan_reserved(io, keys[i], cids[i], t0, io.block(slot, len(subs)), reserved[i])
             except BaseException as e:  # that chunk's failure (booked by _plan_reserved)
                 out[i] = e
                 continue
@@ -292,8 +291,6 @@ class StorePath(_Path):
                 planned.append((i, p[1]))
             elif p is not None:
                 later.append((i, p))  # type: ignore[arg-type]
-        rkeys, rvictims = [keys[i] for i in rec], [reserved[i][0] for i in rec]  # type: ignore[index]
-        nkeys = [keys[i] for i in new]
         flags = io.direct_flags if proto.use_direct else os.O_WRONLY  # (the view is aligned)
         temps: list[str] = []
         fds: list[int] = []
@@ -302,7 +299,7 @@ class StorePath(_Path):
                 for v in rvictims:
                     tier._note_gone(v)
             try:
-                temps = io.pack_recycles(slot, len(subs), rkeys, rvictims, [cids[i] for i in rec], flags)
+                temps = io.pack_recycles(slot, len(subs), rkeys, rvictims, rcids, flags)
             except BaseException as e:  # none of them went to the workers: each fails with it
                 for i, key, victim in zip(rec, rkeys, rvictims):
                     tier._removed([victim])
@@ -311,7 +308,7 @@ class StorePath(_Path):
                 rec, rkeys, rvictims = [], [], []
         if new:
             try:
-                fds = io.pack_writes(slot, len(subs) + len(rec), nkeys, [cids[i] for i in new], flags)
+                fds = io.pack_writes(slot, len(subs) + len(rec), nkeys, ncids, flags)
             except BaseException as e:
                 for i, key in zip(new, nkeys):
                     tier._end_store(key, t0, e)

@@ -79,6 +79,7 @@ class NativeIO:
         self._pack_recycles = bulk.pack_recycles
         self._pack_writes = bulk.pack_writes
         self._jobs_failed = bulk.jobs_failed
+        self.split_plain = bulk.split_plain
         fast = speedups()
         if fast is not None:
             self._name_of = fast.name_of
@@ -88,6 +89,7 @@ class NativeIO:
             self._pack_recycles = fast.pack_recycles
             self._pack_writes = fast.pack_writes
             self._jobs_failed = fast.jobs_failed
+            self.split_plain = fast.split_plain
 
     def start(self) -> None:
         """Once the engine runs: the header blocks, and addresses by arithmetic on the hot

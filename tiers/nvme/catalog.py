@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import operator
 import os
 import threading
 import weakref
@@ -25,6 +26,8 @@ from .files import TEMP_MARK, IndexDir
 from .format import EVICT, PUBLISH, pack_record, pack_records
 from .journal import Journal, replay
 from .slots import PICK_MAX, SlotIndex
+
+_slot_of = operator.itemgetter(1)  # of a record (key, slot, seq, csum)
 
 __all__ = ["Catalog"]
 
@@ -221,7 +224,7 @@ class Catalog:
         recs = _bulk.evict_oldest(idx, n, min(n, idx.nslots // 8 - n))
         if recs:
             last = self.journal.append_many(pack_records(EVICT, recs))
-            _bulk.release_many(idx, [s for _, s, _, _ in recs], last - len(recs) + 1)
+            _bulk.release_many(idx, list(map(_slot_of, recs)), last - len(recs) + 1)
             self._count("evictions", len(recs))
         self.checkpoint_if_due()
 
