@@ -530,3 +530,19 @@ async def test_a_new_file_whose_name_is_taken_fails_alone_in_its_group(
         assert (await tier.load(ok, list(range(7)))).ok
         assert bytes(view[: 7 * CHUNK]) == b"".join(data[int(k[1:]) * CHUNK : (int(k[1:]) + 1) * CHUNK] for k in ok)
         assert sorted(p for p in tier.dir.glob("??/*") if p.is_file()) == sorted(chunk_file(tier, k) for k in keys)
+
+
+def test_a_groups_header_blocks_are_its_chunks_blocks_each_marked_in_use() -> None:
+    """NativeIO._take_blocks gives what block() gives for chunks first.. of a group job and
+    marks those blocks, and only those, as holding a header (a later store there zeroes it)."""
+    io = NativeIO.__new__(NativeIO)
+    slots = 5
+    io._slots = slots
+    for slot in range(slots):
+        for first in range(GROUP_CHUNKS):
+            for m in range(GROUP_CHUNKS - first + 1):
+                io._hb_used = [0] * (slots * GROUP_CHUNKS)
+                got = io._take_blocks(slot, first, m)
+                assert got == [io.block(slot, i) for i in range(first, first + m)]
+                assert [b for b, used in enumerate(io._hb_used) if used] == sorted(got)
+                assert all(used in (0, HEADER_BLOCK) for used in io._hb_used)

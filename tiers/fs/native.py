@@ -46,6 +46,7 @@ _MAX_NATIVE_VICTIMS = 4
 GROUP_CHUNKS = 8
 #: Bytes of one group job at most, per call in progress (as the nvme tier's coalesce_bytes).
 GROUP_BYTES = 1 << 20
+_FULL = [HEADER_BLOCK] * GROUP_CHUNKS  # (the mark of GROUP_CHUNKS header blocks in use)
 
 
 def _outcome(res: nativeio.Outcome) -> Outcome:
@@ -114,19 +115,31 @@ class NativeIO:
         base = self._slots + slot * (GROUP_CHUNKS - 1) - 1
         return [slot, *range(base + 1, base + n)] if n else []
 
+    def _take_blocks(self, slot: int, first: int, m: int) -> list[int]:
+        """:meth:`block` of chunks ``first`` to ``first + m - 1`` of the group job in ``slot``,
+        each marked as holding up to ``HEADER_BLOCK`` bytes that may not be zero (a header
+        packed or read there): by slices, not a Python step per chunk."""
+        if m <= 0:
+            return []
+        used = self._hb_used
+        base = self._slots + slot * (GROUP_CHUNKS - 1) - 1
+        if first:
+            used[base + first : base + first + m] = _FULL[:m]
+            return list(range(base + first, base + first + m))
+        used[slot] = HEADER_BLOCK
+        used[base + 1 : base + m] = _FULL[: m - 1]
+        return [slot, *range(base + 1, base + m)]
+
     def pack_reads(self, slot: int, keys: list[bytes], cids: list[int], flags: int, hashed: int) -> nativeio.JobFields:
         """The :data:`~asynctier.engines.native.GROUP` job of slot ``slot`` that reads the
         file of each of ``keys`` (1 to :data:`GROUP_CHUNKS`) into chunk ``cids[j]`` and header
         block :meth:`block` ``(slot, j)``; :meth:`reads_failed` checks them once it ended."""
         pool, tier = self._pool, self._tier
         table, offset = pool.sub_jobs(slot)
-        blocks = self.blocks(slot, len(keys))
+        blocks = self._take_blocks(slot, 0, len(keys))  # (hb_read_into)
         pack = self._pack_reads if max(map(len, keys)) <= MAX_B32_KEY else bulk.pack_reads
         pack(table, offset, PRIO_LOAD, keys, cids, blocks, tier.protocol.shard_fds, flags, hashed, self._hb_addr,
              HEADER_BLOCK, self._view_addr, tier.offloading_spec.chunk_bytes)  # fmt: skip
-        used = self._hb_used
-        for b in blocks:
-            used[b] = HEADER_BLOCK  # hb_read_into
         return pool.packed_group(slot, PRIO_LOAD, len(keys))
 
     def pack_writes(self, slot: int, first: int, keys: list[bytes], cids: list[int], flags: int) -> list[int]:
@@ -139,7 +152,7 @@ class NativeIO:
         proto, spec = tier.protocol, tier.offloading_spec
         m = len(keys)
         table, offset = self._pool.sub_jobs(slot)
-        blocks = self.blocks(slot, first + m)[first:]
+        blocks = self._take_blocks(slot, first, m)
         pack = bulk.pack_writes if max(map(len, keys)) > MAX_B32_KEY else self._pack_writes
         mode = proto.file_mode | (nativeio.MODE_FIX if proto.fix_mode else 0)
         assert self._hb is not None
@@ -156,9 +169,6 @@ class NativeIO:
                 if fd >= 0:
                     os.close(fd)
             raise
-        used = self._hb_used
-        for b in blocks:
-            used[b] = HEADER_BLOCK  # (zeroed after the header: a bound, not the header's size)
         return fds
 
     def pack_recycles(
@@ -173,7 +183,7 @@ class NativeIO:
         proto, spec = tier.protocol, tier.offloading_spec
         table, offset = self._pool.sub_jobs(slot)
         m = len(keys)
-        blocks = self.blocks(slot, first + m)[first:]
+        blocks = self._take_blocks(slot, first, m)
         temps = proto.names.next_many(m)
         long = max(map(len, keys)) > MAX_B32_KEY or max(map(len, victims)) > MAX_B32_KEY
         pack = bulk.pack_recycles if long else self._pack_recycles
@@ -181,9 +191,6 @@ class NativeIO:
         pack(table, offset + first * nativeio.JOB_LAYOUT.size, PRIO_STORE, keys, victims, temps, cids, blocks,
              proto.shard_fds, flags | SAFE_OPEN, tier._lock_fd, int(proto.sync), self._hb, self._hb_addr,
              HEADER_BLOCK, self._view_addr, spec.chunk_bytes, spec.layout_digest)  # fmt: skip
-        used = self._hb_used
-        for b in blocks:
-            used[b] = HEADER_BLOCK  # (zeroed after the header: a bound, not the header's size)
         return temps
 
     def jobs_failed(self, slot: int, m: int) -> list[int]:
