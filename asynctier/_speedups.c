@@ -409,6 +409,12 @@ static PyMethodDef methods[] = {
     {"pack_slot_writes", (PyCFunction)(void (*)(void))pack_slot_writes, METH_FASTCALL,
      "pack_slot_writes(table, offset, prio, runs, keys, cids, slots, fds, hbs, hb_addr, hb_len, iovs, iov_addr,"
      " sums_addr, view_addr, n, layout_digest) -> None: an nvme store job's WRITEV descriptors, headers, iovecs."},
+    {"pack_slot_reads", (PyCFunction)(void (*)(void))pack_slot_reads, METH_FASTCALL,
+     "pack_slot_reads(table, offset, prio, runs, cids, fds, hb_addr, hb_len, iovs, iov_addr, sums_addr, view_addr, n,"
+     " hashed) -> None: an nvme load job's READV descriptors and iovecs."},
+    {"runs_loaded", (PyCFunction)(void (*)(void))runs_loaded, METH_FASTCALL,
+     "runs_loaded(res, offset, runs, keys, found, hbs, hb_len, sums, n, layout_digest, verify, bad, unpins) -> int:"
+     " an nvme load job's chunks checked: how many loaded; the others' positions into bad."},
     {"pin_many", (PyCFunction)(void (*)(void))pin_many, METH_FASTCALL,
      "pin_many(index, keys) -> (found, missing): the nvme index's slots of a load job pinned."},
     {"unpin_many", (PyCFunction)(void (*)(void))unpin_many, METH_FASTCALL,

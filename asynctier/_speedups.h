@@ -1,6 +1,7 @@
 /* What the files of asynctier._speedups share (_speedups.c: the per-chunk twins and the
  * module; _speedups_groups.c: a group job's descriptors and checks; _speedups_nvme.c: the nvme
- * tier's store and load jobs' steps; _speedups_lru.c: the LRU index's). */
+ * tier's store jobs' steps and the index steps of its loads; _speedups_nvme_loads.c: its load
+ * jobs' descriptors and checks; _speedups_lru.c: the LRU index's). */
 #ifndef ASYNCTIER_SPEEDUPS_H
 #define ASYNCTIER_SPEEDUPS_H
 
@@ -61,6 +62,13 @@ SP_HIDDEN PyObject *pin_many(PyObject *self, PyObject *const *args, Py_ssize_t n
 SP_HIDDEN PyObject *unpin_many(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 SP_HIDDEN PyObject *slot_runs(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 SP_HIDDEN PyObject *runs_written(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+/* A run's item (position, slot, stripe, offset) checked against nk keys and nfd stripes; -1 with an error. */
+SP_HIDDEN int run_item(PyObject *it, Py_ssize_t nk, Py_ssize_t nfd, Py_ssize_t *pos, int64_t *stripe, int64_t *off,
+                       const char *fn);
+
+/* _speedups_nvme_loads.c */
+SP_HIDDEN PyObject *pack_slot_reads(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+SP_HIDDEN PyObject *runs_loaded(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 
 /* _speedups_lru.c */
 SP_HIDDEN PyObject *lru_reserve_plain(PyObject *self, PyObject *const *args, Py_ssize_t nargs);

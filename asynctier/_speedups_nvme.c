@@ -676,7 +676,7 @@ SP_HIDDEN PyObject *put_published(PyObject *self, PyObject *const *args, Py_ssiz
 }
 
 /* A run's items, checked: (position, slot, stripe, offset) tuples; -1 with an error. */
-static int run_item(PyObject *it, Py_ssize_t nk, Py_ssize_t nfd, Py_ssize_t *pos, int64_t *stripe, int64_t *off,
+SP_HIDDEN int run_item(PyObject *it, Py_ssize_t nk, Py_ssize_t nfd, Py_ssize_t *pos, int64_t *stripe, int64_t *off,
                     const char *fn) {
     if (!PyTuple_Check(it) || PyTuple_GET_SIZE(it) != 4) {
         PyErr_Format(PyExc_TypeError, "%s(): a run's items are (position, slot, stripe, offset) tuples", fn);

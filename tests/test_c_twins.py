@@ -143,6 +143,7 @@ async def test_the_nvme_tier_stores_loads_and_reopens_with_either_twins(
     compiler); a slot whose header was rewritten is not loaded."""
     if twins == "python":
         monkeypatch.setattr(stores, "_ops", nvme_bulk)
+        monkeypatch.setattr(fast, "_ops", nvme_bulk)
         monkeypatch.setattr(catalog, "_bulk", nvme_bulk)
         monkeypatch.setattr(fast, "header_matches", integrity.header_matches)
         monkeypatch.setattr(catalog, "pack_records", _pack_records)

@@ -302,3 +302,102 @@ def test_an_index_whose_links_are_broken_is_refused_not_written_past(speedups: A
     idx.head = NSLOTS
     with pytest.raises(ValueError, match="LRU ends are out of range"):
         speedups.evict_oldest(idx, 1, 0)
+
+
+def _load_args(area: _Area, runs: list[bulk.Run], cids: list[int], hb_len: int) -> list[Any]:
+    return [area.table, JOB_LAYOUT.size * GROUP_MAX, 1, runs, cids, [7, 9, 11], buffer_address(area.hb), hb_len,
+            area.iov, ctypes.addressof(area.iov), ctypes.addressof(area.sums), 1 << 30, 65536, 1]  # fmt: skip
+
+
+def test_a_load_jobs_runs_pack_as_their_reference_packs_them(speedups: Any) -> None:
+    rng = random.Random(17)
+    for _ in range(40):
+        runs, _, cids, _ = _random_runs(rng, 8)
+        if len(runs) > GROUP_MAX:
+            continue
+        area, sides = _Area(32, 512), []
+        for fn in (speedups.pack_slot_reads, bulk.pack_slot_reads):
+            area.fill(random.Random(2))
+            fn(*_load_args(area, runs, cids, 512))
+            sides.append(area.bytes())
+        assert sides[0] == sides[1]
+        job = JOB_LAYOUT.unpack_from(sides[0][0], JOB_LAYOUT.size * GROUP_MAX)
+        assert job[2:4] == (6, 1) and job[6] in (7, 9, 11) and job[9] == 1  # READV, prio, a stripe's fd, hashed
+        assert job[13:16:2] == (2 * len(runs[0]), len(runs[0])) and job[16] == runs[0][0][3]
+
+
+def test_packing_load_runs_refuses_without_writing_a_byte(speedups: Any) -> None:
+    cids = list(range(8))
+    cases: list[tuple[Any, type[BaseException], str]] = [
+        (lambda a: a.__setitem__(4, [[(0, 1, 1, 0)], [(1, 1, 3, 0)]]), ValueError, "stripe 3 of 3"),
+        (lambda a: a.__setitem__(4, [[]]), TypeError, "non-empty list"),
+        (lambda a: a.__setitem__(4, [[(8, 1, 0, 0)]]), ValueError, "position 8 of 8 keys"),
+        (lambda a: a.__setitem__(5, [0, -1, *cids[2:]]), OverflowError, "negative"),
+        (lambda a: a.__setitem__(2, JOB_LAYOUT.size * (2 * GROUP_MAX - 1) + 1), ValueError, "descriptors at offset"),
+        (lambda a: a.__setitem__(9, (ctypes.c_uint64 * 4)()), ValueError, "bytes of iovecs"),
+    ]
+    for mutate, exc, match in cases:
+        area = _Area(32, 512)
+        args = [None, *_load_args(area, [[(p, 1, 0, 4096 * p) for p in range(8)]], cids, 512)]
+        mutate(args)
+        before = area.bytes()
+        with pytest.raises(exc, match=match):
+            speedups.pack_slot_reads(*args[1:])
+        assert area.bytes() == before
+
+
+def test_a_load_jobs_chunks_check_as_their_reference_checks_them(speedups: Any) -> None:
+    """runs_loaded from random outcomes: runs read whole or not; header blocks with the
+    header expected, another key's, another sequence number or checksum, or torn; payload
+    checksums right or wrong; verify on and off; keys of several lengths (one of 1,100)."""
+    from asynctier.integrity import pack_header
+
+    rng = random.Random(19)
+    hb_len, n, digest = 2048, 65536, b"d" * 16
+    for _ in range(120):
+        runs, keys, _, _ = _random_runs(rng, rng.choice((1, 16, 200, 1100)))
+        total = sum(map(len, runs))
+        found = {p: (s, rng.getrandbits(63), rng.getrandbits(64)) for run in runs for p, s, _, _ in run}
+        hb = bytearray(hb_len * total + 1200)
+        sums = (ctypes.c_uint64 * total)()
+        res = bytearray(RESULT_LAYOUT.size * (len(runs) + 1))
+        c = 0
+        for j, run in enumerate(runs):
+            whole = rng.random() < 0.8
+            RESULT_LAYOUT.pack_into(res, RESULT_LAYOUT.size * (j + 1), 1 if whole else -5, 0, 0 if whole else 3,
+                                    1 if whole else 0)  # fmt: skip
+            for p, _, _, _ in run:
+                _, seq, csum = found[p]
+                r = rng.random()
+                head = pack_header(keys[p] if r > 0.1 else b"other", n, csum if r > 0.2 else csum ^ 1, digest,
+                                   seq if r > 0.3 else seq + 1)  # fmt: skip
+                if r < 0.05:
+                    head = head[:-1] + bytes([head[-1] ^ 1])
+                hb[c * hb_len : c * hb_len + len(head)] = head
+                sums[c] = csum if rng.random() < 0.85 else csum + 1
+                c += 1
+        for verify in (True, False):
+            sides = []
+            for fn in (speedups.runs_loaded, bulk.runs_loaded):
+                bad: list[int] = [99]
+                unpins: list[int] = [98]
+                good = fn(memoryview(res), RESULT_LAYOUT.size, runs, keys, found, memoryview(hb), hb_len, sums, n,
+                          digest, verify, bad, unpins)  # fmt: skip
+                sides.append((good, bad, unpins))
+            assert sides[0] == sides[1]
+            assert sides[0][0] + len(sides[0][1]) - 1 == total == len(sides[0][2]) - 1
+    args: list[Any] = [memoryview(res), RESULT_LAYOUT.size, runs, keys, found, memoryview(hb), hb_len, sums, n, digest,
+                       True, [], []]  # fmt: skip
+    for i, value, exc, match in [
+        (1, len(res), ValueError, "outcomes at offset"),
+        (4, {}, KeyError, "was not pinned"),
+        (4, dict.fromkeys(found, (1, 2)), TypeError, "\\(slot, seq, csum\\) tuples"),
+        (7, (ctypes.c_uint64 * 0)(), ValueError, "0 of checksums"),
+        (9, b"short", ValueError, "layout_digest"),
+        (11, (), TypeError, "bad and unpins lists"),
+    ]:
+        bad_args = args[:]
+        bad_args[i] = value
+        with pytest.raises(exc, match=match):
+            speedups.runs_loaded(*bad_args)
+        assert bad_args[11] in ([], ()) and bad_args[12] == []

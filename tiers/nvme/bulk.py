@@ -1,5 +1,6 @@
-"""A store job's steps on the nvme tier's native engine, each for the whole job: the Python
-references of their C twins (``asynctier/_speedups_nvme.c``), which the tier calls where built.
+"""A store or load job's steps on the nvme tier's native engine, each for the whole job: the
+Python references of their C twins (``asynctier/_speedups_nvme.c``), which the tier calls
+where built.
 
 Why: a store job works on the event loop's thread a few steps per chunk: on the slot index,
 under its lock (evict a victim, number the write, end it, publish it; a load's pins), and for its runs of
@@ -14,8 +15,8 @@ from __future__ import annotations
 import struct
 from typing import Any
 
-from asynctier.engines.descriptors import JOB_LAYOUT, RESULT_LAYOUT, WRITEV
-from asynctier.integrity import pack_headers_into
+from asynctier.engines.descriptors import JOB_LAYOUT, READV, RESULT_LAYOUT, WRITEV
+from asynctier.integrity import header_matches, pack_headers_into
 
 from .slab import Run
 from .slots import SlotIndex
@@ -26,10 +27,12 @@ __all__ = [
     "begin_writes",
     "end_writes",
     "evict_oldest",
+    "pack_slot_reads",
     "pack_slot_writes",
     "pin_many",
     "put_published",
     "release_many",
+    "runs_loaded",
     "runs_written",
     "take_free",
     "unpin_many",
@@ -154,6 +157,54 @@ def runs_written(
             bad.append(j)
         i += len(run)
     return bad
+
+
+def pack_slot_reads(
+    table: bytearray, offset: int, prio: int, runs: list[Run], cids: list[int], fds: list[int], hb_addr: int,
+    hb_len: int, iovs: Any, iov_addr: int, sums_addr: int, view_addr: int, n: int, hashed: int,
+) -> None:  # fmt: skip
+    """For each run ``j`` of a load job, the ``READV`` descriptor (group -1) written at
+    ``table[offset + j * JOB_LAYOUT.size:]``: one ``preadv`` at the run's offset of its
+    stripe's ``fds``, into each chunk's header block (``hb_len`` bytes at ``hb_addr``) and
+    payload (chunk ``cids[p]`` of ``n`` bytes of the view at ``view_addr``), the payloads'
+    checksums (``hashed``) to ``sums_addr``; the chunks' iovecs in ``iovs`` (at ``iov_addr``),
+    the chunks of all runs one after another in all three."""
+    iov: list[int] = []
+    size, i = JOB_LAYOUT.size, 0
+    for j, run in enumerate(runs):
+        for k, (p, _, _, _) in enumerate(run, i):
+            iov += (hb_addr + k * hb_len, hb_len, view_addr + cids[p] * n, n)
+        JOB_LAYOUT.pack_into(table, offset + j * size, -1, 0, READV, prio, -1, 0, fds[run[0][2]], -1, 0, hashed, 0,
+                             0, iov_addr + 32 * i, 2 * len(run), sums_addr + 8 * i, len(run), run[0][3], b"", b"",
+                             b"")  # fmt: skip
+        i += len(run)
+    struct.pack_into(f"={len(iov)}Q", iovs, 0, *iov)
+
+
+def runs_loaded(
+    res: Any, offset: int, runs: list[Run], keys: list[bytes], found: dict[int, tuple[int, int, int]], hbs: Any,
+    hb_len: int, sums: Any, n: int, layout_digest: bytes, verify: bool, bad: list[int], unpins: list[int],
+) -> int:  # fmt: skip
+    """Read each run's outcome (``RESULT_LAYOUT`` at ``res[offset + j * RESULT_LAYOUT.size:]``,
+    as :func:`pack_slot_reads` packed them): a chunk of a run read whole whose header block
+    (``hb_len`` bytes of ``hbs``) starts with the header its key was stored with (``found[p]``:
+    slot, sequence number, checksum) and, with ``verify``, whose payload's checksum (``sums``)
+    is that one, is loaded; the positions of the others are appended to ``bad``, every
+    chunk's slot to ``unpins``. Returns how many are loaded."""
+    good, i = 0, 0
+    for j, run in enumerate(runs):
+        _, _, stage, info = RESULT_LAYOUT.unpack_from(res, offset + j * RESULT_LAYOUT.size)
+        whole = not stage and info == 1
+        for p, slot, _, _ in run:
+            _, seq, want = found[p]
+            if (whole and (not verify or sums[i] == want)
+                    and header_matches(hbs[i * hb_len :], keys[p], n, want, layout_digest, seq)):  # fmt: skip
+                good += 1
+            else:
+                bad.append(p)
+            unpins.append(slot)
+            i += 1
+    return good
 
 
 def pin_many(idx: SlotIndex, keys: list[bytes]) -> tuple[dict[int, tuple[int, int, int]], list[int]]:

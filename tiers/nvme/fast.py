@@ -20,6 +20,7 @@ import ctypes
 import weakref
 from functools import partial
 from time import perf_counter
+from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from asynctier import ChunkNotFoundError, TierClosedError
@@ -31,15 +32,19 @@ from asynctier.engines.speedups import speedups
 from asynctier.integrity import header_matches as _py_header_matches
 from asynctier.posix_io import aligned_buffer, buffer_address
 
+from . import bulk as _py_bulk
+
 if TYPE_CHECKING:
     from .catalog import Catalog
     from .tier import NvmeTier
 
 __all__ = ["IoArea", "LoadPath"]
 
-# a read's header check, per chunk on the loop's thread: the C twin where built
+# a read's header check, per chunk on the loop's thread, and a group's runs packed and checked
+# in one call each: the C twins where built
 _fast = speedups()
 header_matches = _py_header_matches if _fast is None else _fast.header_matches
+_ops: ModuleType = _py_bulk if _fast is None else _fast
 
 Outcomes = list[BaseException | None]
 
@@ -196,62 +201,48 @@ class LoadPath:
             raise
 
     def _run_fields(self, tier: NvmeTier, slot: int, job: Job, g: _Group) -> nativeio.JobFields:
-        """The descriptor of ``g``'s next runs: one READV job, or a GROUP of up to ``GROUP_MAX``
-        of them (slots that lie apart cost one round trip through the loop, not one a run),
-        their iovecs and checksums in ``slot``'s arrays, each run at its own place."""
+        """The descriptor of ``g``'s next runs: one GROUP job of up to ``GROUP_MAX`` READV jobs,
+        one a run (slots that lie apart cost one round trip through the loop, not one a run),
+        their iovecs and checksums in ``slot``'s arrays, each run at its own place
+        (:func:`.bulk.pack_slot_reads`)."""
         slabs = tier._slabs
         runs = g.runs[g.next : g.next + nativeio.GROUP_MAX]
         g.batch = len(runs)
-        H, n = slabs.hdr_area, tier.offloading_spec.chunk_bytes
         need = sum(map(len, runs))
         if self._hb is None:
             self._bind(tier)
         area = self._areas.get(slot)
         if area is None or area.slots < need:
-            area = self._areas[slot] = IoArea(need, H)
-        cids, hashed = job.args[1], int(tier.verify)
-        hb, view = area.hb_addr, self._view_addr
-        iov: list[ctypes.c_uint64 | int] = []  # (as the ctypes array takes them)
-        subs: list[nativeio.JobFields] = []
-        i = 0
-        for run in runs:
-            first = i
-            for p, _, _, _ in run:
-                iov += (hb + i * H, H, view + cids[p] * n, n)
-                i += 1
-            subs.append((nativeio.READV, PRIO_LOAD, -1, 0, slabs.fds[run[0][2]], -1, 0, hashed, 0, 0,
-                         area.iov_addr + 32 * first, 2 * len(run), area.sums_addr + 8 * first, len(run), run[0][3],
-                         b"", b"", b""))  # fmt: skip
-        area.iov[: 4 * need] = iov
+            area = self._areas[slot] = IoArea(need, slabs.hdr_area)
         pool = self._engine.pool
         assert pool is not None  # planning runs on a started engine
-        return pool.one_or_group(slot, PRIO_LOAD, subs)
+        table, offset = pool.sub_jobs(slot)
+        _ops.pack_slot_reads(table, offset, PRIO_LOAD, runs, job.args[1], slabs.fds, area.hb_addr, slabs.hdr_area,
+                             area.iov, area.iov_addr, area.sums_addr, self._view_addr,
+                             tier.offloading_spec.chunk_bytes, int(tier.verify))  # fmt: skip
+        return pool.packed_group(slot, PRIO_LOAD, len(runs))
 
     def _finish_run(
         self, job: Job, slot: int, own: tuple[int, int, int, int]
     ) -> nativeio.JobFields | Continuation | None:
-        """Check each slot of the runs that ended; the group's next runs, or its end."""
+        """Check each slot of the runs that ended (:func:`.bulk.runs_loaded`); the group's
+        next runs, or its end."""
         keys, cids, t0 = job.args
         tier = self._live()
         g = self._groups[slot]
         k, pool = g.batch, self._engine.pool
         assert pool is not None
-        ends = pool.group_outcomes(slot, k, own)
-        area = self._areas[slot]
-        H, n = tier._slabs.hdr_area, tier.offloading_spec.chunk_bytes
-        digest, verify, found = tier.offloading_spec.layout_digest, tier.verify, g.found
-        hb, sums, matches = area.hb, area.sums, header_matches
-        good, i = 0, 0
-        for run, (_, _, stage, info) in zip(g.runs[g.next : g.next + k], ends):
-            whole = not stage and info == 1
-            for p, _, _, _ in run:
-                _, seq, want = found[p]
-                if whole and (not verify or sums[i] == want) and matches(hb[i * H :], keys[p], n, want, digest, seq):
-                    good += 1
-                else:
-                    g.bad.append(p)
-                i += 1
-            self._unpins += [nslot for _, nslot, _, _ in run]
+        runs = g.runs[g.next : g.next + k]
+        if own[2]:  # the group was refused whole (never ran): each of its chunks is read again
+            for run in runs:
+                g.bad += [p for p, _, _, _ in run]
+                self._unpins += [nslot for _, nslot, _, _ in run]
+            good = 0
+        else:
+            res, offset = pool.sub_outcomes(slot)
+            area, spec = self._areas[slot], tier.offloading_spec
+            good = _ops.runs_loaded(res, offset, runs, keys, g.found, area.hb, tier._slabs.hdr_area, area.sums,
+                                    spec.chunk_bytes, spec.layout_digest, tier.verify, g.bad, self._unpins)  # fmt: skip
         self._booked += [perf_counter() - t0] * good
         g.next += k
         if g.next < len(g.runs):
