@@ -66,6 +66,14 @@ SP_HIDDEN PyObject *runs_written(PyObject *self, PyObject *const *args, Py_ssize
 SP_HIDDEN int run_item(PyObject *it, Py_ssize_t nk, Py_ssize_t nfd, Py_ssize_t *pos, int64_t *stripe, int64_t *off,
                        const char *fn);
 
+/* Room for m descriptors at offset of table (else NULL with ValueError); runs[j] a non-empty list. */
+SP_HIDDEN struct at_job *jobs_at(const Py_buffer *table, Py_ssize_t offset, Py_ssize_t m, const char *fn);
+SP_HIDDEN int check_run(PyObject *run, Py_ssize_t j, const char *fn);
+/* Chunk c's two iovecs (header block, payload) and a run's READV or WRITEV descriptor. */
+SP_HIDDEN void put_iov(uint64_t *iov, Py_ssize_t c, uint64_t hb_addr, uint64_t hb_len, uint64_t payload, uint64_t n);
+SP_HIDDEN struct at_job *put_run_job(struct at_job *job, int32_t kind, int32_t prio, int32_t fd, uint64_t iov_addr,
+                                     uint64_t sums_addr, Py_ssize_t first, Py_ssize_t len, int64_t off);
+
 /* _speedups_nvme_loads.c */
 SP_HIDDEN PyObject *pack_slot_reads(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 SP_HIDDEN PyObject *runs_loaded(PyObject *self, PyObject *const *args, Py_ssize_t nargs);

@@ -694,6 +694,50 @@ SP_HIDDEN int run_item(PyObject *it, Py_ssize_t nk, Py_ssize_t nfd, Py_ssize_t *
     return 0;
 }
 
+/* Room for m descriptors at offset of table: where they go, or NULL with ValueError. */
+SP_HIDDEN struct at_job *jobs_at(const Py_buffer *table, Py_ssize_t offset, Py_ssize_t m, const char *fn) {
+    if (offset < 0 || offset > table->len || m > (table->len - offset) / (Py_ssize_t)sizeof(struct at_job)) {
+        PyErr_Format(PyExc_ValueError, "%s(): %zd descriptors at offset %zd of a %zd-byte table", fn, m, offset,
+                     table->len);
+        return NULL;
+    }
+    return (struct at_job *)((char *)table->buf + offset);
+}
+
+/* 0 if runs[j], run, is a non-empty list, else -1 with TypeError. */
+SP_HIDDEN int check_run(PyObject *run, Py_ssize_t j, const char *fn) {
+    if (PyList_Check(run) && PyList_GET_SIZE(run) > 0) return 0;
+    PyErr_Format(PyExc_TypeError, "%s(): runs[%zd] is a non-empty list", fn, j);
+    return -1;
+}
+
+/* Chunk c's two iovecs: its header block (hb_len bytes from hb_addr, one a chunk), then its payload. */
+SP_HIDDEN void put_iov(uint64_t *iov, Py_ssize_t c, uint64_t hb_addr, uint64_t hb_len, uint64_t payload, uint64_t n) {
+    iov[4 * c] = hb_addr + (uint64_t)c * hb_len;
+    iov[4 * c + 1] = hb_len;
+    iov[4 * c + 2] = payload;
+    iov[4 * c + 3] = n;
+}
+
+/* A run's READV or WRITEV descriptor (group -1, the rest zero): len chunks from chunk first of
+ * the job's iovecs and checksums, at offset off of the file fd. */
+SP_HIDDEN struct at_job *put_run_job(struct at_job *job, int32_t kind, int32_t prio, int32_t fd, uint64_t iov_addr,
+                                     uint64_t sums_addr, Py_ssize_t first, Py_ssize_t len, int64_t off) {
+    memset(job, 0, sizeof *job);
+    job->group = -1;
+    job->kind = kind;
+    job->prio = prio;
+    job->dfd = -1;
+    job->fd = fd;
+    job->dfd2 = -1;
+    job->hb = (void *)(uintptr_t)(iov_addr + 32 * (uint64_t)first);
+    job->hb_len = (size_t)(2 * len);
+    job->buf = (void *)(uintptr_t)(sums_addr + 8 * (uint64_t)first);
+    job->len = (size_t)len;
+    job->off = off;
+    return job;
+}
+
 /* pack_slot_writes(table, offset, prio, runs, keys, cids, slots, fds, hbs, hb_addr, hb_len, iovs,
  * iov_addr, sums_addr, view_addr, n, layout_digest) -> None: see bulk.pack_slot_writes.
  * Everything is checked before a byte is written. */
@@ -733,17 +777,11 @@ SP_HIDDEN PyObject *pack_slot_writes(PyObject *self, PyObject *const *args, Py_s
         PyErr_Format(PyExc_ValueError, "%s(): %zd keys and %zd cids", fn, nk, PySequence_Fast_GET_SIZE(cids));
         goto done;
     }
-    if (offset < 0 || offset > table.len || m > (table.len - offset) / (Py_ssize_t)sizeof(struct at_job)) {
-        PyErr_Format(PyExc_ValueError, "%s(): %zd descriptors at offset %zd of a %zd-byte table", fn, m, offset, table.len);
-        goto done;
-    }
+    if (jobs_at(&table, offset, m, fn) == NULL) goto done;
     Py_ssize_t total = 0;
     for (Py_ssize_t j = 0; j < m; j++) { /* every run checked first */
         PyObject *run = PySequence_Fast_GET_ITEM(runs, j);
-        if (!PyList_Check(run) || PyList_GET_SIZE(run) == 0) {
-            PyErr_Format(PyExc_TypeError, "%s(): runs[%zd] is a non-empty list", fn, j);
-            goto done;
-        }
+        if (check_run(run, j, fn) < 0) goto done;
         Py_ssize_t klen = -1;
         for (Py_ssize_t i = 0; i < PyList_GET_SIZE(run); i++) {
             Py_ssize_t pos;
@@ -780,7 +818,7 @@ SP_HIDDEN PyObject *pack_slot_writes(PyObject *self, PyObject *const *args, Py_s
     }
     const char *digest = PyBytes_AS_STRING(args[16]);
     uint64_t *iov = (uint64_t *)iovs.buf;
-    struct at_job *jobs = (struct at_job *)((char *)table.buf + offset);
+    struct at_job *jobs = jobs_at(&table, offset, m, fn);
     Py_ssize_t c = 0;
     for (Py_ssize_t j = 0; j < m; j++) {
         PyObject *run = PySequence_Fast_GET_ITEM(runs, j);
@@ -798,25 +836,11 @@ SP_HIDDEN PyObject *pack_slot_writes(PyObject *self, PyObject *const *args, Py_s
             uint64_t cid = PyLong_AsUnsignedLongLong(PySequence_Fast_GET_ITEM(cids, pos));
             size = put_header((unsigned char *)hbs.buf + c * hb_len, PyBytes_AS_STRING(key), PyBytes_GET_SIZE(key), n, 0,
                               seq, digest);
-            iov[4 * c] = hb_addr + (uint64_t)c * hb_len;
-            iov[4 * c + 1] = hb_len;
-            iov[4 * c + 2] = view_addr + cid * n;
-            iov[4 * c + 3] = n;
+            put_iov(iov, c, hb_addr, hb_len, view_addr + cid * n, n);
         }
-        struct at_job *job = &jobs[j];
-        memset(job, 0, sizeof *job);
-        job->group = -1;
-        job->kind = AT_WRITEV;
-        job->prio = prio;
-        job->dfd = -1;
-        job->fd = (int32_t)PyLong_AsLong(PySequence_Fast_GET_ITEM(fds, stripe));
-        job->dfd2 = -1;
-        job->body_len = (int32_t)(size - 8);
-        job->hb = (void *)(uintptr_t)(iov_addr + 32 * (uint64_t)first);
-        job->hb_len = (size_t)(2 * len);
-        job->buf = (void *)(uintptr_t)(sums_addr + 8 * (uint64_t)first);
-        job->len = (size_t)len;
-        job->off = off;
+        put_run_job(&jobs[j], AT_WRITEV, prio, (int32_t)PyLong_AsLong(PySequence_Fast_GET_ITEM(fds, stripe)), iov_addr,
+                    sums_addr, first, len, off)
+            ->body_len = (int32_t)(size - 8);
     }
     out = Py_None;
     Py_INCREF(out);

@@ -30,17 +30,11 @@ SP_HIDDEN PyObject *pack_slot_reads(PyObject *self, PyObject *const *args, Py_ss
     if (PyObject_GetBuffer(args[8], &iovs, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) goto done;
     nbuf = 2;
     Py_ssize_t m = PySequence_Fast_GET_SIZE(runs), nk = PySequence_Fast_GET_SIZE(cids), nfd = PySequence_Fast_GET_SIZE(fds);
-    if (offset < 0 || offset > table.len || m > (table.len - offset) / (Py_ssize_t)sizeof(struct at_job)) {
-        PyErr_Format(PyExc_ValueError, "%s(): %zd descriptors at offset %zd of a %zd-byte table", fn, m, offset, table.len);
-        goto done;
-    }
+    if (jobs_at(&table, offset, m, fn) == NULL) goto done;
     Py_ssize_t total = 0;
     for (Py_ssize_t j = 0; j < m; j++) { /* every run checked first */
         PyObject *run = PySequence_Fast_GET_ITEM(runs, j);
-        if (!PyList_Check(run) || PyList_GET_SIZE(run) == 0) {
-            PyErr_Format(PyExc_TypeError, "%s(): runs[%zd] is a non-empty list", fn, j);
-            goto done;
-        }
+        if (check_run(run, j, fn) < 0) goto done;
         for (Py_ssize_t i = 0; i < PyList_GET_SIZE(run); i++) {
             Py_ssize_t pos;
             int64_t stripe, off;
@@ -57,7 +51,7 @@ SP_HIDDEN PyObject *pack_slot_reads(PyObject *self, PyObject *const *args, Py_ss
         goto done;
     }
     uint64_t *iov = (uint64_t *)iovs.buf;
-    struct at_job *jobs = (struct at_job *)((char *)table.buf + offset);
+    struct at_job *jobs = jobs_at(&table, offset, m, fn);
     Py_ssize_t c = 0;
     for (Py_ssize_t j = 0; j < m; j++) {
         PyObject *run = PySequence_Fast_GET_ITEM(runs, j), *head = PyList_GET_ITEM(run, 0);
@@ -65,25 +59,12 @@ SP_HIDDEN PyObject *pack_slot_reads(PyObject *self, PyObject *const *args, Py_ss
         for (Py_ssize_t i = 0; i < len; i++, c++) {
             Py_ssize_t pos = PyLong_AsSsize_t(PyTuple_GET_ITEM(PyList_GET_ITEM(run, i), 0));
             uint64_t cid = PyLong_AsUnsignedLongLong(PySequence_Fast_GET_ITEM(cids, pos));
-            iov[4 * c] = hb_addr + (uint64_t)c * hb_len;
-            iov[4 * c + 1] = hb_len;
-            iov[4 * c + 2] = view_addr + cid * n;
-            iov[4 * c + 3] = n;
+            put_iov(iov, c, hb_addr, hb_len, view_addr + cid * n, n);
         }
-        struct at_job *job = &jobs[j];
-        memset(job, 0, sizeof *job);
-        job->group = -1;
-        job->kind = AT_READV;
-        job->prio = prio;
-        job->dfd = -1;
-        job->fd = (int32_t)PyLong_AsLong(PySequence_Fast_GET_ITEM(fds, PyLong_AsSsize_t(PyTuple_GET_ITEM(head, 2))));
-        job->dfd2 = -1;
-        job->hashed = hashed;
-        job->hb = (void *)(uintptr_t)(iov_addr + 32 * (uint64_t)first);
-        job->hb_len = (size_t)(2 * len);
-        job->buf = (void *)(uintptr_t)(sums_addr + 8 * (uint64_t)first);
-        job->len = (size_t)len;
-        job->off = PyLong_AsLongLong(PyTuple_GET_ITEM(head, 3));
+        int32_t fd = (int32_t)PyLong_AsLong(PySequence_Fast_GET_ITEM(fds, PyLong_AsSsize_t(PyTuple_GET_ITEM(head, 2))));
+        put_run_job(&jobs[j], AT_READV, prio, fd, iov_addr, sums_addr, first, len,
+                    PyLong_AsLongLong(PyTuple_GET_ITEM(head, 3)))
+            ->hashed = hashed;
     }
     out = Py_None;
     Py_INCREF(out);
