@@ -317,8 +317,9 @@ class ChunkTier(Bookkeeping, Lifecycle, SecondaryTierManager):
         if g > 1:
             gfn = self.group_body(op)
             batch = self._new_batch(-(-len(keys) // g), op)
+            prio = op.priority
             return [
-                Job(op, gfn, (keys[i : i + g], ids[i : i + g], t0), keys[i : i + g], batch, grouped=True)
+                Job(op, gfn, (keys[i : i + g], ids[i : i + g], t0), keys[i : i + g], batch, grouped=True, priority=prio)
                 for i in range(0, len(keys), g)
             ]
         fn = self.job_body(op)

@@ -113,6 +113,8 @@ def check_private_dir(fd: int, path: Path, who: str) -> None:
 
 def _unordered(items: object) -> bool:
     """A set: iterated in hash order (a dict and its keys() keep insertion order)."""
+    if type(items) is list or type(items) is tuple:  # the usual case, without an ABC's check
+        return False
     return isinstance(items, AbstractSet) and not isinstance(items, KeysView)
 
 

@@ -61,6 +61,7 @@ class NativeIO:
     def __init__(self, tier: FsTier, engine: NativeEngine) -> None:
         self._tier = tier
         self.engine = engine
+        self._pool: nativeio.NativePool  # the engine's pool, once started (start)
         self._hb: memoryview | None = None  # GROUP_CHUNKS header blocks per job slot
         #: the header blocks: block ``slot`` is the slot's own (a one-chunk job's), the others
         #: its group job's (:meth:`block`)
@@ -95,7 +96,10 @@ class NativeIO:
     def start(self) -> None:
         """Once the engine runs: the header blocks, and addresses by arithmetic on the hot
         path (not a buffer export per chunk)."""
-        self._slots = slots = self._pool.slots
+        pool = self.engine.pool
+        assert pool is not None
+        self._pool = pool  # (the engine's, for the life of both: read on the hot path)
+        self._slots = slots = pool.slots
         blocks = slots * GROUP_CHUNKS
         self._hb = aligned_buffer(HEADER_BLOCK * blocks)
         self.slot_hb = [self._hb[i * HEADER_BLOCK : (i + 1) * HEADER_BLOCK] for i in range(blocks)]
@@ -217,11 +221,6 @@ class NativeIO:
         """A read fills the slot's whole header block with a file's: zeroed before a store's."""
         self._hb_used[slot] = HEADER_BLOCK
 
-    @property
-    def _pool(self) -> nativeio.NativePool:
-        pool = self.engine.pool
-        assert pool is not None
-        return pool
 
     async def _run(self, slot: int, job: nativeio.Job) -> Outcome:
         return _outcome(await self._pool.run(slot, job))
