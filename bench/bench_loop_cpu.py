@@ -26,11 +26,13 @@ preemption: compare checkouts in one sitting, run after run.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import shutil
 import sys
 import tempfile
+import threading
 import time
 from typing import Any
 
@@ -51,6 +53,33 @@ def _aligned_view(nbytes: int) -> memoryview:
     buf = mmap.mmap(-1, nbytes)  # page-aligned, as pinned memory is: the tiers' O_DIRECT path
     buf.write(os.urandom(min(nbytes, 1 << 20)) * (nbytes // min(nbytes, 1 << 20)))
     return memoryview(buf)
+
+
+class GcWatch:
+    """The garbage collector's runs on this thread while in the ``with`` block: how many of
+    each generation, and their CPU time."""
+
+    def __init__(self) -> None:
+        self.collections = [0, 0, 0]
+        self.cpu = 0.0
+        self._thread = threading.get_ident()
+        self._start = 0.0
+
+    def _callback(self, phase: str, info: dict[str, int]) -> None:
+        if threading.get_ident() != self._thread:
+            return
+        if phase == "start":
+            self._start = time.thread_time()
+        else:
+            self.cpu += time.thread_time() - self._start
+            self.collections[info["generation"]] += 1
+
+    def __enter__(self) -> GcWatch:
+        gc.callbacks.append(self._callback)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        gc.callbacks.remove(self._callback)
 
 
 async def stream(tier: Any, op: str, keys: list[bytes], slots: int, batch: int, streams: int) -> None:
@@ -83,8 +112,10 @@ async def measure(
     async def timed(name: str, op: str, ks: list[bytes]) -> None:
         st0 = tier.stats()
         wakes0 = st0.extra.get("loop_wakeups")
+        gc_watch = GcWatch()
         cpu0, t0 = time.thread_time(), time.perf_counter()
-        await stream(tier, op, ks, slots, batch, streams)
+        with gc_watch:
+            await stream(tier, op, ks, slots, batch, streams)
         cpu, wall = time.thread_time() - cpu0, time.perf_counter() - t0
         st1 = tier.stats()
         wakes1 = st1.extra.get("loop_wakeups")
@@ -93,6 +124,10 @@ async def measure(
             "gbps": chunks * chunk / wall / 1e9,
             "wakeups_per_chunk": None if wakes0 is None or wakes1 is None else (wakes1 - wakes0) / chunks,
             "evictions_per_chunk": (st1.evictions - st0.evictions) / chunks,
+            # (part of us_per_chunk) the garbage collector's runs on the loop thread: a full
+            # collection walks every object of the process, and lands in one phase or another
+            "gc_us_per_chunk": gc_watch.cpu / chunks * 1e6,
+            "gc_collections": gc_watch.collections,
         }
 
     async with tier:
@@ -215,6 +250,9 @@ def main() -> int:
             off, load = r["offload"]["us_per_chunk"], r["load"]["us_per_chunk"]
             full = f", full tier {r['steady']['us_per_chunk']:6.1f} us/chunk" if "steady" in r else ""
             full += f", full-tier load {r['steady_load']['us_per_chunk']:6.1f} us/chunk" if "steady_load" in r else ""
+            gcs = ", ".join(f"{op} {v['gc_us_per_chunk']:.1f}" for op, v in r.items()
+                            if isinstance(v, dict) and v.get("gc_collections", [0, 0, 0])[2])  # fmt: skip
+            full += f" (of which full collections of the garbage collector: {gcs})" if gcs else ""
             print(f"[{rep + 1}/{args.repeat}] {tier:5} {engine or '-':8} {kib:4} KiB {backend:8} "
                   f"offload {off:6.1f} us/chunk, load {load:6.1f} us/chunk{full}", flush=True)  # fmt: skip
     rows = []

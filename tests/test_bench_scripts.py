@@ -18,6 +18,14 @@ import pytest
 from asynctier.cli import benchkit
 
 REPO = Path(__file__).resolve().parent.parent
+
+
+def nativeio_problem() -> str | None:
+    from asynctier.engines import native as nativeio
+
+    return nativeio.problem()
+
+
 needs_fio = pytest.mark.skipif(not benchkit.fio_available(), reason="fio is not installed")
 
 
@@ -188,3 +196,18 @@ def test_bench_native_engine_reports_each_loop(tmp_path: Path) -> None:
     assert [r["backend"] for r in rows] == ["asyncio", "uvloop", "trio"]
     for r in rows:
         assert r["us_per_job"] > 0 and r["wall_us_per_job"] > 0 and r["wakeups_per_job"] > 0, r
+
+
+@pytest.mark.skipif(nativeio_problem() is not None, reason="no native workers")
+@pytest.mark.parametrize(("tier", "op", "where"), [("fs", "steady", "fast.py:_plan_group"),
+                                                   ("nvme", "load", "fast.py:_finish_run")])  # fmt: skip
+def test_bench_loop_opcodes_counts_the_tiers_own_steps(tmp_path: Path, tier: str, op: str, where: str) -> None:
+    """The opcode count of a small stream: a total that is the sum of its functions', among
+    them the tier's own path for that operation."""
+    out = tmp_path / "ops.json"
+    _run("bench_loop_opcodes.py", "--tier", tier, "--op", op, "--chunk-kib", "16", "--chunks", "256",
+         "--lines", "--json", str(out))  # fmt: skip
+    report = json.loads(out.read_text())
+    functions = report["functions"]
+    assert report["opcodes_per_chunk"] > 0 and where in functions and functions[where] > 0
+    assert abs(sum(functions.values()) - report["opcodes_per_chunk"]) < 1e-6 * report["opcodes_per_chunk"]

@@ -221,7 +221,6 @@ class NativeIO:
         """A read fills the slot's whole header block with a file's: zeroed before a store's."""
         self._hb_used[slot] = HEADER_BLOCK
 
-
     async def _run(self, slot: int, job: nativeio.Job) -> Outcome:
         return _outcome(await self._pool.run(slot, job))
 
