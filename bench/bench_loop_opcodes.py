@@ -40,6 +40,12 @@ from asynctier import OffloadingSpec, SecondaryTierFactory
 OPS = ("load", "fill", "steady")
 
 
+def _short(path: str) -> str:
+    """A file's folder and name ("engines/native.py", "fs/native.py"): enough to tell apart."""
+    head, name = os.path.split(path)
+    return f"{os.path.basename(head)}/{name}"
+
+
 class Counter:
     """Opcodes run per (file, function) and per (file, line), on the thread that starts it."""
 
@@ -54,7 +60,7 @@ class Counter:
     def _opcode(self, frame: FrameType, event: str, arg: object) -> Any:
         if event == "opcode":
             code = frame.f_code
-            name = os.path.basename(code.co_filename)
+            name = _short(code.co_filename)
             self.functions[(name, code.co_name)] += 1
             self.lines[(name, frame.f_lineno)] += 1
         return self._opcode

@@ -199,8 +199,8 @@ def test_bench_native_engine_reports_each_loop(tmp_path: Path) -> None:
 
 
 @pytest.mark.skipif(nativeio_problem() is not None, reason="no native workers")
-@pytest.mark.parametrize(("tier", "op", "where"), [("fs", "steady", "fast.py:_plan_group"),
-                                                   ("nvme", "load", "fast.py:_finish_run")])  # fmt: skip
+@pytest.mark.parametrize(("tier", "op", "where"), [("fs", "steady", "fs/fast.py:_plan_group"),
+                                                   ("nvme", "load", "nvme/fast.py:_finish_run")])  # fmt: skip
 def test_bench_loop_opcodes_counts_the_tiers_own_steps(tmp_path: Path, tier: str, op: str, where: str) -> None:
     """The opcode count of a small stream: a total that is the sum of its functions', among
     them the tier's own path for that operation."""
