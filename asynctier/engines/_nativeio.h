@@ -40,6 +40,7 @@
 #define GROUP_MAX 16
 
 #define AT_MODE_FIX 0x10000 /* the umask would strip bits of the mode: set it after creation */
+#define AT_MODE_CLOSE 0x20000 /* AT_WRITE of a file fd the caller hands over: closed once done, as a new file is */
 
 #define AT_QUEUED 1
 #define AT_RUNNING 2
@@ -72,7 +73,8 @@ struct at_job {
     int32_t dfd2; /* the directory of name2 */
     int32_t sync, hashed;
     int32_t body_len;
-    int32_t mode; /* writes: the mode of a file the job makes (0: 0644); AT_MODE_FIX: fchmod it too */
+    int32_t mode; /* writes: the mode of a file the job makes (0: 0644); AT_MODE_FIX: fchmod it too;
+                     AT_MODE_CLOSE: close fd once done */
     void *hb;
     size_t hb_len;
     void *buf;

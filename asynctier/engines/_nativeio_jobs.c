@@ -205,8 +205,11 @@ static void run_unlink(struct at_op *op, struct at_res *r) {
 }
 
 static void run_write(struct at_op *op, struct at_res *r) {
-    if (r->stage) return; /* failed in prepare_write */
     struct at_job *j = &op->job;
+    if (r->stage) { /* failed in prepare_write: a file handed over is closed all the same */
+        if (j->fd >= 0 && (j->mode & AT_MODE_CLOSE)) close(j->fd);
+        return;
+    }
     int fd = j->fd >= 0 ? j->fd : op->fd;
     struct iovec iov[2] = {{j->hb, j->hb_len}, {j->buf, j->len}};
     int64_t n = move_all(fd, 1, iov, 2, j->hb_len + j->len, 0);
@@ -235,7 +238,7 @@ static void run_write(struct at_op *op, struct at_res *r) {
             }
         }
     }
-    if (j->fd < 0) { /* a file made ahead or taken over is the caller's to close */
+    if (j->fd < 0 || (j->mode & AT_MODE_CLOSE)) { /* else a file made ahead or taken over is the caller's to close */
         close(fd);
         op->fd = -1;
     }

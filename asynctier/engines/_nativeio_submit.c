@@ -89,7 +89,7 @@ static int queue_job(struct at_pool *p, int idx, const struct at_job *j, uint64_
  *   AT_WRITE   the file `fd`, or a new one: O_TMPFILE in dfd with flags, or, with `name2`,
  *              name2 in dfd2 created O_EXCL; pwritev of hb and buf, [fdatasync], published
  *              under `name` in dfd by linkat (no name2) or renameat of name2, [fsync of dfd].
- *              `fd` is left open, a new file closed. body_len > 0: the header's checksums
+ *              `fd` is left open (closed too with AT_MODE_CLOSE in `mode`), a new file closed. body_len > 0: the header's checksums
  *              are filled in first;
  *   AT_SPARE   openat(dfd, name, flags), renameat to name2 in dfd2: the result is the
  *              descriptor (a failed rename closes it);

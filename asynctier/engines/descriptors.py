@@ -17,6 +17,7 @@ __all__ = [
     "GROUP",
     "GROUP_MAX",
     "JOB_LAYOUT",
+    "MODE_CLOSE",
     "MODE_FIX",
     "NAME_MAX",
     "READ",
@@ -68,14 +69,18 @@ class Outcome(NamedTuple):
 
 #: or'ed into a job's ``mode``: the umask would strip bits of it, fchmod the new file
 MODE_FIX = 0x10000
+#: or'ed into a ``WRITE`` job's ``mode``: the worker closes its ``fd`` once done, whatever
+#: happened (the caller hands the file over: its close is not a system call on the loop thread)
+MODE_CLOSE = 0x20000
 
 
 class Job(ctypes.Structure):
     """One job for the workers, laid out as ``struct at_job`` in ``asynctier/engines/_nativeio.h``.
 
     ``kind`` (:data:`READ` ...), ``prio`` (0 runs first), the directory ``dfd`` and ``name``
-    of the file, open ``flags``; writes: ``fd`` (a file to fill, left open; -1: the worker
-    makes one), ``name2`` in ``dfd2`` (publish by renaming that name; empty: by linkat),
+    of the file, open ``flags``; writes: ``fd`` (a file to fill, left open unless ``mode`` has
+    ``MODE_CLOSE``; -1: the worker makes one), ``name2`` in ``dfd2`` (publish by renaming that
+    name; empty: by linkat),
     ``sync``, ``body_len`` (> 0: the worker fills in the header's checksums), ``mode`` (of a
     file it makes; 0: 0644; ``MODE_FIX`` or'ed in: set after creation too); spares: the
     new name ``name2`` in ``dfd2``; reads: ``hashed``; recycling (:data:`RECYCLE`): the

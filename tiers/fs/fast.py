@@ -348,9 +348,10 @@ class StorePath(_Path):
             if r is not None:
                 later.append((i, r))
         written = first + len(rec)
-        for fd in fds:  # ChunkProtocol.release: the files made ahead (linked, or to go)
-            if fd >= 0:
-                os.close(fd)
+        if own[2]:  # never ran: the files made ahead are still ours (else their workers closed them)
+            for fd in fds:
+                if fd >= 0:
+                    os.close(fd)
         failed = [j for j in bad if j >= first]
         for j in failed:
             result, csum, stage, info = ends[j]

@@ -150,15 +150,16 @@ class NativeIO:
         """Into the :data:`~asynctier.engines.native.GROUP` job of slot ``slot``, from its job
         ``first`` on: the store of each chunk ``cids[j]`` under ``keys[j]`` into a new unnamed
         file (one ``WRITE`` job each, as ``protocol.store`` and :meth:`store_fields` plan one),
-        a file made ahead by the tier's pool where one is ready; those files (-1: none), the
-        caller's to close once the jobs ended."""
+        a file made ahead by the tier's pool where one is ready; those files (-1: none). Each
+        job hands its file over (``MODE_CLOSE``): the worker closes it once done, not the loop
+        thread; the caller closes them only if the group never ran (refused as a whole)."""
         tier = self._tier
         proto, spec = tier.protocol, tier.offloading_spec
         m = len(keys)
         table, offset = self._pool.sub_jobs(slot)
         blocks = self._take_blocks(slot, first, m)
         pack = bulk.pack_writes if max(map(len, keys)) > MAX_B32_KEY else self._pack_writes
-        mode = proto.file_mode | (nativeio.MODE_FIX if proto.fix_mode else 0)
+        mode = proto.file_mode | (nativeio.MODE_FIX if proto.fix_mode else 0) | nativeio.MODE_CLOSE
         assert self._hb is not None
         pool = proto.pool
         fds = pool.take_many(m) if pool is not None and flags == pool.flags else [-1] * m
