@@ -10,8 +10,9 @@ engine) through one tier: fill it, then time nothing but count, with ``sys.settr
 events on the loop thread, one more pass of the operation asked for (``load``: the keys
 stored; ``fill``: new keys into room; ``steady``: new keys into the full tier, each store
 evicting). The count includes the caller's own lines (building each call's chunk ids, as a
-server does); C functions count as the one call that reaches them. Tracing slows the run
-about 20x: the GB/s it would print mean nothing, so it prints none.
+server does); C functions count as the one call that reaches them. Tracing slows the loop
+thread's own work about 25x (not the workers'): the GB/s it would print mean nothing, so it
+prints none.
 
 Run from the repository root: ``.venv/bin/python bench/bench_loop_opcodes.py --tier fs --op
 steady`` (``--help`` for options). ``PYTHONPATH=that/checkout`` counts an older checkout:
@@ -27,7 +28,7 @@ import os
 import shutil
 import sys
 import tempfile
-from types import FrameType
+from types import CodeType, FrameType
 from typing import Any
 
 import anyio
@@ -50,19 +51,15 @@ class Counter:
     """Opcodes run per (file, function) and per (file, line), on the thread that starts it."""
 
     def __init__(self) -> None:
-        self.functions: collections.Counter[tuple[str, str]] = collections.Counter()
-        self.lines: collections.Counter[tuple[str, int]] = collections.Counter()
+        self._counts: collections.Counter[tuple[CodeType, int]] = collections.Counter()
 
     def _call(self, frame: FrameType, event: str, arg: object) -> Any:
         frame.f_trace_opcodes = True
         return self._opcode
 
     def _opcode(self, frame: FrameType, event: str, arg: object) -> Any:
-        if event == "opcode":
-            code = frame.f_code
-            name = _short(code.co_filename)
-            self.functions[(name, code.co_name)] += 1
-            self.lines[(name, frame.f_lineno)] += 1
+        if event == "opcode":  # (names are made once, at the end: this runs per bytecode)
+            self._counts[(frame.f_code, frame.f_lineno)] += 1
         return self._opcode
 
     def start(self) -> None:
@@ -70,6 +67,20 @@ class Counter:
 
     def stop(self) -> None:
         sys.settrace(None)
+
+    @property
+    def functions(self) -> collections.Counter[tuple[str, str]]:
+        out: collections.Counter[tuple[str, str]] = collections.Counter()
+        for (code, _), n in self._counts.items():
+            out[(_short(code.co_filename), code.co_name)] += n
+        return out
+
+    @property
+    def lines(self) -> collections.Counter[tuple[str, int]]:
+        out: collections.Counter[tuple[str, int]] = collections.Counter()
+        for (code, line), n in self._counts.items():
+            out[(_short(code.co_filename), line)] += n
+        return out
 
 
 async def count(tier_type: str, kib: int, op: str, chunks: int, batch: int, streams: int, depth: int) -> Counter:
@@ -121,18 +132,19 @@ def main() -> int:
     c = anyio.run(count, args.tier, args.chunk_kib, args.op, args.chunks, args.batch, args.streams, args.depth,
                   backend=name, backend_options=options)  # fmt: skip
     per = 1 / args.chunks
-    total = sum(c.functions.values()) * per
+    functions = c.functions
+    total = sum(functions.values()) * per
     print(f"{args.tier} {args.chunk_kib} KiB {args.op} on {args.backend}: {total:.1f} opcodes a chunk (loop thread)")
-    for (file, fn), v in c.functions.most_common(args.top):
+    for (file, fn), v in functions.most_common(args.top):
         print(f"{v * per:8.2f}  {file}:{fn}")
     if args.lines:
         print("lines:")
         for (file, line), v in c.lines.most_common(args.top):
             print(f"{v * per:8.2f}  {file}:{line}")
     if args.json:
-        functions = {f"{a}:{b}": v * per for (a, b), v in c.functions.most_common()}
+        by_function = {f"{a}:{b}": v * per for (a, b), v in functions.most_common()}
         with open(args.json, "w") as f:
-            json.dump({"args": vars(args), "opcodes_per_chunk": total, "functions": functions}, f, indent=1)
+            json.dump({"args": vars(args), "opcodes_per_chunk": total, "functions": by_function}, f, indent=1)
     return 0
 
 
