@@ -1,7 +1,7 @@
 /* What the files of asynctier._speedups share (_speedups.c: the per-chunk twins and the
  * module; _speedups_groups.c: a group job's descriptors and checks; _speedups_nvme.c: the nvme
- * tier's store jobs' steps and the index steps of its loads; _speedups_nvme_loads.c: its load
- * jobs' descriptors and checks; _speedups_lru.c: the LRU index's). */
+ * tier's jobs' steps on its slot index; _speedups_nvme_runs.c: its jobs' runs, their
+ * descriptors and outcomes; _speedups_lru.c: the LRU index's). */
 #ifndef ASYNCTIER_SPEEDUPS_H
 #define ASYNCTIER_SPEEDUPS_H
 
@@ -57,24 +57,13 @@ SP_HIDDEN PyObject *take_free(PyObject *self, PyObject *const *args, Py_ssize_t 
 SP_HIDDEN PyObject *begin_writes(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 SP_HIDDEN PyObject *end_writes(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 SP_HIDDEN PyObject *put_published(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
-SP_HIDDEN PyObject *pack_slot_writes(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 SP_HIDDEN PyObject *pin_many(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 SP_HIDDEN PyObject *unpin_many(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+
+/* _speedups_nvme_runs.c */
 SP_HIDDEN PyObject *slot_runs(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+SP_HIDDEN PyObject *pack_slot_writes(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 SP_HIDDEN PyObject *runs_written(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
-/* A run's item (position, slot, stripe, offset) checked against nk keys and nfd stripes; -1 with an error. */
-SP_HIDDEN int run_item(PyObject *it, Py_ssize_t nk, Py_ssize_t nfd, Py_ssize_t *pos, int64_t *stripe, int64_t *off,
-                       const char *fn);
-
-/* Room for m descriptors at offset of table (else NULL with ValueError); runs[j] a non-empty list. */
-SP_HIDDEN struct at_job *jobs_at(const Py_buffer *table, Py_ssize_t offset, Py_ssize_t m, const char *fn);
-SP_HIDDEN int check_run(PyObject *run, Py_ssize_t j, const char *fn);
-/* Chunk c's two iovecs (header block, payload) and a run's READV or WRITEV descriptor. */
-SP_HIDDEN void put_iov(uint64_t *iov, Py_ssize_t c, uint64_t hb_addr, uint64_t hb_len, uint64_t payload, uint64_t n);
-SP_HIDDEN struct at_job *put_run_job(struct at_job *job, int32_t kind, int32_t prio, int32_t fd, uint64_t iov_addr,
-                                     uint64_t sums_addr, Py_ssize_t first, Py_ssize_t len, int64_t off);
-
-/* _speedups_nvme_loads.c */
 SP_HIDDEN PyObject *pack_slot_reads(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 SP_HIDDEN PyObject *runs_loaded(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 
