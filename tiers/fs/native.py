@@ -114,25 +114,26 @@ class NativeIO:
         slot's own, so a one-chunk job's block is its slot's number."""
         return slot if i == 0 else self._slots + slot * (GROUP_CHUNKS - 1) + i - 1
 
-    def blocks(self, slot: int, n: int) -> list[int]:
-        """:meth:`block` of the first ``n`` chunks of the group job in ``slot``."""
+    def blocks(self, slot: int, n: int, first: int = 0) -> list[int]:
+        """:meth:`block` of chunks ``first`` to ``n - 1`` of the group job in ``slot``."""
+        if first >= n:
+            return []
         base = self._slots + slot * (GROUP_CHUNKS - 1) - 1
-        return [slot, *range(base + 1, base + n)] if n else []
+        return [slot, *range(base + 1, base + n)] if first == 0 else list(range(base + first, base + n))
 
     def _take_blocks(self, slot: int, first: int, m: int) -> list[int]:
-        """:meth:`block` of chunks ``first`` to ``first + m - 1`` of the group job in ``slot``,
-        each marked as holding up to ``HEADER_BLOCK`` bytes that may not be zero (a header
-        packed or read there): by slices, not a Python step per chunk."""
-        if m <= 0:
-            return []
+        """:meth:`blocks` of chunks ``first`` to ``first + m - 1`` of the group job in
+        ``slot``, each marked as holding up to ``HEADER_BLOCK`` bytes that may not be zero (a
+        header packed or read there): by slices, not a Python step per chunk (the blocks after
+        the slot's own are adjacent)."""
+        blocks = self.blocks(slot, first + m, first)
         used = self._hb_used
-        base = self._slots + slot * (GROUP_CHUNKS - 1) - 1
-        if first:
-            used[base + first : base + first + m] = _FULL[:m]
-            return list(range(base + first, base + first + m))
-        used[slot] = HEADER_BLOCK
-        used[base + 1 : base + m] = _FULL[: m - 1]
-        return [slot, *range(base + 1, base + m)]
+        adjacent = blocks if first else blocks[1:]
+        if blocks and not first:
+            used[slot] = HEADER_BLOCK
+        if adjacent:
+            used[adjacent[0] : adjacent[-1] + 1] = _FULL[: len(adjacent)]
+        return blocks
 
     def pack_reads(self, slot: int, keys: list[bytes], cids: list[int], flags: int, hashed: int) -> nativeio.JobFields:
         """The :data:`~asynctier.engines.native.GROUP` job of slot ``slot`` that reads the
