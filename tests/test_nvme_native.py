@@ -291,6 +291,46 @@ async def test_a_group_with_a_bad_and_a_missing_chunk_fails_those_only(tmp_path:
         assert not pinned(tier)
 
 
+@pytest.mark.parametrize("step", ["runs_loaded", "pack_slot_reads"])
+async def test_a_group_whose_check_or_next_runs_fail_fails_whole_and_leaves_no_pin(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, step: str
+) -> None:
+    """A group of loads whose runs' check (or the packing of its next runs) raises on the
+    loop thread (memory running out, in practice): every chunk of it fails with that error,
+    none passes as loaded, no slot stays pinned, and the next load works."""
+    from types import SimpleNamespace
+
+    from asynctier.tiers.nvme import fast
+
+    # (coalesce_bytes: the call's 20 chunks go as one group job)
+    tier, view = make(tmp_path / "gf.slab", io_engine="native", max_inflight=1, nchunks=64, coalesce_bytes=4 << 20)
+    async with tier:
+        data, keys = await stored(tier, view, 11, b"f", 40)
+        # every other slot freed: the group's 20 slots lie in 20 runs, more than one GROUP job
+        # takes (16): it has next runs
+        assert (await tier.remove(keys[1::2])).ok
+        keys = keys[::2]
+        real = fast._ops
+        calls = {"n": 0}
+
+        def failing(*args: object) -> object:
+            calls["n"] += 1
+            if step == "runs_loaded" or calls["n"] > 1:  # pack_slot_reads: not the first (plan) but a next one
+                raise MemoryError("no memory for the check")
+            return getattr(real, step)(*args)
+
+        monkeypatch.setattr(fast, "_ops", SimpleNamespace(**{n: getattr(real, n) for n in dir(real)} | {step: failing}))
+        res = await tier.load(keys, list(range(40, 60)))
+        assert calls["n"] >= (1 if step == "runs_loaded" else 2)
+        assert res.failed and not res.succeeded
+        assert all(isinstance(e, MemoryError) for e in res.failed.values())
+        monkeypatch.setattr(fast, "_ops", real)
+        view[:] = bytes(view.nbytes)
+        assert (await tier.load(keys, list(range(40, 60)))).ok  # (its flush unpins what the failure left)
+        assert [chunk_at(view, CHUNK, 40 + i) for i in range(20)] == data[:40:2]
+        assert not pinned(tier)
+
+
 async def test_a_group_finding_the_index_busy_loads_on_a_thread(tmp_path: Path) -> None:
     tier, view = make(tmp_path / "gl.slab", io_engine="native", max_inflight=2, nchunks=16)
     async with tier:

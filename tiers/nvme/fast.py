@@ -241,18 +241,37 @@ class LoadPath:
         else:
             res, offset = pool.sub_outcomes(slot)
             area, spec = self._areas[slot], tier.offloading_spec
-            good = _ops.runs_loaded(res, offset, runs, keys, g.found, area.hb, tier._slabs.hdr_area, area.sums,
-                                    spec.chunk_bytes, spec.layout_digest, tier.verify, g.bad, self._unpins)  # fmt: skip
+            bad: list[int] = []
+            unpins: list[int] = []
+            try:
+                good = _ops.runs_loaded(res, offset, runs, keys, g.found, area.hb, tier._slabs.hdr_area, area.sums,
+                                        spec.chunk_bytes, spec.layout_digest, tier.verify, bad, unpins)  # fmt: skip
+            except BaseException:
+                self._drop(slot, g)  # the group fails whole (its chunks with this error)
+                raise
+            g.bad += bad
+            self._unpins += unpins
         self._booked += [perf_counter() - t0] * good
         g.next += k
         if g.next < len(g.runs):
-            return self._run_fields(tier, slot, job, g)
+            try:
+                return self._run_fields(tier, slot, job, g)
+            except BaseException:
+                self._drop(slot, g)
+                raise
         del self._groups[slot]
         if not g.bad:
             job.result = g.outcomes
             return None
         tier._stats.incr("native_retries", len(g.bad))
         return partial(self._again, tier, keys, cids, t0, g)
+
+    def _drop(self, slot: int, g: _Group) -> None:
+        """A group that ends failed midway (an exception on the loop thread, memory only): its
+        slots not yet checked are unpinned at the next flush, as the checked ones are; never
+        left pinned."""
+        del self._groups[slot]
+        self._unpins += [nslot for run in g.runs[g.next :] for _, nslot, _, _ in run]
 
     async def _again(self, tier: NvmeTier, keys: list[bytes], cids: list[int], t0: float, g: _Group) -> Outcomes:
         """The slots that did not simply check out, read again by the threads path's group body
