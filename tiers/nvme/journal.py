@@ -126,6 +126,10 @@ class Journal:
         """Whether record ``ticket`` is in the journal already (no waiting, no I/O)."""
         return ticket <= self._done and self.broken is None
 
+    def flushed_upto(self) -> int:
+        """The last ticket in the journal (0 once it is broken): :meth:`flushed` for many tickets."""
+        return self._done if self.broken is None else 0
+
     def wait(self, ticket: int) -> None:
         """Return once record ``ticket`` is in the journal file (and synced, when durable)."""
         if ticket <= 0:

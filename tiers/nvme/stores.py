@@ -21,8 +21,10 @@ from __future__ import annotations
 import ctypes
 import errno
 import os
+import sys
 import weakref
 from collections import deque
+from collections.abc import Iterable
 from functools import partial
 from time import perf_counter
 from types import ModuleType
@@ -109,6 +111,7 @@ class StorePath:
         # slots allocated by this path's jobs and not yet published (or handed to a thread),
         # and the jobs parked until fewer are (see plan)
         self._writing = 0
+        self._most_writing = 0  # half the slots (0: not read yet)
         self._no_room: deque[tuple[int, Job]] = deque()
         # latencies of the stores acknowledged (written; found stored), booked after each batch
         self._booked: list[float] = []
@@ -137,8 +140,13 @@ class StorePath:
         return r
 
     def _room(self, n: int) -> bool:
-        tier = self._tier()
-        return not self._writing or tier is None or self._writing + n <= max(1, tier.nslots // 2)
+        most = self._most_writing
+        if not most:  # (the slab's size is set once open: read it once)
+            tier = self._tier()
+            if tier is None or not tier.nslots:
+                return True
+            most = self._most_writing = max(1, tier.nslots // 2)
+        return not self._writing or self._writing + n <= most
 
     def _admit(self) -> None:
         """Plan the jobs parked for room while there is some (on the loop thread, outside the
@@ -228,31 +236,40 @@ class StorePath:
 
     # -- ends ------------------------------------------------------------------------------------
     def finish(self, job: Job, slot: int, result: int, csum: int, stage: int, info: int) -> Step:
-        if self._carrier is not None and self._carrier.slot == slot:
+        carrier = self._carrier
+        if carrier is not None and carrier.slot == slot:
             return self._commit_ended(result, stage)
         tier = self._live()
         st = self._jobs[slot]
-        k, pool = st.batch, self._engine.pool
+        k, first, pool = st.batch, st.next, self._engine.pool
         assert pool is not None
-        runs = st.runs[st.next : st.next + k]
+        runs = st.runs[first : first + k]
         res, offset = pool.sub_outcomes(slot)
-        own, size = (result, csum, stage, info), RESULT_LAYOUT.size
         # a group refused whole (its stage set) never ran: its outcome is each run's
         bad = range(k) if stage else _ops.runs_written(res, offset, runs, self._areas[slot].sums, st.csums, st.written)
-        for j in bad:
-            result, _, _, _ = own if own[2] else RESULT_LAYOUT.unpack_from(res, offset + j * size)
-            run = runs[j]
-            code = -result if result < 0 else errno.EIO
-            what = os.strerror(code) if result < 0 else f"short write ({result} bytes)"
-            where = f"{len(run)} slot(s) at offset {run[0][3]} of {tier._slabs.paths[run[0][2]]}"
-            st.bad.append(([p for p, _, _, _ in run], OSError(code, f"nvme tier: writing {where} failed: {what}")))
-        st.next += k
+        if bad:
+            self._runs_failed(tier, st, runs, bad, (result, csum, stage, info), res, offset)
+        st.next = first + k
         if st.next < len(st.runs):
             try:
                 return self._run_fields(tier, slot, job, st)
             except Exception as e:  # the runs left are not written: their slots go back
                 st.bad += [([p for p, _, _, _ in r], e) for r in st.runs[st.next :]]
         return self._publish(tier, slot, job, st)
+
+    @staticmethod
+    def _runs_failed(
+        tier: NvmeTier, st: _Store, runs: list[Run], bad: Iterable[int], own: tuple[int, int, int, int],
+        res: Any, offset: int,
+    ) -> None:  # fmt: skip
+        """Note why each run in ``bad`` (positions in ``runs``) was not written."""
+        for j in bad:
+            result = own[0] if own[2] else RESULT_LAYOUT.unpack_from(res, offset + j * RESULT_LAYOUT.size)[0]
+            run = runs[j]
+            code = -result if result < 0 else errno.EIO
+            what = os.strerror(code) if result < 0 else f"short write ({result} bytes)"
+            where = f"{len(run)} slot(s) at offset {run[0][3]} of {tier._slabs.paths[run[0][2]]}"
+            st.bad.append(([p for p, _, _, _ in run], OSError(code, f"nvme tier: writing {where} failed: {what}")))
 
     def _publish(self, tier: NvmeTier, slot: int, job: Job, st: _Store) -> Step:
         """Every run ended: publish what was written (the index lock only tried), then acknowledge."""
@@ -268,8 +285,14 @@ class StorePath:
         finally:
             lock.release()
         self._writing -= len(st.slots)
-        st.ticket = last  # (_acknowledge adds the keys found stored)
-        return self._acknowledge(tier, slot, job, st)
+        # _acknowledge written out (this runs per job): the keys found stored count too
+        st.acking = True
+        ticket = st.ticket = last if last > st.skip_ticket else st.skip_ticket
+        if ticket and not cat.journal.flushed(ticket):
+            return self._park(ticket, slot, job, st)
+        self._over(tier, slot, job, st)
+        self._book(tier)
+        return None
 
     def _acknowledge(self, tier: NvmeTier, slot: int, job: Job, st: _Store) -> Step:
         """Over once the records that published its chunks (or the ones found stored) are in
@@ -428,15 +451,22 @@ class StorePath:
         commit covered (``err``); commit again for the others."""
         parked, self._parked = self._parked, []
         tier = self._tier()
-        for item in parked:
-            ticket, slot, job, st = item
-            if err is None and journal is not None and not journal.flushed(ticket):
-                self._parked.append(item)  # queued after the commit began: the next one
-                continue
-            if err is not None and ticket > target > 0:
-                self._parked.append(item)  # a later commit may succeed
-                continue
-            self._go_on(tier, slot, job, st, err)
+        if err is None:
+            # each ticket up to this one is in: a later one was queued after the commit began
+            upto = journal.flushed_upto() if journal is not None else sys.maxsize
+            for item in parked:
+                if item[0] > upto:
+                    self._parked.append(item)  # the next commit's
+                else:
+                    _, slot, job, st = item
+                    self._go_on(tier, slot, job, st, None)
+        else:
+            for item in parked:
+                if item[0] > target > 0:
+                    self._parked.append(item)  # a later commit may succeed
+                else:
+                    _, slot, job, st = item
+                    self._go_on(tier, slot, job, st, err)
         if tier is not None:
             self._book(tier)
         self._admit()
