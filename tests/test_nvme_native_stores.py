@@ -18,6 +18,7 @@ from test_nvme_native import index_lock_held
 from asynctier import CapacityError
 from asynctier.engines import native as nativeio
 from asynctier.tiers.nvme import NvmeTier, stores
+from asynctier.tiers.nvme.format import EVICT, pack_records
 
 pytestmark = pytest.mark.skipif(nativeio.problem() is not None, reason=f"no native workers: {nativeio.problem()}")
 
@@ -260,6 +261,30 @@ async def test_the_journal_is_written_by_a_worker_job_and_a_failed_one_is_mended
     async with tier:
         res = await tier.load([b"a", b"b", b"c", b"d"], [0, 1, 2, 3])
         assert res.ok and [chunk_at(view, CHUNK, i) for i in range(4)] == data[:4]
+
+
+async def test_the_last_flushed_ticket_answers_as_flushed_does_for_every_ticket(tmp_path: Path) -> None:
+    """A commit's parked stores are let go against Journal.flushed_upto, read once: it must
+    agree with flushed() for every ticket, records queued and not yet written included, and
+    give none once the journal is broken."""
+    tier, view = make(tmp_path / "u.slab", io_engine="native")
+    async with tier:
+        fill(view, CHUNK, 23)
+        assert (await tier.offload([b"u%d" % i for i in range(6)], list(range(6)))).ok
+        cat = tier._catalog
+        assert cat is not None
+        journal = cat.journal
+        with cat.index.lock:  # queued, not written: past the last flushed ticket (an EVICT of
+            # a key never stored, a no-op on replay)
+            queued = journal.append_many(pack_records(EVICT, [(b"never-stored", 0, 1, 0)]))
+        upto = journal.flushed_upto()
+        assert 0 < upto < queued
+        assert all(journal.flushed(t) == (t <= upto) for t in range(1, queued + 2))
+        journal.broken = OSError("broken for the test")
+        try:
+            assert journal.flushed_upto() == 0 and not any(journal.flushed(t) for t in range(1, queued + 1))
+        finally:
+            journal.broken = None
 
 
 async def test_worker_commits_and_thread_flushes_append_one_after_the_other(tmp_path: Path) -> None:

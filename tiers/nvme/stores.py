@@ -143,9 +143,11 @@ class StorePath:
         most = self._most_writing
         if not most:  # (the slab's size is set once open: read it once)
             tier = self._tier()
-            if tier is None or not tier.nslots:
+            if tier is None:
                 return True
-            most = self._most_writing = max(1, tier.nslots // 2)
+            most = max(1, tier.nslots // 2)
+            if tier.nslots:
+                self._most_writing = most
         return not self._writing or self._writing + n <= most
 
     def _admit(self) -> None:
