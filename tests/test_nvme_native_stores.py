@@ -17,7 +17,7 @@ from test_nvme_native import index_lock_held
 
 from asynctier import CapacityError
 from asynctier.engines import native as nativeio
-from asynctier.tiers.nvme import NvmeTier, stores
+from asynctier.tiers.nvme import NvmeTier, slab, stores
 from asynctier.tiers.nvme.format import EVICT, pack_records
 
 pytestmark = pytest.mark.skipif(nativeio.problem() is not None, reason=f"no native workers: {nativeio.problem()}")
@@ -285,6 +285,42 @@ async def test_the_last_flushed_ticket_answers_as_flushed_does_for_every_ticket(
             assert journal.flushed_upto() == 0 and not any(journal.flushed(t) for t in range(1, queued + 1))
         finally:
             journal.broken = None
+
+
+@pytest.mark.parametrize("direct_io", [False, True], ids=["buffered", "direct"])
+async def test_runs_are_short_on_a_slab_without_o_direct(tmp_path: Path, direct_io: bool) -> None:
+    """Without O_DIRECT a worker's I/O is a copy on the CPU, and a group's worker yields
+    between runs: a store's and a load's runs stay within BUFFERED_RUN_BYTES there (every byte
+    still round-trips); with O_DIRECT they stay one run of adjacent slots."""
+    # one job of 16 chunks a call (4 MiB jobs at most, 256 slots for 4 tokens)
+    cfg = {"direct_io": direct_io, "slots": 256, "max_inflight": 4, "coalesce_bytes": 4 << 20}
+    tier, view = make(tmp_path / "r.slab", io_engine="native", nchunks=16, **cfg)
+    async with tier:
+        slabs = tier._slabs
+        if direct_io and not slabs.direct:
+            pytest.skip("this file system refuses O_DIRECT")
+        seen: list[int] = []
+        real_runs = slabs.runs
+
+        def runs(slots: Any, limit: int = slab.RUN_MAX) -> Any:
+            out = real_runs(slots, limit)
+            seen.extend(map(len, out))
+            return out
+
+        slabs.runs = runs  # type: ignore[method-assign]
+        data = fill(view, CHUNK, 29)
+        keys = [b"r%d" % i for i in range(16)]
+        assert (await tier.offload(keys, list(range(16)))).ok
+        view[:] = bytes(len(view))
+        assert (await tier.load(keys, list(range(16)))).ok
+        assert [chunk_at(view, CHUNK, i) for i in range(16)] == data[:16]
+        cap = slab.BUFFERED_RUN_BYTES // slabs.slot_size
+        assert slabs.run_slots == (slab.RUN_MAX if direct_io else cap)
+        assert seen and sum(seen) == 32  # each chunk once in a store's runs and once in a load's
+        if direct_io:
+            assert max(seen) == 16  # the store's sixteen slots are adjacent in an empty slab
+        else:
+            assert max(seen) == cap < 16
 
 
 async def test_worker_commits_and_thread_flushes_append_one_after_the_other(tmp_path: Path) -> None:

@@ -192,7 +192,7 @@ class LoadPath:
             return None
         try:
             # (the workers refuse a READV of more slots than theirs, whatever the slab's limit)
-            runs = tier._slabs.runs(found, nativeio.READV_MAX)
+            runs = tier._slabs.runs(found, min(nativeio.READV_MAX, tier._slabs.run_slots))
             self._groups[slot] = _Group(found, outcomes, runs)
             return self._run_fields(tier, slot, job, self._groups[slot])
         except BaseException:  # never leave a slot pinned

@@ -34,6 +34,13 @@ Run = list[tuple[int, int, int, int]]
 #: Slots of one run at most: two buffers a slot stay within the kernel's IOV_MAX (1024).
 RUN_MAX = 512
 
+#: Bytes of one run at most on a slab read and written without ``O_DIRECT`` (tmpfs, or a file
+#: system that refused it), where a worker's I/O is a copy on the CPU: a group job's worker
+#: offers its CPU between two runs, and longer uninterrupted copies kept the event loop's
+#: thread waiting for a core (256 KiB loads on tmpfs: p99 lag 4.2-5.1 ms with runs of 8 slots,
+#: 1.5-1.7 with runs of 2; docs/benchmarks.md, seventeenth pass).
+BUFFERED_RUN_BYTES = 512 << 10
+
 
 class Geometry:
     """Where slot ``g`` lives: stripe ``g % n``, position ``g // n`` in that stripe."""
@@ -304,6 +311,15 @@ class SlabSet:
     @property
     def hdr_area(self) -> int:
         return self._hdr
+
+    @property
+    def run_slots(self) -> int:
+        """Slots of one run at most for the native workers: :data:`RUN_MAX` with ``O_DIRECT``
+        (the device sets the pace, and one long run is one request), else as many as fit in
+        :data:`BUFFERED_RUN_BYTES` (at least one)."""
+        if self.direct:
+            return RUN_MAX
+        return min(RUN_MAX, max(1, BUFFERED_RUN_BYTES // self.slot_size))
 
     def locate(self, slot: int) -> tuple[int, int]:
         """(descriptor, byte offset) of ``slot``."""
