@@ -139,7 +139,7 @@ SP_HIDDEN Py_ssize_t put_header(unsigned char *p, const char *key, Py_ssize_t kl
 
 /* A key argument: bytes of at most 2**32 - 1 bytes (the header's key length field). */
 SP_HIDDEN int check_key(PyObject *key, const char *fn) {
-    if (!PyBytes_Check(key)) {
+    if (!PyBytes_CheckExact(key)) { /* (a subclass's __hash__ or __eq__ would run in lookups) */
         PyErr_Format(PyExc_TypeError, "%s(): a key is bytes, not %.100s", fn, Py_TYPE(key)->tp_name);
         return -1;
     }
@@ -166,10 +166,28 @@ SP_HIDDEN int check_nargs(const char *fn, Py_ssize_t nargs, Py_ssize_t want) {
 }
 
 /* An unsigned 64-bit field from a Python int (OverflowError outside 0 .. 2**64 - 1). */
+/* The twins take exact ints and bytes only: converting anything else (numpy's ints, an
+ * int-like's __index__, a subclass's __hash__ or __eq__ in a dict lookup) would run Python
+ * code between a twin's checks and its writes, which could change what it checked. */
+SP_HIDDEN int need_int(PyObject *v) {
+    if (PyLong_CheckExact(v)) return 0;
+    PyErr_Format(PyExc_TypeError, "an int is expected, not %.100s", Py_TYPE(v)->tp_name);
+    return -1;
+}
+
 SP_HIDDEN int get_u64(PyObject *v, uint64_t *out) {
+    if (need_int(v) < 0) return -1;
     unsigned long long x = PyLong_AsUnsignedLongLong(v);
     if (x == (unsigned long long)-1 && PyErr_Occurred()) return -1;
     *out = (uint64_t)x;
+    return 0;
+}
+
+SP_HIDDEN int get_ll(PyObject *v, long long *out) {
+    if (need_int(v) < 0) return -1;
+    long long x = PyLong_AsLongLong(v);
+    if (x == -1 && PyErr_Occurred()) return -1;
+    *out = x;
     return 0;
 }
 
@@ -299,6 +317,7 @@ fail:
 
 /* An int argument within int32 (the descriptors' fields). */
 SP_HIDDEN int get_i32(PyObject *v, int32_t *out, const char *fn, const char *what) {
+    if (need_int(v) < 0) return -1;
     long x = PyLong_AsLong(v);
     if (x == -1 && PyErr_Occurred()) return -1;
     if (x < INT32_MIN || x > INT32_MAX) {

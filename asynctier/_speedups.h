@@ -39,7 +39,11 @@ SP_HIDDEN int check_key(PyObject *key, const char *fn);
 SP_HIDDEN int check_named_key(PyObject *key, const char *fn);
 SP_HIDDEN int check_digest(PyObject *digest, const char *fn);
 SP_HIDDEN int check_nargs(const char *fn, Py_ssize_t nargs, Py_ssize_t want);
+/* Exact ints only (see need_int in _speedups.c): 0, or -1 with TypeError, OverflowError or
+ * ValueError. A twin that reads an int with anything else may run Python code midway. */
+SP_HIDDEN int need_int(PyObject *v);
 SP_HIDDEN int get_u64(PyObject *v, uint64_t *out);
+SP_HIDDEN int get_ll(PyObject *v, long long *out);
 SP_HIDDEN int get_i32(PyObject *v, int32_t *out, const char *fn, const char *what);
 
 /* _speedups_groups.c */
