@@ -24,6 +24,7 @@ __all__ = [
     "direct_io_ok",
     "fsync_dir",
     "logical_block_size",
+    "memory_fs",
     "network_fs",
     "pread_into",
     "pwrite_all",
@@ -124,20 +125,39 @@ _NETWORK_FS_MAGIC = {
 }
 
 
-def network_fs(path: str | os.PathLike[str]) -> str | None:
-    """The name of the network (or FUSE) file system holding ``path``, None for a local one
-    or where it cannot be told (statfs(2) on 64-bit Linux only).
+#: statfs(2) ``f_type`` of file systems held in memory: their reads and writes are copies on
+#: the CPU, O_DIRECT or not (tmpfs accepts O_DIRECT since Linux 6.6)
+_MEMORY_FS_MAGIC = {0x01021994: "tmpfs", 0x858458F6: "ramfs", 0x958458F6: "hugetlbfs"}
 
-    Tiers use it to keep calls that may wait on a server (locks, for one) off the event loop.
-    """
+
+def _fs_magic(path: str | os.PathLike[str]) -> int | None:
+    """statfs(2) ``f_type`` of the file system holding ``path``; None where it cannot be told
+    (64-bit Linux only)."""
     if not sys.platform.startswith("linux") or ctypes.sizeof(ctypes.c_long) != 8:
         return None
     buf = ctypes.create_string_buffer(256)  # struct statfs is 120 bytes; f_type comes first
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.statfs(os.fsencode(path), buf) != 0:
         return None
-    f_type = ctypes.c_long.from_buffer(buf).value & 0xFFFFFFFF
-    return _NETWORK_FS_MAGIC.get(f_type)
+    return ctypes.c_long.from_buffer(buf).value & 0xFFFFFFFF
+
+
+def network_fs(path: str | os.PathLike[str]) -> str | None:
+    """The name of the network (or FUSE) file system holding ``path``, None for a local one
+    or where it cannot be told (statfs(2) on 64-bit Linux only).
+
+    Tiers use it to keep calls that may wait on a server (locks, for one) off the event loop.
+    """
+    magic = _fs_magic(path)
+    return None if magic is None else _NETWORK_FS_MAGIC.get(magic)
+
+
+def memory_fs(path: str | os.PathLike[str]) -> str | None:
+    """The name of the in-memory file system (tmpfs, ramfs, hugetlbfs) holding the regular
+    file or directory ``path``, else None (a device node's is its /dev's, not the device's:
+    ask only for files)."""
+    magic = _fs_magic(path)
+    return None if magic is None else _MEMORY_FS_MAGIC.get(magic)
 
 
 def pwrite_all(fd: int, view: memoryview, offset: int) -> None:

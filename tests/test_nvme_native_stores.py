@@ -7,6 +7,8 @@ threads path's steps. Conformance on this engine: TestNvmeTierAligned in test_nv
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +17,7 @@ import pytest
 from nvme_helpers import CHUNK, chunk_at, crash, fill, make
 from test_nvme_native import index_lock_held
 
-from asynctier import CapacityError
+from asynctier import CapacityError, posix_io
 from asynctier.engines import native as nativeio
 from asynctier.tiers.nvme import NvmeTier, slab, stores
 from asynctier.tiers.nvme.format import EVICT, pack_records
@@ -287,40 +289,58 @@ async def test_the_last_flushed_ticket_answers_as_flushed_does_for_every_ticket(
             journal.broken = None
 
 
-@pytest.mark.parametrize("direct_io", [False, True], ids=["buffered", "direct"])
-async def test_runs_are_short_on_a_slab_without_o_direct(tmp_path: Path, direct_io: bool) -> None:
-    """Without O_DIRECT a worker's I/O is a copy on the CPU, and a group's worker yields
-    between runs: a store's and a load's runs stay within BUFFERED_RUN_BYTES there (every byte
-    still round-trips); with O_DIRECT they stay one run of adjacent slots."""
+def _memory_dir() -> Path | None:
+    """A directory on tmpfs (which accepts O_DIRECT since Linux 6.6, and still copies), if any."""
+    shm = Path("/dev/shm")
+    return shm if shm.is_dir() and os.access(shm, os.W_OK) and posix_io.memory_fs(shm) == "tmpfs" else None
+
+
+@pytest.mark.parametrize("where", ["buffered", "direct", "tmpfs"])
+async def test_runs_are_short_where_a_slots_io_is_a_copy(disk_tmp_path: Path, where: str) -> None:
+    """Without O_DIRECT, or on tmpfs, a worker's I/O is a copy on the CPU, and a group's
+    worker yields between runs: a store's and a load's runs stay within BUFFERED_RUN_BYTES
+    there (every byte still round-trips); with O_DIRECT on a disk they stay one run of
+    adjacent slots."""
+    base = tmp_path = disk_tmp_path
+    if where == "tmpfs":
+        mem = _memory_dir()
+        if mem is None:
+            pytest.skip("no writable tmpfs at /dev/shm")
+        base = Path(tempfile.mkdtemp(dir=mem))
     # one job of 16 chunks a call (4 MiB jobs at most, 256 slots for 4 tokens)
-    cfg = {"direct_io": direct_io, "slots": 256, "max_inflight": 4, "coalesce_bytes": 4 << 20}
-    tier, view = make(tmp_path / "r.slab", io_engine="native", nchunks=16, **cfg)
-    async with tier:
-        slabs = tier._slabs
-        if direct_io and not slabs.direct:
-            pytest.skip("this file system refuses O_DIRECT")
-        seen: list[int] = []
-        real_runs = slabs.runs
+    cfg = {"direct_io": where != "buffered", "slots": 256, "max_inflight": 4, "coalesce_bytes": 4 << 20}
+    tier, view = make(base / "r.slab", io_engine="native", nchunks=16, **cfg)
+    try:
+        async with tier:
+            slabs = tier._slabs
+            if where == "direct" and slabs.copies:
+                pytest.skip("the system's temporary directory is in memory, or refuses O_DIRECT")
+            seen: list[int] = []
+            real_runs = slabs.runs
 
-        def runs(slots: Any, limit: int = slab.RUN_MAX) -> Any:
-            out = real_runs(slots, limit)
-            seen.extend(map(len, out))
-            return out
+            def runs(slots: Any, limit: int = slab.RUN_MAX) -> Any:
+                out = real_runs(slots, limit)
+                seen.extend(map(len, out))
+                return out
 
-        slabs.runs = runs  # type: ignore[method-assign]
-        data = fill(view, CHUNK, 29)
-        keys = [b"r%d" % i for i in range(16)]
-        assert (await tier.offload(keys, list(range(16)))).ok
-        view[:] = bytes(len(view))
-        assert (await tier.load(keys, list(range(16)))).ok
-        assert [chunk_at(view, CHUNK, i) for i in range(16)] == data[:16]
-        cap = slab.BUFFERED_RUN_BYTES // slabs.slot_size
-        assert slabs.run_slots == (slab.RUN_MAX if direct_io else cap)
-        assert seen and sum(seen) == 32  # each chunk once in a store's runs and once in a load's
-        if direct_io:
-            assert max(seen) == 16  # the store's sixteen slots are adjacent in an empty slab
-        else:
-            assert max(seen) == cap < 16
+            slabs.runs = runs  # type: ignore[method-assign]
+            data = fill(view, CHUNK, 29)
+            keys = [b"r%d" % i for i in range(16)]
+            assert (await tier.offload(keys, list(range(16)))).ok
+            view[:] = bytes(len(view))
+            assert (await tier.load(keys, list(range(16)))).ok
+            assert [chunk_at(view, CHUNK, i) for i in range(16)] == data[:16]
+            cap = slab.BUFFERED_RUN_BYTES // slabs.slot_size
+            assert slabs.copies == (where != "direct")
+            assert slabs.run_slots == (slab.RUN_MAX if where == "direct" else cap)
+            assert seen and sum(seen) == 32  # each chunk once in a store's runs and once in a load's
+            if where == "direct":
+                assert max(seen) == 16  # the store's sixteen slots are adjacent in an empty slab
+            else:
+                assert max(seen) == cap < 16
+    finally:
+        if base is not tmp_path:
+            shutil.rmtree(base, ignore_errors=True)
 
 
 async def test_worker_commits_and_thread_flushes_append_one_after_the_other(tmp_path: Path) -> None:

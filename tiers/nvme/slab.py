@@ -17,7 +17,7 @@ from asynctier import IntegrityError, TierConfigError
 from asynctier.core import MAX_KEY_BYTES
 from asynctier.engines.speedups import speedups
 from asynctier.integrity import ChunkHeader, checksum, header_matches
-from asynctier.posix_io import O_DIRECT, aligned_buffer, buffer_address, logical_block_size
+from asynctier.posix_io import O_DIRECT, aligned_buffer, buffer_address, logical_block_size, memory_fs
 
 from . import sysio
 from .files import check_opened_slab, create_slab, slab_kind
@@ -34,11 +34,11 @@ Run = list[tuple[int, int, int, int]]
 #: Slots of one run at most: two buffers a slot stay within the kernel's IOV_MAX (1024).
 RUN_MAX = 512
 
-#: Bytes of one run at most on a slab read and written without ``O_DIRECT`` (tmpfs, or a file
-#: system that refused it), where a worker's I/O is a copy on the CPU: a group job's worker
-#: offers its CPU between two runs, and longer uninterrupted copies kept the event loop's
-#: thread waiting for a core (256 KiB loads on tmpfs: p99 lag 4.2-5.1 ms with runs of 8 slots,
-#: 1.5-1.7 with runs of 2; docs/benchmarks.md, seventeenth pass).
+#: Bytes of one run at most where a worker's I/O is a copy on the CPU (a slab without
+#: ``O_DIRECT``, or in memory): a group job's worker offers its CPU between two runs, and
+#: longer uninterrupted copies kept the event loop's thread waiting for a core (256 KiB loads
+#: on tmpfs: p99 lag 4.2-5.1 ms with runs of 8 slots, 1.5-1.7 with runs of 2;
+#: docs/benchmarks.md, seventeenth pass).
 BUFFERED_RUN_BYTES = 512 << 10
 
 
@@ -104,6 +104,7 @@ class SlabSet:
         files this open created are removed (see :meth:`abandon`).
         """
         self.direct = bool(self.direct_io and O_DIRECT)
+        self.copies = True
         self.fds = []  # a new list: a finalizer of an earlier open may still hold the old one
         self._made = []
         n = len(self.paths)
@@ -119,6 +120,11 @@ class SlabSet:
                     fl = fcntl.fcntl(fd, fcntl.F_GETFL)
                     if fl & O_DIRECT:
                         fcntl.fcntl(fd, fcntl.F_SETFL, fl & ~O_DIRECT)
+            # whether a slot's I/O is a copy on the CPU rather than the device's work (run_slots)
+            self.copies = not self.direct or any(
+                not stat.S_ISBLK(os.fstat(fd).st_mode) and memory_fs(p) is not None
+                for p, fd in zip(self.paths, self.fds)
+            )
             sizes = [self._stripe_size(p, cur, per) for p, cur in zip(self.paths, found)]
             block = max(logical_block_size(p) for p in self.paths)
             geo = Geometry(block, chunk_bytes, min(sizes), n)
@@ -314,10 +320,12 @@ class SlabSet:
 
     @property
     def run_slots(self) -> int:
-        """Slots of one run at most for the native workers: :data:`RUN_MAX` with ``O_DIRECT``
-        (the device sets the pace, and one long run is one request), else as many as fit in
-        :data:`BUFFERED_RUN_BYTES` (at least one)."""
-        if self.direct:
+        """Slots of one run at most for the native workers: :data:`RUN_MAX` where the device
+        does the work (``O_DIRECT``: one long run is one request), else, where each slot's I/O
+        is a copy on the CPU (no ``O_DIRECT``, or a slab in memory: tmpfs accepts ``O_DIRECT``
+        since Linux 6.6 and still copies), as many as fit in :data:`BUFFERED_RUN_BYTES` (at
+        least one)."""
+        if not self.copies:
             return RUN_MAX
         return min(RUN_MAX, max(1, BUFFERED_RUN_BYTES // self.slot_size))
 
