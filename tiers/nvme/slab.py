@@ -34,7 +34,7 @@ Run = list[tuple[int, int, int, int]]
 #: Slots of one run at most: two buffers a slot stay within the kernel's IOV_MAX (1024).
 RUN_MAX = 512
 
-#: Bytes of one run at most where a worker's I/O is a copy on the CPU (a slab without
+#: Bytes of one run, about, where a worker's I/O is a copy on the CPU (a slab without
 #: ``O_DIRECT``, or in memory): a group job's worker offers its CPU between two runs, and
 #: longer uninterrupted copies kept the event loop's thread waiting for a core (256 KiB loads
 #: on tmpfs: p99 lag 4.2-5.1 ms with runs of 8 slots, 1.5-1.7 with runs of 2;
@@ -323,11 +323,11 @@ class SlabSet:
         """Slots of one run at most for the native workers: :data:`RUN_MAX` where the device
         does the work (``O_DIRECT``: one long run is one request), else, where each slot's I/O
         is a copy on the CPU (no ``O_DIRECT``, or a slab in memory: tmpfs accepts ``O_DIRECT``
-        since Linux 6.6 and still copies), as many as fit in :data:`BUFFERED_RUN_BYTES` (at
-        least one)."""
+        since Linux 6.6 and still copies), as many as make :data:`BUFFERED_RUN_BYTES`,
+        rounded up (two slots of 256 KiB chunks, eight of 64 KiB, one of 2 MiB)."""
         if not self.copies:
             return RUN_MAX
-        return min(RUN_MAX, max(1, BUFFERED_RUN_BYTES // self.slot_size))
+        return min(RUN_MAX, -(-BUFFERED_RUN_BYTES // self.slot_size))
 
     def locate(self, slot: int) -> tuple[int, int]:
         """(descriptor, byte offset) of ``slot``."""
