@@ -153,6 +153,15 @@ async def test_failures_report_the_step_and_errno(tmp_path: Path) -> None:
             with pytest.raises(OSError, match="submit refused"):
                 await pool.run(1, many)
             assert os.fstat(fd).st_size == 0
+            for kind in (nativeio.WRITE, nativeio.RECYCLE):  # ... a header too short for its checksum,
+                # which the worker writes at CSUM_OFFSET: it would land past the header block
+                hb, buf = ctypes.addressof(bufs.hb[1]), ctypes.addressof(bufs.buf[1])
+                short = nativeio.job(kind, 0, dfd, b"short", name2=b"v", flags=os.O_WRONLY, n=8, body_len=1,
+                                     hb=hb, hb_len=9, buf=buf)  # fmt: skip
+                short.name3 = b"t"
+                with pytest.raises(OSError, match="submit refused"):
+                    await pool.run(1, short)
+            assert not (tmp_path / "short").exists()
         finally:
             os.close(fd)
     finally:
@@ -636,3 +645,32 @@ async def test_a_submission_the_pool_refuses_fails_over_instead_of_hanging(
     assert "native I/O submission failed" in caplog.text
     # (fds other tests leaked may be closed by the garbage collector meanwhile: only new ones count)
     assert not set(os.listdir("/proc/self/fd")) - fds_before
+
+
+@native_only
+async def test_a_pool_abandoned_while_a_slow_path_holds_a_token_is_freed_after_it() -> None:
+    """abandon() (an engine's stop_nowait) while a thread is inside hold(): the pool's memory
+    must outlive that thread's token (it gives it back into the pool), so the pool is freed
+    by the last thread to leave hold(), and a hold() after the teardown began is refused."""
+    pool = nativeio.NativePool(threads=2, bound=2, slots=2)
+    pool.attach()
+    inside, leave = threading.Event(), threading.Event()
+
+    def slow_path() -> str:
+        inside.set()
+        leave.wait(30)
+        return "done"
+
+    holder = asyncio.ensure_future(asyncio.to_thread(pool.hold, slow_path))
+    try:
+        assert await asyncio.to_thread(inside.wait, 30)
+        pool.abandon()
+        for _ in range(5):  # the loop's side of the teardown runs (call_soon)
+            await asyncio.sleep(0)
+        assert not pool._closed  # not freed under the holder's feet
+        with pytest.raises(RuntimeError, match="shut down"):
+            pool.hold(lambda: None)
+    finally:
+        leave.set()
+        assert await holder == "done"
+    await wait_for(lambda: pool._closed, "the last holder frees the pool")

@@ -336,7 +336,7 @@ int at_acquire(struct at_pool *p, int prio) {
     while ((p->ntokens == 0 || queued_ahead(p, prio)) && !p->stopping) pthread_cond_wait(&p->tokens, &p->mu);
     p->acq_waiting[prio]--;
     int rc = -ESHUTDOWN;
-    if (p->ntokens > 0) {
+    if (p->ntokens > 0 && !p->stopping) { /* as at_try_acquire: none once the pool is told to stop */
         p->ntokens--;
         if (++p->in_flight > p->peak) p->peak = p->in_flight;
         rc = 0;

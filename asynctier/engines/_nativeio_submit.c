@@ -48,6 +48,9 @@ static int job_ok(const struct at_pool *p, int idx, const struct at_job *j) {
     } else if (j->body_len > 0 && (size_t)j->body_len + 8 > j->hb_len) {
         return 0;
     }
+    /* a write's preparation fills in the header's payload checksum at CSUM_OFFSET */
+    if ((j->kind == AT_WRITE || j->kind == AT_RECYCLE) && j->body_len > 0 && (j->body_len < CSUM_OFFSET + 8 || !j->hb))
+        return 0;
     if (j->kind == AT_SPARE && !j->name2[0]) return 0;
     if (j->kind == AT_RECYCLE && (!j->name2[0] || !j->name3[0])) return 0;
     return 1;

@@ -28,6 +28,7 @@ import errno
 import importlib.machinery
 import os
 import sys
+import threading
 import weakref
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -279,6 +280,11 @@ class NativePool:
         self._running = 0  # jobs submitted and not yet reaped
         self._closed = False
         self._abandoned = False
+        # threads inside hold() (they touch the pool's memory outside any job): the pool is
+        # freed only once none is left; a free asked for meanwhile is left to the last one
+        self._hold_mu = threading.Lock()
+        self._holders = 0
+        self._free_pending = False
         # dropped without close(): the workers end once idle; the pool's memory and eventfd
         # stay (a worker may still write to the eventfd: its number must not be reused)
         self._finalizer = weakref.finalize(self, _LIB.at_shutdown, handle)
@@ -467,18 +473,33 @@ class NativePool:
         a store's (:data:`~asynctier.core.ops.PRIO_STORE`) lets queued loads go first."""
         gil = _GIL_LIB
         assert gil is not None
-        rc = gil.at_try_acquire(self._h, prio)
-        if rc == -errno.EAGAIN:
-            rc = self._lib.at_acquire(self._h, prio)  # waits, without the GIL
-        if rc == -errno.EINVAL:
-            raise ValueError(f"prio must be 0..3; got {prio!r}")
-        if rc != 0:
-            raise RuntimeError("native I/O pool is shut down")
+        with self._hold_mu:
+            if self._closed or self._free_pending:
+                raise RuntimeError("native I/O pool is shut down")
+            self._holders += 1
         try:
-            return fn(*args)
+            rc = gil.at_try_acquire(self._h, prio)
+            if rc == -errno.EAGAIN:
+                rc = self._lib.at_acquire(self._h, prio)  # waits, without the GIL
+            if rc == -errno.EINVAL:
+                raise ValueError(f"prio must be 0..3; got {prio!r}")
+            if rc != 0:
+                raise RuntimeError("native I/O pool is shut down")
+            try:
+                return fn(*args)
+            finally:
+                if gil.at_try_release(self._h) == -errno.EAGAIN:
+                    self._lib.at_release(self._h)  # a worker holds the lock: wait without the GIL
         finally:
-            if gil.at_try_release(self._h) == -errno.EAGAIN:
-                self._lib.at_release(self._h)  # a worker holds the lock: wait without the GIL
+            with self._hold_mu:
+                self._holders -= 1
+                free = self._free_pending and not self._holders
+            if free:  # the pool's teardown waited for this thread
+                watch = self._watch
+                if watch is not None:
+                    watch.call_soon(self._free_now)  # closing the watch is the loop's business
+                else:
+                    self._free_now()
 
     # -- counters and teardown ----------------------------------------------------------------
     def holds_waiting(self) -> int:
@@ -516,10 +537,15 @@ class NativePool:
 
     def _free_now(self) -> None:
         """Free the pool; its workers are idle or ending (nothing queued or running), so
-        joining them does not wait for I/O."""
-        if self._closed:
-            return
-        self._closed = True
+        joining them does not wait for I/O. With a thread still inside :meth:`hold`, the
+        last one to leave calls this again."""
+        with self._hold_mu:
+            if self._closed:
+                return
+            if self._holders:
+                self._free_pending = True
+                return
+            self._closed = True
         if self._watch is not None:
             self._watch.close()
         self._finalizer.detach()
@@ -532,11 +558,16 @@ class NativePool:
         for done in list(self._waiters):
             if done is not None:
                 await wait_uninterrupted(done)
-        if self._closed:  # abandoned, and freed once the last job ended
-            return
+        with self._hold_mu:
+            if self._closed:  # abandoned, and freed once the last job ended
+                return
+            if self._holders:  # a slow path still holds a token (the engine waits for its
+                # jobs first: only a caller of hold() outside them gets here); it frees the pool
+                self._free_pending = True
+                return
+            self._closed = True
         if self._watch is not None:
             self._watch.close()
         self._finalizer.detach()
-        self._closed = True
         # joining may wait for a worker's last system call: not on the loop thread
         await run_on_thread_to_end(self._lib.at_free, self._h)
