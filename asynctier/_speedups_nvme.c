@@ -155,15 +155,27 @@ static int index_open(struct index *x, PyObject *obj, int need, const char *fn) 
     return 0;
 }
 
-/* A slot number in range, from a Python int; -1 with an error. */
+/* A slot number in range, from an exact int (converting anything else would run its
+ * __index__, Python code that may change the lists read here); -1 with an error. */
 static long slot_of(struct index *x, PyObject *v, const char *fn) {
-    long s = PyLong_AsLong(v);
-    if (s == -1 && PyErr_Occurred()) return -1;
+    long long s;
+    if (get_ll(v, &s) < 0) return -1;
     if (s < 0 || s >= x->nslots) {
-        PyErr_Format(PyExc_IndexError, "%s(): slot %ld of an index of %zd", fn, s, x->nslots);
+        PyErr_Format(PyExc_IndexError, "%s(): slot %lld of an index of %zd", fn, s, x->nslots);
         return -1;
     }
-    return s;
+    return (long)s;
+}
+
+/* 0 if the numbers first .. first + m - 1 (tickets, sequence numbers) fit 64 bits, else -1
+ * with OverflowError: refused before any change rather than wrapped. */
+static int check_u64_range(uint64_t first, Py_ssize_t m, const char *fn) {
+    if (m > 0 && (uint64_t)(m - 1) > UINT64_MAX - first) {
+        PyErr_Format(PyExc_OverflowError, "%s(): %zd numbers from %llu pass 2**64 - 1", fn, m,
+                     (unsigned long long)first);
+        return -1;
+    }
+    return 0;
 }
 
 /* The linked list's next slot after s, checked; -2 with an error. */
@@ -245,17 +257,17 @@ static int drop(struct index *x, PyObject *key) {
     PyObject *v = PyDict_GetItemWithError(x->entries, key);
     if (v == NULL) return PyErr_Occurred() ? -1 : 0;
     Py_INCREF(v);
-    long s = PyLong_AsLong(v);
+    long long s;
     int rc = -1;
-    if (s == -1 && PyErr_Occurred()) goto done;
+    if (get_ll(v, &s) < 0) goto done;
     if (s < 0 || s >= x->nslots) {
-        PyErr_Format(PyExc_ValueError, "the index maps a key to slot %ld of %zd", s, x->nslots);
+        PyErr_Format(PyExc_ValueError, "the index maps a key to slot %lld of %zd", s, x->nslots);
         goto done;
     }
-    if (unlink_slot(x, s) < 0 || PyDict_DelItem(x->entries, key) < 0) goto done;
+    if (unlink_slot(x, (long)s) < 0 || PyDict_DelItem(x->entries, key) < 0) goto done;
     PyObject *empty = PyBytes_FromStringAndSize(NULL, 0);
-    if (empty == NULL) goto done;
-    PyList_SetItem(x->slot_key, s, empty); /* steals empty, drops the key's reference */
+    /* steals empty (even when it fails), drops the key's reference */
+    if (empty == NULL || PyList_SetItem(x->slot_key, (Py_ssize_t)s, empty) < 0) goto done;
     rc = 0;
 done:
     Py_DECREF(v);
@@ -277,6 +289,9 @@ SP_HIDDEN PyObject *evict_oldest(PyObject *self, PyObject *const *args, Py_ssize
     PyObject *out = NULL;
     long *victims = NULL;
     if (index_open(&x, args[0], NEED_LRU | NEED_SEQ | NEED_RUNS | NEED_MAP | NEED_PINS, fn) < 0) goto fail;
+    /* a valid list has at most nslots victims: clamped so that cap (and its bytes) cannot overflow */
+    if (n > x.nslots) n = x.nslots;
+    if (more > x.nslots) more = x.nslots;
     /* SlotIndex.oldest_unpinned, nothing changed yet */
     Py_ssize_t cap = (n > 0 ? n : 0) + (more > 0 ? more : 0), m = 0;
     victims = PyMem_Malloc(sizeof(long) * (size_t)(cap > 0 ? cap : 1));
@@ -343,6 +358,7 @@ SP_HIDDEN PyObject *release_many(PyObject *self, PyObject *const *args, Py_ssize
     struct index x;
     int rc = index_open(&x, args[0], NEED_RELEASE, fn);
     Py_ssize_t m = PySequence_Fast_GET_SIZE(slots);
+    if (rc == 0) rc = check_u64_range(first, m, fn);
     for (Py_ssize_t i = 0; rc == 0 && i < m; i++)
         if (slot_of(&x, PySequence_Fast_GET_ITEM(slots, i), fn) < 0) rc = -1;
     for (Py_ssize_t i = 0; rc == 0 && i < m; i++)
@@ -367,9 +383,8 @@ static int count_write(struct index *x, PyObject *key, long by) {
         return rc;
     }
     if (v != NULL && PyDict_DelItem(x->writing, key) < 0) return -1;
-    if (PyDict_GET_SIZE(x->killed) && PyDict_Contains(x->killed, key) == 1 && PyDict_DelItem(x->killed, key) < 0)
-        return -1;
-    return 0;
+    int killed = PyDict_GET_SIZE(x->killed) ? PyDict_Contains(x->killed, key) : 0;
+    return killed < 0 || (killed && PyDict_DelItem(x->killed, key) < 0) ? -1 : 0;
 }
 
 /* begin_writes(index, keys, taken, first_seq) -> int: see bulk.begin_writes. */
@@ -388,6 +403,7 @@ SP_HIDDEN PyObject *begin_writes(PyObject *self, PyObject *const *args, Py_ssize
         PyErr_Format(PyExc_ValueError, "%s(): %zd keys and %zd slots", fn, m, PySequence_Fast_GET_SIZE(taken));
         rc = -1;
     }
+    if (rc == 0) rc = check_u64_range(first, m, fn);
     for (Py_ssize_t i = 0; rc == 0 && i < m; i++)
         if (slot_of(&x, PySequence_Fast_GET_ITEM(taken, i), fn) < 0 ||
             check_key(PySequence_Fast_GET_ITEM(keys, i), fn) < 0)
@@ -515,8 +531,26 @@ done:
     return out;
 }
 
+/* 1 if a write numbered seq is killed by the value kv of killed[key] (seq <= kv, as the
+ * reference compares: a negative kv kills none, one past 2**64 - 1 all), 0 if not, -1 with an error. */
+static int killed_at(PyObject *kv, uint64_t seq) {
+    if (need_int(kv) < 0) return -1;
+    int over;
+    long long k = PyLong_AsLongLongAndOverflow(kv, &over);
+    if (k == -1 && PyErr_Occurred()) return -1;
+    if (over < 0 || (over == 0 && k < 0)) return 0;
+    uint64_t u;
+    if (get_u64(kv, &u) < 0) {
+        if (!PyErr_ExceptionMatches(PyExc_OverflowError)) return -1;
+        PyErr_Clear();
+        return 1;
+    }
+    return seq <= u;
+}
+
 /* end_writes(index, keys, written, slots, csums) -> list[(key, slot, seq, csum)]: see
- * bulk.end_writes. */
+ * bulk.end_writes. csums[p] is read as the reference reads it, only for a write that gets a
+ * record: a missing or bad one fails there, leaving the index as the reference leaves it. */
 SP_HIDDEN PyObject *end_writes(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
     static const char fn[] = "end_writes";
@@ -534,18 +568,20 @@ SP_HIDDEN PyObject *end_writes(PyObject *self, PyObject *const *args, Py_ssize_t
     }
     Py_ssize_t m = PySequence_Fast_GET_SIZE(written), nk = PySequence_Fast_GET_SIZE(keys);
     struct {
-        PyObject *key;
+        PyObject *key, *csum; /* csum: csums.get(p), read only for a write that gets a record */
+        Py_ssize_t pos;
         long slot;
-        uint64_t seq, csum;
+        uint64_t seq;
     } *w = PyMem_Malloc(sizeof *w * (size_t)(m > 0 ? m : 1));
     struct index x;
     int rc = -1;
     if (w == NULL) PyErr_NoMemory();
     else rc = index_open(&x, args[0], NEED_CSUM | NEED_WRITING | NEED_RELEASE, fn);
     for (Py_ssize_t i = 0; rc == 0 && i < m; i++) { /* every argument checked first */
-        PyObject *p = PySequence_Fast_GET_ITEM(written, i), *sl, *c;
-        Py_ssize_t pos = PyLong_AsSsize_t(p);
+        PyObject *p = PySequence_Fast_GET_ITEM(written, i), *sl;
         rc = -1;
+        if (need_int(p) < 0) break;
+        Py_ssize_t pos = PyLong_AsSsize_t(p);
         if (pos == -1 && PyErr_Occurred()) break;
         if (pos < 0 || pos >= nk) {
             PyErr_Format(PyExc_IndexError, "%s(): position %zd of %zd keys", fn, pos, nk);
@@ -553,7 +589,8 @@ SP_HIDDEN PyObject *end_writes(PyObject *self, PyObject *const *args, Py_ssize_t
         }
         w[i].key = PySequence_Fast_GET_ITEM(keys, pos);
         if (check_key(w[i].key, fn) < 0) break;
-        if ((sl = PyDict_GetItemWithError(slots, p)) == NULL || (c = PyDict_GetItemWithError(csums, p)) == NULL) {
+        w[i].pos = pos;
+        if ((sl = PyDict_GetItemWithError(slots, p)) == NULL) {
             if (!PyErr_Occurred()) PyErr_Format(PyExc_KeyError, "%s(): no slot or checksum for position %zd", fn, pos);
             break;
         }
@@ -561,9 +598,9 @@ SP_HIDDEN PyObject *end_writes(PyObject *self, PyObject *const *args, Py_ssize_t
             PyErr_Format(PyExc_TypeError, "%s(): slots[%zd] is a (slot, seq) tuple", fn, pos);
             break;
         }
-        if ((w[i].slot = slot_of(&x, PyTuple_GET_ITEM(sl, 0), fn)) < 0 || get_u64(PyTuple_GET_ITEM(sl, 1), &w[i].seq) < 0 ||
-            get_u64(c, &w[i].csum) < 0)
+        if ((w[i].slot = slot_of(&x, PyTuple_GET_ITEM(sl, 0), fn)) < 0 || get_u64(PyTuple_GET_ITEM(sl, 1), &w[i].seq) < 0)
             break;
+        if ((w[i].csum = PyDict_GetItemWithError(csums, p)) == NULL && PyErr_Occurred()) break;
         rc = 0;
     }
     if (rc == 0 && (out = PyList_New(0)) == NULL) rc = -1;
@@ -575,16 +612,8 @@ SP_HIDDEN PyObject *end_writes(PyObject *self, PyObject *const *args, Py_ssize_t
             rc = -1;
             break;
         }
-        int killed = 0;
-        if (kv != NULL) {
-            long long k = PyLong_AsLongLong(kv);
-            if (k == -1 && PyErr_Occurred()) {
-                rc = -1;
-                break;
-            }
-            killed = k >= 0 && w[i].seq <= (uint64_t)k;
-        }
-        if (count_write(&x, key, -1) < 0) {
+        int killed = kv != NULL ? killed_at(kv, w[i].seq) : 0;
+        if (killed < 0 || count_write(&x, key, -1) < 0) {
             rc = -1;
             break;
         }
@@ -592,8 +621,19 @@ SP_HIDDEN PyObject *end_writes(PyObject *self, PyObject *const *args, Py_ssize_t
             rc = release(&x, w[i].slot, 0);
             continue;
         }
-        x.csum[w[i].slot] = w[i].csum;
-        if ((rec = record(key, w[i].slot, w[i].seq, w[i].csum)) == NULL || PyList_Append(out, rec) < 0) rc = -1;
+        /* csums[p] as the reference reads it: only here, a missing or bad one fails here */
+        uint64_t csum;
+        if (w[i].csum == NULL) {
+            PyErr_Format(PyExc_KeyError, "%s(): no slot or checksum for position %zd", fn, w[i].pos);
+            rc = -1;
+            break;
+        }
+        if (get_u64(w[i].csum, &csum) < 0) {
+            rc = -1;
+            break;
+        }
+        x.csum[w[i].slot] = csum;
+        if ((rec = record(key, w[i].slot, w[i].seq, csum)) == NULL || PyList_Append(out, rec) < 0) rc = -1;
         Py_XDECREF(rec);
     }
     if (w) index_close(&x);
@@ -612,13 +652,15 @@ SP_HIDDEN PyObject *put_published(PyObject *self, PyObject *const *args, Py_ssiz
     if (check_nargs(fn, nargs, 3) < 0) return NULL;
     uint64_t first;
     if (get_u64(args[2], &first) < 0) return NULL;
-    PyObject *recs = PySequence_Fast(args[1], "put_published(): recs is a sequence"), *had = NULL;
+    /* a tuple of our own: SlotIndex.put (Python) runs midway, and the records stay ours through it */
+    PyObject *recs = PySequence_Tuple(args[1]), *had = NULL;
     if (recs == NULL) return NULL;
     struct index x;
     int rc = index_open(&x, args[0], NEED_LRU | NEED_TICKET | NEED_MAP, fn);
-    Py_ssize_t m = PySequence_Fast_GET_SIZE(recs);
+    Py_ssize_t m = PyTuple_GET_SIZE(recs);
+    if (rc == 0) rc = check_u64_range(first, m, fn);
     for (Py_ssize_t i = 0; rc == 0 && i < m; i++) {
-        PyObject *r = PySequence_Fast_GET_ITEM(recs, i);
+        PyObject *r = PyTuple_GET_ITEM(recs, i);
         rc = -1;
         if (!PyTuple_Check(r) || PyTuple_GET_SIZE(r) != 4) {
             PyErr_Format(PyExc_TypeError, "%s(): recs[%zd] is a (key, slot, seq, csum) tuple", fn, i);
@@ -629,7 +671,7 @@ SP_HIDDEN PyObject *put_published(PyObject *self, PyObject *const *args, Py_ssiz
     }
     if (rc == 0 && (had = PyList_New(0)) == NULL) rc = -1;
     for (Py_ssize_t i = 0; rc == 0 && i < m; i++) {
-        PyObject *r = PySequence_Fast_GET_ITEM(recs, i), *key = PyTuple_GET_ITEM(r, 0), *so = PyTuple_GET_ITEM(r, 1);
+        PyObject *r = PyTuple_GET_ITEM(recs, i), *key = PyTuple_GET_ITEM(r, 0), *so = PyTuple_GET_ITEM(r, 1);
         long s = PyLong_AsLong(so);
         x.ticket[s] = first + (uint64_t)i;
         PyObject *cur = PyList_GET_ITEM(x.slot_key, s);
@@ -641,14 +683,16 @@ SP_HIDDEN PyObject *put_published(PyObject *self, PyObject *const *args, Py_ssiz
         if (known || !PyBytes_Check(cur) || PyBytes_GET_SIZE(cur) != 0) {
             /* the general case: SlotIndex.put itself, with the LRU ends handed over */
             PyObject *h = PyLong_FromLong(x.head), *t = PyLong_FromLong(x.tail), *old = NULL;
-            if (h && t && PyObject_SetAttr(x.obj, attr_str[A_HEAD], h) == 0 && PyObject_SetAttr(x.obj, attr_str[A_TAIL], t) == 0)
+            if (h && t && PyObject_SetAttr(x.obj, attr_str[A_HEAD], h) == 0 && PyObject_SetAttr(x.obj, attr_str[A_TAIL], t) == 0) {
+                x.moved = 0; /* the object has the ends now: put's, not ours, if it fails */
                 old = PyObject_CallMethod(x.obj, "put", "OO", key, so);
+            }
             Py_XDECREF(h);
             Py_XDECREF(t);
             if (old == NULL || (x.head = long_attr(&x, A_HEAD)) < -1 || (x.tail = long_attr(&x, A_TAIL)) < -1 ||
-                x.head >= x.nslots || x.tail >= x.nslots) {
+                x.head >= x.nslots || x.tail >= x.nslots || PyList_GET_SIZE(x.slot_key) != x.nslots) {
                 if (old != NULL && !PyErr_Occurred())
-                    PyErr_Format(PyExc_ValueError, "%s(): the index's LRU ends are out of range", fn);
+                    PyErr_Format(PyExc_ValueError, "%s(): the index's LRU ends or slot_key are out of range", fn);
                 Py_XDECREF(old);
                 rc = -1;
                 break;
@@ -666,7 +710,10 @@ SP_HIDDEN PyObject *put_published(PyObject *self, PyObject *const *args, Py_ssiz
             break;
         }
         Py_INCREF(key);
-        PyList_SetItem(x.slot_key, s, key); /* steals the new reference, drops b"" */
+        if (PyList_SetItem(x.slot_key, s, key) < 0) { /* steals the new reference, drops b"" */
+            rc = -1;
+            break;
+        }
         link_tail(&x, s);
     }
     index_close(&x);
@@ -687,11 +734,7 @@ SP_HIDDEN PyObject *pin_many(PyObject *self, PyObject *const *args, Py_ssize_t n
     int rc = index_open(&x, args[0], NEED_LRU | NEED_SEQ | NEED_CSUM | NEED_MAP | NEED_PINS, fn);
     Py_ssize_t m = PySequence_Fast_GET_SIZE(keys);
     for (Py_ssize_t i = 0; rc == 0 && i < m; i++)
-        if (!PyBytes_Check(PySequence_Fast_GET_ITEM(keys, i))) {
-            PyErr_Format(PyExc_TypeError, "%s(): a key is bytes, not %.100s", fn,
-                         Py_TYPE(PySequence_Fast_GET_ITEM(keys, i))->tp_name);
-            rc = -1;
-        }
+        if (check_key(PySequence_Fast_GET_ITEM(keys, i), fn) < 0) rc = -1;
     if (rc == 0 && (!(found = PyDict_New()) || !(missing = PyList_New(0)))) rc = -1;
     for (Py_ssize_t i = 0; rc == 0 && i < m; i++) {
         PyObject *so = PyDict_GetItemWithError(x.entries, PySequence_Fast_GET_ITEM(keys, i)), *pos = NULL, *v = NULL;
