@@ -84,9 +84,9 @@ static PyObject *s_entries, *s_removing, *s_used, *s_committed, *s_flag, *s_capa
     *s_nbytes, *s_move_to_end, *s_set;
 
 static int intern_names(void) {
-    if (s_entries) return 0;
-#define NAME(var, text) \
-    if ((var = PyUnicode_InternFromString(text)) == NULL) return -1;
+    if (s_set) return 0; /* the last one: all are set */
+#define NAME(var, text) /* (each once: a call after one failed goes on where it stopped) */ \
+    if (var == NULL && (var = PyUnicode_InternFromString(text)) == NULL) return -1;
     NAME(s_entries, "_entries")
     NAME(s_removing, "_removing")
     NAME(s_used, "_used")
@@ -103,13 +103,13 @@ static int intern_names(void) {
     return 0;
 }
 
-/* An int attribute of obj into *out; -1 with an error. */
+/* An int attribute of obj (an exact int) into *out; -1 with an error. */
 static int long_attr(PyObject *obj, PyObject *name, long long *out) {
     PyObject *v = PyObject_GetAttr(obj, name);
     if (v == NULL) return -1;
-    *out = PyLong_AsLongLong(v);
+    int rc = get_ll(v, out);
     Py_DECREF(v);
-    return *out == -1 && PyErr_Occurred() ? -1 : 0;
+    return rc;
 }
 
 static int set_long_attr(PyObject *obj, PyObject *name, long long v) {
@@ -119,6 +119,48 @@ static int set_long_attr(PyObject *obj, PyObject *name, long long v) {
     return rc;
 }
 
+/* A count written back, an error pending or not: the write may run Python code (a
+ * __setattr__), which must not see a pending error. That error stays (the write's own is
+ * dropped then); else -1 if the write failed. */
+static int write_back(PyObject *index, PyObject *name, long long v) {
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    int rc = set_long_attr(index, name, v);
+    if (type == NULL) return rc;
+    if (rc < 0) PyErr_Clear();
+    PyErr_Restore(type, value, tb);
+    return 0;
+}
+
+/* The items of seq in a tuple of our own, as the reference's keys[start:]: Python code that
+ * runs meanwhile (an entry's getters) may change the caller's list, which PySequence_Fast
+ * returns as is. */
+static PyObject *own_items(PyObject *seq, const char *msg) {
+    PyObject *fast = PySequence_Fast(seq, msg);
+    if (fast == NULL || PyTuple_CheckExact(fast)) return fast;
+    PyObject *t = PyList_AsTuple(fast);
+    Py_DECREF(fast);
+    return t;
+}
+
+/* 0 if every item of keys (from PySequence_Fast) is exact bytes (a subclass's __hash__ or
+ * __eq__ would run in the lookups), else -1 with TypeError naming fn. */
+static int check_keys(PyObject *keys, const char *fn) {
+    for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(keys); i++)
+        if (check_key(PySequence_Fast_GET_ITEM(keys, i), fn) < 0) return -1;
+    return 0;
+}
+
+/* keys[i] of the caller's sequence (from PySequence_Fast), which the reference iterates as
+ * it changes: checked again (it may have changed since check_keys) and held, as Python code
+ * that runs before its last use may drop the sequence's reference; NULL with an error. */
+static PyObject *key_at(PyObject *keys, Py_ssize_t i, const char *fn) {
+    PyObject *key = PySequence_Fast_GET_ITEM(keys, i);
+    if (check_key(key, fn) < 0) return NULL;
+    Py_INCREF(key);
+    return key;
+}
+
 /* 1 if entry e may be evicted (committed, not pinned, not being written), 0 if not, -1. */
 static int evictable(PyObject *e, long long *nbytes) {
     if (IS_ENTRY(e)) {
@@ -126,15 +168,17 @@ static int evictable(PyObject *e, long long *nbytes) {
         *nbytes = x->nbytes;
         return x->committed && x->pins == 0 && x->writers == 0;
     }
+    Py_INCREF(e); /* (its getters may drop the index's reference) */
     PyObject *c = PyObject_GetAttr(e, s_flag);
-    if (c == NULL) return -1;
-    int committed = PyObject_IsTrue(c);
-    Py_DECREF(c);
+    int committed = c ? PyObject_IsTrue(c) : -1;
+    Py_XDECREF(c);
     long long pins, writers;
-    if (committed < 0 || long_attr(e, s_pins, &pins) < 0 || long_attr(e, s_writers, &writers) < 0 ||
-        long_attr(e, s_nbytes, nbytes) < 0)
-        return -1;
-    return committed && pins == 0 && writers == 0;
+    int rc = -1;
+    if (committed >= 0 && long_attr(e, s_pins, &pins) == 0 && long_attr(e, s_writers, &writers) == 0 &&
+        long_attr(e, s_nbytes, nbytes) == 0)
+        rc = committed && pins == 0 && writers == 0;
+    Py_DECREF(e);
+    return rc;
 }
 
 /* lru_reserve_plain(index, entry_type, keys, start, nbytes, out) -> int: see
@@ -144,41 +188,42 @@ SP_HIDDEN PyObject *lru_reserve_plain(PyObject *self, PyObject *const *args, Py_
     static const char fn[] = "lru_reserve_plain";
     if (check_nargs(fn, nargs, 6) < 0 || intern_names() < 0) return NULL;
     PyObject *index = args[0], *etype = args[1], *out = args[5];
-    Py_ssize_t start = PyLong_AsSsize_t(args[3]), nbytes = PyLong_AsSsize_t(args[4]);
-    if ((start == -1 || nbytes == -1) && PyErr_Occurred()) return NULL;
+    long long start, nbytes;
+    if (get_ll(args[3], &start) < 0 || get_ll(args[4], &nbytes) < 0) return NULL;
     if (!PyList_Check(out) || start < 0 || nbytes < 0) {
         PyErr_Format(PyExc_ValueError, "%s(): out is a list, start and nbytes >= 0", fn);
         return NULL;
     }
-    PyObject *keys = PySequence_Fast(args[2], "lru_reserve_plain(): keys is a sequence");
+    PyObject *keys = own_items(args[2], "lru_reserve_plain(): keys is a sequence");
     if (keys == NULL) return NULL;
     PyObject *entries = PyObject_GetAttr(index, s_entries), *removing = PyObject_GetAttr(index, s_removing);
     PyObject *capo = PyObject_GetAttr(index, s_capacity), *tracko = PyObject_GetAttr(index, s_track);
     PyObject *victims = NULL, *it = NULL, *result = NULL;
     long long used = 0, committed = 0, cap = -1;
     int track = 0, have_counts = 0;
-    Py_ssize_t done = 0, m = PySequence_Fast_GET_SIZE(keys);
+    Py_ssize_t done = 0, m = PyTuple_GET_SIZE(keys);
     if (!entries || !removing || !capo || !tracko) goto out;
     if (!PyDict_Check(entries) || !PyDict_CheckExact(removing)) {
         PyErr_Format(PyExc_TypeError, "%s(): the index's _entries and _removing are dicts", fn);
         goto out;
     }
-    if ((track = PyObject_IsTrue(tracko)) < 0 || (capo != Py_None && (cap = PyLong_AsLongLong(capo)) == -1 && PyErr_Occurred()))
-        goto out;
+    if ((track = PyObject_IsTrue(tracko)) < 0 || (capo != Py_None && get_ll(capo, &cap) < 0)) goto out;
     if (long_attr(index, s_used, &used) < 0 || long_attr(index, s_committed, &committed) < 0) goto out;
     have_counts = 1;
-    for (Py_ssize_t i = start; i < m; i++) {
-        PyObject *key = PySequence_Fast_GET_ITEM(keys, i);
+    for (Py_ssize_t i = (Py_ssize_t)start; i < m; i++) {
+        PyObject *key = PyTuple_GET_ITEM(keys, i);
+        long long after, left, left_committed; /* _used with this key's room; _used, _committed less its victims */
         int r;
         if (!PyBytes_CheckExact(key)) break;
         if ((r = PyDict_Contains(removing, key)) != 0 || (r = PyDict_Contains(entries, key)) != 0) {
             if (r < 0) goto out;
             break; /* being removed, or has an entry: the caller's */
         }
+        if (__builtin_add_overflow(used, nbytes, &after)) break; /* past a long long: the caller's */
         if ((victims = PyList_New(0)) == NULL) goto out;
-        if (capo != Py_None && used + nbytes > cap) {
+        if (capo != Py_None && after > cap) {
             if (nbytes > cap) break; /* CapacityError: the caller's */
-            long long need = used + nbytes - cap, freed = 0, eb;
+            long long need = after - cap, freed = 0, eb;
             int plain = 1;
             if ((it = PyObject_GetIter(entries)) == NULL) goto out;
             while (need > 0) { /* the oldest entries, each evictable, until there is room */
@@ -190,6 +235,8 @@ SP_HIDDEN PyObject *lru_reserve_plain(PyObject *self, PyObject *const *args, Py_
                 }
                 PyObject *e = PyDict_GetItemWithError(entries, k);
                 int ok = e == NULL ? -1 : evictable(e, &eb);
+                if (ok > 0 && (__builtin_sub_overflow(need, eb, &need) || __builtin_add_overflow(freed, eb, &freed)))
+                    ok = 0; /* sizes past a long long: the caller's */
                 if (ok <= 0 || PyList_Append(victims, k) < 0) {
                     Py_DECREF(k);
                     if (ok < 0 || PyErr_Occurred()) {
@@ -200,32 +247,33 @@ SP_HIDDEN PyObject *lru_reserve_plain(PyObject *self, PyObject *const *args, Py_
                     break;
                 }
                 Py_DECREF(k);
-                need -= eb;
-                freed += eb;
             }
             Py_CLEAR(it);
-            if (!plain) break;
             Py_ssize_t nv = PyList_GET_SIZE(victims);
+            if (!plain || __builtin_sub_overflow(used, freed, &left) || __builtin_add_overflow(left, nbytes, &after) ||
+                __builtin_sub_overflow(committed, (long long)nv, &left_committed))
+                break; /* (counts past a long long too: the caller's) */
             for (Py_ssize_t j = 0; j < nv; j++) {
                 PyObject *k = PyList_GET_ITEM(victims, j);
                 if (PyObject_DelItem(entries, k) < 0 || (track && PyDict_SetDefault(removing, k, Py_None) == NULL))
                     goto out;
             }
-            used -= freed;
-            committed -= nv;
+            used = left;
+            committed = left_committed;
         }
-        PyObject *e = etype == (PyObject *)&EntryType ? (PyObject *)entry_make(nbytes, 0, 1)
-                                                     : PyObject_CallFunction(etype, "nOi", nbytes, Py_False, 1);
+        PyObject *e = etype == (PyObject *)&EntryType ? (PyObject *)entry_make((Py_ssize_t)nbytes, 0, 1)
+                                                     : PyObject_CallFunction(etype, "LOi", nbytes, Py_False, 1);
         int rc = e ? PyObject_SetItem(entries, key, e) : -1;
         Py_XDECREF(e);
-        if (rc < 0 || PyList_Append(out, victims) < 0) goto out;
+        if (rc < 0) goto out;
+        used = after;
+        if (PyList_Append(out, victims) < 0) goto out;
         Py_CLEAR(victims);
-        used += nbytes;
         done++;
     }
     result = PyLong_FromSsize_t(done);
 out:
-    if (have_counts && (set_long_attr(index, s_used, used) < 0 || set_long_attr(index, s_committed, committed) < 0))
+    if (have_counts && (write_back(index, s_used, used) < 0 || write_back(index, s_committed, committed) < 0))
         Py_CLEAR(result);
     Py_XDECREF(victims);
     Py_XDECREF(it);
@@ -237,6 +285,23 @@ out:
     return result;
 }
 
+/* _commit_locked's steps on an entry that is not an LRUEntry: a writer less, and committed
+ * (counted in *committed once set); -1 with an error. */
+static int commit_py_entry(PyObject *e, long long *committed) {
+    long long writers;
+    if (long_attr(e, s_writers, &writers) < 0 || set_long_attr(e, s_writers, writers > 1 ? writers - 1 : 0) < 0)
+        return -1;
+    PyObject *c = PyObject_GetAttr(e, s_flag);
+    int was = c ? PyObject_IsTrue(c) : -1;
+    Py_XDECREF(c);
+    if (was < 0) return -1;
+    if (!was) {
+        if (PyObject_SetAttr(e, s_flag, Py_True) < 0) return -1;
+        ++*committed;
+    }
+    return 0;
+}
+
 /* lru_commit_all(index, keys) -> None: see asynctier.lru.commit_all. */
 SP_HIDDEN PyObject *lru_commit_all(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
@@ -244,10 +309,10 @@ SP_HIDDEN PyObject *lru_commit_all(PyObject *self, PyObject *const *args, Py_ssi
     if (check_nargs(fn, nargs, 2) < 0 || intern_names() < 0) return NULL;
     PyObject *index = args[0], *keys = PySequence_Fast(args[1], "lru_commit_all(): keys is a sequence");
     if (keys == NULL) return NULL;
-    PyObject *entries = PyObject_GetAttr(index, s_entries), *result = NULL;
+    PyObject *entries = NULL, *result = NULL;
     long long committed = 0;
     int have_counts = 0;
-    if (entries == NULL) goto out;
+    if (check_keys(keys, fn) < 0 || (entries = PyObject_GetAttr(index, s_entries)) == NULL) goto out;
     if (!PyDict_Check(entries)) {
         PyErr_Format(PyExc_TypeError, "%s(): the index's _entries is a dict", fn);
         goto out;
@@ -255,15 +320,16 @@ SP_HIDDEN PyObject *lru_commit_all(PyObject *self, PyObject *const *args, Py_ssi
     if (long_attr(index, s_committed, &committed) < 0) goto out;
     have_counts = 1;
     for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(keys); i++) {
-        PyObject *key = PySequence_Fast_GET_ITEM(keys, i);
+        PyObject *key = key_at(keys, i, fn), *r = NULL;
+        if (key == NULL) goto out;
         PyObject *e = PyDict_GetItemWithError(entries, key); /* (a read: OrderedDict keeps its order itself) */
         if (e == NULL) {
+            Py_DECREF(key);
             if (PyErr_Occurred()) goto out;
             continue; /* removed while being written: nothing to publish */
         }
-        Py_INCREF(e);
-        long long writers;
-        PyObject *c = NULL, *r = NULL;
+        Py_INCREF(e); /* (held while its getters run: they may drop the index's reference) */
+        int rc = 0;
         if (IS_ENTRY(e)) {
             Entry *x = AS_ENTRY(e);
             x->writers = x->writers > 1 ? x->writers - 1 : 0;
@@ -271,33 +337,38 @@ SP_HIDDEN PyObject *lru_commit_all(PyObject *self, PyObject *const *args, Py_ssi
                 x->committed = 1;
                 committed++;
             }
-            r = PyObject_CallMethodOneArg(entries, s_move_to_end, key);
-            Py_DECREF(e);
-            if (r == NULL) goto out;
-            Py_DECREF(r);
-            continue;
+        } else {
+            rc = commit_py_entry(e, &committed);
         }
-        int ok = long_attr(e, s_writers, &writers) == 0 &&
-                 set_long_attr(e, s_writers, writers > 1 ? writers - 1 : 0) == 0 &&
-                 (c = PyObject_GetAttr(e, s_flag)) != NULL;
-        int was = ok ? PyObject_IsTrue(c) : -1;
-        if (was == 0) {
-            ok = PyObject_SetAttr(e, s_flag, Py_True) == 0;
-            committed++;
-        }
-        Py_XDECREF(c);
-        if (ok && was >= 0) r = PyObject_CallMethodOneArg(entries, s_move_to_end, key);
         Py_DECREF(e);
+        if (rc == 0) r = PyObject_CallMethodOneArg(entries, s_move_to_end, key);
+        Py_DECREF(key);
         if (r == NULL) goto out;
         Py_DECREF(r);
     }
     result = Py_None;
     Py_INCREF(result);
 out:
-    if (have_counts && set_long_attr(index, s_committed, committed) < 0) Py_CLEAR(result);
+    if (have_counts && write_back(index, s_committed, committed) < 0) Py_CLEAR(result);
     Py_XDECREF(entries);
     Py_DECREF(keys);
     return result;
+}
+
+/* pin_entry's steps on an entry that is not an LRUEntry: 1 if committed (and now pinned once
+ * more), 0 if not, -1 with an error. */
+static int pin_py_entry(PyObject *e) {
+    PyObject *c = PyObject_GetAttr(e, s_flag);
+    int committed = c ? PyObject_IsTrue(c) : -1;
+    Py_XDECREF(c);
+    long long pins;
+    if (committed <= 0) return committed;
+    if (long_attr(e, s_pins, &pins) < 0) return -1;
+    if (pins == LLONG_MAX) {
+        PyErr_SetString(PyExc_OverflowError, "lru_pin_all(): an entry's pins past a long long");
+        return -1;
+    }
+    return set_long_attr(e, s_pins, pins + 1) < 0 ? -1 : 1;
 }
 
 /* lru_pin_all(index, keys) -> list[entry | None]: see asynctier.lru.pin_all. */
@@ -307,44 +378,29 @@ SP_HIDDEN PyObject *lru_pin_all(PyObject *self, PyObject *const *args, Py_ssize_
     if (check_nargs(fn, nargs, 2) < 0 || intern_names() < 0) return NULL;
     PyObject *keys = PySequence_Fast(args[1], "lru_pin_all(): keys is a sequence");
     if (keys == NULL) return NULL;
-    PyObject *entries = PyObject_GetAttr(args[0], s_entries), *out = NULL;
-    Py_ssize_t m = PySequence_Fast_GET_SIZE(keys);
-    if (entries == NULL) goto done;
+    PyObject *entries = NULL, *out = NULL;
+    if (check_keys(keys, fn) < 0 || (entries = PyObject_GetAttr(args[0], s_entries)) == NULL) goto done;
     if (!PyDict_Check(entries)) {
         PyErr_Format(PyExc_TypeError, "%s(): the index's _entries is a dict", fn);
         goto done;
     }
-    if ((out = PyList_New(m)) == NULL) goto done;
-    for (Py_ssize_t i = 0; i < m; i++) {
-        PyObject *e = PyDict_GetItemWithError(entries, PySequence_Fast_GET_ITEM(keys, i)), *c = NULL;
+    /* (filled by appends: Python code that runs meanwhile may reach it through the gc, so no empty slots) */
+    if ((out = PyList_New(0)) == NULL) goto done;
+    for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(keys); i++) {
+        PyObject *key = key_at(keys, i, fn), *e = key ? PyDict_GetItemWithError(entries, key) : NULL;
         int committed = 0;
-        long long pins;
+        Py_XDECREF(key); /* (not used past the lookup) */
         if (e == NULL && PyErr_Occurred()) goto fail;
+        Py_XINCREF(e); /* (held while its getters run: they may drop the index's reference) */
         if (e != NULL && IS_ENTRY(e)) {
-            if (!AS_ENTRY(e)->committed) {
-                Py_INCREF(Py_None);
-                PyList_SET_ITEM(out, i, Py_None);
-                continue;
-            }
-            AS_ENTRY(e)->pins++;
-            Py_INCREF(e);
-            PyList_SET_ITEM(out, i, e);
-            continue;
+            if ((committed = AS_ENTRY(e)->committed)) AS_ENTRY(e)->pins++;
+        } else if (e != NULL && (committed = pin_py_entry(e)) < 0) {
+            Py_DECREF(e);
+            goto fail;
         }
-        if (e != NULL) {
-            if ((c = PyObject_GetAttr(e, s_flag)) == NULL) goto fail;
-            committed = PyObject_IsTrue(c);
-            Py_DECREF(c);
-            if (committed < 0) goto fail;
-        }
-        if (!committed) {
-            Py_INCREF(Py_None);
-            PyList_SET_ITEM(out, i, Py_None);
-            continue;
-        }
-        if (long_attr(e, s_pins, &pins) < 0 || set_long_attr(e, s_pins, pins + 1) < 0) goto fail;
-        Py_INCREF(e);
-        PyList_SET_ITEM(out, i, e);
+        int rc = PyList_Append(out, committed ? e : Py_None);
+        Py_XDECREF(e);
+        if (rc < 0) goto fail;
     }
     goto done;
 fail:
@@ -369,6 +425,7 @@ SP_HIDDEN PyObject *lru_unpin_all(PyObject *self, PyObject *const *args, Py_ssiz
         PyErr_Format(PyExc_TypeError, "%s(): the index's _entries is a dict, entry_type a type", fn);
         goto done;
     }
+    /* All checked before any change (the reference unpins those before a wrong one first). */
     if (PySequence_Fast_GET_SIZE(pinned) != m) {
         PyErr_Format(PyExc_ValueError, "%s(): %zd keys and %zd entries", fn, m, PySequence_Fast_GET_SIZE(pinned));
         goto done;
@@ -378,18 +435,40 @@ SP_HIDDEN PyObject *lru_unpin_all(PyObject *self, PyObject *const *args, Py_ssiz
             PyErr_Format(PyExc_TypeError, "%s(): entries[%zd] is not an entry", fn, i);
             goto done;
         }
-    for (Py_ssize_t i = 0; i < m; i++) {
-        PyObject *key = PySequence_Fast_GET_ITEM(keys, i), *e = PySequence_Fast_GET_ITEM(pinned, i), *r;
+    if (check_keys(keys, fn) < 0) goto done;
+    /* Then as the reference's zip(keys, entries, strict=True), the two as they change meanwhile. */
+    Py_ssize_t i;
+    for (i = 0; i < PySequence_Fast_GET_SIZE(keys) && i < PySequence_Fast_GET_SIZE(pinned); i++) {
+        PyObject *e = PySequence_Fast_GET_ITEM(pinned, i), *key, *r = NULL;
+        if (!Py_IS_TYPE(e, (PyTypeObject *)args[1])) {
+            PyErr_Format(PyExc_TypeError, "%s(): entries[%zd] is not an entry", fn, i);
+            goto done;
+        }
+        if ((key = key_at(keys, i, fn)) == NULL) goto done;
+        Py_INCREF(e); /* (held: its getters may drop the caller's reference) */
         long long pins;
+        int rc = 0;
         if (IS_ENTRY(e))
             AS_ENTRY(e)->pins = AS_ENTRY(e)->pins > 1 ? AS_ENTRY(e)->pins - 1 : 0;
         else if (long_attr(e, s_pins, &pins) < 0 || set_long_attr(e, s_pins, pins > 1 ? pins - 1 : 0) < 0)
-            goto done;
-        PyObject *cur = PyDict_GetItemWithError(entries, key);
-        if (cur == NULL && PyErr_Occurred()) goto done;
-        if (cur != e) continue; /* it left the index meanwhile: only its pin goes */
-        if ((r = PyObject_CallMethodOneArg(entries, s_move_to_end, key)) == NULL) goto done;
+            rc = -1;
+        if (rc == 0) {
+            PyObject *cur = PyDict_GetItemWithError(entries, key); /* (only compared) */
+            if (cur == e) {
+                r = PyObject_CallMethodOneArg(entries, s_move_to_end, key);
+            } else if (cur != NULL || !PyErr_Occurred()) { /* it left the index meanwhile: only its pin goes */
+                r = Py_None;
+                Py_INCREF(r);
+            }
+        }
+        Py_DECREF(e);
+        Py_DECREF(key);
+        if (r == NULL) goto done;
         Py_DECREF(r);
+    }
+    if (PySequence_Fast_GET_SIZE(keys) != PySequence_Fast_GET_SIZE(pinned)) {
+        PyErr_Format(PyExc_ValueError, "%s(): keys and entries of different lengths after %zd", fn, i);
+        goto done;
     }
     result = Py_None;
     Py_INCREF(result);
@@ -407,20 +486,23 @@ SP_HIDDEN PyObject *lru_removed_all(PyObject *self, PyObject *const *args, Py_ss
     if (check_nargs(fn, nargs, 2) < 0 || intern_names() < 0) return NULL;
     PyObject *keys = PySequence_Fast(args[1], "lru_removed_all(): keys is a sequence");
     if (keys == NULL) return NULL;
-    PyObject *removing = PyObject_GetAttr(args[0], s_removing), *result = NULL;
-    if (removing == NULL) goto done;
+    PyObject *removing = NULL, *result = NULL;
+    if (check_keys(keys, fn) < 0 || (removing = PyObject_GetAttr(args[0], s_removing)) == NULL) goto done;
     if (!PyDict_CheckExact(removing)) {
         PyErr_Format(PyExc_TypeError, "%s(): the index's _removing is a dict", fn);
         goto done;
     }
     for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(keys); i++) {
-        PyObject *key = PySequence_Fast_GET_ITEM(keys, i), *ev = PyDict_GetItemWithError(removing, key), *r;
+        PyObject *key = key_at(keys, i, fn), *ev = key ? PyDict_GetItemWithError(removing, key) : NULL, *r;
         if (ev == NULL) {
+            Py_XDECREF(key);
             if (PyErr_Occurred()) goto done;
             continue; /* not being removed */
         }
         Py_INCREF(ev);
-        if (PyDict_DelItem(removing, key) < 0) {
+        int rc = PyDict_DelItem(removing, key); /* (the lookup may have run a stored key's __eq__) */
+        Py_DECREF(key);
+        if (rc < 0) {
             Py_DECREF(ev);
             goto done;
         }
