@@ -316,6 +316,20 @@ fail:
 }
 
 /* An int argument within int32 (the descriptors' fields). */
+SP_HIDDEN int addr_at(uint64_t base, uint64_t i, uint64_t stride, uint64_t *out, const char *fn) {
+    if (!__builtin_mul_overflow(i, stride, out) && !__builtin_add_overflow(base, *out, out)) return 0;
+    PyErr_Format(PyExc_OverflowError, "%s(): an address past 2**64 - 1", fn);
+    return -1;
+}
+
+SP_HIDDEN PyObject *own_tuple(PyObject *seq, const char *msg) {
+    PyObject *fast = PySequence_Fast(seq, msg);
+    if (fast == NULL || PyTuple_CheckExact(fast)) return fast;
+    PyObject *t = PyList_AsTuple(fast);
+    Py_DECREF(fast);
+    return t;
+}
+
 SP_HIDDEN int get_i32(PyObject *v, int32_t *out, const char *fn, const char *what) {
     if (need_int(v) < 0) return -1;
     long x = PyLong_AsLong(v);

@@ -45,6 +45,13 @@ SP_HIDDEN int need_int(PyObject *v);
 SP_HIDDEN int get_u64(PyObject *v, uint64_t *out);
 SP_HIDDEN int get_ll(PyObject *v, long long *out);
 SP_HIDDEN int get_i32(PyObject *v, int32_t *out, const char *fn, const char *what);
+/* base + i * stride into *out; -1 with OverflowError naming fn past 2**64 - 1 (where the
+ * reference's 64-bit field refuses it with struct.error). */
+SP_HIDDEN int addr_at(uint64_t base, uint64_t i, uint64_t stride, uint64_t *out, const char *fn);
+/* The items of seq in a tuple of the caller's own (TypeError msg if it is not a sequence):
+ * PySequence_Fast hands a list back as it is, and Python code that runs midway may change
+ * it; NULL with an error. */
+SP_HIDDEN PyObject *own_tuple(PyObject *seq, const char *msg);
 
 /* _speedups_groups.c */
 SP_HIDDEN PyObject *pack_reads(PyObject *self, PyObject *const *args, Py_ssize_t nargs);

@@ -11,20 +11,30 @@
  * not simply succeed. */
 #include "_speedups.h"
 
+/* Job j's values, as its checks read them: the write pass writes these, not the Python objects
+ * read again (and no Python code runs in between: exact ints and bytes, no lookups). */
+struct job_vals {
+    int32_t dfd, dfd2, fd; /* its key's shard directory, its victim's, its file */
+    uint64_t block, hb, buf; /* its header block, that block's address, its payload's */
+    const char *temp; /* a recycle's temporary name */
+};
+
 /* What the packers share: the caller's table of descriptors, with room for m at offset, and
  * their sequences (PySequence_Fast): m items each but the last, dfds, the N_SHARDS shard
- * directories (those used are checked by check_shard). */
+ * directories (those used are checked by check_shard); each job's values (vals, m of them). */
 struct packing {
     Py_buffer table;
     int have_table, nseq;
     PyObject *seq[6];
     Py_ssize_t m;
     struct at_job *jobs;
+    struct job_vals *vals;
 };
 
 static void packing_close(struct packing *pk) {
     if (pk->have_table) PyBuffer_Release(&pk->table);
     for (int i = 0; i < pk->nseq; i++) Py_XDECREF(pk->seq[i]);
+    PyMem_Free(pk->vals);
 }
 
 /* Open pk over args[0] (the table), args[1] (the offset) and the nseq sequences from args[first];
@@ -59,39 +69,48 @@ static int packing_open(struct packing *pk, PyObject *const *args, int first, in
         return -1;
     }
     pk->jobs = (struct at_job *)((char *)pk->table.buf + offset);
+    if ((pk->vals = PyMem_Calloc((size_t)pk->m + 1, sizeof *pk->vals)) == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
     return 0;
 }
 
-/* The directory of key's shard, a checked key's (check_shard); an int32. */
-static int32_t shard_dfd(const struct packing *pk, PyObject *key) {
+/* A named key (exact bytes: check_key, then check_named_key) and its shard's directory, an
+ * int32, in *dfd (only the shards used are looked at: a group uses a few of the N_SHARDS); -1
+ * with an error. */
+static int check_shard(const struct packing *pk, PyObject *key, int32_t *dfd, const char *fn) {
+    if (check_key(key, fn) < 0 || check_named_key(key, fn) < 0) return -1;
     PyObject **ds = PySequence_Fast_ITEMS(pk->seq[pk->nseq - 1]);
-    return (int32_t)PyLong_AsLong(ds[xxh3(PyBytes_AS_STRING(key), (size_t)PyBytes_GET_SIZE(key)) & (N_SHARDS - 1)]);
+    return get_i32(ds[xxh3(PyBytes_AS_STRING(key), (size_t)PyBytes_GET_SIZE(key)) & (N_SHARDS - 1)], dfd, fn, "a dfd");
 }
 
-/* check_named_key, and its shard's directory an int32 (only the shards used are looked at:
- * a group uses a few of the N_SHARDS); -1 with an error. */
-static int check_shard(const struct packing *pk, PyObject *key, const char *fn) {
-    if (check_named_key(key, fn) < 0) return -1;
-    PyObject **ds = PySequence_Fast_ITEMS(pk->seq[pk->nseq - 1]);
-    int32_t fd;
-    return get_i32(ds[xxh3(PyBytes_AS_STRING(key), (size_t)PyBytes_GET_SIZE(key)) & (N_SHARDS - 1)], &fd, fn, "a dfd");
+/* A job's block and cid (exact ints) into v, with its header's and payload's addresses, hb_addr +
+ * block * hb_len and view_addr + cid * n; -1 with an error (OverflowError past 2**64 - 1, where
+ * the reference's 64-bit field refuses it with struct.error). */
+static int check_addrs(struct job_vals *v, PyObject *cid, PyObject *block, uint64_t hb_addr, uint64_t hb_len,
+                       uint64_t view_addr, uint64_t n, const char *fn) {
+    uint64_t c;
+    if (get_u64(cid, &c) < 0 || get_u64(block, &v->block) < 0) return -1;
+    return addr_at(hb_addr, v->block, hb_len, &v->hb, fn) < 0 || addr_at(view_addr, c, n, &v->buf, fn) < 0 ? -1 : 0;
 }
 
 /* Job j of pk: its common fields (the rest zero), its file named after key as name_of names it. */
 static struct at_job *put_job(const struct packing *pk, Py_ssize_t j, int32_t kind, int32_t prio, PyObject *key,
-                              int32_t flags, int32_t fd, uint64_t hb, uint64_t hb_len, uint64_t buf, uint64_t n) {
+                              int32_t flags, int32_t fd, uint64_t hb_len, uint64_t n) {
+    const struct job_vals *v = &pk->vals[j];
     struct at_job *job = &pk->jobs[j];
     memset(job, 0, sizeof *job);
     job->group = -1;
     job->kind = kind;
     job->prio = prio;
-    job->dfd = shard_dfd(pk, key);
+    job->dfd = v->dfd;
     job->flags = flags;
     job->fd = fd;
     job->dfd2 = -1;
-    job->hb = (void *)(uintptr_t)hb;
+    job->hb = (void *)(uintptr_t)v->hb;
     job->hb_len = (size_t)hb_len;
-    job->buf = (void *)(uintptr_t)buf;
+    job->buf = (void *)(uintptr_t)v->buf;
     job->len = (size_t)n;
     b32_into((const unsigned char *)PyBytes_AS_STRING(key), PyBytes_GET_SIZE(key), job->name);
     return job;
@@ -108,7 +127,7 @@ PyObject *pack_reads(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     static const char *what[] = {"keys", "cids", "blocks", "dfds"};
     if (check_nargs(fn, nargs, 13) < 0) return NULL;
     int32_t prio, flags, hashed;
-    uint64_t hb_addr, hb_len, view_addr, n, cid, block;
+    uint64_t hb_addr, hb_len, view_addr, n;
     if (get_i32(args[2], &prio, fn, "prio") < 0 || get_i32(args[7], &flags, fn, "flags") < 0 ||
         get_i32(args[8], &hashed, fn, "hashed") < 0 || get_u64(args[9], &hb_addr) < 0 ||
         get_u64(args[10], &hb_len) < 0 || get_u64(args[11], &view_addr) < 0 || get_u64(args[12], &n) < 0 ||
@@ -120,13 +139,10 @@ PyObject *pack_reads(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     PyObject **ks = PySequence_Fast_ITEMS(pk.seq[0]), **cs = PySequence_Fast_ITEMS(pk.seq[1]);
     PyObject **bs = PySequence_Fast_ITEMS(pk.seq[2]);
     for (Py_ssize_t j = 0; j < pk.m; j++)
-        if (check_shard(&pk, ks[j], fn) < 0 || get_u64(cs[j], &cid) < 0 || get_u64(bs[j], &block) < 0) goto done;
-    for (Py_ssize_t j = 0; j < pk.m; j++) {
-        get_u64(cs[j], &cid);
-        get_u64(bs[j], &block);
-        put_job(&pk, j, AT_READ, prio, ks[j], flags, -1, hb_addr + block * hb_len, hb_len, view_addr + cid * n, n)
-            ->hashed = hashed;
-    }
+        if (check_shard(&pk, ks[j], &pk.vals[j].dfd, fn) < 0 ||
+            check_addrs(&pk.vals[j], cs[j], bs[j], hb_addr, hb_len, view_addr, n, fn) < 0)
+            goto done;
+    for (Py_ssize_t j = 0; j < pk.m; j++) put_job(&pk, j, AT_READ, prio, ks[j], flags, -1, hb_len, n)->hashed = hashed;
     out = Py_None;
     Py_INCREF(out);
 done:
@@ -167,6 +183,8 @@ PyObject *reads_failed(PyObject *self, PyObject *const *args, Py_ssize_t nargs) 
         PyErr_Format(PyExc_ValueError, "%s(): %zd outcomes at offset %zd of %zd bytes", fn, m, offset, res.len);
         goto done;
     }
+    /* (allocated before the checks: a collection it may start runs finalizers, Python code) */
+    if ((bad = PyList_New(0)) == NULL) goto done;
     PyObject **ks = PySequence_Fast_ITEMS(keys), **bs = PySequence_Fast_ITEMS(blocks);
     uint64_t block;
     for (Py_ssize_t j = 0; j < m; j++) {
@@ -178,7 +196,6 @@ PyObject *reads_failed(PyObject *self, PyObject *const *args, Py_ssize_t nargs) 
             goto done;
         }
     }
-    if ((bad = PyList_New(0)) == NULL) goto done;
     const char *digest = PyBytes_AS_STRING(args[7]);
     unsigned char want[FIXED_LEN + MAX_B32_KEY + 8], *big = NULL;
     for (Py_ssize_t j = 0; j < m; j++) {
@@ -264,8 +281,8 @@ PyObject *pack_writes(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     static const char fn[] = "pack_writes";
     static const char *what[] = {"keys", "cids", "blocks", "fds", "dfds"};
     if (check_nargs(fn, nargs, 17) < 0) return NULL;
-    int32_t prio, flags, sync, mode, fd;
-    uint64_t hb_addr, hb_len, view_addr, n, cid, block;
+    int32_t prio, flags, sync, mode;
+    uint64_t hb_addr, hb_len, view_addr, n;
     if (get_i32(args[2], &prio, fn, "prio") < 0 || get_i32(args[8], &flags, fn, "flags") < 0 ||
         get_i32(args[9], &sync, fn, "sync") < 0 || get_i32(args[10], &mode, fn, "mode") < 0 ||
         get_u64(args[12], &hb_addr) < 0 || get_u64(args[13], &hb_len) < 0 || get_u64(args[14], &view_addr) < 0 ||
@@ -280,18 +297,18 @@ PyObject *pack_writes(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     have_hbs = 1;
     PyObject **ks = PySequence_Fast_ITEMS(pk.seq[0]), **cs = PySequence_Fast_ITEMS(pk.seq[1]);
     PyObject **bs = PySequence_Fast_ITEMS(pk.seq[2]), **fs = PySequence_Fast_ITEMS(pk.seq[3]);
-    for (Py_ssize_t j = 0; j < pk.m; j++)
-        if (check_shard(&pk, ks[j], fn) < 0 || get_u64(cs[j], &cid) < 0 || get_i32(fs[j], &fd, fn, "a fd") < 0 ||
-            get_u64(bs[j], &block) < 0 || check_block(&hbs, hb_len, block, ks[j], j, fn) < 0)
+    for (Py_ssize_t j = 0; j < pk.m; j++) {
+        struct job_vals *v = &pk.vals[j];
+        if (check_shard(&pk, ks[j], &v->dfd, fn) < 0 || get_i32(fs[j], &v->fd, fn, "a fd") < 0 ||
+            check_addrs(v, cs[j], bs[j], hb_addr, hb_len, view_addr, n, fn) < 0 ||
+            check_block(&hbs, hb_len, v->block, ks[j], j, fn) < 0)
             goto done;
+    }
     const char *digest = PyBytes_AS_STRING(args[16]);
     for (Py_ssize_t j = 0; j < pk.m; j++) {
-        get_u64(cs[j], &cid);
-        get_u64(bs[j], &block);
-        get_i32(fs[j], &fd, fn, "a fd");
-        Py_ssize_t size = put_block_header((unsigned char *)hbs.buf + block * hb_len, hb_len, ks[j], n, digest);
-        struct at_job *job =
-            put_job(&pk, j, AT_WRITE, prio, ks[j], flags, fd, hb_addr + block * hb_len, hb_len, view_addr + cid * n, n);
+        const struct job_vals *v = &pk.vals[j];
+        Py_ssize_t size = put_block_header((unsigned char *)hbs.buf + v->block * hb_len, hb_len, ks[j], n, digest);
+        struct at_job *job = put_job(&pk, j, AT_WRITE, prio, ks[j], flags, v->fd, hb_len, n);
         job->sync = sync;
         job->body_len = (int32_t)(size - 8);
         job->mode = mode;
@@ -316,7 +333,7 @@ PyObject *pack_recycles(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     static const char *what[] = {"keys", "victims", "temps", "cids", "blocks", "dfds"};
     if (check_nargs(fn, nargs, 18) < 0) return NULL;
     int32_t prio, flags, lock_fd, sync;
-    uint64_t hb_addr, hb_len, view_addr, n, cid, block;
+    uint64_t hb_addr, hb_len, view_addr, n;
     if (get_i32(args[2], &prio, fn, "prio") < 0 || get_i32(args[9], &flags, fn, "flags") < 0 ||
         get_i32(args[10], &lock_fd, fn, "lock_fd") < 0 || get_i32(args[11], &sync, fn, "sync") < 0 ||
         get_u64(args[13], &hb_addr) < 0 || get_u64(args[14], &hb_len) < 0 || get_u64(args[15], &view_addr) < 0 ||
@@ -332,22 +349,24 @@ PyObject *pack_recycles(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     PyObject **ks = PySequence_Fast_ITEMS(pk.seq[0]), **vs = PySequence_Fast_ITEMS(pk.seq[1]);
     PyObject **ts = PySequence_Fast_ITEMS(pk.seq[2]), **cs = PySequence_Fast_ITEMS(pk.seq[3]);
     PyObject **bs = PySequence_Fast_ITEMS(pk.seq[4]);
-    for (Py_ssize_t j = 0; j < pk.m; j++)
-        if (check_shard(&pk, ks[j], fn) < 0 || check_shard(&pk, vs[j], fn) < 0 || get_temp(ts[j], fn) == NULL ||
-            get_u64(cs[j], &cid) < 0 || get_u64(bs[j], &block) < 0 || check_block(&hbs, hb_len, block, ks[j], j, fn) < 0)
+    for (Py_ssize_t j = 0; j < pk.m; j++) {
+        struct job_vals *v = &pk.vals[j];
+        if (check_shard(&pk, ks[j], &v->dfd, fn) < 0 || check_shard(&pk, vs[j], &v->dfd2, fn) < 0 ||
+            (v->temp = get_temp(ts[j], fn)) == NULL ||
+            check_addrs(v, cs[j], bs[j], hb_addr, hb_len, view_addr, n, fn) < 0 ||
+            check_block(&hbs, hb_len, v->block, ks[j], j, fn) < 0)
             goto done;
+    }
     const char *digest = PyBytes_AS_STRING(args[17]);
     for (Py_ssize_t j = 0; j < pk.m; j++) {
-        get_u64(cs[j], &cid);
-        get_u64(bs[j], &block);
-        Py_ssize_t size = put_block_header((unsigned char *)hbs.buf + block * hb_len, hb_len, ks[j], n, digest);
-        struct at_job *job = put_job(&pk, j, AT_RECYCLE, prio, ks[j], flags, lock_fd, hb_addr + block * hb_len, hb_len,
-                                     view_addr + cid * n, n);
-        job->dfd2 = shard_dfd(&pk, vs[j]);
+        const struct job_vals *v = &pk.vals[j];
+        Py_ssize_t size = put_block_header((unsigned char *)hbs.buf + v->block * hb_len, hb_len, ks[j], n, digest);
+        struct at_job *job = put_job(&pk, j, AT_RECYCLE, prio, ks[j], flags, lock_fd, hb_len, n);
+        job->dfd2 = v->dfd2;
         job->sync = sync;
         job->body_len = (int32_t)(size - 8);
         b32_into((const unsigned char *)PyBytes_AS_STRING(vs[j]), PyBytes_GET_SIZE(vs[j]), job->name2);
-        strcpy(job->name3, get_temp(ts[j], fn));
+        strcpy(job->name3, v->temp);
     }
     out = Py_None;
     Py_INCREF(out);

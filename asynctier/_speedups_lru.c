@@ -132,17 +132,6 @@ static int write_back(PyObject *index, PyObject *name, long long v) {
     return 0;
 }
 
-/* The items of seq in a tuple of our own, as the reference's keys[start:]: Python code that
- * runs meanwhile (an entry's getters) may change the caller's list, which PySequence_Fast
- * returns as is. */
-static PyObject *own_items(PyObject *seq, const char *msg) {
-    PyObject *fast = PySequence_Fast(seq, msg);
-    if (fast == NULL || PyTuple_CheckExact(fast)) return fast;
-    PyObject *t = PyList_AsTuple(fast);
-    Py_DECREF(fast);
-    return t;
-}
-
 /* 0 if every item of keys (from PySequence_Fast) is exact bytes (a subclass's __hash__ or
  * __eq__ would run in the lookups), else -1 with TypeError naming fn. */
 static int check_keys(PyObject *keys, const char *fn) {
@@ -194,7 +183,7 @@ SP_HIDDEN PyObject *lru_reserve_plain(PyObject *self, PyObject *const *args, Py_
         PyErr_Format(PyExc_ValueError, "%s(): out is a list, start and nbytes >= 0", fn);
         return NULL;
     }
-    PyObject *keys = own_items(args[2], "lru_reserve_plain(): keys is a sequence");
+    PyObject *keys = own_tuple(args[2], "lru_reserve_plain(): keys is a sequence");
     if (keys == NULL) return NULL;
     PyObject *entries = PyObject_GetAttr(index, s_entries), *removing = PyObject_GetAttr(index, s_removing);
     PyObject *capo = PyObject_GetAttr(index, s_capacity), *tracko = PyObject_GetAttr(index, s_track);

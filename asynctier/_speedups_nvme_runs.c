@@ -7,23 +7,96 @@
  * (tests/test_c_twins_nvme.py compares them). Everything is checked before a byte is written. */
 #include "_speedups.h"
 
-/* A run's items, checked: (position, slot, stripe, offset) tuples; -1 with an error. */
+/* How the functions here read their arguments: each sequence, and each run's list, copied into
+ * a tuple of their own first (a dict lookup may run a stored key's __eq__, which may change the
+ * caller's lists), then every int read once, by the exact-int helpers, into the C values below;
+ * the write pass reads only those and the tuples, so it writes what was checked. */
+
+/* A run's values, as checked: its stripe's fd, its offset, its length, and the addresses of its
+ * first iovec and checksum. */
+struct run_vals {
+    int32_t fd;
+    int64_t off;
+    Py_ssize_t len;
+    uint64_t iov, sums;
+};
+
+/* A chunk's values, as checked: its position, its header's sequence number and checksum, and
+ * the addresses of its header block and payload. */
+struct chunk_vals {
+    Py_ssize_t pos;
+    uint64_t seq, csum, hb, buf;
+};
+
+/* runs as a tuple of m tuples, each run's items, and how many items in all (*total); NULL with
+ * an error. A run is a list (a non-empty one where nonempty). */
+static PyObject *runs_tuple(PyObject *v, const char *msg, int nonempty, Py_ssize_t *total, const char *fn) {
+    PyObject *runs = own_tuple(v, msg), *out = NULL;
+    if (runs == NULL || (out = PyTuple_New(PyTuple_GET_SIZE(runs))) == NULL) goto done;
+    *total = 0;
+    for (Py_ssize_t j = 0; j < PyTuple_GET_SIZE(runs); j++) {
+        PyObject *run = PyTuple_GET_ITEM(runs, j), *items;
+        if (!PyList_Check(run) || (nonempty && PyList_GET_SIZE(run) == 0)) {
+            PyErr_Format(PyExc_TypeError, "%s(): runs[%zd] is a %slist", fn, j, nonempty ? "non-empty " : "");
+            Py_CLEAR(out);
+            goto done;
+        }
+        if ((items = PyList_AsTuple(run)) == NULL) {
+            Py_CLEAR(out);
+            goto done;
+        }
+        PyTuple_SET_ITEM(out, j, items);
+        *total += PyTuple_GET_SIZE(items);
+    }
+done:
+    Py_XDECREF(runs);
+    return out;
+}
+
+/* A run's item, checked: a (position, slot, stripe, offset) tuple of exact ints; -1 with an error. */
 static int run_item(PyObject *it, Py_ssize_t nk, Py_ssize_t nfd, Py_ssize_t *pos, int64_t *stripe, int64_t *off,
                     const char *fn) {
     if (!PyTuple_Check(it) || PyTuple_GET_SIZE(it) != 4) {
         PyErr_Format(PyExc_TypeError, "%s(): a run's items are (position, slot, stripe, offset) tuples", fn);
         return -1;
     }
-    *pos = PyLong_AsSsize_t(PyTuple_GET_ITEM(it, 0));
-    *stripe = PyLong_AsLongLong(PyTuple_GET_ITEM(it, 2));
-    *off = PyLong_AsLongLong(PyTuple_GET_ITEM(it, 3));
-    if (PyErr_Occurred()) return -1;
-    if (*pos < 0 || *pos >= nk || *stripe < 0 || *stripe >= nfd || *off < 0) {
-        PyErr_Format(PyExc_ValueError, "%s(): position %zd of %zd keys, stripe %lld of %zd, offset %lld", fn, *pos, nk,
-                     (long long)*stripe, nfd, (long long)*off);
+    long long p, s, o;
+    if (get_ll(PyTuple_GET_ITEM(it, 0), &p) < 0 || get_ll(PyTuple_GET_ITEM(it, 2), &s) < 0 ||
+        get_ll(PyTuple_GET_ITEM(it, 3), &o) < 0)
+        return -1;
+    if (p < 0 || p >= nk || s < 0 || s >= nfd || o < 0) {
+        PyErr_Format(PyExc_ValueError, "%s(): position %lld of %zd keys, stripe %lld of %zd, offset %lld", fn, p, nk, s,
+                     nfd, o);
         return -1;
     }
+    *pos = (Py_ssize_t)p;
+    *stripe = s;
+    *off = o;
     return 0;
+}
+
+/* Run r's values from its head item's stripe and offset (fds[stripe] an int32) and from where
+ * its chunks start (first); -1 with an error. */
+static int run_head(struct run_vals *r, PyObject *fds, int64_t stripe, int64_t off, Py_ssize_t first, Py_ssize_t len,
+                    uint64_t iov_addr, uint64_t sums_addr, const char *fn) {
+    r->off = off;
+    r->len = len;
+    return get_i32(PyTuple_GET_ITEM(fds, stripe), &r->fd, fn, "fd") < 0 ||
+                   addr_at(iov_addr, (uint64_t)first, 32, &r->iov, fn) < 0 ||
+                   addr_at(sums_addr, (uint64_t)first, 8, &r->sums, fn) < 0
+               ? -1
+               : 0;
+}
+
+/* Chunk c's addresses: its payload's (from cids[pos], an exact int) and its header block's; -1
+ * with an error. */
+static int chunk_addrs(struct chunk_vals *ch, PyObject *cids, Py_ssize_t c, uint64_t hb_addr, uint64_t hb_len,
+                       uint64_t view_addr, uint64_t n, const char *fn) {
+    uint64_t cid;
+    return get_u64(PyTuple_GET_ITEM(cids, ch->pos), &cid) < 0 || addr_at(view_addr, cid, n, &ch->buf, fn) < 0 ||
+                   addr_at(hb_addr, (uint64_t)c, hb_len, &ch->hb, fn) < 0
+               ? -1
+               : 0;
 }
 
 /* Room for m descriptors at offset of table: where they go, or NULL with ValueError. */
@@ -36,37 +109,29 @@ static struct at_job *jobs_at(const Py_buffer *table, Py_ssize_t offset, Py_ssiz
     return (struct at_job *)((char *)table->buf + offset);
 }
 
-/* 0 if runs[j], run, is a non-empty list, else -1 with TypeError. */
-static int check_run(PyObject *run, Py_ssize_t j, const char *fn) {
-    if (PyList_Check(run) && PyList_GET_SIZE(run) > 0) return 0;
-    PyErr_Format(PyExc_TypeError, "%s(): runs[%zd] is a non-empty list", fn, j);
-    return -1;
-}
-
-/* Chunk c's two iovecs: its header block (hb_len bytes from hb_addr, one a chunk), then its payload. */
-static void put_iov(uint64_t *iov, Py_ssize_t c, uint64_t hb_addr, uint64_t hb_len, uint64_t payload, uint64_t n) {
-    iov[4 * c] = hb_addr + (uint64_t)c * hb_len;
+/* Chunk c's two iovecs: its header block (hb_len bytes at hb), then its payload (n bytes at buf). */
+static void put_iov(uint64_t *iov, Py_ssize_t c, uint64_t hb, uint64_t hb_len, uint64_t buf, uint64_t n) {
+    iov[4 * c] = hb;
     iov[4 * c + 1] = hb_len;
-    iov[4 * c + 2] = payload;
+    iov[4 * c + 2] = buf;
     iov[4 * c + 3] = n;
 }
 
-/* A run's READV or WRITEV descriptor (group -1, the rest zero): len chunks from chunk first of
- * the job's iovecs and checksums, at offset off of the file fd. */
-static struct at_job *put_run_job(struct at_job *job, int32_t kind, int32_t prio, int32_t fd, uint64_t iov_addr,
-                                  uint64_t sums_addr, Py_ssize_t first, Py_ssize_t len, int64_t off) {
+/* Run r's READV or WRITEV descriptor (group -1, the rest zero): its chunks' iovecs and
+ * checksums, at its offset of its stripe's file. */
+static struct at_job *put_run_job(struct at_job *job, int32_t kind, int32_t prio, const struct run_vals *r) {
     memset(job, 0, sizeof *job);
     job->group = -1;
     job->kind = kind;
     job->prio = prio;
     job->dfd = -1;
-    job->fd = fd;
+    job->fd = r->fd;
     job->dfd2 = -1;
-    job->hb = (void *)(uintptr_t)(iov_addr + 32 * (uint64_t)first);
-    job->hb_len = (size_t)(2 * len);
-    job->buf = (void *)(uintptr_t)(sums_addr + 8 * (uint64_t)first);
-    job->len = (size_t)len;
-    job->off = off;
+    job->hb = (void *)(uintptr_t)r->iov;
+    job->hb_len = (size_t)(2 * r->len);
+    job->buf = (void *)(uintptr_t)r->sums;
+    job->len = (size_t)r->len;
+    job->off = r->off;
     return job;
 }
 
@@ -93,10 +158,13 @@ SP_HIDDEN PyObject *pack_slot_writes(PyObject *self, PyObject *const *args, Py_s
     PyObject *runs = NULL, *keys = NULL, *cids = NULL, *fds = NULL, *out = NULL;
     Py_buffer table = {0}, hbs = {0}, iovs = {0};
     int nbuf = 0;
-    if (!(runs = PySequence_Fast(args[3], "pack_slot_writes(): runs is a sequence")) ||
-        !(keys = PySequence_Fast(args[4], "pack_slot_writes(): keys is a sequence")) ||
-        !(cids = PySequence_Fast(args[5], "pack_slot_writes(): cids is a sequence")) ||
-        !(fds = PySequence_Fast(args[7], "pack_slot_writes(): fds is a sequence")))
+    Py_ssize_t total;
+    struct run_vals *rv = NULL;
+    struct chunk_vals *cv = NULL;
+    if (!(runs = runs_tuple(args[3], "pack_slot_writes(): runs is a sequence", 1, &total, fn)) ||
+        !(keys = own_tuple(args[4], "pack_slot_writes(): keys is a sequence")) ||
+        !(cids = own_tuple(args[5], "pack_slot_writes(): cids is a sequence")) ||
+        !(fds = own_tuple(args[7], "pack_slot_writes(): fds is a sequence")))
         goto done;
     if (PyObject_GetBuffer(args[0], &table, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) goto done;
     nbuf = 1;
@@ -104,23 +172,28 @@ SP_HIDDEN PyObject *pack_slot_writes(PyObject *self, PyObject *const *args, Py_s
     nbuf = 2;
     if (PyObject_GetBuffer(args[11], &iovs, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) goto done;
     nbuf = 3;
-    Py_ssize_t m = PySequence_Fast_GET_SIZE(runs), nk = PySequence_Fast_GET_SIZE(keys), nfd = PySequence_Fast_GET_SIZE(fds);
-    if (PySequence_Fast_GET_SIZE(cids) != nk) {
-        PyErr_Format(PyExc_ValueError, "%s(): %zd keys and %zd cids", fn, nk, PySequence_Fast_GET_SIZE(cids));
+    Py_ssize_t m = PyTuple_GET_SIZE(runs), nk = PyTuple_GET_SIZE(keys), nfd = PyTuple_GET_SIZE(fds);
+    if (PyTuple_GET_SIZE(cids) != nk) {
+        PyErr_Format(PyExc_ValueError, "%s(): %zd keys and %zd cids", fn, nk, PyTuple_GET_SIZE(cids));
         goto done;
     }
-    if (jobs_at(&table, offset, m, fn) == NULL) goto done;
-    Py_ssize_t total = 0;
-    for (Py_ssize_t j = 0; j < m; j++) { /* every run checked first */
-        PyObject *run = PySequence_Fast_GET_ITEM(runs, j);
-        if (check_run(run, j, fn) < 0) goto done;
-        Py_ssize_t klen = -1;
-        for (Py_ssize_t i = 0; i < PyList_GET_SIZE(run); i++) {
-            Py_ssize_t pos;
+    struct at_job *jobs = jobs_at(&table, offset, m, fn);
+    if (jobs == NULL) goto done;
+    if ((rv = PyMem_Calloc((size_t)m + 1, sizeof *rv)) == NULL ||
+        (cv = PyMem_Calloc((size_t)total + 1, sizeof *cv)) == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    Py_ssize_t c = 0;
+    for (Py_ssize_t j = 0; j < m; j++) { /* every run checked first, its values kept */
+        PyObject *run = PyTuple_GET_ITEM(runs, j);
+        Py_ssize_t klen = -1, first = c;
+        for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(run); i++, c++) {
+            PyObject *it = PyTuple_GET_ITEM(run, i);
+            struct chunk_vals *ch = &cv[c];
             int64_t stripe, off;
-            uint64_t u;
-            if (run_item(PyList_GET_ITEM(run, i), nk, nfd, &pos, &stripe, &off, fn) < 0) goto done;
-            PyObject *key = PySequence_Fast_GET_ITEM(keys, pos), *sl = PyDict_GetItemWithError(slots, PyTuple_GET_ITEM(PyList_GET_ITEM(run, i), 0));
+            if (run_item(it, nk, nfd, &ch->pos, &stripe, &off, fn) < 0) goto done;
+            PyObject *key = PyTuple_GET_ITEM(keys, ch->pos);
             if (check_key(key, fn) < 0) goto done;
             if (klen >= 0 && PyBytes_GET_SIZE(key) != klen) {
                 PyErr_Format(PyExc_ValueError, "%s(): a run's keys are one length", fn);
@@ -132,16 +205,19 @@ SP_HIDDEN PyObject *pack_slot_writes(PyObject *self, PyObject *const *args, Py_s
                              FIXED_LEN + klen + 8, (unsigned long long)hb_len);
                 goto done;
             }
-            if (sl == NULL || !PyTuple_Check(sl) || PyTuple_GET_SIZE(sl) != 2 || get_u64(PyTuple_GET_ITEM(sl, 1), &u) < 0 ||
-                get_u64(PySequence_Fast_GET_ITEM(cids, pos), &u) < 0) {
+            /* (the lookup may run a stored key's __eq__: what it could change was copied) */
+            PyObject *sl = PyDict_GetItemWithError(slots, PyTuple_GET_ITEM(it, 0));
+            if (sl == NULL || !PyTuple_Check(sl) || PyTuple_GET_SIZE(sl) != 2 ||
+                get_u64(PyTuple_GET_ITEM(sl, 1), &ch->seq) < 0) {
                 if (!PyErr_Occurred())
-                    PyErr_Format(PyExc_KeyError, "%s(): no (slot, seq) for position %zd", fn, pos);
+                    PyErr_Format(PyExc_KeyError, "%s(): no (slot, seq) for position %zd", fn, ch->pos);
                 goto done;
             }
-            int32_t fd;
-            if (i == 0 && get_i32(PySequence_Fast_GET_ITEM(fds, stripe), &fd, fn, "fd") < 0) goto done;
+            if (chunk_addrs(ch, cids, c, hb_addr, hb_len, view_addr, n, fn) < 0 ||
+                (i == 0 &&
+                 run_head(&rv[j], fds, stripe, off, first, PyTuple_GET_SIZE(run), iov_addr, sums_addr, fn) < 0))
+                goto done;
         }
-        total += PyList_GET_SIZE(run);
     }
     if (hb_len == 0 || (uint64_t)total > (uint64_t)hbs.len / hb_len || total > iovs.len / 32) {
         PyErr_Format(PyExc_ValueError, "%s(): %zd chunks for %zd bytes of header blocks and %zd of iovecs", fn, total,
@@ -149,34 +225,22 @@ SP_HIDDEN PyObject *pack_slot_writes(PyObject *self, PyObject *const *args, Py_s
         goto done;
     }
     const char *digest = PyBytes_AS_STRING(args[16]);
-    uint64_t *iov = (uint64_t *)iovs.buf;
-    struct at_job *jobs = jobs_at(&table, offset, m, fn);
-    Py_ssize_t c = 0;
+    c = 0;
     for (Py_ssize_t j = 0; j < m; j++) {
-        PyObject *run = PySequence_Fast_GET_ITEM(runs, j);
-        Py_ssize_t len = PyList_GET_SIZE(run), first = c, size = 0;
-        int64_t stripe = 0, off = 0;
-        for (Py_ssize_t i = 0; i < len; i++, c++) {
-            PyObject *it = PyList_GET_ITEM(run, i);
-            Py_ssize_t pos = PyLong_AsSsize_t(PyTuple_GET_ITEM(it, 0));
-            if (i == 0) {
-                stripe = PyLong_AsLongLong(PyTuple_GET_ITEM(it, 2));
-                off = PyLong_AsLongLong(PyTuple_GET_ITEM(it, 3));
-            }
-            PyObject *key = PySequence_Fast_GET_ITEM(keys, pos), *sl = PyDict_GetItem(slots, PyTuple_GET_ITEM(it, 0));
-            uint64_t seq = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(sl, 1));
-            uint64_t cid = PyLong_AsUnsignedLongLong(PySequence_Fast_GET_ITEM(cids, pos));
+        Py_ssize_t size = 0;
+        for (Py_ssize_t i = 0; i < rv[j].len; i++, c++) {
+            PyObject *key = PyTuple_GET_ITEM(keys, cv[c].pos);
             size = put_header((unsigned char *)hbs.buf + c * hb_len, PyBytes_AS_STRING(key), PyBytes_GET_SIZE(key), n, 0,
-                              seq, digest);
-            put_iov(iov, c, hb_addr, hb_len, view_addr + cid * n, n);
+                              cv[c].seq, digest);
+            put_iov((uint64_t *)iovs.buf, c, cv[c].hb, hb_len, cv[c].buf, n);
         }
-        put_run_job(&jobs[j], AT_WRITEV, prio, (int32_t)PyLong_AsLong(PySequence_Fast_GET_ITEM(fds, stripe)), iov_addr,
-                    sums_addr, first, len, off)
-            ->body_len = (int32_t)(size - 8);
+        put_run_job(&jobs[j], AT_WRITEV, prio, &rv[j])->body_len = (int32_t)(size - 8);
     }
     out = Py_None;
     Py_INCREF(out);
 done:
+    PyMem_Free(rv);
+    PyMem_Free(cv);
     if (nbuf > 2) PyBuffer_Release(&iovs);
     if (nbuf > 1) PyBuffer_Release(&hbs);
     if (nbuf > 0) PyBuffer_Release(&table);
@@ -199,7 +263,9 @@ SP_HIDDEN PyObject *runs_written(PyObject *self, PyObject *const *args, Py_ssize
         PyErr_Format(PyExc_TypeError, "%s(): csums is a dict and written a list", fn);
         return NULL;
     }
-    PyObject *runs = PySequence_Fast(args[2], "runs_written(): runs is a sequence"), *bad = NULL;
+    /* (a tuple of our own: storing into csums may run a stored key's __eq__, which may change the lists) */
+    Py_ssize_t total;
+    PyObject *runs = runs_tuple(args[2], "runs_written(): runs is a sequence", 0, &total, fn), *bad = NULL;
     if (runs == NULL) return NULL;
     Py_buffer res = {0}, sums = {0};
     int nbuf = 0;
@@ -207,25 +273,20 @@ SP_HIDDEN PyObject *runs_written(PyObject *self, PyObject *const *args, Py_ssize
     nbuf = 1;
     if (PyObject_GetBuffer(args[3], &sums, PyBUF_C_CONTIGUOUS) < 0) goto done;
     nbuf = 2;
-    Py_ssize_t m = PySequence_Fast_GET_SIZE(runs), total = 0;
+    Py_ssize_t m = PyTuple_GET_SIZE(runs);
     if (offset < 0 || offset > res.len || m > (res.len - offset) / (Py_ssize_t)sizeof(struct at_res)) {
         PyErr_Format(PyExc_ValueError, "%s(): %zd outcomes at offset %zd of %zd bytes", fn, m, offset, res.len);
         goto done;
     }
     for (Py_ssize_t j = 0; j < m; j++) {
-        PyObject *run = PySequence_Fast_GET_ITEM(runs, j);
-        if (!PyList_Check(run)) {
-            PyErr_Format(PyExc_TypeError, "%s(): runs[%zd] is a list", fn, j);
-            goto done;
-        }
-        for (Py_ssize_t i = 0; i < PyList_GET_SIZE(run); i++) {
-            PyObject *it = PyList_GET_ITEM(run, i);
-            if (!PyTuple_Check(it) || PyTuple_GET_SIZE(it) != 4 || !PyLong_Check(PyTuple_GET_ITEM(it, 0))) {
+        PyObject *run = PyTuple_GET_ITEM(runs, j);
+        for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(run); i++) {
+            PyObject *it = PyTuple_GET_ITEM(run, i); /* (an exact int's hash runs no Python code) */
+            if (!PyTuple_Check(it) || PyTuple_GET_SIZE(it) != 4 || !PyLong_CheckExact(PyTuple_GET_ITEM(it, 0))) {
                 PyErr_Format(PyExc_TypeError, "%s(): a run's items are (position, slot, stripe, offset) tuples", fn);
                 goto done;
             }
         }
-        total += PyList_GET_SIZE(run);
     }
     if (total > sums.len / 8) {
         PyErr_Format(PyExc_ValueError, "%s(): %zd chunks for %zd bytes of checksums", fn, total, sums.len);
@@ -236,8 +297,8 @@ SP_HIDDEN PyObject *runs_written(PyObject *self, PyObject *const *args, Py_ssize
     const uint64_t *sum = (const uint64_t *)sums.buf;
     Py_ssize_t c = 0;
     for (Py_ssize_t j = 0; j < m; j++) {
-        PyObject *run = PySequence_Fast_GET_ITEM(runs, j);
-        Py_ssize_t len = PyList_GET_SIZE(run);
+        PyObject *run = PyTuple_GET_ITEM(runs, j);
+        Py_ssize_t len = PyTuple_GET_SIZE(run);
         if (r[j].stage || r[j].info != 1) {
             PyObject *o = PyLong_FromSsize_t(j);
             int rc = o ? PyList_Append(bad, o) : -1;
@@ -245,7 +306,8 @@ SP_HIDDEN PyObject *runs_written(PyObject *self, PyObject *const *args, Py_ssize
             if (rc < 0) goto fail;
         } else {
             for (Py_ssize_t i = 0; i < len; i++) {
-                PyObject *pos = PyTuple_GET_ITEM(PyList_GET_ITEM(run, i), 0), *v = PyLong_FromUnsignedLongLong(sum[c + i]);
+                PyObject *pos = PyTuple_GET_ITEM(PyTuple_GET_ITEM(run, i), 0);
+                PyObject *v = PyLong_FromUnsignedLongLong(sum[c + i]);
                 int rc = v ? PyDict_SetItem(csums, pos, v) : -1;
                 Py_XDECREF(v);
                 if (rc < 0 || PyList_Append(written, pos) < 0) goto fail;
@@ -265,8 +327,7 @@ done:
 
 struct placed {
     int64_t stripe, off;
-    Py_ssize_t pos;
-    long slot;
+    long long pos, slot;
 };
 
 static int cmp_placed(const void *a, const void *b) {
@@ -277,7 +338,7 @@ static int cmp_placed(const void *a, const void *b) {
 }
 
 /* slot_runs(slots, nstripes, data_off, slot_size, limit) -> list[list[(position, slot,
- * stripe, offset)]]: see tiers.nvme.slab.slot_runs. */
+ * stripe, offset)]]: see tiers.nvme.slab.slot_runs (OverflowError for an offset past 2**63 - 1). */
 SP_HIDDEN PyObject *slot_runs(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
     static const char fn[] = "slot_runs";
@@ -287,41 +348,49 @@ SP_HIDDEN PyObject *slot_runs(PyObject *self, PyObject *const *args, Py_ssize_t 
         PyErr_Format(PyExc_TypeError, "%s(): slots is a dict of position -> (slot, ...)", fn);
         return NULL;
     }
-    long long nstripes = PyLong_AsLongLong(args[1]), data_off = PyLong_AsLongLong(args[2]),
-              size = PyLong_AsLongLong(args[3]), limit = PyLong_AsLongLong(args[4]);
-    if (PyErr_Occurred()) return NULL;
+    long long nstripes, data_off, size, limit;
+    if (get_ll(args[1], &nstripes) < 0 || get_ll(args[2], &data_off) < 0 || get_ll(args[3], &size) < 0 ||
+        get_ll(args[4], &limit) < 0)
+        return NULL;
     if (nstripes < 1 || data_off < 0 || size < 1 || limit < 1) {
         PyErr_Format(PyExc_ValueError, "%s(): nstripes, slot_size and limit >= 1, data_off >= 0", fn);
         return NULL;
     }
+    /* (exact ints: no Python code runs in the walk, so slots keeps its m items) */
     Py_ssize_t m = PyDict_GET_SIZE(slots), i = 0, at = 0;
-    struct placed *pl = PyMem_Malloc(sizeof *pl * (size_t)(m > 0 ? m : 1));
+    struct placed *pl = PyMem_Calloc((size_t)m + 1, sizeof *pl);
     if (pl == NULL) return PyErr_NoMemory();
     PyObject *k, *v, *out = NULL, *run = NULL;
     while (PyDict_Next(slots, &at, &k, &v)) {
-        long s;
+        if (i >= m) break; /* (it grew: refused below) */
         if (!PyTuple_Check(v) || PyTuple_GET_SIZE(v) < 1) {
             PyErr_Format(PyExc_TypeError, "%s(): a value of slots is a tuple, its slot first", fn);
             goto done;
         }
-        pl[i].pos = PyLong_AsSsize_t(k);
-        s = PyLong_AsLong(PyTuple_GET_ITEM(v, 0));
-        if (PyErr_Occurred()) goto done;
-        if (s < 0 || pl[i].pos < 0) {
-            PyErr_Format(PyExc_ValueError, "%s(): position %zd, slot %ld", fn, pl[i].pos, s);
+        struct placed *p = &pl[i++];
+        if (get_ll(k, &p->pos) < 0 || get_ll(PyTuple_GET_ITEM(v, 0), &p->slot) < 0) goto done;
+        if (p->slot < 0 || p->pos < 0) {
+            PyErr_Format(PyExc_ValueError, "%s(): position %lld, slot %lld", fn, p->pos, p->slot);
             goto done;
         }
-        pl[i].slot = s;
-        pl[i].stripe = s % nstripes;
-        pl[i].off = data_off + s / nstripes * size;
-        i++;
+        p->stripe = p->slot % nstripes;
+        if (__builtin_mul_overflow(p->slot / nstripes, size, &p->off) ||
+            __builtin_add_overflow(p->off, data_off, &p->off)) {
+            PyErr_Format(PyExc_OverflowError, "%s(): slot %lld's offset is past 2**63 - 1", fn, p->slot);
+            goto done;
+        }
+    }
+    if (i != m || PyDict_GET_SIZE(slots) != m) {
+        PyErr_Format(PyExc_RuntimeError, "%s(): slots changed size while read", fn);
+        goto done;
     }
     qsort(pl, (size_t)m, sizeof *pl, cmp_placed);
     if ((out = PyList_New(0)) == NULL) goto done;
     for (i = 0; i < m; i++) {
-        PyObject *item = Py_BuildValue("(nlLL)", pl[i].pos, pl[i].slot, (long long)pl[i].stripe, (long long)pl[i].off);
+        PyObject *item = Py_BuildValue("(LLLL)", pl[i].pos, pl[i].slot, (long long)pl[i].stripe, (long long)pl[i].off);
         if (item == NULL) goto fail;
-        if (run == NULL || pl[i].stripe != pl[i - 1].stripe || pl[i].off != pl[i - 1].off + size ||
+        /* (offsets are >= 0: the difference does not overflow where off + size could) */
+        if (run == NULL || pl[i].stripe != pl[i - 1].stripe || pl[i].off - pl[i - 1].off != size ||
             PyList_GET_SIZE(run) >= limit) {
             run = PyList_New(0);
             if (run == NULL || PyList_Append(out, run) < 0) {
@@ -343,7 +412,6 @@ done:
     return out;
 }
 
-
 /* pack_slot_reads(table, offset, prio, runs, cids, fds, hb_addr, hb_len, iovs, iov_addr,
  * sums_addr, view_addr, n, hashed) -> None: see bulk.pack_slot_reads. Everything is checked
  * before a byte is written. */
@@ -353,7 +421,7 @@ SP_HIDDEN PyObject *pack_slot_reads(PyObject *self, PyObject *const *args, Py_ss
     if (check_nargs(fn, nargs, 14) < 0) return NULL;
     Py_ssize_t offset = PyLong_AsSsize_t(args[1]);
     int32_t prio, hashed;
-    uint64_t hb_addr, hb_len, iov_addr, sums_addr, view_addr, n, u;
+    uint64_t hb_addr, hb_len, iov_addr, sums_addr, view_addr, n;
     if ((offset == -1 && PyErr_Occurred()) || get_i32(args[2], &prio, fn, "prio") < 0 || get_u64(args[6], &hb_addr) < 0 ||
         get_u64(args[7], &hb_len) < 0 || get_u64(args[9], &iov_addr) < 0 || get_u64(args[10], &sums_addr) < 0 ||
         get_u64(args[11], &view_addr) < 0 || get_u64(args[12], &n) < 0 || get_i32(args[13], &hashed, fn, "hashed") < 0)
@@ -361,54 +429,49 @@ SP_HIDDEN PyObject *pack_slot_reads(PyObject *self, PyObject *const *args, Py_ss
     PyObject *runs = NULL, *cids = NULL, *fds = NULL, *out = NULL;
     Py_buffer table = {0}, iovs = {0};
     int nbuf = 0;
-    if (!(runs = PySequence_Fast(args[3], "pack_slot_reads(): runs is a sequence")) ||
-        !(cids = PySequence_Fast(args[4], "pack_slot_reads(): cids is a sequence")) ||
-        !(fds = PySequence_Fast(args[5], "pack_slot_reads(): fds is a sequence")))
+    Py_ssize_t total;
+    struct run_vals *rv = NULL;
+    struct chunk_vals *cv = NULL;
+    if (!(runs = runs_tuple(args[3], "pack_slot_reads(): runs is a sequence", 1, &total, fn)) ||
+        !(cids = own_tuple(args[4], "pack_slot_reads(): cids is a sequence")) ||
+        !(fds = own_tuple(args[5], "pack_slot_reads(): fds is a sequence")))
         goto done;
     if (PyObject_GetBuffer(args[0], &table, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) goto done;
     nbuf = 1;
     if (PyObject_GetBuffer(args[8], &iovs, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) goto done;
     nbuf = 2;
-    Py_ssize_t m = PySequence_Fast_GET_SIZE(runs), nk = PySequence_Fast_GET_SIZE(cids), nfd = PySequence_Fast_GET_SIZE(fds);
-    if (jobs_at(&table, offset, m, fn) == NULL) goto done;
-    Py_ssize_t total = 0;
-    for (Py_ssize_t j = 0; j < m; j++) { /* every run checked first */
-        PyObject *run = PySequence_Fast_GET_ITEM(runs, j);
-        if (check_run(run, j, fn) < 0) goto done;
-        for (Py_ssize_t i = 0; i < PyList_GET_SIZE(run); i++) {
-            Py_ssize_t pos;
+    Py_ssize_t m = PyTuple_GET_SIZE(runs), nk = PyTuple_GET_SIZE(cids), nfd = PyTuple_GET_SIZE(fds);
+    struct at_job *jobs = jobs_at(&table, offset, m, fn);
+    if (jobs == NULL) goto done;
+    if ((rv = PyMem_Calloc((size_t)m + 1, sizeof *rv)) == NULL ||
+        (cv = PyMem_Calloc((size_t)total + 1, sizeof *cv)) == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    Py_ssize_t c = 0;
+    for (Py_ssize_t j = 0; j < m; j++) { /* every run checked first, its values kept */
+        PyObject *run = PyTuple_GET_ITEM(runs, j);
+        Py_ssize_t first = c;
+        for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(run); i++, c++) {
             int64_t stripe, off;
-            int32_t fd;
-            if (run_item(PyList_GET_ITEM(run, i), nk, nfd, &pos, &stripe, &off, fn) < 0 ||
-                get_u64(PySequence_Fast_GET_ITEM(cids, pos), &u) < 0 ||
-                (i == 0 && get_i32(PySequence_Fast_GET_ITEM(fds, stripe), &fd, fn, "fd") < 0))
+            if (run_item(PyTuple_GET_ITEM(run, i), nk, nfd, &cv[c].pos, &stripe, &off, fn) < 0 ||
+                chunk_addrs(&cv[c], cids, c, hb_addr, hb_len, view_addr, n, fn) < 0 ||
+                (i == 0 &&
+                 run_head(&rv[j], fds, stripe, off, first, PyTuple_GET_SIZE(run), iov_addr, sums_addr, fn) < 0))
                 goto done;
         }
-        total += PyList_GET_SIZE(run);
     }
     if (total > iovs.len / 32) {
         PyErr_Format(PyExc_ValueError, "%s(): %zd chunks for %zd bytes of iovecs", fn, total, iovs.len);
         goto done;
     }
-    uint64_t *iov = (uint64_t *)iovs.buf;
-    struct at_job *jobs = jobs_at(&table, offset, m, fn);
-    Py_ssize_t c = 0;
-    for (Py_ssize_t j = 0; j < m; j++) {
-        PyObject *run = PySequence_Fast_GET_ITEM(runs, j), *head = PyList_GET_ITEM(run, 0);
-        Py_ssize_t len = PyList_GET_SIZE(run), first = c;
-        for (Py_ssize_t i = 0; i < len; i++, c++) {
-            Py_ssize_t pos = PyLong_AsSsize_t(PyTuple_GET_ITEM(PyList_GET_ITEM(run, i), 0));
-            uint64_t cid = PyLong_AsUnsignedLongLong(PySequence_Fast_GET_ITEM(cids, pos));
-            put_iov(iov, c, hb_addr, hb_len, view_addr + cid * n, n);
-        }
-        int32_t fd = (int32_t)PyLong_AsLong(PySequence_Fast_GET_ITEM(fds, PyLong_AsSsize_t(PyTuple_GET_ITEM(head, 2))));
-        put_run_job(&jobs[j], AT_READV, prio, fd, iov_addr, sums_addr, first, len,
-                    PyLong_AsLongLong(PyTuple_GET_ITEM(head, 3)))
-            ->hashed = hashed;
-    }
+    for (c = 0; c < total; c++) put_iov((uint64_t *)iovs.buf, c, cv[c].hb, hb_len, cv[c].buf, n);
+    for (Py_ssize_t j = 0; j < m; j++) put_run_job(&jobs[j], AT_READV, prio, &rv[j])->hashed = hashed;
     out = Py_None;
     Py_INCREF(out);
 done:
+    PyMem_Free(rv);
+    PyMem_Free(cv);
     if (nbuf > 1) PyBuffer_Release(&iovs);
     if (nbuf > 0) PyBuffer_Release(&table);
     Py_XDECREF(runs);
@@ -417,8 +480,8 @@ done:
     return out;
 }
 
-/* The (slot, seq, csum) of position pos in found, checked; -1 with an error. */
-static int found_at(PyObject *found, PyObject *pos, uint64_t *seq, uint64_t *csum, const char *fn) {
+/* The (slot, seq, csum) of position pos in found, checked: seq and csum in ch; -1 with an error. */
+static int found_at(PyObject *found, PyObject *pos, struct chunk_vals *ch, const char *fn) {
     PyObject *f = PyDict_GetItemWithError(found, pos);
     if (f == NULL) {
         if (!PyErr_Occurred()) PyErr_Format(PyExc_KeyError, "%s(): position %R was not pinned", fn, pos);
@@ -428,7 +491,7 @@ static int found_at(PyObject *found, PyObject *pos, uint64_t *seq, uint64_t *csu
         PyErr_Format(PyExc_TypeError, "%s(): found holds (slot, seq, csum) tuples", fn);
         return -1;
     }
-    return get_u64(PyTuple_GET_ITEM(f, 1), seq) < 0 || get_u64(PyTuple_GET_ITEM(f, 2), csum) < 0 ? -1 : 0;
+    return get_u64(PyTuple_GET_ITEM(f, 1), &ch->seq) < 0 || get_u64(PyTuple_GET_ITEM(f, 2), &ch->csum) < 0 ? -1 : 0;
 }
 
 /* runs_loaded(res, offset, runs, keys, found, hbs, hb_len, sums, n, layout_digest, verify, bad,
@@ -438,7 +501,7 @@ SP_HIDDEN PyObject *runs_loaded(PyObject *self, PyObject *const *args, Py_ssize_
     static const char fn[] = "runs_loaded";
     if (check_nargs(fn, nargs, 13) < 0) return NULL;
     Py_ssize_t offset = PyLong_AsSsize_t(args[1]);
-    uint64_t hb_len, n, seq, csum;
+    uint64_t hb_len, n;
     int verify = PyObject_IsTrue(args[10]);
     if ((offset == -1 && PyErr_Occurred()) || get_u64(args[6], &hb_len) < 0 || get_u64(args[8], &n) < 0 ||
         check_digest(args[9], fn) < 0 || verify < 0 || need_xxh3(fn) < 0)
@@ -451,8 +514,10 @@ SP_HIDDEN PyObject *runs_loaded(PyObject *self, PyObject *const *args, Py_ssize_
     PyObject *runs = NULL, *keys = NULL, *out = NULL;
     Py_buffer res = {0}, hbs = {0}, sums = {0};
     int nbuf = 0;
-    if (!(runs = PySequence_Fast(args[2], "runs_loaded(): runs is a sequence")) ||
-        !(keys = PySequence_Fast(args[3], "runs_loaded(): keys is a sequence")))
+    Py_ssize_t total;
+    struct chunk_vals *cv = NULL;
+    if (!(runs = runs_tuple(args[2], "runs_loaded(): runs is a sequence", 0, &total, fn)) ||
+        !(keys = own_tuple(args[3], "runs_loaded(): keys is a sequence")))
         goto done;
     if (PyObject_GetBuffer(args[0], &res, PyBUF_C_CONTIGUOUS) < 0) goto done;
     nbuf = 1;
@@ -460,27 +525,27 @@ SP_HIDDEN PyObject *runs_loaded(PyObject *self, PyObject *const *args, Py_ssize_
     nbuf = 2;
     if (PyObject_GetBuffer(args[7], &sums, PyBUF_C_CONTIGUOUS) < 0) goto done;
     nbuf = 3;
-    Py_ssize_t m = PySequence_Fast_GET_SIZE(runs), nk = PySequence_Fast_GET_SIZE(keys), total = 0;
+    Py_ssize_t m = PyTuple_GET_SIZE(runs), nk = PyTuple_GET_SIZE(keys);
     if (offset < 0 || offset > res.len || m > (res.len - offset) / (Py_ssize_t)sizeof(struct at_res)) {
         PyErr_Format(PyExc_ValueError, "%s(): %zd outcomes at offset %zd of %zd bytes", fn, m, offset, res.len);
         goto done;
     }
-    for (Py_ssize_t j = 0; j < m; j++) { /* every run checked first */
-        PyObject *run = PySequence_Fast_GET_ITEM(runs, j);
-        if (!PyList_Check(run)) {
-            PyErr_Format(PyExc_TypeError, "%s(): runs[%zd] is a list", fn, j);
-            goto done;
-        }
-        for (Py_ssize_t i = 0; i < PyList_GET_SIZE(run); i++) {
-            PyObject *it = PyList_GET_ITEM(run, i);
-            Py_ssize_t pos;
+    if ((cv = PyMem_Calloc((size_t)total + 1, sizeof *cv)) == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    Py_ssize_t c = 0;
+    for (Py_ssize_t j = 0; j < m; j++) { /* every run checked first, its values kept */
+        PyObject *run = PyTuple_GET_ITEM(runs, j);
+        for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(run); i++, c++) {
+            PyObject *it = PyTuple_GET_ITEM(run, i);
             int64_t stripe, off;
-            if (run_item(it, nk, PY_SSIZE_T_MAX, &pos, &stripe, &off, fn) < 0 ||
-                check_key(PySequence_Fast_GET_ITEM(keys, pos), fn) < 0 ||
-                found_at(found, PyTuple_GET_ITEM(it, 0), &seq, &csum, fn) < 0)
+            /* (found_at's lookup may run a stored key's __eq__: what it could change was copied) */
+            if (run_item(it, nk, PY_SSIZE_T_MAX, &cv[c].pos, &stripe, &off, fn) < 0 ||
+                check_key(PyTuple_GET_ITEM(keys, cv[c].pos), fn) < 0 ||
+                found_at(found, PyTuple_GET_ITEM(it, 0), &cv[c], fn) < 0)
                 goto done;
         }
-        total += PyList_GET_SIZE(run);
     }
     if (hb_len == 0 || (uint64_t)total > (uint64_t)hbs.len / hb_len || total > sums.len / 8) {
         PyErr_Format(PyExc_ValueError, "%s(): %zd chunks for %zd bytes of header blocks and %zd of checksums", fn,
@@ -491,22 +556,21 @@ SP_HIDDEN PyObject *runs_loaded(PyObject *self, PyObject *const *args, Py_ssize_
     const uint64_t *sum = (const uint64_t *)sums.buf;
     const char *digest = PyBytes_AS_STRING(args[9]);
     unsigned char stack[FIXED_LEN + 1024 + 8], *want = stack; /* a header; longer keys' on the heap */
-    Py_ssize_t good = 0, c = 0;
+    Py_ssize_t good = 0;
+    c = 0;
     for (Py_ssize_t j = 0; j < m; j++) {
-        PyObject *run = PySequence_Fast_GET_ITEM(runs, j);
+        PyObject *run = PyTuple_GET_ITEM(runs, j);
         int whole = !r[j].stage && r[j].info == 1;
-        for (Py_ssize_t i = 0; i < PyList_GET_SIZE(run); i++, c++) {
-            PyObject *it = PyList_GET_ITEM(run, i), *pos = PyTuple_GET_ITEM(it, 0);
-            PyObject *key = PySequence_Fast_GET_ITEM(keys, PyLong_AsSsize_t(pos));
-            found_at(found, pos, &seq, &csum, fn);
-            int ok = whole && (!verify || sum[c] == csum);
+        for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(run); i++, c++) {
+            PyObject *it = PyTuple_GET_ITEM(run, i), *key = PyTuple_GET_ITEM(keys, cv[c].pos);
+            int ok = whole && (!verify || sum[c] == cv[c].csum);
             if (ok) { /* as header_matches(hbs[c * hb_len:], ...) */
                 Py_ssize_t size = FIXED_LEN + PyBytes_GET_SIZE(key) + 8;
                 if (size > (Py_ssize_t)sizeof stack && (want = PyMem_Malloc((size_t)size)) == NULL) {
                     PyErr_NoMemory();
                     goto done;
                 }
-                put_header(want, PyBytes_AS_STRING(key), PyBytes_GET_SIZE(key), n, csum, seq, digest);
+                put_header(want, PyBytes_AS_STRING(key), PyBytes_GET_SIZE(key), n, cv[c].csum, cv[c].seq, digest);
                 ok = size <= hbs.len - c * (Py_ssize_t)hb_len &&
                      memcmp((const char *)hbs.buf + c * hb_len, want, (size_t)size) == 0;
                 if (want != stack) {
@@ -516,13 +580,14 @@ SP_HIDDEN PyObject *runs_loaded(PyObject *self, PyObject *const *args, Py_ssize_
             }
             if (ok)
                 good++;
-            else if (PyList_Append(bad, pos) < 0)
+            else if (PyList_Append(bad, PyTuple_GET_ITEM(it, 0)) < 0)
                 goto done;
             if (PyList_Append(unpins, PyTuple_GET_ITEM(it, 1)) < 0) goto done;
         }
     }
     out = PyLong_FromSsize_t(good);
 done:
+    PyMem_Free(cv);
     if (nbuf > 2) PyBuffer_Release(&sums);
     if (nbuf > 1) PyBuffer_Release(&hbs);
     if (nbuf > 0) PyBuffer_Release(&res);
