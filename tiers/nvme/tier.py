@@ -74,10 +74,11 @@ class NvmeTier(CoalescedJobs):
             the fs tier's: where there are fewer cores than workers, the event loop's thread
             then wins the CPU when it wakes (5, not the fs tier's 10: these workers mostly
             wait for the device, and 10 changed neither the loop's lag nor its CPU here).
-            Where the slab is not read with ``O_DIRECT`` (tmpfs, or refused), the workers copy
-            every byte and the loop waits for a core: 19 took 256 KiB loads' p99 lag on tmpfs
-            from 4.4-5.3 to 1.9-2.2 ms at the same GB/s, and so did fewer, larger jobs
-            (``coalesce_bytes`` 4 MiB: 4.7-6.1 to 1.7-1.9 ms; docs/benchmarks.md, seventeenth pass).
+            Where a slot's I/O is a copy on the CPU (no ``O_DIRECT``, or a slab on tmpfs), the
+            loop may wait for a core behind the workers' copies: their runs are then cut to
+            about 512 KiB, which took 256 KiB loads' p99 lag on tmpfs from 5.8-6.1 to 1.5-1.7
+            ms (docs/benchmarks.md, seventeenth pass); before that cut, 19 took it from
+            4.4-5.3 to 1.9-2.2 ms at the same GB/s.
         file_mode: permission bits of every file the tier creates (slab files, checkpoint,
             journal; an int, default ``0o600``), set exactly whatever the umask.
         dir_mode: permission bits of every directory it creates (default ``0o700``). A slab's
