@@ -99,6 +99,16 @@ static int chunk_addrs(struct chunk_vals *ch, PyObject *cids, Py_ssize_t c, uint
                : 0;
 }
 
+/* Room for m runs' values and total chunks' (zeroed) in *rv and *cv (the caller frees both);
+ * -1 with MemoryError. */
+static int alloc_vals(struct run_vals **rv, Py_ssize_t m, struct chunk_vals **cv, Py_ssize_t total) {
+    if ((*rv = PyMem_Calloc((size_t)m + 1, sizeof **rv)) != NULL &&
+        (*cv = PyMem_Calloc((size_t)total + 1, sizeof **cv)) != NULL)
+        return 0;
+    PyErr_NoMemory();
+    return -1;
+}
+
 /* Room for m descriptors at offset of table: where they go, or NULL with ValueError. */
 static struct at_job *jobs_at(const Py_buffer *table, Py_ssize_t offset, Py_ssize_t m, const char *fn) {
     if (offset < 0 || offset > table->len || m > (table->len - offset) / (Py_ssize_t)sizeof(struct at_job)) {
@@ -179,11 +189,7 @@ SP_HIDDEN PyObject *pack_slot_writes(PyObject *self, PyObject *const *args, Py_s
     }
     struct at_job *jobs = jobs_at(&table, offset, m, fn);
     if (jobs == NULL) goto done;
-    if ((rv = PyMem_Calloc((size_t)m + 1, sizeof *rv)) == NULL ||
-        (cv = PyMem_Calloc((size_t)total + 1, sizeof *cv)) == NULL) {
-        PyErr_NoMemory();
-        goto done;
-    }
+    if (alloc_vals(&rv, m, &cv, total) < 0) goto done;
     Py_ssize_t c = 0;
     for (Py_ssize_t j = 0; j < m; j++) { /* every run checked first, its values kept */
         PyObject *run = PyTuple_GET_ITEM(runs, j);
@@ -443,11 +449,7 @@ SP_HIDDEN PyObject *pack_slot_reads(PyObject *self, PyObject *const *args, Py_ss
     Py_ssize_t m = PyTuple_GET_SIZE(runs), nk = PyTuple_GET_SIZE(cids), nfd = PyTuple_GET_SIZE(fds);
     struct at_job *jobs = jobs_at(&table, offset, m, fn);
     if (jobs == NULL) goto done;
-    if ((rv = PyMem_Calloc((size_t)m + 1, sizeof *rv)) == NULL ||
-        (cv = PyMem_Calloc((size_t)total + 1, sizeof *cv)) == NULL) {
-        PyErr_NoMemory();
-        goto done;
-    }
+    if (alloc_vals(&rv, m, &cv, total) < 0) goto done;
     Py_ssize_t c = 0;
     for (Py_ssize_t j = 0; j < m; j++) { /* every run checked first, its values kept */
         PyObject *run = PyTuple_GET_ITEM(runs, j);
