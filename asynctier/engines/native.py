@@ -470,7 +470,9 @@ class NativePool:
         ``prio``: the job's priority (``asynctier.core.ops.PRIO_*``). The token goes to it
         ahead of queued jobs of the same or a lower priority, after those of a higher one:
         0 (a slow path continuing a job already started) goes ahead of every queued job;
-        a store's (:data:`~asynctier.core.ops.PRIO_STORE`) lets queued loads go first."""
+        a store's (:data:`~asynctier.core.ops.PRIO_STORE`) lets queued loads go first.
+        Refused (RuntimeError) once the pool is shut down or being torn down: the pool is
+        freed only after the last thread inside this call has left it."""
         gil = _GIL_LIB
         assert gil is not None
         with self._hold_mu:

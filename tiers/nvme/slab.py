@@ -37,7 +37,7 @@ RUN_MAX = 512
 #: Bytes of one run, about, where a worker's I/O is a copy on the CPU (a slab without
 #: ``O_DIRECT``, or in memory): a group job's worker offers its CPU between two runs, and
 #: longer uninterrupted copies kept the event loop's thread waiting for a core (256 KiB loads
-#: on tmpfs: p99 lag 4.2-5.1 ms with runs of 8 slots, 1.5-1.7 with runs of 2;
+#: on tmpfs: p99 lag 5.8-6.1 ms with runs of 8 slots, 1.5-1.7 with runs of 2;
 #: docs/benchmarks.md, seventeenth pass).
 BUFFERED_RUN_BYTES = 512 << 10
 
@@ -86,6 +86,7 @@ class SlabSet:
         #: one descriptor per stripe (emptied in place on close: the journal shares this list)
         self.fds: list[int] = []
         self.direct = False
+        self.copies = True  # (set at open: see run_slots)
         self.geo: Geometry | None = None
         self._hdr = 0  # the geometry's header area, read on every slot I/O
         self.slab_id = b""

@@ -288,14 +288,8 @@ class StorePath:
         finally:
             lock.release()
         self._writing -= len(st.slots)
-        # _acknowledge written out (this runs per job): the keys found stored count too
-        st.acking = True
-        ticket = st.ticket = last if last > st.skip_ticket else st.skip_ticket
-        if ticket and not cat.journal.flushed(ticket):
-            return self._park(ticket, slot, job, st)
-        self._over(tier, slot, job, st)
-        self._book(tier)
-        return None
+        st.ticket = last  # (_acknowledge adds the keys found stored)
+        return self._acknowledge(tier, slot, job, st)
 
     def _acknowledge(self, tier: NvmeTier, slot: int, job: Job, st: _Store) -> Step:
         """Over once the records that published its chunks (or the ones found stored) are in
