@@ -189,3 +189,37 @@ async def test_a_job_submitted_while_slow_paths_hold_every_token_runs_when_one_i
         await asyncio.to_thread(held.join)
         await pool.aclose()
         os.close(dfd)
+
+
+async def test_aclose_waits_for_jobs_submitted_in_a_batch_and_reports_them(tmp_path: Path) -> None:
+    """aclose() waits for every job submitted, submit_many()'s as well as run()'s, and each is
+    reaped (on_done called) before the pool goes: here a batch job waits for the one token a
+    slow path holds while aclose() begins."""
+    dfd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    pool = nativeio.NativePool(threads=3, bound=1, slots=4)
+    ended: list[object] = []
+    pool.on_done = lambda owner, slot, *_: ended.append(owner)
+    pool.attach()
+    holding, let_go = threading.Event(), threading.Event()
+
+    def slow_path() -> None:
+        holding.set()
+        let_go.wait(30)
+
+    held = threading.Thread(target=pool.hold, args=(slow_path,))
+    try:
+        held.start()
+        await asyncio.to_thread(holding.wait, 30)
+        assert pool.submit_many([(pool.take_slot(), -1, "job", _unlink(dfd, 1))]) == []
+        closing = asyncio.ensure_future(pool.aclose())
+        await asyncio.sleep(0.2)
+        assert not closing.done() and not ended  # the job waits for the token
+        let_go.set()
+        with anyio.fail_after(30):
+            await closing
+        assert ended == ["job"]
+    finally:
+        let_go.set()
+        await asyncio.to_thread(held.join)
+        await pool.aclose()
+        os.close(dfd)

@@ -278,6 +278,7 @@ class NativePool:
         self.on_reaped: Callable[[], None] | None = None
         self._watch: ReadableWatch | None = None
         self._running = 0  # jobs submitted and not yet reaped
+        self._all_reaped: anyio.Event | None = None  # aclose() waits on it while jobs run
         self._closed = False
         self._abandoned = False
         # threads inside hold() (they touch the pool's memory outside any job): the pool is
@@ -459,6 +460,8 @@ class NativePool:
                 break
         if self.on_reaped is not None:
             self.on_reaped()
+        if not self._running and self._all_reaped is not None:
+            self._all_reaped.set()
         if self._abandoned and not self._running:
             self._free_now()
 
@@ -557,9 +560,10 @@ class NativePool:
         """Wait for the jobs submitted, stop the workers and free the pool (idempotent)."""
         if self._closed:
             return
-        for done in list(self._waiters):
-            if done is not None:
-                await wait_uninterrupted(done)
+        while self._running:  # run()'s and submit_many()'s, each reaped (on_done called) first
+            if self._all_reaped is None or self._all_reaped.is_set():
+                self._all_reaped = anyio.Event()
+            await wait_uninterrupted(self._all_reaped)
         with self._hold_mu:
             if self._closed:  # abandoned, and freed once the last job ended
                 return
