@@ -156,6 +156,40 @@ async def test_a_pool_stopped_while_the_loop_submits_runs_what_it_took(tmp_path:
     assert refused == [n - 1]  # the first refused ends the submissions
 
 
+class TokenHeld:
+    """A pool of one I/O token that a slow path (a thread inside hold()) holds until
+    :meth:`let_go`; ``ended`` lists the owners of the jobs reported, in order."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        self.dfd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+        self.pool = nativeio.NativePool(threads=3, bound=1, slots=4)
+        self.ended: list[object] = []
+        self.reported = asyncio.Event()  # set at the first report
+        self.pool.on_done = lambda owner, slot, *_: (self.ended.append(owner), self.reported.set())
+        self.pool.attach()
+        self._holding, self._let_go = threading.Event(), threading.Event()
+
+        def slow_path() -> None:
+            self._holding.set()
+            self._let_go.wait(30)
+
+        self._held = threading.Thread(target=self.pool.hold, args=(slow_path,))
+
+    async def __aenter__(self) -> TokenHeld:
+        self._held.start()
+        assert await asyncio.to_thread(self._holding.wait, 30)
+        return self
+
+    def let_go(self) -> None:
+        self._let_go.set()
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.let_go()
+        await asyncio.to_thread(self._held.join)
+        await self.pool.aclose()
+        os.close(self.dfd)
+
+
 @native_only
 async def test_a_job_submitted_while_slow_paths_hold_every_token_runs_when_one_is_given_back(
     tmp_path: Path,
@@ -163,63 +197,27 @@ async def test_a_job_submitted_while_slow_paths_hold_every_token_runs_when_one_i
     """A job submitted while slow paths hold every I/O token waits for one, and runs once one
     is given back: whoever gives a token back must find what was submitted meanwhile (a
     submission that woke no worker for want of a token would otherwise wait for ever)."""
-    dfd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
-    pool = nativeio.NativePool(threads=3, bound=1, slots=4)
-    ended = asyncio.Event()
-    pool.on_done = lambda owner, slot, *_: ended.set()
-    pool.attach()
-    holding, let_go = threading.Event(), threading.Event()
-
-    def slow_path() -> None:
-        holding.set()
-        let_go.wait(30)
-
-    held = threading.Thread(target=pool.hold, args=(slow_path,))
-    try:
-        held.start()
-        await asyncio.to_thread(holding.wait, 30)
-        assert pool.submit_many([(pool.take_slot(), -1, "job", _unlink(dfd, 1))]) == []
+    async with TokenHeld(tmp_path) as t:
+        assert t.pool.submit_many([(t.pool.take_slot(), -1, "job", _unlink(t.dfd, 1))]) == []
         await asyncio.sleep(0.2)
-        assert not ended.is_set()  # no token: it waits
-        let_go.set()
+        assert not t.ended  # no token: it waits
+        t.let_go()
         with anyio.fail_after(30):
-            await ended.wait()
-    finally:
-        let_go.set()
-        await asyncio.to_thread(held.join)
-        await pool.aclose()
-        os.close(dfd)
+            await t.reported.wait()
+        assert t.ended == ["job"]
 
 
+@native_only
 async def test_aclose_waits_for_jobs_submitted_in_a_batch_and_reports_them(tmp_path: Path) -> None:
     """aclose() waits for every job submitted, submit_many()'s as well as run()'s, and each is
     reaped (on_done called) before the pool goes: here a batch job waits for the one token a
     slow path holds while aclose() begins."""
-    dfd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
-    pool = nativeio.NativePool(threads=3, bound=1, slots=4)
-    ended: list[object] = []
-    pool.on_done = lambda owner, slot, *_: ended.append(owner)
-    pool.attach()
-    holding, let_go = threading.Event(), threading.Event()
-
-    def slow_path() -> None:
-        holding.set()
-        let_go.wait(30)
-
-    held = threading.Thread(target=pool.hold, args=(slow_path,))
-    try:
-        held.start()
-        await asyncio.to_thread(holding.wait, 30)
-        assert pool.submit_many([(pool.take_slot(), -1, "job", _unlink(dfd, 1))]) == []
-        closing = asyncio.ensure_future(pool.aclose())
+    async with TokenHeld(tmp_path) as t:
+        assert t.pool.submit_many([(t.pool.take_slot(), -1, "job", _unlink(t.dfd, 1))]) == []
+        closing = asyncio.ensure_future(t.pool.aclose())
         await asyncio.sleep(0.2)
-        assert not closing.done() and not ended  # the job waits for the token
-        let_go.set()
+        assert not closing.done() and not t.ended  # the job waits for the token
+        t.let_go()
         with anyio.fail_after(30):
             await closing
-        assert ended == ["job"]
-    finally:
-        let_go.set()
-        await asyncio.to_thread(held.join)
-        await pool.aclose()
-        os.close(dfd)
+        assert t.ended == ["job"]
