@@ -87,6 +87,13 @@ class SlabSet:
         self.fds: list[int] = []
         self.direct = False
         self.copies = True  # (set at open: see run_slots)
+        #: Slots of one run at most for the native workers (set at open, read per job):
+        #: :data:`RUN_MAX` where the device does the work (``O_DIRECT``: one long run is one
+        #: request), else, where each slot's I/O is a copy on the CPU (no ``O_DIRECT``, or a
+        #: slab in memory: tmpfs accepts ``O_DIRECT`` since Linux 6.6 and still copies), as
+        #: many as make :data:`BUFFERED_RUN_BYTES`, rounded up (two slots of 256 KiB chunks,
+        #: eight of 64 KiB, one of 2 MiB).
+        self.run_slots = RUN_MAX
         self.geo: Geometry | None = None
         self._hdr = 0  # the geometry's header area, read on every slot I/O
         self.slab_id = b""
@@ -135,6 +142,7 @@ class SlabSet:
                 )
             self.geo = geo
             self._hdr = geo.hdr_area
+            self.run_slots = min(RUN_MAX, -(-BUFFERED_RUN_BYTES // geo.slot_size)) if self.copies else RUN_MAX
             fresh = self._adopt([self._look(fd, cur) for fd, cur in zip(self.fds, found)], chunk_bytes,
                                 layout_digest, reformat)  # fmt: skip
             if fresh:
@@ -318,17 +326,6 @@ class SlabSet:
     @property
     def hdr_area(self) -> int:
         return self._hdr
-
-    @property
-    def run_slots(self) -> int:
-        """Slots of one run at most for the native workers: :data:`RUN_MAX` where the device
-        does the work (``O_DIRECT``: one long run is one request), else, where each slot's I/O
-        is a copy on the CPU (no ``O_DIRECT``, or a slab in memory: tmpfs accepts ``O_DIRECT``
-        since Linux 6.6 and still copies), as many as make :data:`BUFFERED_RUN_BYTES`,
-        rounded up (two slots of 256 KiB chunks, eight of 64 KiB, one of 2 MiB)."""
-        if not self.copies:
-            return RUN_MAX
-        return min(RUN_MAX, -(-BUFFERED_RUN_BYTES // self.slot_size))
 
     def locate(self, slot: int) -> tuple[int, int]:
         """(descriptor, byte offset) of ``slot``."""
