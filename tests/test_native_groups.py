@@ -534,15 +534,19 @@ async def test_a_new_file_whose_name_is_taken_fails_alone_in_its_group(
 
 def test_a_groups_header_blocks_are_its_chunks_blocks_each_marked_in_use() -> None:
     """NativeIO._take_blocks gives what block() gives for chunks first.. of a group job and
-    marks those blocks, and only those, as holding a header (a later store there zeroes it)."""
+    marks those blocks as holding a header (a later store there zeroes it): the blocks only
+    group jobs use are marked from the start, a slot's own once a group job takes it."""
     io = NativeIO.__new__(NativeIO)
     slots = 5
-    io._slots = slots
     for slot in range(slots):
         for first in range(GROUP_CHUNKS):
             for m in range(GROUP_CHUNKS - first + 1):
-                io._hb_used = [0] * (slots * GROUP_CHUNKS)
+                io._lay_out(slots)
+                assert io._hb_used[:slots] == [0] * slots
                 got = io._take_blocks(slot, first, m)
                 assert got == [io.block(slot, i) for i in range(first, first + m)]
-                assert [b for b, used in enumerate(io._hb_used) if used] == sorted(got)
+                assert len(set(got)) == m
+                assert all(io._hb_used[b] == HEADER_BLOCK for b in got)
+                assert [s for s in range(slots) if io._hb_used[s]] == ([slot] if first == 0 and m else [])
                 assert all(used in (0, HEADER_BLOCK) for used in io._hb_used)
+                assert io._hb_used[slots:] == [HEADER_BLOCK] * (slots * (GROUP_CHUNKS - 1))

@@ -322,7 +322,7 @@ class StorePath(_Path):
         table, offset = io._pool.sub_jobs(slot)
         for j, f in enumerate(subs):  # first, as NativePool.group packs them
             nativeio.JOB_LAYOUT.pack_into(table, offset + j * nativeio.JOB_LAYOUT.size, -1, 0, *f)
-        self._keep(slot, (out, planned, later, (rec, rkeys, rvictims, temps, flags), (new, nkeys, fds)))
+        self._keep(slot, (out, planned, later, rec, rkeys, rvictims, temps, flags, new, nkeys, fds))
         return io._pool.packed_group(slot, self.prio, len(subs) + len(rec) + len(new))
 
     def _finish_group(self, job: Job, slot: int, own: tuple[int, int, int, int]) -> Continuation | None:
@@ -332,11 +332,17 @@ class StorePath(_Path):
         if state is None or len(state) == 3:  # planned chunk by chunk (_Path._plan_group)
             return super()._finish_group(job, slot, own)
         self._plans[slot] = None
-        out, planned, later, (rec, rkeys, rvictims, temps, flags), (new, nkeys, fds) = state
+        out, planned, later, rec, rkeys, rvictims, temps, flags, new, nkeys, fds = state
         io = self._live()
         tier = io._tier
-        keys, cids, t0 = job.args
         first, total = len(planned), len(planned) + len(rec) + len(new)
+        if not (own[2] or planned or io.jobs_failed(slot, total)):
+            # the usual case: each chunk was packed in bulk and simply succeeded
+            self._recycles += len(rkeys)
+            tier.index.commit_many(rkeys + nkeys, rvictims)
+            self._booked.extend([perf_counter() - job.args[2]] * total)
+            return _group_end(job, out, later)
+        keys, cids, t0 = job.args
         bad = list(range(total)) if own[2] else io.jobs_failed(slot, total)  # (own[2]: refused as a whole)
         ends = io._pool.group_outcomes(slot, total, own if own[2] else None) if planned or bad else []
         for (i, step), (result, csum, stage, info) in zip(planned, ends):

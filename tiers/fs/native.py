@@ -46,7 +46,6 @@ _MAX_NATIVE_VICTIMS = 4
 GROUP_CHUNKS = 8
 #: Bytes of one group job at most, per call in progress (as the nvme tier's coalesce_bytes).
 GROUP_BYTES = 1 << 20
-_FULL = [HEADER_BLOCK] * GROUP_CHUNKS  # (the mark of GROUP_CHUNKS header blocks in use)
 
 
 def _outcome(res: nativeio.Outcome) -> Outcome:
@@ -67,6 +66,7 @@ class NativeIO:
         #: its group job's (:meth:`block`)
         self.slot_hb: list[memoryview] = []
         self._hb_used: list[int] = []  # bytes of each block that may not be zero
+        self._slot_blocks: list[list[int]] = []  # each slot's group job's blocks (blocks(slot, GROUP_CHUNKS))
         self._hb_addr = 0
         self._slots = 0
         self._view_addr = 0
@@ -99,15 +99,23 @@ class NativeIO:
         pool = self.engine.pool
         assert pool is not None
         self._pool = pool  # (the engine's, for the life of both: read on the hot path)
-        self._slots = slots = pool.slots
-        blocks = slots * GROUP_CHUNKS
+        blocks = self._lay_out(pool.slots)
         self._hb = aligned_buffer(HEADER_BLOCK * blocks)
         self.slot_hb = [self._hb[i * HEADER_BLOCK : (i + 1) * HEADER_BLOCK] for i in range(blocks)]
-        self._hb_used = [0] * blocks
         self._hb_addr = buffer_address(self._hb)
         self._view_addr = buffer_address(self._tier._view)
         block = self._tier.protocol.block
         self.aligned = self._view_addr % block == 0 and self._tier.offloading_spec.chunk_bytes % block == 0
+
+    def _lay_out(self, slots: int) -> int:
+        """The header blocks of ``slots`` job slots, as :meth:`block` numbers them; their count."""
+        self._slots = slots
+        blocks = slots * GROUP_CHUNKS
+        # the blocks after the slots' own serve group jobs only, whose packers write (or read)
+        # each whole: marked in use from the start, so that a group job marks only its slot's
+        self._hb_used = [0] * slots + [HEADER_BLOCK] * (blocks - slots)
+        self._slot_blocks = [self.blocks(slot, GROUP_CHUNKS) for slot in range(slots)]
+        return blocks
 
     def block(self, slot: int, i: int) -> int:
         """The header block of chunk ``i`` of the (group) job in ``slot``; chunk 0's is the
@@ -124,16 +132,10 @@ class NativeIO:
     def _take_blocks(self, slot: int, first: int, m: int) -> list[int]:
         """:meth:`blocks` of chunks ``first`` to ``first + m - 1`` of the group job in
         ``slot``, each marked as holding up to ``HEADER_BLOCK`` bytes that may not be zero (a
-        header packed or read there): by slices, not a Python step per chunk (the blocks after
-        the slot's own are adjacent)."""
-        blocks = self.blocks(slot, first + m, first)
-        used = self._hb_used
-        adjacent = blocks if first else blocks[1:]
-        if blocks and not first:
-            used[slot] = HEADER_BLOCK
-        if adjacent:
-            used[adjacent[0] : adjacent[-1] + 1] = _FULL[: len(adjacent)]
-        return blocks
+        header packed or read there): only the slot's own needs it (see :meth:`start`)."""
+        if not first and m:
+            self._hb_used[slot] = HEADER_BLOCK
+        return self._slot_blocks[slot][first : first + m]
 
     def pack_reads(self, slot: int, keys: list[bytes], cids: list[int], flags: int, hashed: int) -> nativeio.JobFields:
         """The :data:`~asynctier.engines.native.GROUP` job of slot ``slot`` that reads the
@@ -212,7 +214,7 @@ class NativeIO:
         res, offset = self._pool.sub_outcomes(slot)
         assert self._hb is not None
         spec = self._tier.offloading_spec
-        blocks = self.blocks(slot, len(keys))
+        blocks = self._slot_blocks[slot][: len(keys)]
         return self._reads_failed(res, offset, keys, blocks, self._hb, HEADER_BLOCK, spec.chunk_bytes,
                                   spec.layout_digest)  # fmt: skip
 
