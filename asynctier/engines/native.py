@@ -270,6 +270,8 @@ class NativePool:
         self._sub_table = bytearray(JOB_LAYOUT.size * GROUP_MAX * slots)
         self._sub_table_c = (ctypes.c_char * len(self._sub_table)).from_buffer(self._sub_table)  # pins it
         self._sub_table_addr = ctypes.addressof(self._sub_table_c)
+        # the GROUP descriptors made so far, by (slot, priority, jobs): one per job otherwise
+        self._packed: dict[tuple[int, int, int], JobFields] = {}
         self._sub_res = memoryview(
             (ctypes.c_char * (RESULT_LAYOUT.size * GROUP_MAX * slots)).from_address(_LIB.at_group_results(handle))
         ).cast("B")
@@ -394,10 +396,18 @@ class NativePool:
     def packed_group(self, slot: int, prio: int, n: int) -> JobFields:
         """The descriptor of one :data:`GROUP` job in ``slot`` of the ``n`` jobs (1 to
         :data:`GROUP_MAX`) the caller packed at :meth:`sub_jobs` (as :meth:`group` does)."""
-        if not 0 < n <= GROUP_MAX:
-            raise ValueError(f"a group job holds 1 to {GROUP_MAX} jobs; got {n}")
-        addr = self._sub_table_addr + JOB_LAYOUT.size * GROUP_MAX * slot
-        return (GROUP, prio, -1, 0, -1, -1, 0, 0, 0, 0, addr, n, 0, n, 0, b"", b"", b"")
+        fields = self._packed.get((slot, prio, n))
+        if fields is None:
+            if not (type(slot) is int and type(prio) is int and type(n) is int):
+                raise TypeError(f"packed_group() takes ints; got {slot!r}, {prio!r}, {n!r}")
+            if not 0 < n <= GROUP_MAX:
+                raise ValueError(f"a group job holds 1 to {GROUP_MAX} jobs; got {n}")
+            if not 0 <= slot < self.slots:
+                raise ValueError(f"slot {slot} is not one of the pool's {self.slots}")
+            addr = self._sub_table_addr + JOB_LAYOUT.size * GROUP_MAX * slot
+            fields = (GROUP, prio, -1, 0, -1, -1, 0, 0, 0, 0, addr, n, 0, n, 0, b"", b"", b"")
+            self._packed[slot, prio, n] = fields
+        return fields
 
     def sub_outcomes(self, slot: int) -> tuple[memoryview, int]:
         """Where the outcomes of the jobs of the :data:`GROUP` job that ended in ``slot`` are:

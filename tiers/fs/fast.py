@@ -319,9 +319,10 @@ class StorePath(_Path):
                 return _group_end(job, out, later)
             self._keep(slot, (out, planned, later))
             return io._pool.one_or_group(slot, self.prio, subs)
-        table, offset = io._pool.sub_jobs(slot)
-        for j, f in enumerate(subs):  # first, as NativePool.group packs them
-            nativeio.JOB_LAYOUT.pack_into(table, offset + j * nativeio.JOB_LAYOUT.size, -1, 0, *f)
+        if subs:
+            table, offset = io._pool.sub_jobs(slot)
+            for j, f in enumerate(subs):  # first, as NativePool.group packs them
+                nativeio.JOB_LAYOUT.pack_into(table, offset + j * nativeio.JOB_LAYOUT.size, -1, 0, *f)
         self._keep(slot, (out, planned, later, rec, rkeys, rvictims, temps, flags, new, nkeys, fds))
         return io._pool.packed_group(slot, self.prio, len(subs) + len(rec) + len(new))
 

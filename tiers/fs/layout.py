@@ -94,7 +94,7 @@ class TempNames:
         # there would make a store fail, O_EXCL, not write through it)
         self.tag = f"{TMP_PREFIX}{self.host}~{os.getpid()}~{next(_instance_seq)}{secrets.token_hex(4)}~"
         self._seq = itertools.count()
-        self._fmt = (self.tag.replace("{", "{{").replace("}", "}}") + "{}").format
+        self._prefixed = self.tag.__add__
 
     def next(self) -> str:
         """A name no other writer uses."""
@@ -102,8 +102,9 @@ class TempNames:
 
     def next_many(self, n: int) -> list[str]:
         """:meth:`next` ``n`` times."""
-        # (no Python step per name: a group of stores takes one for each of its chunks)
-        return list(map(self._fmt, itertools.islice(self._seq, n)))
+        # (no Python step per name: a group of stores takes one for each of its chunks; and
+        # no str.format, which parses its template each time)
+        return list(map(self._prefixed, map(str, itertools.islice(self._seq, n))))
 
     def is_stale(self, name: str, mtime: float, stale_s: float, now: float | None = None) -> bool:
         """Whether the temporary file ``name`` is debris: older than ``stale_s``, or of a
