@@ -364,6 +364,12 @@ class NativeEngine(EngineCounters):
         if self._heap or self._next:
             self._pump()
 
+    def call_soon(self, fn: Callable[[], object]) -> None:
+        """``fn()`` on the loop thread after the callbacks ready now; from the loop thread
+        only (asyncio: no write to its self-pipe, as :meth:`call_soon_threadsafe` makes)."""
+        assert self._soon is not None
+        self._soon(fn)
+
     def call_soon_threadsafe(self, fn: Callable[[], object]) -> None:
         """``fn()`` on the loop thread, from any thread (dropped once the loop is gone)."""
         assert self._call is not None

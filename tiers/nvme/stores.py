@@ -136,7 +136,7 @@ class StorePath:
             # parked for the journal while the engine plans (no flush follows): commit after
             # this turn of the loop, with the other jobs parked meanwhile
             self._kick_soon = True
-            self._engine.call_soon_threadsafe(self._kick_later)
+            self._engine.call_soon(self._kick_later)
         return r
 
     def _room(self, n: int) -> bool:
@@ -326,7 +326,7 @@ class StorePath:
         del self._jobs[slot]
         self._writing -= len(st.slots)
         if self._no_room:  # room freed here may be all there is: admit after this step
-            self._engine.call_soon_threadsafe(self._admit_now)
+            self._engine.call_soon(self._admit_now)
 
         def settle() -> Outcomes:
             keys, t0, out = st.keys, st.t0, st.out
