@@ -34,6 +34,9 @@ __all__ = ["Catalog"]
 log = logging.getLogger(__name__)
 
 EPOCH_SHIFT = 32  # seq = epoch << 32 | counter
+#: Free slots a full slab keeps ahead of its stores, in eviction batches, and at most this
+#: fraction of its slots (evict_ahead_locked)
+EVICT_AHEAD, EVICT_AHEAD_MOST = 4, 1 / 32
 _CKPT_RETRY_MIN_S, _CKPT_RETRY_MAX_S = 0.5, 60.0  # pause after a failed checkpoint, doubling
 
 #: per key position in a group: (slot, seq)
@@ -62,6 +65,7 @@ class Catalog:
         self.epoch = epoch
         self.counter = 0
         self.evict_batch = evict_batch
+        self.evicted_for_room = False  # a store has lacked a free slot since open (evict_ahead_locked)
         self.checkpoint_every = checkpoint_every
         self._count = count
         self.ckpt_path = where.path / (base + ".ckpt")
@@ -202,6 +206,7 @@ class Catalog:
         """:meth:`allocate` for a caller that holds the index lock."""
         idx = self.index
         if not idx.free:
+            self.evicted_for_room = True
             self._evict_locked(self._evict_quota())
             if not idx.free:
                 raise CapacityError(f"no free slot: all {idx.nslots} slots are being written or read", key)
@@ -210,6 +215,20 @@ class Catalog:
         idx.free.pop()
         idx.run_end[slot] = 1
         return slot, seq, ticket
+
+    def evict_ahead_locked(self) -> None:
+        """(the index lock held) Before a journal commit of stores, once stores lacked room
+        (a full slab): evict until :data:`EVICT_AHEAD` batches of slots are free (at most
+        :data:`EVICT_AHEAD_MOST` of them; none in a small slab), so that the commit carries
+        their ``EVICT`` records and the stores that take those slots next write at once,
+        instead of each evicting as it lacks room and waiting for a commit of its own
+        records first (docs/tiers/nvme.md, "Evicting ahead")."""
+        if not self.evicted_for_room:  # filling up: no chunk leaves before the slab is full
+            return
+        idx = self.index
+        short = min(EVICT_AHEAD * self._evict_quota(), int(idx.nslots * EVICT_AHEAD_MOST)) - len(idx.free)
+        if short > 0:
+            self._evict_locked(short)
 
     def _evict_quota(self) -> int:
         # a batch: one journal flush then covers the next few stores; at most an eighth of
@@ -264,6 +283,7 @@ class Catalog:
             # free list allows (SlotIndex.take_free), numbered together
             short = n - len(idx.free)
             if 0 < short <= max(1, idx.nslots // 8):
+                self.evicted_for_room = True
                 self._evict_locked(max(short, self._evict_quota()))
             if n <= len(idx.free):
                 taken = _bulk.take_free(idx, n, PICK_MAX)

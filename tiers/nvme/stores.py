@@ -383,6 +383,12 @@ class StorePath:
         if cat is None or executor is None:  # the parked jobs hold the engine and the tier open
             self._committed(0, TierClosedError("the nvme tier closed with stores waiting for its journal"), pump=False)
             return
+        lock = cat.index.lock
+        if lock.acquire(blocking=False):  # (never waited for on the loop thread; else not this time)
+            try:
+                cat.evict_ahead_locked()  # its records go with this commit
+            finally:
+                lock.release()
         journal = cat.journal
         fds = journal.data_fds if journal.durable else []
         claim = journal.claim() if len(fds) <= nativeio.COMMIT_FDS_MAX else None

@@ -49,7 +49,9 @@ class NvmeTier(CoalescedJobs):
             a job of many chunks evicts what it lacks if that is more; at most an eighth
             of the slots; a batch goes on to the end of its last victim's run of adjacent
             slots, up to as many more within that eighth (docs/tiers/nvme.md, "Runs in a
-            full slab").
+            full slab"). Once a full slab's stores lacked room, the native engine keeps
+            ``4 * evict_batch`` slots free ahead of them (at most 1/32 of the slots), so that
+            a store need not wait for a journal commit before it writes ("Evicting ahead").
         coalesce_bytes: a call of many small chunks runs as jobs of about this many slot
             bytes (default 1 MiB; 0: one job per chunk); adjacent slots in a job move with
             one ``pwritev``/``preadv``. A call is cut into at most ``max_inflight`` jobs; while
