@@ -15,7 +15,7 @@ from asynctier import OffloadingSpec, SecondaryTierFactory
 from asynctier.engines import native as nativeio
 from asynctier.integrity import MAX_B32_KEY, pack_header
 from asynctier.posix_io import aligned_buffer
-from asynctier.tiers.fs import HEADER_BLOCK, FsTier, layout
+from asynctier.tiers.fs import HEADER_BLOCK, FsTier, bulk, layout
 
 CHUNK = 64 * 1024
 native_only = pytest.mark.skipif(nativeio.problem() is not None, reason=f"no native workers: {nativeio.problem()}")
@@ -79,6 +79,33 @@ def _tier(root: Path, **config: Any) -> tuple[FsTier, memoryview]:
     tier = SecondaryTierFactory.create_secondary_tier(cfg, view, spec)
     assert isinstance(tier, FsTier)
     return tier, view
+
+
+@native_only
+@pytest.mark.parametrize("twins", ["c", "python"])
+async def test_a_group_blocks_header_tail_is_zeroed_after_a_group_packer_wrote_it(tmp_path: Path, twins: str) -> None:
+    """A header block after the slots' own: a lone plan's short header there (a group's chunk
+    planned one by one), then a group packer's longer one (written whole, the block not marked
+    again), then another short one: nothing of the longer header is left after it (the block
+    is written to the file whole)."""
+    tier, _view = _tier(tmp_path)
+    async with tier:
+        io = tier._native
+        assert io is not None
+        if twins == "python":
+            io._pack_header_into = None
+        else:
+            pytest.importorskip("asynctier._speedups")
+            assert io._pack_header_into is not None
+        assert io._hb is not None
+        digest = tier.offloading_spec.layout_digest
+        block = io.block(0, 1)
+        assert block >= io._slots
+        io.new_header(block, b"s", CHUNK)
+        bulk._put_block_header(io._hb, block, HEADER_BLOCK, b"L" * 90, CHUNK, digest)  # as pack_recycles writes it
+        size = io.new_header(block, b"t", CHUNK)
+        assert bytes(io.slot_hb[block][:size]) == pack_header(b"t", CHUNK, 0, digest)
+        assert bytes(io.slot_hb[block][size:]) == bytes(HEADER_BLOCK - size)
 
 
 @native_only

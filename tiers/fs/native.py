@@ -306,8 +306,14 @@ class NativeIO:
         used = self._hb_used[block]
         if used > size:  # the rest of the block is written to the file too: zeros, not an old header
             hb[size:used] = bytes(used - size)
-        self._hb_used[block] = size
+        self._mark(block, size)
         return size
+
+    def _mark(self, block: int, size: int) -> None:
+        """Block ``block`` may be non-zero in its first ``size`` bytes only. A block after the
+        slots' own stays marked whole: a group job's packers write it whole and do not mark it
+        (:meth:`_lay_out`), so a smaller mark would leave their header's tail unzeroed."""
+        self._hb_used[block] = size if block < self._slots else HEADER_BLOCK
 
     def name_of(self, key: bytes) -> tuple[int, bytes]:
         """(shard, file name as bytes) of ``key``'s chunk (:func:`.layout.name_of`, in C where built)."""
@@ -320,7 +326,7 @@ class NativeIO:
         if pack is None:
             return self._put_header(block, pack_header(key, n, 0, digest))
         size = pack(self.slot_hb[block], self._hb_used[block], key, n, digest)
-        self._hb_used[block] = size
+        self._mark(block, size)
         return size
 
     def recycle_plan(
