@@ -46,6 +46,7 @@ _MAX_NATIVE_VICTIMS = 4
 GROUP_CHUNKS = 8
 #: Bytes of one group job at most, per call in progress (as the nvme tier's coalesce_bytes).
 GROUP_BYTES = 1 << 20
+_JOB_SIZE = nativeio.JOB_LAYOUT.size
 
 
 def _outcome(res: nativeio.Outcome) -> Outcome:
@@ -66,6 +67,11 @@ class NativeIO:
         #: its group job's (:meth:`block`)
         self.slot_hb: list[memoryview] = []
         self._hb_used: list[int] = []  # bytes of each block that may not be zero
+        self._subs = bytearray()  # the pool's table of group jobs' descriptors (start), and their outcomes
+        self._res: memoryview = memoryview(b"")
+        self._sub_at: list[int] = []  # each slot's place in them
+        self._res_at: list[int] = []
+        self._n, self._digest, self._sync = 0, b"", 0  # chunk bytes, layout digest, protocol.sync (start)
         self._slot_blocks: list[list[int]] = []  # each slot's group job's blocks (blocks(slot, GROUP_CHUNKS))
         self._hb_addr = 0
         self._slots = 0
@@ -104,6 +110,12 @@ class NativeIO:
         self.slot_hb = [self._hb[i * HEADER_BLOCK : (i + 1) * HEADER_BLOCK] for i in range(blocks)]
         self._hb_addr = buffer_address(self._hb)
         self._view_addr = buffer_address(self._tier._view)
+        # read per group job: each slot's place in the pool's tables, the tier's constants
+        self._subs, self._res = pool.sub_jobs(0)[0], pool.sub_outcomes(0)[0]
+        self._sub_at = [pool.sub_jobs(s)[1] for s in range(pool.slots)]
+        self._res_at = [pool.sub_outcomes(s)[1] for s in range(pool.slots)]
+        spec = self._tier.offloading_spec
+        self._n, self._digest, self._sync = spec.chunk_bytes, spec.layout_digest, int(self._tier.protocol.sync)
         block = self._tier.protocol.block
         self.aligned = self._view_addr % block == 0 and self._tier.offloading_spec.chunk_bytes % block == 0
 
@@ -141,13 +153,11 @@ class NativeIO:
         """The :data:`~asynctier.engines.native.GROUP` job of slot ``slot`` that reads the
         file of each of ``keys`` (1 to :data:`GROUP_CHUNKS`) into chunk ``cids[j]`` and header
         block :meth:`block` ``(slot, j)``; :meth:`reads_failed` checks them once it ended."""
-        pool, tier = self._pool, self._tier
-        table, offset = pool.sub_jobs(slot)
         blocks = self._take_blocks(slot, 0, len(keys))  # (hb_read_into)
         pack = self._pack_reads if max(map(len, keys)) <= MAX_B32_KEY else bulk.pack_reads
-        pack(table, offset, PRIO_LOAD, keys, cids, blocks, tier.protocol.shard_fds, flags, hashed, self._hb_addr,
-             HEADER_BLOCK, self._view_addr, tier.offloading_spec.chunk_bytes)  # fmt: skip
-        return pool.packed_group(slot, PRIO_LOAD, len(keys))
+        pack(self._subs, self._sub_at[slot], PRIO_LOAD, keys, cids, blocks, self._tier.protocol.shard_fds, flags,
+             hashed, self._hb_addr, HEADER_BLOCK, self._view_addr, self._n)  # fmt: skip
+        return self._pool.packed_group(slot, PRIO_LOAD, len(keys))
 
     def pack_writes(self, slot: int, first: int, keys: list[bytes], cids: list[int], flags: int) -> list[int]:
         """Into the :data:`~asynctier.engines.native.GROUP` job of slot ``slot``, from its job
@@ -157,9 +167,8 @@ class NativeIO:
         job hands its file over (``MODE_CLOSE``): the worker closes it once done, not the loop
         thread; the caller closes them only if the group never ran (refused as a whole)."""
         tier = self._tier
-        proto, spec = tier.protocol, tier.offloading_spec
+        proto = tier.protocol
         m = len(keys)
-        table, offset = self._pool.sub_jobs(slot)
         blocks = self._take_blocks(slot, first, m)
         pack = bulk.pack_writes if max(map(len, keys)) > MAX_B32_KEY else self._pack_writes
         mode = proto.file_mode | (nativeio.MODE_FIX if proto.fix_mode else 0) | nativeio.MODE_CLOSE
@@ -169,9 +178,9 @@ class NativeIO:
         try:
             if pool is not None and fds[-1] < 0:
                 tier._stats.incr("tmpfile_pool_empty", fds.count(-1))
-            pack(table, offset + first * nativeio.JOB_LAYOUT.size, PRIO_STORE, keys, cids, blocks, fds,
-                 proto.shard_fds, flags, int(proto.sync), mode, self._hb, self._hb_addr, HEADER_BLOCK,
-                 self._view_addr, spec.chunk_bytes, spec.layout_digest)  # fmt: skip
+            pack(self._subs, self._sub_at[slot] + first * _JOB_SIZE, PRIO_STORE, keys, cids, blocks, fds,
+                 proto.shard_fds, flags, self._sync, mode, self._hb, self._hb_addr, HEADER_BLOCK, self._view_addr,
+                 self._n, self._digest)  # fmt: skip
         except BaseException:
             for fd in fds:
                 if fd >= 0:
@@ -188,35 +197,30 @@ class NativeIO:
         temporary names they give the victims' files. The group's descriptor:
         :meth:`~asynctier.engines.native.NativePool.packed_group`."""
         tier = self._tier
-        proto, spec = tier.protocol, tier.offloading_spec
-        table, offset = self._pool.sub_jobs(slot)
+        proto = tier.protocol
         m = len(keys)
         blocks = self._take_blocks(slot, first, m)
         temps = proto.names.next_many(m)
         long = max(map(len, keys)) > MAX_B32_KEY or max(map(len, victims)) > MAX_B32_KEY
         pack = bulk.pack_recycles if long else self._pack_recycles
         assert self._hb is not None
-        pack(table, offset + first * nativeio.JOB_LAYOUT.size, PRIO_STORE, keys, victims, temps, cids, blocks,
-             proto.shard_fds, flags | SAFE_OPEN, tier._lock_fd, int(proto.sync), self._hb, self._hb_addr,
-             HEADER_BLOCK, self._view_addr, spec.chunk_bytes, spec.layout_digest)  # fmt: skip
+        pack(self._subs, self._sub_at[slot] + first * _JOB_SIZE, PRIO_STORE, keys, victims, temps, cids, blocks,
+             proto.shard_fds, flags | SAFE_OPEN, tier._lock_fd, self._sync, self._hb, self._hb_addr, HEADER_BLOCK,
+             self._view_addr, self._n, self._digest)  # fmt: skip
         return temps
 
     def jobs_failed(self, slot: int, m: int) -> list[int]:
         """The ``j`` of the ``m`` jobs of the group job that ended in ``slot`` that did not simply
         succeed (a failed step, or a name another writer took first)."""
-        res, offset = self._pool.sub_outcomes(slot)
-        return self._jobs_failed(res, offset, m)
+        return self._jobs_failed(self._res, self._res_at[slot], m)
 
     def reads_failed(self, slot: int, keys: list[bytes]) -> list[int]:
         """The ``j`` of the reads of :meth:`pack_reads` (its ``keys``) that did not simply
         succeed: each other read its whole file, whose header is the one its key was stored
         with, with the checksum of the payload read (for ``verify=True``)."""
-        res, offset = self._pool.sub_outcomes(slot)
         assert self._hb is not None
-        spec = self._tier.offloading_spec
-        blocks = self._slot_blocks[slot][: len(keys)]
-        return self._reads_failed(res, offset, keys, blocks, self._hb, HEADER_BLOCK, spec.chunk_bytes,
-                                  spec.layout_digest)  # fmt: skip
+        return self._reads_failed(self._res, self._res_at[slot], keys, self._slot_blocks[slot][: len(keys)], self._hb,
+                                  HEADER_BLOCK, self._n, self._digest)  # fmt: skip
 
     def hb_address(self, slot: int) -> int:
         return self._hb_addr + slot * HEADER_BLOCK
