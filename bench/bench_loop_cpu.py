@@ -163,7 +163,9 @@ def _config(
         if engine is not None:
             config["io_engine"] = engine
     elif tier == "nvme":
-        config.update(path=os.path.join(root, "slab"), capacity_bytes=(chunks + 64) * (chunk + 4096))
+        # a full slab keeps up to 64 slots free ahead of its stores (evict_batch 16, "Evicting
+        # ahead" in docs/tiers/nvme.md): room for those too, so the last chunks stored stay
+        config.update(path=os.path.join(root, "slab"), capacity_bytes=(chunks + 128) * (chunk + 4096))
         if engine is not None:
             config["io_engine"] = engine
     return config
