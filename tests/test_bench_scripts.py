@@ -175,15 +175,16 @@ def test_bench_loop_cpu_steady_stores_evict(tmp_path: Path) -> None:
 
 def test_bench_loop_cpu_steady_passes_go_into_the_full_tier_untimed_first(tmp_path: Path) -> None:
     """``--steady-passes N``: N passes of new keys go into the full tier untimed; the timed pass then
-    evicts as before, and the keys it stored load back ("full-tier load")."""
+    evicts as before, and the keys it stored load back ("full-tier load"): 2,048 chunks, so
+    that a full slab keeps its most slots free ahead of its stores (64; evict_batch 16)."""
     out = tmp_path / "cpu.json"
-    _run("bench_loop_cpu.py", "--tiers", "nvme", "--engines", "-", "--chunk-kib", "16", "--chunks", "256",
+    _run("bench_loop_cpu.py", "--tiers", "nvme", "--engines", "-", "--chunk-kib", "4", "--chunks", "2048",
          "--repeat", "1", "--backends", "asyncio", "--steady", "--steady-passes", "2", "--root", str(tmp_path),
          "--json", str(out))  # fmt: skip
     (r,) = json.loads(out.read_text())["rows"]
     assert r["error"] is None, r
     assert r["offload"]["evictions_per_chunk"] == 0, r  # the fill first, then the passes
-    # each pass turned the tier over (the first also filled the headroom of 64 chunks)
+    # each pass turned the tier over (the first also filled the headroom of 128 chunks)
     assert r["passes"]["count"] == 2 and r["passes"]["evictions_per_chunk"] >= 1.5, r
     assert r["steady"]["evictions_per_chunk"] >= 0.9, r  # the tier was full before the timed pass
     assert r["steady_load"]["evictions_per_chunk"] == 0 and r["steady_load"]["gbps"] > 0, r
