@@ -119,6 +119,33 @@ static struct at_job *jobs_at(const Py_buffer *table, Py_ssize_t offset, Py_ssiz
     return (struct at_job *)((char *)table->buf + offset);
 }
 
+/* m outcomes at offset of res: where they are, or NULL with ValueError. */
+static const struct at_res *results_at(const Py_buffer *res, Py_ssize_t offset, Py_ssize_t m, const char *fn) {
+    if (offset < 0 || offset > res->len || m > (res->len - offset) / (Py_ssize_t)sizeof(struct at_res)) {
+        PyErr_Format(PyExc_ValueError, "%s(): %zd outcomes at offset %zd of %zd bytes", fn, m, offset, res->len);
+        return NULL;
+    }
+    return (const struct at_res *)((const char *)res->buf + offset);
+}
+
+/* The caller's buffers a function reads or writes (up to three), taken in turn, released together. */
+struct bufs {
+    Py_buffer b[3];
+    int n; /* how many were taken */
+};
+
+/* args[at[0]] .. args[at[k - 1]] into bs (k <= 3), each with flags; -1 with an error. Call
+ * bufs_release either way. */
+static int bufs_get(struct bufs *bs, PyObject *const *args, const int *at, int k, int flags) {
+    for (bs->n = 0; bs->n < k; bs->n++)
+        if (PyObject_GetBuffer(args[at[bs->n]], &bs->b[bs->n], flags) < 0) return -1;
+    return 0;
+}
+
+static void bufs_release(struct bufs *bs) {
+    while (bs->n > 0) PyBuffer_Release(&bs->b[--bs->n]);
+}
+
 /* Chunk c's two iovecs: its header block (hb_len bytes at hb), then its payload (n bytes at buf). */
 static void put_iov(uint64_t *iov, Py_ssize_t c, uint64_t hb, uint64_t hb_len, uint64_t buf, uint64_t n) {
     iov[4 * c] = hb;
@@ -166,8 +193,7 @@ SP_HIDDEN PyObject *pack_slot_writes(PyObject *self, PyObject *const *args, Py_s
         return NULL;
     }
     PyObject *runs = NULL, *keys = NULL, *cids = NULL, *fds = NULL, *out = NULL;
-    Py_buffer table = {0}, hbs = {0}, iovs = {0};
-    int nbuf = 0;
+    struct bufs bs = {0};
     Py_ssize_t total;
     struct run_vals *rv = NULL;
     struct chunk_vals *cv = NULL;
@@ -176,18 +202,14 @@ SP_HIDDEN PyObject *pack_slot_writes(PyObject *self, PyObject *const *args, Py_s
         !(cids = own_tuple(args[5], "pack_slot_writes(): cids is a sequence")) ||
         !(fds = own_tuple(args[7], "pack_slot_writes(): fds is a sequence")))
         goto done;
-    if (PyObject_GetBuffer(args[0], &table, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) goto done;
-    nbuf = 1;
-    if (PyObject_GetBuffer(args[8], &hbs, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) goto done;
-    nbuf = 2;
-    if (PyObject_GetBuffer(args[11], &iovs, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) goto done;
-    nbuf = 3;
+    if (bufs_get(&bs, args, (const int[]){0, 8, 11}, 3, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) goto done;
+    const Py_buffer *table = &bs.b[0], *hbs = &bs.b[1], *iovs = &bs.b[2];
     Py_ssize_t m = PyTuple_GET_SIZE(runs), nk = PyTuple_GET_SIZE(keys), nfd = PyTuple_GET_SIZE(fds);
     if (PyTuple_GET_SIZE(cids) != nk) {
         PyErr_Format(PyExc_ValueError, "%s(): %zd keys and %zd cids", fn, nk, PyTuple_GET_SIZE(cids));
         goto done;
     }
-    struct at_job *jobs = jobs_at(&table, offset, m, fn);
+    struct at_job *jobs = jobs_at(table, offset, m, fn);
     if (jobs == NULL) goto done;
     if (alloc_vals(&rv, m, &cv, total) < 0) goto done;
     Py_ssize_t c = 0;
@@ -225,9 +247,9 @@ SP_HIDDEN PyObject *pack_slot_writes(PyObject *self, PyObject *const *args, Py_s
                 goto done;
         }
     }
-    if (hb_len == 0 || (uint64_t)total > (uint64_t)hbs.len / hb_len || total > iovs.len / 32) {
+    if (hb_len == 0 || (uint64_t)total > (uint64_t)hbs->len / hb_len || total > iovs->len / 32) {
         PyErr_Format(PyExc_ValueError, "%s(): %zd chunks for %zd bytes of header blocks and %zd of iovecs", fn, total,
-                     hbs.len, iovs.len);
+                     hbs->len, iovs->len);
         goto done;
     }
     const char *digest = PyBytes_AS_STRING(args[16]);
@@ -236,9 +258,9 @@ SP_HIDDEN PyObject *pack_slot_writes(PyObject *self, PyObject *const *args, Py_s
         Py_ssize_t size = 0;
         for (Py_ssize_t i = 0; i < rv[j].len; i++, c++) {
             PyObject *key = PyTuple_GET_ITEM(keys, cv[c].pos);
-            size = put_header((unsigned char *)hbs.buf + c * hb_len, PyBytes_AS_STRING(key), PyBytes_GET_SIZE(key), n, 0,
+            size = put_header((unsigned char *)hbs->buf + c * hb_len, PyBytes_AS_STRING(key), PyBytes_GET_SIZE(key), n, 0,
                               cv[c].seq, digest);
-            put_iov((uint64_t *)iovs.buf, c, cv[c].hb, hb_len, cv[c].buf, n);
+            put_iov((uint64_t *)iovs->buf, c, cv[c].hb, hb_len, cv[c].buf, n);
         }
         put_run_job(&jobs[j], AT_WRITEV, prio, &rv[j])->body_len = (int32_t)(size - 8);
     }
@@ -247,9 +269,7 @@ SP_HIDDEN PyObject *pack_slot_writes(PyObject *self, PyObject *const *args, Py_s
 done:
     PyMem_Free(rv);
     PyMem_Free(cv);
-    if (nbuf > 2) PyBuffer_Release(&iovs);
-    if (nbuf > 1) PyBuffer_Release(&hbs);
-    if (nbuf > 0) PyBuffer_Release(&table);
+    bufs_release(&bs);
     Py_XDECREF(runs);
     Py_XDECREF(keys);
     Py_XDECREF(cids);
@@ -273,17 +293,12 @@ SP_HIDDEN PyObject *runs_written(PyObject *self, PyObject *const *args, Py_ssize
     Py_ssize_t total;
     PyObject *runs = runs_tuple(args[2], "runs_written(): runs is a sequence", 0, &total, fn), *bad = NULL;
     if (runs == NULL) return NULL;
-    Py_buffer res = {0}, sums = {0};
-    int nbuf = 0;
-    if (PyObject_GetBuffer(args[0], &res, PyBUF_C_CONTIGUOUS) < 0) goto done;
-    nbuf = 1;
-    if (PyObject_GetBuffer(args[3], &sums, PyBUF_C_CONTIGUOUS) < 0) goto done;
-    nbuf = 2;
+    struct bufs bs = {0};
+    if (bufs_get(&bs, args, (const int[]){0, 3}, 2, PyBUF_C_CONTIGUOUS) < 0) goto done;
+    const Py_buffer *res = &bs.b[0], *sums = &bs.b[1];
     Py_ssize_t m = PyTuple_GET_SIZE(runs);
-    if (offset < 0 || offset > res.len || m > (res.len - offset) / (Py_ssize_t)sizeof(struct at_res)) {
-        PyErr_Format(PyExc_ValueError, "%s(): %zd outcomes at offset %zd of %zd bytes", fn, m, offset, res.len);
-        goto done;
-    }
+    const struct at_res *r = results_at(res, offset, m, fn);
+    if (r == NULL) goto done;
     for (Py_ssize_t j = 0; j < m; j++) {
         PyObject *run = PyTuple_GET_ITEM(runs, j);
         for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(run); i++) {
@@ -294,13 +309,12 @@ SP_HIDDEN PyObject *runs_written(PyObject *self, PyObject *const *args, Py_ssize
             }
         }
     }
-    if (total > sums.len / 8) {
-        PyErr_Format(PyExc_ValueError, "%s(): %zd chunks for %zd bytes of checksums", fn, total, sums.len);
+    if (total > sums->len / 8) {
+        PyErr_Format(PyExc_ValueError, "%s(): %zd chunks for %zd bytes of checksums", fn, total, sums->len);
         goto done;
     }
     if ((bad = PyList_New(0)) == NULL) goto done;
-    const struct at_res *r = (const struct at_res *)((const char *)res.buf + offset);
-    const uint64_t *sum = (const uint64_t *)sums.buf;
+    const uint64_t *sum = (const uint64_t *)sums->buf;
     Py_ssize_t c = 0;
     for (Py_ssize_t j = 0; j < m; j++) {
         PyObject *run = PyTuple_GET_ITEM(runs, j);
@@ -325,8 +339,7 @@ SP_HIDDEN PyObject *runs_written(PyObject *self, PyObject *const *args, Py_ssize
 fail:
     Py_CLEAR(bad);
 done:
-    if (nbuf > 1) PyBuffer_Release(&sums);
-    if (nbuf > 0) PyBuffer_Release(&res);
+    bufs_release(&bs);
     Py_DECREF(runs);
     return bad;
 }
@@ -433,8 +446,7 @@ SP_HIDDEN PyObject *pack_slot_reads(PyObject *self, PyObject *const *args, Py_ss
         get_u64(args[11], &view_addr) < 0 || get_u64(args[12], &n) < 0 || get_i32(args[13], &hashed, fn, "hashed") < 0)
         return NULL;
     PyObject *runs = NULL, *cids = NULL, *fds = NULL, *out = NULL;
-    Py_buffer table = {0}, iovs = {0};
-    int nbuf = 0;
+    struct bufs bs = {0};
     Py_ssize_t total;
     struct run_vals *rv = NULL;
     struct chunk_vals *cv = NULL;
@@ -442,12 +454,10 @@ SP_HIDDEN PyObject *pack_slot_reads(PyObject *self, PyObject *const *args, Py_ss
         !(cids = own_tuple(args[4], "pack_slot_reads(): cids is a sequence")) ||
         !(fds = own_tuple(args[5], "pack_slot_reads(): fds is a sequence")))
         goto done;
-    if (PyObject_GetBuffer(args[0], &table, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) goto done;
-    nbuf = 1;
-    if (PyObject_GetBuffer(args[8], &iovs, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) goto done;
-    nbuf = 2;
+    if (bufs_get(&bs, args, (const int[]){0, 8}, 2, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) goto done;
+    const Py_buffer *table = &bs.b[0], *iovs = &bs.b[1];
     Py_ssize_t m = PyTuple_GET_SIZE(runs), nk = PyTuple_GET_SIZE(cids), nfd = PyTuple_GET_SIZE(fds);
-    struct at_job *jobs = jobs_at(&table, offset, m, fn);
+    struct at_job *jobs = jobs_at(table, offset, m, fn);
     if (jobs == NULL) goto done;
     if (alloc_vals(&rv, m, &cv, total) < 0) goto done;
     Py_ssize_t c = 0;
@@ -463,19 +473,18 @@ SP_HIDDEN PyObject *pack_slot_reads(PyObject *self, PyObject *const *args, Py_ss
                 goto done;
         }
     }
-    if (total > iovs.len / 32) {
-        PyErr_Format(PyExc_ValueError, "%s(): %zd chunks for %zd bytes of iovecs", fn, total, iovs.len);
+    if (total > iovs->len / 32) {
+        PyErr_Format(PyExc_ValueError, "%s(): %zd chunks for %zd bytes of iovecs", fn, total, iovs->len);
         goto done;
     }
-    for (c = 0; c < total; c++) put_iov((uint64_t *)iovs.buf, c, cv[c].hb, hb_len, cv[c].buf, n);
+    for (c = 0; c < total; c++) put_iov((uint64_t *)iovs->buf, c, cv[c].hb, hb_len, cv[c].buf, n);
     for (Py_ssize_t j = 0; j < m; j++) put_run_job(&jobs[j], AT_READV, prio, &rv[j])->hashed = hashed;
     out = Py_None;
     Py_INCREF(out);
 done:
     PyMem_Free(rv);
     PyMem_Free(cv);
-    if (nbuf > 1) PyBuffer_Release(&iovs);
-    if (nbuf > 0) PyBuffer_Release(&table);
+    bufs_release(&bs);
     Py_XDECREF(runs);
     Py_XDECREF(cids);
     Py_XDECREF(fds);
@@ -514,24 +523,17 @@ SP_HIDDEN PyObject *runs_loaded(PyObject *self, PyObject *const *args, Py_ssize_
         return NULL;
     }
     PyObject *runs = NULL, *keys = NULL, *out = NULL;
-    Py_buffer res = {0}, hbs = {0}, sums = {0};
-    int nbuf = 0;
+    struct bufs bs = {0};
     Py_ssize_t total;
     struct chunk_vals *cv = NULL;
     if (!(runs = runs_tuple(args[2], "runs_loaded(): runs is a sequence", 0, &total, fn)) ||
         !(keys = own_tuple(args[3], "runs_loaded(): keys is a sequence")))
         goto done;
-    if (PyObject_GetBuffer(args[0], &res, PyBUF_C_CONTIGUOUS) < 0) goto done;
-    nbuf = 1;
-    if (PyObject_GetBuffer(args[5], &hbs, PyBUF_C_CONTIGUOUS) < 0) goto done;
-    nbuf = 2;
-    if (PyObject_GetBuffer(args[7], &sums, PyBUF_C_CONTIGUOUS) < 0) goto done;
-    nbuf = 3;
+    if (bufs_get(&bs, args, (const int[]){0, 5, 7}, 3, PyBUF_C_CONTIGUOUS) < 0) goto done;
+    const Py_buffer *res = &bs.b[0], *hbs = &bs.b[1], *sums = &bs.b[2];
     Py_ssize_t m = PyTuple_GET_SIZE(runs), nk = PyTuple_GET_SIZE(keys);
-    if (offset < 0 || offset > res.len || m > (res.len - offset) / (Py_ssize_t)sizeof(struct at_res)) {
-        PyErr_Format(PyExc_ValueError, "%s(): %zd outcomes at offset %zd of %zd bytes", fn, m, offset, res.len);
-        goto done;
-    }
+    const struct at_res *r = results_at(res, offset, m, fn);
+    if (r == NULL) goto done;
     if ((cv = PyMem_Calloc((size_t)total + 1, sizeof *cv)) == NULL) {
         PyErr_NoMemory();
         goto done;
@@ -549,13 +551,12 @@ SP_HIDDEN PyObject *runs_loaded(PyObject *self, PyObject *const *args, Py_ssize_
                 goto done;
         }
     }
-    if (hb_len == 0 || (uint64_t)total > (uint64_t)hbs.len / hb_len || total > sums.len / 8) {
+    if (hb_len == 0 || (uint64_t)total > (uint64_t)hbs->len / hb_len || total > sums->len / 8) {
         PyErr_Format(PyExc_ValueError, "%s(): %zd chunks for %zd bytes of header blocks and %zd of checksums", fn,
-                     total, hbs.len, sums.len);
+                     total, hbs->len, sums->len);
         goto done;
     }
-    const struct at_res *r = (const struct at_res *)((const char *)res.buf + offset);
-    const uint64_t *sum = (const uint64_t *)sums.buf;
+    const uint64_t *sum = (const uint64_t *)sums->buf;
     const char *digest = PyBytes_AS_STRING(args[9]);
     unsigned char stack[FIXED_LEN + 1024 + 8], *want = stack; /* a header; longer keys' on the heap */
     Py_ssize_t good = 0;
@@ -573,8 +574,8 @@ SP_HIDDEN PyObject *runs_loaded(PyObject *self, PyObject *const *args, Py_ssize_
                     goto done;
                 }
                 put_header(want, PyBytes_AS_STRING(key), PyBytes_GET_SIZE(key), n, cv[c].csum, cv[c].seq, digest);
-                ok = size <= hbs.len - c * (Py_ssize_t)hb_len &&
-                     memcmp((const char *)hbs.buf + c * hb_len, want, (size_t)size) == 0;
+                ok = size <= hbs->len - c * (Py_ssize_t)hb_len &&
+                     memcmp((const char *)hbs->buf + c * hb_len, want, (size_t)size) == 0;
                 if (want != stack) {
                     PyMem_Free(want);
                     want = stack;
@@ -590,9 +591,7 @@ SP_HIDDEN PyObject *runs_loaded(PyObject *self, PyObject *const *args, Py_ssize_
     out = PyLong_FromSsize_t(good);
 done:
     PyMem_Free(cv);
-    if (nbuf > 2) PyBuffer_Release(&sums);
-    if (nbuf > 1) PyBuffer_Release(&hbs);
-    if (nbuf > 0) PyBuffer_Release(&res);
+    bufs_release(&bs);
     Py_XDECREF(runs);
     Py_XDECREF(keys);
     return out;

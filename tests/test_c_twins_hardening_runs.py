@@ -373,3 +373,27 @@ def test_addresses_past_2_64_are_refused_not_wrapped(speedups: Any, name: str, r
     getattr(speedups, name)(*got)
     getattr(reference, name)(*want)
     assert _buffers(got) == _buffers(want)
+
+
+@pytest.mark.parametrize("fn", ["pack_slot_writes", "pack_slot_reads", "runs_written", "runs_loaded"])
+def test_a_buffer_that_cannot_be_taken_leaves_the_others_released(speedups: Any, fn: str) -> None:
+    """The last buffer argument cannot be taken (read-only where it is written, or no buffer at
+    all): the call raises, and the buffers taken before it are released (a bytearray the call
+    still held could not be resized)."""
+    held = [bytearray(4096) for _ in range(2)]
+    digest = bytes(16)
+    args: tuple[Any, ...]
+    if fn == "pack_slot_writes":  # table, hbs taken; iovs read-only
+        args = (held[0], 0, 0, [], [], [], {}, [], held[1], 0, 4096, bytes(64), 0, 0, 0, 4096, digest)
+    elif fn == "pack_slot_reads":  # table taken; iovs read-only
+        held = held[:1]
+        args = (held[0], 0, 0, [], [], [], 0, 4096, bytes(64), 0, 0, 0, 4096, 0)
+    elif fn == "runs_written":  # res taken; sums not a buffer
+        held = held[:1]
+        args = (held[0], 0, [], object(), {}, [])
+    else:  # res, hbs taken; sums not a buffer
+        args = (held[0], 0, [], [], {}, held[1], 4096, object(), 4096, digest, False, [], [])
+    with pytest.raises((TypeError, BufferError)):
+        getattr(speedups, fn)(*args)
+    for b in held:
+        b.extend(b"x")  # BufferError while an export is left
