@@ -1,5 +1,5 @@
 """Group jobs of the native workers (``nativeio.GROUP``): several files read, or written and
-recycled, by one worker in one slot, each as if alone, reported once; and the fs tier's loads
+recycled, in one slot, each as if alone, spread over the workers, reported once; and the fs tier's loads
 that run as such jobs when a call has at least twice as many chunks as its share of
 ``max_inflight``, and its stores into a full tier (each then recycles a victim's file)."""
 
@@ -66,8 +66,53 @@ async def test_a_group_reads_each_file_as_if_alone_and_reports_each_outcome(tmp_
         assert out[2][0] == HB + 100 and out[2][1] == 0 and out[2][2] == 0  # short: not hashed
         assert out[3] == (HB + N, checksum(b"3" * N), 0, 0)
         assert bufs[0].raw == b"1" * N and bufs[3].raw == b"3" * N
-        assert pool.counts()[:2] == (0, 1)  # one token for the whole group
+        assert pool.counts()[:2] == (0, 1)  # (one token: its jobs one at a time)
     finally:
+        await pool.aclose()
+        os.close(dfd)
+
+
+async def _reader_of(fifo: Path, within: float = 60.0) -> int:
+    """A write end of ``fifo`` once it has a reader (never blocking the loop)."""
+    deadline = asyncio.get_running_loop().time() + within
+    while True:
+        try:
+            return os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+        except OSError as e:  # ENXIO: no reader yet
+            if e.errno != errno.ENXIO or asyncio.get_running_loop().time() > deadline:
+                raise
+        await asyncio.sleep(0.005)
+
+
+@native_only
+async def test_a_groups_jobs_run_on_several_workers_at_once(tmp_path: Path) -> None:
+    """A group's jobs are spread over the workers, each holding a token of its own: its second
+    read opens its FIFO while its first still waits in ``open`` for a writer, which the test
+    gives it only after that. Each then ends as a read of a file that is not regular does
+    (``ENXIO``), in its own outcome; the group reports once and held both tokens at once."""
+    fifos = [tmp_path / "first", tmp_path / "second"]
+    for f in fifos:
+        os.mkfifo(f)
+    dfd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    pool = nativeio.NativePool(threads=3, bound=2, slots=2)
+    pool.attach()
+    hbs = [ctypes.create_string_buffer(HB) for _ in range(2)]
+    bufs = [ctypes.create_string_buffer(N) for _ in range(2)]
+    subs = [_read(dfd, f.name.encode(), hbs[i], bufs[i]) for i, f in enumerate(fifos)]
+    ran = asyncio.ensure_future(pool.run(1, nativeio.Job(-1, 0, *pool.group(1, 0, subs))))
+    fed: list[int] = []
+    try:
+        for i in (1, 0):  # (one job at a time would wait for "first" for ever: no reader of "second")
+            os.close(await _reader_of(fifos[i]))
+            fed.append(i)
+        res = await ran
+        assert (res.result, res.stage) == (2, 0)
+        assert pool.group_outcomes(1, 2) == [(-errno.ENXIO, 0, nativeio.ST_OPEN, 0)] * 2
+        assert pool.counts()[:2] == (0, 2)  # a token each, at once
+    finally:
+        for i in {0, 1} - set(fed):  # (failing: let the jobs end, so that the pool can close)
+            os.close(os.open(fifos[i], os.O_RDWR))
+        await ran
         await pool.aclose()
         os.close(dfd)
 
@@ -117,7 +162,7 @@ async def test_a_group_writes_and_recycles_each_file_as_if_alone(tmp_path: Path)
             assert got[HB:] == bufs[i].raw and _sums(got[:HB], bufs[i].raw), i
         assert out[2][0] == -errno.ENOENT and out[2][2] == nativeio.ST_OPEN
         assert sorted(os.listdir(tmp_path)) == ["lock", "new0", "new1", "new3"]
-        assert pool.counts()[:2] == (0, 1)  # one token for the whole group
+        assert pool.counts()[:2] == (0, 1)  # (one token: its jobs one at a time)
     finally:
         await pool.aclose()
         os.close(dfd)

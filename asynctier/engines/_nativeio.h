@@ -29,13 +29,16 @@
  * It holds no I/O token: slow paths holding tokens may be waiting for it (the journal) */
 #define AT_COMMIT 8
 #define COMMIT_FDS_MAX 64
-/* several jobs run one after another by one worker holding one token, each as if alone:
- * hb is the caller's struct at_job[len] (reads: AT_READ or AT_READV; or writes: AT_WRITE,
- * AT_RECYCLE or AT_WRITEV; their group and prio ignored), copied at submission; their
- * outcomes go to the pool's own struct at_res[GROUP_MAX] of the slot (at_group_results). The
- * group's own result is len. One job for many small files, or for the runs of a slab store or
- * load whose slots lie apart: the loop plans and books one job, not one per file or run
- * (tiers/fs/fast.py, tiers/nvme/stores.py and fast.py) */
+/* several jobs, each as if alone, spread over the workers: each is prepared (a write's
+ * checksums) and run by whichever worker is free, holding a token of its own, so a group
+ * keeps as many I/Os in flight as there are tokens, and it is reported once, when its last
+ * job ends. hb is the caller's struct at_job[len] (reads: AT_READ or AT_READV; or writes:
+ * AT_WRITE, AT_RECYCLE or AT_WRITEV; their group and prio ignored), copied at submission;
+ * their outcomes go to the pool's own struct at_res[GROUP_MAX] of the slot
+ * (at_group_results). The group's own result is len. One job for many small files, or for
+ * the runs of a slab store or load: the loop plans and books one job, not one per file or
+ * run, and the device still sees one request per run (tiers/fs/fast.py, tiers/nvme/stores.py
+ * and fast.py) */
 #define AT_GROUP 9
 #define GROUP_MAX 16
 
@@ -105,13 +108,17 @@ struct at_op {
     int32_t next; /* queue link */
     struct at_op *subs;     /* AT_GROUP: the slot's GROUP_MAX sub-jobs (job.len of them used) */
     struct at_res *subres;  /* and their outcomes */
+    /* AT_GROUP, under the pool's lock: the next sub-job to prepare (job.len: none left) and
+     * to run (in order: each once prepared), and how many have not ended */
+    int32_t sub_prep, sub_io, sub_left;
 };
 
 #define AT_HIDDEN __attribute__((visibility("hidden"))) /* not part of the library's ctypes API */
 
-/* A write's work before its I/O (its header's checksums, its unnamed file), holding no token. */
+/* A write's work before its I/O (its header's checksums, its unnamed file), holding no
+ * token; never an AT_GROUP (each of its jobs is prepared on its own). */
 AT_HIDDEN void at_prepare_write(xxh3_fn xxh3, struct at_op *op, struct at_res *r);
-/* A job's system calls (its kind's body), holding a token. */
+/* A job's system calls (its kind's body), holding a token; never an AT_GROUP. */
 AT_HIDDEN void at_run_job(struct at_op *op, struct at_res *r);
 /* Whether a read got every byte: its payloads are then hashed (at_hash_read), if asked. */
 AT_HIDDEN int at_read_whole(const struct at_op *op, const struct at_res *r);

@@ -4,7 +4,6 @@
  * case is left to the Python code, which owns error handling. */
 #define _GNU_SOURCE
 #include <errno.h>
-#include <sched.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -93,10 +92,6 @@ static void run_read(struct at_op *op, struct at_res *r) {
  * system's orphan list, no data yet), as the tier's pool of files made ahead would. */
 void at_prepare_write(xxh3_fn xxh3, struct at_op *op, struct at_res *r) {
     struct at_job *j = &op->job;
-    if (j->kind == AT_GROUP) { /* a group of stores: each one's, into its own outcome */
-        for (size_t i = 0; i < j->len; i++) at_prepare_write(xxh3, &op->subs[i], &op->subres[i]);
-        return;
-    }
     if (j->kind == AT_WRITEV) {
         const struct iovec *v = j->hb;
         uint64_t *sums = j->buf;
@@ -301,22 +296,8 @@ static void run_recycle(struct at_op *op, struct at_res *r) {
     r->result = stage ? err : n;
 }
 
-/* AT_GROUP: each job in turn, holding the group's token (a failed one does not stop the
- * others: each is reported in its own outcome; none is a group, see group_ok). Between two,
- * the worker offers its CPU: a group's jobs back to back were one long burst that an event
- * loop woken meanwhile waited behind (fs p99 lag on tmpfs at 256 KiB: loads 4.2 -> 1.3 ms,
- * stores 5.1 -> 2.7; docs/benchmarks.md, eleventh pass). */
-static void run_group(struct at_op *op, struct at_res *r) {
-    for (size_t i = 0; i < op->job.len; i++) {
-        if (i) sched_yield();
-        at_run_job(&op->subs[i], &op->subres[i]);
-    }
-    r->result = (int64_t)op->job.len;
-}
-
 void at_run_job(struct at_op *op, struct at_res *r) {
     switch (op->job.kind) {
-    case AT_GROUP: run_group(op, r); break;
     case AT_READ: run_read(op, r); break;
     case AT_WRITE: run_write(op, r); break;
     case AT_SPARE: run_spare(op, r); break;
@@ -329,22 +310,11 @@ void at_run_job(struct at_op *op, struct at_res *r) {
 }
 
 int at_read_whole(const struct at_op *op, const struct at_res *r) {
-    if (op->job.kind == AT_GROUP) {
-        for (size_t i = 0; i < op->job.len; i++)
-            if (op->subs[i].job.hashed && at_read_whole(&op->subs[i], &op->subres[i])) return 1;
-        return 0;
-    }
     if (op->job.kind == AT_READ) return r->result == (int64_t)(op->job.hb_len + op->job.len);
     return op->job.kind == AT_READV && r->info == 1;
 }
 
 void at_hash_read(xxh3_fn xxh3, struct at_op *op, struct at_res *r) {
-    if (op->job.kind == AT_GROUP) {
-        for (size_t i = 0; i < op->job.len; i++)
-            if (op->subs[i].job.hashed && at_read_whole(&op->subs[i], &op->subres[i]))
-                at_hash_read(xxh3, &op->subs[i], &op->subres[i]);
-        return;
-    }
     if (op->job.kind == AT_READV) {
         const struct iovec *v = op->job.hb;
         uint64_t *sums = op->job.buf;

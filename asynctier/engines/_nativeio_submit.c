@@ -67,16 +67,19 @@ static int queue_job(struct at_pool *p, int idx, const struct at_job *j, uint64_
     op->prep = j->kind == AT_WRITE || j->kind == AT_RECYCLE || j->kind == AT_WRITEV ? PREP_WANTED : PREP_NONE;
     if (j->kind == AT_GROUP) { /* copied, as the job itself is: the caller may reuse its table */
         const struct at_job *sub = j->hb;
-        op->job.hashed = 0;
+        int reads = is_read(sub[0].kind); /* (group_ok: all reads, or all writes) */
+        op->job.hashed = 0; /* each read's own checksum, by the worker that ran it */
+        op->prep = PREP_NONE;
         for (size_t i = 0; i < j->len; i++) {
             op->subs[i].job = sub[i];
             op->subs[i].fd = -1;
+            /* the writes' checksums (and new files), each before its own I/O */
+            op->subs[i].prep = reads ? PREP_NONE : PREP_WANTED;
             memset(&op->subres[i], 0, sizeof op->subres[i]);
-            if (!is_read(sub[i].kind))
-                op->prep = PREP_WANTED; /* the writes' checksums (and new files), before the I/O */
-            else if (sub[i].hashed)
-                op->job.hashed = 1; /* some read's checksum, after the I/O */
         }
+        op->sub_prep = reads ? (int32_t)j->len : 0;
+        op->sub_io = 0;
+        op->sub_left = (int32_t)j->len;
     }
     op->fd = -1;
     op->next = -1;
@@ -105,8 +108,8 @@ static int queue_job(struct at_pool *p, int idx, const struct at_job *j, uint64_
  *   AT_WRITEV  pwritev of a run of slots, each header's checksums filled in first;
  *   AT_COMMIT  [fdatasync of the descriptors at hb], pwrite of buf at off of fd, [fdatasync];
  *   AT_GROUP   the jobs at hb (len of them: reads and slot reads, or writes, recycles and
- *              slot writes), one after another, each as if alone, reported once, their
- *              outcomes in at_group_results.
+ *              slot writes), each as if alone, spread over the workers (each holding a
+ *              token), reported once when the last ends, their outcomes in at_group_results.
  * Returns 0, or -EINVAL (bad slot or job), -EBUSY (slot in use), -ESHUTDOWN. */
 int at_submit_many(struct at_pool *p, int n, const int32_t *idx, const struct at_job *jobs);
 
