@@ -197,11 +197,12 @@ async def test_loads_stay_correct_while_stores_evict_around_them(tmp_path: Path)
 
 
 # -- group jobs: a call's chunks in runs of adjacent slots, one READV per run, in one GROUP -------
-async def test_a_group_reads_its_runs_of_adjacent_slots_one_after_the_other(
+async def test_a_group_reads_its_runs_of_adjacent_slots_as_one_job(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Chunks stored one call each sit in slots the loads below take out of order: each group
-    job then reads several runs in turn (one READV each, in one GROUP job of the pool)."""
+    """Chunks stored one call each sit in slots 0-15; the load below takes 13 of them out of
+    order: the call is one group job that reads four runs (one READV each, in one GROUP job of
+    the pool, which spreads them over its workers)."""
     tier, view = make(tmp_path / "g.slab", io_engine="native", max_inflight=2, nchunks=32)
     spy = GroupSpy(monkeypatch)
     async with tier:
@@ -211,30 +212,72 @@ async def test_a_group_reads_its_runs_of_adjacent_slots_one_after_the_other(
             assert (await tier.offload([k], [i])).ok
         assert spy.sizes == [1] * 16  # a store's runs: one GROUP job (of one run each here)
         spy.sizes.clear()
-        assert tier.group_size("load", 16) == 8  # two group jobs of eight chunks
-        order = [0, 5, 10, 15, 1, 6, 11, 12, 2, 3, 4, 7, 8, 9, 13, 14]
+        order = [0, 5, 10, 15, 1, 6, 12, 2, 4, 8, 9, 13, 14]  # not 3, 7, 11
+        assert tier.group_size("load", len(order)) == len(order)  # one group job
         view[:] = bytes(view.nbytes)
         split = tier._engine
         assert isinstance(split, SplitEngine)
         before = split.native.wakeups
-        res = await tier.load([keys[i] for i in order], list(range(16, 32)))
+        res = await tier.load([keys[i] for i in order], list(range(16, 16 + len(order))))
         assert res.ok, res.failed
-        assert [chunk_at(view, CHUNK, 16 + j) for j in range(16)] == [data[i] for i in order]
+        assert [chunk_at(view, CHUNK, 16 + j) for j in range(len(order))] == [data[i] for i in order]
         assert split.native.wakeups > before
-        assert sorted(spy.sizes) == [3, 4]  # slots 0-1, 5-6, 10-12, 15; then 2-4, 7-9, 13-14
+        assert spy.sizes == [4]  # slots 0-2, 4-6, 8-10, 12-15
         st = tier.stats()
-        assert st.loaded == 16 and st.extra.get("native_retries", 0) == 0
+        assert st.loaded == len(order) and st.extra.get("native_retries", 0) == 0
         assert not pinned(tier)
 
 
-async def test_a_call_is_cut_into_its_share_of_the_depth_while_other_calls_run(tmp_path: Path) -> None:
-    """Alone, a call is cut into up to max_inflight jobs of at most coalesce_bytes, and never
-    into jobs smaller than that where it has that much (evened out: each job costs the loop
-    thread its planning and booking, and a run of slots is one I/O however long); with other
-    calls in progress, into its share of that depth, each job larger, up to that many times
-    coalesce_bytes; and the calls all move their chunks."""
-    tier, view = make(tmp_path / "s.slab", io_engine="native", max_inflight=16, nchunks=128, slots=1024)
+async def test_on_the_native_engine_a_call_is_one_job_of_up_to_the_depths_worth(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On the native engine the pool spreads a job's runs over its workers, so a call is one
+    job whatever other calls run: of at most max_inflight times coalesce_bytes, and of at most
+    half the slab over max_inflight (the jobs running at once hold at most half of it); evened
+    out; and the calls all move their chunks."""
+    tier, view = make(tmp_path / "n.slab", io_engine="native", max_inflight=16, nchunks=128, slots=1024)
+    spy = GroupSpy(monkeypatch)
     async with tier:
+        slot = tier._slabs.geo.slot_size
+        assert tier._spreads_jobs() and tier.coalesce_bytes * 16 // slot == 240
+        half = tier.nslots // 32  # half the slab over max_inflight: the bound here
+        assert half == 32
+        sizes = [2, 15, 16, 32, 40, 128]
+        assert [tier.group_size("offload", n) for n in sizes] == [2, 15, 16, 32, 20, 32]
+        tier._active += 3  # other calls in progress change nothing
+        try:
+            assert [tier.group_size("load", n) for n in sizes] == [2, 15, 16, 32, 20, 32]
+        finally:
+            tier._active -= 3
+        tier.coalesce_bytes = slot  # max_inflight slots a job
+        assert tier.group_size("offload", 32) == 16 and tier.group_size("offload", 40) == 14
+        tier.coalesce_bytes = 0  # one job a chunk, as documented
+        assert tier.group_size("offload", 32) == 1
+        tier.coalesce_bytes = 1 << 20
+        data = fill(view, CHUNK, 5)
+        keys = [[b"n%d-%d" % (c, i) for i in range(32)] for c in range(4)]
+        async with anyio.create_task_group() as tg:
+            for c in range(4):  # four calls at once: one job each
+                tg.start_soon(tier.offload, keys[c], list(range(32 * c, 32 * c + 32)))
+        assert len(spy.sizes) == 4
+        view[:] = bytes(view.nbytes)
+        async with anyio.create_task_group() as tg:
+            for c in range(4):
+                tg.start_soon(tier.load, keys[c], list(range(32 * c, 32 * c + 32)))
+        assert [chunk_at(view, CHUNK, i) for i in range(128)] == data
+        assert tier.stats().offloaded == tier.stats().loaded == 128
+
+
+async def test_on_threads_a_call_is_cut_into_its_share_of_the_depth_while_other_calls_run(tmp_path: Path) -> None:
+    """On threads (a job's runs written one after another): alone, a call is cut into up to
+    max_inflight jobs of at most coalesce_bytes, and never into jobs smaller than that where
+    it has that much (evened out: each job costs its planning and booking, and a run of slots
+    is one I/O however long); with other calls in progress, into its share of that depth,
+    each job larger, up to that many times coalesce_bytes; and the calls all move their
+    chunks."""
+    tier, view = make(tmp_path / "s.slab", io_engine="threads", max_inflight=16, nchunks=128, slots=1024)
+    async with tier:
+        assert not tier._spreads_jobs()
         slot = tier._slabs.geo.slot_size
         assert tier.coalesce_bytes // slot == 15  # 1 MiB of 64 KiB slots and their headers
         # alone: 3 jobs of about coalesce_bytes, not 16 jobs of 2

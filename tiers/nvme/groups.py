@@ -32,12 +32,30 @@ class CoalescedJobs(BlockingChunkTier):
     #: every primary chunk can go straight to the medium (:meth:`SlabSet.all_zero_copy`)
     _zc_all: bool
 
+    def _spreads_jobs(self) -> bool:
+        """Whether a job's runs are spread over the native workers, each its own I/O holding
+        its own token (:class:`~.tier.NvmeTier`: on the native engine, every chunk straight to
+        the medium); else a job's runs are written one after another by one thread."""
+        return False
+
     def group_size(self, op: str, n: int) -> int:
         """Chunks per job for a call of ``n`` chunks (1: one job per chunk, the base path)."""
         geo = self._slabs.geo
         if op not in ("offload", "load") or n < 2 or geo is None:
             return 1
         workers = self.max_inflight or 1
+        if self._spreads_jobs():
+            # the workers run a job's runs at once, each its own I/O holding its own token (and
+            # the device serves a long run's requests at once), so the depth takes no more jobs
+            # than one: a call is one job, of up to max_inflight times coalesce_bytes. Each job
+            # costs the loop thread its planning and booking, some 1,700 bytecodes
+            # (docs/benchmarks.md, nineteenth pass); the jobs running at once hold at most half
+            # the slab, as below
+            size = min(n, geo.nslots // (2 * workers), self.coalesce_bytes * workers // geo.slot_size)
+            if size < 2:
+                return 1
+            jobs = -(-n // size)
+            return -(-n // jobs)
         # up to max_inflight jobs at once, from all the calls in progress: this call's share
         # is as many jobs as that over the calls, each up to that many times coalesce_bytes,
         # since every job costs the loop thread its planning and booking (bench_loop_cpu.py;

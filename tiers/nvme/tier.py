@@ -149,6 +149,9 @@ class NvmeTier(CoalescedJobs):
         geo = self._slabs.geo
         return geo.nslots if geo is not None else 0
 
+    def _spreads_jobs(self) -> bool:
+        return self._split is not None and self._zc_all
+
     @property
     def active_io_engine(self) -> str:
         """``"native"`` or ``"threads"``: what ``io_engine`` resolved to at ``open()``."""
