@@ -42,6 +42,7 @@ from asynctier import (
     TierConfigError,
 )
 from asynctier.cli.benchkit import drop_page_cache
+from asynctier.core import Op
 from asynctier.engines import native as nativeio
 from asynctier.errors import failure_kind
 from asynctier.integrity import key_token
@@ -1338,7 +1339,11 @@ def stores_as_coroutines(monkeypatch: pytest.MonkeyPatch) -> None:
     coroutine path (NativeIO.store) where a test can hold one."""
 
     def plan(self: StorePath, job: Any, slot: int) -> Any:
-        return partial(self._io().store_job, *job.args)  # type: ignore[union-attr]
+        io = self._io()
+        assert io is not None
+        if job.grouped:  # (each chunk's coroutine in turn)
+            return partial(io._tier.group_body(Op.STORE), *job.args)
+        return partial(io.store_job, *job.args)
 
     monkeypatch.setattr(StorePath, "plan", plan)
 

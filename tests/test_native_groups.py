@@ -246,28 +246,30 @@ def fs_tier(
 
 
 @native_only
-async def test_a_load_beyond_its_share_runs_as_group_jobs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """16 chunks at max_inflight=2: stores and loads in jobs of 8 files (each store a new
-    file), each chunk its own bytes (in the order asked), the stats counting each."""
+async def test_a_call_runs_as_group_jobs_of_up_to_group_chunks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """20 chunks at max_inflight=2: stores and loads in two jobs of 10 files (evened out, each
+    up to GROUP_CHUNKS; each store a new file), each chunk its own bytes (in the order asked),
+    the stats counting each; 16 chunks go as one job, whatever the depth."""
     spy = GroupSpy(monkeypatch)
-    tier, view = fs_tier(tmp_path, max_inflight=2)
-    data = os.urandom(16 * CHUNK)
+    tier, view = fs_tier(tmp_path, chunks=20, max_inflight=2)
+    data = os.urandom(20 * CHUNK)
     view[:] = data
-    keys = [b"key-%d" % i for i in range(16)]
+    keys = [b"key-%d" % i for i in range(20)]
     async with tier:
-        assert tier.group_size(Op.LOAD, 16) == 8 and tier.group_size(Op.STORE, 16) == 8
-        assert (await tier.offload(keys, list(range(16)))).ok
-        assert spy.sizes == [8, 8]
+        assert GROUP_CHUNKS == nativeio.GROUP_MAX == 16
+        assert [tier.group_size(op, n) for op in (Op.LOAD, Op.STORE) for n in (2, 16, 17, 20)] == [2, 16, 9, 10] * 2
+        assert (await tier.offload(keys, list(range(20)))).ok
+        assert spy.sizes == [10, 10]
         spy.sizes.clear()
         view[:] = bytes(len(view))
-        res = await tier.load(keys[::-1], list(range(16)))
-        assert res.ok and res.bytes_transferred == 16 * CHUNK
-        assert spy.sizes == [8, 8]
+        res = await tier.load(keys[::-1], list(range(20)))
+        assert res.ok and res.bytes_transferred == 20 * CHUNK
+        assert spy.sizes == [10, 10]
         for i, k in enumerate(keys[::-1]):
             j = keys.index(k)
             assert bytes(view[i * CHUNK : (i + 1) * CHUNK]) == data[j * CHUNK : (j + 1) * CHUNK]
         s = tier.stats()
-        assert (s.offloaded, s.loaded, s.stored_chunks) == (16, 16, 16)
+        assert (s.offloaded, s.loaded, s.stored_chunks) == (20, 20, 20)
 
 
 @native_only
@@ -314,7 +316,7 @@ async def test_a_cancelled_call_of_group_jobs_waits_for_those_running(tmp_path: 
     keys = [b"c%d" % i for i in range(64)]
     async with tier:
         assert (await tier.offload(keys, list(range(64)))).ok
-        assert tier.group_size(Op.LOAD, 64) == 8
+        assert tier.group_size(Op.LOAD, 64) == 16
         view[:] = bytes(len(view))
         task = asyncio.ensure_future(tier.load(keys, list(range(64))))
         await asyncio.sleep(0)  # it submits its jobs and waits for them
@@ -330,10 +332,10 @@ async def test_a_cancelled_call_of_group_jobs_waits_for_those_running(tmp_path: 
 
 @native_only
 async def test_group_sizes(tmp_path: Path) -> None:
-    """A load's share of max_inflight: as many jobs over the calls in progress, at most
-    GROUP_CHUNKS chunks and 1 MiB per call in progress each; stores the same where each chunk
-    makes a new file or recycles its victim's, not where a call would evict without
-    recycling; other operations and the threads engine: one chunk a job."""
+    """A load: jobs of up to GROUP_CHUNKS chunks, evened out, whatever the depth, the chunk
+    size and the calls in progress (the pool spreads a job's files over its workers); stores
+    the same where each chunk makes a new file or recycles its victim's, not where a call
+    would evict without recycling; other operations and the threads engine: one chunk a job."""
     tier, _ = fs_tier(tmp_path, max_inflight=4)
     threads, _ = fs_tier(tmp_path / "t", "threads", max_inflight=4)
     big, _ = fs_tier(tmp_path / "b", max_inflight=4, chunk=512 * 1024)
@@ -341,7 +343,7 @@ async def test_group_sizes(tmp_path: Path) -> None:
     unrecycled, _ = fs_tier(tmp_path / "u", max_inflight=4, capacity_bytes=64 * PER, recycle=False)
     assert GROUP_CHUNKS <= nativeio.GROUP_MAX  # a group the fs tier plans always fits the pool's
     async with tier, threads, big, bounded, unrecycled:
-        assert [tier.group_size(Op.LOAD, n) for n in (1, 4, 7, 8, 16, 64)] == [1, 1, 1, 2, 4, GROUP_CHUNKS]
+        assert [tier.group_size(Op.LOAD, n) for n in (1, 2, 7, 16, 17, 40, 64)] == [1, 2, 7, 16, 9, 14, GROUP_CHUNKS]
         assert tier.group_size(Op.STORE, 64) == GROUP_CHUNKS  # no capacity: every chunk a new file
         assert tier.group_size(Op.REMOVE, 64) == 1
         assert bounded.group_size(Op.STORE, 64) == GROUP_CHUNKS  # room left: new files
@@ -350,12 +352,10 @@ async def test_group_sizes(tmp_path: Path) -> None:
         assert unrecycled.group_size(Op.STORE, 64) == GROUP_CHUNKS  # it fits: new files
         assert unrecycled.group_size(Op.STORE, 65) == 1  # it would evict, deleting files first
         assert threads.group_size(Op.LOAD, 64) == 1
-        tier._active = 1  # another call in progress: this one's share is half
-        assert tier.group_size(Op.LOAD, 16) == 8
-        assert big.group_size(Op.LOAD, 64) == 2
-        big._active = 3
-        assert big.group_size(Op.LOAD, 64) == GROUP_CHUNKS
-        tier._active = big._active = 0  # (no call was in progress: the close waits for those)
+        tier._active = 3  # other calls in progress change nothing
+        assert tier.group_size(Op.LOAD, 16) == 16
+        assert big.group_size(Op.LOAD, 64) == GROUP_CHUNKS  # nor does a large chunk
+        tier._active = 0  # (no call was in progress: the close waits for those)
 
 
 PER = HEADER_BLOCK + CHUNK  # a chunk's bytes on disk
@@ -385,12 +385,12 @@ async def test_stores_that_fill_the_tier_run_as_group_jobs_each_recycling_a_vict
     tier, view, data, old, new = full_tier(tmp_path, 16, max_inflight=2, aligned=aligned)
     async with tier:
         assert (await tier.offload(old, list(range(16)))).ok
-        assert spy.sizes == [8, 8] and tier.stats().evictions == 0  # it fitted: new files
+        assert spy.sizes == [16] and tier.stats().evictions == 0  # it fitted: new files
         spy.sizes.clear()
-        assert tier.group_size(Op.STORE, 16) == 8
+        assert tier.group_size(Op.STORE, 16) == 16
         inodes = {chunk_file(tier, k).stat().st_ino for k in old}
         assert (await tier.offload(new, list(range(16, 32)))).ok
-        assert spy.sizes == [8, 8]
+        assert spy.sizes == [16]
         s = tier.stats()
         assert (s.evictions, s.extra.get("recycled"), s.stored_chunks) == (16, 16, 16), s.extra
         assert {chunk_file(tier, k).stat().st_ino for k in new} == inodes  # the victims' files
@@ -437,9 +437,9 @@ async def test_a_cancelled_call_of_store_groups_leaves_each_key_whole_or_absent(
     old, new = old[:64], new[:64]
     async with tier:
         assert (await tier.offload(old, list(range(64)))).ok
-        assert tier.group_size(Op.STORE, 64) == 8
+        assert tier.group_size(Op.STORE, 64) == 16
         task = asyncio.ensure_future(tier.offload(new, list(range(64, 128))))
-        await asyncio.sleep(0)  # it plans its first groups (16 chunks a turn) and waits for them
+        await asyncio.sleep(0)  # it plans its first group (16 chunks a turn) and waits for it
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task

@@ -377,8 +377,9 @@ class NativePool:
     def group(self, slot: int, prio: int, subs: list[JobFields]) -> JobFields:
         """The descriptor of one :data:`GROUP` job in ``slot``: the jobs ``subs`` (1 to
         :data:`GROUP_MAX` reads, or writes, each as if alone; the workers refuse other kinds and
-        mixes) run one after another by one worker holding one token, each
-        write's checksums filled in first, reported once; their outcomes: :meth:`group_outcomes`."""
+        mixes) spread over the workers, each prepared (a write's checksums) and run by
+        whichever is free under a token of its own, reported once when the last ends; their
+        outcomes: :meth:`group_outcomes`."""
         n = len(subs)
         if not 0 < n <= GROUP_MAX:
             raise ValueError(f"a group job holds 1 to {GROUP_MAX} jobs; got {n}")

@@ -7,10 +7,11 @@ index complete. The
 plans and outcomes are the protocol's (:mod:`.protocol`), the same as :class:`.native.NativeIO`
 runs one coroutine at a time; anything else is handed to it as a continuation.
 
-A group job (of a load with at least twice as many chunks as its share of ``max_inflight``,
-or of such a store on a local file system, see :meth:`.tier.FsTier.group_size`) puts
-several files in one :data:`~asynctier.engines.native.GROUP` descriptor, so that the engine
-plans, submits and books one job for them; its chunks' continuations run one after another.
+A group job (of a load of several chunks, or of such a store on a local file system, see
+:meth:`.tier.FsTier.group_size`) puts up to :data:`.native.GROUP_CHUNKS` files in one
+:data:`~asynctier.engines.native.GROUP` descriptor, so that the engine plans, submits and
+books one job for them (the pool spreads the files over its workers); its chunks'
+continuations run one after another.
 Where the view is aligned, its plain chunks are planned and booked in bulk (the index under
 one lock, descriptors and checks by :mod:`.bulk`); the others, and every chunk of an
 unaligned view, chunk by chunk as a lone job is.

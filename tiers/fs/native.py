@@ -42,10 +42,9 @@ log = logging.getLogger(__name__)
 
 #: A store evicting more files than this evicts them (and writes) on a slow-path thread.
 _MAX_NATIVE_VICTIMS = 4
-#: Chunks of one group job at most (:mod:`.fast`): each needs a header block of its own.
-GROUP_CHUNKS = 8
-#: Bytes of one group job at most, per call in progress (as the nvme tier's coalesce_bytes).
-GROUP_BYTES = 1 << 20
+#: Chunks of one group job at most (:mod:`.fast`): each needs a header block of its own, and
+#: is one job of the pool's GROUP (which holds ``GROUP_MAX``).
+GROUP_CHUNKS = nativeio.GROUP_MAX
 _JOB_SIZE = nativeio.JOB_LAYOUT.size
 
 

@@ -25,7 +25,7 @@ from asynctier.stats import TierStats
 from . import owners
 from .fast import LoadPath, StorePath
 from .layout import HEADER_BLOCK, N_SHARDS, TempNames, current_umask, namespace_dir, write_layout_note
-from .native import GROUP_BYTES, GROUP_CHUNKS, NativeIO
+from .native import GROUP_CHUNKS, NativeIO
 from .pool import POOL_TARGET, TmpfilePool, close_tier_fds
 from .protocol import ChunkProtocol, not_found
 from .scan import Recovery, count_in_first_shard, list_keys
@@ -456,24 +456,20 @@ class FsTier(BlockingChunkTier):
         return engine
 
     def group_size(self, op: Op, n: int) -> int:
-        """Chunks per job for a call of ``n`` chunks: on the native engine, a call's share of
-        ``max_inflight`` is as many jobs as that over the calls in progress, and a call with at
-        least twice as many chunks puts several (up to ``GROUP_CHUNKS``, and ``GROUP_BYTES`` per
-        call in progress) in each job, each its own file, so that the loop thread plans, submits
-        and books one job for them. Loads, while the index is complete (a miss is looked up on
-        a thread, and a group's continuations run one after another); stores on a local file
-        system (:meth:`_groups_stores`)."""
+        """Chunks per job for a call of ``n`` chunks: on the native engine, up to
+        ``GROUP_CHUNKS`` in each job, each its own file, so that the loop thread plans, submits
+        and books one job for them; the pool spreads a job's files over its workers, each
+        holding a token of its own, so the depth takes no more jobs than that (a call's share
+        of ``max_inflight`` until the nineteenth pass, when one worker read or wrote a job's
+        files one after another; docs/benchmarks.md). Loads, while the index is complete (a
+        miss is looked up on a thread, and a group's continuations run one after another);
+        stores on a local file system (:meth:`_groups_stores`)."""
         if self._native is None or n < 2 or self.index_incomplete:
             return 1
         if op is not Op.LOAD and not (op is Op.STORE and self._groups_stores(n)):
             return 1
-        calls = self._active + 1
-        share = max(1, (self.max_inflight or 1) // calls)
-        # a job's files are read one after another: its bytes are bounded as the nvme tier's
-        # coalesced I/O is (more when other calls keep the workers busy), so that large
-        # chunks, whose loop-thread cost is small beside their I/O, stay one a job
-        most = min(GROUP_CHUNKS, GROUP_BYTES * calls // self.offloading_spec.chunk_bytes)
-        return max(1, min(most, n // share))
+        jobs = -(-n // GROUP_CHUNKS)  # evened out
+        return -(-n // jobs)
 
     def _groups_stores(self, n: int) -> bool:
         """Whether a store of ``n`` chunks goes as group jobs: on a local file system, where
