@@ -9,6 +9,7 @@ import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
@@ -266,6 +267,41 @@ async def test_on_the_native_engine_a_call_is_one_job_of_up_to_the_depths_worth(
                 tg.start_soon(tier.load, keys[c], list(range(32 * c, 32 * c + 32)))
         assert [chunk_at(view, CHUNK, i) for i in range(128)] == data
         assert tier.stats().offloaded == tier.stats().loaded == 128
+
+
+async def test_on_the_native_engine_a_jobs_runs_are_about_coalesce_bytes_each(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A job's runs of adjacent slots are cut at about coalesce_bytes (here 3 slots), so that
+    the I/Os the pool keeps in flight for one call hold no more than jobs of coalesce_bytes
+    did: 32 chunks into a fresh slab go as one job of runs of at most 3 slots, stored and
+    loaded back whole."""
+    slot = CHUNK + 4096  # a slot: the chunk and its header block
+    tier, view = make(tmp_path / "r.slab", io_engine="native", max_inflight=16, nchunks=64, slots=1024,
+                      coalesce_bytes=3 * slot)  # fmt: skip
+    spy = GroupSpy(monkeypatch)
+    async with tier:
+        assert tier._slabs.geo.slot_size == slot
+        assert tier._run_limit == min(nativeio.READV_MAX, tier._slabs.run_slots, 3) == 3
+        lengths: list[int] = []
+        real_runs = tier._slabs.runs
+
+        def runs(slots: Any, limit: int) -> Any:
+            out = real_runs(slots, limit)
+            lengths.extend(map(len, out))
+            return out
+
+        monkeypatch.setattr(tier._slabs, "runs", runs)
+        data = fill(view, CHUNK, 6)
+        keys = [b"r%02d" % i for i in range(32)]
+        assert (await tier.offload(keys, list(range(32)))).ok
+        assert spy.sizes == [len(lengths)] == [11] and max(lengths) == 3 and sum(lengths) == 32  # one GROUP job
+        spy.sizes.clear()
+        lengths.clear()
+        view[:] = bytes(view.nbytes)
+        assert (await tier.load(keys, list(range(32, 64)))).ok
+        assert spy.sizes == [len(lengths)] and max(lengths) == 3 and sum(lengths) == 32
+        assert [chunk_at(view, CHUNK, 32 + i) for i in range(32)] == data[:32]
 
 
 async def test_on_threads_a_call_is_cut_into_its_share_of_the_depth_while_other_calls_run(tmp_path: Path) -> None:

@@ -191,8 +191,7 @@ class LoadPath:
             job.result = outcomes
             return None
         try:
-            # (the workers refuse a READV of more slots than theirs, whatever the slab's limit)
-            runs = tier._slabs.runs(found, min(nativeio.READV_MAX, tier._slabs.run_slots))
+            runs = tier._slabs.runs(found, tier._run_limit)
             self._groups[slot] = _Group(found, outcomes, runs)
             return self._run_fields(tier, slot, job, self._groups[slot])
         except BaseException:  # never leave a slot pinned

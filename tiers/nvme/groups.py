@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable
 
 from asynctier import BlockingChunkTier, IntegrityError
+from asynctier.engines.descriptors import READV_MAX
 from asynctier.integrity import checksum, pack_header
 
 from .catalog import Catalog, Slots
@@ -38,6 +39,16 @@ class CoalescedJobs(BlockingChunkTier):
         the medium); else a job's runs are written one after another by one thread."""
         return False
 
+    def _native_run_slots(self) -> int:
+        """Slots of one run at most on the native workers: the slab's limit
+        (:attr:`.slab.SlabSet.run_slots`), the workers' (``READV_MAX``), and about
+        ``coalesce_bytes``: the pool keeps up to ``max_inflight`` of a job's runs in flight, each
+        then about as large as a job of a call alone was before jobs were spread, so a large
+        call queues no more bytes ahead of a load than it did."""
+        geo = self._slabs.geo
+        assert geo is not None
+        return max(1, min(READV_MAX, self._slabs.run_slots, self.coalesce_bytes // geo.slot_size))
+
     def group_size(self, op: str, n: int) -> int:
         """Chunks per job for a call of ``n`` chunks (1: one job per chunk, the base path)."""
         geo = self._slabs.geo
@@ -45,9 +56,9 @@ class CoalescedJobs(BlockingChunkTier):
             return 1
         workers = self.max_inflight or 1
         if self._spreads_jobs():
-            # the workers run a job's runs at once, each its own I/O holding its own token (and
-            # the device serves a long run's requests at once), so the depth takes no more jobs
-            # than one: a call is one job, of up to max_inflight times coalesce_bytes. Each job
+            # the workers run a job's runs at once, each its own I/O of up to about
+            # coalesce_bytes holding its own token (_native_run_slots), so the depth takes no
+            # more jobs than one: a call is one job, of up to max_inflight times that. Each job
             # costs the loop thread its planning and booking, some 1,700 bytecodes
             # (docs/benchmarks.md, nineteenth pass); the jobs running at once hold at most half
             # the slab, as below

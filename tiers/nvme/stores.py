@@ -200,8 +200,7 @@ class StorePath:
         if not st.slots:
             return self._acknowledge(tier, slot, job, st)
         try:
-            limit = min(nativeio.READV_MAX, tier._slabs.run_slots)
-            st.runs = _split_by_key_length(tier._slabs.runs(st.slots, limit), keys)
+            st.runs = _split_by_key_length(tier._slabs.runs(st.slots, tier._run_limit), keys)
             if st.evict and not cat.journal.flushed(st.evict):  # a reused slot's EVICT record first
                 return self._park(st.evict, slot, job, st)
             return self._run_fields(tier, slot, job, st)

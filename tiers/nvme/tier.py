@@ -137,6 +137,7 @@ class NvmeTier(CoalescedJobs):
                               file_mode=file_mode, dir_mode=dir_mode)  # fmt: skip
         self._catalog = None
         self._zc_all = False
+        self._run_limit = 1  # slots of one run on the native workers (set at open)
         self._split: SplitEngine | None = None
 
     # -- geometry ------------------------------------------------------------------------------
@@ -219,6 +220,7 @@ class NvmeTier(CoalescedJobs):
         try:
             cat.recover(fresh)
             self._zc_all = slabs.all_zero_copy(self._view, spec.chunk_bytes)
+            self._run_limit = self._native_run_slots()
         except BaseException:
             cat.release_files()
             slabs.abandon()  # a slab this open created or formatted from empty does not stay
