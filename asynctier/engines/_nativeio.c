@@ -210,17 +210,16 @@ static void run_group_job(struct at_pool *p, int idx) {
     if (acq_total(p)) pthread_cond_broadcast(&p->tokens);
     int post = sub->job.hashed && at_read_whole(sub, sr);
     if (post || op->job.len > 1) {
-        /* a read's checksum, with its token back: another worker runs the next I/O. Else
-         * the worker offers its CPU between two of a group's jobs: back to back they were
+        /* a read's checksum, with its token back: another worker runs the next I/O. Then
+         * the worker offers its CPU before its next job: a group's jobs back to back were
          * one long burst that an event loop woken meanwhile waited behind (fs p99 lag on
          * tmpfs at 256 KiB: loads 4.2 -> 1.3 ms, stores 5.1 -> 2.7; docs/benchmarks.md,
-         * eleventh pass) */
+         * eleventh pass), and so were reads spread without it (nvme loads on tmpfs at 256
+         * KiB: 7-10 ms; nineteenth pass) */
         if (post && p->queued > 0) wake_workers(p, 1);
         pthread_mutex_unlock(&p->mu);
-        if (post)
-            at_hash_read(p->xxh3, sub, sr);
-        else
-            sched_yield();
+        if (post) at_hash_read(p->xxh3, sub, sr);
+        if (op->job.len > 1) sched_yield();
         pthread_mutex_lock(&p->mu);
     }
     if (--op->sub_left == 0) {
