@@ -94,8 +94,8 @@ class Job(ctypes.Structure):
     :data:`COMMIT`, a journal write: ``hb`` the address of ``hb_len`` int32 descriptors to
     ``fdatasync`` first, ``buf``/``len`` the bytes written at ``off`` of ``fd``, ``sync`` to
     ``fdatasync`` it after; :data:`GROUP`, several reads (:data:`READ`, :data:`READV`), or
-    several writes (:data:`WRITE`, :data:`RECYCLE`, :data:`WRITEV`), run one after another in
-    one slot (:meth:`NativePool.group`). ``hb``/``hb_len``
+    several writes (:data:`WRITE`, :data:`RECYCLE`, :data:`WRITEV`), in one slot, spread over
+    the workers, each under a token of its own (:meth:`NativePool.group`). ``hb``/``hb_len``
     and ``buf``/``len``: the header block and the payload (addresses that stay valid until the
     job ends).
     """
