@@ -233,9 +233,9 @@ async def test_on_the_native_engine_a_call_is_one_job_of_up_to_the_depths_worth(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """On the native engine the pool spreads a job's runs over its workers, so a call is one
-    job whatever other calls run: of at most max_inflight times coalesce_bytes, and of at most
-    half the slab over max_inflight (the jobs running at once hold at most half of it); evened
-    out; and the calls all move their chunks."""
+    job whatever other calls run: of at most max_inflight times coalesce_bytes, of runs that
+    fit one GROUP job, and of at most half the slab over max_inflight (the jobs running at
+    once hold at most half of it); evened out; and the calls all move their chunks."""
     tier, view = make(tmp_path / "n.slab", io_engine="native", max_inflight=16, nchunks=128, slots=1024)
     spy = GroupSpy(monkeypatch)
     async with tier:
@@ -252,6 +252,9 @@ async def test_on_the_native_engine_a_call_is_one_job_of_up_to_the_depths_worth(
             tier._active -= 3
         tier.coalesce_bytes = slot  # max_inflight slots a job
         assert tier.group_size("offload", 32) == 16 and tier.group_size("offload", 40) == 14
+        tier.coalesce_bytes, tier._run_limit = 1 << 20, 1  # runs of one slot: GROUP_MAX of them a job
+        assert tier.group_size("offload", 32) == 16
+        tier._run_limit = tier._native_run_slots()
         tier.coalesce_bytes = 0  # one job a chunk, as documented
         assert tier.group_size("offload", 32) == 1
         tier.coalesce_bytes = 1 << 20

@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 
 from asynctier import BlockingChunkTier, IntegrityError
-from asynctier.engines.descriptors import READV_MAX
+from asynctier.engines.descriptors import GROUP_MAX, READV_MAX
 from asynctier.integrity import checksum, pack_header
 
 from .catalog import Catalog, Slots
@@ -32,6 +32,8 @@ class CoalescedJobs(BlockingChunkTier):
     _catalog: Catalog | None
     #: every primary chunk can go straight to the medium (:meth:`SlabSet.all_zero_copy`)
     _zc_all: bool
+    #: slots of one run at most on the native workers (:meth:`_native_run_slots`, at open)
+    _run_limit: int
 
     def _spreads_jobs(self) -> bool:
         """Whether a job's runs are spread over the native workers, each its own I/O holding
@@ -58,11 +60,13 @@ class CoalescedJobs(BlockingChunkTier):
         if self._spreads_jobs():
             # the workers run a job's runs at once, each its own I/O of up to about
             # coalesce_bytes holding its own token (_native_run_slots), so the depth takes no
-            # more jobs than one: a call is one job, of up to max_inflight times that. Each job
-            # costs the loop thread its planning and booking, some 1,700 bytecodes
+            # more jobs than one: a call is one job, of up to max_inflight times that, and of
+            # runs that fit one GROUP job (its header blocks, per engine slot, stay bounded).
+            # Each job costs the loop thread its planning and booking, some 1,700 bytecodes
             # (docs/benchmarks.md, nineteenth pass); the jobs running at once hold at most half
             # the slab, as below
-            size = min(n, geo.nslots // (2 * workers), self.coalesce_bytes * workers // geo.slot_size)
+            most = min(self.coalesce_bytes * workers // geo.slot_size, GROUP_MAX * self._run_limit)
+            size = min(n, geo.nslots // (2 * workers), most)
             if size < 2:
                 return 1
             jobs = -(-n // size)
