@@ -229,6 +229,17 @@ async def test_a_group_reads_its_runs_of_adjacent_slots_as_one_job(
         assert not pinned(tier)
 
 
+async def _four_calls_load_back(tier: NvmeTier, view: memoryview, keys: list[list[bytes]], data: list[bytes]) -> None:
+    """Four calls at once load back the 32 chunks each of them stored: every chunk its own
+    bytes, and the counts match."""
+    view[:] = bytes(view.nbytes)
+    async with anyio.create_task_group() as tg:
+        for c in range(4):
+            tg.start_soon(tier.load, keys[c], list(range(32 * c, 32 * c + 32)))
+    assert [chunk_at(view, CHUNK, i) for i in range(128)] == data
+    assert tier.stats().offloaded == tier.stats().loaded == 128
+
+
 async def test_on_the_native_engine_a_call_is_one_job_of_up_to_the_depths_worth(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -264,12 +275,7 @@ async def test_on_the_native_engine_a_call_is_one_job_of_up_to_the_depths_worth(
             for c in range(4):  # four calls at once: one job each
                 tg.start_soon(tier.offload, keys[c], list(range(32 * c, 32 * c + 32)))
         assert len(spy.sizes) == 4
-        view[:] = bytes(view.nbytes)
-        async with anyio.create_task_group() as tg:
-            for c in range(4):
-                tg.start_soon(tier.load, keys[c], list(range(32 * c, 32 * c + 32)))
-        assert [chunk_at(view, CHUNK, i) for i in range(128)] == data
-        assert tier.stats().offloaded == tier.stats().loaded == 128
+        await _four_calls_load_back(tier, view, keys, data)
 
 
 async def test_on_the_native_engine_a_jobs_runs_are_about_coalesce_bytes_each(
@@ -345,12 +351,7 @@ async def test_on_threads_a_call_is_cut_into_its_share_of_the_depth_while_other_
             assert real("offload", 4096) == 16 and real("offload", 32) == 8
         finally:
             tier._active -= 3
-        view[:] = bytes(view.nbytes)
-        async with anyio.create_task_group() as tg:
-            for c in range(4):
-                tg.start_soon(tier.load, keys[c], list(range(32 * c, 32 * c + 32)))
-        assert [chunk_at(view, CHUNK, i) for i in range(128)] == data
-        assert tier.stats().offloaded == tier.stats().loaded == 128
+        await _four_calls_load_back(tier, view, keys, data)
 
 
 async def test_a_group_with_a_bad_and_a_missing_chunk_fails_those_only(tmp_path: Path) -> None:
