@@ -30,8 +30,10 @@ async def test_a_full_slab_keeps_batches_free_ahead_in_lru_order(tmp_path: Path)
         assert tier.active_io_engine == "native"
         idx = tier._catalog.index  # type: ignore[union-attr]
         keys = [b"k%04d" % i for i in range(slots + 16)]
-        # filling up to capacity evicts nothing, ahead or not
-        await _store(tier, keys[:slots], 16)
+        # filling up to capacity evicts nothing, ahead or not. Calls of 8: one job each here
+        # (half the slab over max_inflight), so the keys are published, and grow old, in
+        # order; a call of 16 runs as two jobs, published in whichever order they end
+        await _store(tier, keys[:slots], 8)
         assert tier.stats().evictions == 0 and tier.stats().stored_chunks == slots
         assert not idx.free
         # the next store lacks room: it evicts its batch, and the commit that publishes it
