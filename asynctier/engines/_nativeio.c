@@ -99,6 +99,20 @@ static int acq_total(const struct at_pool *p) {
     return n;
 }
 
+/* With the lock held: a token taken (for a job's I/O, or by a slow path). */
+static void take_token(struct at_pool *p) {
+    p->ntokens--;
+    if (++p->in_flight > p->peak) p->peak = p->in_flight;
+}
+
+/* With the lock held: a token back; slow paths waiting in at_acquire, of several
+ * priorities, are all told (the one whose turn it is must hear of it). */
+static void give_token_back(struct at_pool *p) {
+    p->in_flight--;
+    p->ntokens++;
+    if (acq_total(p)) pthread_cond_broadcast(&p->tokens);
+}
+
 /* Whether a job of a higher priority than `prio` is queued (a slow path of `prio` lets it go first). */
 static int queued_ahead(struct at_pool *p, int prio) {
     drain(p);
@@ -197,17 +211,14 @@ static void run_group_job(struct at_pool *p, int idx) {
     struct at_res *sr = &op->subres[s];
     start_group(op, &p->res[idx]);
     if (op->sub_io == (int32_t)op->job.len) at_unqueue(p, idx); /* every job of it taken */
-    p->ntokens--;
-    if (++p->in_flight > p->peak) p->peak = p->in_flight;
+    take_token(p);
     if (pick(p, &next) >= 0) wake_workers(p, 1);
     pthread_mutex_unlock(&p->mu);
 
     at_run_job(sub, sr);
 
     pthread_mutex_lock(&p->mu);
-    p->in_flight--;
-    p->ntokens++;
-    if (acq_total(p)) pthread_cond_broadcast(&p->tokens);
+    give_token_back(p);
     int post = sub->job.hashed && at_read_whole(sub, sr);
     if (post || op->job.len > 1) {
         /* a read's checksum, with its token back: another worker runs the next I/O. Then
@@ -291,10 +302,7 @@ static void *worker(void *arg) {
         at_unqueue(p, idx);
         set_state(op, AT_RUNNING);
         int token = op->job.kind != AT_COMMIT;
-        if (token) {
-            p->ntokens--;
-            if (++p->in_flight > p->peak) p->peak = p->in_flight;
-        }
+        if (token) take_token(p);
         int next = 0;
         if (pick(p, &next) >= 0) wake_workers(p, 1); /* more to do: another worker */
         pthread_mutex_unlock(&p->mu);
@@ -302,11 +310,7 @@ static void *worker(void *arg) {
         at_run_job(op, r);
 
         pthread_mutex_lock(&p->mu);
-        if (token) {
-            p->in_flight--;
-            p->ntokens++;
-            if (acq_total(p)) pthread_cond_broadcast(&p->tokens); /* waiters of several priorities */
-        }
+        if (token) give_token_back(p);
         if (op->job.hashed && at_read_whole(op, r)) {
             /* its checksum is left to another worker: this one goes on to the next I/O at
              * once, without a thread wake-up between the two */
@@ -398,8 +402,7 @@ int at_try_acquire(struct at_pool *p, int prio) {
     if (p->stopping)
         rc = -ESHUTDOWN;
     else if (p->ntokens > ahead && !queued_ahead(p, prio)) {
-        p->ntokens--;
-        if (++p->in_flight > p->peak) p->peak = p->in_flight;
+        take_token(p);
         rc = 0;
     }
     pthread_mutex_unlock(&p->mu);
@@ -417,8 +420,7 @@ int at_acquire(struct at_pool *p, int prio) {
     p->acq_waiting[prio]--;
     int rc = -ESHUTDOWN;
     if (p->ntokens > 0 && !p->stopping) { /* as at_try_acquire: none once the pool is told to stop */
-        p->ntokens--;
-        if (++p->in_flight > p->peak) p->peak = p->in_flight;
+        take_token(p);
         rc = 0;
     }
     /* tokens left: queued jobs may use them (pick says which) */
@@ -429,10 +431,7 @@ int at_acquire(struct at_pool *p, int prio) {
 
 /* With the lock held: a token back from a slow path. */
 static void release_locked(struct at_pool *p) {
-    p->ntokens++;
-    p->in_flight--;
-    /* waiters of several priorities: the one whose turn it is must hear of it */
-    pthread_cond_broadcast(&p->tokens);
+    give_token_back(p);
     if (p->queued > 0) wake_workers(p, 1);
 }
 
