@@ -459,9 +459,8 @@ class FsTier(BlockingChunkTier):
         """Chunks per job for a call of ``n`` chunks: on the native engine, up to
         ``GROUP_CHUNKS`` in each job, each its own file, so that the loop thread plans, submits
         and books one job for them; the pool spreads a job's files over its workers, each
-        holding a token of its own, so the depth takes no more jobs than that (a call's share
-        of ``max_inflight`` until the nineteenth pass, when one worker read or wrote a job's
-        files one after another; docs/benchmarks.md). Loads, while the index is complete (a
+        holding a token of its own, so the depth takes no more jobs than that
+        (docs/benchmarks.md, nineteenth pass). Loads, while the index is complete (a
         miss is looked up on a thread, and a group's continuations run one after another);
         stores on a local file system (:meth:`_groups_stores`)."""
         if self._native is None or n < 2 or self.index_incomplete:

@@ -55,12 +55,12 @@ class NvmeTier(CoalescedJobs):
         coalesce_bytes: a call of many small chunks runs as jobs of about this many slot
             bytes (default 1 MiB; 0: one job per chunk); adjacent slots in a job move with
             one ``pwritev``/``preadv``. On the native engine, whose pool spreads a job's runs
-            over its workers, a call is one job of up to ``max_inflight`` times this (and 16
-            runs of about this). On
-            threads, a call is cut into at most ``max_inflight`` jobs; while other calls are
-            in progress, into its share of that depth (``max_inflight`` over the calls), each
-            job up to as many times ``coalesce_bytes``, never into jobs smaller than
-            ``coalesce_bytes`` where it has that much. Either way smaller on a small slab:
+            over its workers, a call is one job of up to ``max_inflight`` times this, in runs
+            of about this, 16 at most. On threads, a call is cut into at most
+            ``max_inflight`` jobs; while other calls are in progress, into its share of that
+            depth (``max_inflight`` over the calls), each job up to as many times
+            ``coalesce_bytes``, never into jobs smaller than ``coalesce_bytes`` where it has
+            that much. Either way smaller on a small slab:
             the jobs running at once hold at most half its slots, so a call larger than the
             slab evicts as one chunk per job would.
         reformat: format over what the paths hold when it is not a slab set of this layout
