@@ -10,7 +10,7 @@ from pathlib import Path
 import anyio
 import pytest
 
-from asynctier.core.jobs import Batch, Job
+from asynctier.core.jobs import Batch, Job, evened
 from asynctier.core.ops import PRIO_LOAD, Op
 from asynctier.engines import native as nativeio
 from asynctier.engines.native_engine import NativeEngine
@@ -75,3 +75,10 @@ async def test_a_turn_of_the_loop_plans_at_most_plan_chunks(tmp_path: Path) -> N
     finally:
         await engine.stop()
         os.close(dfd)
+
+
+def test_evened_cuts_a_call_into_as_few_jobs_as_it_takes_evened_out() -> None:
+    """``evened`` (tiers' group_size): as few jobs of at most ``most`` as it takes, the
+    chunks spread evenly over them; ``most`` below 1 counts as 1."""
+    assert [evened(n, 16) for n in (1, 2, 16, 17, 20, 32, 33)] == [1, 2, 16, 9, 10, 16, 11]
+    assert evened(5, 0) == evened(5, 1) == 1

@@ -18,11 +18,18 @@ import anyio
 from .backend import Event, LoopCaller, loop_caller
 from .ops import Op
 
-__all__ = ["Batch", "CANCELLED", "DONE", "Job", "PENDING", "RUNNING"]
+__all__ = ["Batch", "CANCELLED", "DONE", "Job", "PENDING", "RUNNING", "evened"]
 
 PENDING, RUNNING, DONE, CANCELLED = range(4)
 
 _seq = itertools.count()
+
+
+def evened(n: int, most: int) -> int:
+    """Chunks per job (a ``group_size``) when a call of ``n`` chunks is cut into as few jobs of
+    at most ``most`` as it takes, evened out: 20 at most 16 go as two jobs of 10, not 16 and 4."""
+    jobs = -(-n // max(1, most))
+    return -(-n // jobs)
 
 
 class Batch:

@@ -14,6 +14,7 @@ from typing import Any, Literal
 from asynctier import BlockingChunkTier, ChunkNotFoundError, TierConfigError
 from asynctier.core import Op
 from asynctier.core.backend import run_on_thread_to_end
+from asynctier.core.jobs import evened
 from asynctier.core.validation import check_bool, check_path, check_private_dir, integer, permission_bits
 from asynctier.engines import Engine
 from asynctier.engines.native_engine import NativeEngine
@@ -467,8 +468,7 @@ class FsTier(BlockingChunkTier):
             return 1
         if op is not Op.LOAD and not (op is Op.STORE and self._groups_stores(n)):
             return 1
-        jobs = -(-n // GROUP_CHUNKS)  # evened out
-        return -(-n // jobs)
+        return evened(n, GROUP_CHUNKS)
 
     def _groups_stores(self, n: int) -> bool:
         """Whether a store of ``n`` chunks goes as group jobs: on a local file system, where

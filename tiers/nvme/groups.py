@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable
 
 from asynctier import BlockingChunkTier, IntegrityError
+from asynctier.core.jobs import evened
 from asynctier.engines.descriptors import GROUP_MAX, READV_MAX
 from asynctier.integrity import checksum, pack_header
 
@@ -67,10 +68,7 @@ class CoalescedJobs(BlockingChunkTier):
             # the slab, as below
             most = min(self.coalesce_bytes * workers // geo.slot_size, GROUP_MAX * self._run_limit)
             size = min(n, geo.nslots // (2 * workers), most)
-            if size < 2:
-                return 1
-            jobs = -(-n // size)
-            return -(-n // jobs)
+            return 1 if size < 2 else evened(n, size)
         # up to max_inflight jobs at once, from all the calls in progress: this call's share
         # is as many jobs as that over the calls, each up to that many times coalesce_bytes,
         # since every job costs the loop thread its planning and booking (bench_loop_cpu.py;
@@ -90,8 +88,7 @@ class CoalescedJobs(BlockingChunkTier):
         # moved as fast as 3 jobs as it did as 16, at half the loop's CPU a chunk
         # (docs/benchmarks.md, thirteenth pass); the jobs evened out
         size = max(1, min(cmax, max(n // share, min(n, self.coalesce_bytes // geo.slot_size))))
-        jobs = -(-n // size)
-        return -(-n // jobs)
+        return evened(n, size)
 
     def group_body(self, op: str) -> Callable[[list[bytes], list[int], float], Outcomes]:
         return self._store_group if op == "offload" else self._load_group
