@@ -72,6 +72,42 @@ async def test_a_group_reads_each_file_as_if_alone_and_reports_each_outcome(tmp_
         os.close(dfd)
 
 
+@native_only
+async def test_at_depth_one_each_reads_checksum_lands_in_its_own_outcome(tmp_path: Path) -> None:
+    """With one token, a worker leaves a group read's checksum to another worker and goes on
+    to the next read: two full groups and two lone reads, all at once, each file's checksum
+    in its own outcome (the list of reads to hash mixes the groups' jobs and lone slots),
+    each group reported once."""
+    n = nativeio.GROUP_MAX
+    for i in range(2 * n + 2):
+        (tmp_path / f"f{i}").write_bytes(b"h" * HB + bytes([i]) * N)
+    dfd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    pool = nativeio.NativePool(threads=2, bound=1, slots=4)
+    pool.attach()
+    hbs = [ctypes.create_string_buffer(HB) for _ in range(2 * n + 2)]
+    bufs = [ctypes.create_string_buffer(N) for _ in range(2 * n + 2)]
+    reads = [_read(dfd, f"f{i}".encode(), hbs[i], bufs[i]) for i in range(2 * n + 2)]
+    try:
+        runs = [
+            pool.run(0, nativeio.Job(-1, 0, *pool.group(0, 0, reads[:n]))),
+            pool.run(1, nativeio.Job(-1, 0, *reads[n])),
+            pool.run(2, nativeio.Job(-1, 0, *pool.group(2, 0, reads[n + 1 : 2 * n + 1]))),
+            pool.run(3, nativeio.Job(-1, 0, *reads[2 * n + 1])),
+        ]
+        first, lone, second, last = await asyncio.gather(*runs)
+        assert (first.result, second.result) == (n, n)
+        for res, i in ((lone, n), (last, 2 * n + 1)):
+            assert (res.result, res.csum, res.stage) == (HB + N, checksum(bytes([i]) * N), 0)
+        outcomes = pool.group_outcomes(0, n) + pool.group_outcomes(2, n)
+        files = list(range(n)) + list(range(n + 1, 2 * n + 1))
+        assert outcomes == [(HB + N, checksum(bytes([i]) * N), 0, 0) for i in files]
+        assert all(bufs[i].raw == bytes([i]) * N for i in range(2 * n + 2))
+        assert pool.counts()[:2] == (0, 1)
+    finally:
+        await pool.aclose()
+        os.close(dfd)
+
+
 async def _reader_of(fifo: Path, within: float = 60.0) -> int:
     """A write end of ``fifo`` once it has a reader (never blocking the loop)."""
     deadline = asyncio.get_running_loop().time() + within

@@ -177,6 +177,24 @@ static void report_unlocked_wake(struct at_pool *p, int idx) {
     }
 }
 
+/* The list of reads whose I/O is done, to be hashed, holds slots (an entry below nops, its
+ * job's own) and groups' jobs (nops + the job's place in subs); each linked by its next. */
+static struct at_op *post_op(struct at_pool *p, int entry) {
+    return entry < p->nops ? &p->ops[entry] : &p->subs[entry - p->nops];
+}
+
+/* With the lock held: a read's checksums to be taken by another worker (FIFO). */
+static void post_push(struct at_pool *p, int entry) {
+    post_op(p, entry)->next = -1;
+    if (p->post_head < 0)
+        p->post_head = entry;
+    else
+        post_op(p, p->post_tail)->next = entry;
+    p->post_tail = entry;
+}
+
+static void group_job_ended(struct at_pool *p, int idx);
+
 /* With the lock held: a group's first job taken by a worker (to prepare or to run): the
  * group is no longer taken back by at_cancel, and its own outcome starts afresh. */
 static void start_group(struct at_op *op, struct at_res *r) {
@@ -219,24 +237,62 @@ static void run_group_job(struct at_pool *p, int idx) {
 
     pthread_mutex_lock(&p->mu);
     give_token_back(p);
-    int post = sub->job.hashed && at_read_whole(sub, sr);
-    if (post || op->job.len > 1) {
+    int hash = sub->job.hashed && at_read_whole(sub, sr), posted = 0;
+    if (hash && p->in_flight == 0 && pick(p, &next) >= 0 && next == DO_IO) {
+        /* no I/O runs, and one is ready: its checksums are left to another worker, as a
+         * lone read's are, and this one goes on to that I/O, so the device does not wait
+         * for a hash and a thread wake-up between two reads (at depth 1, 64 KiB loads on
+         * tmpfs had lost 15-20 %; docs/benchmarks.md, twentieth pass). With other I/O in
+         * flight, the worker hashes its own read: a hand-off then only costs a wake-up */
+        post_push(p, p->nops + (int)(sub - p->subs));
+        wake_workers(p, 1);
+        hash = 0;
+        posted = 1;
+    }
+    if (hash || op->job.len > 1) {
         /* a read's checksum, with its token back: another worker runs the next I/O. Then
          * the worker offers its CPU before its next job: a group's jobs back to back were
          * one long burst that an event loop woken meanwhile waited behind (fs p99 lag on
          * tmpfs at 256 KiB: loads 4.2 -> 1.3 ms, stores 5.1 -> 2.7; docs/benchmarks.md,
          * eleventh pass), and so were reads spread without it (nvme loads on tmpfs at 256
          * KiB: 7-10 ms; nineteenth pass) */
-        if (post && p->queued > 0) wake_workers(p, 1);
+        if (hash && p->queued > 0) wake_workers(p, 1);
         pthread_mutex_unlock(&p->mu);
-        if (post) at_hash_read(p->xxh3, sub, sr);
+        if (hash) at_hash_read(p->xxh3, sub, sr);
         if (op->job.len > 1) sched_yield();
         pthread_mutex_lock(&p->mu);
     }
+    if (!posted) group_job_ended(p, idx);
+}
+
+/* With the lock held: a group's job is over (its checksums taken too): the group is
+ * reported when its last one is. */
+static void group_job_ended(struct at_pool *p, int idx) {
+    struct at_op *op = &p->ops[idx];
     if (--op->sub_left == 0) {
         p->res[idx].result = (int64_t)op->job.len;
         report_unlocked_wake(p, idx);
     }
+}
+
+/* A read's checksums taken from the list of reads to hash (with the lock held; released
+ * around the hashing), then its end reported: a slot's own, or its group's last. */
+static void hash_posted(struct at_pool *p, int entry) {
+    struct at_op *op = post_op(p, entry);
+    int next = 0;
+    p->post_head = op->next;
+    if (pick(p, &next) >= 0) wake_workers(p, 1);
+    pthread_mutex_unlock(&p->mu);
+    if (entry < p->nops) {
+        at_hash_read(p->xxh3, op, &p->res[entry]);
+        pthread_mutex_lock(&p->mu);
+        report_unlocked_wake(p, entry);
+        return;
+    }
+    int sub = entry - p->nops, idx = sub / GROUP_MAX;
+    at_hash_read(p->xxh3, op, &p->ops[idx].subres[sub % GROUP_MAX]);
+    pthread_mutex_lock(&p->mu);
+    group_job_ended(p, idx);
 }
 
 /* One loop for the three kinds of work (I/O, a read's checksum, a write's preparation):
@@ -267,9 +323,13 @@ static void *worker(void *arg) {
             wake_workers(p, INT_MAX); /* the others may be parked on what just ended */
             break;
         }
+        if (what == DO_POST) {
+            hash_posted(p, idx);
+            continue;
+        }
         struct at_op *op = &p->ops[idx];
         struct at_res *r = &p->res[idx];
-        if (op->job.kind == AT_GROUP) { /* never on the list of reads to hash */
+        if (op->job.kind == AT_GROUP) {
             if (what == DO_PREP)
                 prepare_group_job(p, idx);
             else
@@ -289,15 +349,6 @@ static void *worker(void *arg) {
             if (p->ntokens > 0) wake_workers(p, 1);
             continue;
         }
-        if (what == DO_POST) {
-            p->post_head = op->next;
-            if (pick(p, &next_what) >= 0) wake_workers(p, 1);
-            pthread_mutex_unlock(&p->mu);
-            at_hash_read(p->xxh3, op, r);
-            pthread_mutex_lock(&p->mu);
-            report_unlocked_wake(p, idx);
-            continue;
-        }
         if (op_state(op) != AT_RUNNING) memset(r, 0, sizeof *r); /* not prepared above */
         at_unqueue(p, idx);
         set_state(op, AT_RUNNING);
@@ -314,12 +365,7 @@ static void *worker(void *arg) {
         if (op->job.hashed && at_read_whole(op, r)) {
             /* its checksum is left to another worker: this one goes on to the next I/O at
              * once, without a thread wake-up between the two */
-            op->next = -1;
-            if (p->post_head < 0)
-                p->post_head = idx;
-            else
-                p->ops[p->post_tail].next = idx;
-            p->post_tail = idx;
+            post_push(p, idx);
             wake_workers(p, 1);
         } else {
             report_unlocked_wake(p, idx);

@@ -38,7 +38,7 @@ struct at_pool {
     struct at_res *res;
     struct at_op *subs;    /* AT_GROUP's sub-jobs: GROUP_MAX per slot */
     struct at_res *subres; /* and their outcomes (at_group_results) */
-    int post_head, post_tail; /* reads whose I/O is done, to be hashed (FIFO) */
+    int post_head, post_tail; /* reads whose I/O is done, to be hashed (FIFO): slots and groups' jobs (post_op) */
     /* the completion ring of slot indices: written by workers under mu, read by the one
      * thread that reaps (at_reap) without it */
     int32_t *done;
