@@ -238,12 +238,13 @@ static void run_group_job(struct at_pool *p, int idx) {
     pthread_mutex_lock(&p->mu);
     give_token_back(p);
     int hash = sub->job.hashed && at_read_whole(sub, sr), posted = 0;
-    if (hash && p->in_flight == 0 && pick(p, &next) >= 0 && next == DO_IO) {
-        /* no I/O runs, and one is ready: its checksums are left to another worker, as a
-         * lone read's are, and this one goes on to that I/O, so the device does not wait
-         * for a hash and a thread wake-up between two reads (at depth 1, 64 KiB loads on
-         * tmpfs had lost 15-20 %; docs/benchmarks.md, twentieth pass). With other I/O in
-         * flight, the worker hashes its own read: a hand-off then only costs a wake-up */
+    if (hash && p->bound == 1 && p->in_flight == 0 && pick(p, &next) >= 0 && next == DO_IO) {
+        /* one token, free, and an I/O ready: its checksums are left to another worker, as a
+         * lone read's are, and this one goes on to that I/O, so the device does not wait for
+         * a hash and a thread wake-up between two reads (64 KiB loads at depth 1 on tmpfs
+         * had lost 15-20 %; docs/benchmarks.md, twentieth pass). With more tokens another
+         * worker runs the next I/O meanwhile, and handing over cost the loop's thread CPU:
+         * fs 64 KiB loads at depth 16 had 3x the p99 lag, at the same GB/s */
         post_push(p, p->nops + (int)(sub - p->subs));
         wake_workers(p, 1);
         hash = 0;
@@ -393,7 +394,7 @@ struct at_pool *at_new(int nthreads, int ntokens, int nops, xxh3_fn xxh3, int ni
     pthread_cond_init(&p->tokens, NULL);
     for (int q = 0; q < NPRIO; q++) p->head[q] = p->tail[q] = -1;
     p->post_head = p->post_tail = -1;
-    p->ntokens = ntokens;
+    p->ntokens = p->bound = ntokens;
     p->nops = nops;
     p->low_water = -1;
     p->xxh3 = xxh3;

@@ -30,6 +30,7 @@ struct at_pool {
     int head[NPRIO], tail[NPRIO];
     int queued;
     int ntokens, in_flight, peak;
+    int bound; /* the tokens there are */
     int acq_waiting[NPRIO]; /* threads in at_acquire, by priority: a freed token is theirs
                              * before a queued job's of the same or a lower priority */
     int stopping;
