@@ -20,7 +20,9 @@ Run from the repository root: ``.venv/bin/python bench/bench_loop_cpu.py`` (``--
 options); prints a table and, with ``--json``, writes the figures. Only the public API is
 used, so the same script measures an older checkout (``PYTHONPATH=that/checkout``). On a
 machine with other work running, thread CPU time still grows with cache misses and
-preemption: compare checkouts in one sitting, run after run.
+preemption: compare checkouts in one sitting, run after run. Each timed phase starts from a
+collected heap, so the garbage collector's runs inside it (``gc_us_per_chunk``, part of the
+figure) are those its own allocations make due, in the same place every run.
 """
 
 from __future__ import annotations
@@ -116,6 +118,9 @@ async def measure(
         st0 = tier.stats()
         wakes0 = st0.extra.get("loop_wakeups")
         gc_watch = GcWatch()
+        # from a collected heap: a collection the phase before made due (the collector
+        # counts allocations across phases) is not this phase's; its own are
+        gc.collect()
         cpu0, t0 = time.thread_time(), time.perf_counter()
         with gc_watch:
             await stream(tier, op, ks, slots, batch, streams)
