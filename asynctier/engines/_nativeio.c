@@ -242,7 +242,7 @@ static void run_group_job(struct at_pool *p, int idx) {
         /* one token, free, and an I/O ready: its checksums are left to another worker, as a
          * lone read's are, and this one goes on to that I/O, so the device does not wait for
          * a hash and a thread wake-up between two reads (64 KiB loads at depth 1 on tmpfs
-         * had lost 15-20 %; docs/benchmarks.md, twentieth pass). With more tokens another
+         * had lost 18-21 %; docs/benchmarks.md, twentieth pass). With more tokens another
          * worker runs the next I/O meanwhile, and handing over cost the loop's thread CPU:
          * fs 64 KiB loads at depth 16 had 3x the p99 lag, at the same GB/s */
         post_push(p, p->nops + (int)(sub - p->subs));
