@@ -365,7 +365,10 @@ static void *worker(void *arg) {
         if (token) give_token_back(p);
         if (op->job.hashed && at_read_whole(op, r)) {
             /* its checksum is left to another worker: this one goes on to the next I/O at
-             * once, without a thread wake-up between the two */
+             * once, without a thread wake-up between the two. At any depth, unlike a group's
+             * read (run_group_job): under the group's rule one-chunk loads measured lower at
+             * 7 of 8 points, depths 1 and 16, at the same lag (docs/benchmarks.md,
+             * twenty-first pass) */
             post_push(p, idx);
             wake_workers(p, 1);
         } else {
