@@ -1342,7 +1342,7 @@ def stores_as_coroutines(monkeypatch: pytest.MonkeyPatch) -> None:
         io = self._io()
         assert io is not None
         if job.grouped:  # (each chunk's coroutine in turn)
-            return partial(io._tier.group_body(Op.STORE), *job.args)
+            return partial(io.live_tier().group_body(Op.STORE), *job.args)
         return partial(io.store_job, *job.args)
 
     monkeypatch.setattr(StorePath, "plan", plan)

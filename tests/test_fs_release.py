@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import mmap
+import weakref
 from pathlib import Path
 
 import pytest
@@ -69,3 +70,59 @@ def test_never_opened_tier_releases_too_and_leaves_a_flat_caller_view_alone(tmp_
     cast.release()
     region.close()
     assert region.closed
+
+
+class _Buffer(bytearray):
+    """A primary buffer a weak reference can watch."""
+
+
+def _any_config(kind: str, root: Path) -> dict[str, object]:
+    if kind == "memory":
+        return {"type": "memory"}
+    if kind == "obj":
+        return {"type": "obj", "url": f"file://{root}/obj"}
+    if kind == "chain":
+        return _config("chain", root)
+    tier, engine = kind.split("/")
+    where = {"root": str(root)} if tier == "fs" else {"path": str(root / "slab"), "capacity_bytes": 64 * CHUNK}
+    return {"type": tier, "io_engine": engine, **where}
+
+
+_DROPPED = ["memory", "obj", "chain"] + [
+    pytest.param(f"{tier}/{engine}", marks=_NO_NATIVE) if engine == "native" else f"{tier}/{engine}"
+    for tier in ("fs", "nvme")
+    for engine in ("threads", "native")
+]
+
+
+@pytest.mark.parametrize("life", ["never opened", "closed", "dropped open"])
+@pytest.mark.parametrize("kind", _DROPPED)
+def test_a_dropped_tier_frees_the_callers_buffer_at_once(tmp_path: Path, kind: str, life: str) -> None:
+    """No reference cycle holds a tier: dropped, it goes with the caller's buffer at once, not
+    at a later run of the cycle collector (which would then free a primary buffer of any size
+    on whatever thread it runs, in the middle of other work). The fs tier's engines once held
+    their tier back (tier -> engine I/O -> tier)."""
+    spec = OffloadingSpec(CHUNK, N, namespace="release")
+    keys = [b"k%d" % i for i in range(N)]
+
+    async def use() -> bool:
+        buf = _Buffer(spec.total_bytes)
+        watch = weakref.ref(buf)
+        tier = SecondaryTierFactory.create_secondary_tier(_any_config(kind, tmp_path), memoryview(buf), spec)
+        if life == "closed":
+            async with tier:
+                assert not (await tier.offload(keys, list(range(N)))).failed
+                assert not (await tier.load(keys, list(range(N)))).failed
+        elif life == "dropped open":  # never closed: its finalizer stops its workers
+            await tier.open()
+            assert not (await tier.offload(keys, list(range(N)))).failed
+        del tier, buf
+        await asyncio.sleep(0.05)  # (the loop goes on, as a server's does)
+        return watch() is None
+
+    gc.collect()
+    gc.disable()
+    try:
+        assert asyncio.run(use()), f"{kind} ({life}): the caller's buffer outlived its dropped tier"
+    finally:
+        gc.enable()

@@ -41,6 +41,7 @@ from .protocol import Outcome, SpareJob, Step, StoreJob, not_found, remove_quiet
 
 if TYPE_CHECKING:
     from .native import NativeIO
+    from .tier import FsTier
 
 __all__ = ["LoadPath", "StorePath"]
 
@@ -76,11 +77,13 @@ class _Path:
         self._plans: list[tuple[Any, ...] | None] = []
         self._booked: list[float] = []  # latencies of the jobs ended, counted at the next flush
 
-    def _live(self) -> NativeIO:
+    def _live(self) -> tuple[NativeIO, FsTier]:
+        """The tier's I/O and the tier, once per job (or group job), handed down from there."""
         io = self._io()
-        if io is None:  # a call in progress holds its tier: only a bug gets here
+        tier = None if io is None else io._tier_ref()
+        if io is None or tier is None:  # a call in progress holds its tier: only a bug gets here
             raise TierClosedError("the fs tier was dropped")
-        return io
+        return io, tier
 
     def _keep(self, slot: int, plan: Any) -> None:
         plans = self._plans
@@ -89,12 +92,12 @@ class _Path:
         plans[slot] = plan
 
     # -- one chunk's plan and booking (the kinds of path say what) --------------------------
-    def _plan_key(self, io: NativeIO, key: bytes, cid: int, t0: float, block: int) -> _KeyPlan:
+    def _plan_key(self, io: NativeIO, tier: FsTier, key: bytes, cid: int, t0: float, block: int) -> _KeyPlan:
         raise NotImplementedError
 
     def _finish_key(
-        self, io: NativeIO, key: bytes, cid: int, t0: float, step: tuple[Any, ...], result: int, csum: int, stage: int,
-        info: int,
+        self, io: NativeIO, tier: FsTier, key: bytes, cid: int, t0: float, step: tuple[Any, ...], result: int,
+        csum: int, stage: int, info: int,
     ) -> Continuation | None:  # fmt: skip
         raise NotImplementedError
 
@@ -103,7 +106,7 @@ class _Path:
         if job.grouped:
             return self._plan_group(job, slot)
         key, cid, t0 = job.args
-        r = self._plan_key(self._live(), key, cid, t0, slot)
+        r = self._plan_key(*self._live(), key, cid, t0, slot)
         if type(r) is not tuple:
             return r  # type: ignore[return-value]
         self._keep(slot, r[1])
@@ -118,20 +121,20 @@ class _Path:
         step = self._plans[slot]
         self._plans[slot] = None
         assert step is not None
-        return self._finish_key(self._live(), key, cid, t0, step, result, csum, stage, info)
+        return self._finish_key(*self._live(), key, cid, t0, step, result, csum, stage, info)
 
     # -- group jobs ----------------------------------------------------------------------------
     def _plan_group(self, job: Job, slot: int) -> nativeio.JobFields | Continuation | None:
         """Each chunk planned as if alone; those planned go to the workers as one job."""
         keys, cids, t0 = job.args
-        io = self._live()
+        io, tier = self._live()
         out: _Outcomes = [None] * len(keys)
         subs: list[nativeio.JobFields] = []
         planned: list[tuple[int, tuple[Any, ...]]] = []
         later: list[tuple[int, Continuation]] = []
         for i, (key, cid) in enumerate(zip(keys, cids)):
             try:
-                r = self._plan_key(io, key, cid, t0, io.block(slot, len(subs)))
+                r = self._plan_key(io, tier, key, cid, t0, io.block(slot, len(subs)))
             except BaseException as e:  # that chunk's failure (booked by _plan_key)
                 out[i] = e
                 continue
@@ -150,11 +153,11 @@ class _Path:
         state: _GroupState = self._plans[slot]  # type: ignore[assignment]
         self._plans[slot] = None
         out, planned, later = state
-        io = self._live()
+        io, tier = self._live()
         ends = io._pool.group_outcomes(slot, len(planned), own)
         for (i, step), (result, csum, stage, info) in zip(planned, ends):
             try:
-                r = self._finish_key(io, keys[i], cids[i], t0, step, result, csum, stage, info)
+                r = self._finish_key(io, tier, keys[i], cids[i], t0, step, result, csum, stage, info)
             except BaseException as e:
                 out[i] = e
                 continue
@@ -166,9 +169,10 @@ class _Path:
         """Count the jobs ended since the last flush (one lock, not one per chunk)."""
         booked = self._booked
         io = self._io()
-        if booked and io is not None:
+        tier = None if io is None else io._tier_ref()
+        if booked and tier is not None:
             self._booked = []
-            io._tier._stats.record_each(self.op, io._tier.offloading_spec.chunk_bytes, booked)
+            tier._stats.record_each(self.op, tier.offloading_spec.chunk_bytes, booked)
 
 
 def _group_end(job: Job, out: _Outcomes, later: list[tuple[int, Continuation]]) -> Continuation | None:
@@ -207,26 +211,26 @@ class StorePath(_Path):
     def flush(self) -> None:
         super().flush()
         io = self._io()
-        if self._recycles and io is not None:
+        tier = None if io is None else io._tier_ref()
+        if self._recycles and tier is not None:
             n, self._recycles = self._recycles, 0
-            io._tier._stats.incr("evictions", n)
-            io._tier._stats.incr("recycled", n)
+            tier._stats.incr("evictions", n)
+            tier._stats.incr("recycled", n)
 
-    def _plan_key(self, io: NativeIO, key: bytes, cid: int, t0: float, block: int) -> _KeyPlan:
+    def _plan_key(self, io: NativeIO, tier: FsTier, key: bytes, cid: int, t0: float, block: int) -> _KeyPlan:
         # Tier._reserve_store and ChunkProtocol.write_flags written out: this runs per chunk
-        tier = io._tier
         try:
             victims = tier.index.reserve(key, tier._chunk_size)
         except Exception as e:
             victims = e  # type: ignore[assignment]
-        return self._plan_reserved(io, key, cid, t0, block, victims)
+        return self._plan_reserved(io, tier, key, cid, t0, block, victims)
 
     def _plan_reserved(
-        self, io: NativeIO, key: bytes, cid: int, t0: float, block: int, victims: list[bytes] | Exception | None
-    ) -> _KeyPlan:
+        self, io: NativeIO, tier: FsTier, key: bytes, cid: int, t0: float, block: int,
+        victims: list[bytes] | Exception | None,
+    ) -> _KeyPlan:  # fmt: skip
         """:meth:`_plan_key` once the index said what reserving room for ``key`` gives: the
         victims to evict, None (stored already) or the exception it raised."""
-        tier = io._tier
         if isinstance(victims, RemovalPending):  # an old copy of the key is being deleted: wait for it there
             return partial(io.store_job, key, cid, t0)
         if isinstance(victims, Exception):
@@ -265,8 +269,7 @@ class StorePath(_Path):
         that take their one victim's file packed by :meth:`.native.NativeIO.pack_recycles`,
         those that make a new file by :meth:`~.native.NativeIO.pack_writes`; the others (a key
         stored already, victims to delete first, ...) planned one by one by :meth:`_plan_reserved`."""
-        io = self._live()
-        tier = io._tier
+        io, tier = self._live()
         proto = tier.protocol
         if not io.aligned or tier.network_fs:
             return super()._plan_group(job, slot)
@@ -283,7 +286,7 @@ class StorePath(_Path):
         )
         for i in others:
             try:
-                p = self._plan_reserved(io, keys[i], cids[i], t0, io.block(slot, len(subs)), reserved[i])
+                p = self._plan_reserved(io, tier, keys[i], cids[i], t0, io.block(slot, len(subs)), reserved[i])
             except BaseException as e:  # that chunk's failure (booked by _plan_reserved)
                 out[i] = e
                 continue
@@ -335,8 +338,7 @@ class StorePath(_Path):
             return super()._finish_group(job, slot, own)
         self._plans[slot] = None
         out, planned, later, rec, rkeys, rvictims, temps, flags, new, nkeys, fds = state
-        io = self._live()
-        tier = io._tier
+        io, tier = self._live()
         first, total = len(planned), len(planned) + len(rec) + len(new)
         if not (own[2] or planned or io.jobs_failed(slot, total)):
             # the usual case: each chunk was packed in bulk and simply succeeded
@@ -349,7 +351,7 @@ class StorePath(_Path):
         ends = io._pool.group_outcomes(slot, total, own if own[2] else None) if planned or bad else []
         for (i, step), (result, csum, stage, info) in zip(planned, ends):
             try:
-                r = self._finish_key(io, keys[i], cids[i], t0, step, result, csum, stage, info)
+                r = self._finish_key(io, tier, keys[i], cids[i], t0, step, result, csum, stage, info)
             except BaseException as e:
                 out[i] = e
                 continue
@@ -366,11 +368,11 @@ class StorePath(_Path):
             i = rec[j - first] if j < written else new[j - written]
             try:
                 if j < written:
-                    r = self._recycled(io, keys[i], cids[i], t0, tier._chunk(cids[i]), [rvictims[j - first]], flags,
-                                       temps[j - first], result, stage, info)  # fmt: skip
+                    r = self._recycled(io, tier, keys[i], cids[i], t0, tier._chunk(cids[i]), [rvictims[j - first]],
+                                       flags, temps[j - first], result, stage, info)  # fmt: skip
                 else:  # as _finish_key's failure, with the plan's objects made now
                     plan = tier.protocol.store(keys[i], tier._chunk(cids[i]), None, None, flags, pooled=False)
-                    r = self._finish_key(io, keys[i], cids[i], t0, (_WRITE, tier._chunk(cids[i]), [], plan, None),
+                    r = self._finish_key(io, tier, keys[i], cids[i], t0, (_WRITE, tier._chunk(cids[i]), [], plan, None),
                                          result, csum, stage, info)  # fmt: skip
             except BaseException as e:
                 out[i] = e
@@ -389,13 +391,12 @@ class StorePath(_Path):
         return _group_end(job, out, later)
 
     def _finish_key(
-        self, io: NativeIO, key: bytes, cid: int, t0: float, step_: tuple[Any, ...], result: int, csum: int,
-        stage: int, info: int,
+        self, io: NativeIO, tier: FsTier, key: bytes, cid: int, t0: float, step_: tuple[Any, ...], result: int,
+        csum: int, stage: int, info: int,
     ) -> Continuation | None:  # fmt: skip
         step, data, victims, plan, sj = step_
-        tier = io._tier
         if step == _RECYCLE:  # (its plan: flags and temporary name, see recycle_plan)
-            return self._recycled(io, key, cid, t0, data, victims, plan, sj, result, stage, info)
+            return self._recycled(io, tier, key, cid, t0, data, victims, plan, sj, result, stage, info)
         if plan.fd >= 0:  # ChunkProtocol.release: the file made ahead or taken over is closed
             os.close(plan.fd)
             plan.fd = -1
@@ -407,11 +408,10 @@ class StorePath(_Path):
         return partial(self._again, io, key, t0, plan, _outcome(result, stage, info, csum), data, victims)
 
     def _recycled(
-        self, io: NativeIO, key: bytes, cid: int, t0: float, data: memoryview, victims: list[bytes], flags: int,
-        temp: str, result: int, stage: int, info: int,
+        self, io: NativeIO, tier: FsTier, key: bytes, cid: int, t0: float, data: memoryview, victims: list[bytes],
+        flags: int, temp: str, result: int, stage: int, info: int,
     ) -> Continuation | None:  # fmt: skip
         """Book a recycling job; what did not simply succeed continues on a coroutine."""
-        tier = io._tier
         if not stage:
             self._recycles += 1  # Tier._evicted and ChunkProtocol.stored, counted at the next flush
             tier.index.commit(key, victims)  # and Tier._removed(victims), under one lock
@@ -432,7 +432,7 @@ class StorePath(_Path):
     async def _afresh(io: NativeIO, key: bytes, cid: int, t0: float, victims: list[bytes], sj: SpareJob) -> None:
         """The victim's file was taken but not filled (another tier holds the namespace, or a
         step failed): it goes, and the chunk is written into a new file."""
-        tier = io._tier
+        tier = io.live_tier()
 
         async def write(_: list[bytes]) -> None:
             await io.engine.blocking(remove_quietly, sj.new_dfd, sj.temp)
@@ -444,7 +444,7 @@ class StorePath(_Path):
     async def _again(
         io: NativeIO, key: bytes, t0: float, plan: StoreJob, out: Outcome, data: memoryview, victims: list[bytes]
     ) -> None:
-        tier = io._tier
+        tier = io.live_tier()
         try:
             await io._fall_back(io._store_again, plan, out, data)
         except BaseException as e:
@@ -461,8 +461,7 @@ class LoadPath(_Path):
     op = "load"
     prio = PRIO_LOAD
 
-    def _plan_key(self, io: NativeIO, key: bytes, cid: int, t0: float, block: int) -> _KeyPlan:
-        tier = io._tier
+    def _plan_key(self, io: NativeIO, tier: FsTier, key: bytes, cid: int, t0: float, block: int) -> _KeyPlan:
         if tier.index_incomplete:  # a miss is looked up on disk: on a thread
             return partial(io.load_job, key, cid, t0)
         entry = tier._pin_for_load(key)
@@ -492,8 +491,7 @@ class LoadPath(_Path):
         """With the index complete, a group's chunks planned in bulk (as :meth:`_plan_key`
         plans each): their entries pinned under one lock, their descriptors packed by
         :meth:`.native.NativeIO.pack_reads`."""
-        io = self._live()
-        tier = io._tier
+        io, tier = self._live()
         if tier.index_incomplete or not io.aligned:
             return super()._plan_group(job, slot)
         keys, cids, t0 = job.args
@@ -530,8 +528,7 @@ class LoadPath(_Path):
             return super()._finish_group(job, slot, own)
         self._plans[slot] = None
         out, hits, keys, entries = state
-        io = self._live()
-        tier = io._tier
+        io, tier = self._live()
         # refused as a whole; or (verify=False) each header parsed field by field
         bad = list(range(len(keys))) if own[2] or not tier.verify else io.reads_failed(slot, keys)
         later: list[tuple[int, Continuation]] = []
@@ -543,7 +540,7 @@ class LoadPath(_Path):
                 result, csum, stage, info = ends[j]
                 step = (entry, tier._chunk(cids[i]), io.block(slot, j))
                 try:
-                    r = self._finish_key(io, keys[j], cids[i], t0, step, result, csum, stage, info)
+                    r = self._finish_key(io, tier, keys[j], cids[i], t0, step, result, csum, stage, info)
                 except BaseException as e:
                     out[i] = e
                     continue
@@ -559,11 +556,10 @@ class LoadPath(_Path):
         return _group_end(job, out, later)
 
     def _finish_key(
-        self, io: NativeIO, key: bytes, cid: int, t0: float, step: tuple[Any, ...], result: int, csum: int,
-        stage: int, info: int,
+        self, io: NativeIO, tier: FsTier, key: bytes, cid: int, t0: float, step: tuple[Any, ...], result: int,
+        csum: int, stage: int, info: int,
     ) -> Continuation | None:  # fmt: skip
         entry, out, block = step
-        tier = io._tier
         try:
             if stage == Step.OPEN and result == -errno.ENOENT:
                 raise not_found(key)
@@ -584,6 +580,6 @@ class LoadPath(_Path):
 
     @staticmethod
     async def _drop_bad(io: NativeIO, key: bytes, exc: BaseException) -> None:
-        tier = io._tier
+        tier = io.live_tier()
         await tier._drop_bad_copy_async(key, partial(io.engine.blocking, tier.delete_chunk, key))
         raise exc

@@ -16,6 +16,7 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -26,6 +27,7 @@ from asynctier.core.ops import PRIO_LOAD, PRIO_STORE
 from asynctier.engines import native as nativeio
 from asynctier.engines.native_engine import NativeEngine
 from asynctier.engines.speedups import speedups
+from asynctier.errors import TierClosedError
 from asynctier.integrity import MAX_B32_KEY, pack_header
 from asynctier.posix_io import O_DIRECT, aligned_buffer, buffer_address
 
@@ -58,7 +60,10 @@ class NativeIO:
     """The chunk protocol of ``tier`` on the workers of ``engine`` (from the event loop)."""
 
     def __init__(self, tier: FsTier, engine: NativeEngine) -> None:
-        self._tier = tier
+        # weak: the tier holds this, and a tier dropped (closed or not) must go at once with
+        # the caller's buffer, not wait for the cyclic garbage collector to find the pair
+        self._tier_ref = weakref.ref(tier)
+        self.protocol = tier.protocol  # (the tier's for life)
         self.engine = engine
         self._pool: nativeio.NativePool  # the engine's pool, once started (start)
         self._hb: memoryview | None = None  # GROUP_CHUNKS header blocks per job slot
@@ -98,6 +103,12 @@ class NativeIO:
             self._jobs_failed = fast.jobs_failed
             self.split_plain = fast.split_plain
 
+    def live_tier(self) -> FsTier:
+        tier = self._tier_ref()
+        if tier is None:  # a call in progress holds its tier: only a bug gets here
+            raise TierClosedError("the fs tier was dropped")
+        return tier
+
     def start(self) -> None:
         """Once the engine runs: the header blocks, and addresses by arithmetic on the hot
         path (not a buffer export per chunk)."""
@@ -108,15 +119,16 @@ class NativeIO:
         self._hb = aligned_buffer(HEADER_BLOCK * blocks)
         self.slot_hb = [self._hb[i * HEADER_BLOCK : (i + 1) * HEADER_BLOCK] for i in range(blocks)]
         self._hb_addr = buffer_address(self._hb)
-        self._view_addr = buffer_address(self._tier._view)
+        tier = self.live_tier()
+        self._view_addr = buffer_address(tier._view)
         # read per group job: each slot's place in the pool's tables, the tier's constants
         self._subs, self._res = pool.sub_jobs(0)[0], pool.sub_outcomes(0)[0]
         self._sub_at = [pool.sub_jobs(s)[1] for s in range(pool.slots)]
         self._res_at = [pool.sub_outcomes(s)[1] for s in range(pool.slots)]
-        spec = self._tier.offloading_spec
-        self._n, self._digest, self._sync = spec.chunk_bytes, spec.layout_digest, int(self._tier.protocol.sync)
-        block = self._tier.protocol.block
-        self.aligned = self._view_addr % block == 0 and self._tier.offloading_spec.chunk_bytes % block == 0
+        spec = tier.offloading_spec
+        self._n, self._digest, self._sync = spec.chunk_bytes, spec.layout_digest, int(self.protocol.sync)
+        block = self.protocol.block
+        self.aligned = self._view_addr % block == 0 and spec.chunk_bytes % block == 0
 
     def _lay_out(self, slots: int) -> int:
         """The header blocks of ``slots`` job slots, as :meth:`block` numbers them; their count."""
@@ -154,7 +166,7 @@ class NativeIO:
         block :meth:`block` ``(slot, j)``; :meth:`reads_failed` checks them once it ended."""
         blocks = self._take_blocks(slot, 0, len(keys))  # (hb_read_into)
         pack = self._pack_reads if max(map(len, keys)) <= MAX_B32_KEY else bulk.pack_reads
-        pack(self._subs, self._sub_at[slot], PRIO_LOAD, keys, cids, blocks, self._tier.protocol.shard_fds, flags,
+        pack(self._subs, self._sub_at[slot], PRIO_LOAD, keys, cids, blocks, self.protocol.shard_fds, flags,
              hashed, self._hb_addr, HEADER_BLOCK, self._view_addr, self._n)  # fmt: skip
         return self._pool.packed_group(slot, PRIO_LOAD, len(keys))
 
@@ -165,7 +177,7 @@ class NativeIO:
         a file made ahead by the tier's pool where one is ready; those files (-1: none). Each
         job hands its file over (``MODE_CLOSE``): the worker closes it once done, not the loop
         thread; the caller closes them only if the group never ran (refused as a whole)."""
-        tier = self._tier
+        tier = self.live_tier()
         proto = tier.protocol
         m = len(keys)
         blocks = self._take_blocks(slot, first, m)
@@ -195,7 +207,7 @@ class NativeIO:
         ``victims[j]`` (one ``RECYCLE`` job each, as :meth:`recycle_plan` plans one); the
         temporary names they give the victims' files. The group's descriptor:
         :meth:`~asynctier.engines.native.NativePool.packed_group`."""
-        tier = self._tier
+        tier = self.live_tier()
         proto = tier.protocol
         m = len(keys)
         blocks = self._take_blocks(slot, first, m)
@@ -236,15 +248,15 @@ class NativeIO:
         succeed (the workers report the step that failed) is counted and its chunk done
         again by ``fn`` on a slow-path thread holding an I/O token. Runs to its end if
         cancelled: it reads or fills the caller's buffer."""
-        self._tier._stats.incr("native_retries")
+        self.live_tier()._stats.incr("native_retries")
         await self.engine.blocking(fn, *args)
 
     # -- the job bodies the runtime runs -----------------------------------------------------
     async def store_job(self, key: bytes, cid: int, t0: float) -> None:
-        await self._tier._async_store(key, t0, lambda victims: self.store(key, cid, victims))
+        await self.live_tier()._async_store(key, t0, lambda victims: self.store(key, cid, victims))
 
     async def load_job(self, key: bytes, cid: int, t0: float) -> None:
-        tier = self._tier
+        tier = self.live_tier()
         if tier.index_incomplete:
             entry = await run_on_thread_to_end(tier._pin_for_load, key)  # may look on disk
         else:
@@ -260,7 +272,7 @@ class NativeIO:
         first victim's file where it may be recycled. The workers fill in the checksums.
         ``taken``: the spare job of the first victim already ran (the fast path's), with this
         outcome."""
-        tier = self._tier
+        tier = self.live_tier()
         proto = tier.protocol
         data = tier._chunk(cid)
         if len(victims) > _MAX_NATIVE_VICTIMS:
@@ -325,7 +337,7 @@ class NativeIO:
     def new_header(self, block: int, key: bytes, n: int) -> int:
         """Write the header of a store of ``n`` bytes under ``key`` (with a zero checksum: the
         workers fill it in) into header block ``block``; its length."""
-        pack, digest = self._pack_header_into, self._tier.offloading_spec.layout_digest
+        pack, digest = self._pack_header_into, self._digest
         if pack is None:
             return self._put_header(block, pack_header(key, n, 0, digest))
         size = pack(self.slot_hb[block], self._hb_used[block], key, n, digest)
@@ -339,13 +351,13 @@ class NativeIO:
         plan's objects (per chunk, a full tier's steady state): the descriptor, and the
         temporary name it gives the victim's file (``protocol.recycle(..., temp=)`` makes
         the objects for a job that did not simply succeed)."""
-        proto = self._tier.protocol
+        proto = self.protocol
         fds = proto.shard_fds
         ks, kname = self.name_of(key)
         vs, vname = self.name_of(victim)
         temp = proto.names.next()
         size = self.new_header(block, key, n)
-        return (nativeio.RECYCLE, PRIO_STORE, fds[ks], flags | SAFE_OPEN, self._tier._lock_fd, fds[vs],
+        return (nativeio.RECYCLE, PRIO_STORE, fds[ks], flags | SAFE_OPEN, self.live_tier()._lock_fd, fds[vs],
                 int(proto.sync), 0, size - 8, 0, self._hb_addr + block * HEADER_BLOCK, HEADER_BLOCK, addr, n, 0,
                 kname, vname, temp.encode()), temp  # fmt: skip
 
@@ -353,13 +365,13 @@ class NativeIO:
         """The descriptor of the one-job store :meth:`.protocol.ChunkProtocol.recycle` plans,
         its header in header block ``block`` (a slot's own: the slot's number, :meth:`block`)."""
         size = self._put_header(block, job.header)
-        return (nativeio.RECYCLE, PRIO_STORE, job.dfd, sj.flags, self._tier._lock_fd, sj.dfd, int(job.sync), 0,
+        return (nativeio.RECYCLE, PRIO_STORE, job.dfd, sj.flags, self.live_tier()._lock_fd, sj.dfd, int(job.sync), 0,
                 size - 8, 0, self._hb_addr + block * HEADER_BLOCK, HEADER_BLOCK, addr, n, 0, job.name.encode(),
                 sj.name.encode(), sj.temp.encode())  # fmt: skip
 
     def store_fields(self, block: int, job: StoreJob, addr: int, n: int) -> nativeio.JobFields:
         """The descriptor of ``job``, its header written into header block ``block``."""
-        proto = self._tier.protocol
+        proto = self.protocol
         size = self._put_header(block, job.header)
         # nativeio.fields written out (per chunk); the names are a key's token and a short temporary name
         mode = proto.file_mode | (nativeio.MODE_FIX if proto.fix_mode else 0)
@@ -368,12 +380,12 @@ class NativeIO:
                 job.name.encode(), job.temp.encode(), b"")  # fmt: skip
 
     def _store_again(self, job: StoreJob, out: Outcome, data: memoryview) -> None:
-        self._tier.protocol.remove_leftovers(job, out)
-        self._tier.threads.store(job.key, data)
+        self.protocol.remove_leftovers(job, out)
+        self.live_tier().threads.store(job.key, data)
 
     async def _take_spare(self, slot: int, victim: bytes, flags: int, dfd: int) -> tuple[Spare | None, bool]:
         """:meth:`.threads.ThreadsIO.take_spare` as native jobs."""
-        tier = self._tier
+        tier = self.live_tier()
         proto = tier.protocol
         tier._note_gone(victim)
         job = proto.spare(victim, flags, dfd)
@@ -396,7 +408,7 @@ class NativeIO:
     ) -> tuple[Spare | None, bool]:
         """What follows the spare job of :meth:`_take_spare`: (the file to overwrite, or None;
         whether the victim is still to be unlinked)."""
-        tier = self._tier
+        tier = self.live_tier()
         proto = tier.protocol
         spare, exc, unlink_it = proto.spare_taken(job, out)
         if unlink_it:
@@ -424,7 +436,7 @@ class NativeIO:
 
     async def _evict(self, slot: int, victim: bytes) -> None:
         """Evict ``victim`` by unlinking its file, as a native job."""
-        tier = self._tier
+        tier = self.live_tier()
         tier._note_gone(victim)
         job = tier.protocol.unlink(victim)
         out = await self._run(slot, nativeio.job(nativeio.UNLINK, PRIO_STORE, job.dfd, job.name.encode()))
@@ -434,7 +446,7 @@ class NativeIO:
     async def load(self, key: bytes, cid: int) -> None:
         """One native job: open, read header block and payload into the caller's slice,
         close, the payload's xxh3; then the header is checked here."""
-        tier = self._tier
+        tier = self.live_tier()
         out = tier._chunk(cid)
         addr = self._view_addr + cid * tier.offloading_spec.chunk_bytes
         # a refused O_NOATIME (EPERM) or O_DIRECT (EINVAL) fails the job; the retry mends it
