@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import mmap
 import os
@@ -202,6 +203,9 @@ def run_contender(
     name, knobs = parse_contender(spec)
     shutil.rmtree(workdir, ignore_errors=True)
     workdir.mkdir(parents=True)
+    # the previous contenders' garbage freed now, not by a collection inside this one's timed
+    # phases (a primary buffer of 128 MiB takes 20-40 ms of the loop thread to unmap)
+    gc.collect()
     benchkit.settle(workdir, limit_s=settle_s)  # the previous contender's deletions land first
     try:
         if name == "os-threads":
