@@ -168,11 +168,10 @@ class _Path:
     def flush(self) -> None:
         """Count the jobs ended since the last flush (one lock, not one per chunk)."""
         booked = self._booked
-        io = self._io()
-        tier = None if io is None else io._tier_ref()
-        if booked and tier is not None:
+        io = self._io() if booked else None
+        if io is not None:
             self._booked = []
-            tier._stats.record_each(self.op, tier.offloading_spec.chunk_bytes, booked)
+            io._stats.record_each(self.op, io._n, booked)  # (_n: the chunk size)
 
 
 def _group_end(job: Job, out: _Outcomes, later: list[tuple[int, Continuation]]) -> Continuation | None:
@@ -210,12 +209,11 @@ class StorePath(_Path):
 
     def flush(self) -> None:
         super().flush()
-        io = self._io()
-        tier = None if io is None else io._tier_ref()
-        if self._recycles and tier is not None:
+        io = self._io() if self._recycles else None
+        if io is not None:
             n, self._recycles = self._recycles, 0
-            tier._stats.incr("evictions", n)
-            tier._stats.incr("recycled", n)
+            io._stats.incr("evictions", n)
+            io._stats.incr("recycled", n)
 
     def _plan_key(self, io: NativeIO, tier: FsTier, key: bytes, cid: int, t0: float, block: int) -> _KeyPlan:
         # Tier._reserve_store and ChunkProtocol.write_flags written out: this runs per chunk

@@ -63,7 +63,8 @@ class NativeIO:
         # weak: the tier holds this, and a tier dropped (closed or not) must go at once with
         # the caller's buffer, not wait for the cyclic garbage collector to find the pair
         self._tier_ref = weakref.ref(tier)
-        self.protocol = tier.protocol  # (the tier's for life)
+        self.protocol = tier.protocol  # (the tier's for life, as its stats)
+        self._stats = tier._stats
         self.engine = engine
         self._pool: nativeio.NativePool  # the engine's pool, once started (start)
         self._hb: memoryview | None = None  # GROUP_CHUNKS header blocks per job slot
@@ -80,6 +81,7 @@ class NativeIO:
         self._hb_addr = 0
         self._slots = 0
         self._view_addr = 0
+        self._lock_fd = -1  # the tier's lock on its namespace (start)
         #: every chunk of the view is aligned for O_DIRECT; then its write flags are these
         self.aligned = False
         self.direct_flags = os.O_WRONLY | O_DIRECT
@@ -121,6 +123,7 @@ class NativeIO:
         self._hb_addr = buffer_address(self._hb)
         tier = self.live_tier()
         self._view_addr = buffer_address(tier._view)
+        self._lock_fd = tier._lock_fd  # (taken at open, before this; read per recycled chunk)
         # read per group job: each slot's place in the pool's tables, the tier's constants
         self._subs, self._res = pool.sub_jobs(0)[0], pool.sub_outcomes(0)[0]
         self._sub_at = [pool.sub_jobs(s)[1] for s in range(pool.slots)]
@@ -177,8 +180,7 @@ class NativeIO:
         a file made ahead by the tier's pool where one is ready; those files (-1: none). Each
         job hands its file over (``MODE_CLOSE``): the worker closes it once done, not the loop
         thread; the caller closes them only if the group never ran (refused as a whole)."""
-        tier = self.live_tier()
-        proto = tier.protocol
+        proto = self.protocol
         m = len(keys)
         blocks = self._take_blocks(slot, first, m)
         pack = bulk.pack_writes if max(map(len, keys)) > MAX_B32_KEY else self._pack_writes
@@ -188,7 +190,7 @@ class NativeIO:
         fds = pool.take_many(m) if pool is not None and flags == pool.flags else [-1] * m
         try:
             if pool is not None and fds[-1] < 0:
-                tier._stats.incr("tmpfile_pool_empty", fds.count(-1))
+                self._stats.incr("tmpfile_pool_empty", fds.count(-1))
             pack(self._subs, self._sub_at[slot] + first * _JOB_SIZE, PRIO_STORE, keys, cids, blocks, fds,
                  proto.shard_fds, flags, self._sync, mode, self._hb, self._hb_addr, HEADER_BLOCK, self._view_addr,
                  self._n, self._digest)  # fmt: skip
@@ -207,8 +209,7 @@ class NativeIO:
         ``victims[j]`` (one ``RECYCLE`` job each, as :meth:`recycle_plan` plans one); the
         temporary names they give the victims' files. The group's descriptor:
         :meth:`~asynctier.engines.native.NativePool.packed_group`."""
-        tier = self.live_tier()
-        proto = tier.protocol
+        proto = self.protocol
         m = len(keys)
         blocks = self._take_blocks(slot, first, m)
         temps = proto.names.next_many(m)
@@ -216,7 +217,7 @@ class NativeIO:
         pack = bulk.pack_recycles if long else self._pack_recycles
         assert self._hb is not None
         pack(self._subs, self._sub_at[slot] + first * _JOB_SIZE, PRIO_STORE, keys, victims, temps, cids, blocks,
-             proto.shard_fds, flags | SAFE_OPEN, tier._lock_fd, self._sync, self._hb, self._hb_addr, HEADER_BLOCK,
+             proto.shard_fds, flags | SAFE_OPEN, self._lock_fd, self._sync, self._hb, self._hb_addr, HEADER_BLOCK,
              self._view_addr, self._n, self._digest)  # fmt: skip
         return temps
 
@@ -248,7 +249,7 @@ class NativeIO:
         succeed (the workers report the step that failed) is counted and its chunk done
         again by ``fn`` on a slow-path thread holding an I/O token. Runs to its end if
         cancelled: it reads or fills the caller's buffer."""
-        self.live_tier()._stats.incr("native_retries")
+        self._stats.incr("native_retries")
         await self.engine.blocking(fn, *args)
 
     # -- the job bodies the runtime runs -----------------------------------------------------
@@ -357,7 +358,7 @@ class NativeIO:
         vs, vname = self.name_of(victim)
         temp = proto.names.next()
         size = self.new_header(block, key, n)
-        return (nativeio.RECYCLE, PRIO_STORE, fds[ks], flags | SAFE_OPEN, self.live_tier()._lock_fd, fds[vs],
+        return (nativeio.RECYCLE, PRIO_STORE, fds[ks], flags | SAFE_OPEN, self._lock_fd, fds[vs],
                 int(proto.sync), 0, size - 8, 0, self._hb_addr + block * HEADER_BLOCK, HEADER_BLOCK, addr, n, 0,
                 kname, vname, temp.encode()), temp  # fmt: skip
 
@@ -365,7 +366,7 @@ class NativeIO:
         """The descriptor of the one-job store :meth:`.protocol.ChunkProtocol.recycle` plans,
         its header in header block ``block`` (a slot's own: the slot's number, :meth:`block`)."""
         size = self._put_header(block, job.header)
-        return (nativeio.RECYCLE, PRIO_STORE, job.dfd, sj.flags, self.live_tier()._lock_fd, sj.dfd, int(job.sync), 0,
+        return (nativeio.RECYCLE, PRIO_STORE, job.dfd, sj.flags, self._lock_fd, sj.dfd, int(job.sync), 0,
                 size - 8, 0, self._hb_addr + block * HEADER_BLOCK, HEADER_BLOCK, addr, n, 0, job.name.encode(),
                 sj.name.encode(), sj.temp.encode())  # fmt: skip
 
