@@ -16,7 +16,6 @@ from __future__ import annotations
 import errno
 import logging
 import os
-import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -27,13 +26,12 @@ from asynctier.core.ops import PRIO_LOAD, PRIO_STORE
 from asynctier.engines import native as nativeio
 from asynctier.engines.native_engine import NativeEngine
 from asynctier.engines.speedups import speedups
-from asynctier.errors import TierClosedError
 from asynctier.integrity import MAX_B32_KEY, pack_header
 from asynctier.posix_io import O_DIRECT, aligned_buffer, buffer_address
 
 from . import bulk, layout
 from .layout import HEADER_BLOCK
-from .protocol import SAFE_OPEN, Outcome, Spare, SpareJob, Step, StoreJob, not_found
+from .protocol import SAFE_OPEN, Outcome, Spare, SpareJob, Step, StoreJob, TierHandle, not_found
 
 if TYPE_CHECKING:
     from .tier import FsTier
@@ -56,15 +54,11 @@ def _outcome(res: nativeio.Outcome) -> Outcome:
     return Outcome(result=res.result, name_taken=bool(res.info), csum=res.csum)
 
 
-class NativeIO:
+class NativeIO(TierHandle):
     """The chunk protocol of ``tier`` on the workers of ``engine`` (from the event loop)."""
 
     def __init__(self, tier: FsTier, engine: NativeEngine) -> None:
-        # weak: the tier holds this, and a tier dropped (closed or not) must go at once with
-        # the caller's buffer, not wait for the cyclic garbage collector to find the pair
-        self._tier_ref = weakref.ref(tier)
-        self.protocol = tier.protocol  # (the tier's for life, as its stats)
-        self._stats = tier._stats
+        super().__init__(tier)
         self.engine = engine
         self._pool: nativeio.NativePool  # the engine's pool, once started (start)
         self._hb: memoryview | None = None  # GROUP_CHUNKS header blocks per job slot
@@ -104,12 +98,6 @@ class NativeIO:
             self._pack_writes = fast.pack_writes
             self._jobs_failed = fast.jobs_failed
             self.split_plain = fast.split_plain
-
-    def live_tier(self) -> FsTier:
-        tier = self._tier_ref()
-        if tier is None:  # a call in progress holds its tier: only a bug gets here
-            raise TierClosedError("the fs tier was dropped")
-        return tier
 
     def start(self) -> None:
         """Once the engine runs: the header blocks, and addresses by arithmetic on the hot

@@ -29,11 +29,13 @@ import logging
 import os
 import stat
 import threading
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from asynctier.engines.speedups import speedups
-from asynctier.errors import ChunkNotFoundError, IntegrityError
+from asynctier.errors import ChunkNotFoundError, IntegrityError, TierClosedError
 from asynctier.integrity import ChunkHeader, checksum, header_matches, key_token, pack_header
 from asynctier.posix_io import O_DIRECT, O_NOATIME, buffer_address
 from asynctier.spec import OffloadingSpec
@@ -41,6 +43,9 @@ from asynctier.stats import StatsRecorder
 
 from .layout import HEADER_BLOCK, TempNames, shard_of
 from .pool import O_TMPFILE, TmpfilePool
+
+if TYPE_CHECKING:
+    from .tier import FsTier
 
 __all__ = [
     "NOSPACE",
@@ -52,6 +57,7 @@ __all__ = [
     "SpareJob",
     "Step",
     "StoreJob",
+    "TierHandle",
     "UnlinkJob",
 ]
 
@@ -513,3 +519,21 @@ class ChunkProtocol:
             if temp:
                 os.unlink(temp, dir_fd=dfd)
             return
+
+
+class TierHandle:
+    """What an engine's I/O (:mod:`.threads`, :mod:`.native`) keeps of its tier: the tier
+    weakly, since the tier holds the I/O and a dropped tier must go at once with the caller's
+    buffer, not wait for the cycle collector to find the pair; its protocol and stats, the
+    tier's for life."""
+
+    def __init__(self, tier: FsTier) -> None:
+        self._tier_ref = weakref.ref(tier)
+        self.protocol = tier.protocol
+        self._stats = tier._stats
+
+    def live_tier(self) -> FsTier:
+        tier = self._tier_ref()
+        if tier is None:  # a call in progress holds its tier: only a bug gets here
+            raise TierClosedError("the fs tier was dropped")
+        return tier

@@ -12,11 +12,9 @@ from __future__ import annotations
 import errno
 import os
 import threading
-import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from asynctier.errors import TierClosedError
 from asynctier.integrity import checksum
 from asynctier.posix_io import aligned_buffer
 
@@ -31,6 +29,7 @@ from .protocol import (
     SpareJob,
     Step,
     StoreJob,
+    TierHandle,
     UnlinkJob,
     not_found,
     not_regular,
@@ -163,21 +162,12 @@ def run_unlink(job: UnlinkJob) -> Outcome:
     return Outcome()
 
 
-class ThreadsIO:
+class ThreadsIO(TierHandle):
     """The chunk protocol of ``tier`` on the calling (worker) thread."""
 
     def __init__(self, tier: FsTier) -> None:
-        # weak: the tier holds this, and a tier dropped (closed or not) must go at once with
-        # the caller's buffer, not wait for the cyclic garbage collector to find the pair
-        self._tier_ref = weakref.ref(tier)
-        self.protocol = tier.protocol  # (the tier's for life)
+        super().__init__(tier)
         self._tls = threading.local()
-
-    def _live(self) -> FsTier:
-        tier = self._tier_ref()
-        if tier is None:  # a call in progress holds its tier: only a bug gets here
-            raise TierClosedError("the fs tier was dropped")
-        return tier
 
     def _header_block(self, header: bytes = b"") -> memoryview:
         """This thread's block-aligned header buffer (O_DIRECT needs aligned memory), holding
@@ -199,7 +189,7 @@ class ThreadsIO:
     def store(self, key: bytes, data: memoryview, spare: Spare | None = None) -> None:
         """Store ``data`` under ``key`` (into ``spare`` where given); raises what the chunk
         failed with after the recovery the protocol allows."""
-        tier = self._live()
+        tier = self.live_tier()
         proto = tier.protocol
         csum = checksum(data)
         nospace_retry = True
@@ -231,7 +221,7 @@ class ThreadsIO:
     def _relieve_nospace(self) -> bool:
         """The file system is full (ours or others' data): evict from the LRU end; False if
         there was nothing to evict."""
-        tier = self._live()
+        tier = self.live_tier()
         victims = tier.index.pop_lru(_ENOSPC_EVICT_CHUNKS * tier.stored_size())
         if not victims:
             return False
@@ -246,7 +236,7 @@ class ThreadsIO:
     def evict_then_store(self, key: bytes, data: memoryview, victims: list[bytes]) -> None:
         """Evict ``victims`` (reserved for ``key``), then store ``data``: into the first
         victim's file where it may be recycled."""
-        tier = self._live()
+        tier = self.live_tier()
         spare = None
         try:
             rest = victims
@@ -265,7 +255,7 @@ class ThreadsIO:
     def take_spare(self, victim: bytes, flags: int, dfd: int) -> tuple[Spare | None, bool]:
         """Take over ``victim``'s file for a store into the shard ``dfd``: (the file, where it
         may be overwritten in place; whether the victim is still to be evicted by unlink)."""
-        tier = self._live()
+        tier = self.live_tier()
         proto = tier.protocol
         tier._note_gone(victim)
         job = proto.spare(victim, flags, dfd)
@@ -281,7 +271,7 @@ class ThreadsIO:
 
     def evict(self, victim: bytes) -> None:
         """Evict ``victim`` by unlinking its file."""
-        tier = self._live()
+        tier = self.live_tier()
         tier._note_gone(victim)
         out = run_unlink(tier.protocol.unlink(victim))
         tier._evicted(victim, None if out.ok or out.err == errno.ENOENT else out.error())
@@ -301,8 +291,8 @@ class ThreadsIO:
             if res.step == Step.OPEN and res.err == errno.ENOENT:
                 raise not_found(key)
             if res.not_regular:
-                self._live()._stats.incr("not_regular_files")
+                self._stats.incr("not_regular_files")
             if not proto.mend(job, res):
                 raise res.error(job.name)
             job = proto.load(key, out)
-        self._live().check_read(key, hb, out, res.result)
+        self.live_tier().check_read(key, hb, out, res.result)
