@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import mmap
+import threading
 import weakref
 from pathlib import Path
 
@@ -93,6 +94,19 @@ def _any_config(kind: str, root: Path, request: pytest.FixtureRequest) -> dict[s
     return {"type": tier, "io_engine": engine, **where}
 
 
+#: the process's own thread pools, shared by every tier (not a tier's to end)
+_PROCESS_POOLS = ("asynctier-blocking", "asynctier-chain-copy")
+
+
+def _tiers_threads(before: set[threading.Thread]) -> list[str]:
+    """Threads of asynctier's started since ``before`` and still running, but the process's pools."""
+    return [
+        t.name
+        for t in threading.enumerate()
+        if t not in before and t.name.startswith("asynctier-") and not t.name.startswith(_PROCESS_POOLS)
+    ]
+
+
 _DROPPED = ["memory", "obj", "chain", "valkey"] + [
     pytest.param(f"{tier}/{engine}", marks=_NO_NATIVE) if engine == "native" else f"{tier}/{engine}"
     for tier in ("fs", "nvme")
@@ -108,11 +122,13 @@ def test_a_dropped_tier_frees_the_callers_buffer_at_once(
     """No reference cycle holds a tier: dropped, it goes with the caller's buffer at once, not
     at a later run of the cycle collector (which would then free a primary buffer of any size
     on whatever thread it runs, in the middle of other work). The fs tier's engines once held
-    their tier back (tier -> engine I/O -> tier)."""
+    their tier back (tier -> engine I/O -> tier). And its threads end: the native engine's
+    slow-path threads once waited for a collection to find the engine."""
     spec = OffloadingSpec(CHUNK, N, namespace="release")
     keys = [b"k%d" % i for i in range(N)]
+    before = set(threading.enumerate())
 
-    async def use() -> bool:
+    async def use() -> tuple[bool, list[str]]:
         buf = _Buffer(spec.total_bytes)
         watch = weakref.ref(buf)
         tier = SecondaryTierFactory.create_secondary_tier(_any_config(kind, tmp_path, request), memoryview(buf), spec)
@@ -125,11 +141,17 @@ def test_a_dropped_tier_frees_the_callers_buffer_at_once(
             assert not (await tier.offload(keys, list(range(N)))).failed
         del tier, buf
         await asyncio.sleep(0.05)  # (the loop goes on, as a server's does)
-        return watch() is None
+        for _ in range(100):  # threads told to end finish their current wait first
+            if not _tiers_threads(before):
+                break
+            await asyncio.sleep(0.02)
+        return watch() is None, _tiers_threads(before)
 
     gc.collect()
     gc.disable()
     try:
-        assert asyncio.run(use()), f"{kind} ({life}): the caller's buffer outlived its dropped tier"
+        freed, threads = asyncio.run(use())
+        assert freed, f"{kind} ({life}): the caller's buffer outlived its dropped tier"
+        assert not threads, f"{kind} ({life}): threads outlived the dropped tier: {threads}"
     finally:
         gc.enable()

@@ -449,13 +449,17 @@ class NativeEngine(EngineCounters):
             wake.set()
 
     def stop_nowait(self) -> None:
-        """Tell the engine to end once its jobs are over (from any thread), without waiting."""
+        """Tell the engine to end once its jobs are over (from any thread), without waiting;
+        its slow-path threads end once their queue is empty (the finalizer of a tier dropped
+        open calls this: they were left waiting until a collection found the engine)."""
         if not self._stopping:
             self._stopping = True
             if self._call is not None:
                 self._call(self._wake_all)
         if self.pool is not None:
             self.pool.abandon()
+        if self.executor is not None:
+            self.executor.shutdown(wait=False)
 
     async def stop(self) -> None:
         """Let the jobs started and queued end, then the service coroutines, then the pool."""
