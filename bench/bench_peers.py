@@ -204,7 +204,8 @@ def run_contender(
     shutil.rmtree(workdir, ignore_errors=True)
     workdir.mkdir(parents=True)
     # the previous contenders' garbage freed now, not by a collection inside this one's timed
-    # phases (a primary buffer of 128 MiB takes 20-40 ms of the loop thread to unmap)
+    # phases (collections that freed earlier contenders' 128 MiB buffers took 22-108 ms of the
+    # loop thread in nvme's 2 MiB writes; docs/benchmarks.md, twenty-first pass)
     gc.collect()
     benchkit.settle(workdir, limit_s=settle_s)  # the previous contender's deletions land first
     try:
