@@ -158,8 +158,9 @@ async def measure(
 
 
 def _config(
-    tier: str, engine: str | None, root: str, depth: int, chunks: int, chunk: int, steady: bool = False
-) -> dict[str, Any]:
+    tier: str, engine: str | None, root: str, depth: int, chunks: int, chunk: int, steady: bool = False,
+    slab_chunks: int = 0,
+) -> dict[str, Any]:  # fmt: skip
     config: dict[str, Any] = {"type": tier, "max_inflight": depth}
     if tier == "fs":
         config["root"] = root
@@ -170,7 +171,8 @@ def _config(
     elif tier == "nvme":
         # a full slab keeps up to 64 slots free ahead of its stores (evict_batch 16, "Evicting
         # ahead" in docs/tiers/nvme.md): room for those too, so the last chunks stored stay
-        config.update(path=os.path.join(root, "slab"), capacity_bytes=(chunks + 128) * (chunk + 4096))
+        room = slab_chunks or chunks + 128
+        config.update(path=os.path.join(root, "slab"), capacity_bytes=room * (chunk + 4096))
         if engine is not None:
             config["io_engine"] = engine
     return config
@@ -229,7 +231,16 @@ def main() -> int:
         default=0,
         help="with --steady: untimed passes of new keys into the full tier first; then also time loading the last keys",
     )
+    ap.add_argument(
+        "--slab-chunks",
+        type=int,
+        default=0,
+        help="nvme: the slab's room in chunks (default: the chunks and 128); a server's slab is far larger than "
+        "one run's chunks, and its free list with it (not with --steady)",
+    )
     args = ap.parse_args()
+    if args.slab_chunks and (args.steady or args.slab_chunks < args.chunks + 128):
+        ap.error("--slab-chunks: at least --chunks + 128, and not with --steady (which needs the tier full)")
     engines = [None] if args.engines == "-" else args.engines.split(",")
     points: list[tuple[str, str | None, int, str]] = []
     for tier in args.tiers.split(","):
@@ -247,7 +258,7 @@ def main() -> int:
             chunk = kib << 10
             root = tempfile.mkdtemp(prefix="asynctier-loopcpu-", dir=args.root)
             name, options = BACKENDS[backend]
-            config = _config(tier, engine, root, args.depth, args.chunks, chunk, args.steady)
+            config = _config(tier, engine, root, args.depth, args.chunks, chunk, args.steady, args.slab_chunks)
             try:
                 r = anyio.run(measure, config, chunk, args.chunks, args.batch, args.streams, args.steady,
                               args.steady_passes, backend=name, backend_options=options)  # fmt: skip

@@ -135,6 +135,28 @@ def test_the_index_steps_refuse_without_changing_the_index(speedups: Any) -> Non
         speedups.put_published(idx, [], 1)
 
 
+def test_take_free_reads_only_the_slots_it_takes(speedups: Any) -> None:
+    """A free list longer than PICK_MAX is taken from its end as it lies: a store call reads
+    those slots only, not the whole list (an empty slab's list holds every slot, and this runs
+    on the event loop's thread per call). Entries it does not take are not looked at, so one
+    the twin could not even read stays where it is; one it takes is still checked."""
+    nslots = PICK_MAX * 40
+    idx = SlotIndex(nslots)
+    idx.rebuild_free()
+    both(speedups, idx, "take_free", 8, PICK_MAX)  # as the reference, from a long list
+    assert len(idx.free) > PICK_MAX
+    idx.free[0] = "not a slot"  # type: ignore[call-overload]  # the list's low end: never reached
+    idx.free[1] = nslots + 5
+    taken = speedups.take_free(idx, 32, PICK_MAX)
+    assert len(taken) == 32 and len(set(taken)) == 32 and all(0 <= s < nslots for s in taken)
+    assert idx.free[:2] == ["not a slot", nslots + 5]
+    idx.free[-1] = nslots  # one it takes: refused, the index as it was
+    before = state(clone(idx))
+    with pytest.raises(IndexError, match=f"slot {nslots} of an index of {nslots}"):
+        speedups.take_free(idx, 4, PICK_MAX)
+    assert state(idx) == before
+
+
 class _Area:
     """What a store job's runs are packed into: a table of GROUP_MAX descriptors, header
     blocks, iovecs and checksums (as IoArea and the pool's sub-job table)."""
