@@ -338,3 +338,29 @@ async def _million(tmp_path: Path) -> None:
         # entries after the first went too, so the one read is further on)
         res = await tier.load([b"synthetic-0000100"], [0])
         assert failure_kind(res.failed[b"synthetic-0000100"]) == "checksum"
+
+
+def test_a_checkpoint_written_in_steps_is_the_file_written_at_once(tmp_path: Path, monkeypatch: Any) -> None:
+    """The checkpointer copies and serializes the keys a step at a time (each step holds the
+    GIL, the event loop waits for it): any step gives the same snapshot and the same bytes,
+    read back the same, including steps that do not divide the slot count."""
+    from asynctier.tiers.nvme import checkpoint as ckmod
+    from asynctier.tiers.nvme import slots as slotsmod
+
+    n = 50
+    idx = slotsmod.SlotIndex(n)
+    rng = random.Random(3)
+    for s in rng.sample(range(n), 31):
+        idx.slot_key[s] = b"key-%d" % rng.randrange(1 << 40) * rng.randrange(1, 4)
+    written = []
+    for step in (1 << 14, 7, 1, 50, 49):
+        monkeypatch.setattr(ckmod, "KEYS_STEP", step)
+        monkeypatch.setattr(slotsmod, "COPY_STEP", step)
+        ck = idx.snapshot(b"s" * 16, 3)
+        assert ck.slot_key == idx.slot_key and ck.slot_key is not idx.slot_key
+        path = tmp_path / f"ck-{step}"
+        write_checkpoint(path, ck)
+        written.append(path.read_bytes())
+        back = read_checkpoint(path)
+        assert back is not None and back.slot_key == idx.slot_key
+    assert all(w == written[0] for w in written)
