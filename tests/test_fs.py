@@ -449,6 +449,58 @@ async def test_restart_restores_lru_order_of_loads_and_touches(tmp_path: Path) -
         assert await tier2.lookup(k) == [True, True, False, False], "k2, k3 were the least recently used"
 
 
+@pytest.mark.parametrize("background", [True, False])
+async def test_restart_orders_every_shard_by_file_time_merged_in_steps(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, background: bool
+) -> None:
+    """The scan sorts each shard's files and merges the shards lazily, a few entries per hold
+    of the index's lock: the order across shards is still the files' times, oldest first."""
+    from asynctier import lru
+
+    monkeypatch.setattr(lru, "MERGE_STEP", 3)
+    per = HEADER_BLOCK + CHUNK
+    tier, view = make_tier(tmp_path)
+    fill(view, 16)
+    k = keys(24)
+    assert len({shard_of(key) for key in k}) > 8  # files in many shards
+    order = random.Random(4).sample(range(len(k)), len(k))  # k[order[0]] the oldest
+    async with tier:
+        assert (await tier.offload(k, [i % 16 for i in range(len(k))])).ok
+        base = time.time_ns() - 10**12
+        for rank, i in enumerate(order):
+            fd, name = tier.protocol.name(k[i])
+            os.utime(name, ns=(base + rank * 10**9, base + rank * 10**9), dir_fd=fd)
+    tier2, _ = make_tier(tmp_path, capacity_bytes=len(k) * per, background_scan=background)
+    async with tier2:
+        assert (await tier2.lookup(k)) == [True] * len(k)
+        if tier2.recovery.thread is not None:  # the index whole: the stores below evict from it
+            await anyio.to_thread.run_sync(tier2.recovery.thread.join)
+        assert (await tier2.offload([b"n%d" % i for i in range(5)], list(range(5)))).ok
+        gone = {k[i] for i in order[:5]}
+        assert await tier2.lookup(k) == [key not in gone for key in k], "the five oldest files go first"
+
+
+def test_a_stepped_merge_leaves_out_keys_gone_between_its_steps() -> None:
+    """Between the merge's steps the lock is free: a key noted gone then (its file deleted
+    by another call) is not brought back by a later step."""
+    from asynctier import lru
+
+    idx = lru.LRUIndex(None)
+    skip: set[bytes] = set()
+    found = [(100 - i, b"k%d" % i, 1) for i in range(2 * lru.MERGE_STEP + 5)]  # newest first
+
+    def feed() -> Iterator[tuple[int, bytes, int]]:
+        for n, item in enumerate(found):
+            if n == lru.MERGE_STEP + 1:  # the first step is in; the second is being gathered
+                skip.add(b"k%d" % (2 * lru.MERGE_STEP))
+            yield item
+
+    added = idx.merge_older_newest_first(feed(), skip)
+    assert added == len(found) - 1 and b"k%d" % (2 * lru.MERGE_STEP) not in idx
+    # oldest first, as merge_older orders them
+    assert idx.keys() == [key for _, key, _ in reversed(found) if key != b"k%d" % (2 * lru.MERGE_STEP)]
+
+
 async def test_auto_scans_large_namespace_in_background(tmp_path: Path) -> None:
     tier, view = make_tier(tmp_path)
     data = fill(view, 17)
