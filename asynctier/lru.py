@@ -279,19 +279,9 @@ class LRUIndex:
         """Drop least recently used unpinned entries until within capacity; return them."""
         with self._lock:
             cap = self.capacity_bytes
-            victims: list[bytes] = []
             if cap is None or self._used <= cap:
-                return victims
-            for k, e in list(self._entries.items()):
-                if self._used <= cap:
-                    break
-                if e.committed and e.pins == 0 and e.writers == 0:  # not while a write of it runs
-                    del self._entries[k]
-                    self._used -= e.nbytes
-                    self._committed -= 1
-                    victims.append(k)
-            self._hand_out(victims)
-            return victims
+                return []
+            return self._drop_oldest_locked(self._used - cap)
 
     def merge_older(self, found: list[tuple[int, bytes, int]], skip: set[bytes]) -> int:
         """Recovery: add chunks found by a scan (``(mtime_ns, key, nbytes)``) as *older* than every entry
@@ -343,18 +333,27 @@ class LRUIndex:
         """Drop least recently used unpinned entries worth at least ``nbytes``, capacity or not
         (the medium itself is full); return them for the caller to delete."""
         with self._lock:
-            victims: list[bytes] = []
-            for k, e in list(self._entries.items()):
-                if nbytes <= 0:
-                    break
-                if e.committed and e.pins == 0 and e.writers == 0:  # not while a write of it runs
-                    del self._entries[k]
-                    self._used -= e.nbytes
-                    self._committed -= 1
-                    nbytes -= e.nbytes
-                    victims.append(k)
-            self._hand_out(victims)
-            return victims
+            return self._drop_oldest_locked(nbytes)
+
+    def _drop_oldest_locked(self, nbytes: int) -> list[bytes]:
+        """Drop the least recently used unpinned committed entries worth at least ``nbytes``
+        (or all there are) and hand them out. Only the entries looked at are read: a copy of
+        the whole index per call (a million entries: tens of ms under the lock) would be paid
+        by every store while the medium is full."""
+        victims: list[bytes] = []
+        entries = self._entries
+        for k, e in entries.items():  # (nothing changes while iterating: dropped after)
+            if nbytes <= 0:
+                break
+            if e.committed and e.pins == 0 and e.writers == 0:  # not while a write of it runs
+                victims.append(k)
+                nbytes -= e.nbytes
+        for k in victims:
+            e = entries.pop(k)
+            self._used -= e.nbytes
+            self._committed -= 1
+        self._hand_out(victims)
+        return victims
 
     # -- reads -----------------------------------------------------------------------------
     def pin(self, key: bytes) -> bool:

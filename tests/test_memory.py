@@ -76,6 +76,25 @@ async def test_verify_chunks_reports_without_removing_unless_asked() -> None:
         assert await tier.lookup([b"b"]) == [False]
 
 
+def test_dropping_the_oldest_passes_over_pinned_and_written_entries() -> None:
+    """pop_lru (the medium is full) and evict_over_capacity (a smaller capacity at restart)
+    take the oldest committed, unpinned entries, in order, as many as the bytes need, and
+    leave every other entry where it was."""
+    idx = LRUIndex(capacity_bytes=None, track_removals=True)
+    for i in range(8):
+        idx.add(b"k%d" % i, 10)
+    idx.pin(b"k0")
+    assert idx.reserve(b"k1", 10) is None  # committed already: the write is skipped, k1 used
+    assert idx.reserve(b"w", 10) == []  # a write in progress: reserved, not committed
+    assert idx.pop_lru(25) == [b"k2", b"k3", b"k4"]
+    assert idx.keys() == [b"k0", b"k5", b"k6", b"k7", b"k1"] and idx.used_bytes == 60
+    assert all(idx.being_removed(k) for k in (b"k2", b"k3", b"k4"))
+    idx.capacity_bytes = 35
+    assert idx.evict_over_capacity() == [b"k5", b"k6", b"k7"]  # k0 pinned, w being written
+    assert idx.keys() == [b"k0", b"k1"] and idx.used_bytes == 30 and len(idx) == 2
+    assert idx.evict_over_capacity() == [] and idx.pop_lru(100) == [b"k1"]
+
+
 def test_pinned_entries_are_never_evicted() -> None:
     idx = LRUIndex(capacity_bytes=2)
     for k in (b"a", b"b"):
