@@ -25,7 +25,7 @@ from .checkpoint import read_checkpoint, write_checkpoint
 from .files import TEMP_MARK, IndexDir
 from .format import EVICT, PUBLISH, pack_record, pack_records
 from .journal import Journal, replay
-from .slots import PICK_MAX, SlotIndex
+from .slots import PICK_MAX, SlotIndex, release_in_steps
 
 _slot_of = operator.itemgetter(1)  # of a record (key, slot, seq, csum)
 
@@ -173,7 +173,10 @@ class Catalog:
                 old_gen = journal.gen
                 ck = idx.snapshot(self.slab_id, old_gen + 1)
                 journal.rotate(old_gen + 1)
-            write_checkpoint(self.ckpt_path, ck, where=self.where)
+            try:
+                write_checkpoint(self.ckpt_path, ck, where=self.where)
+            finally:
+                release_in_steps(ck.slot_key)
             for g in range(old_gen, 0, -1):
                 if not self.where.unlink(journal.name(g)):
                     break
