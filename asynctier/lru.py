@@ -16,18 +16,47 @@ again.
 
 from __future__ import annotations
 
+import heapq
 import threading
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator
 from itertools import islice
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from .errors import CapacityError
 
-__all__ = ["LRUIndex", "RemovalPending", "commit_all", "pin_all", "removed_all", "reserve_plain", "unpin_all"]
+if TYPE_CHECKING:
+    from _typeshed import SupportsRichComparison
+
+__all__ = [
+    "LRUIndex",
+    "RemovalPending",
+    "commit_all",
+    "pin_all",
+    "removed_all",
+    "reserve_plain",
+    "sorted_in_pieces",
+    "unpin_all",
+]
 
 #: entries a recovery merge adds per hold of the index lock (about a millisecond)
 MERGE_STEP = 1024
+
+_T = TypeVar("_T", bound="SupportsRichComparison")
+
+
+def sorted_in_pieces(items: Iterable[_T], piece: int = MERGE_STEP) -> Iterator[_T]:
+    """``sorted(items)``, lazily: pieces of ``piece`` items sorted on their own, then merged.
+
+    A recovery's finds are sorted on a thread while the event loop runs: one ``sorted`` of
+    them all is one call holding the GIL (a million tuples: 0.8 s). A piece is well under a
+    millisecond, and the merge runs as Python, which hands the GIL over."""
+    it = iter(items)
+    pieces: list[list[_T]] = []
+    while chunk := list(islice(it, piece)):
+        chunk.sort()
+        pieces.append(chunk)
+    return heapq.merge(*pieces)
 
 
 class RemovalPending(Exception):

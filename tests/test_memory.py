@@ -95,6 +95,18 @@ def test_dropping_the_oldest_passes_over_pinned_and_written_entries() -> None:
     assert idx.evict_over_capacity() == [] and idx.pop_lru(100) == [b"k1"]
 
 
+@pytest.mark.parametrize("piece", [1, 3, 7, 1024])
+def test_sorted_in_pieces_is_sorted(piece: int) -> None:
+    """A recovery's finds, sorted a piece at a time and merged: sorted() of them all, ties
+    (the same file time) and a last piece shorter than the others included."""
+    from asynctier.lru import sorted_in_pieces
+
+    rng = random.Random(piece)
+    found = [(rng.randrange(20), b"k%d" % rng.randrange(50), rng.choice((1, 2))) for _ in range(100)]
+    assert list(sorted_in_pieces(iter(found), piece)) == sorted(found)
+    assert list(sorted_in_pieces([], piece)) == []
+
+
 def test_pinned_entries_are_never_evicted() -> None:
     idx = LRUIndex(capacity_bytes=2)
     for k in (b"a", b"b"):

@@ -19,7 +19,7 @@ from asynctier import BlockingChunkTier, ChunkError, ChunkNotFoundError, Integri
 from asynctier.core.validation import check_keys
 from asynctier.errors import CapacityError, TierUnavailableError
 from asynctier.integrity import ChunkHeader
-from asynctier.lru import LRUIndex
+from asynctier.lru import LRUIndex, sorted_in_pieces
 from asynctier.stats import TierStats
 
 from .breaker import configured_breaker
@@ -166,8 +166,10 @@ class ObjTier(BlockingChunkTier):
     def _recover_index(self) -> None:
         """Account the chunks already under the prefix (oldest first) for capacity."""
         assert self._lru is not None
-        found = sorted((meta["last_modified"].timestamp(), key, meta["size"]) for key, meta in self._listed_keys())
-        for _, key, size in found:
+        # sorted in pieces: this runs on a thread while the loop serves, and one sort of a
+        # million objects would hold the GIL for most of a second
+        listed = ((meta["last_modified"].timestamp(), key, meta["size"]) for key, meta in self._listed_keys())
+        for _, key, size in sorted_in_pieces(listed):
             self._lru.add(key, size)
         failed = self._evict_all(self._lru.evict_over_capacity())
         if failed:
