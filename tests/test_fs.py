@@ -639,6 +639,37 @@ def test_a_held_pool_makes_no_files_until_released(tmp_path: Path, monkeypatch: 
 
 
 @pytest.mark.skipif(_NO_NATIVE is not None, reason=f"no native workers: {_NO_NATIVE}")
+async def test_removals_and_verification_run_on_threads_beside_the_native_workers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On the native engine, stores and loads are C worker jobs; removals and verification
+    are blocking bodies, run by the threads engine beside it (each holding one of the pool's
+    I/O tokens), not a coroutine and two thread hand-offs per chunk on the native engine."""
+    from asynctier.engines.native_engine import NativeEngine
+
+    continued: list[Op] = []
+    real = NativeEngine._continue
+
+    def spy(self: NativeEngine, job: Any, body: Any) -> None:
+        continued.append(job.op)
+        real(self, job, body)
+
+    monkeypatch.setattr(NativeEngine, "_continue", spy)
+    tier, view = make_tier(tmp_path, memoryview(aligned_buffer(NCHUNKS * CHUNK)), io_engine="native", max_inflight=4)
+    data = fill(view, 43)
+    k = keys(6, "R")
+    async with tier:
+        assert (await tier.offload(k, list(range(6)))).ok
+        assert (await tier.verify_chunks(k)).ok
+        res = await tier.remove(k[:4])
+        assert res.ok and sorted(res.succeeded) == sorted(k[:4])
+        assert await tier.lookup(k) == [False] * 4 + [True] * 2
+        assert (await tier.load(k[4:], [10, 11])).ok and chunk(view, 10) == data[4]
+        assert tier.stats().removed == 4
+    assert Op.REMOVE not in continued and Op.VERIFY not in continued
+
+
+@pytest.mark.skipif(_NO_NATIVE is not None, reason=f"no native workers: {_NO_NATIVE}")
 async def test_the_native_engines_pool_refills_only_once_the_tier_has_been_idle_a_while(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

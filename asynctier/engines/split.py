@@ -2,7 +2,7 @@
 under one bound.
 
 Why: a tier may have native fast paths for some operations only (the nvme tier's loads and
-stores) while its other operations are blocking bodies that need a thread each (removals,
+stores; the fs tier's) while its other operations are blocking bodies that need a thread each (removals,
 lookups, verification). On the native engine alone such a body runs as a continuation, a
 coroutine and a thread hand-off per job; the threads engine runs it with no loop round trip
 per chunk. Each threads-engine job holds one of the native pool's I/O tokens while it runs
@@ -27,10 +27,11 @@ __all__ = ["SplitEngine"]
 class SplitEngine:
     """``native`` runs the operations it has a fast path for (:attr:`NativeEngine.fast`);
     ``threads`` runs the others, each job holding a native I/O token (:meth:`held`). ``nice``:
-    the C workers' (:class:`~asynctier.engines.native.NativePool`)."""
+    the C workers' (:class:`~asynctier.engines.native.NativePool`); ``plan_chunks``: the
+    native engine's (:class:`~asynctier.engines.native_engine.NativeEngine`)."""
 
-    def __init__(self, bound: int, name: str = "asynctier", nice: int = 0) -> None:
-        self.native = NativeEngine(bound, name=name, nice=nice)
+    def __init__(self, bound: int, name: str = "asynctier", nice: int = 0, plan_chunks: int | None = None) -> None:
+        self.native = NativeEngine(bound, name=name, nice=nice, plan_chunks=plan_chunks)
         self.threads = ThreadEngine(bound, name=f"{name}-t")
         self.bound = bound
 
@@ -87,7 +88,9 @@ class SplitEngine:
     async def run(
         self, jobs: list[Job], *, drop_after: float | None = None, on_drop: DropHandler | None = None
     ) -> None:
-        await self._for(jobs).run(jobs, drop_after=drop_after, on_drop=on_drop)
+        # (runs per call: _for written out)
+        engine = self.native if jobs and jobs[0].op in self.native.fast else self.threads
+        await engine.run(jobs, drop_after=drop_after, on_drop=on_drop)
 
     def cancel_pending(self, jobs: Iterable[Job]) -> list[Job]:
         jobs = list(jobs)

@@ -17,7 +17,7 @@ from asynctier.core.backend import run_on_thread_to_end
 from asynctier.core.jobs import evened
 from asynctier.core.validation import check_bool, check_path, check_private_dir, integer, permission_bits
 from asynctier.engines import Engine
-from asynctier.engines.native_engine import NativeEngine
+from asynctier.engines.split import SplitEngine
 from asynctier.io_engine import IoEngine, check_io_engine, runs_native
 from asynctier.lru import LRUIndex
 from asynctier.posix_io import O_DIRECT, logical_block_size, network_fs
@@ -214,6 +214,7 @@ class FsTier(BlockingChunkTier):
         self.threads = ThreadsIO(self)
         self.recovery = Recovery(self.index, self._stats, self.names, self.stale_tmp_s, self.threads.evict, label)
         self._native: NativeIO | None = None
+        self._split: SplitEngine | None = None  # the engine, when it runs native
         #: whether evicted files are overwritten in place (decided at open)
         self.recycle_on = False
         #: NFS, Lustre, ...: lock queries may wait on a server
@@ -443,18 +444,23 @@ class FsTier(BlockingChunkTier):
 
     def make_engine(self) -> Engine:
         self._native = None
+        self._split = None
         if not runs_native(self.io_engine):
             return super().make_engine()
         name = f"asynctier-{self.tier_type}"
         # a turn of the loop plans at most 16 chunks (each 10-40 us of Python here): a load of
         # group jobs (group_size) would otherwise be planned whole in one callback (p99 lag of
-        # grouped loads 0.87-1.33 ms against 1.10-1.50 unbounded; docs/benchmarks.md, eighth pass)
-        engine = NativeEngine(self.max_inflight or 1, name=name, nice=self.worker_nice, plan_chunks=16)
-        self._native = NativeIO(self, engine)
+        # grouped loads 0.87-1.33 ms against 1.10-1.50 unbounded; docs/benchmarks.md, eighth pass).
+        # Stores and loads on the C workers; removals, lookups and verification on threads, as
+        # the nvme tier's: on the native engine each was a coroutine and two thread hand-offs
+        # per chunk (40 us of the loop's CPU a removed chunk; docs/benchmarks.md, twenty-second pass)
+        split = SplitEngine(self.max_inflight or 1, name, self.worker_nice, plan_chunks=16)
+        self._native = NativeIO(self, split.native)
         # the plain store and load run without a coroutine per chunk (.fast)
-        engine.fast[Op.STORE] = StorePath(self._native)
-        engine.fast[Op.LOAD] = LoadPath(self._native)
-        return engine
+        split.fast[Op.STORE] = StorePath(self._native)
+        split.fast[Op.LOAD] = LoadPath(self._native)
+        self._split = split
+        return split
 
     def group_size(self, op: Op, n: int) -> int:
         """Chunks per job for a call of ``n`` chunks: on the native engine, up to
@@ -512,7 +518,7 @@ class FsTier(BlockingChunkTier):
             body = self._verify_pinned
         else:
             body = super().job_body(op)
-        return body if native is None else self.on_thread(body, native.engine.blocking)
+        return body if self._split is None else self._split.held(body, op.priority)
 
     def _store_evicting(self, key: bytes, cid: int, t0: float) -> None:
         """Evict, then write: into the first victim's file where it may be recycled."""
