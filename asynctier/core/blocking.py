@@ -8,7 +8,7 @@ They run on ``max_inflight`` worker threads of the threads engine
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from functools import partial
 from typing import Any
 
@@ -121,19 +121,6 @@ class BlockingChunkTier(ChunkTier):
             Op.LOOKUP: self._lookup_job,
             Op.VERIFY: self._verify_job,
         }[op]
-
-    @staticmethod
-    def on_thread(
-        body: Callable[..., Any], run: Callable[..., Awaitable[Any]] = run_on_thread_to_end
-    ) -> Callable[..., Awaitable[Any]]:
-        """A blocking job body as a coroutine that runs it on a thread through ``run``, for a
-        tier whose engine runs coroutines (the fs tier's native engine runs its rare
-        operations this way)."""
-
-        async def on_thread(*args: Any) -> Any:
-            return await run(body, *args)
-
-        return on_thread
 
     def _verify_job(self, key: bytes, remove_bad: int, t0: float) -> None:
         try:

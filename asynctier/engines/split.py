@@ -1,8 +1,8 @@
 """An engine that runs some operations on the native engine and the rest on the threads engine,
 under one bound.
 
-Why: a tier may have native fast paths for some operations only (the nvme tier's loads and
-stores; the fs tier's) while its other operations are blocking bodies that need a thread each (removals,
+Why: a tier may have native fast paths for some operations only (the nvme and fs tiers' loads
+and stores) while its other operations are blocking bodies that need a thread each (removals,
 lookups, verification). On the native engine alone such a body runs as a continuation, a
 coroutine and a thread hand-off per job; the threads engine runs it with no loop round trip
 per chunk. Each threads-engine job holds one of the native pool's I/O tokens while it runs

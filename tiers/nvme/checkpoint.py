@@ -109,7 +109,7 @@ def _directory(path: Path, where: IndexDir | None) -> Iterator[IndexDir]:
 
 
 #: slots serialized per step: the checkpointer thread holds the GIL through each step (one C
-#: call), so the event loop waits at most about one step (under a millisecond) for it
+#: call), so the event loop waits for it no longer than the switch interval and one step
 KEYS_STEP = 1 << 14
 
 
