@@ -354,8 +354,7 @@ def test_a_checkpoint_written_in_steps_is_the_file_written_at_once(tmp_path: Pat
         idx.slot_key[s] = b"key-%d" % rng.randrange(1 << 40) * rng.randrange(1, 4)
     written = []
     for step in (1 << 14, 7, 1, 50, 49):
-        monkeypatch.setattr(ckmod, "KEYS_STEP", step)
-        monkeypatch.setattr(slotsmod, "COPY_STEP", step)
+        monkeypatch.setattr(ckmod, "STEP", step)  # (the snapshot's copies too)
         ck = idx.snapshot(b"s" * 16, 3)
         assert ck.slot_key == idx.slot_key and ck.slot_key is not idx.slot_key
         path = tmp_path / f"ck-{step}"

@@ -108,20 +108,21 @@ def _directory(path: Path, where: IndexDir | None) -> Iterator[IndexDir]:
         d.close()
 
 
-#: slots serialized per step: the checkpointer thread holds the GIL through each step (one C
-#: call), so the event loop waits for it no longer than the switch interval and one step
-KEYS_STEP = 1 << 14
+#: slots the checkpointer copies or serializes per step (here and in SlotIndex.snapshot): it
+#: holds the GIL through each step (one C call), so the event loop waits for it no longer
+#: than the switch interval and one step
+STEP = 1 << 14
 
 
 def _keys_in_pieces(keys: Sequence[bytes]) -> tuple[array[int], list[bytes]]:
-    """Each key's length, and the keys joined, ``KEYS_STEP`` keys at a time.
+    """Each key's length, and the keys joined, ``STEP`` keys at a time.
 
     Done whole, ``array("H", map(len, keys))`` and ``b"".join(keys)`` are each one C call
     holding the GIL: 16 and 7 ms at 370,000 slots, a stall of the event loop every checkpoint."""
     keylens: array[int] = array("H")
     blobs: list[bytes] = []
-    for i in range(0, len(keys), KEYS_STEP):
-        piece = keys[i : i + KEYS_STEP]
+    for i in range(0, len(keys), STEP):
+        piece = keys[i : i + STEP]
         keylens.extend(map(len, piece))
         blobs.append(b"".join(piece))
     return keylens, blobs

@@ -10,6 +10,7 @@ from collections.abc import Iterable
 from itertools import compress, pairwise
 from typing import TypeVar
 
+from . import checkpoint
 from .checkpoint import Checkpoint
 
 __all__ = ["PICK_MAX", "SlotIndex"]
@@ -18,9 +19,6 @@ __all__ = ["PICK_MAX", "SlotIndex"]
 #: an eviction batch and a few left over); a longer one is popped from its end as it lies
 PICK_MAX = 128
 
-
-#: items copied per step by a snapshot (see _copy_in_steps)
-COPY_STEP = 1 << 14
 
 _Seq = TypeVar("_Seq", "list[bytes]", "array[int]")
 
@@ -31,8 +29,8 @@ def _copy_in_steps(items: _Seq) -> _Seq:
     array of sequence numbers is 1-3 ms (its fresh pages faulted in); between steps the
     event loop gets the GIL."""
     out = items[:0]
-    for i in range(0, len(items), COPY_STEP):
-        out += items[i : i + COPY_STEP]
+    for i in range(0, len(items), checkpoint.STEP):
+        out += items[i : i + checkpoint.STEP]
     return out
 
 
@@ -40,7 +38,7 @@ def release_in_steps(items: list[bytes]) -> None:
     """Empty a snapshot's copy a step at a time: dropped whole, a list of a million keys is
     one 5 ms call holding the GIL, as its copy was."""
     while items:
-        del items[-COPY_STEP:]
+        del items[-checkpoint.STEP :]
 
 
 class SlotIndex:
