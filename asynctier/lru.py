@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import heapq
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator
 from itertools import islice
@@ -323,7 +324,14 @@ class LRUIndex:
         loop's calls wait for the lock (100,000 files at once: 100 ms)."""
         added = 0
         it = iter(found)
+        first = True
         while step := list(islice(it, MERGE_STEP)):
+            if not first:
+                # the GIL handed over between steps: a merge is Python on a thread, and the
+                # loop otherwise waits a switch interval (5 ms) for it each time (the p99 lag
+                # of reopening 100,000 files: 5.3-5.4 ms without, 1.3-3.7 ms with)
+                time.sleep(0)
+            first = False
             with self._lock:
                 for _, key, nbytes in step:  # each to the front
                     if key in self._entries or key in skip or key in self._removing:
