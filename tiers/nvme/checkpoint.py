@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from array import array
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -122,6 +123,8 @@ def _keys_in_pieces(keys: Sequence[bytes]) -> tuple[array[int], list[bytes]]:
     keylens: array[int] = array("H")
     blobs: list[bytes] = []
     for i in range(0, len(keys), STEP):
+        if i:
+            time.sleep(0)  # the GIL handed over at once (else the loop waits a switch interval)
         piece = keys[i : i + STEP]
         keylens.extend(map(len, piece))
         blobs.append(b"".join(piece))
