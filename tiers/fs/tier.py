@@ -453,7 +453,7 @@ class FsTier(BlockingChunkTier):
         # grouped loads 0.87-1.33 ms against 1.10-1.50 unbounded; docs/benchmarks.md, eighth pass).
         # Stores and loads on the C workers; removals, lookups and verification on threads, as
         # the nvme tier's: on the native engine each was a coroutine and two thread hand-offs
-        # per chunk (40 us of the loop's CPU a removed chunk; docs/benchmarks.md, twenty-second pass)
+        # per chunk (29-44 us of the loop's CPU a chunk; docs/benchmarks.md, twenty-second pass)
         split = SplitEngine(self.max_inflight or 1, name, self.worker_nice, plan_chunks=16)
         self._native = NativeIO(self, split.native)
         # the plain store and load run without a coroutine per chunk (.fast)
