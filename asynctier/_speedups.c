@@ -397,6 +397,36 @@ static PyObject *plain_ids(PyObject *self, PyObject *const *args, Py_ssize_t nar
     Py_RETURN_TRUE;
 }
 
+/* untrack(index) -> None: see asynctier/untracked.py. A list, or a dict (an OrderedDict too),
+ * whose items (keys and values) are of types without the collector's support (bytes, int,
+ * LRUEntry) can be in no reference cycle: the cycle collector need not traverse it. CPython
+ * stops tracking such dicts by itself, never lists or OrderedDicts; a dict it tracks again
+ * once anything it might have to follow goes in. */
+static int atomic(PyObject *o, PyObject *where, Py_ssize_t i) {
+    if (!PyObject_IS_GC(o)) return 0;
+    PyErr_Format(PyExc_TypeError, "untrack(): a %.50s holds a %.50s at %zd; only objects that reference nothing "
+                 "the collector follows (bytes, int) may be left out", Py_TYPE(where)->tp_name, Py_TYPE(o)->tp_name, i);
+    return -1;
+}
+
+static PyObject *untrack(PyObject *self, PyObject *index) {
+    (void)self;
+    if (PyList_CheckExact(index)) {
+        for (Py_ssize_t i = 0; i < PyList_GET_SIZE(index); i++)
+            if (atomic(PyList_GET_ITEM(index, i), index, i) < 0) return NULL;
+    } else if (PyDict_Check(index)) {
+        Py_ssize_t pos = 0, i = 0;
+        PyObject *k, *v;
+        for (; PyDict_Next(index, &pos, &k, &v); i++)
+            if (atomic(k, index, i) < 0 || atomic(v, index, i) < 0) return NULL;
+    } else {
+        PyErr_Format(PyExc_TypeError, "untrack(): a list or a dict, not %.50s", Py_TYPE(index)->tp_name);
+        return NULL;
+    }
+    if (PyObject_GC_IsTracked(index)) PyObject_GC_UnTrack(index);
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
     {"plain_keys", (PyCFunction)(void (*)(void))plain_keys, METH_FASTCALL,
      "plain_keys(keys, max_len) -> bool: each key is bytes of 1 to max_len bytes."},
@@ -405,6 +435,8 @@ static PyMethodDef methods[] = {
     {"b32", b32, METH_O, "b32(key: bytes) -> str: RFC 4648 base32 of key, lowercase, without padding."},
     {"use_xxh3", use_xxh3, METH_O, "use_xxh3(address: int) -> None: hash with the XXH3_64bits there."},
     {"name_of", name_of, METH_O, "name_of(key: bytes) -> (shard, token): the fs tier's shard and file name."},
+    {"untrack", untrack, METH_O,
+     "untrack(index) -> None: a list or dict of bytes, ints and the like left out of the cycle collector."},
     {"pack_header_into", (PyCFunction)(void (*)(void))pack_header_into, METH_FASTCALL,
      "pack_header_into(block, used, key, payload_len, layout_digest) -> size: a header with a zero checksum."},
     {"header_matches", (PyCFunction)(void (*)(void))header_matches, METH_FASTCALL,

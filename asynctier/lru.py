@@ -25,6 +25,7 @@ from itertools import islice
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from .errors import CapacityError
+from .untracked import untracked
 
 if TYPE_CHECKING:
     from _typeshed import SupportsRichComparison
@@ -94,7 +95,8 @@ class LRUIndex:
         #: keys handed out for deletion stay "being removed" until :meth:`removed` (see the module doc)
         self.track_removals = track_removals
         self._lock = threading.Lock()
-        self._entries: OrderedDict[bytes, _PyEntry] = OrderedDict()
+        # (bytes -> LRUEntry where built: nothing the cycle collector follows; see untracked)
+        self._entries: OrderedDict[bytes, _PyEntry] = untracked(OrderedDict())
         # keys being deleted -> the event a write of one waits on, made when one first does
         # (a threading.Event costs more than the rest of an eviction's bookkeeping)
         self._removing: dict[bytes, threading.Event | None] = {}

@@ -11,6 +11,8 @@ from collections.abc import Iterable
 from itertools import compress, pairwise
 from typing import TypeVar
 
+from asynctier.untracked import untracked
+
 from . import checkpoint
 from .checkpoint import Checkpoint
 
@@ -30,6 +32,8 @@ def _copy_in_steps(items: _Seq) -> _Seq:
     array of sequence numbers is 1-3 ms (its fresh pages faulted in); between steps the
     event loop gets the GIL."""
     out = items[:0]
+    if type(out) is list:  # (an empty list: the keys copied in are bytes, never containers)
+        untracked(out)
     for i in range(0, len(items), checkpoint.STEP):
         out += items[i : i + checkpoint.STEP]
     return out
@@ -56,7 +60,7 @@ class SlotIndex:
         self.nslots = nslots
         self.lock = threading.Lock()
         self.entries: dict[bytes, int] = {}
-        self.slot_key = [b""] * nslots  # b"": free (keys are never empty)
+        self.slot_key = untracked([b""] * nslots)  # b"": free (keys are never empty)
         self.prev = array("i", [-1]) * nslots
         self.nxt = array("i", [-1]) * nslots
         self.head = -1  # least recently used
@@ -83,7 +87,7 @@ class SlotIndex:
         entries = dict(zip(ck.slot_key, range(ck.nslots)))
         entries.pop(b"", None)
         self.entries = entries
-        self.slot_key = ck.slot_key
+        self.slot_key = untracked(ck.slot_key)
         self.prev, self.nxt, self.head, self.tail = ck.prev, ck.nxt, ck.head, ck.tail
         self.slot_seq, self.slot_csum = ck.slot_seq, ck.slot_csum
 
@@ -201,7 +205,9 @@ class SlotIndex:
     def rebuild_free(self) -> None:
         """Free = every slot without a key; a stack popped from the end, so low slots go first
         and consecutive stores rotate across stripes."""
-        self.free = list(compress(range(self.nslots - 1, -1, -1), map(operator.not_, reversed(self.slot_key))))
+        self.free = untracked(
+            list(compress(range(self.nslots - 1, -1, -1), map(operator.not_, reversed(self.slot_key))))
+        )
 
     def pin(self, slot: int) -> None:
         """Keep ``slot`` from being freed while it is read (call with the lock held)."""
