@@ -465,6 +465,8 @@ static PyMethodDef methods[] = {
      "release_many(index, slots, first_ticket) -> None: the nvme index's slots freed behind their tickets."},
     {"take_free", (PyCFunction)(void (*)(void))take_free, METH_FASTCALL,
      "take_free(index, n, pick_max) -> list[int]: n of the nvme index's free slots, in as few runs as it has."},
+    {"pack_keys", (PyCFunction)(void (*)(void))pack_keys, METH_FASTCALL,
+     "pack_keys(keys, start, stop) -> (bytes, bytes): keys[start:stop] as an nvme checkpoint stores them."},
     {"begin_writes", (PyCFunction)(void (*)(void))begin_writes, METH_FASTCALL,
      "begin_writes(index, keys, taken, first_seq) -> int: the nvme index's writes numbered; the ticket to flush."},
     {"end_writes", (PyCFunction)(void (*)(void))end_writes, METH_FASTCALL,

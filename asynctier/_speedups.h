@@ -70,6 +70,7 @@ SP_HIDDEN PyObject *end_writes(PyObject *self, PyObject *const *args, Py_ssize_t
 SP_HIDDEN PyObject *put_published(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 SP_HIDDEN PyObject *pin_many(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 SP_HIDDEN PyObject *unpin_many(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+SP_HIDDEN PyObject *pack_keys(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 
 /* _speedups_nvme_runs.c */
 SP_HIDDEN PyObject *slot_runs(PyObject *self, PyObject *const *args, Py_ssize_t nargs);

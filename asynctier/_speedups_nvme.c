@@ -6,7 +6,9 @@
  *
  * The index is a SlotIndex (tiers/nvme/slots.py): its attributes are read here by name and
  * checked for their types; its LRU list's head and tail are written back at the end. Every
- * argument is checked before the index changes: a refused call leaves it as it was. */
+ * argument is checked before the index changes: a refused call leaves it as it was.
+ *
+ * Last, the checkpointer's step (pack_keys), whose reference is in tiers/nvme/checkpoint.py. */
 #include "_speedups.h"
 
 /* What a call uses of the SlotIndex: new references to its containers, its arrays' buffers,
@@ -836,4 +838,71 @@ SP_HIDDEN PyObject *unpin_many(PyObject *self, PyObject *const *args, Py_ssize_t
     Py_DECREF(slots);
     if (rc < 0) return NULL;
     Py_RETURN_NONE;
+}
+
+/* pack_keys(keys, start, stop) -> (lengths, joined): see checkpoint.pack_keys. keys[start:stop]
+ * as a checkpoint stores them, each length a native uint16, the keys joined: a step of the
+ * checkpointer's, holding the GIL, in place of array("H", map(len, ...)) and b"".join(...),
+ * which read each key twice and ran Python's per-item calls. */
+SP_HIDDEN PyObject *pack_keys(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    static const char fn[] = "pack_keys";
+    if (check_nargs(fn, nargs, 3) < 0) return NULL;
+    if (!PyList_CheckExact(args[0])) {
+        PyErr_Format(PyExc_TypeError, "%s(): keys must be a list, not %.50s", fn, Py_TYPE(args[0])->tp_name);
+        return NULL;
+    }
+    PyObject *keys = args[0];
+    Py_ssize_t start = PyLong_AsSsize_t(args[1]), stop = PyLong_AsSsize_t(args[2]);
+    if ((start == -1 || stop == -1) && PyErr_Occurred()) return NULL;
+    if (start < 0 || stop < start || stop > PyList_GET_SIZE(keys)) {
+        PyErr_Format(PyExc_ValueError, "%s(): keys[%zd:%zd] of a list of %zd", fn, start, stop, PyList_GET_SIZE(keys));
+        return NULL;
+    }
+    /* One pass over the keys (each a cache miss in a large index), copied into a buffer grown
+     * as needed, the next few fetched ahead. */
+    Py_ssize_t n = stop - start, cap = 32 * n + 64, used = 0;
+    uint16_t *lens = PyMem_Malloc(sizeof(uint16_t) * (size_t)(n ? n : 1));
+    char *buf = PyMem_Malloc((size_t)cap);
+    PyObject *out = NULL;
+    if (lens == NULL || buf == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t i = start; i < stop; i++) {
+#if defined(__GNUC__)
+        if (i + 8 < stop) __builtin_prefetch(PyList_GET_ITEM(keys, i + 8));
+#endif
+        PyObject *k = PyList_GET_ITEM(keys, i);
+        if (!PyBytes_CheckExact(k)) {
+            PyErr_Format(PyExc_TypeError, "%s(): keys[%zd] is a %.50s, not bytes", fn, i, Py_TYPE(k)->tp_name);
+            goto done;
+        }
+        Py_ssize_t len = PyBytes_GET_SIZE(k);
+        if (len > UINT16_MAX) {
+            PyErr_Format(PyExc_OverflowError, "%s(): keys[%zd] is %zd bytes long; at most %d fit", fn, i, len,
+                         UINT16_MAX);
+            goto done;
+        }
+        if (used + len > cap) {
+            char *more = PyMem_Realloc(buf, (size_t)(cap = 2 * cap + len));
+            if (more == NULL) {
+                PyErr_NoMemory();
+                goto done;
+            }
+            buf = more;
+        }
+        lens[i - start] = (uint16_t)len;
+        memcpy(buf + used, PyBytes_AS_STRING(k), (size_t)len);
+        used += len;
+    }
+    PyObject *lb = PyBytes_FromStringAndSize((const char *)lens, 2 * n);
+    PyObject *jb = lb ? PyBytes_FromStringAndSize(buf, used) : NULL;
+    if (jb != NULL) out = PyTuple_Pack(2, lb, jb);
+    Py_XDECREF(lb);
+    Py_XDECREF(jb);
+done:
+    PyMem_Free(lens);
+    PyMem_Free(buf);
+    return out;
 }

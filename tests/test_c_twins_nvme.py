@@ -157,6 +157,31 @@ def test_take_free_reads_only_the_slots_it_takes(speedups: Any) -> None:
     assert state(idx) == before
 
 
+def test_packing_a_checkpoints_keys_matches_its_reference(speedups: Any) -> None:
+    """The checkpointer's step: keys[start:stop] as lengths and the keys joined, the same
+    bytes as the reference (free slots' b"" included); what is wrong is refused the same way."""
+    from asynctier.tiers.nvme import checkpoint
+
+    rng = random.Random(9)
+    keys = [b"" if rng.random() < 0.3 else rng.randbytes(rng.randrange(1, 300)) for _ in range(500)]
+    keys.append(b"x" * 65535)
+    for start, stop in ((0, len(keys)), (0, 0), (7, 7), (3, 250), (499, 501), (len(keys), len(keys))):
+        assert speedups.pack_keys(keys, start, stop) == checkpoint.pack_keys(keys, start, stop)
+    for bad, exc, match in (
+        ([b"a", bytearray(b"b")], TypeError, r"keys\[1\] is a bytearray, not bytes"),
+        ([b"a", b"y" * 65536], OverflowError, None),
+    ):
+        for f in (speedups.pack_keys, checkpoint.pack_keys):
+            with pytest.raises(exc, match=match):
+                f(bad, 0, 2)
+    for start, stop in ((-1, 2), (2, 1), (0, len(keys) + 1)):
+        for f in (speedups.pack_keys, checkpoint.pack_keys):
+            with pytest.raises(ValueError, match=rf"keys\[{start}:{stop}\] of a list of {len(keys)}"):
+                f(keys, start, stop)
+    with pytest.raises(TypeError, match="keys must be a list, not tuple"):
+        speedups.pack_keys(tuple(keys), 0, 1)
+
+
 class _Area:
     """What a store job's runs are packed into: a table of GROUP_MAX descriptors, header
     blocks, iovecs and checksums (as IoArea and the pool's sub-job table)."""
