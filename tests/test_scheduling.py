@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from typing import Any
 
+import anyio
 import pytest
 
 from asynctier import (
@@ -22,6 +24,7 @@ from asynctier import (
     OffloadingSpec,
     TierClosedError,
     TierConfigError,
+    TierStateError,
 )
 
 SPEC = OffloadingSpec(4096, 16)
@@ -639,6 +642,95 @@ def test_a_tier_called_from_another_event_loop_says_so_instead_of_hanging(tmp_pa
     finally:
         first.close()
         second.close()
+
+
+def _loop_bound_tier(tmp_path: Any, kind: str) -> Any:
+    """A tier on an engine whose workers live on the loop that opens it: tasks, native."""
+    from nvme_helpers import aligned
+
+    from asynctier import SecondaryTierFactory
+    from asynctier.engines import native
+
+    if kind == "tasks":
+        config: dict[str, Any] = {"type": "AsyncDictTier", "module_path": "async_dict_tier"}
+    elif kind == "chain":  # (its background writers are coroutines of that loop too)
+        below = {"type": "AsyncDictTier", "module_path": "async_dict_tier"}
+        config = {"type": "chain", "write": "back", "tiers": [{"type": "memory", "capacity_bytes": 1 << 20}, below]}
+    else:
+        if native.problem() is not None:
+            pytest.skip(f"no native workers: {native.problem()}")
+        config = {"type": kind, "io_engine": "native"}
+        config.update(
+            {"root": str(tmp_path)} if kind == "fs" else {"path": str(tmp_path / "slab"), "capacity_bytes": 1 << 22}
+        )
+    return SecondaryTierFactory.create_secondary_tier(config, aligned(SPEC.total_bytes), SPEC)
+
+
+def _run_on(library: str, fn: Any) -> Any:
+    if library == "trio":
+        import trio
+
+        return trio.run(fn)
+    return asyncio.run(fn())
+
+
+@pytest.mark.parametrize("kind", ["tasks", "fs", "nvme", "chain"])
+@pytest.mark.parametrize(("first", "second"), [("asyncio", "asyncio"), ("trio", "trio"), ("trio", "asyncio")])
+def test_a_tier_closed_on_another_loop_once_its_own_is_gone_closes(tmp_path: Any, kind: str, first: str,
+                                                                      second: str) -> None:  # fmt: skip
+    """Opened in one ``asyncio.run`` (or ``trio.run``) and closed in the next, a tier on the
+    native engine waited for ever for service coroutines that ended with the first loop.
+    Once that loop is gone, the close runs without it: the workers finish and are joined, the
+    files are closed."""
+    import os
+
+    def threads() -> set[str]:  # (the process-wide blocking pool outlives tiers)
+        return {t.name for t in threading.enumerate() if not t.name.startswith("asynctier-blocking")}
+
+    tier = _loop_bound_tier(tmp_path, kind)
+    before, fds = threads(), len(os.listdir("/proc/self/fd"))
+
+    async def use() -> None:
+        await tier.open()
+        assert (await tier.offload([b"k"], [0])).ok
+
+    async def close() -> None:
+        with anyio.fail_after(20):
+            await tier.aclose()
+
+    _run_on(first, use)
+    _run_on(second, close)
+    assert not tier.is_open
+    with pytest.raises(TierClosedError):
+        _run_on(second, lambda: tier.lookup([b"k"]))
+    for _ in range(100):  # (the slow-path threads leave once idle)
+        if threads() <= before:
+            break
+        time.sleep(0.05)
+    assert threads() <= before
+    assert len(os.listdir("/proc/self/fd")) <= fds
+
+
+@pytest.mark.parametrize("kind", ["tasks", "fs", "nvme", "chain"])
+def test_a_tier_closed_from_another_loop_while_its_own_runs_is_refused_and_stays_open(tmp_path: Any,
+                                                                                     kind: str) -> None:  # fmt: skip
+    """The loop a tier was opened on still runs: a close from another loop is refused before
+    anything changes (the workers serve that loop), and the tier goes on serving it."""
+    tier = _loop_bound_tier(tmp_path, kind)
+    home, other = asyncio.new_event_loop(), asyncio.new_event_loop()
+    try:
+        home.run_until_complete(tier.open())
+        with pytest.raises(
+            TierStateError, match="opened on another event loop, which still runs: close it on that loop"
+        ):
+            other.run_until_complete(asyncio.wait_for(tier.aclose(), 20))
+        assert tier.is_open
+        assert home.run_until_complete(tier.offload([b"k"], [0])).ok
+        home.run_until_complete(tier.aclose())
+        assert not tier.is_open
+    finally:
+        home.close()
+        other.close()
 
 
 # -- the native engine's batches (issue 28 item 1) ------------------------------------------------

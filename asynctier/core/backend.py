@@ -28,6 +28,7 @@ import sniffio
 
 __all__ = [
     "current_loop",
+    "loop_running",
     "event_class",
     "spawn_service",
     "Event",
@@ -254,6 +255,10 @@ class ReadableWatch:
 
         trio.lowlevel.spawn_system_task(watch, name=f"asynctier-fd{fd}-watch")
 
+    def forget(self) -> None:
+        """The loop it watched on is gone, and the watch with it: only note it closed."""
+        self._closed = True
+
     def close(self) -> None:
         """Stop watching (on the loop's thread; idempotent). Before closing ``fd``."""
         if self._closed:
@@ -292,6 +297,24 @@ def spawn_service(fn: Callable[[], Awaitable[None]], name: str) -> None:
     import trio
 
     trio.lowlevel.spawn_system_task(fn, name=name)
+
+
+def loop_running(loop: object) -> bool:
+    """Whether ``loop`` (a :func:`current_loop` identity) can still run anything: an asyncio
+    loop not closed yet (``asyncio.run`` closes its loop as it returns), a trio run not over."""
+    if isinstance(loop, asyncio.AbstractEventLoop):
+        return not loop.is_closed()
+    import trio
+
+    try:
+        loop.run_sync_soon(_nothing)  # type: ignore[attr-defined]
+    except trio.RunFinishedError:
+        return False
+    return True
+
+
+def _nothing() -> None:
+    pass
 
 
 def current_loop() -> object:

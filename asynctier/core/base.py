@@ -191,6 +191,12 @@ class ChunkTier(Bookkeeping, Lifecycle, SecondaryTierManager):
         # a tier dropped without aclose() must not leave its workers behind
         weakref.finalize(self, engine.stop_nowait)
 
+    def _check_close(self) -> None:
+        # an engine bound to the loop it was opened on stops on it, or once it is gone
+        check: Callable[[], None] | None = getattr(self._engine, "check_stop_here", None)
+        if check is not None:
+            check()
+
     async def _closing_down(self) -> None:
         try:
             await self.drain()

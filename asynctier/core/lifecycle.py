@@ -11,7 +11,7 @@ from __future__ import annotations
 import anyio
 
 from ..errors import TierClosedError, TierNotOpenError
-from .backend import CloseHandle, start_close
+from .backend import CloseHandle, current_loop, start_close
 
 __all__ = ["Lifecycle"]
 
@@ -25,6 +25,7 @@ class Lifecycle:
     def _init_lifecycle(self) -> None:
         self._state = _NEW
         self._open_lock: anyio.Lock | None = None  # open() and the close, one at a time
+        self._lock_loop: object = None  # the loop that made it (a lock serves one loop, one library)
         self._close_handle: CloseHandle | None = None  # the close every aclose() waits for
 
     async def _opening(self) -> None:
@@ -35,6 +36,9 @@ class Lifecycle:
 
     def _closed(self) -> None:
         """Runs once the tier is closed (also when it was never opened)."""
+
+    def _check_close(self) -> None:
+        """Raise where the close cannot run (before anything changes: the tier stays open)."""
 
     @property
     def is_open(self) -> bool:
@@ -52,13 +56,19 @@ class Lifecycle:
         if self._state in (_CLOSING, _CLOSED) or self._close_handle is not None:
             raise TierClosedError(f"{self!r} is closed; create a new tier instead of reopening")
 
+    def _open_close_lock(self) -> anyio.Lock:
+        """The open/close lock of the running loop: a close on another loop, once the tier's
+        own is gone (see ChunkTier._check_close), takes a lock of its own loop and library."""
+        here = current_loop()
+        if self._open_lock is None or self._lock_loop is not here:
+            self._open_lock, self._lock_loop = anyio.Lock(), here
+        return self._open_lock
+
     async def _open_once(self) -> None:
         if self._state == _OPEN:
             return
         self._refuse_reopen()
-        if self._open_lock is None:
-            self._open_lock = anyio.Lock()
-        async with self._open_lock:
+        async with self._open_close_lock():
             if self._state == _OPEN:
                 return
             self._refuse_reopen()  # closed while we waited
@@ -76,15 +86,14 @@ class Lifecycle:
         if self._state == _CLOSED:
             return
         if self._close_handle is None:
+            self._check_close()
             if self._state == _OPEN:
                 self._state = _CLOSING  # no new calls from here on
             self._close_handle = start_close(self._close)
         await self._close_handle.wait()
 
     async def _close(self) -> None:
-        if self._open_lock is None:
-            self._open_lock = anyio.Lock()
-        async with self._open_lock:  # an open() in progress ends first; then it is closed here
+        async with self._open_close_lock():  # an open() in progress ends first; then it is closed here
             if self._state == _CLOSED:
                 return
             if self._state == _NEW:  # never opened

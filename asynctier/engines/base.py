@@ -14,7 +14,7 @@ from typing import Protocol
 
 import anyio
 
-from ..core.backend import wait_uninterrupted
+from ..core.backend import current_loop, loop_running, wait_uninterrupted
 from ..core.jobs import CANCELLED, PENDING, RUNNING, Batch, Job
 from ..core.ops import Op
 from ..errors import TierStateError
@@ -160,3 +160,23 @@ def refuse_other_loop(name: str, home_loop: object, this_loop: object) -> None:
             f"{name}: this tier was opened on another event loop, and its workers serve that "
             "loop only: open one tier per event loop"
         )
+
+
+def refuse_close_elsewhere(name: str, home_loop: object) -> None:
+    """Raise :class:`TierStateError` for a close on another event loop than ``home_loop``,
+    the loop whose coroutines serve the tier, while that loop still runs: the close must run
+    there (once it is gone, a close runs anywhere: see :func:`orphaned`)."""
+    if home_loop is not None and current_loop() is not home_loop and loop_running(home_loop):
+        raise TierStateError(
+            f"{name}: this tier was opened on another event loop, which still runs: close it on that "
+            "loop (its workers serve that loop only)"
+        )
+
+
+def orphaned(name: str, home_loop: object) -> bool:
+    """For the stop of an engine whose workers serve ``home_loop`` (service coroutines, and
+    completions delivered there): whether it runs on another loop, once that one is gone (its
+    service coroutines went with it, so the engine stops without them). Raises as
+    :func:`refuse_close_elsewhere` while it still runs."""
+    refuse_close_elsewhere(name, home_loop)
+    return home_loop is not None and current_loop() is not home_loop

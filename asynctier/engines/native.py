@@ -567,6 +567,26 @@ class NativePool:
         self._finalizer.detach()
         self._lib.at_free(self._h)
 
+    async def aclose_orphaned(self) -> None:
+        """:meth:`aclose` once the loop the pool served is gone: its ends are reaped no more,
+        so none is waited for; the workers finish the jobs they were given and are joined on
+        a thread, from the loop that calls this."""
+        if self._closed:
+            return
+        watch, self._watch = self._watch, None  # (a slow path leaving hold() frees the pool at once)
+        with self._hold_mu:
+            if self._closed:
+                return
+            if self._holders:  # a slow-path thread still holds a token: the last one out frees the pool
+                self._free_pending = True
+                self._lib.at_shutdown(self._h)
+                return
+            self._closed = True
+        if watch is not None:
+            watch.forget()
+        self._finalizer.detach()
+        await run_on_thread_to_end(self._lib.at_free, self._h)
+
     async def aclose(self) -> None:
         """Wait for the jobs submitted, stop the workers and free the pool (idempotent)."""
         if self._closed:

@@ -50,7 +50,7 @@ from ..core.backend import (
 )
 from ..core.jobs import DONE, Batch, Job
 from ..core.ops import PRIO_LOAD, Op
-from .base import EngineCounters, refuse_other_loop
+from .base import EngineCounters, orphaned, refuse_close_elsewhere, refuse_other_loop
 from .native import JobFields, NativePool
 from .threads import EngineStoppedError
 
@@ -461,9 +461,23 @@ class NativeEngine(EngineCounters):
         if self.executor is not None:
             self.executor.shutdown(wait=False)
 
+    def check_stop_here(self) -> None:
+        """Raise :class:`TierStateError` where :meth:`stop` cannot run (see :func:`.base.orphaned`)."""
+        refuse_close_elsewhere(self._name, self._loop)
+
     async def stop(self) -> None:
         """Let the jobs started and queued end, then the service coroutines, then the pool."""
         self._stopping = True
+        if orphaned(self._name, self._loop):
+            # the loop it served is gone, and its service coroutines with it: nothing reaps
+            # the workers' ends; they finish the jobs they hold, then are joined
+            pool, self.pool = self.pool, None
+            if pool is not None:
+                await pool.aclose_orphaned()
+            if self.executor is not None:
+                self.executor.shutdown(wait=False)
+                self.executor = None
+            return
         self._wake_all()
         if self._ended is not None and self._running_workers:
             await wait_uninterrupted(self._ended)

@@ -96,6 +96,9 @@ class SplitEngine:
         jobs = list(jobs)
         return self._for(jobs).cancel_pending(jobs)
 
+    def check_stop_here(self) -> None:
+        self.native.check_stop_here()  # (the threads engine serves any loop)
+
     async def stop(self) -> None:
         try:
             await self.threads.stop()  # its jobs hold the pool's tokens: they end first

@@ -28,7 +28,7 @@ from ..core.backend import (
 )
 from ..core.jobs import DONE, Batch, Job
 from ..core.ops import Op
-from .base import EngineCounters, refuse_other_loop
+from .base import EngineCounters, orphaned, refuse_close_elsewhere, refuse_other_loop
 from .threads import EngineStoppedError
 
 __all__ = ["TaskEngine"]
@@ -118,9 +118,15 @@ class TaskEngine(EngineCounters):
         if self._call is not None:
             self._call(self._wake_all)
 
+    def check_stop_here(self) -> None:
+        """Raise :class:`TierStateError` where :meth:`stop` cannot run (see :func:`.base.orphaned`)."""
+        refuse_close_elsewhere(self._name, self._loop)
+
     async def stop(self) -> None:
         """Let workers finish the queue, then end them."""
         self._stopping = True
+        if orphaned(self._name, self._loop):  # its workers ended with their loop
+            return
         self._wake_all()
         if self._ended is not None and self._running_workers:
             await wait_uninterrupted(self._ended)

@@ -19,10 +19,11 @@ from typing import Any, Literal
 import anyio
 
 from asynctier.contract import SecondaryTierManager
-from asynctier.core.backend import loop_caller, run_to_completion
+from asynctier.core.backend import current_loop, loop_caller, run_to_completion
 from asynctier.core.base import release_view
 from asynctier.core.lifecycle import Lifecycle
 from asynctier.core.validation import check_keys, check_pairs
+from asynctier.engines.base import refuse_close_elsewhere
 from asynctier.errors import (
     BackpressureError,
     TierConfigError,
@@ -124,6 +125,7 @@ class ChainTier(ChainTransfers, Lifecycle, SecondaryTierManager):
         # page-aligned, so tiers that use O_DIRECT move chunks straight from and into it
         self._staging = aligned_buffer(staging_spec.total_bytes)
         self.members: list[Member] = []
+        self._home_loop: object = None  # the loop it was opened on
         for i, entry in enumerate(cfg.entries):
             tc = dict(entry.tier_config)
             if cfg.verify is not None:
@@ -165,6 +167,7 @@ class ChainTier(ChainTransfers, Lifecycle, SecondaryTierManager):
             for m in reversed(opened):
                 await run_to_completion(m.tier.aclose)
             raise
+        self._home_loop = current_loop()  # (the background writers are its coroutines)
         self._backlog.start()
         if self._demoter is not None:
             self._demoter.start()
@@ -173,15 +176,26 @@ class ChainTier(ChainTransfers, Lifecycle, SecondaryTierManager):
         self._idle = anyio.Event()
         self._idle.set()
 
+    def _check_close(self) -> None:
+        refuse_close_elsewhere("chain tier", self._home_loop)
+        for m in self.members:  # (a tier of its own may lack the check)
+            check: Callable[[], None] | None = getattr(m.tier, "_check_close", None)
+            if check is not None:
+                check()
+
     async def _closing_down(self) -> None:
         if self._finalizer is not None:
             self._finalizer.detach()
+        # on another loop once the chain's own is gone (_check_close refuses it while it runs):
+        # its calls, and the background writers with what they held, ended with that loop
+        gone = self._home_loop is not None and current_loop() is not self._home_loop
         try:
-            await self._calls_done()
-            await self._pool.settled()  # late tier calls end before their tier closes
-            if self._demoter is not None:
-                await self._demoter.stop()
-            await self._backlog.stop()  # what is queued is written before the tiers close
+            if not gone:
+                await self._calls_done()
+                await self._pool.settled()  # late tier calls end before their tier closes
+                if self._demoter is not None:
+                    await self._demoter.stop()
+                await self._backlog.stop()  # what is queued is written before the tiers close
         finally:
             for m in reversed(self.members):
                 try:
