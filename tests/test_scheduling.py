@@ -711,6 +711,65 @@ def test_a_tier_closed_on_another_loop_once_its_own_is_gone_closes(tmp_path: Any
     assert len(os.listdir("/proc/self/fd")) <= fds
 
 
+@pytest.mark.parametrize("below", ["tasks", "fs"])
+def test_a_trio_run_that_ends_with_a_chains_write_back_in_flight_ends(tmp_path: Any, below: str) -> None:
+    """trio cancels its system tasks as a run ends, in no order: the tier's workers (and the
+    native engine's reaper) could go first, and the chain's background writer, shielded,
+    then waited for ever for a write they would never run or reap: the run never ended. The
+    last worker out now fails what is left, and the reaper reaps what is in flight first."""
+    import trio
+    from nvme_helpers import aligned
+
+    from asynctier import SecondaryTierFactory
+    from asynctier.engines import native
+
+    if below == "fs" and native.problem() is not None:
+        pytest.skip(f"no native workers: {native.problem()}")
+    lower: dict[str, Any] = (
+        {"type": "AsyncDictTier", "module_path": "async_dict_tier"} if below == "tasks"
+        else {"type": "fs", "root": str(tmp_path), "io_engine": "native"}
+    )  # fmt: skip
+    for i in range(12):  # (the order varies run to run: most of these hung)
+        tier = SecondaryTierFactory.create_secondary_tier(
+            {"type": "chain", "write": "back", "tiers": [{"type": "memory", "capacity_bytes": 1 << 20}, lower]},
+            aligned(SPEC.total_bytes), SPEC,
+        )  # fmt: skip
+
+        async def use() -> None:
+            await tier.open()  # noqa: B023
+            assert (await tier.offload([b"k%d" % i], [0])).ok  # noqa: B023
+
+        trio.run(use)
+        _run_on("trio", tier.aclose)  # (closes on a later run, as the test above)
+
+
+@pytest.mark.parametrize("kind", ["fs", "nvme"])
+@pytest.mark.parametrize("library", ["asyncio", "trio"])
+def test_a_tier_dropped_open_after_its_loop_is_gone_leaves_no_descriptor(tmp_path: Any, kind: str,
+                                                                          library: str) -> None:  # fmt: skip
+    """Never closed, a native tier's finalizer tears its pool down: on the loop's thread while
+    that loop runs, and at once once it is gone. It used to leave that to the gone loop: each
+    tier dropped so kept its eventfd open (and its workers unjoined)."""
+    import gc
+    import os
+
+    def open_fds() -> int:
+        return len(os.listdir("/proc/self/fd"))
+
+    held = [_loop_bound_tier(tmp_path, kind)]
+    before = open_fds()
+
+    async def use() -> None:
+        await held[0].open()
+        assert (await held[0].offload([b"k"], [0])).ok
+
+    _run_on(library, use)
+    assert open_fds() > before  # (the pool's eventfd, the tier's files)
+    held.clear()
+    gc.collect()
+    assert open_fds() <= before
+
+
 @pytest.mark.parametrize("kind", ["tasks", "fs", "nvme", "chain"])
 def test_a_tier_closed_from_another_loop_while_its_own_runs_is_refused_and_stays_open(tmp_path: Any,
                                                                                      kind: str) -> None:  # fmt: skip

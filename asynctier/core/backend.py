@@ -232,9 +232,10 @@ class ReadableWatch:
     ``wait_readable``; it needs no nursery of the caller's and ends with the run.
     """
 
-    def __init__(self, fd: int, callback: Callable[[], object]) -> None:
+    def __init__(self, fd: int, callback: Callable[[], object], busy: Callable[[], bool] | None = None) -> None:
         self.fd = fd
         self.call_soon: LoopCaller = loop_caller()
+        self.home = current_loop()
         self._closed = False
         self._scope: anyio.CancelScope | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -249,11 +250,27 @@ class ReadableWatch:
 
         async def watch() -> None:
             with scope:
-                while True:
-                    await trio.lowlevel.wait_readable(fd)
-                    callback()
+                try:
+                    while True:
+                        await trio.lowlevel.wait_readable(fd)
+                        callback()
+                except trio.Cancelled:
+                    if self._closed or busy is None:
+                        raise
+                    # the run is ending (its system tasks cancelled): what is in flight is
+                    # reaped first, or its callers (shielded ones) would wait for ever, and the
+                    # run with them
+                    with trio.CancelScope(shield=True):
+                        while busy():
+                            await trio.lowlevel.wait_readable(fd)
+                            callback()
+                    raise
 
         trio.lowlevel.spawn_system_task(watch, name=f"asynctier-fd{fd}-watch")
+
+    def gone(self) -> bool:
+        """Whether the loop it watches on is gone (and the watch with it)."""
+        return not loop_running(self.home)
 
     def forget(self) -> None:
         """The loop it watched on is gone, and the watch with it: only note it closed."""
@@ -275,9 +292,11 @@ class ReadableWatch:
             trio.lowlevel.notify_closing(self.fd)
 
 
-def watch_readable(fd: int, callback: Callable[[], object]) -> ReadableWatch:
-    """Run ``callback()`` on the current event loop each time ``fd`` is readable."""
-    return ReadableWatch(fd, callback)
+def watch_readable(fd: int, callback: Callable[[], object], busy: Callable[[], bool] | None = None) -> ReadableWatch:
+    """Run ``callback()`` on the current event loop each time ``fd`` is readable; while
+    ``busy()``, also as the loop ends (trio cancels its system tasks; asyncio's readers serve
+    until the loop is closed)."""
+    return ReadableWatch(fd, callback, busy)
 
 
 _service_tasks: set[asyncio.Task[None]] = set()  # asyncio keeps only weak references to tasks

@@ -15,7 +15,7 @@ from typing import Protocol
 import anyio
 
 from ..core.backend import current_loop, loop_running, wait_uninterrupted
-from ..core.jobs import CANCELLED, PENDING, RUNNING, Batch, Job
+from ..core.jobs import CANCELLED, DONE, PENDING, RUNNING, Batch, Job
 from ..core.ops import Op
 from ..errors import TierStateError
 
@@ -86,6 +86,14 @@ class EngineCounters:
                     self._peak = self._in_flight
                 return job
         return None
+
+    def _abort_queued(self) -> None:
+        """Fail every job still queued: no worker is left to run it (its loop ended)."""
+        while (job := self._claim()) is not None:
+            job.exc = ConnectionAbortedError("chunk I/O abandoned: the event loop the tier's workers served ended")
+            self._in_flight -= 1
+            job.state = DONE
+            job.batch.one_done()
 
     @property
     def in_flight(self) -> int:

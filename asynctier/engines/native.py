@@ -295,7 +295,7 @@ class NativePool:
     # -- the event-loop side ----------------------------------------------------------------
     def attach(self) -> None:
         """Serve completions on the running event loop (call once, from it)."""
-        self._watch = watch_readable(self._efd, self._on_ready)
+        self._watch = watch_readable(self._efd, self._on_ready, lambda: self._running > 0)
 
     def take_slot(self) -> int:
         """A free job slot (the caller's bound keeps one available)."""
@@ -535,7 +535,8 @@ class NativePool:
     def abandon(self) -> None:
         """Tear the pool down without waiting, from any thread: for the finalizer of an owner
         dropped without :meth:`aclose`. No new jobs; once those submitted have ended, the
-        workers are joined and the eventfd closed on the loop's thread."""
+        workers are joined and the eventfd closed on the loop's thread, or here once that
+        loop is gone (else the eventfd and the workers' stacks were left behind)."""
         if self._closed:
             return
         self._lib.at_shutdown(self._h)
@@ -544,7 +545,13 @@ class NativePool:
             if not self._running:
                 self._free_now()
             return
-        watch.call_soon(self._abandon_on_loop)  # dropped if the loop is gone
+        if watch.gone():  # nothing reaps there any more: the workers end what they hold, then are joined
+            self._watch = None
+            watch.forget()
+            self._abandoned = True
+            self._free_now()
+            return
+        watch.call_soon(self._abandon_on_loop)
 
     def _abandon_on_loop(self) -> None:
         self._abandoned = True

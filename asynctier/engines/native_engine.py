@@ -397,29 +397,41 @@ class NativeEngine(EngineCounters):
 
     async def _work(self) -> None:
         slow = self._slow
-        while True:
-            if slow:
-                job, fn = slow.popleft()
-                try:
-                    job.result = await fn()
-                except anyio.get_cancelled_exc_class() as e:
-                    # workers are not cancelled by callers: a cancelled future inside the primitive
-                    job.exc = ConnectionAbortedError(f"chunk I/O cancelled inside the tier: {e!r}")
-                except BaseException as e:  # delivered to the caller as that chunk's failure
-                    job.exc = e
-                self._over(job)
-                del job, fn  # an idle worker must not keep the last job (and through it the tier) alive
-                if self._heap:
-                    self._pump()
-                continue
-            if self._stopping and not self._started and not self._queued:
-                break
-            wake = anyio.Event()
-            self._idle.append(wake)
-            await wake.wait()
-        self._running_workers -= 1
-        if self._running_workers == 0 and self._ended is not None:
-            self._ended.set()
+        try:
+            while True:
+                if slow:
+                    job, fn = slow.popleft()
+                    try:
+                        job.result = await fn()
+                    except anyio.get_cancelled_exc_class() as e:
+                        # workers are not cancelled by callers: a cancelled future inside the primitive
+                        job.exc = ConnectionAbortedError(f"chunk I/O cancelled inside the tier: {e!r}")
+                    except BaseException as e:  # delivered to the caller as that chunk's failure
+                        job.exc = e
+                    self._over(job)
+                    del job, fn  # an idle worker must not keep the last job (and through it the tier) alive
+                    if self._heap:
+                        self._pump()
+                    continue
+                if self._stopping and not self._started and not self._queued:
+                    break
+                wake = anyio.Event()
+                self._idle.append(wake)
+                await wake.wait()
+        finally:
+            # also when the loop ends, cancelling the workers as they wait for work: the last one
+            # out refuses new jobs and fails the continuations left (as the tasks engine does)
+            self._running_workers -= 1
+            if self._running_workers == 0:
+                self._stopping = True
+                while slow:
+                    job, _ = slow.popleft()
+                    job.exc = ConnectionAbortedError(
+                        "chunk I/O abandoned: the event loop the tier's workers served ended"
+                    )
+                    self._over(job)
+                if self._ended is not None:
+                    self._ended.set()
 
     # -- counters and teardown -------------------------------------------------------------------
     def _pool_counts(self) -> tuple[int, int, int]:

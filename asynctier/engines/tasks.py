@@ -76,23 +76,31 @@ class TaskEngine(EngineCounters):
             n -= 1
 
     async def _work(self) -> None:
-        while True:
-            job = self._claim()
-            if job is None:
-                if self._stopping:
-                    break
-                wake = anyio.Event()
-                self._idle.append(wake)
-                await wake.wait()
-                continue
-            await self._body(job)
-            self._in_flight -= 1
-            job.state = DONE
-            job.batch.one_done()
-            del job  # an idle worker must not keep the last job (and through it the tier) alive
-        self._running_workers -= 1
-        if self._running_workers == 0 and self._ended is not None:
-            self._ended.set()
+        try:
+            while True:
+                job = self._claim()
+                if job is None:
+                    if self._stopping:
+                        break
+                    wake = anyio.Event()
+                    self._idle.append(wake)
+                    await wake.wait()
+                    continue
+                await self._body(job)
+                self._in_flight -= 1
+                job.state = DONE
+                job.batch.one_done()
+                del job  # an idle worker must not keep the last job (and through it the tier) alive
+        finally:
+            # also when the loop ends, cancelling the workers as they wait for work: the last one
+            # out refuses new jobs and fails those still queued, whose callers (a chain's
+            # background writer, shielded) would otherwise wait for ever and keep the run alive
+            self._running_workers -= 1
+            if self._running_workers == 0:
+                self._stopping = True
+                self._abort_queued()
+                if self._ended is not None:
+                    self._ended.set()
 
     @staticmethod
     async def _body(job: Job) -> None:
