@@ -90,7 +90,7 @@ class EngineCounters:
     def _abort_queued(self) -> None:
         """Fail every job still queued: no worker is left to run it (its loop ended)."""
         while (job := self._claim()) is not None:
-            job.exc = ConnectionAbortedError("chunk I/O abandoned: the event loop the tier's workers served ended")
+            job.exc = abandoned()
             self._in_flight -= 1
             job.state = DONE
             job.batch.one_done()
@@ -168,6 +168,11 @@ def refuse_other_loop(name: str, home_loop: object, this_loop: object) -> None:
             f"{name}: this tier was opened on another event loop, and its workers serve that "
             "loop only: open one tier per event loop"
         )
+
+
+def abandoned() -> ConnectionAbortedError:
+    """A job's failure when the loop whose workers would run or reap it ended first."""
+    return ConnectionAbortedError("chunk I/O abandoned: the event loop the tier's workers served ended")
 
 
 def refuse_close_elsewhere(name: str, home_loop: object) -> None:

@@ -50,7 +50,7 @@ from ..core.backend import (
 )
 from ..core.jobs import DONE, Batch, Job
 from ..core.ops import PRIO_LOAD, Op
-from .base import EngineCounters, orphaned, refuse_close_elsewhere, refuse_other_loop
+from .base import EngineCounters, abandoned, orphaned, refuse_close_elsewhere, refuse_other_loop
 from .native import JobFields, NativePool
 from .threads import EngineStoppedError
 
@@ -426,9 +426,7 @@ class NativeEngine(EngineCounters):
                 self._stopping = True
                 while slow:
                     job, _ = slow.popleft()
-                    job.exc = ConnectionAbortedError(
-                        "chunk I/O abandoned: the event loop the tier's workers served ended"
-                    )
+                    job.exc = abandoned()
                     self._over(job)
                 if self._ended is not None:
                     self._ended.set()
