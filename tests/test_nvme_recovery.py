@@ -341,9 +341,10 @@ async def _million(tmp_path: Path) -> None:
 
 
 def test_a_checkpoint_written_in_steps_is_the_file_written_at_once(tmp_path: Path, monkeypatch: Any) -> None:
-    """The checkpointer copies and serializes the keys a step at a time (each step holds the
-    GIL, the event loop waits for it): any step gives the same snapshot and the same bytes,
-    read back the same, including steps that do not divide the slot count."""
+    """The checkpointer copies and serializes the keys a step at a time, and a reopen reads
+    them back, maps them and lists the free slots a step at a time (each step holds the GIL,
+    the event loop waits for it): any step gives the same snapshot and the same bytes, read
+    back the same, including steps that do not divide the slot count."""
     from asynctier.tiers.nvme import checkpoint as ckmod
     from asynctier.tiers.nvme import slots as slotsmod
 
@@ -362,4 +363,9 @@ def test_a_checkpoint_written_in_steps_is_the_file_written_at_once(tmp_path: Pat
         written.append(path.read_bytes())
         back = read_checkpoint(path)
         assert back is not None and back.slot_key == idx.slot_key
+        again = slotsmod.SlotIndex(n)  # reopened in the same steps: the same map and free list
+        again.load(back)
+        again.rebuild_free()
+        assert again.entries == {k: s for s, k in enumerate(idx.slot_key) if k}
+        assert again.free == [s for s in range(n - 1, -1, -1) if not idx.slot_key[s]]
     assert all(w == written[0] for w in written)

@@ -117,6 +117,17 @@ def _directory(path: Path, where: IndexDir | None) -> Iterator[IndexDir]:
 STEP = 1 << 14
 
 
+def steps(n: int, *, hand_over: bool = True) -> Iterator[tuple[int, int]]:
+    """``range(n)`` as ``(start, stop)`` pieces of ``STEP``, for work on a large index off the
+    event loop's thread: each piece is a few C calls holding the GIL, and between pieces
+    (``hand_over``) the GIL is handed over at once (else the loop waits a switch interval).
+    Not under the index lock, where stores would find it busy longer."""
+    for i in range(0, n, STEP):
+        if i and hand_over:
+            time.sleep(0)
+        yield i, min(n, i + STEP)
+
+
 def pack_keys(keys: list[bytes], start: int, stop: int) -> tuple[bytes, bytes]:
     """``keys[start:stop]`` as a checkpoint stores them: each key's length (a native uint16),
     and the keys joined. The reference of its C twin (``asynctier/_speedups_nvme.c``)."""
@@ -139,10 +150,8 @@ def _keys_in_pieces(keys: list[bytes]) -> tuple[array[int], list[bytes]]:
     each one C call holding it (16 and 7 ms at 370,000 slots)."""
     keylens: array[int] = array("H")
     blobs: list[bytes] = []
-    for i in range(0, len(keys), STEP):
-        if i:
-            time.sleep(0)  # the GIL handed over at once (else the loop waits a switch interval)
-        lens, blob = _pack_keys(keys, i, min(len(keys), i + STEP))
+    for i, j in steps(len(keys)):
+        lens, blob = _pack_keys(keys, i, j)
         keylens.frombytes(lens)
         blobs.append(blob)
     return keylens, blobs
@@ -218,7 +227,13 @@ def read_checkpoint(path: Path, *, where: IndexDir | None = None) -> Checkpoint 
         arrays.append(a)
     if off != len(body):
         return None
-    # bulk slicing (map over slices runs in C): free slots come out as b""
-    ends = list(accumulate(keylens))
-    slot_key = list(map(blob.__getitem__, map(slice, [0, *ends[:-1]], ends)))
+    # bulk slicing (map over slices runs in C; free slots come out as b""), in steps: whole,
+    # a million keys' slices were one call of 160-220 ms holding the GIL (the event loop's
+    # lateness while such a tier reopened: 145-283 ms in three runs of five)
+    slot_key: list[bytes] = []
+    at = 0
+    for i, j in steps(n):
+        ends = list(accumulate(keylens[i:j], initial=at))
+        slot_key += map(blob.__getitem__, map(slice, ends[:-1], ends[1:]))
+        at = ends[-1]
     return Checkpoint(slab_id, gen, n, head, tail, slot_key, *arrays)

@@ -84,7 +84,9 @@ class SlotIndex:
 
     def load(self, ck: Checkpoint) -> None:
         """Adopt a checkpoint's arrays (bulk operations only: this is the reopen fast path)."""
-        entries = dict(zip(ck.slot_key, range(ck.nslots)))
+        entries: dict[bytes, int] = {}
+        for i, j in checkpoint.steps(ck.nslots):  # (whole: one call of 190-280 ms at a million slots)
+            entries.update(zip(ck.slot_key[i:j], range(i, j)))
         entries.pop(b"", None)
         self.entries = entries
         self.slot_key = untracked(ck.slot_key)
@@ -205,9 +207,12 @@ class SlotIndex:
     def rebuild_free(self) -> None:
         """Free = every slot without a key; a stack popped from the end, so low slots go first
         and consecutive stores rotate across stripes."""
-        self.free = untracked(
-            list(compress(range(self.nslots - 1, -1, -1), map(operator.not_, reversed(self.slot_key))))
-        )
+        free: list[int] = untracked([])
+        keys = self.slot_key
+        for i, j in checkpoint.steps(self.nslots):  # (whole: one call of 30-45 ms at a million slots)
+            hi, lo = self.nslots - i, self.nslots - j  # highest slots first
+            free += compress(range(hi - 1, lo - 1, -1), map(operator.not_, reversed(keys[lo:hi])))
+        self.free = free
 
     def pin(self, slot: int) -> None:
         """Keep ``slot`` from being freed while it is read (call with the lock held)."""
