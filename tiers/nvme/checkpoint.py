@@ -228,8 +228,7 @@ def read_checkpoint(path: Path, *, where: IndexDir | None = None) -> Checkpoint 
     if off != len(body):
         return None
     # bulk slicing (map over slices runs in C; free slots come out as b""), in steps: whole,
-    # a million keys' slices were one call of 160-220 ms holding the GIL (the event loop's
-    # lateness while such a tier reopened: 145-283 ms in three runs of five)
+    # a million keys' slices were one call of 160-220 ms holding the GIL
     slot_key: list[bytes] = []
     at = 0
     for i, j in steps(n):
