@@ -480,13 +480,14 @@ class NativeEngine(EngineCounters):
         self._stopping = True
         if orphaned(self._name, self._loop):
             # the loop it served is gone, and its service coroutines with it: nothing reaps
-            # the workers' ends; they finish the jobs they hold, then are joined
+            # the workers' ends. A slow-path job still running (it may write the caller's
+            # buffer, and holds a token) ends first; the workers finish theirs, then are joined
+            executor, self.executor = self.executor, None
+            if executor is not None:
+                await run_on_thread_to_end(executor.shutdown)
             pool, self.pool = self.pool, None
             if pool is not None:
                 await pool.aclose_orphaned()
-            if self.executor is not None:
-                self.executor.shutdown(wait=False)
-                self.executor = None
             return
         self._wake_all()
         if self._ended is not None and self._running_workers:
