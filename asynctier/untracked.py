@@ -4,8 +4,8 @@ A tier's index can hold an item per chunk: the nvme tier's per-slot keys and fre
 fs tier's LRU entries, a million of each on a large tier. The collector reads every tracked
 container it collects, holding the GIL, on whichever thread triggered it: the first young
 collections after such a list is made, and every full collection for as long as it lives
-(at a million slots, gen0 16 ms, and full collections 26-29 ms against 2-4 ms untracked).
-These containers hold only bytes, ints and the fs index's entries, none of which references
+(``bench/bench_gc.py``; figures in docs/benchmarks.md, twenty-third pass). These
+containers hold only bytes, ints and the fs index's entries, none of which references
 anything, so they can be in no reference cycle and need not be traversed. CPython leaves
 such dicts untracked by itself; not lists or OrderedDicts.
 """

@@ -34,8 +34,8 @@ def _copy_in_steps(items: _Seq) -> _Seq:
     out = items[:0]
     if type(out) is list:  # (an empty list: the keys copied in are bytes, never containers)
         untracked(out)
-    for i in range(0, len(items), checkpoint.STEP):
-        out += items[i : i + checkpoint.STEP]
+    for i, j in checkpoint.steps(len(items), hand_over=False):  # (under the index lock)
+        out += items[i:j]
     return out
 
 
