@@ -126,16 +126,29 @@ async def test_a_damaged_header_is_caught_without_verify(tmp_path: Path) -> None
         assert tier.stats().extra["native_retries"] == 1
 
 
-async def test_a_busy_index_sends_the_load_to_a_thread_and_the_loop_never_waits(tmp_path: Path) -> None:
+def no_thread_loads(tier: NvmeTier, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fail the test if a load runs the threads path's bodies (the slow path)."""
+
+    def refuse(*args: Any) -> Any:
+        raise AssertionError("a load went to the threads path")
+
+    for name in ("_load_job", "_load_group"):
+        monkeypatch.setattr(tier, name, refuse)
+
+
+async def test_a_load_finding_the_index_busy_waits_parked_and_the_loop_never_waits(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The index lock is held across a checkpoint's snapshot and journal rotation: a load
-    that finds it taken is read on a slow-path thread (which may wait for it), not planned on
-    the loop thread."""
+    that finds it taken keeps its engine slot, parked, and is planned again on the loop thread
+    at its release, not read on a slow-path thread."""
     tier, view = make(tmp_path / "l.slab", io_engine="native")
     async with tier:
         data = fill(view, CHUNK, 5)
         assert (await tier.offload([b"x", b"y"], [0, 1])).ok
         cat = tier._catalog
         assert cat is not None
+        no_thread_loads(tier, monkeypatch)
         view[:] = bytes(view.nbytes)
         async with index_lock_held(cat) as release, anyio.create_task_group() as tg:
             tg.start_soon(tier.load, [b"x", b"y"], [2, 3])
@@ -414,12 +427,13 @@ async def test_a_group_whose_check_or_next_runs_fail_fails_whole_and_leaves_no_p
         assert not pinned(tier)
 
 
-async def test_a_group_finding_the_index_busy_loads_on_a_thread(tmp_path: Path) -> None:
+async def test_a_group_finding_the_index_busy_waits_parked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     tier, view = make(tmp_path / "gl.slab", io_engine="native", max_inflight=2, nchunks=16)
     async with tier:
         data, keys = await stored(tier, view, 10, b"l", 8)
         cat = tier._catalog
         assert cat is not None
+        no_thread_loads(tier, monkeypatch)
         view[:] = bytes(view.nbytes)
         async with index_lock_held(cat) as release, anyio.create_task_group() as tg:
             tg.start_soon(tier.load, keys, list(range(8, 16)))

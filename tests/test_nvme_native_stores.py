@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ from nvme_helpers import CHUNK, chunk_at, crash, fill, make
 from test_nvme_native import index_lock_held
 
 from asynctier import CapacityError, posix_io
+from asynctier.core.ops import Op
 from asynctier.engines import native as nativeio
 from asynctier.tiers.nvme import NvmeTier, slab, stores
 from asynctier.tiers.nvme.format import EVICT, pack_records
@@ -123,12 +125,19 @@ async def test_a_full_tier_evicts_and_reuses_slots_only_after_their_evict_record
         assert [chunk_at(view, CHUNK, i) for i in range(8)] == data[:8]
 
 
-async def test_a_busy_index_sends_the_store_to_a_thread_and_the_loop_never_waits(tmp_path: Path) -> None:
-    tier, view = make(tmp_path / "b.slab", io_engine="native")
+@pytest.mark.parametrize("coalesce", [0, 1 << 20], ids=["one-chunk-jobs", "group-jobs"])
+async def test_a_store_finding_the_index_busy_waits_parked_and_the_loop_never_waits(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, coalesce: int
+) -> None:
+    """The index lock is held across a checkpoint's snapshot and journal rotation: a store
+    that finds it taken keeps its engine slot, parked, and is planned again on the loop thread
+    at its release, not sent to the threads path."""
+    tier, view = make(tmp_path / "b.slab", io_engine="native", coalesce_bytes=coalesce)
     async with tier:
         data = fill(view, CHUNK, 14)
         cat = tier._catalog
         assert cat is not None
+        no_thread_stores(tier, monkeypatch)
         done = anyio.Event()
 
         async def store() -> None:
@@ -139,10 +148,73 @@ async def test_a_busy_index_sends_the_store_to_a_thread_and_the_loop_never_waits
             tg.start_soon(store)
             await anyio.wait_all_tasks_blocked()  # the loop runs: planning did not wait for the lock
             assert tier.stats().extra["native_index_busy"] == 2 and not done.is_set()
+            assert not cat.index.writing  # nothing allocated while it waits
             release.set()
+        assert journaled(tier) and slots_accounted(tier)
         view[:] = bytes(view.nbytes)
         assert (await tier.load([b"b0", b"b1"], [2, 3])).ok
         assert [chunk_at(view, CHUNK, 2), chunk_at(view, CHUNK, 3)] == data[:2]
+
+
+async def test_a_store_finding_the_index_busy_at_publication_waits_parked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Written, then the lock taken before publication (a checkpoint began meanwhile): the
+    store waits parked with its slots allocated, publishes at the release and is journaled
+    before it is acknowledged; the other stores go on meanwhile."""
+    tier, view = make(tmp_path / "p.slab", io_engine="native", max_inflight=4)
+    async with tier:
+        data = fill(view, CHUNK, 17)
+        cat = tier._catalog
+        assert cat is not None
+        no_thread_stores(tier, monkeypatch)
+        assert tier._split is not None
+        path = tier._split.fast[Op.STORE]
+        assert isinstance(path, stores.StorePath)
+        publish = path._publish
+        held = anyio.Event()
+        release = threading.Event()
+        holder: list[threading.Thread] = []
+
+        def publish_after_a_checkpoint_began(*args: Any) -> Any:
+            if not holder:  # the first store's: a thread takes the lock before it tries
+                taken = threading.Event()
+
+                def hold() -> None:
+                    with cat.index.lock:
+                        taken.set()
+                        release.wait(30)
+
+                holder.append(threading.Thread(target=hold))
+                holder[0].start()
+                assert taken.wait(30)
+                held.set()
+            return publish(*args)
+
+        monkeypatch.setattr(path, "_publish", publish_after_a_checkpoint_began)
+        done = anyio.Event()
+
+        async def first() -> None:
+            assert (await tier.offload([b"p0", b"p1"], [0, 1])).ok
+            done.set()
+
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(first)
+                await held.wait()
+                await anyio.wait_all_tasks_blocked()
+                assert tier.stats().extra["native_index_busy"] == 2 and not done.is_set()
+                assert len(cat.index.writing) == 2  # written, not published
+                release.set()
+        finally:
+            release.set()
+            for t in holder:
+                t.join(30)
+        assert (await tier.offload([b"p2"], [2])).ok
+        assert journaled(tier) and slots_accounted(tier)
+        view[:] = bytes(view.nbytes)
+        assert (await tier.load([b"p0", b"p1", b"p2"], [3, 4, 5])).ok
+        assert [chunk_at(view, CHUNK, i) for i in (3, 4, 5)] == data[:3]
 
 
 async def test_keys_of_several_lengths_in_one_group_are_written_right(tmp_path: Path) -> None:

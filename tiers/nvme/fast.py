@@ -8,10 +8,10 @@ with one ``preadv`` at the slot's offset and hashes the payload; the loop thread
 slot before and compares the header after, both O(1).
 
 Only the plain case runs here: every primary chunk can be read straight into (the tier's
-``_zc_all``), the index lock is free, the read is whole and the header and checksum are the
-ones indexed. Anything else (a bounce copy, a busy index, an error, a bad copy) is run again
-by the threads path's own body on a slow-path thread, which reports it precisely and drops a
-bad copy.
+``_zc_all``), the read is whole and the header and checksum are the ones indexed. A load that
+finds the index lock busy (a checkpoint's snapshot) waits for its release parked
+(:mod:`.lockwait`). Anything else (a bounce copy, an error, a bad copy) is run again by the
+threads path's own body on a slow-path thread, which reports it precisely and drops a bad copy.
 """
 
 from __future__ import annotations
@@ -27,12 +27,13 @@ from asynctier import ChunkNotFoundError, TierClosedError
 from asynctier.core.jobs import Job
 from asynctier.core.ops import PRIO_LOAD
 from asynctier.engines import native as nativeio
-from asynctier.engines.native_engine import Continuation, NativeEngine
+from asynctier.engines.native_engine import Continuation, NativeEngine, Step
 from asynctier.engines.speedups import speedups
 from asynctier.integrity import header_matches as _py_header_matches
 from asynctier.posix_io import aligned_buffer, buffer_address
 
 from . import bulk as _py_bulk
+from .lockwait import LockWaiters
 
 if TYPE_CHECKING:
     from .catalog import Catalog
@@ -90,6 +91,7 @@ class LoadPath:
         self._plans: list[tuple[int, int, int] | None] = [None] * engine.slots  # slot, seq, checksum
         self._booked: list[float] = []  # latencies of the loads ended, counted at the next flush
         self._unpins: list[int] = []  # slots to unpin once the index lock is free
+        self._lock_waiters = LockWaiters(engine, lambda slot, job, _: self.plan(job, slot))
         self._hb: memoryview | None = None  # one aligned header block per engine slot
         self._hb_addr = 0
         self._view_addr = 0
@@ -105,7 +107,7 @@ class LoadPath:
     def _on_thread(self, tier: NvmeTier, key: bytes, cid: int, t0: float) -> Continuation:
         return partial(self._engine.blocking, tier._load_job, key, cid, t0)
 
-    def plan(self, job: Job, slot: int) -> nativeio.JobFields | Continuation | None:
+    def plan(self, job: Job, slot: int) -> Step:
         if job.grouped:
             return self._plan_group(job, slot)
         key, cid, t0 = job.args
@@ -118,7 +120,7 @@ class LoadPath:
         # for on the loop thread
         if not lock.acquire(blocking=False):
             tier._stats.incr("native_index_busy")
-            return self._on_thread(tier, key, cid, t0)
+            return self._lock_waiters.park(lock, slot, job)
         try:
             self._unpin_locked(cat)
             where = cat.pin_locked(key)
@@ -168,7 +170,7 @@ class LoadPath:
         return None
 
     # -- group jobs: runs of adjacent slots, one READV each, in one GROUP job (GROUP_MAX a turn) --
-    def _plan_group(self, job: Job, slot: int) -> nativeio.JobFields | Continuation | None:
+    def _plan_group(self, job: Job, slot: int) -> Step:
         keys, cids, t0 = job.args
         tier = self._live()
         cat = tier._catalog
@@ -177,7 +179,7 @@ class LoadPath:
         lock = cat.index.lock
         if not lock.acquire(blocking=False):  # as for one chunk: never waited for here
             tier._stats.incr("native_index_busy", len(keys))
-            return partial(self._engine.blocking, tier._load_group, keys, cids, t0)
+            return self._lock_waiters.park(lock, slot, job)
         try:
             self._unpin_locked(cat)
             found, missing = cat.pin_many_locked(keys)

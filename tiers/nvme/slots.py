@@ -3,11 +3,12 @@ checksums, free slots, pins."""
 
 from __future__ import annotations
 
+import logging
 import operator
 import threading
 import time
 from array import array
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from itertools import compress, pairwise
 from typing import TypeVar
 
@@ -16,12 +17,14 @@ from asynctier.untracked import untracked
 from . import checkpoint
 from .checkpoint import Checkpoint
 
-__all__ = ["PICK_MAX", "SlotIndex"]
+__all__ = ["PICK_MAX", "IndexLock", "SlotIndex"]
 
 #: free lists up to this long are searched for adjacent slots (a full tier's: the victims of
 #: an eviction batch and a few left over); a longer one is popped from its end as it lies
 PICK_MAX = 128
 
+
+log = logging.getLogger(__name__)
 
 _Seq = TypeVar("_Seq", "list[bytes]", "array[int]")
 
@@ -47,6 +50,50 @@ def release_in_steps(items: list[bytes]) -> None:
         time.sleep(0)  # the GIL handed over at once (else the loop waits a switch interval)
 
 
+class IndexLock:
+    """A ``threading.Lock`` that calls back, from the releasing thread, whoever asked
+    (:meth:`when_free`) after its next release. ``acquire`` is the plain lock's own."""
+
+    __slots__ = ("_lock", "_waiters", "acquire", "locked")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.acquire = self._lock.acquire
+        self.locked = self._lock.locked
+        self._waiters: list[Callable[[], object]] = []
+
+    def release(self) -> None:
+        self._lock.release()
+        if self._waiters:  # (a list's length is read and popped atomically under the GIL)
+            self._wake()
+
+    def __enter__(self) -> bool:
+        return self._lock.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+    def when_free(self, callback: Callable[[], object]) -> None:
+        """Call ``callback`` after the next release (a few calls of it are harmless). Asked
+        after a failed try: a release between the two found no one to call, so it is called
+        now if the lock is free."""
+        self._waiters.append(callback)
+        if not self._lock.locked():
+            self._wake()
+
+    def _wake(self) -> None:
+        waiters = self._waiters
+        while waiters:
+            try:
+                callback = waiters.pop()
+            except IndexError:  # another releasing thread took it
+                return
+            try:
+                callback()
+            except Exception:  # a release never fails its holder
+                log.exception("nvme index lock: a waiter's callback failed")
+
+
 class SlotIndex:
     """Key -> slot, slots linked in LRU order, per-slot seq/checksum, free slots, pins.
 
@@ -58,7 +105,7 @@ class SlotIndex:
 
     def __init__(self, nslots: int) -> None:
         self.nslots = nslots
-        self.lock = threading.Lock()
+        self.lock = IndexLock()
         self.entries: dict[bytes, int] = {}
         self.slot_key = untracked([b""] * nslots)  # b"": free (keys are never empty)
         self.prev = array("i", [-1]) * nslots

@@ -11,9 +11,10 @@ written only once its ``EVICT`` record is in the journal, and a store is acknowl
 once its ``PUBLISH`` record is. A job waiting for either is *parked* (it keeps its engine slot)
 while one commit writes the journal for every job waiting (group commit); it then goes on.
 
-Anything but the plain case (a bounce copy, a busy index before allocation, a failed write, a
-busy index at publication, a failed journal write before the data) is finished by the threads
-path's own steps on a slow-path thread.
+A job that finds the index lock busy (a checkpoint's snapshot) waits for its release parked
+(:mod:`.lockwait`). Anything else but the plain case (a bounce copy, a failed write, a failed
+journal write before the data) is finished by the threads path's own steps on a slow-path
+thread.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ from asynctier.posix_io import buffer_address
 from . import bulk as _py_bulk
 from .catalog import Slots
 from .fast import IoArea
+from .lockwait import LockWaiters, go_on
 
 if TYPE_CHECKING:
     from .journal import Claim, Journal
@@ -116,6 +118,8 @@ class StorePath:
         # latencies of the stores acknowledged (written; found stored), booked after each batch
         self._booked: list[float] = []
         self._skipped: list[float] = []
+        self._lock_waiters = LockWaiters(engine, self._lock_freed)
+        self._publishing = 0  # of them, jobs written and waiting for the lock to publish
 
     def _live(self) -> NvmeTier:
         tier = self._tier()
@@ -132,11 +136,23 @@ class StorePath:
             self._no_room.append((slot, job))
             return PARKED
         r = self._plan(job, slot)
+        self._kick_soon_if_due()
+        return r
+
+    def _kick_soon_if_due(self) -> None:
         if self._kick_due and not self._kick_soon:
             # parked for the journal while the engine plans (no flush follows): commit after
             # this turn of the loop, with the other jobs parked meanwhile
             self._kick_soon = True
             self._engine.call_soon(self._kick_later)
+
+    def _lock_freed(self, slot: int, job: Job, st: _Store | None) -> Step:
+        """A job parked for the index lock, again: planned, or published (``st``)."""
+        if st is None:
+            return self.plan(job, slot)
+        self._publishing -= 1
+        r = self._publish(self._live(), slot, job, st)
+        self._kick_soon_if_due()
         return r
 
     def _room(self, n: int) -> bool:
@@ -160,12 +176,7 @@ class StorePath:
                 r = self._plan(job, slot)
             except BaseException as e:  # the job's failure
                 job.exc, r = e, None
-            if type(r) is tuple:
-                engine.resume(slot, job, r)
-            elif r is None:
-                engine.unpark(slot, job)
-            elif not isinstance(r, Parked):
-                engine.unpark(slot, job, r)  # type: ignore[arg-type]
+            go_on(engine, slot, job, r)
 
     def _admit_now(self) -> None:
         self._admit()
@@ -186,7 +197,7 @@ class StorePath:
         lock = cat.index.lock
         if not lock.acquire(blocking=False):  # never waited for on the loop thread
             tier._stats.incr("native_index_busy", len(keys))
-            return self._on_thread(tier, job)
+            return self._lock_waiters.park(lock, slot, job)
         st = _Store(keys, cids, t0)
         try:
             st.slots, failed, st.evict, st.skipped, st.skip_ticket = cat.allocate_many_locked(keys)
@@ -281,7 +292,8 @@ class StorePath:
         lock = cat.index.lock
         if not lock.acquire(blocking=False):
             tier._stats.incr("native_index_busy", len(st.written))
-            return self._settle_on_thread(tier, slot, job, st, None)
+            self._publishing += 1
+            return self._lock_waiters.park(lock, slot, job, st)
         try:
             last = cat.publish_many_locked(st.keys, st.written, st.slots, st.csums)
         finally:
@@ -369,7 +381,7 @@ class StorePath:
         self._kick_due = False
         if self._committing or not self._parked:
             return
-        writing = len(self._jobs) - len(self._parked)
+        writing = len(self._jobs) - len(self._parked) - self._publishing
         if 2 * len(self._parked) < writing:
             # most stores are still writing: their ends (each followed by a flush, which calls
             # this again) join this commit, rather than one commit, a worker job and a wake-up
