@@ -139,7 +139,7 @@ def no_thread_loads(tier: NvmeTier, monkeypatch: pytest.MonkeyPatch) -> None:
 async def test_a_load_finding_the_index_busy_waits_parked_and_the_loop_never_waits(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The index lock is held across a checkpoint's snapshot and journal rotation: a load
+    """The index lock is held across a checkpoint's snapshot: a load
     that finds it taken keeps its engine slot, parked, and is planned again on the loop thread
     at its release, not read on a slow-path thread."""
     tier, view = make(tmp_path / "l.slab", io_engine="native")

@@ -129,7 +129,7 @@ async def test_a_full_tier_evicts_and_reuses_slots_only_after_their_evict_record
 async def test_a_store_finding_the_index_busy_waits_parked_and_the_loop_never_waits(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, coalesce: int
 ) -> None:
-    """The index lock is held across a checkpoint's snapshot and journal rotation: a store
+    """The index lock is held across a checkpoint's snapshot: a store
     that finds it taken keeps its engine slot, parked, and is planned again on the loop thread
     at its release, not sent to the threads path."""
     tier, view = make(tmp_path / "b.slab", io_engine="native", coalesce_bytes=coalesce)

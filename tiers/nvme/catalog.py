@@ -172,7 +172,11 @@ class Catalog:
             with idx.lock:
                 old_gen = journal.gen
                 ck = idx.snapshot(self.slab_id, old_gen + 1)
-                journal.rotate(old_gen + 1)
+                taken = journal.start_rotation()
+            # the rotation's I/O (the records' write and sync, the new generation's file) with
+            # the index free: stores allocate and publish meanwhile (3-7 ms at 390,000 slots),
+            # their records queued for the new generation
+            journal.rotate(taken, old_gen + 1)
             try:
                 write_checkpoint(self.ckpt_path, ck, where=self.where)
             finally:

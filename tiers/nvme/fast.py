@@ -116,7 +116,7 @@ class LoadPath:
         if cat is None or not tier._zc_all:  # closed (the thread path says so), or bounce copies
             return self._on_thread(tier, key, cid, t0)
         lock = cat.index.lock
-        # the lock is held across a checkpoint's snapshot and journal rotation: never waited
+        # the lock is held across a checkpoint's snapshot (and its journal records taken): never waited
         # for on the loop thread
         if not lock.acquire(blocking=False):
             tier._stats.incr("native_index_busy")

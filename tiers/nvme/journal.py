@@ -246,11 +246,12 @@ class Journal:
                 self.broken = err
             self._cv.notify_all()
 
-    def rotate(self, new_gen: int) -> None:
-        """Flush what is queued into the current generation, then switch to ``new_gen``.
+    def start_rotation(self) -> tuple[list[bytes], int]:
+        """Take every record queued for :meth:`rotate`, which must follow; until it ends no
+        other flush runs, and the records queued meanwhile wait for the new generation.
 
-        Called with the index lock held, so no record is queued meanwhile; the records up to
-        here are exactly those the caller's snapshot reflects.
+        Called with the index lock held, so the records taken are exactly those the caller's
+        snapshot reflects; :meth:`rotate`, file I/O, runs without it.
         """
         with self._cv:
             while self._busy:
@@ -259,7 +260,12 @@ class Journal:
                 raise OSError(errno.EBADF, f"nvme journal {self.path(self.gen)} is closed")
             self._busy = True
             batch, self._pending = self._pending, []
-            target = self._appended
+            return batch, self._appended
+
+    def rotate(self, taken: tuple[list[bytes], int], new_gen: int) -> None:
+        """Write the records ``taken`` by :meth:`start_rotation` into the current generation,
+        sync it, then switch to ``new_gen``."""
+        batch, target = taken
         self._flush(batch, target, rotate_to=new_gen)
 
     def close(self) -> None:
