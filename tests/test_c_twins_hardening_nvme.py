@@ -1,4 +1,4 @@
-"""The C twins of the nvme index steps (asynctier/_speedups_nvme.c) hold on edges where they
+"""The C twins of the nvme index steps (asynctier/_speedups_nvme*.c) hold on edges where they
 once crashed or parted from their references (asynctier/tiers/nvme/bulk.py): counts far past
 the index's slots, arguments whose conversion runs Python code (``__index__``, a bytes
 subclass's ``__hash__``), a general-path ``SlotIndex.put`` that fails midway, numbers at the

@@ -1,4 +1,4 @@
-"""The C twins of an nvme job's steps (asynctier/_speedups_nvme.c, _speedups_nvme_runs.c) do
+"""The C twins of an nvme job's steps (asynctier/_speedups_nvme*.c) do
 what their Python references (asynctier/tiers/nvme/bulk.py) do: the same slot index after
 each step from random states, the same return values, the same descriptors, headers and
 iovecs byte for byte; and they refuse what is wrong without changing anything."""

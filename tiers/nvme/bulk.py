@@ -1,6 +1,7 @@
 """A store or load job's steps on the nvme tier's native engine, each for the whole job: the
-Python references of their C twins (``asynctier/_speedups_nvme.c``, the index steps, and
-``_speedups_nvme_runs.c``, a job's runs), which the tier calls where built.
+Python references of their C twins (``asynctier/_speedups_nvme.c`` and
+``_speedups_nvme_publish.c``, the index steps, and ``_speedups_nvme_runs.c``, a job's runs),
+which the tier calls where built.
 
 Why: a store job works on the event loop's thread a few steps per chunk: on the slot index,
 under its lock (evict a victim, number the write, end it, publish it; a load's pins), and for its runs of

@@ -130,7 +130,7 @@ def steps(n: int, *, hand_over: bool = True) -> Iterator[tuple[int, int]]:
 
 def pack_keys(keys: list[bytes], start: int, stop: int) -> tuple[bytes, bytes]:
     """``keys[start:stop]`` as a checkpoint stores them: each key's length (a native uint16),
-    and the keys joined. The reference of its C twin (``asynctier/_speedups_nvme.c``)."""
+    and the keys joined. The reference of its C twin (``asynctier/_speedups_nvme_publish.c``)."""
     if not 0 <= start <= stop <= len(keys):
         raise ValueError(f"pack_keys(): keys[{start}:{stop}] of a list of {len(keys)}")
     piece = keys[start:stop]

@@ -2,10 +2,11 @@
 tries it): parked in their engine slots until its next release (:class:`.slots.IndexLock`),
 then planned again on the loop thread.
 
-Why: a checkpoint holds the lock across its snapshot (3-13 ms at 390,000 slots). Such a job went to a slow-path thread, which waited there for the lock and
-then ran the threads path's steps, Python holding the GIL beside the checkpointer. Parked, it
-holds only its slot, and goes on by the fast path at the release. (The loop's worst lateness
-while streaming into a large slab did not change with it: docs/benchmarks.md.)
+Why: a checkpoint holds the lock across its snapshot (3-13 ms at 390,000 slots). Such a job
+went to a slow-path thread, which waited there for the lock and then ran the threads path's
+steps, Python holding the GIL beside the checkpointer. Parked, it holds only its slot, and goes
+on by the fast path at the release. (The loop's worst lateness while streaming into a large
+slab did not change with it: docs/benchmarks.md.)
 """
 
 from __future__ import annotations
