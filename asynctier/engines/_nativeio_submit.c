@@ -6,6 +6,7 @@
 #include <errno.h>
 #include <string.h>
 #include <sys/uio.h>
+#include <unistd.h>
 
 #include "_nativeio_pool.h"
 
@@ -175,6 +176,15 @@ int at_reap(struct at_pool *p, int32_t *out, int max) {
         __atomic_store_n(&p->signalled, 0, __ATOMIC_SEQ_CST);
         if (__atomic_load_n(&p->done_tail, __ATOMIC_SEQ_CST) == p->done_head) return n;
     }
+}
+
+/* Empty the eventfd before reaping; nonblocking, it never waits. The loop calls it keeping
+ * the GIL: os.read gave the GIL up for the syscall, and a thread holding it then (a
+ * checkpoint's steps) kept the loop waiting up to a switch interval to get it back. */
+void at_clear(struct at_pool *p) {
+    uint64_t v;
+    ssize_t r = read(p->efd, &v, sizeof v);
+    (void)r; /* EAGAIN: nothing was written since the last read */
 }
 
 /* Wake the loop when no more than `n` jobs wait for a token (-1: only as report says): the

@@ -352,11 +352,8 @@ class NativePool:
         self._glib.at_set_low_water(self._h, n)
 
     def _on_ready(self) -> None:
-        try:
-            os.read(self._efd, 8)
-        except BlockingIOError:
-            pass
         lib, h, reaped, res, waiters = self._glib, self._h, self._reaped, self._res, self._waiters
+        lib.at_clear(h)  # (os.read would give the GIL up)
         owners, on_done, res_mem, unpack = self._owners, self.on_done, self._res_mem, RESULT_LAYOUT.unpack_from
         while True:
             n = lib.at_reap(h, reaped, self.slots)

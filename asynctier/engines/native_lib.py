@@ -32,6 +32,7 @@ def _signatures() -> dict[str, tuple[list[Any], Any]]:
         "at_set_low_water": ([vp, c_int], None),
         "at_cancel": ([vp, c_int], c_int),
         "at_reap": ([vp, vp, c_int], c_int),
+        "at_clear": ([vp], None),
         "at_acquire": ([vp, c_int], c_int),
         "at_try_acquire": ([vp, c_int], c_int),
         "at_release": ([vp], None),
@@ -43,10 +44,19 @@ def _signatures() -> dict[str, tuple[list[Any], Any]]:
 
 
 #: The calls that never wait, made through the second handle without giving the GIL up:
-#: submitting and reaping, which take no lock the workers share (the rings), and a slow
-#: path's token taken or given back while the workers' lock is free (else -EAGAIN, and the
-#: caller waits without the GIL), which then costs no GIL hand-off.
-_KEEP_GIL = ("at_submit", "at_submit_many", "at_reap", "at_set_low_water", "at_try_acquire", "at_try_release")
+#: submitting and reaping, which take no lock the workers share (the rings), emptying the
+#: eventfd (nonblocking), and a slow path's token taken or given back while the workers'
+#: lock is free (else -EAGAIN, and the caller waits without the GIL), which then costs no GIL
+#: hand-off.
+_KEEP_GIL = (
+    "at_submit",
+    "at_submit_many",
+    "at_reap",
+    "at_clear",
+    "at_set_low_water",
+    "at_try_acquire",
+    "at_try_release",
+)
 
 
 def _typed(lib: Any, names: Iterable[str]) -> Any:
