@@ -106,7 +106,7 @@ async def test_stores_go_on_during_a_checkpoints_journal_rotation(
     once its record is in the new generation. Reopened after a crash (no closing checkpoint),
     every store is there, byte-exact."""
     p = tmp_path / "rot.slab"
-    tier, view = make(p, io_engine=io_engine)
+    tier, view = make(p, io_engine=io_engine, checkpoint_every=3)
     data = fill(view, CHUNK, 21)
     async with tier:
         assert (await tier.offload([b"r0", b"r1"], [0, 1])).ok
@@ -144,6 +144,9 @@ async def test_stores_go_on_during_a_checkpoints_journal_rotation(
             go.set()
         assert index_free == [True] and done.is_set()
         assert journal.gen == 2 and tier.stats().extra["checkpoints"] == 1
+        # the two records queued meanwhile count toward the next checkpoint, which two more
+        # (of checkpoint_every=3) do not call for yet
+        assert journal.since_checkpoint == 2 and not cat._ckpt_wake.is_set()
         crash(tier)
     tier, view = make(p, io_engine=io_engine)
     async with tier:

@@ -233,11 +233,11 @@ class Journal:
         """Publish a flush's outcome to the waiters (and the next flusher)."""
         with self._cv:
             self._busy = False
+            if rotate_to is not None and (err is not None or not written):
+                self.since_checkpoint += len(batch)  # counted again: no checkpoint took them
             if written:
                 self._done = target
                 self.flushes += 1
-                if err is None and rotate_to is not None:
-                    self.since_checkpoint = 0
             elif mended:
                 self._pending[:0] = batch
                 self.mended += 1
@@ -260,6 +260,9 @@ class Journal:
                 raise OSError(errno.EBADF, f"nvme journal {self.path(self.gen)} is closed")
             self._busy = True
             batch, self._pending = self._pending, []
+            # the records queued from here on are the next checkpoint's (counted while this
+            # one's rotation runs: else each store then would ask for another checkpoint)
+            self.since_checkpoint = 0
             return batch, self._appended
 
     def rotate(self, taken: tuple[list[bytes], int], new_gen: int) -> None:
