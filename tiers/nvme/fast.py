@@ -128,7 +128,7 @@ class LoadPath:
             tier._end_load(key, t0, e)
             raise
         finally:
-            lock.release()
+            lock.release_quiet()
         H = slabs.hdr_area
         try:
             if self._hb is None:
@@ -184,7 +184,7 @@ class LoadPath:
             self._unpin_locked(cat)
             found, missing = cat.pin_many_locked(keys)
         finally:
-            lock.release()
+            lock.release_quiet()
         outcomes: list[BaseException | None] = [None] * len(keys)
         for p, e in missing.items():
             outcomes[p] = e
@@ -313,7 +313,7 @@ class LoadPath:
                 try:
                     self._unpin_locked(cat)
                 finally:
-                    cat.index.lock.release()
+                    cat.index.lock.release_quiet()
             elif self._engine.executor is not None:
                 try:
                     self._engine.executor.submit(cat.unpin, unpins)

@@ -52,14 +52,19 @@ def release_in_steps(items: list[bytes]) -> None:
 
 class IndexLock:
     """A ``threading.Lock`` that calls back, from the releasing thread, whoever asked
-    (:meth:`when_free`) after its next release. ``acquire`` is the plain lock's own."""
+    (:meth:`when_free`) after its next release. ``acquire`` is the plain lock's own.
 
-    __slots__ = ("_lock", "_waiters", "acquire", "locked")
+    Only the event loop's thread asks, after a failed try: no one waits for its own holds
+    (never across a turn of the loop), so it releases with ``release_quiet``, the plain
+    lock's own release, without a Python call."""
+
+    __slots__ = ("_lock", "_waiters", "acquire", "locked", "release_quiet")
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self.acquire = self._lock.acquire
         self.locked = self._lock.locked
+        self.release_quiet = self._lock.release
         self._waiters: list[Callable[[], object]] = []
 
     def release(self) -> None:

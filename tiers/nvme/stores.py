@@ -202,7 +202,7 @@ class StorePath:
         try:
             st.slots, failed, st.evict, st.skipped, st.skip_ticket = cat.allocate_many_locked(keys)
         finally:
-            lock.release()
+            lock.release_quiet()
         for p, e in failed.items():
             st.out[p] = e
             tier._end_store(keys[p], t0, e)
@@ -297,7 +297,7 @@ class StorePath:
         try:
             last = cat.publish_many_locked(st.keys, st.written, st.slots, st.csums)
         finally:
-            lock.release()
+            lock.release_quiet()
         self._writing -= len(st.slots)
         st.ticket = last  # (_acknowledge adds the keys found stored)
         return self._acknowledge(tier, slot, job, st)
@@ -399,7 +399,7 @@ class StorePath:
             try:
                 cat.evict_ahead_locked()  # its records go with this commit
             finally:
-                lock.release()
+                lock.release_quiet()
         journal = cat.journal
         fds = journal.data_fds if journal.durable else []
         claim = journal.claim() if len(fds) <= nativeio.COMMIT_FDS_MAX else None
