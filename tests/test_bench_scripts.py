@@ -231,3 +231,14 @@ def test_bench_gc_times_the_collector_beside_each_index(tmp_path: Path) -> None:
         assert r["first_gen0_ms"] > 0 and r["gen1_ms"] > 0 and r["full_ms"] > 0, r
     if untracked._untrack is not None:
         assert rows["nvme"]["tracked_over_10k"] == rows["lru"]["tracked_over_10k"] == rows["none"]["tracked_over_10k"]
+
+
+def test_bench_checkpoint_lag_streams_through_checkpoints(tmp_path: Path) -> None:
+    """Stores go on through the tier's checkpoints; each is timed, the rotation after the lock."""
+    out = tmp_path / "ck.json"
+    _run("bench_checkpoint_lag.py", "--capacity", "64M", "--chunk-kib", "16", "--seconds", "1", "--repeat", "1",
+         "--checkpoint-every", "64", "--dir", str(tmp_path), "--json", str(out))  # fmt: skip
+    (run,) = json.loads(out.read_text())["runs"]
+    assert run["chunks"] >= 32 and run["checkpoints"] >= 2 and run["ticks"] > 0
+    assert len(run["snapshot_ms"]) == len(run["rotate_ms"]) >= 2 and not run["rotation_under_lock"]
+    assert run["lag_max_ms"] >= run["lag_p999_ms"] >= run["lag_p99_ms"]
