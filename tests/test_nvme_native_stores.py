@@ -156,6 +156,42 @@ async def test_a_store_finding_the_index_busy_waits_parked_and_the_loop_never_wa
         assert [chunk_at(view, CHUNK, 2), chunk_at(view, CHUNK, 3)] == data[:2]
 
 
+async def test_a_cancelled_store_parked_for_the_index_lock_returns_once_its_job_is_over(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A job parked for the lock has its engine slot: it counts as running, so the caller's
+    cancellation reaches it only once the job is over (docs/cancellation.md, rule 2), and the
+    keys are stored whole."""
+    tier, view = make(tmp_path / "c.slab", io_engine="native")
+    async with tier:
+        data = fill(view, CHUNK, 18)
+        cat = tier._catalog
+        assert cat is not None
+        no_thread_stores(tier, monkeypatch)
+        scopes: list[anyio.CancelScope] = []
+        ended = anyio.Event()
+
+        async def store() -> None:
+            with anyio.CancelScope() as scope:
+                scopes.append(scope)
+                await tier.offload([b"c0", b"c1"], [0, 1])
+            ended.set()
+
+        async with index_lock_held(cat) as release, anyio.create_task_group() as tg:
+            tg.start_soon(store)
+            await anyio.wait_all_tasks_blocked()
+            assert tier.stats().extra["native_index_busy"] == 2
+            scopes[0].cancel()
+            await anyio.wait_all_tasks_blocked()
+            assert not ended.is_set()  # waits for the parked job
+            release.set()
+        assert ended.is_set() and scopes[0].cancelled_caught
+        assert await tier.lookup([b"c0", b"c1"]) == [True, True]
+        view[:] = bytes(view.nbytes)
+        assert (await tier.load([b"c0", b"c1"], [2, 3])).ok
+        assert [chunk_at(view, CHUNK, 2), chunk_at(view, CHUNK, 3)] == data[:2]
+
+
 async def test_a_store_finding_the_index_busy_at_publication_waits_parked(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
