@@ -70,3 +70,13 @@ def test_the_nvme_index_lists_and_the_lru_entries_are_left_out(tmp_path: Path) -
     lru.pin(b"k3")
     assert not gc.is_tracked(lru._entries) and len(lru) == 100
     assert not gc.get_referrers(idx.slot_key[7])  # (the collector's own view: nothing it tracks holds the key)
+
+
+def test_the_chains_removal_stamps_are_left_out() -> None:
+    """A chain's removal fence keeps up to 65,536 stamps (key -> int) as long as the chain lives."""
+    from asynctier.tiers.chain.background import RemovalFence
+
+    fence = RemovalFence()
+    fence.removing([b"r%d" % i for i in range(1000)])
+    fence.removing([b"r1", b"s1"])
+    assert not gc.is_tracked(fence._removed_at) and fence.stale(b"r1", 1)

@@ -36,6 +36,7 @@ from collections.abc import Sequence
 import anyio
 
 from asynctier.core.backend import spawn_service
+from asynctier.untracked import untracked
 
 from .member import Member
 from .staging import StagingPool
@@ -56,7 +57,8 @@ class RemovalFence:
 
     def __init__(self) -> None:
         self.epoch = 0
-        self._removed_at: OrderedDict[bytes, int] = OrderedDict()
+        # (keys and ints: left out of the cycle collector, which read all of it at each full pass)
+        self._removed_at: OrderedDict[bytes, int] = untracked(OrderedDict())
         self._floor = 0  # every removal older than this may have been forgotten
         self._running: dict[bytes, int] = {}  # key -> background writes of it running now
         self._waiters: dict[bytes, anyio.Event] = {}  # made only when a removal waits for a key
