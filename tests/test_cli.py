@@ -41,6 +41,18 @@ def test_info_json_lists_builtin_tiers_with_parameters() -> None:
     assert "capacity_bytes" in mem["parameters"]
 
 
+def test_info_says_whether_the_c_parts_serve() -> None:
+    from asynctier.engines import native
+
+    r = invoke("info")
+    assert r.exit_code == 0, r.output
+    if native.problem() is None:
+        assert "native I/O workers: built" in r.output
+        assert "C twins of per-chunk helpers: built" in r.output
+    else:
+        assert "native I/O workers: not available" in r.output
+
+
 def _bench_args(tmp_path: Path, *tiers: str) -> list[str]:
     out = tmp_path / "bench.json"
     args = ["bench", "-q", "--root", str(tmp_path / "root"), "--chunk-sizes", "64K", "--depths", "1,4"]

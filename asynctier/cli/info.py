@@ -1,4 +1,5 @@
-"""``asynctier info``: the registered tiers, where each comes from, and its parameters."""
+"""``asynctier info``: the registered tiers, where each comes from, and its parameters; and
+whether the optional C parts were built (an install without a C compiler goes on without them)."""
 
 from __future__ import annotations
 
@@ -33,6 +34,26 @@ def describe(tier: TierInfo) -> dict[str, Any]:
     return out
 
 
+def native_parts() -> list[tuple[str, str]]:
+    """Each optional C part and whether it serves here (else why not, and what serves instead)."""
+    from ..engines import native
+    from ..engines.speedups import speedups
+
+    problem = native.problem()
+    workers = "built" if problem is None else f"not available ({problem}): the tiers run on threads"
+    if speedups() is not None:
+        twins = "built"
+    else:
+        try:
+            import asynctier._speedups  # noqa: F401
+        except ImportError:
+            why = "not built"
+        else:
+            why = "built, but no XXH3_64bits is loaded to hash with"
+        twins = f"{why}: their Python references serve"
+    return [("native I/O workers", workers), ("C twins of per-chunk helpers", twins)]
+
+
 @click.command()
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
 def info(as_json: bool) -> None:
@@ -51,4 +72,7 @@ def info(as_json: bool) -> None:
     for t in tiers:
         params = t.get("error") or ", ".join(f"{k}={v}" for k, v in t["parameters"].items())
         table.add_row(t["type"], t["class"], t["source"], params)
-    output_console().print(table)
+    console = output_console()
+    console.print(table)
+    for part, state in native_parts():
+        console.print(f"{part}: {state}", highlight=False)
