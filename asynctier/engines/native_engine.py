@@ -358,6 +358,16 @@ class NativeEngine(EngineCounters):
         else:
             self._over(job)
 
+    def go_on(self, slot: int, job: Job, step: Step) -> None:
+        """``job``, parked in ``slot``, goes on with ``step`` as a path's ``plan`` or
+        ``finish`` returns it: :meth:`resume` or :meth:`unpark`, or nothing while parked."""
+        if type(step) is tuple:
+            self.resume(slot, job, step)
+        elif step is None:
+            self.unpark(slot, job)
+        elif not isinstance(step, Parked):
+            self.unpark(slot, job, step)  # type: ignore[arg-type]
+
     def pump(self) -> None:
         """Submit what :meth:`resume` and :meth:`unpark` left to do (on the loop thread, not
         from inside a path's ``plan`` or ``finish``)."""

@@ -19,17 +19,7 @@ from asynctier.engines.native_engine import PARKED, NativeEngine, Parked, Step
 
 from .slots import IndexLock
 
-__all__ = ["LockWaiters", "go_on"]
-
-
-def go_on(engine: NativeEngine, slot: int, job: Job, step: Step) -> None:
-    """Hand a parked job's next ``step`` to ``engine`` (the caller has it pump)."""
-    if type(step) is tuple:
-        engine.resume(slot, job, step)
-    elif step is None:
-        engine.unpark(slot, job)
-    elif not isinstance(step, Parked):
-        engine.unpark(slot, job, step)  # type: ignore[arg-type]
+__all__ = ["LockWaiters"]
 
 
 class LockWaiters:
@@ -63,5 +53,5 @@ class LockWaiters:
                 step = again(slot, job, state)
             except BaseException as e:  # the job's failure, as from a plan
                 job.exc, step = e, None
-            go_on(engine, slot, job, step)
+            engine.go_on(slot, job, step)
         engine.pump()

@@ -43,7 +43,7 @@ from asynctier.posix_io import buffer_address
 from . import bulk as _py_bulk
 from .catalog import Slots
 from .fast import IoArea
-from .lockwait import LockWaiters, go_on
+from .lockwait import LockWaiters
 
 if TYPE_CHECKING:
     from .journal import Claim, Journal
@@ -176,7 +176,7 @@ class StorePath:
                 r = self._plan(job, slot)
             except BaseException as e:  # the job's failure
                 job.exc, r = e, None
-            go_on(engine, slot, job, r)
+            engine.go_on(slot, job, r)
 
     def _admit_now(self) -> None:
         self._admit()
