@@ -7,7 +7,8 @@ a fresh nvme tier of ``--capacity`` for ``--seconds``, long enough for a few che
 records how late it wakes. Each run reports the chunks stored, the checkpoints, the chunks
 that found the index lock busy (``native_index_busy``), how long each checkpoint's snapshot
 and journal rotation took (and whether the rotation ran under the lock: before the
-twenty-fourth pass it did), and the ticker's p99, p99.9, worst, and the ticks over 4 and 8 ms.
+twenty-fourth pass it did), the ticker's p99, p99.9, worst, and the ticks over 4 and 8 ms,
+and how long each offload call took (p50, p99, worst): a call that meets the lock waits.
 
 The two durations are timed by wrapping ``SlotIndex.snapshot`` and ``Journal.rotate``.
 
@@ -74,6 +75,7 @@ async def one_run(
         cfg["checkpoint_every"] = every
     tier = SecondaryTierFactory.create_secondary_tier(cfg, _aligned_view(spec.total_bytes), spec)
     late: list[float] = []
+    calls: list[float] = []  # each offload call's duration
     stored = 0
     try:
         async with tier:
@@ -90,7 +92,9 @@ async def one_run(
                 i = 0
                 while time.perf_counter() < t_end:
                     keys = [b"s%d-%d-%d" % (s, i, j) for j in range(32)]
+                    c0 = time.perf_counter()
                     res = await tier.offload(keys, [s * 32 + j for j in range(32)])
+                    calls.append(time.perf_counter() - c0)
                     if res.failed:
                         raise RuntimeError(f"offload: {next(iter(res.failed.values()))!r}")
                     stored += 32
@@ -106,6 +110,7 @@ async def one_run(
     finally:
         shutil.rmtree(root, ignore_errors=True)
     late.sort()
+    calls.sort()
     return {
         "chunks": stored,
         "GBps": stored * chunk / elapsed / 1e9,
@@ -120,6 +125,9 @@ async def one_run(
         "ticks": len(late),
         "ticks_over_4ms": sum(1 for x in late if x > 0.004),
         "ticks_over_8ms": sum(1 for x in late if x > 0.008),
+        "call_p50_ms": calls[len(calls) // 2] * 1e3,
+        "call_p99_ms": calls[int(len(calls) * 0.99)] * 1e3,
+        "call_max_ms": calls[-1] * 1e3,
     }
 
 
@@ -149,7 +157,8 @@ def main() -> int:
             f"{out['index_busy_chunks']} chunks found the index busy; snapshot ms {out['snapshot_ms']}, "
             f"rotation ms {out['rotate_ms']} ({'under' if out['rotation_under_lock'] else 'after'} the lock); "
             f"lag p99 {out['lag_p99_ms']:.2f} p99.9 {out['lag_p999_ms']:.2f} max {out['lag_max_ms']:.1f} ms, "
-            f"ticks > 4 ms: {out['ticks_over_4ms']}, > 8 ms: {out['ticks_over_8ms']} (of {out['ticks']})",
+            f"ticks > 4 ms: {out['ticks_over_4ms']}, > 8 ms: {out['ticks_over_8ms']} (of {out['ticks']}); "
+            f"offload calls p50 {out['call_p50_ms']:.1f} p99 {out['call_p99_ms']:.1f} max {out['call_max_ms']:.1f} ms",
             flush=True,
         )
     if len(runs) > 1:

@@ -242,3 +242,4 @@ def test_bench_checkpoint_lag_streams_through_checkpoints(tmp_path: Path) -> Non
     assert run["chunks"] >= 32 and run["checkpoints"] >= 2 and run["ticks"] > 0
     assert len(run["snapshot_ms"]) == len(run["rotate_ms"]) >= 2 and not run["rotation_under_lock"]
     assert run["lag_max_ms"] >= run["lag_p999_ms"] >= run["lag_p99_ms"]
+    assert run["call_max_ms"] >= run["call_p99_ms"] >= run["call_p50_ms"] > 0
