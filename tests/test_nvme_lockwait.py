@@ -5,6 +5,7 @@ test_nvme_native.py and test_nvme_native_stores.py)."""
 from __future__ import annotations
 
 import logging
+import random
 import threading
 import time
 
@@ -69,30 +70,44 @@ def test_a_failing_callback_is_logged_and_the_lock_is_released(caplog: pytest.Lo
     assert "a waiter's callback failed" in caplog.text
 
 
-def test_no_wake_up_is_lost_against_a_thread_taking_and_releasing_the_lock() -> None:
-    """Each ask made after a failed try is answered, however the other thread's release falls
-    against the ask."""
+def test_no_wake_up_is_lost_however_the_release_falls_against_the_ask() -> None:
+    """Each round the other thread holds the lock, then releases it once and takes it no more
+    until the round ends: an ask made after a failed try must be answered by that one release,
+    whether it falls before the ask (caught by the ask itself) or after it. A lost wake-up
+    fails the round."""
     lock = IndexLock()
-    stop = threading.Event()
+    held, go, done = threading.Event(), threading.Event(), threading.Event()
+    rng = random.Random(7)
+    rounds = 300
 
-    def churn() -> None:
-        while not stop.is_set():
+    def holder() -> None:
+        for _ in range(rounds):
             with lock:
-                time.sleep(0)  # the GIL handed over while held
+                held.set()
+                go.wait(10)
+                go.clear()
+            done.wait(10)
+            done.clear()
 
-    other = threading.Thread(target=churn)
+    other = threading.Thread(target=holder)
     other.start()
-    asked = 0
+    before = 0
     try:
-        for _ in range(3000):
-            if lock.acquire(blocking=False):
-                lock.release()
-                continue
+        for _ in range(rounds):
+            assert held.wait(10)
+            held.clear()
+            assert not lock.acquire(blocking=False)
+            go.set()  # the release now races the ask
+            if rng.random() < 0.5:
+                time.sleep(rng.random() * 1e-4)  # (work between the failed try and the ask)
             answered = threading.Event()
+            if not lock.locked():
+                before += 1
             lock.when_free(answered.set)
-            asked += 1
-            assert answered.wait(10)
+            assert answered.wait(5), "a wake-up was lost"
+            done.set()
     finally:
-        stop.set()
+        go.set()
+        done.set()
         other.join(30)
-    assert asked  # the other thread held it at some of the tries
+    assert 0 < before < rounds  # both orders were met
