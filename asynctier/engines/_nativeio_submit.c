@@ -179,8 +179,9 @@ int at_reap(struct at_pool *p, int32_t *out, int max) {
 }
 
 /* Empty the eventfd before reaping; nonblocking, it never waits. The loop calls it keeping
- * the GIL: os.read gave the GIL up for the syscall, and a thread holding it then (a
- * checkpoint's steps) kept the loop waiting up to a switch interval to get it back. */
+ * the GIL: os.read gives the GIL up for the syscall, and a thread taking it then (a
+ * checkpoint's steps) can keep the loop waiting up to a switch interval to get it back (no
+ * change measured either way: docs/benchmarks.md, twenty-fourth pass). */
 void at_clear(struct at_pool *p) {
     uint64_t v;
     ssize_t r = read(p->efd, &v, sizeof v);
