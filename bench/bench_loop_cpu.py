@@ -23,6 +23,13 @@ machine with other work running, thread CPU time still grows with cache misses a
 preemption: compare checkouts in one sitting, run after run. Each timed phase starts from a
 collected heap, so the garbage collector's runs inside it (``gc_us_per_chunk``, part of the
 figure) are those its own allocations make due, in the same place every run.
+
+``sleeps`` is how often the loop thread gave up its CPU of its own accord per chunk (waiting
+for the workers). Where the CPUs are virtual, a CPU left idle may be halted and handed to the
+host, and the thread it wakes for runs slower for a while (cold caches): ``--awake both`` runs
+every point also beside one busy process per CPU at the lowest priority (nice 19), which keeps
+the CPUs from idling while taking almost no time from the stream, and reports both, so the
+library's own cost can be told from the machine's (docs/benchmarks.md, twenty-fifth pass).
 """
 
 from __future__ import annotations
@@ -31,7 +38,9 @@ import argparse
 import gc
 import json
 import os
+import resource
 import shutil
+import subprocess
 import sys
 import tempfile
 import threading
@@ -121,16 +130,19 @@ async def measure(
         # from a collected heap: a collection the phase before made due (the collector
         # counts allocations across phases) is not this phase's; its own are
         gc.collect()
+        sleeps0 = resource.getrusage(resource.RUSAGE_THREAD).ru_nvcsw
         cpu0, t0 = time.thread_time(), time.perf_counter()
         with gc_watch:
             await stream(tier, op, ks, slots, batch, streams)
         cpu, wall = time.thread_time() - cpu0, time.perf_counter() - t0
+        sleeps = resource.getrusage(resource.RUSAGE_THREAD).ru_nvcsw - sleeps0
         st1 = tier.stats()
         wakes1 = st1.extra.get("loop_wakeups")
         out[name] = {
             "us_per_chunk": cpu / chunks * 1e6,
             "gbps": chunks * chunk / wall / 1e9,
             "wakeups_per_chunk": None if wakes0 is None or wakes1 is None else (wakes1 - wakes0) / chunks,
+            "sleeps_per_chunk": sleeps / chunks,
             "evictions_per_chunk": (st1.evictions - st0.evictions) / chunks,
             # (part of us_per_chunk) the garbage collector's runs on the loop thread: a full
             # collection walks every object of the process, and lands in one phase or another
@@ -157,6 +169,13 @@ async def measure(
     return out
 
 
+def _spinners() -> list[subprocess.Popen[bytes]]:
+    """One busy process per CPU at nice 19: CPUs never idle, and the stream's threads (nice 0,
+    weight 1024 against 15) lose about 1.5 % of a CPU to each."""
+    code = "import os; os.nice(19)\nwhile True: pass"
+    return [subprocess.Popen([sys.executable, "-c", code]) for _ in range(os.cpu_count() or 1)]
+
+
 def _config(
     tier: str, engine: str | None, root: str, depth: int, chunks: int, chunk: int, steady: bool = False,
     slab_chunks: int = 0,
@@ -181,22 +200,27 @@ def _config(
 def _cell(row: dict[str, Any], op: str) -> str:
     r = row.get(op)
     if r is None:
-        return f"{'-':>7} {'-':>6} {'-':>6}"
+        return f"{'-':>7} {'-':>6} {'-':>6} {'-':>6}"
     w = "-" if r["wakeups_per_chunk"] is None else f"{r['wakeups_per_chunk']:.2f}"
-    return f"{r['us_per_chunk']:7.1f} {w:>6} {r['gbps']:6.2f}"
+    return f"{r['us_per_chunk']:7.1f} {w:>6} {r.get('sleeps_per_chunk', 0):6.2f} {r['gbps']:6.2f}"
+
+
+def _head(name: str) -> str:
+    return f" | {name:>10} {'wakes':>6} {'sleeps':>6} {'GB/s':>6}"
 
 
 def print_table(rows: list[dict[str, Any]]) -> None:
     print()
     steady = any("steady" in row for row in rows)
     settled = any("steady_load" in row for row in rows)
-    print("loop-thread CPU per chunk (us), loop wake-ups per chunk, GB/s (median of repeats)")
-    head = f"{'tier':5} {'engine':8} {'KiB':>5} {'loop':8} | {'offload us':>10} {'wakes':>6} {'GB/s':>6} | "
-    head += f"{'load us':>10} {'wakes':>6} {'GB/s':>6}"
-    head += f" | {'full tier':>10} {'wakes':>6} {'GB/s':>6}" if steady else ""
-    print(head + (f" | {'full load':>10} {'wakes':>6} {'GB/s':>6}" if settled else ""))
+    print("loop-thread CPU per chunk (us), loop wake-ups by the workers and sleeps of the loop thread per chunk, "
+          "GB/s (median of repeats)")  # fmt: skip
+    head = f"{'tier':5} {'engine':8} {'KiB':>5} {'loop':8} {'CPUs':6}" + _head("offload us") + _head("load us")
+    head += _head("full tier") if steady else ""
+    print(head + (_head("full load") if settled else ""))
     for row in rows:
-        label = f"{row['tier']:5} {row['engine'] or '-':8} {row['chunk_kib']:5} {row['backend']:8}"
+        label = f"{row['tier']:5} {row['engine'] or '-':8} {row['chunk_kib']:5} {row['backend']:8} "
+        label += "awake " if row.get("awake") else "-     "
         if row.get("error"):
             print(f"{label} | did not run: {row['error']}")
             continue
@@ -219,6 +243,13 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=3, help="runs per point, interleaved; the median is reported")
     ap.add_argument("--backends", default="asyncio,uvloop,trio")
     ap.add_argument("--root", default=None, help="directory for the tier's files (default: a temporary one)")
+    ap.add_argument(
+        "--awake",
+        choices=("off", "on", "both"),
+        default="off",
+        help="run beside one busy nice-19 process per CPU, which keeps virtual CPUs from idling (see above); "
+        "both: each point without and with, interleaved",
+    )
     ap.add_argument("--json", default=None, help="write the figures here")
     ap.add_argument(
         "--steady",
@@ -242,23 +273,27 @@ def main() -> int:
     if args.slab_chunks and (args.steady or args.slab_chunks < args.chunks + 128):
         ap.error("--slab-chunks: at least --chunks + 128, and not with --steady (which needs the tier full)")
     engines = [None] if args.engines == "-" else args.engines.split(",")
-    points: list[tuple[str, str | None, int, str]] = []
+    awake = {"off": [False], "on": [True], "both": [False, True]}[args.awake]
+    points: list[tuple[str, str | None, int, str, bool]] = []
     for tier in args.tiers.split(","):
         for kib in (int(k) for k in args.chunk_kib.split(",")):
             for engine in engines if tier in ("fs", "nvme") else [None]:
                 for backend in args.backends.split(","):
-                    points.append((tier, engine, kib, backend))
-    runs: dict[tuple[str, str | None, int, str], list[dict[str, Any]]] = {p: [] for p in points}
-    errors: dict[tuple[str, str | None, int, str], str] = {}
+                    points += [(tier, engine, kib, backend, a) for a in awake]
+    runs: dict[tuple[str, str | None, int, str, bool], list[dict[str, Any]]] = {p: [] for p in points}
+    errors: dict[tuple[str, str | None, int, str, bool], str] = {}
+    if args.root is not None:
+        os.makedirs(args.root, exist_ok=True)
     for rep in range(args.repeat):
         for point in points:
             if point in errors:
                 continue
-            tier, engine, kib, backend = point
+            tier, engine, kib, backend, busy = point
             chunk = kib << 10
             root = tempfile.mkdtemp(prefix="asynctier-loopcpu-", dir=args.root)
             name, options = BACKENDS[backend]
             config = _config(tier, engine, root, args.depth, args.chunks, chunk, args.steady, args.slab_chunks)
+            spinners = _spinners() if busy else []
             try:
                 r = anyio.run(measure, config, chunk, args.chunks, args.batch, args.streams, args.steady,
                               args.steady_passes, backend=name, backend_options=options)  # fmt: skip
@@ -266,6 +301,9 @@ def main() -> int:
                 errors[point] = f"{type(e).__name__}: {e}"[:120]
                 continue
             finally:
+                for p in spinners:
+                    p.kill()
+                    p.wait()
                 shutil.rmtree(root, ignore_errors=True)
             runs[point].append(r)
             off, load = r["offload"]["us_per_chunk"], r["load"]["us_per_chunk"]
@@ -275,12 +313,13 @@ def main() -> int:
                             if isinstance(v, dict) and v.get("gc_collections", [0, 0, 0])[2])  # fmt: skip
             full += f" (of which full collections of the garbage collector: {gcs})" if gcs else ""
             print(f"[{rep + 1}/{args.repeat}] {tier:5} {engine or '-':8} {kib:4} KiB {backend:8} "
-                  f"offload {off:6.1f} us/chunk, load {load:6.1f} us/chunk{full}", flush=True)  # fmt: skip
+                  f"{'awake ' if busy else ''}offload {off:6.1f} us/chunk, load {load:6.1f} us/chunk{full}",
+                  flush=True)  # fmt: skip
     rows = []
     for point in points:
-        tier, engine, kib, backend = point
+        tier, engine, kib, backend, busy = point
         row: dict[str, Any] = {"tier": tier, "engine": engine, "chunk_kib": kib, "backend": backend,
-                               "error": errors.get(point)}  # fmt: skip
+                               "awake": busy, "error": errors.get(point)}  # fmt: skip
         done = runs[point]
         if done and point not in errors:
             for op in ("offload", "load", "steady", "steady_load"):

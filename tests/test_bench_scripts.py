@@ -190,6 +190,33 @@ def test_bench_loop_cpu_steady_passes_go_into_the_full_tier_untimed_first(tmp_pa
     assert r["steady_load"]["evictions_per_chunk"] == 0 and r["steady_load"]["gbps"] > 0, r
 
 
+def _spinners_running() -> int:
+    """Processes running bench_loop_cpu.py's nice-19 busy loop (see ``--awake``)."""
+    n = 0
+    for pid in Path("/proc").iterdir():
+        try:
+            n += b"os.nice(19)" in (pid / "cmdline").read_bytes()
+        except OSError:  # not a process, or gone meanwhile
+            continue
+    return n
+
+
+def test_bench_loop_cpu_awake_both_runs_each_point_twice_and_stops_its_spinners(tmp_path: Path) -> None:
+    """``--awake both``: each point without and with the busy processes, reported apart, with
+    the loop thread's sleeps; the processes are gone once it ends (and ``--root`` is made)."""
+    out = tmp_path / "cpu.json"
+    before = _spinners_running()
+    _run("bench_loop_cpu.py", "--tiers", "fs", "--engines", "threads", "--chunk-kib", "16", "--chunks", "64",
+         "--repeat", "1", "--backends", "asyncio", "--awake", "both", "--root", str(tmp_path / "not" / "yet"),
+         "--json", str(out))  # fmt: skip
+    assert _spinners_running() == before
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["awake"] for r in rows] == [False, True]
+    for r in rows:
+        assert r["error"] is None, r
+        assert r["offload"]["sleeps_per_chunk"] >= 0 and r["load"]["us_per_chunk"] > 0, r
+
+
 def test_bench_native_engine_reports_each_loop(tmp_path: Path) -> None:
     from asynctier.engines import native as nativeio
 
