@@ -15,6 +15,8 @@ own measurements: docs/benchmarks.md) and is refused with a message naming the c
 
 from __future__ import annotations
 
+import logging
+import sys
 import warnings
 from typing import Literal
 
@@ -24,6 +26,8 @@ __all__ = ["IO_ENGINES", "IoEngine", "check_io_engine", "runs_native"]
 
 IoEngine = Literal["auto", "threads", "native"]
 IO_ENGINES: tuple[IoEngine, ...] = ("auto", "threads", "native")
+
+log = logging.getLogger("asynctier")
 
 _DEPRECATED = {"psync": "threads"}
 _RETIRED = ("io_uring", "ring", "uring")
@@ -69,4 +73,33 @@ def runs_native(io_engine: IoEngine) -> bool:
     why = native.problem()
     if io_engine == "native" and why is not None:
         raise TierConfigError(f"io_engine='native' but native I/O workers are unavailable here: {why}")
+    if sys.platform.startswith("linux"):  # (elsewhere threads are the only engine: nothing to tell)
+        _tell_missing_parts(why)
     return why is None
+
+
+_told: set[str] = set()
+
+
+def _tell_missing_parts(why: str | None) -> None:
+    """Log, once a process, an optional C part that does not serve here: both are built at
+    install time where a C compiler is, and a failed build leaves ``pip install`` silent."""
+    if why is not None:
+        if "workers" not in _told:
+            _told.add("workers")
+            log.warning(
+                "asynctier: io_engine='auto' runs on Python threads here, not the native I/O workers: %s. "
+                "Threads cost the event loop and the GIL more per chunk (docs/benchmarks.md); "
+                "`asynctier info` lists what is built.",
+                why,
+            )
+        return
+    from .engines.speedups import speedups
+
+    if speedups() is None and "twins" not in _told:
+        _told.add("twins")
+        log.warning(
+            "asynctier: the C twins of per-chunk helpers (asynctier._speedups) do not serve here (not built, or "
+            "no XXH3_64bits to hash with): their Python references do, at more event-loop CPU per chunk; "
+            "`asynctier info` says which."
+        )

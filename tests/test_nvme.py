@@ -473,6 +473,43 @@ async def test_io_engine_native_refused_where_the_workers_are_missing_auto_runs_
         assert (await tier.offload([b"x"], [0])).ok and (await tier.load([b"x"], [1])).ok
 
 
+async def test_a_missing_c_part_is_told_once_a_process_where_auto_falls_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A failed build of an optional C part leaves ``pip install`` silent: the first tier that
+    opens with ``io_engine="auto"`` logs which part does not serve and why, once; a tier that
+    asked for threads logs nothing."""
+    from asynctier import io_engine
+    from asynctier.engines import speedups
+
+    real = nativeio.problem()
+    monkeypatch.setattr(io_engine, "_told", set())
+    caplog.set_level("WARNING", logger="asynctier")
+    tier, _ = make(tmp_path / "t.slab", io_engine="threads")
+    async with tier:
+        pass
+    assert not caplog.records
+    monkeypatch.setattr(nativeio, "_PROBLEM", "asynctier/engines/_nativeio was not built")
+    for name in ("a.slab", "b.slab"):
+        tier, _ = make(tmp_path / name, io_engine="auto")
+        async with tier:
+            assert tier.active_io_engine == "threads"
+    (told,) = caplog.records
+    assert told.levelname == "WARNING" and "runs on Python threads" in told.getMessage()
+    assert "_nativeio was not built" in told.getMessage() and "asynctier info" in told.getMessage()
+    monkeypatch.setattr(nativeio, "_PROBLEM", real)
+    if real is not None:
+        return  # (no workers here at all: only the first message applies)
+    monkeypatch.setattr(speedups, "_SPEEDUPS", [None])  # the workers serve; the C twins do not
+    caplog.clear()
+    for name in ("c.slab", "d.slab"):
+        tier, _ = make(tmp_path / name, io_engine="auto")
+        async with tier:
+            assert tier.active_io_engine == "native"
+    (told,) = caplog.records
+    assert "C twins of per-chunk helpers" in told.getMessage() and "asynctier info" in told.getMessage()
+
+
 async def test_io_engine_defaults_to_auto(tmp_path: Path) -> None:
     tier, _ = make(tmp_path / "kv.slab")
     assert tier.io_engine == "auto"

@@ -56,8 +56,8 @@ class Journal:
         self.durable = durable
         self.fd = -1
         self.gen = 0
-        # appends take the condition's lock alone (a Condition's own enter and exit are
-        # Python calls; appends wake no one)
+        # appends, claims and settling take the condition's lock alone (a Condition's own
+        # enter and exit are Python calls, and these run on the loop thread)
         self._mu = threading.Lock()
         self._cv = threading.Condition(self._mu)
         self._pending: list[bytes] = []
@@ -155,7 +155,7 @@ class Journal:
         syncs it, when :attr:`durable`), then calls :meth:`claimed` or :meth:`claim_failed`;
         meanwhile, :meth:`wait` waits for it as for any flush. None when a flush is running,
         nothing is queued or the journal is unusable (:meth:`wait` says which)."""
-        with self._cv:
+        with self._mu:
             if self._busy or not self._pending or self.broken is not None or self.fd < 0:
                 return None
             self._busy = True
@@ -231,7 +231,7 @@ class Journal:
         rotate_to: int | None,
     ) -> None:  # fmt: skip
         """Publish a flush's outcome to the waiters (and the next flusher)."""
-        with self._cv:
+        with self._mu:
             self._busy = False
             if rotate_to is not None and (err is not None or not written):
                 self.since_checkpoint += len(batch)  # counted again: no checkpoint took them

@@ -13,7 +13,7 @@ from typing import Any
 import anyio
 
 from asynctier import IntegrityError, TierConfigError
-from asynctier.core.ops import Op
+from asynctier.core.ops import Op, priority_of
 from asynctier.core.validation import check_bool, check_keys, check_path, integer, permission_bits
 from asynctier.engines import Engine
 from asynctier.engines.split import SplitEngine
@@ -186,7 +186,7 @@ class NvmeTier(CoalescedJobs):
 
     def group_body(self, op: str) -> Callable[..., Any]:
         body = super().group_body(op)
-        return body if self._split is None else self._split.held(body, Op(op).priority)
+        return body if self._split is None else self._split.held(body, priority_of(op))
 
     # -- open / close --------------------------------------------------------------------------
     def open_medium(self) -> None:
