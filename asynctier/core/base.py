@@ -324,10 +324,13 @@ class ChunkTier(Bookkeeping, Lifecycle, SecondaryTierManager):
             gfn = self.group_body(op)
             batch = self._new_batch(-(-len(keys) // g), op)
             prio = op.priority
-            return [
-                Job(op, gfn, (keys[i : i + g], ids[i : i + g], t0), keys[i : i + g], batch, grouped=True, priority=prio)
-                for i in range(0, len(keys), g)
-            ]
+            if g >= len(keys):  # one job: the call's lists are its own copies already (check_pairs)
+                return [Job(op, gfn, (keys, ids, t0), keys, batch, grouped=True, priority=prio)]
+            jobs = []
+            for i in range(0, len(keys), g):
+                ks = keys[i : i + g]  # (a group body reads its keys, never changes them)
+                jobs.append(Job(op, gfn, (ks, ids[i : i + g], t0), ks, batch, grouped=True, priority=prio))
+            return jobs
         fn = self.job_body(op)
         batch = self._new_batch(len(keys), op)
         prio = op.priority
