@@ -171,8 +171,9 @@ async def measure(
 
 def _spinners() -> list[subprocess.Popen[bytes]]:
     """One busy process per CPU at nice 19: CPUs never idle, and the stream's threads (nice 0,
-    weight 1024 against 15) lose about 1.5 % of a CPU to each."""
-    code = "import os; os.nice(19)\nwhile True: pass"
+    weight 1024 against 15) lose about 1.5 % of a CPU to each. Each ends with this process,
+    killed or not (it is then another's child)."""
+    code = "import os; os.nice(19); parent = os.getppid()\nwhile os.getppid() == parent: pass"
     return [subprocess.Popen([sys.executable, "-c", code]) for _ in range(os.cpu_count() or 1)]
 
 
