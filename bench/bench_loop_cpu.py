@@ -25,7 +25,7 @@ collected heap, so the garbage collector's runs inside it (``gc_us_per_chunk``, 
 figure) are those its own allocations make due, in the same place every run.
 
 ``sleeps`` is how often the loop thread gave up its CPU of its own accord per chunk (waiting
-for the workers). Where the CPUs are virtual, a CPU left idle may be halted and handed to the
+for the workers, or for the GIL). Where the CPUs are virtual, a CPU left idle may be halted and handed to the
 host, and the thread it wakes for runs slower for a while (cold caches): ``--awake both`` runs
 every point also beside one busy process per CPU at the lowest priority (nice 19), which keeps
 the CPUs from idling while taking almost no time from the stream, and reports both, so the
