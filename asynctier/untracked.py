@@ -4,7 +4,7 @@ A tier's index can hold an item per chunk: the nvme tier's per-slot keys and fre
 fs tier's LRU entries, a million of each on a large tier. The collector reads every tracked
 container it collects, holding the GIL, on whichever thread triggered it: the first young
 collections after such a list is made, and every full collection for as long as it lives
-(``bench/bench_gc.py``; figures in docs/benchmarks.md, twenty-third pass). These
+(``bench/bench_gc.py``; figures in docs/benchmarks-issue-28.md, twenty-third pass). These
 containers hold only bytes, ints and the fs index's entries, none of which references
 anything, so they can be in no reference cycle and need not be traversed. CPython leaves
 such dicts untracked by itself; not lists or OrderedDicts.

@@ -29,7 +29,7 @@ for the workers, or for the GIL). Where the CPUs are virtual, a CPU left idle ma
 host, and the thread it wakes for runs slower for a while (cold caches): ``--awake both`` runs
 every point also beside one busy process per CPU at the lowest priority (nice 19), which keeps
 the CPUs from idling while taking almost no time from the stream, and reports both, so the
-library's own cost can be told from the machine's (docs/benchmarks.md, twenty-fifth pass).
+library's own cost can be told from the machine's (docs/benchmarks-issue-28.md, twenty-fifth pass).
 """
 
 from __future__ import annotations

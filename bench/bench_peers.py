@@ -205,7 +205,7 @@ def run_contender(
     workdir.mkdir(parents=True)
     # the previous contenders' garbage freed now, not by a collection inside this one's timed
     # phases (collections that freed earlier contenders' 128 MiB buffers took 22-108 ms of the
-    # loop thread in nvme's 2 MiB writes; docs/benchmarks.md, twenty-first pass)
+    # loop thread in nvme's 2 MiB writes; docs/benchmarks-issue-28.md, twenty-first pass)
     gc.collect()
     benchkit.settle(workdir, limit_s=settle_s)  # the previous contender's deletions land first
     try:

@@ -7,7 +7,7 @@ Everything else is written on anyio. Two things anyio does not offer are here:
   anyio's ``from_thread.run_sync`` waits for the loop, which would stall an I/O worker.
 * :func:`event_class` — the loop's own event (asyncio's or trio's), for the one a call waits
   on: ``anyio.Event`` wraps the same object and costs 3 µs more to make and about 6 µs more
-  per wait (docs/benchmarks.md, fourteenth pass); anyio's cancel scopes interrupt either.
+  per wait (docs/benchmarks-issue-28.md, fourteenth pass); anyio's cancel scopes interrupt either.
 * :func:`wait_uninterrupted` — wait for an event through any number of cancellations. anyio's
   shielded scopes stop anyio and trio cancellation, but on asyncio a plain ``task.cancel()``
   (``wait_for``, ``asyncio.timeout``) still interrupts a shielded wait; this waits again.

@@ -15,7 +15,7 @@
  * and the eventfd. The event loop's side never takes the workers' lock: jobs reach them
  * through a submission ring and come back through the completion ring, each published by
  * one atomic index (the loop was blocked for up to ms in calls that took that lock, which
- * the workers, at a higher nice value, take around every job: docs/benchmarks.md, issue
+ * the workers, at a higher nice value, take around every job: docs/benchmarks-issue-28.md, issue
  * 28's ninth pass).
  * Anything but the plain case (an error of any kind, a short file) is reported with the
  * step that failed and left to the Python code, which owns error handling. The xxh3
@@ -242,7 +242,7 @@ static void run_group_job(struct at_pool *p, int idx) {
         /* one token, free, and an I/O ready: its checksums are left to another worker, as a
          * lone read's are, and this one goes on to that I/O, so the device does not wait for
          * a hash and a thread wake-up between two reads (64 KiB loads at depth 1 on tmpfs
-         * had lost 18-21 %; docs/benchmarks.md, twentieth pass). With more tokens another
+         * had lost 18-21 %; docs/benchmarks-issue-28.md, twentieth pass). With more tokens another
          * worker runs the next I/O meanwhile, and handing over cost the loop's thread CPU:
          * fs 64 KiB loads at depth 16 had 3x the p99 lag, at the same GB/s */
         post_push(p, p->nops + (int)(sub - p->subs));
@@ -254,7 +254,7 @@ static void run_group_job(struct at_pool *p, int idx) {
         /* a read's checksum, with its token back: another worker runs the next I/O. Then
          * the worker offers its CPU before its next job: a group's jobs back to back were
          * one long burst that an event loop woken meanwhile waited behind (fs p99 lag on
-         * tmpfs at 256 KiB: loads 4.2 -> 1.3 ms, stores 5.1 -> 2.7; docs/benchmarks.md,
+         * tmpfs at 256 KiB: loads 4.2 -> 1.3 ms, stores 5.1 -> 2.7; docs/benchmarks-issue-28.md,
          * eleventh pass), and so were reads spread without it (nvme loads on tmpfs at 256
          * KiB: 7-10 ms; nineteenth pass) */
         if (hash && p->queued > 0) wake_workers(p, 1);
@@ -367,7 +367,7 @@ static void *worker(void *arg) {
             /* its checksum is left to another worker: this one goes on to the next I/O at
              * once, without a thread wake-up between the two. At any depth, unlike a group's
              * read (run_group_job): under the group's rule one-chunk loads measured lower at
-             * 7 of 8 points, depths 1 and 16, at the same lag (docs/benchmarks.md,
+             * 7 of 8 points, depths 1 and 16, at the same lag (docs/benchmarks-issue-28.md,
              * twenty-first pass) */
             post_push(p, idx);
             wake_workers(p, 1);

@@ -1,7 +1,7 @@
 /* The event loop's side of the native workers' pool (_nativeio.c): jobs go in through the
  * submission ring, their ends come back through the completion ring, and neither waits for
  * the workers' lock (only at_cancel, rare, takes it). One thread submits and reaps at a
- * time: the loop's. Why rings and not the lock: docs/benchmarks.md, issue 28's ninth pass. */
+ * time: the loop's. Why rings and not the lock: docs/benchmarks-issue-28.md, issue 28's ninth pass. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <string.h>
@@ -181,7 +181,7 @@ int at_reap(struct at_pool *p, int32_t *out, int max) {
 /* Empty the eventfd before reaping; nonblocking, it never waits. The loop calls it keeping
  * the GIL: os.read gives the GIL up for the syscall, and a thread taking it then (a
  * checkpoint's steps) can keep the loop waiting up to a switch interval to get it back (no
- * change measured either way: docs/benchmarks.md, twenty-fourth pass). */
+ * change measured either way: docs/benchmarks-issue-28.md, twenty-fourth pass). */
 void at_clear(struct at_pool *p) {
     uint64_t v;
     ssize_t r = read(p->efd, &v, sizeof v);

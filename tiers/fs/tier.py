@@ -450,10 +450,10 @@ class FsTier(BlockingChunkTier):
         name = f"asynctier-{self.tier_type}"
         # a turn of the loop plans at most 16 chunks (each 10-40 us of Python here): a load of
         # group jobs (group_size) would otherwise be planned whole in one callback (p99 lag of
-        # grouped loads 0.87-1.33 ms against 1.10-1.50 unbounded; docs/benchmarks.md, eighth pass).
+        # grouped loads 0.87-1.33 ms against 1.10-1.50 unbounded; docs/benchmarks-issue-28.md, eighth pass).
         # Stores and loads on the C workers; removals, lookups and verification on threads, as
         # the nvme tier's: on the native engine each was a coroutine and two thread hand-offs
-        # per chunk (29-44 us of the loop's CPU a chunk; docs/benchmarks.md, twenty-second pass)
+        # per chunk (29-44 us of the loop's CPU a chunk; docs/benchmarks-issue-28.md, twenty-second pass)
         split = SplitEngine(self.max_inflight or 1, name, self.worker_nice, plan_chunks=16)
         self._native = NativeIO(self, split.native)
         # the plain store and load run without a coroutine per chunk (.fast)
@@ -467,7 +467,7 @@ class FsTier(BlockingChunkTier):
         ``GROUP_CHUNKS`` in each job, each its own file, so that the loop thread plans, submits
         and books one job for them; the pool spreads a job's files over its workers, each
         holding a token of its own, so the depth takes no more jobs than that
-        (docs/benchmarks.md, nineteenth pass). Loads, while the index is complete (a
+        (docs/benchmarks-issue-28.md, nineteenth pass). Loads, while the index is complete (a
         miss is looked up on a thread, and a group's continuations run one after another);
         stores on a local file system (:meth:`_groups_stores`)."""
         if self._native is None or n < 2 or self.index_incomplete:
@@ -484,7 +484,7 @@ class FsTier(BlockingChunkTier):
         network file system every file made is a round trip: one job each. Groups of new
         files raised the loop's lag on the disk before a group's worker yielded between its
         jobs (eighth and ninth passes); since then they lower it, and take the loop's CPU for
-        a fill on the disk from 68-92 to 27 µs a chunk (docs/benchmarks.md, thirteenth pass)."""
+        a fill on the disk from 68-92 to 27 µs a chunk (docs/benchmarks-issue-28.md, thirteenth pass)."""
         if self.network_fs:
             return False
         cap = self.capacity_bytes

@@ -6,7 +6,7 @@ which the tier calls where built.
 Why: a store job works on the event loop's thread a few steps per chunk: on the slot index,
 under its lock (evict a victim, number the write, end it, publish it; a load's pins), and for its runs of
 adjacent slots (each header, its two iovecs, a descriptor per run, each run's outcome). As
-Python those steps came to several µs a chunk of a full slab (docs/benchmarks.md, fifteenth
+Python those steps came to several µs a chunk of a full slab (docs/benchmarks-issue-28.md, fifteenth
 pass). The index steps have the effect of the :class:`~.slots.SlotIndex` methods they are
 written with; call them with the index lock held.
 """

@@ -64,7 +64,7 @@ class CoalescedJobs(BlockingChunkTier):
             # more jobs than one: a call is one job, of up to max_inflight times that, and of
             # runs that fit one GROUP job (its header blocks, per engine slot, stay bounded).
             # Each job costs the loop thread its planning and booking, some 1,700 bytecodes
-            # (docs/benchmarks.md, nineteenth pass); the jobs running at once hold at most half
+            # (docs/benchmarks-issue-28.md, nineteenth pass); the jobs running at once hold at most half
             # the slab, as below
             most = min(self.coalesce_bytes * workers // geo.slot_size, GROUP_MAX * self._run_limit)
             size = min(n, geo.nslots // (2 * workers), most)
@@ -86,7 +86,7 @@ class CoalescedJobs(BlockingChunkTier):
         # and never jobs smaller than coalesce_bytes where the call has that much: a run of
         # adjacent slots is one I/O however long, and a lone call of 32 chunks of 64 KiB
         # moved as fast as 3 jobs as it did as 16, at half the loop's CPU a chunk
-        # (docs/benchmarks.md, thirteenth pass); the jobs evened out
+        # (docs/benchmarks-issue-28.md, thirteenth pass); the jobs evened out
         size = max(1, min(cmax, max(n // share, min(n, self.coalesce_bytes // geo.slot_size))))
         return evened(n, size)
 

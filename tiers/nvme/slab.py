@@ -38,7 +38,7 @@ RUN_MAX = 512
 #: ``O_DIRECT``, or in memory): a group job's worker offers its CPU between two runs, and
 #: longer uninterrupted copies kept the event loop's thread waiting for a core (256 KiB loads
 #: on tmpfs: p99 lag 5.8-6.1 ms with runs of 8 slots, 1.5-1.7 with runs of 2;
-#: docs/benchmarks.md, seventeenth pass).
+#: docs/benchmarks-issue-28.md, seventeenth pass).
 BUFFERED_RUN_BYTES = 512 << 10
 
 

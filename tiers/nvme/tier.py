@@ -82,7 +82,7 @@ class NvmeTier(CoalescedJobs):
             Where a slot's I/O is a copy on the CPU (no ``O_DIRECT``, or a slab on tmpfs), the
             loop may wait for a core behind the workers' copies: their runs are then cut to
             about 512 KiB, which took 256 KiB loads' p99 lag on tmpfs from 5.8-6.1 to 1.5-1.7
-            ms (docs/benchmarks.md, seventeenth pass); before that cut, 19 took it from
+            ms (docs/benchmarks-issue-28.md, seventeenth pass); before that cut, 19 took it from
             4.4-5.3 to 1.9-2.2 ms at the same GB/s.
         file_mode: permission bits of every file the tier creates (slab files, checkpoint,
             journal; an int, default ``0o600``), set exactly whatever the umask.
