@@ -151,3 +151,25 @@ def test_a_load_is_served_from_a_write_back_still_queued() -> None:
             GatedMemoryTier.GATE.set()
 
     run(check)
+
+
+def test_the_fence_forgets_no_stamp_a_window_still_open_needs() -> None:
+    """A removal's stamp makes its keys stale to every window opened before it ended: while
+    such a window is open the stamp is kept past the bound (65,536), and dropped once it closes;
+    a key being removed is stale to any window, and no key never removed ever is."""
+    fence = RemovalFence()
+    early = fence.open()
+    removed = [b"k%d" % i for i in range(65537 + 100)]
+    for i in range(0, len(removed), 1000):
+        fence.removing(removed[i : i + 1000])
+        fence.removed(removed[i : i + 1000])
+    assert all(fence.stale(k, early) for k in removed)  # none forgotten: the window needs them all
+    later = fence.open()
+    assert not any(fence.stale(k, later) for k in removed[:10])  # (removed before it opened)
+    fence.close(early)
+    assert len(fence._removed_at) <= 65536  # now they may go
+    assert not fence.stale(b"never-removed", early - 1)
+    fence.removing([b"now"])
+    assert fence.stale(b"now", later) and fence.stale(b"now", fence.open())  # while it runs: to every window
+    fence.removed([b"now"])
+    assert fence.stale(b"now", later) and not fence.stale(b"now", fence.open())

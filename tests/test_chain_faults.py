@@ -346,6 +346,80 @@ def test_promotion_never_brings_back_a_removed_key(tmp_path: Path) -> None:
     run(check)
 
 
+def test_a_promotion_prepared_while_a_removal_runs_never_brings_the_key_back(tmp_path: Path) -> None:
+    """A load that finds the key in fs while its removal is still deleting there (memory's copy
+    gone already) queues a promotion; it must not reach memory once the remove has returned.
+    The removal was stamped when it started, and a load that began after that took the same
+    stamp, so its promotion did not count as older than the removal: the key came back."""
+
+    async def check() -> None:
+        rig = ChainRig(num_chunks=8)
+        chain = rig.chain(tiers=[MEM, fs(tmp_path / "kv")], write="through", refresh_below=False)
+        disk = chain.member("fs")
+        async with chain:
+            ks = keys(1, "racing")
+            assert (await chain.offload(ks, [0])).ok
+            gate, at_gate = anyio.Event(), anyio.Event()
+            remove_fs = disk.tier.remove
+
+            async def slow_remove(keys: list[bytes]) -> Any:  # fs deletes once the load has run
+                at_gate.set()
+                await gate.wait()
+                return await remove_fs(keys)
+
+            disk.tier.remove = slow_remove  # type: ignore[method-assign]
+            removed: list[Any] = []
+            async with anyio.create_task_group() as tg:
+
+                async def remove() -> None:
+                    removed.append(await chain.remove(ks))
+
+                tg.start_soon(remove)
+                await at_gate.wait()
+                while (await in_tier(chain, "memory", ks)) != [False]:  # memory's removal runs beside fs's
+                    await anyio.lowlevel.checkpoint()
+                assert (await chain.load(ks, [1])).ok  # from fs, still there: a promotion is prepared
+                gate.set()
+            assert removed[0].ok
+            await chain.drain()
+            assert await in_tier(chain, "memory", ks) == [False], "a promotion brought the removed key back"
+            assert await chain.lookup(ks) == [False]
+
+    run(check)
+
+
+def test_many_removals_drop_no_queued_write_back_of_another_key(tmp_path: Path) -> None:
+    """Past 65,536 removal stamps the oldest were summarised by a floor, and every background
+    write queued before it was dropped as if its key had been removed: an acknowledged store
+    never reached the tier below. Now a removal marks its own keys' queued work, and stamps are
+    forgotten only where no work in preparation can need them."""
+
+    async def check() -> None:
+        rig = ChainRig(num_chunks=8)
+        chain = rig.chain(tiers=[MEM, fs(tmp_path / "kv")], write="back")
+        async with chain:
+            gate = anyio.Event()
+            offload_fs = chain.member("fs").tier.offload
+
+            async def held_offload(keys: list[bytes], ids: list[int]) -> Any:  # the write-back waits
+                await gate.wait()
+                return await offload_fs(keys, ids)
+
+            chain.member("fs").tier.offload = held_offload  # type: ignore[method-assign]
+            kept = keys(1, "kept")
+            assert (await chain.offload(kept, [0])).ok
+            others = keys(65537, "other")
+            assert (await chain.remove(others)).ok
+            assert (await chain.remove(others[:10])).ok  # (stamps beyond the bound, none needed now)
+            assert len(chain._fence._removed_at) <= 65536
+            gate.set()
+            await chain.drain()
+            assert await in_tier(chain, "fs", kept) == [True], "the write-back of a key never removed was dropped"
+            assert chain.member("fs").counts["drops"] == 0
+
+    run(check)
+
+
 # -- cancelling a load served from a lower tier ----------------------------------------------------------
 def chain_loaded(chain: Any) -> int:
     return int(chain.stats().loaded)

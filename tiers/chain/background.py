@@ -17,9 +17,10 @@ so this tier's LRU sees the use and does not evict the hottest chunks first. Tou
 batched per lane (one ``touch`` call for whatever gathered while the lane was busy), run before
 the lane's next write, and are bounded (:data:`_TOUCH_KEYS` per lane; beyond it, counted).
 
-A remove must win over background work of the same key, whenever that work was queued: the
-:class:`RemovalFence` stamps each removal, an item queued before a removal of its key is
-dropped, and a removal waits for a write of its key already running before it deletes.
+A remove must win over background work of the same key, whenever that work was prepared: a
+removal marks the items of its keys queued here dead (:meth:`Backlog.removing`), work prepared
+while it ran or before it is not queued (:class:`RemovalFence`), and a removal waits for a
+write of its key already running before it deletes.
 
 A load may be served from a staging slot still queued here (:meth:`Backlog.hold`): the first
 tier can evict a chunk before its write-back reaches the tier below, and the chunk was
@@ -48,40 +49,86 @@ log = logging.getLogger("asynctier.chain")
 #: Keys waiting to be touched per lane at most; more are dropped (counted in ``touch_drops``).
 _TOUCH_KEYS = 8192
 
-#: Removal stamps kept per key; older ones are summarised by a floor (items older than it drop).
+#: Removal stamps kept at least; beyond it, those no open window is older than are forgotten.
 _FENCE_KEYS = 65536
 
 
 class RemovalFence:
-    """Removal stamps per key, and the background writes running per key."""
+    """Removals of keys, against the background writes of the same keys they must win over;
+    and the background writes running per key.
+
+    Background work of a key (a write-back, a promotion, a demotion) is prepared in a *window*:
+    :meth:`open` before it reads or stores anything, :meth:`stale` before its write is queued or
+    started, :meth:`close` after. A removal's keys are stale to every window while it runs
+    (:meth:`removing` to :meth:`removed`), and to every window opened before it ended once it
+    has (its stamp). Work already queued is not asked: the removal marks it dead
+    (:meth:`Backlog.removing`). Stamps are forgotten only when no open window is older than
+    them, so no key is ever taken for removed when it was not (a summary of forgotten stamps
+    dropped every older item, and with it write-backs of keys never removed)."""
 
     def __init__(self) -> None:
         self.epoch = 0
         # (keys and ints: left out of the cycle collector, which read all of it at each full pass)
         self._removed_at: OrderedDict[bytes, int] = untracked(OrderedDict())
-        self._floor = 0  # every removal older than this may have been forgotten
+        self._removing: dict[bytes, int] = {}  # key -> removals of it running now
+        self._open: dict[int, int] = {}  # epoch -> windows opened at it and not closed
         self._running: dict[bytes, int] = {}  # key -> background writes of it running now
         self._waiters: dict[bytes, anyio.Event] = {}  # made only when a removal waits for a key
 
-    def now(self) -> int:
-        return self.epoch
+    def open(self) -> int:
+        """Open a window: the epoch to pass to :meth:`stale` and :meth:`close`."""
+        e = self.epoch
+        self._open[e] = self._open.get(e, 0) + 1
+        return e
+
+    def close(self, since: int) -> None:
+        n = self._open[since]
+        if n == 1:
+            del self._open[since]
+            self._forget()
+        else:
+            self._open[since] = n - 1
 
     def stale(self, key: bytes, since: int) -> bool:
-        """Whether ``key`` was (or may have been) removed after ``since``."""
-        if self._floor > since:
+        """Whether ``key`` is being removed, or was removed after the window ``since`` opened."""
+        if key in self._removing:
             return True
         at = self._removed_at.get(key)
         return at is not None and at > since
 
     def removing(self, keys: Sequence[bytes]) -> None:
-        """Stamp a removal of ``keys`` (before it deletes anything)."""
+        """A removal of ``keys`` starts (before it deletes anything)."""
+        removing = self._removing
+        for k in keys:
+            removing[k] = removing.get(k, 0) + 1
+
+    def removed(self, keys: Sequence[bytes]) -> None:
+        """The removal of ``keys`` :meth:`removing` announced is over (done, failed or cancelled)."""
+        removing = self._removing
         self.epoch += 1
         for k in keys:
+            n = removing[k]
+            if n == 1:
+                del removing[k]
+            else:
+                removing[k] = n - 1
             self._removed_at[k] = self.epoch
             self._removed_at.move_to_end(k)
-        while len(self._removed_at) > _FENCE_KEYS:
-            _, at = self._removed_at.popitem(last=False)
-            self._floor = max(self._floor, at)
+        self._forget()
+
+    def _forget(self) -> None:
+        """Drop the oldest stamps beyond :data:`_FENCE_KEYS` that no open window can need (a
+        stamp makes a key stale only to windows opened before it)."""
+        stamps = self._removed_at
+        over = len(stamps) - _FENCE_KEYS
+        if over <= 0:
+            return
+        oldest = min(self._open) if self._open else self.epoch
+        for _ in range(over):
+            at = stamps[next(iter(stamps))]
+            if at > oldest:
+                return
+            stamps.popitem(last=False)
 
     def begin(self, keys: Sequence[bytes]) -> None:
         running = self._running
@@ -114,14 +161,14 @@ class RemovalFence:
 class Item:
     """One chunk in a background-owned staging slot, to be written into some tiers."""
 
-    __slots__ = ("epoch", "key", "lanes", "reason", "slot")
+    __slots__ = ("dead", "key", "lanes", "reason", "slot")
 
-    def __init__(self, key: bytes, slot: int, epoch: int, reason: str, lanes: int) -> None:
+    def __init__(self, key: bytes, slot: int, reason: str, lanes: int) -> None:
         self.key = key
         self.slot = slot
-        self.epoch = epoch
         self.reason = reason  # "store" (write-back), "promote" or "demote"
         self.lanes = lanes  # lanes it is still queued on or being written by
+        self.dead = False  # its key was removed after it was queued: written nowhere
 
 
 _REASON_COUNTER = {"store": "written_back", "promote": "promotions", "demote": "demotions"}
@@ -154,7 +201,7 @@ class Backlog:
         self._idle: anyio.Event | None = None
         self._items = 0  # items not yet finished
         self._touching = 0  # lanes with touches waiting or running
-        self._newest: dict[bytes, Item] = {}  # each key's latest item not yet finished
+        self._pending: dict[bytes, list[Item]] = {}  # each key's items not yet finished, oldest first
         #: loads served from a slot still queued here (:meth:`hold`)
         self.hits = 0
 
@@ -172,17 +219,24 @@ class Backlog:
 
     def submit(self, entries: Sequence[tuple[bytes, int, list[Member]]], epoch: int, reason: str) -> None:
         """Queue background-owned slots: each ``(key, slot, targets)`` holds ``key`` for the
-        tiers ``targets`` (none: the slot is freed now). One wake-up per lane for them all."""
+        tiers ``targets`` (none: the slot is freed now), prepared in the fence's window
+        ``epoch`` (a key removed since, or being removed, is not queued). One wake-up per lane
+        for them all."""
         freed: list[int] = []
         woken: set[int] = set()
+        stale, pending = self.fence.stale, self._pending
         for key, slot, targets in entries:
-            if not targets or self._stopping:
+            if not targets or self._stopping or stale(key, epoch):
                 for m in targets:
                     m.count("drops")
                 freed.append(slot)
                 continue
-            item = Item(key, slot, epoch, reason, len(targets))
-            self._newest[key] = item
+            item = Item(key, slot, reason, len(targets))
+            items = pending.get(key)
+            if items is None:
+                pending[key] = [item]
+            else:
+                items.append(item)
             self._items += 1
             for m in targets:
                 m.backlog += 1
@@ -222,17 +276,28 @@ class Backlog:
         if self._items == 0 and self._touching == 0 and self._idle is not None:
             self._idle.set()
 
+    def removing(self, keys: Sequence[bytes]) -> None:
+        """A removal of ``keys`` starts: their items queued here are written nowhere, and no
+        work of them prepared before it ends is queued (call :meth:`RemovalFence.removed`
+        once it is over)."""
+        self.fence.removing(keys)
+        pending = self._pending
+        for k in keys:
+            for it in pending.get(k, ()):
+                it.dead = True
+
     def has(self, key: bytes) -> bool:
         """Whether a load of ``key`` would find it here (:meth:`hold`), without holding it."""
-        it = self._newest.get(key)
-        return it is not None and not self.fence.stale(key, it.epoch)
+        items = self._pending.get(key)
+        return items is not None and not items[-1].dead
 
     def hold(self, key: bytes) -> Item | None:
         """The latest queued (or running) item of ``key`` not removed since it was queued, its
         slot held until :meth:`release` (a load copies from it); None if there is none."""
-        it = self._newest.get(key)
-        if it is None or self.fence.stale(key, it.epoch):
+        items = self._pending.get(key)
+        if items is None or items[-1].dead:
             return None
+        it = items[-1]
         it.lanes += 1  # the slot is freed when the last holder, lane or load, is done with it
         return it
 
@@ -243,12 +308,16 @@ class Backlog:
     def _done(self, items: list[Item]) -> None:
         """A lane (or a load) is done with ``items``: the slots nothing else needs go back."""
         freed = []
+        pending = self._pending
         for it in items:
             it.lanes -= 1
             if it.lanes == 0:
                 freed.append(it.slot)
-                if self._newest.get(it.key) is it:
-                    del self._newest[it.key]
+                same = pending[it.key]
+                if len(same) == 1:
+                    del pending[it.key]
+                else:
+                    same.remove(it)
         if freed:
             self._items -= len(freed)
             self.pool.release_background(freed)
@@ -302,7 +371,6 @@ class Backlog:
             m.count("touched", len(keys))
 
     async def _write(self, m: Member, batch: list[Item]) -> None:
-        stale = self.fence.stale
         live: list[Item] = []
         dead: list[Item] = []
         up = m.available
@@ -312,7 +380,7 @@ class Backlog:
             if newest[it.key] is not it:
                 superseded.append(it)
             else:
-                (live if up and not stale(it.key, it.epoch) else dead).append(it)
+                (live if up and not it.dead else dead).append(it)
         if dead:
             m.count("drops", len(dead))
         if dead or superseded:

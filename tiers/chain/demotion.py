@@ -107,19 +107,19 @@ class Demoter:
             victims = idx.keys()[: max(need, 1)]
             if not victims:
                 return
-            epoch = fence.now()
-            present = await lower.lookup(victims)
-            assert isinstance(present, list)
-            copy = [v for v, p in zip(victims, present) if not p and lower.admits(v, "demote")]
+            epoch = fence.open()
             slots: list[int] = []
-            for _ in copy:
-                slot = pool.take_background()
-                if slot is None:
-                    break
-                slots.append(slot)
-            copy = copy[: len(slots)]
-            moved = [v for v, p in zip(victims, present) if p]
             try:
+                present = await lower.lookup(victims)
+                assert isinstance(present, list)
+                copy = [v for v, p in zip(victims, present) if not p and lower.admits(v, "demote")]
+                for _ in copy:
+                    slot = pool.take_background()
+                    if slot is None:
+                        break
+                    slots.append(slot)
+                copy = copy[: len(slots)]
+                moved = [v for v, p in zip(victims, present) if p]
                 if copy:
                     got = await upper.call("load", copy, slots)
                     ok = set(got.succeeded)
@@ -137,6 +137,7 @@ class Demoter:
                     lower.count("drops", len(keys) - len(wrote.succeeded))
                     moved += wrote.succeeded
             finally:
+                fence.close(epoch)
                 pool.release_background(slots)
             if not moved:
                 return  # nothing could move this round (backlog full, second tier failing)

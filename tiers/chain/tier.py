@@ -280,12 +280,14 @@ class ChainTier(ChainTransfers, Lifecycle, SecondaryTierManager):
                 batch = pairs[done : done + len(held)]
                 done += len(held)
                 self._queued -= len(held)
+                epoch = self._fence.open()  # (the background work this batch prepares: promotions, write-backs)
                 try:
                     if op == "load":
-                        await self._load_batch(batch, held, res, outcome, t0)
+                        await self._load_batch(batch, held, res, outcome, t0, epoch)
                     else:
-                        await self._store_batch(batch, held, res, outcome, t0)
+                        await self._store_batch(batch, held, res, outcome, t0, epoch)
                 finally:
+                    self._fence.close(epoch)
                     self._pool.release([s for s in held if s >= 0])
         finally:
             self._queued -= len(pairs) - done
@@ -359,17 +361,21 @@ class ChainTier(ChainTransfers, Lifecycle, SecondaryTierManager):
             return res
         self._enter()
         try:
-            # background writes of these keys queued before now are dropped; one running is awaited
-            self._fence.removing(ks)
-            await self._fence.wait_running(ks)
-            results: list[tuple[Member, TransferResult]] = []
+            # background writes of these keys queued before now are dropped, and none prepared
+            # before the removal ends is queued; one running is awaited
+            self._backlog.removing(ks)
+            try:
+                await self._fence.wait_running(ks)
+                results: list[tuple[Member, TransferResult]] = []
 
-            async def remove_on(m: Member) -> None:
-                results.append((m, await m.call("remove", ks, [])))
+                async def remove_on(m: Member) -> None:
+                    results.append((m, await m.call("remove", ks, [])))
 
-            async with anyio.create_task_group() as tg:
-                for m in self.members:
-                    tg.start_soon(remove_on, m)
+                async with anyio.create_task_group() as tg:
+                    for m in self.members:
+                        tg.start_soon(remove_on, m)
+            finally:
+                self._fence.removed(ks)
         finally:
             self._leave()
         failed: dict[bytes, BaseException] = {}

@@ -71,9 +71,8 @@ class ChainTransfers:
 
     async def _load_batch(
         self, batch: list[tuple[bytes, int]], held: list[int], res: TransferResult,
-        outcome: dict[bytes, BaseException | None], t0: float,
+        outcome: dict[bytes, BaseException | None], t0: float, epoch: int,
     ) -> None:  # fmt: skip
-        epoch = self._fence.now()
         c = self.offloading_spec.chunk_bytes
         keys = [k for k, _ in batch]
         slot_of = dict(zip(keys, held))
@@ -199,9 +198,8 @@ class ChainTransfers:
 
     async def _store_batch(
         self, batch: list[tuple[bytes, int]], held: list[int], res: TransferResult,
-        outcome: dict[bytes, BaseException | None], t0: float,
+        outcome: dict[bytes, BaseException | None], t0: float, epoch: int,
     ) -> None:  # fmt: skip
-        epoch = self._fence.now()
         c = self.offloading_spec.chunk_bytes
         members = self.members
         keys = [k for k, _ in batch]
