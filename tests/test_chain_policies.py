@@ -13,7 +13,7 @@ from chain_helpers import ChainRig, in_tier, keys
 
 from asynctier import OffloadingSpec, SecondaryTierFactory, TierConfigError
 from asynctier.errors import failure_kind
-from asynctier.tiers.chain import NotAdmittedError
+from asynctier.tiers.chain import NotAdmittedError, SecondHit
 
 MEM: dict[str, Any] = {"type": "memory"}
 
@@ -27,6 +27,9 @@ def fs(tmp_path: Path, **extra: Any) -> dict[str, Any]:
 
 
 # -- configuration ---------------------------------------------------------------------------------
+SIZED: dict[str, Any] = {**MEM, "capacity_bytes": 12 * 4096}  # a first tier demotion can keep under
+
+
 @pytest.mark.parametrize(
     ("config", "message"),
     [
@@ -62,6 +65,23 @@ def fs(tmp_path: Path, **extra: Any) -> dict[str, Any]:
         ({"tiers": [MEM, MEM], "demote": True}, r"demote=True needs a first tier that keeps an index and has"),
         ({"tiers": [MEM], "tier": []}, r"unknown parameter 'tier' for tier 'chain'.*accepted: .*tiers"),
         ({"tiers": [MEM], "verify": 1}, r"verify must be True or False"),
+        # falsy values other than None were read as "no breaker settings"
+        ({"tiers": [{**MEM, "breaker": 0}]}, r"breaker must be a dict with threshold and/or cooldown_s; got 0"),
+        ({"tiers": [{**MEM, "breaker": False}]}, r"breaker must be a dict .*; got False"),
+        ({"tiers": [{**MEM, "breaker": []}]}, r"breaker must be a dict .*; got \[\]"),
+        # a class has admit() and observe(): each call then failed, and nothing was ever admitted
+        ({"tiers": [{**MEM, "admit": SecondHit}]}, r"admit must be .*; got the class SecondHit \(an instance\?\)"),
+        # no slot for background writes: every write-back or demotion dropped
+        ({"tiers": [MEM, MEM], "backlog_chunks": 0}, r"backlog_chunks=0 .* write='back' \(its write-backs\) would all"),
+        (
+            {"tiers": [SIZED, MEM], "write": "through", "demote": True, "backlog_chunks": 0},
+            r"backlog_chunks=0 .* demote=True \(its demotions\) would all be dropped",
+        ),
+        # headroom as large as the first tier: every chunk demoted as it is stored
+        (
+            {"tiers": [SIZED, MEM], "demote": True, "demote_headroom_chunks": 12},
+            r"demote_headroom_chunks=12 .* leaves no room in tiers\[0\], of capacity_bytes=49152",
+        ),
     ],
 )
 def test_bad_config_is_refused_with_a_clear_message(config: dict[str, Any], message: str) -> None:

@@ -220,6 +220,8 @@ def make_policy(value: object, spec: OffloadingSpec, where: str) -> AdmissionPol
             _int(where, "min_chunk_bytes", cfg["min_chunk_bytes"]) if "min_chunk_bytes" in cfg else None,
             _prefixes(where, cfg["key_prefixes"]) if "key_prefixes" in cfg else None,
         )
+    if isinstance(value, type):  # a class passes both checks below, and fails (or admits all) at each call
+        raise TierConfigError(f"{where}: admit must be {accepted}; got the class {value.__name__} (an instance?)")
     if callable(getattr(value, "admit", None)) and callable(getattr(value, "observe", None)):
         policy: AdmissionPolicy = value  # type: ignore[assignment]
         return policy

@@ -101,7 +101,9 @@ def parse_entries(tiers: object) -> list[EntryConfig]:
         names.add(name)
         admit = cfg.pop("admit", None)
         deadline = _seconds(where, "deadline_s", cfg.pop("deadline_s", None), allow_none=True)
-        breaker = cfg.pop("breaker", None) or {}
+        breaker = cfg.pop("breaker", None)
+        if breaker is None:
+            breaker = {}
         if not isinstance(breaker, Mapping):
             raise TierConfigError(f"{where}breaker must be a dict with threshold and/or cooldown_s; got {breaker!r}")
         unknown = sorted(set(breaker) - set(_BREAKER_KEYS))
@@ -170,10 +172,18 @@ class ChainConfig:
         demote = _bool("demote", demote)
         if demote and len(entries) < 2:
             raise TierConfigError("chain: demote=True needs a second tier to demote into; the chain has one")
+        backlog = _int("chain: ", "backlog_chunks", backlog_chunks, 0)
+        if backlog == 0 and len(entries) > 1 and (write == "back" or demote):
+            # every background write is dropped: acknowledged chunks would live in the first tier only
+            need = "write='back' (its write-backs)" if write == "back" else "demote=True (its demotions)"
+            raise TierConfigError(
+                f"chain: backlog_chunks=0 leaves no slot for background writes, and {need} would all be dropped; "
+                "use backlog_chunks >= 1, or write='through' and demote=False"
+            )
         return cls(
             entries=entries,
             write=str(write),
-            backlog_chunks=_int("chain: ", "backlog_chunks", backlog_chunks, 0),
+            backlog_chunks=backlog,
             promote=_bool("promote", promote),
             refresh_below=_bool("refresh_below", refresh_below),
             demote=demote,

@@ -43,6 +43,12 @@ class Demoter:
                 f"(memory or fs with capacity_bytes); tiers[0] is {top.tier_type!r} "
                 f"with capacity_bytes={getattr(top, 'capacity_bytes', None)!r}"
             )
+        if headroom_chunks * top.stored_size() >= top.capacity_bytes:
+            raise TierConfigError(
+                f"chain: demote_headroom_chunks={headroom_chunks} ({headroom_chunks * top.stored_size()} bytes) "
+                f"leaves no room in tiers[0], of capacity_bytes={top.capacity_bytes}: every chunk would be "
+                "demoted as it is stored; use fewer headroom chunks than the first tier holds"
+            )
         self.members = members
         self.pool = pool
         self.fence = fence
