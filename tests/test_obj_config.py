@@ -4,6 +4,7 @@ bad values refused at construction.
 
 from __future__ import annotations
 
+import datetime
 import socket
 import sys
 import traceback
@@ -292,6 +293,19 @@ _S3 = {"url": "s3://b/p"}
 _MEM = {"url": "memory://"}
 
 
+def test_the_tiers_deadlines_win_over_the_environment_and_client_options_over_both() -> None:
+    """``timeout_s`` and ``connect_timeout_s`` are what the tier's errors and exit guard assume:
+    an ``AWS_TIMEOUT`` in the environment had replaced them (a 1 s deadline became 600 s);
+    ``client_options`` still override both, and the environment's other options still apply."""
+    with env(AWS_TIMEOUT="600s", AWS_CONNECT_TIMEOUT="300s", AWS_USER_AGENT="from-env"):
+        tier = Rig().tier({"type": "obj", **_S3, "timeout_s": 1.0, "connect_timeout_s": 0.5})
+        opts = tier._options.client_config()  # type: ignore[attr-defined]
+        assert opts["timeout"] == datetime.timedelta(seconds=1) and opts["user_agent"] == "from-env"
+        assert opts["connect_timeout"] == datetime.timedelta(seconds=0.5)
+        tier = Rig().tier({"type": "obj", **_S3, "timeout_s": 1.0, "client_options": {"timeout": "7s"}})
+        assert tier._options.client_config()["timeout"] == "7s"  # type: ignore[attr-defined]
+
+
 @pytest.mark.parametrize(
     ("config", "says"),
     [
@@ -311,7 +325,21 @@ _MEM = {"url": "memory://"}
         ({**_S3, "client_options": {"allow_http": "yes"}}, r"client_options\['allow_http'\] must be True or False"),
         ({**_S3, "client_options": {"allow_http": 1}}, r"client_options\['allow_http'\] must be True or False"),
         ({**_S3, "config": {"skip_signature": "true"}}, r"config\['skip_signature'\] must be True or False"),
-        ({**_S3, "client_options": {"timeout": 5}}, r"client_options\['timeout'\] must be a datetime.timedelta or"),
+        ({**_S3, "client_options": {"timeout": 5}}, r"client_options\['timeout'\] must be a datetime.timedelta"),
+        # once refused only at open() (or by a panic inside obstore at each request)
+        ({**_S3, "endpoint": ""}, r"endpoint must be an absolute http:// or https:// URL"),
+        ({**_S3, "endpoint": "127.0.0.1:9000"}, r"endpoint must be an absolute http:// or https:// URL"),
+        ({**_S3, "region": ""}, r"region must be a non-empty str"),
+        ({**_S3, "client_options": {"timeout": datetime.timedelta(seconds=-1)}}, r"timeout'\] must be a .*>= 0"),
+        ({**_S3, "client_options": {"timeout": "abc"}}, r"client_options\['timeout'\] must be .*duration string"),
+        ({**_S3, "client_options": {"connect_timeout": "-5s"}}, r"connect_timeout'\] must be .*duration string"),
+        ({**_S3, "client_options": {"default_headers": {"a": "b\0"}}}, r"default_headers'\] must be a dict .*NUL"),
+        ({**_S3, "client_options": {"default_headers": {"a b": "c"}}}, r"default_headers'\] must be a dict"),
+        # every request has a deadline: None or 0 had meant obstore's own (and an over-large one
+        # was blamed on retry_timeout_s, which defaults to it)
+        ({**_MEM, "timeout_s": None}, r"timeout_s must be a number of seconds > 0 .*; got None"),
+        ({**_MEM, "timeout_s": 0}, r"timeout_s must be a number of seconds > 0"),
+        ({**_MEM, "timeout_s": 1e9}, r"^timeout_s must be a number of seconds > 0 and <= 86400; got 1000000000.0"),
         ({**_S3, "client_options": {"pool_max_idle_per_host": True}}, r"pool_max_idle_per_host'\] must be an int"),
         ({**_S3, "client_options": {"default_headers": {"a": 1}}}, r"default_headers'\] must be a dict"),
         ({**_S3, "config": {"region": 5}}, r"config\['region'\] must be a str"),

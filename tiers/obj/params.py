@@ -19,7 +19,7 @@ class Deadlines:
     the first attempt.
     """
 
-    timeout_s: float | None
+    timeout_s: float
     connect_timeout_s: float
     max_retries: int
     retry_timeout_s: float
@@ -29,25 +29,24 @@ class Deadlines:
     @classmethod
     def parse(
         cls,
-        timeout_s: float | None,
+        timeout_s: float,
         connect_timeout_s: object,
         max_retries: object,
         retry_timeout_s: object,
         retry_backoff_s: object,
         retry_max_backoff_s: object,
     ) -> Deadlines:
-        """Check the values (``timeout_s`` was checked by the base class); fill the defaults."""
-        default_rt = timeout_s if timeout_s else 30.0
+        """Check the values (``timeout_s`` was checked by the tier); fill the defaults."""
         return cls(
             timeout_s=timeout_s,
             connect_timeout_s=seconds(
                 "connect_timeout_s",
-                connect_timeout_s if connect_timeout_s is not None else min(5.0, timeout_s or 5.0),
+                connect_timeout_s if connect_timeout_s is not None else min(5.0, timeout_s),
                 zero_ok=False,
             ),
             max_retries=integer("max_retries", max_retries, minimum=0, maximum=1000),
             retry_timeout_s=seconds(
-                "retry_timeout_s", default_rt if retry_timeout_s is None else retry_timeout_s, zero_ok=True
+                "retry_timeout_s", timeout_s if retry_timeout_s is None else retry_timeout_s, zero_ok=True
             ),
             retry_backoff_s=seconds("retry_backoff_s", retry_backoff_s, zero_ok=False),
             retry_max_backoff_s=seconds("retry_max_backoff_s", retry_max_backoff_s, zero_ok=False),
@@ -56,4 +55,4 @@ class Deadlines:
     @property
     def worst_request_s(self) -> float:
         """Longest a single chunk I/O can take (the exit hook's bound)."""
-        return (self.timeout_s or 30.0) + self.retry_timeout_s + self.retry_max_backoff_s + 1.0
+        return self.timeout_s + self.retry_timeout_s + self.retry_max_backoff_s + 1.0

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import urllib.parse
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -82,6 +83,16 @@ class StoreOptions:
             store = given
         # typed first: an empty dict or list compared equal to "not given" for a local store
         named = {n: None if v is None else check_str(n, v) for n, v in (("endpoint", endpoint), ("region", region))}
+        if named["region"] == "":
+            raise TierConfigError("region must be a non-empty str, or None (from the URL and the environment)")
+        if named["endpoint"] is not None:
+            parts = urllib.parse.urlsplit(named["endpoint"])
+            if parts.scheme not in ("http", "https") or not parts.netloc:  # (obstore panics on anything else)
+                # (the value is not shown: it may carry a password)
+                raise TierConfigError(
+                    "endpoint must be an absolute http:// or https:// URL such as 'http://127.0.0.1:9000', "
+                    "or None (from the environment)"
+                )
         dicts: dict[str, Mapping[object, object]] = {}
         for name, value in (("credentials", credentials), ("config", config), ("client_options", client_options)):
             if value is not None and not isinstance(value, Mapping):
@@ -103,7 +114,9 @@ class StoreOptions:
         )
 
     def client_config(self) -> dict[str, Any]:
-        """Client options: environment (obstore drops it once any are passed), defaults, explicit."""
+        """Client options: environment (obstore drops it once any are passed), then the tier's
+        deadlines (``timeout_s``, ``connect_timeout_s``: what its exit guard and errors assume),
+        then ``client_options``."""
         opts: dict[str, Any] = {}
         prefix = self.url.env_prefix or ""
         for key in CLIENT_ENV_KEYS:
@@ -111,9 +124,8 @@ class StoreOptions:
             if value is not None:
                 opts[key] = value
         d = self.deadlines
-        if d.timeout_s:
-            opts.setdefault("timeout", datetime.timedelta(seconds=d.timeout_s))
-        opts.setdefault("connect_timeout", datetime.timedelta(seconds=d.connect_timeout_s))
+        opts["timeout"] = datetime.timedelta(seconds=d.timeout_s)
+        opts["connect_timeout"] = datetime.timedelta(seconds=d.connect_timeout_s)
         opts.update(self.client_options)
         return opts
 

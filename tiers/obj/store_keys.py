@@ -12,6 +12,7 @@ the obstore installed.
 from __future__ import annotations
 
 import datetime
+import re
 from collections.abc import Callable, Mapping
 from typing import NoReturn
 
@@ -171,9 +172,9 @@ _ACCEPTED = {
     "bool": "True or False",
     "str": "a str",
     "payer": "True, False or 'requester'",
-    "duration": "a datetime.timedelta or a duration string such as '30s'",
+    "duration": "a datetime.timedelta >= 0 or a duration string such as '30s' or '1m 30s'",
     "count": "an int >= 0 (or a str of digits)",
-    "headers": "a dict of str names to str or bytes values",
+    "headers": "a dict of header names (str) to str or bytes values without CR, LF or NUL",
     "pem": "a str or bytes (PEM)",
 }
 _SCHEME_KIND = {"s3": "S3", "s3a": "S3", "gs": "GCS"}
@@ -226,9 +227,23 @@ def check_str(what: str, value: object) -> str:
     return value
 
 
+_TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")  # an HTTP header name (RFC 9110 token)
+# a duration as obstore reads one (humantime): numbers, each with its unit
+_DURATION = re.compile(
+    r"\s*(?:\d+(?:\.\d+)?\s*(?:nsec|ns|usec|us|µs|msec|ms|seconds?|secs?|s|minutes?|mins?|m|hours?|hrs?|h"
+    r"|days?|d|weeks?|w|months?|M|years?|y)\s*)+"
+)
+
+
+def _header_value(v: object) -> bool:
+    if isinstance(v, bytes):
+        v = v.decode("latin-1")
+    return isinstance(v, str) and not any(c in v for c in "\r\n\0")
+
+
 def _headers(value: object) -> bool:
     return isinstance(value, Mapping) and all(
-        isinstance(k, str) and isinstance(v, (str, bytes)) for k, v in value.items()
+        isinstance(k, str) and _TOKEN.fullmatch(k) is not None and _header_value(v) for k, v in value.items()
     )
 
 
@@ -237,7 +252,7 @@ _TAKES_STR = frozenset({"str", "payer", "duration", "count", "pem"})
 _OTHER_VALUES: dict[str, Callable[[object], bool]] = {
     "bool": lambda v: isinstance(v, bool),
     "payer": lambda v: isinstance(v, bool),
-    "duration": lambda v: isinstance(v, datetime.timedelta),
+    "duration": lambda v: isinstance(v, datetime.timedelta) and v >= datetime.timedelta(0),
     "count": lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0,
     "headers": _headers,
     "pem": lambda v: isinstance(v, bytes),
@@ -248,7 +263,7 @@ def _check_value(what: str, kind: str, value: object) -> object:
     """``value`` as obstore takes it, or a TierConfigError naming what is accepted (the value
     itself is never shown: it may be a secret)."""
     if isinstance(value, str) and kind in _TAKES_STR:
-        if kind == "count" and not value.isdigit():
+        if (kind == "count" and not value.isdigit()) or (kind == "duration" and not _DURATION.fullmatch(value)):
             _refuse(what, kind, value)
         return check_str(what, value)
     test = _OTHER_VALUES.get(kind)

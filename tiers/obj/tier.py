@@ -35,7 +35,7 @@ from .format import (
 )
 from .guard import RequestGuard
 from .lookup_cache import LookupCache
-from .params import Deadlines, integer
+from .params import Deadlines, integer, seconds
 from .redact import Scrubber
 from .store import StoreOptions
 from .transfer import get_into, put_object, verify_payload
@@ -112,16 +112,19 @@ class ObjTier(BlockingChunkTier):
         lookup_ttl_s: float = 10.0,
         lookup_negative_ttl_s: float = 1.0,
         lookup_cache_entries: int = 100_000,
-        timeout_s: float | None = 30.0,
+        timeout_s: float = 30.0,
         **kwargs: Any,
     ) -> None:
-        super().__init__(timeout_s=timeout_s, **kwargs)
+        # every request has a deadline (None or 0 had meant obstore's own, and the exit guard's
+        # bound another one)
+        timeout = seconds("timeout_s", timeout_s, zero_ok=False)
+        super().__init__(timeout_s=timeout, **kwargs)
         where = parse_url(url, store_given=store is not None)
         self.url = where.shown
         self.part_size = check_part_size(part_size, s3=where.is_s3)
         self.part_concurrency = integer("part_concurrency", part_concurrency)
         self.deadlines = Deadlines.parse(
-            self.timeout_s, connect_timeout_s, max_retries, retry_timeout_s, retry_backoff_s, retry_max_backoff_s
+            timeout, connect_timeout_s, max_retries, retry_timeout_s, retry_backoff_s, retry_max_backoff_s
         )
         self._options = StoreOptions.checked(
             where, self.deadlines, endpoint=endpoint, region=region, credentials=credentials, config=config,
