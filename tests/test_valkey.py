@@ -107,6 +107,17 @@ def test_bad_config_is_refused_naming_the_parameter(config: dict[str, Any], name
         Rig(**config)
 
 
+def test_a_tls_ca_file_that_cannot_be_read_is_refused_at_open(tmp_path: Path) -> None:
+    """Once reported at each call as the server unreachable (and counted by the breaker)."""
+    t = Rig(url="rediss://127.0.0.1:1", tls_ca_file=str(tmp_path / "missing.pem")).tier
+
+    async def main() -> None:
+        with pytest.raises(TierConfigError, match=r"tls_ca_file .*missing.pem.* is not a file this process can read"):
+            await t.open()
+
+    anyio.run(main)
+
+
 def test_seeds_make_a_cluster_and_credentials_are_never_shown(
     caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:

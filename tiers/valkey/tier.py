@@ -157,6 +157,9 @@ class ValkeyTier(AsyncChunkTier):
 
     # -- open and close --------------------------------------------------------------------
     async def open_medium(self) -> None:
+        ca = self._opts.tls_ca_file
+        if ca is not None and not os.access(ca, os.R_OK):  # else each connect failed, and fed the breaker
+            raise TierConfigError(f"tls_ca_file {ca!r} is not a file this process can read")
         self._loop = current_loop()
         if sniffio.current_async_library() != "asyncio":
             # valkey-py is asyncio-only: under trio its client runs on a loop thread of this tier's own
