@@ -158,7 +158,8 @@ class ValkeyTier(AsyncChunkTier):
     # -- open and close --------------------------------------------------------------------
     async def open_medium(self) -> None:
         ca = self._opts.tls_ca_file
-        if ca is not None and not os.access(ca, os.R_OK):  # else each connect failed, and fed the breaker
+        # else each connect failed, reported as the server unreachable (and opening the breaker)
+        if ca is not None and not await anyio.to_thread.run_sync(_readable_file, ca):
             raise TierConfigError(f"tls_ca_file {ca!r} is not a file this process can read")
         self._loop = current_loop()
         if sniffio.current_async_library() != "asyncio":
@@ -484,3 +485,7 @@ def _checksums(payloads: list[memoryview]) -> list[int | None]:
 def _stored(reply: object) -> bool:
     """A SET's reply says stored (raw ``OK``, or ``True`` through the client's callbacks)."""
     return reply is True or reply == b"OK"
+
+
+def _readable_file(path: str) -> bool:
+    return os.path.isfile(path) and os.access(path, os.R_OK)
