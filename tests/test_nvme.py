@@ -20,7 +20,7 @@ import pytest
 from disk_helpers import OnDisk
 from nvme_helpers import CHUNK, chunk_at, damage_slot, fill, make, swap_slots
 
-from asynctier import OffloadingSpec, SecondaryTierFactory, TierConfigError
+from asynctier import OffloadingSpec, SecondaryTierFactory, TierConfigError, TierStateError
 from asynctier.engines import native as nativeio
 from asynctier.errors import failure_kind
 from asynctier.testing import Harness, TierConformance
@@ -508,6 +508,39 @@ async def test_a_missing_c_part_is_told_once_a_process_where_auto_falls_back(
             assert tier.active_io_engine == "native"
     (told,) = caplog.records
     assert "C twins of per-chunk helpers" in told.getMessage() and "asynctier info" in told.getMessage()
+
+
+async def test_a_slab_in_use_by_another_tier_is_refused_and_what_it_stored_stays(tmp_path: Path) -> None:
+    """Two tiers on one slab wrote the same slots and journal: each then failed its loads, and
+    after a reopen neither's chunks were there. The second open is refused now (the slab is
+    locked while open, in this process or another), and once the first closes it opens."""
+    first, view = make(tmp_path / "kv.slab")
+    second, _ = make(tmp_path / "kv.slab")
+    async with first:
+        data = fill(view, CHUNK, 7)
+        ks = [b"first-%d" % i for i in range(4)]
+        assert (await first.offload(ks, [0, 1, 2, 3])).ok
+        with pytest.raises(TierStateError, match=r"kv.slab' is open by another tier .*one tier at a time"):
+            await second.open()
+        view[:] = bytes(view.nbytes)
+        assert (await first.load(ks, [4, 5, 6, 7])).ok
+        assert [chunk_at(view, CHUNK, 4 + i) for i in range(4)] == data[:4]
+    async with second:  # the first closed: the slab is free, and holds what it stored
+        assert await second.lookup(ks) == [True] * 4
+
+
+async def test_two_paths_naming_one_file_are_refused(tmp_path: Path) -> None:
+    """``[a, x/../a]`` (or a hard link) passed the distinct-paths check, and both stripes wrote
+    one file: loads failed, and a reopen refused the slab as another layout."""
+    (tmp_path / "x").mkdir()
+    tier, _ = make([tmp_path / "a.slab", tmp_path / "b.slab"], slots=None, capacity_bytes=2 << 20)
+    async with tier:
+        pass  # both made
+    os.link(tmp_path / "a.slab", tmp_path / "hard.slab")
+    for other in (tmp_path / "x" / ".." / "a.slab", tmp_path / "hard.slab"):
+        tier, _ = make([tmp_path / "a.slab", other], slots=None, capacity_bytes=2 << 20)
+        with pytest.raises(TierConfigError, match=r"is the same file as an earlier one of paths"):
+            await tier.open()
 
 
 async def test_io_engine_defaults_to_auto(tmp_path: Path) -> None:

@@ -13,7 +13,7 @@ import uuid as uuidlib
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from asynctier import IntegrityError, TierConfigError
+from asynctier import IntegrityError, TierConfigError, TierStateError
 from asynctier.core import MAX_KEY_BYTES
 from asynctier.engines.speedups import speedups
 from asynctier.integrity import ChunkHeader, checksum, header_matches
@@ -182,6 +182,7 @@ class SlabSet:
             self.direct = False
         try:
             check_opened_slab(fd, p, kind)
+            _hold_alone(fd, p, self.fds)
             cur = os.lseek(fd, 0, os.SEEK_END)
         except BaseException:
             os.close(fd)
@@ -439,3 +440,26 @@ def slot_error(
     except IntegrityError as e:
         return e
     return None
+
+
+def _hold_alone(fd: int, p: Path, opened: list[int]) -> None:
+    """Take the slab ``p`` (just opened as ``fd``) for this tier alone: an exclusive lock on
+    its open file description (``flock``), held until ``fd`` is closed. A second tier on the
+    same slab, in this process or another, would write the same slots and journal as the
+    first, and both lose what they stored; so would two of this tier's paths naming one file
+    (``opened``: the descriptors of the paths before it). Where the file system has no locks,
+    nothing is held (as the fs tier does without its owners lock)."""
+    st = os.fstat(fd)
+    for other in opened:
+        o = os.fstat(other)
+        if (o.st_dev, o.st_ino) == (st.st_dev, st.st_ino):
+            raise TierConfigError(f"nvme: slab {str(p)!r} is the same file as an earlier one of paths")
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        raise TierStateError(
+            f"nvme: slab {str(p)!r} is open by another tier (in this process or another); "
+            "one tier at a time may use a slab"
+        ) from None
+    except OSError as e:  # no locks on this file system
+        log.info("nvme: cannot lock %s (%r); nothing keeps a second tier off it", p, e)
