@@ -291,6 +291,27 @@ def test_fsck_finds_a_corrupted_chunk_and_removes_it_on_request(tmp_path: Path, 
     assert "kv: 5 chunks checked, 5 good, 0 bad" in r.output
 
 
+def test_fsck_says_so_when_the_fs_tier_removed_a_truncated_chunk_as_it_opened(tmp_path: Path) -> None:
+    """The fs tier's scan removes a file of the wrong size as it opens (it would never serve it),
+    and fsck opens it: without --remove that was reported as a clean tier of one chunk fewer,
+    exit 0. Now it says how many, and exits 1 unless removal was asked for."""
+    root = tmp_path / "kv"
+    root.mkdir()
+    config = _tier_config("fs", root)
+    payloads = asyncio.run(_fill(config, 6))
+    cfg = tmp_path / "tier.toml"
+    body = "\n".join(f"{k} = {json.dumps(v)}" for k, v in config.items())
+    cfg.write_text(f'[spec]\nchunk_bytes = "64K"\nnamespace = "{NAMESPACE}"\n\n[tiers.kv]\n{body}\n')
+    victim = _corrupt_on_medium(root, payloads[3])
+    os.truncate(victim, 100)
+    r = invoke("fsck", "--config", str(cfg), "--json")
+    assert r.exit_code == 1, r.output
+    (rep,) = json.loads(r.output)
+    assert rep["removed_at_open"] == 1 and rep["checked"] == 5 and not rep["clean"], rep
+    r = invoke("fsck", "--config", str(cfg))  # (gone now: the next run finds nothing to say)
+    assert r.exit_code == 0 and "kv: 5 chunks checked, 5 good, 0 bad: clean" in r.output, r.output
+
+
 def test_fsck_needs_the_layout(tmp_path: Path) -> None:
     cfg = tmp_path / "tier.toml"
     cfg.write_text('[tiers.kv]\ntype = "memory"\n')

@@ -40,11 +40,20 @@ class FsckReport:
     dropped_by_tier: int = 0
     vanished: int = 0
     errors: dict[str, str] = field(default_factory=dict)  # key (hex) -> I/O error
+    #: Chunk files of the wrong size (truncated) that the tier's own scan removed as it opened:
+    #: the fs tier never serves one, and fsck cannot open it without that scan.
+    removed_at_open: int = 0
+    #: Whether removal was asked for (then those count as bad chunks removed).
+    remove: bool = False
 
     @property
     def clean(self) -> bool:
-        """No bad chunk left behind and no chunk unreadable."""
-        return (not self.bad or self.removed == len(self.bad)) and not self.errors
+        """No bad chunk left behind, none removed unasked, and no chunk unreadable."""
+        return (
+            (not self.bad or self.removed == len(self.bad))
+            and not self.errors
+            and (self.remove or not self.removed_at_open)
+        )
 
 
 def _check_layout_exists(where: str, tier: Any, spec: OffloadingSpec) -> None:
@@ -109,9 +118,10 @@ async def _verify_all(
     """Open ``tier`` (built by :func:`_build_for_check`), verify every chunk it lists, close it."""
     from ..errors import IntegrityError, failure_kind
 
-    report = FsckReport(tier=name)
+    report = FsckReport(tier=name, remove=remove)
     async with tier:
-        keys = await tier.stored_keys()
+        keys = await tier.stored_keys()  # (the index complete: the open's scan is over)
+        report.removed_at_open = int(tier.stats().extra.get("scan_removed_bad", 0))
         total = len(keys)
         if progress:
             progress(0, total)
@@ -187,7 +197,9 @@ def _print_reports(reports: list[FsckReport], remove: bool) -> None:
             f"{f', {r.removed} removed' if r.removed else ''}"
             f"{f' ({r.dropped_by_tier} already dropped by the tier itself)' if r.dropped_by_tier else ''}"
             f"{f', {r.vanished} vanished while checking' if r.vanished else ''}"
-            f"{f', {len(r.errors)} unreadable' if r.errors else ''}: {state}"
+            f"{f', {len(r.errors)} unreadable' if r.errors else ''}"
+            f"{f', {r.removed_at_open} of the wrong size removed as the tier opened' if r.removed_at_open else ''}"
+            f": {state}"
         )
         for k, why in r.bad.items():
             click.echo(f"  bad {k}: {why}{' (removed)' if remove else ''}")
