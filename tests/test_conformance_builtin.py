@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import pytest
 
 from asynctier import AsyncChunkTier, BlockingChunkTier, ChunkNotFoundError
 from asynctier.integrity import key_token
@@ -124,3 +125,27 @@ class TestSlowBlockingTierInterrupted(CancellationChecks):
 class TestSlowAsyncTierInterrupted(CancellationChecks):
     def tier_config(self, tmp_path: Path) -> dict[str, Any]:
         return {"type": "SlowAsyncDictTier", "module_path": __name__}
+
+
+@pytest.mark.parametrize("backends", ["trio", ("tiro",), (), ["asyncio"]])
+def test_a_conformance_class_with_bad_backends_fails_loudly(backends: Any) -> None:
+    """``backends = ("trio")`` (a str) or a typo was filtered away before it was checked:
+    every check of the class skipped, and the suite passed."""
+
+    class Typo(TierConformance):
+        def tier_config(self, tmp_path: Path) -> dict[str, Any]:
+            return {"type": "memory"}
+
+    Typo.backends = backends
+
+    class Metafunc:
+        fixturenames = ("backend",)
+
+        def function(self) -> None:
+            pass
+
+        def parametrize(self, *args: Any, **kwargs: Any) -> None:
+            raise AssertionError("parametrized despite bad backends")
+
+    with pytest.raises(ValueError, match=r"TierConformance.backends must be a non-empty tuple of 'asyncio'"):
+        Typo().pytest_generate_tests(Metafunc())  # type: ignore[arg-type]

@@ -91,8 +91,15 @@ class SuiteBase:
         """Parametrize each check's ``backend`` by :attr:`backends` (the test ids name it)."""
         if "backend" not in metafunc.fixturenames or self._loop_factory_overridden():
             return
+        backends = self.backends
+        # checked before narrowing: a typo, or ("trio") for ("trio",), had skipped every check
+        if not isinstance(backends, tuple) or not backends or any(b not in BACKENDS for b in backends):
+            raise ValueError(
+                f"TierConformance.backends must be a non-empty tuple of {', '.join(map(repr, BACKENDS))}; "
+                f"got {backends!r}"
+            )
         allowed = getattr(metafunc.function, "_conformance_backends", BACKENDS)
-        names = tuple(b for b in self.backends if b in allowed)
+        names = tuple(b for b in backends if b in allowed)
         if getattr(metafunc.function, "_conformance_once", False):
             names = ("asyncio",) if "asyncio" in names else names[:1]
         if not names:  # an asyncio-only check, in a class narrowed to trio
