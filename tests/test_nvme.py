@@ -543,6 +543,20 @@ async def test_two_paths_naming_one_file_are_refused(tmp_path: Path) -> None:
             await tier.open()
 
 
+def test_timeout_s_is_refused_where_nothing_applies_it(tmp_path: Path) -> None:
+    """The fs, nvme and memory tiers accepted ``timeout_s`` and ignored it: a store of
+    ``timeout_s=1e-06`` took 41 ms and succeeded. Nothing cuts their system calls off."""
+    spec = OffloadingSpec(CHUNK, 4)
+    view = memoryview(bytearray(spec.total_bytes))
+    for config in (
+        {"type": "nvme", "path": str(tmp_path / "kv.slab"), "capacity_bytes": 1 << 20},
+        {"type": "fs", "root": str(tmp_path / "fs")},
+        {"type": "memory"},
+    ):
+        with pytest.raises(TierConfigError, match=r"chunk I/O is not cut off by a deadline: timeout_s is accepted"):
+            SecondaryTierFactory.create_secondary_tier({**config, "timeout_s": 1.0}, view, spec)
+
+
 async def test_io_engine_defaults_to_auto(tmp_path: Path) -> None:
     tier, _ = make(tmp_path / "kv.slab")
     assert tier.io_engine == "auto"

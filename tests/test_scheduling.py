@@ -441,6 +441,14 @@ class StallingDeleteTier(AsyncChunkTier):
         return True
 
 
+@pytest.mark.parametrize("bad", [0, -1, True, float("nan")])
+def test_a_deadline_is_a_number_of_seconds_above_zero(bad: object) -> None:
+    """``timeout_s=0`` was accepted, and every chunk then failed its deadline."""
+    view = memoryview(bytearray(SPEC.total_bytes))
+    with pytest.raises(TierConfigError, match=r"timeout_s must be a number of seconds > 0"):
+        SlowAsyncTier(offloading_spec=SPEC, primary_kv_view=view, timeout_s=bad)
+
+
 async def test_deleting_a_bad_copy_is_under_the_deadline_too() -> None:
     """A load (or verify) that finds a bad copy deletes it within ``timeout_s``: a stalled
     server fails the delete, not the call forever; the chunk's failure stays the checksum's."""
@@ -459,8 +467,8 @@ async def test_deleting_a_bad_copy_is_under_the_deadline_too() -> None:
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), -1.0])
 def test_non_finite_or_negative_durations_are_refused(bad: float) -> None:
     view = memoryview(bytearray(SPEC.total_bytes))
-    for name in ("backpressure_timeout_s", "timeout_s"):
-        with pytest.raises(TierConfigError, match=f"{name} must be a finite number >= 0"):
+    for name, says in (("backpressure_timeout_s", "a finite number >= 0"), ("timeout_s", "a number of seconds > 0")):
+        with pytest.raises(TierConfigError, match=f"{name} must be {says}"):
             GatedTier(offloading_spec=SPEC, primary_kv_view=view, **{name: bad})
 
 

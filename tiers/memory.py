@@ -28,6 +28,7 @@ class MemoryTier(BlockingChunkTier):
 
     default_type = "memory"
     uses_index = True
+    applies_timeout = False  # (local I/O: nothing cuts a system call off)
     persistent = False  # a fresh process always sees it empty
 
     def __init__(self, **kwargs: Any) -> None:

@@ -30,7 +30,7 @@ from .framing import Framing
 from .jobs import CANCELLED, Batch, Job
 from .lifecycle import Lifecycle
 from .ops import Op
-from .validation import check_keys, check_pairs, non_negative_float, positive_int
+from .validation import check_keys, check_pairs, non_negative_float, positive_int, seconds
 
 __all__ = ["ChunkTier", "MAX_INFLIGHT"]
 
@@ -65,6 +65,10 @@ class ChunkTier(Bookkeeping, Lifecycle, SecondaryTierManager):
     #: The tier enforces ``capacity_bytes`` itself (a fixed slab, its own LRU); without this
     #: or ``uses_index``, ``capacity_bytes`` is refused rather than accepted and ignored.
     handles_capacity: ClassVar[bool] = False
+    #: ``timeout_s`` bounds the tier's chunk I/O (the engine does for async tiers; a blocking
+    #: tier's own client, as the obj tier's does). A tier whose I/O nothing cuts off sets False:
+    #: ``timeout_s`` is then refused rather than accepted and ignored.
+    applies_timeout: ClassVar[bool] = True
     #: The tier stores and checks the project's chunk header itself (the built-in tiers do, in
     #: their own formats). Otherwise the base class frames each chunk for ``write_chunk`` and
     #: checks what ``read_chunk`` returns (:mod:`asynctier.core.framing`).
@@ -115,7 +119,13 @@ class ChunkTier(Bookkeeping, Lifecycle, SecondaryTierManager):
         if not isinstance(verify, bool):
             raise TierConfigError(f"verify must be True or False; got {verify!r}")
         self.verify = verify
-        self.timeout_s = non_negative_float("timeout_s", timeout_s, allow_none=True)
+        if timeout_s is not None and not self.applies_timeout:
+            raise TierConfigError(
+                f"the {self.tier_type!r} tier's chunk I/O is not cut off by a deadline: timeout_s is accepted only "
+                "by tiers that apply it (obj, valkey, an AsyncChunkTier); leave it out (None)"
+            )
+        # (0 failed every chunk)
+        self.timeout_s = None if timeout_s is None else seconds("timeout_s", timeout_s, zero_ok=False)
         if self.uses_index:
             self.index: LRUIndex | None = LRUIndex(self.capacity_bytes, track_removals=True)
         else:

@@ -167,6 +167,7 @@ class FsTier(BlockingChunkTier):
     default_type = "fs"
     supported_durability = ("none", "fsync")
     uses_index = True
+    applies_timeout = False  # (local I/O: nothing cuts a system call off)
     frames_own_bytes = True  # the header block sits in front of the payload in each file (zero-copy)
 
     def __init__(

@@ -94,6 +94,7 @@ class NvmeTier(CoalescedJobs):
     default_type = "nvme"
     supported_durability = ("none", "fsync")
     handles_capacity = True  # the slab's size: its slots are the bound
+    applies_timeout = False  # (local I/O: nothing cuts a system call off)
     frames_own_bytes = True  # the slot header is placed here, beside the payload (zero-copy)
 
     def __init__(
