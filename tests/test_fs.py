@@ -606,8 +606,9 @@ async def test_files_made_ahead_are_used_and_closed(tmp_path: Path, io_engine: s
     tier, _ = make_tier(tmp_path, max_inflight=4, tmpfile_pool=0, io_engine="threads")
     async with tier:
         assert tier.protocol.pool is None
-    with pytest.raises(TierConfigError, match="tmpfile_pool must be an int >= 0 or None"):
-        make_tier(tmp_path, tmpfile_pool=-1)
+    for bad in (-1, 4097, 10**6):  # (a million pooled files took every descriptor the process had)
+        with pytest.raises(TierConfigError, match=r"tmpfile_pool must be an int from 0 to 4096 or None"):
+            make_tier(tmp_path, tmpfile_pool=bad)
 
 
 def test_a_held_pool_makes_no_files_until_released(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -270,6 +270,27 @@ def test_bad_modes_are_refused_naming_what_is_accepted(tmp_path: Path, name: str
         make_tier(tmp_path, "threads", **{name: value})
 
 
+@pytest.mark.parametrize(
+    "name, value, owner", [("file_mode", 0, "0o600"), ("file_mode", 0o200, "0o600"), ("dir_mode", 0o600, "0o700")]
+)
+def test_modes_that_lock_the_tier_out_of_its_own_files_are_refused(
+    tmp_path: Path, name: str, value: int, owner: str
+) -> None:
+    """``file_mode=0`` was accepted: every store succeeded and every load failed (as any user
+    but root)."""
+    with pytest.raises(TierConfigError, match=f"{name} must give the owner {owner} .*; got {oct(value)}"):
+        make_tier(tmp_path, "threads", **{name: value})
+
+
+def test_a_capacity_below_one_stored_chunk_is_refused(tmp_path: Path) -> None:
+    """``capacity_bytes=1`` was accepted: every store then failed with a CapacityError. So was
+    one chunk's payload without room for its header block."""
+    with pytest.raises(TierConfigError, match=r"capacity_bytes=1 is less than one chunk"):
+        make_tier(tmp_path, "threads", capacity_bytes=1)
+    with pytest.raises(TierConfigError, match=rf"capacity_bytes={CHUNK} is less than one stored chunk \(\d+ bytes"):
+        make_tier(tmp_path, "threads", capacity_bytes=CHUNK)
+
+
 # -- item 1, second half: directories others may write into ------------------------------------
 async def test_a_root_writable_by_others_is_refused(tmp_path: Path) -> None:
     root = tmp_path / "root"

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from asynctier import CapacityError, IntegrityError, OffloadingSpec, SecondaryTierFactory
+from asynctier import CapacityError, IntegrityError, OffloadingSpec, SecondaryTierFactory, TierConfigError
 from asynctier.lru import LRUIndex, RemovalPending
 from asynctier.tiers.memory import MemoryTier
 
@@ -41,12 +41,14 @@ async def test_lru_eviction_keeps_capacity_and_respects_touch_and_load() -> None
         assert list(res.failed) == [b"c"]
 
 
-async def test_chunk_larger_than_capacity_fails_with_capacity_error() -> None:
-    tier, _ = make(capacity_bytes=512)
+async def test_a_capacity_below_one_chunk_is_refused_at_construction() -> None:
+    """It was accepted, and every store then failed with a CapacityError."""
+    with pytest.raises(TierConfigError, match=r"capacity_bytes=512 is less than one chunk \(1024 bytes\)"):
+        make(capacity_bytes=512)
+    tier, _ = make(capacity_bytes=1024)  # one chunk: the second evicts the first
     async with tier:
-        res = await tier.offload([b"a"], [0])
-        assert isinstance(res.failed[b"a"], CapacityError)
-        assert tier.stats().failures["capacity"] == 1
+        assert (await tier.offload([b"a"], [0])).ok and (await tier.offload([b"b"], [1])).ok
+        assert await tier.lookup([b"a", b"b"]) == [False, True]
 
 
 async def test_corrupted_chunk_fails_verification_and_is_removed() -> None:

@@ -137,7 +137,7 @@ def test_reformat_must_be_a_bool(tmp_path: Path) -> None:
 async def test_a_failed_open_leaves_no_slab_it_created(tmp_path: Path) -> None:
     """Too small for one slot: the open fails after creating the file; the file goes."""
     p = tmp_path / "new.slab"
-    tier, _ = make(p, slots=None, capacity_bytes=4096)
+    tier, _ = make(p, slots=None, capacity_bytes=CHUNK)  # (a chunk, without its header block)
     with pytest.raises(TierConfigError, match="no room"):
         await tier.open()
     assert not p.exists()

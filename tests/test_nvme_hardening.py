@@ -228,6 +228,15 @@ def test_bad_modes_are_refused_naming_what_is_accepted(tmp_path: Path, name: str
         make(tmp_path / "kv.slab", **{name: value})
 
 
+def test_modes_without_the_owners_bits_and_an_absurd_capacity_are_refused(tmp_path: Path) -> None:
+    """Without the owner's bits the open failed with a PermissionError; a capacity past the
+    superblock's field with a bare ``struct.error`` at open."""
+    with pytest.raises(TierConfigError, match=r"file_mode must give the owner 0o600"):
+        make(tmp_path / "kv.slab", file_mode=0o400)
+    with pytest.raises(TierConfigError, match=r"capacity_bytes must be below 2\*\*63"):
+        make(tmp_path / "kv.slab", slots=None, capacity_bytes=10**30)
+
+
 # -- item 1: directories others may write into -------------------------------------------------------
 @once
 async def test_an_index_dir_writable_by_others_is_refused_before_any_slab_is_made(tmp_path: Path) -> None:
@@ -261,7 +270,7 @@ async def test_a_slab_directory_writable_by_others_is_refused(tmp_path: Path) ->
 async def test_a_failed_open_removes_the_directory_it_made(tmp_path: Path) -> None:
     """Too small for one slot: the slab file and its directory, both made by the open, go."""
     d = tmp_path / "new" / "dir"
-    tier, _ = make(d / "kv.slab", slots=None, capacity_bytes=4096)
+    tier, _ = make(d / "kv.slab", slots=None, capacity_bytes=CHUNK)  # (a chunk, without its header block)
     with pytest.raises(TierConfigError, match="no room"):
         await tier.open()
     assert not d.exists()

@@ -110,6 +110,11 @@ class ChunkTier(Bookkeeping, Lifecycle, SecondaryTierManager):
                 f"the {self.tier_type!r} tier does not bound what it holds: capacity_bytes is accepted only by "
                 "tiers with uses_index = True (or handles_capacity = True); leave it out (None)"
             )
+        # (every store then failed)
+        if self.capacity_bytes is not None and self.capacity_bytes < offloading_spec.chunk_bytes:
+            raise TierConfigError(
+                f"capacity_bytes={self.capacity_bytes} is less than one chunk ({offloading_spec.chunk_bytes} bytes)"
+            )
         if durability not in self.supported_durability:
             raise TierConfigError(
                 f"durability={durability!r} is not supported by the {self.tier_type!r} tier; "

@@ -88,10 +88,16 @@ def check_bool(name: str, value: object, *, also: tuple[str, ...] = ()) -> None:
     raise TierConfigError(f"{name} must be {accepted}; got {value!r:.80}")
 
 
-def permission_bits(name: str, value: object) -> int:
-    """A file or directory mode parameter: an int from 0 to 0o777 (not a bool, not a string)."""
+def permission_bits(name: str, value: object, owner: int = 0) -> int:
+    """A file or directory mode parameter: an int from 0 to 0o777 (not a bool, not a string)
+    with at least the ``owner`` bits (0o600 for a file the tier reads and writes, 0o700 for a
+    directory it works in: without them every store succeeded and every load failed)."""
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 0o777:
         raise TierConfigError(f"{name} must be an int from 0 to 0o777 (permission bits, e.g. 0o600); got {value!r}")
+    if value & owner != owner:
+        raise TierConfigError(
+            f"{name} must give the owner {oct(owner)} (the tier reads and writes what it makes); got {oct(value)}"
+        )
     return value
 
 

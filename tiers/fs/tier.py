@@ -37,6 +37,8 @@ __all__ = ["FsTier"]
 _O_DIRECTORY: int = getattr(os, "O_DIRECTORY", 0)
 #: the native engine's tmpfile pool refills only after the tier has had no call for this long
 POOL_QUIET_S = 1.0
+#: pooled files at most (``tmpfile_pool``): each holds a descriptor
+TMPFILE_POOL_MAX = 4096
 _MAX_PENDING_TOUCHES = 1 << 16  # touched keys remembered for stamping at close (beyond: approximate)
 
 
@@ -70,9 +72,10 @@ def _check_config(
     for name, flag in (("shared", shared), ("lru_times", lru_times)):
         check_bool(name, flag)
     if tmpfile_pool is not None and (
-        isinstance(tmpfile_pool, bool) or not isinstance(tmpfile_pool, int) or tmpfile_pool < 0
+        isinstance(tmpfile_pool, bool) or not isinstance(tmpfile_pool, int) or not 0 <= tmpfile_pool <= TMPFILE_POOL_MAX
     ):
-        raise TierConfigError(f"tmpfile_pool must be an int >= 0 or None; got {tmpfile_pool!r}")
+        # each pooled file holds a descriptor: a million took every one the process had
+        raise TierConfigError(f"tmpfile_pool must be an int from 0 to {TMPFILE_POOL_MAX} or None; got {tmpfile_pool!r}")
     integer("worker_nice", worker_nice, 0, 19)
     check_path("root", root)
     if publish not in ("auto", "tmpfile", "rename"):
@@ -190,8 +193,8 @@ class FsTier(BlockingChunkTier):
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
-        self.file_mode = permission_bits("file_mode", file_mode)
-        self.dir_mode = permission_bits("dir_mode", dir_mode)
+        self.file_mode = permission_bits("file_mode", file_mode, 0o600)
+        self.dir_mode = permission_bits("dir_mode", dir_mode, 0o700)
         _check_config(root, direct_io, publish, shared, background_scan, scan_sync_limit, lru_times,
                       stale_tmp_s, worker_nice, tmpfile_pool, recycle)  # fmt: skip
         self.io_engine: IoEngine = check_io_engine(self.tier_type, io_engine)
@@ -221,6 +224,11 @@ class FsTier(BlockingChunkTier):
         #: NFS, Lustre, ...: lock queries may wait on a server
         self.network_fs: str | None = None
         self._chunk_size = HEADER_BLOCK + self.offloading_spec.chunk_bytes
+        if self.capacity_bytes is not None and self.capacity_bytes < self._chunk_size:  # (every store failed)
+            raise TierConfigError(
+                f"capacity_bytes={self.capacity_bytes} is less than one stored chunk ({self._chunk_size} bytes: "
+                "its header block and payload)"
+            )
         self._lock_fd = -1
         self._fd_finalizer: weakref.finalize[[list[int], list[TmpfilePool]], FsTier] | None = None
         self._touched: dict[bytes, int] = {}  # key -> time of last use (ns), stamped at close

@@ -120,8 +120,10 @@ class NvmeTier(CoalescedJobs):
         self.index_dir = check_path("index_dir", index_dir) if index_dir is not None else None
         for name, v in (("preallocate", preallocate), ("direct_io", direct_io), ("reformat", reformat)):
             check_bool(name, v)
-        self.file_mode = permission_bits("file_mode", file_mode)
-        self.dir_mode = permission_bits("dir_mode", dir_mode)
+        self.file_mode = permission_bits("file_mode", file_mode, 0o600)
+        self.dir_mode = permission_bits("dir_mode", dir_mode, 0o700)
+        if self.capacity_bytes is not None and self.capacity_bytes >= 1 << 63:  # (the superblock's field)
+            raise TierConfigError(f"capacity_bytes must be below 2**63; got {self.capacity_bytes}")
         for name, iv in (("checkpoint_every", checkpoint_every), ("evict_batch", evict_batch)):
             if isinstance(iv, bool) or not isinstance(iv, int) or iv <= 0:
                 raise TierConfigError(f"{name} must be a positive int; got {iv!r}")
