@@ -399,6 +399,8 @@ def test_bad_config_is_refused(tmp_path: Path) -> None:
         (adapter_config({"type": "fs", "root": str(tmp_path)}, namespace=5), "'namespace' must be"),
         (adapter_config({"type": "fs", "root": str(tmp_path)}, stats_interval_s=True), "'stats_interval_s' must be"),
         (adapter_config({"type": "fs", "root": str(tmp_path)}, locality="nearby"), "'locality' must be one of"),
+        # a misspelt key was a bare TypeError from the constructor's call
+        (adapter_config({"type": "memory"}, namspace="x"), r"unknown key\(s\) 'namspace'; accepted: 'tier'"),
     ]
     for config, message in cases:
         with pytest.raises(TierConfigError, match=message):

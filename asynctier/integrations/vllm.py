@@ -159,7 +159,13 @@ class AsynctierTier(SecondaryTierManager):
         drain: Literal["wait", "cancel"] = "wait",
         stats_interval_s: float = 1.0,
         backpressure_detector: BackpressureDetector | None = None,
+        **unknown: Any,
     ) -> None:
+        if unknown:  # (else a bare TypeError from the call, naming no accepted key)
+            raise TierConfigError(
+                f"AsynctierTier: unknown key(s) {', '.join(map(repr, sorted(unknown)))}; accepted: 'tier', "
+                "'namespace', 'locality', 'drain', 'stats_interval_s' (and vLLM's own 'backpressure')"
+            )
         super().__init__(offloading_spec, primary_kv_view, tier_type, backpressure_detector)
         if not isinstance(tier, Mapping) or not tier.get("type"):
             raise TierConfigError(
