@@ -61,14 +61,27 @@ def _looks_like_a_path(module_path: str) -> bool:
     return "/" in module_path or "\\" in module_path or module_path.endswith(".py")
 
 
+def _check_dotted(what: str, name: str, value: object) -> None:
+    """``value`` is an absolute dotted name (``mypackage.mytier``; a class: ``Outer.Inner``)."""
+    if not isinstance(value, str) or not value or not all(part.isidentifier() for part in value.split(".")):
+        raise TierConfigError(
+            f"{what}: {name} must be a dotted name of identifiers such as 'mypackage.mytier' (absolute: no "
+            f"leading '.'); got {value!r}"
+        )
+
+
 def _import_class(module_path: str, class_name: str, what: str) -> type[SecondaryTierManager]:
-    if _looks_like_a_path(module_path):
+    if isinstance(module_path, str) and _looks_like_a_path(module_path):
         stem = module_path.replace("\\", "/").rsplit("/", 1)[-1].removesuffix(".py")
         raise TierConfigError(
             f"{what}: module_path must be a module name such as 'mypackage.mytier', not a file path; got "
             f"{module_path!r}. Make its directory importable (install the package, or put the directory on "
             f"PYTHONPATH) and write module_path={stem!r}"
         )
+    # (else a bare ValueError or TypeError from importlib: "Empty module name", "the 'package'
+    # argument is required")
+    _check_dotted(what, "module_path", module_path)
+    _check_dotted(what, "class_name", class_name)
     try:
         module = importlib.import_module(module_path)
     except ImportError as e:
@@ -142,6 +155,8 @@ class SecondaryTierFactory:
             raise TierConfigError(f"tier_type must be a non-empty str; got {tier_type!r}")
         if tier_type in cls._registry:
             raise ValueError(f"Tier '{tier_type}' is already registered.")
+        _check_dotted(f"tier {tier_type!r}", "module_path", module_path)
+        _check_dotted(f"tier {tier_type!r}", "class_name", class_name)
 
         def loader() -> type[SecondaryTierManager]:
             return _import_class(module_path, class_name, f"tier {tier_type!r}")

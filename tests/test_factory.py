@@ -271,3 +271,19 @@ def test_a_missing_optional_dependency_names_its_extra(monkeypatch: pytest.Monke
 def test_module_path_that_is_a_file_path_says_it_must_be_a_module_name(path: str) -> None:
     with pytest.raises(TierConfigError, match=r"module name such as .* not a file path.*module_path='dir_tier'"):
         SecondaryTierFactory.get_tier_class({"type": "DirTier", "module_path": path})
+
+
+@pytest.mark.parametrize("module_path", ["", ".dir_tier", "dir tier", "dir_tier."])
+def test_a_module_path_that_is_no_module_name_is_a_config_error(module_path: object) -> None:
+    """``""`` and ``".dir_tier"`` escaped from importlib as a bare ValueError or TypeError."""
+    with pytest.raises(TierConfigError, match=r"module_path must be a dotted name of identifiers"):
+        SecondaryTierFactory.create_secondary_tier({"type": "DirTier", "module_path": module_path}, view(), SPEC)
+
+
+def test_register_tier_checks_its_names() -> None:
+    """``register_tier("nm", None, "X")`` was accepted, and the first create failed with a TypeError."""
+    with pytest.raises(TierConfigError, match=r"module_path must be a dotted name"):
+        SecondaryTierFactory.register_tier("never-made", None, "X")  # type: ignore[arg-type]
+    with pytest.raises(TierConfigError, match=r"class_name must be a dotted name"):
+        SecondaryTierFactory.register_tier("never-made", "dir_tier", "")
+    assert "never-made" not in SecondaryTierFactory.registered()
