@@ -124,6 +124,13 @@ def test_bench_steady_passes_go_into_the_full_tier_before_the_timed_one(tmp_path
     assert bad.exit_code == 2 and "need --steady" in bad.output, bad.output
 
 
+def test_bench_refuses_a_depth_no_tier_takes_before_it_runs() -> None:
+    """``--depths 1025`` ran, and its points failed (exit 1) on the tiers' max_inflight bound."""
+    r = invoke("bench", "--tier", "memory", "--chunk-sizes", "4K", "--depths", "1,1025", "--data-size", "64K",
+               "--no-fio", "--no-naive", "-q")  # fmt: skip
+    assert r.exit_code == 2 and "depths must be at most 1024" in r.output, r.output
+
+
 def test_bench_repeat_reports_the_median_of_verified_runs(tmp_path: Path) -> None:
     r = invoke(*_bench_args(tmp_path, "memory"), "--no-fio", "--repeat", "3")
     assert r.exit_code == 0, r.output

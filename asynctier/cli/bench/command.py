@@ -14,6 +14,7 @@ from typing import Any
 
 import click
 
+from ...core import MAX_INFLIGHT
 from ...errors import TierConfigError
 from ..exits import EXIT_CODES_HELP, CliError, ExitCode
 from ..options import csv_callback, import_path_option, listed, positive_int, run_async, size_callback
@@ -63,6 +64,9 @@ def _sweep(
     sizes = chunk_sizes or listed("chunk_sizes", defaults.get("chunk_sizes", DEFAULT_CHUNK_SIZES), parse_size)
     deps = depths or listed("depths", defaults.get("depths", DEFAULT_DEPTHS), positive_int)
     data = data_size or parse_size(defaults.get("data_size", DEFAULT_DATA_BYTES))
+    if max(deps) > MAX_INFLIGHT:  # (a tier refuses it: said now, not as a failed point after the run began)
+        raise click.BadParameter(f"depths must be at most {MAX_INFLIGHT} (a tier's max_inflight); got {max(deps)}",
+                                 param_hint="--depths")  # fmt: skip
     return sizes, deps, data
 
 
