@@ -449,3 +449,13 @@ async def test_a_late_load_leaves_a_copy_stored_since_alone() -> None:
         for i in range(4):  # fill up: K is evicted like any other, the medium stays within capacity
             assert (await tier.offload([b"x%d" % i], [3 + i])).ok
         assert len(tier._chunks) == 4 and tier.stats().used_bytes == 4 * 1024
+
+
+async def test_keys_or_chunk_ids_that_are_no_sequence_are_refused_saying_what_is_accepted() -> None:
+    """``offload([key], 0)`` or ``offload(None, ...)`` failed with "'int' object is not iterable"."""
+    tier, _ = make()
+    async with tier:
+        with pytest.raises(TypeError, match=r"chunk_ids must be an ordered sequence of ints .*; got a int"):
+            await tier.offload([b"a"], 0)  # type: ignore[arg-type]
+        with pytest.raises(TypeError, match=r"keys must be an ordered sequence .*; got a NoneType"):
+            await tier.load(None, [0])  # type: ignore[arg-type]

@@ -146,7 +146,7 @@ except ImportError:  # pragma: no cover - installed without a C compiler
 def check_keys(keys: Sequence[bytes]) -> list[bytes]:
     if isinstance(keys, (bytes, bytearray, memoryview, str)):
         raise TypeError("keys must be a sequence of bytes keys (for example [key]), not a single key")
-    if _unordered(keys):  # keys would meet the wrong slots
+    if _unordered(keys) or not hasattr(keys, "__iter__"):  # keys would meet the wrong slots; or no list
         raise TypeError(f"keys must be an ordered sequence (a list or tuple), paired with chunk_ids by "
                         f"position; got a {type(keys).__name__}")  # fmt: skip
     out = list(keys)
@@ -168,7 +168,7 @@ def check_pairs(
     spec: OffloadingSpec, view: memoryview, keys: Sequence[bytes], chunk_ids: Sequence[int], *, load: bool
 ) -> tuple[list[bytes], list[int]]:
     ks = check_keys(keys)
-    if isinstance(chunk_ids, (bytes, bytearray, str)) or _unordered(chunk_ids):
+    if isinstance(chunk_ids, (bytes, bytearray, str)) or _unordered(chunk_ids) or not hasattr(chunk_ids, "__iter__"):
         raise TypeError(
             f"chunk_ids must be an ordered sequence of ints (a list or tuple); got a {type(chunk_ids).__name__}"
         )
