@@ -127,7 +127,7 @@ class TestSlowAsyncTierInterrupted(CancellationChecks):
         return {"type": "SlowAsyncDictTier", "module_path": __name__}
 
 
-@pytest.mark.parametrize("backends", ["trio", ("tiro",), (), ["asyncio"]])
+@pytest.mark.parametrize("backends", ["trio", ("tiro",), (), ["asyncio", "tiro"]])
 def test_a_conformance_class_with_bad_backends_fails_loudly(backends: Any) -> None:
     """``backends = ("trio")`` (a str) or a typo was filtered away before it was checked:
     every check of the class skipped, and the suite passed."""

@@ -93,7 +93,7 @@ class SuiteBase:
             return
         backends = self.backends
         # checked before narrowing: a typo, or ("trio") for ("trio",), had skipped every check
-        if not isinstance(backends, tuple) or not backends or any(b not in BACKENDS for b in backends):
+        if not isinstance(backends, (tuple, list)) or not backends or any(b not in BACKENDS for b in backends):
             raise ValueError(
                 f"TierConformance.backends must be a non-empty tuple of {', '.join(map(repr, BACKENDS))}; "
                 f"got {backends!r}"
