@@ -36,6 +36,9 @@ class TransferResult:
     :attr:`failed` (key -> the exception that failed it). A failed load leaves the content of
     that key's primary slot unspecified.
 
+    :attr:`skipped` lists the keys of :attr:`succeeded` an offload found stored already: nothing
+    was written for them, and :attr:`bytes_transferred` counts only the chunks moved.
+
     A tier made of tiers (the ``chain`` tier) also says which of its tiers failed which key in
     :attr:`tier_failures` (tier name -> key -> exception), including keys it then served
     from another of its tiers (they are in :attr:`succeeded`); empty for a single tier.
@@ -46,6 +49,7 @@ class TransferResult:
     failed: dict[bytes, BaseException] = field(default_factory=dict)
     bytes_transferred: int = 0
     elapsed_s: float = 0.0
+    skipped: list[bytes] = field(default_factory=list)
     tier_failures: dict[str, dict[bytes, BaseException]] = field(default_factory=dict)
 
     def failed_in(self, tier: str) -> dict[bytes, BaseException]:

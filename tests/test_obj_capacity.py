@@ -92,8 +92,12 @@ async def test_a_known_key_deleted_elsewhere_is_stored_again() -> None:
         ks = keys(2)
         assert (await tier.offload(ks, [0, 1])).ok
         obstore.delete(tier._st(), tier._path(ks[0]))  # gone behind this tier's back
-        assert (await tier.offload(ks, [0, 1])).ok
+        res = await tier.offload(ks, [0, 1])
+        assert res.ok
         assert tier.stats().extra["skipped_known_stored"] == 1  # ks[1] only
+        # ks[0] written again, ks[1] not: reported and counted as skipped, no bytes
+        assert res.skipped == [ks[1]] and res.bytes_transferred == CHUNK
+        assert tier.stats().skipped == 1
         rig.zero()
         res = await tier.load(ks, [2, 3])
         assert res.ok, res.failed

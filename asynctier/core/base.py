@@ -27,7 +27,7 @@ from ..stats import StatsRecorder, TierStats, TransferResult
 from .backend import run_to_completion
 from .bookkeeping import Bookkeeping
 from .framing import Framing
-from .jobs import CANCELLED, Batch, Job
+from .jobs import CANCELLED, SKIPPED, Batch, Job, Outcomes, Skipped
 from .lifecycle import Lifecycle
 from .ops import Op
 from .validation import check_keys, check_pairs, non_negative_float, positive_int, seconds
@@ -397,7 +397,7 @@ class ChunkTier(Bookkeeping, Lifecycle, SecondaryTierManager):
         nbytes = 0
         chunk = self.offloading_spec.chunk_bytes if op is not Op.REMOVE else 0
         for j in jobs:
-            per: list[BaseException | None]
+            per: Outcomes
             if j.exc is not None:
                 per = [j.exc] * len(j.keys)
             elif j.state == CANCELLED and j.result is None:  # withdrawn; only a cancelled caller gets here
@@ -414,11 +414,14 @@ class ChunkTier(Bookkeeping, Lifecycle, SecondaryTierManager):
                     nbytes += chunk * len(per)
                     continue
             else:
-                per = [None]
+                per = [SKIPPED if j.result is SKIPPED else None]
             for k, e in zip(j.keys, per):
                 if e is None:
                     res.succeeded.append(k)
                     nbytes += chunk
+                elif isinstance(e, Skipped):  # stored already: a success that moved nothing
+                    res.succeeded.append(k)
+                    res.skipped.append(k)
                 else:
                     res.failed[k] = e
         res.bytes_transferred = nbytes

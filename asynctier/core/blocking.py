@@ -19,6 +19,7 @@ from ..engines.threads import ThreadEngine
 from .backend import run_on_thread_to_end, run_to_completion
 from .base import ChunkTier
 from .bookkeeping import is_not_found
+from .jobs import SKIPPED, Skipped
 from .ops import Op
 
 __all__ = ["BlockingChunkTier"]
@@ -35,8 +36,10 @@ class BlockingChunkTier(ChunkTier):
     """
 
     # -- primitives ------------------------------------------------------------------------
-    def write_chunk(self, key: bytes, data: memoryview) -> None:
-        """Store ``data`` (read-only, ``chunk_bytes`` long) under ``key``, atomically."""
+    def write_chunk(self, key: bytes, data: memoryview) -> bool | None:
+        """Store ``data`` (read-only, ``chunk_bytes`` long) under ``key``, atomically. Return
+        False only when the medium holds ``key`` already and nothing was written (the call
+        reports the key in :attr:`TransferResult.skipped`); None or True otherwise."""
         raise NotImplementedError
 
     def read_chunk(self, key: bytes, out: memoryview) -> int | None:
@@ -67,11 +70,10 @@ class BlockingChunkTier(ChunkTier):
         """Blocking teardown run once by ``aclose()`` after draining."""
 
     # -- framing (asynctier.core.framing) ---------------------------------------------------
-    def _write_framed(self, key: bytes, payload: memoryview) -> None:
+    def _write_framed(self, key: bytes, payload: memoryview) -> bool | None:
         if self.frames_own_bytes:
-            self.write_chunk(key, payload)
-        else:
-            self.write_chunk(key, self._framing.frame(key, payload, per_thread=True))
+            return self.write_chunk(key, payload)
+        return self.write_chunk(key, self._framing.frame(key, payload, per_thread=True))
 
     def _read_checked(self, key: bytes, out: memoryview) -> None:
         if self.frames_own_bytes:
@@ -132,21 +134,21 @@ class BlockingChunkTier(ChunkTier):
                 self._drop_bad_copy(key, partial(self.delete_bad_copy, key, e))
             raise
 
-    def _store_job(self, key: bytes, cid: int, t0: float) -> None:
+    def _store_job(self, key: bytes, cid: int, t0: float) -> Skipped | None:
         victims = self._reserve_store_blocking(key, t0)
         if victims is None:
-            return
+            return SKIPPED
         try:
             try:
                 for v in victims:
                     self._evict(v)
             finally:
                 self._removed(victims)
-            self._write_framed(key, self._chunk(cid))
+            wrote = self._write_framed(key, self._chunk(cid))
         except BaseException as e:
             self._end_store(key, t0, e)
             raise
-        self._end_store(key, t0, None)
+        return self._end_written(key, t0, wrote)
 
     def _evict(self, key: bytes) -> None:
         try:

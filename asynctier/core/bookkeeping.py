@@ -18,6 +18,7 @@ from ..lru import LRUIndex, RemovalPending
 from ..spec import OffloadingSpec
 from ..stats import StatsRecorder
 from .backend import run_on_thread_to_end
+from .jobs import SKIPPED, Skipped
 
 __all__ = ["Bookkeeping", "REMOVAL_WAIT_S", "is_not_found"]
 
@@ -176,26 +177,40 @@ class Bookkeeping:
             self._stats.record_failure(e)
             raise
 
-    async def _async_store(self, key: bytes, t0: float, write: Callable[[list[bytes]], Awaitable[None]]) -> None:
+    async def _async_store(
+        self, key: bytes, t0: float, write: Callable[[list[bytes]], Awaitable[bool | None]]
+    ) -> Skipped | None:
         """One store run as a coroutine: reserve (or skip a key already stored),
-        ``write(victims)`` (evict them, then write), commit or abort."""
+        ``write(victims)`` (evict them, then write), commit or abort. :data:`SKIPPED` when
+        nothing was written (the key was stored already)."""
         victims = await self._after_removal_async(self._reserve_store, key, t0)
         if victims is None:
-            return
-        await self._async_store_reserved(key, t0, victims, write)
+            return SKIPPED
+        return await self._async_store_reserved(key, t0, victims, write)
 
     async def _async_store_reserved(
-        self, key: bytes, t0: float, victims: list[bytes], write: Callable[[list[bytes]], Awaitable[None]]
-    ) -> None:
+        self, key: bytes, t0: float, victims: list[bytes], write: Callable[[list[bytes]], Awaitable[bool | None]]
+    ) -> Skipped | None:
         """:meth:`_async_store` once room is reserved (``victims`` to evict first)."""
         try:
-            await write(victims)
+            wrote = await write(victims)
         except BaseException as e:
             self._end_store(key, t0, e)
             raise
         finally:
             self._removed(victims)  # write() deleted them (or failed to): re-stores of them may go on
-        self._end_store(key, t0, None)
+        return self._end_written(key, t0, wrote)
+
+    def _end_written(self, key: bytes, t0: float, wrote: bool | None) -> Skipped | None:
+        """A store's write returned ``wrote``: False when the medium holds ``key`` already and
+        wrote nothing (``write_chunk`` may say so): committed, and counted as skipped."""
+        if wrote is not False:
+            self._end_store(key, t0, None)
+            return None
+        if self.index is not None:
+            self.index.commit(key)
+        self._end_store(key, t0, None, skipped=True)
+        return SKIPPED
 
     async def _async_load(
         self,

@@ -17,6 +17,7 @@ from ..engines.tasks import TaskEngine
 from ..errors import ChunkTimeoutError
 from .base import ChunkTier
 from .bookkeeping import is_not_found
+from .jobs import Skipped
 from .ops import Op
 
 __all__ = ["AsyncChunkTier"]
@@ -33,8 +34,9 @@ class AsyncChunkTier(ChunkTier):
     ``timeout_s`` bounds each chunk I/O (a late one fails with :class:`ChunkTimeoutError`).
     """
 
-    async def write_chunk(self, key: bytes, data: memoryview) -> None:
-        """Store ``data`` under ``key``, atomically."""
+    async def write_chunk(self, key: bytes, data: memoryview) -> bool | None:
+        """Store ``data`` under ``key``, atomically (False: held already, see
+        :meth:`BlockingChunkTier.write_chunk`)."""
         raise NotImplementedError
 
     async def read_chunk(self, key: bytes, out: memoryview) -> int | None:
@@ -60,11 +62,10 @@ class AsyncChunkTier(ChunkTier):
         """Teardown run once by ``aclose()`` after draining."""
 
     # -- framing (asynctier.core.framing) ---------------------------------------------------
-    async def _write_framed(self, key: bytes, payload: memoryview) -> None:
+    async def _write_framed(self, key: bytes, payload: memoryview) -> bool | None:
         if self.frames_own_bytes:
-            await self.write_chunk(key, payload)
-        else:
-            await self.write_chunk(key, self._framing.frame(key, payload, per_thread=False))
+            return await self.write_chunk(key, payload)
+        return await self.write_chunk(key, self._framing.frame(key, payload, per_thread=False))
 
     async def _read_checked(self, key: bytes, out: memoryview) -> None:
         if self.frames_own_bytes:
@@ -113,8 +114,8 @@ class AsyncChunkTier(ChunkTier):
                 await self._drop_bad_copy_async(key, lambda: self._deadline(self.delete_chunk(key)))
             raise
 
-    async def _store_job(self, key: bytes, cid: int, t0: float) -> None:
-        async def evict_then_write(victims: list[bytes]) -> None:
+    async def _store_job(self, key: bytes, cid: int, t0: float) -> Skipped | None:
+        async def evict_then_write(victims: list[bytes]) -> bool | None:
             for v in victims:
                 try:
                     await self._deadline(self.delete_chunk(v))
@@ -123,9 +124,9 @@ class AsyncChunkTier(ChunkTier):
                 else:
                     self._evicted(v, None)
             self._removed(victims)  # re-stores of them may go on (_async_store repeats this harmlessly)
-            await self._deadline(self._write_framed(key, self._chunk(cid)))
+            return await self._deadline(self._write_framed(key, self._chunk(cid)))
 
-        await self._async_store(key, t0, evict_then_write)
+        return await self._async_store(key, t0, evict_then_write)
 
     async def _load_job(self, key: bytes, cid: int, t0: float) -> None:
         entry = self._pin_for_load(key)

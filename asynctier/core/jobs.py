@@ -18,9 +18,28 @@ import anyio
 from .backend import Event, LoopCaller, loop_caller
 from .ops import Op
 
-__all__ = ["Batch", "CANCELLED", "DONE", "Job", "PENDING", "RUNNING", "evened"]
+__all__ = [
+    "Batch", "CANCELLED", "DONE", "Job", "Outcome", "Outcomes", "PENDING", "RUNNING", "SKIPPED", "Skipped", "evened",
+]  # fmt: skip
 
 PENDING, RUNNING, DONE, CANCELLED = range(4)
+
+
+class Skipped:
+    """The type of :data:`SKIPPED` (one instance)."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "SKIPPED"
+
+
+#: A store's outcome when the key was stored already and nothing was written: a success that
+#: moved no bytes (a job's ``result``, or its entry in a group's outcomes).
+SKIPPED = Skipped()
+#: One chunk's outcome in a group job: the exception that failed it, :data:`SKIPPED`, or None (done).
+Outcome = BaseException | Skipped | None
+Outcomes = list[Outcome]
 
 _seq = itertools.count()
 

@@ -41,6 +41,31 @@ class ContractChecks(SuiteBase):
 
         self.run(backend, check)
 
+    def test_offload_reports_keys_stored_already(self, tmp_path: Path, backend: Backend) -> None:
+        async def check() -> None:
+            h = self.make(tmp_path)
+            async with h.tier:
+                h.fill(6)
+                n = max(2, self.num_chunks // 2)
+                keys = new_keys(2 * n, "skip")
+                ids = list(range(2 * n))
+                first = await h.tier.offload(keys[:n], ids[:n])
+                assert first.ok and first.skipped == [], first.skipped
+                before = h.tier.stats().skipped
+                res = await h.tier.offload(keys, ids)  # the first half stored already
+                assert res.ok, res.failed
+                assert res.succeeded == keys
+                skipped = h.tier.stats().skipped - before
+                # a tier may write a chunk again (a store without an index does); what it
+                # reports skipped is what it counts skipped, and moves no bytes
+                assert len(res.skipped) == skipped, (res.skipped, skipped)
+                assert set(res.skipped) <= set(keys[:n])
+                assert res.bytes_transferred == (2 * n - skipped) * self.chunk_bytes
+                if getattr(h.tier, "index", None) is not None:  # an indexed tier knows them: it writes none again
+                    assert res.skipped == keys[:n]
+
+        self.run(backend, check)
+
     def test_lookup_absent_and_partial_failure(self, tmp_path: Path, backend: Backend) -> None:
         async def check() -> None:
             h = self.make(tmp_path)

@@ -139,7 +139,7 @@ class Demoter:
                         lower.background_in_flight -= len(keys)
                         fence.end(keys)
                     lower.count("demotions", len(wrote.succeeded))
-                    lower.count("bytes_in", len(wrote.succeeded) * self.chunk_bytes)
+                    lower.count("bytes_in", wrote.bytes_transferred)
                     lower.count("drops", len(keys) - len(wrote.succeeded))
                     moved += wrote.succeeded
             finally:

@@ -299,7 +299,7 @@ class ChainTier(ChainTransfers, Lifecycle, SecondaryTierManager):
             else:
                 res.failed[k] = e
                 self._stats.record_failure(e)
-        res.bytes_transferred = len(res.succeeded) * self.offloading_spec.chunk_bytes
+        res.bytes_transferred = (len(res.succeeded) - len(res.skipped)) * self.offloading_spec.chunk_bytes
         res.elapsed_s = time.perf_counter() - t0
         return res
 

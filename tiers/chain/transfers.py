@@ -209,6 +209,7 @@ class ChainTransfers:
         admitted = [m.admitted(keys, "store") for m in members]  # None: every key
         await self._copy([(cid, held[i]) for i, (_, cid) in enumerate(batch)], to_staging=True)
         first: dict[bytes, int] = {}  # key -> the first tier (index) that stored it
+        wrote: set[bytes] = set()  # the keys a tier wrote now (not found stored already)
         last_error: dict[bytes, BaseException] = {}
 
         async def store_on(m: Member, cand: list[bytes]) -> None:
@@ -219,8 +220,9 @@ class ChainTransfers:
             for k in got.succeeded:
                 if first.get(k, m.index) >= m.index:
                     first[k] = m.index
+            wrote.update(got.succeeded if not got.skipped else set(got.succeeded).difference(got.skipped))
             m.count("stored", len(got.succeeded))
-            m.count("bytes_in", len(got.succeeded) * c)
+            m.count("bytes_in", got.bytes_transferred)
 
         if self.config.write == "through":
             async with anyio.create_task_group() as tg:
@@ -252,15 +254,18 @@ class ChainTransfers:
                     entries.append((k, slot_of[k], below))
             self._to_background(entries, {k: i for i, k in enumerate(keys)}, held, epoch, "store")
         now = time.perf_counter()
-        stored = 0
+        stored = skipped = 0
         for k in keys:
             if k in first:
                 outcome[k] = None
                 stored += 1
+                if k not in wrote:  # every tier that took it held it already
+                    res.skipped.append(k)
+                    skipped += 1
             elif k in last_error:
                 outcome[k] = last_error[k]
             else:
                 outcome[k] = NotAdmittedError(f"no tier of the chain admitted key {k.hex()[:32]}", k)
-        self._stats.record_successes("offload", stored, c, now - t0)
+        self._stats.record_successes("offload", stored - skipped, c, now - t0, skipped=skipped)
         if self._demoter is not None and 0 in first.values():
             self._demoter.poke()

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from asynctier.core.jobs import Job
+from asynctier.core.jobs import SKIPPED, Job, Outcomes, Skipped
 from asynctier.core.ops import PRIO_LOAD, PRIO_STORE
 from asynctier.engines import native as nativeio
 from asynctier.engines.native_engine import Continuation
@@ -55,13 +55,11 @@ def _outcome(result: int, stage: int, info: int, csum: int) -> Outcome:
 _RECYCLE, _WRITE = 1, 2  # the job a store's slot runs
 
 #: One chunk's plan: its descriptor and what its booking needs; or a continuation; or None
-#: (over, its outcome booked).
-_KeyPlan = tuple[nativeio.JobFields, tuple[Any, ...]] | Continuation | None
-#: A group job's outcome: each chunk's failure (None: done).
-_Outcomes = list[BaseException | None]
+#: (over, its outcome booked); or SKIPPED (a store of a key stored already, booked).
+_KeyPlan = tuple[nativeio.JobFields, tuple[Any, ...]] | Continuation | Skipped | None
 #: A group job's chunks: their outcomes so far, the planned ones (index, what their booking
 #: needs), the continuations left (index, continuation).
-_GroupState = tuple[_Outcomes, list[tuple[int, tuple[Any, ...]]], list[tuple[int, Continuation]]]
+_GroupState = tuple[Outcomes, list[tuple[int, tuple[Any, ...]]], list[tuple[int, Continuation]]]
 
 
 class _Path:
@@ -107,6 +105,9 @@ class _Path:
             return self._plan_group(job, slot)
         key, cid, t0 = job.args
         r = self._plan_key(*self._live(), key, cid, t0, slot)
+        if r is SKIPPED:
+            job.result = SKIPPED
+            return None
         if type(r) is not tuple:
             return r  # type: ignore[return-value]
         self._keep(slot, r[1])
@@ -128,7 +129,7 @@ class _Path:
         """Each chunk planned as if alone; those planned go to the workers as one job."""
         keys, cids, t0 = job.args
         io, tier = self._live()
-        out: _Outcomes = [None] * len(keys)
+        out: Outcomes = [None] * len(keys)
         subs: list[nativeio.JobFields] = []
         planned: list[tuple[int, tuple[Any, ...]]] = []
         later: list[tuple[int, Continuation]] = []
@@ -141,6 +142,8 @@ class _Path:
             if type(r) is tuple:
                 subs.append(r[0])
                 planned.append((i, r[1]))
+            elif r is SKIPPED:
+                out[i] = SKIPPED
             elif r is not None:
                 later.append((i, r))  # type: ignore[arg-type]
         if not subs:
@@ -174,7 +177,7 @@ class _Path:
             io._stats.record_each(self.op, io._n, booked)  # (_n: the chunk size)
 
 
-def _group_end(job: Job, out: _Outcomes, later: list[tuple[int, Continuation]]) -> Continuation | None:
+def _group_end(job: Job, out: Outcomes, later: list[tuple[int, Continuation]]) -> Continuation | None:
     """A group job over (its outcomes set), or the continuation of its chunks that go on."""
     if not later:
         job.result = out
@@ -182,12 +185,13 @@ def _group_end(job: Job, out: _Outcomes, later: list[tuple[int, Continuation]]) 
     return partial(_run_later, out, later)
 
 
-async def _run_later(out: _Outcomes, later: list[tuple[int, Continuation]]) -> _Outcomes:
+async def _run_later(out: Outcomes, later: list[tuple[int, Continuation]]) -> Outcomes:
     """The continuations of a group job's chunks, one after another: each takes a job slot
     of its own while it runs, and the group holds the engine's place of one job."""
     for i, fn in later:
         try:
-            await fn()
+            if await fn() is SKIPPED:  # a key stored as it waited: stored already
+                out[i] = SKIPPED
         except anyio.get_cancelled_exc_class() as e:
             # as the engine's own service coroutines: workers are not cancelled by callers
             out[i] = ConnectionAbortedError(f"chunk I/O cancelled inside the tier: {e!r}")
@@ -236,7 +240,7 @@ class StorePath(_Path):
             raise victims
         if victims is None:  # stored already
             tier._end_store(key, t0, None, skipped=True)
-            return None
+            return SKIPPED
         if victims and not (len(victims) == 1 and tier.recycle_on and not tier.network_fs):
             return partial(tier._async_store_reserved, key, t0, victims, partial(io.store, key, cid))
         proto = tier.protocol
@@ -273,7 +277,7 @@ class StorePath(_Path):
             return super()._plan_group(job, slot)
         keys, cids, t0 = job.args
         reserved = tier.index.reserve_many(keys, tier._chunk_size)
-        out: _Outcomes = [None] * len(keys)
+        out: Outcomes = [None] * len(keys)
         subs: list[nativeio.JobFields] = []
         planned: list[tuple[int, tuple[Any, ...]]] = []
         later: list[tuple[int, Continuation]] = []
@@ -291,6 +295,8 @@ class StorePath(_Path):
             if type(p) is tuple:
                 subs.append(p[0])
                 planned.append((i, p[1]))
+            elif p is SKIPPED:
+                out[i] = SKIPPED
             elif p is not None:
                 later.append((i, p))  # type: ignore[arg-type]
         flags = io.direct_flags if proto.use_direct else os.O_WRONLY  # (the view is aligned)
@@ -493,7 +499,7 @@ class LoadPath(_Path):
         if tier.index_incomplete or not io.aligned:
             return super()._plan_group(job, slot)
         keys, cids, t0 = job.args
-        out: _Outcomes = [None] * len(keys)
+        out: Outcomes = [None] * len(keys)
         entries = tier.index.pin_entries(keys)
         if None in entries:  # misses fail as planned; the others go on
             hits = [i for i, e in enumerate(entries) if e is not None]

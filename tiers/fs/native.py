@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 from asynctier.core.backend import run_on_thread_to_end, run_to_completion
+from asynctier.core.jobs import Skipped
 from asynctier.core.ops import PRIO_LOAD, PRIO_STORE
 from asynctier.engines import native as nativeio
 from asynctier.engines.native_engine import NativeEngine
@@ -241,8 +242,8 @@ class NativeIO(TierHandle):
         await self.engine.blocking(fn, *args)
 
     # -- the job bodies the runtime runs -----------------------------------------------------
-    async def store_job(self, key: bytes, cid: int, t0: float) -> None:
-        await self.live_tier()._async_store(key, t0, lambda victims: self.store(key, cid, victims))
+    async def store_job(self, key: bytes, cid: int, t0: float) -> Skipped | None:
+        return await self.live_tier()._async_store(key, t0, lambda victims: self.store(key, cid, victims))
 
     async def load_job(self, key: bytes, cid: int, t0: float) -> None:
         tier = self.live_tier()

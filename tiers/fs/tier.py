@@ -14,7 +14,7 @@ from typing import Any, Literal
 from asynctier import BlockingChunkTier, ChunkNotFoundError, TierConfigError
 from asynctier.core import Op
 from asynctier.core.backend import run_on_thread_to_end
-from asynctier.core.jobs import evened
+from asynctier.core.jobs import SKIPPED, Skipped, evened
 from asynctier.core.validation import check_bool, check_path, check_private_dir, integer, permission_bits
 from asynctier.engines import Engine
 from asynctier.engines.split import SplitEngine
@@ -529,17 +529,18 @@ class FsTier(BlockingChunkTier):
             body = super().job_body(op)
         return body if self._split is None else self._split.held(body, op.priority)
 
-    def _store_evicting(self, key: bytes, cid: int, t0: float) -> None:
+    def _store_evicting(self, key: bytes, cid: int, t0: float) -> Skipped | None:
         """Evict, then write: into the first victim's file where it may be recycled."""
         victims = self._reserve_store_blocking(key, t0)
         if victims is None:
-            return
+            return SKIPPED
         try:
             self.threads.evict_then_store(key, self._chunk(cid), victims)
         except BaseException as e:
             self._end_store(key, t0, e)
             raise
         self._end_store(key, t0, None)
+        return None
 
     def _verify_pinned(self, key: bytes, remove_bad: int, t0: float) -> None:
         verify = super().job_body(Op.VERIFY)

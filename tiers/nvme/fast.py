@@ -24,7 +24,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from asynctier import ChunkNotFoundError, TierClosedError
-from asynctier.core.jobs import Job
+from asynctier.core.jobs import Job, Outcomes
 from asynctier.core.ops import PRIO_LOAD
 from asynctier.engines import native as nativeio
 from asynctier.engines.native_engine import Continuation, NativeEngine, Step
@@ -46,8 +46,6 @@ __all__ = ["IoArea", "LoadPath"]
 _fast = speedups()
 header_matches = _py_header_matches if _fast is None else _fast.header_matches
 _ops: ModuleType = _py_bulk if _fast is None else _fast
-
-Outcomes = list[BaseException | None]
 
 
 class _Group:
@@ -185,7 +183,7 @@ class LoadPath:
             found, missing = cat.pin_many_locked(keys)
         finally:
             lock.release_quiet()
-        outcomes: list[BaseException | None] = [None] * len(keys)
+        outcomes: Outcomes = [None] * len(keys)
         for p, e in missing.items():
             outcomes[p] = e
             tier._end_load(keys[p], t0, e)

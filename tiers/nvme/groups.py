@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 
 from asynctier import BlockingChunkTier, IntegrityError
-from asynctier.core.jobs import evened
+from asynctier.core.jobs import SKIPPED, Outcomes, evened
 from asynctier.engines.descriptors import GROUP_MAX, READV_MAX
 from asynctier.integrity import checksum, pack_header
 
@@ -20,8 +20,6 @@ from .catalog import Catalog, Slots
 from .slab import SlabSet, slot_error
 
 __all__ = ["CoalescedJobs"]
-
-Outcomes = list[BaseException | None]
 
 
 class CoalescedJobs(BlockingChunkTier):
@@ -128,6 +126,8 @@ class CoalescedJobs(BlockingChunkTier):
                 out[p] = e
                 self._end_store(keys[p], t0, e)
         else:
+            for p in skipped:
+                out[p] = SKIPPED
             self._stats.record_successes("offload", 0, 0, time.perf_counter() - t0, skipped=len(skipped))
 
     def _write_group(
@@ -248,7 +248,7 @@ class CoalescedJobs(BlockingChunkTier):
         ok = 0
         for p in found:
             outcome = out[p]
-            if outcome is None:
+            if not isinstance(outcome, BaseException):
                 ok += 1
                 continue
             if isinstance(outcome, IntegrityError):

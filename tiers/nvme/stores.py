@@ -32,7 +32,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from asynctier import TierClosedError
-from asynctier.core.jobs import Job
+from asynctier.core.jobs import SKIPPED, Job, Outcomes, Skipped
 from asynctier.core.ops import PRIO_LOAD
 from asynctier.engines import native as nativeio
 from asynctier.engines.descriptors import RESULT_LAYOUT
@@ -55,7 +55,6 @@ __all__ = ["StorePath"]
 _fast = speedups()
 _ops: ModuleType = _py_bulk if _fast is None else _fast
 
-Outcomes = list[BaseException | None]
 Run = _py_bulk.Run
 
 
@@ -319,6 +318,8 @@ class StorePath:
         dt = perf_counter() - st.t0
         self._booked += [dt] * len(st.written)
         self._skipped += [dt] * len(st.skipped)
+        for p in st.skipped:
+            st.out[p] = SKIPPED
         _set_outcome(job, st.out)
 
     def _book(self, tier: NvmeTier) -> None:
@@ -543,10 +544,13 @@ def _split_by_key_length(runs: list[Run], keys: list[bytes]) -> list[Run]:
 def _set_outcome(job: Job, out: Outcomes) -> None:
     if job.grouped:
         job.result = out
-    elif out[0] is not None:
+    elif isinstance(out[0], BaseException):
         job.exc = out[0]
+    else:
+        job.result = out[0]  # None, or SKIPPED
 
 
-def _raise_first(out: Outcomes) -> None:
-    if out[0] is not None:
+def _raise_first(out: Outcomes) -> Skipped | None:
+    if isinstance(out[0], BaseException):
         raise out[0]
+    return out[0]

@@ -197,10 +197,10 @@ class ObjTier(BlockingChunkTier):
         return st
 
     # -- primitives ------------------------------------------------------------------------
-    def write_chunk(self, key: bytes, data: memoryview) -> None:
+    def write_chunk(self, key: bytes, data: memoryview) -> bool:
         lru = self._lru
         if lru is not None and not self._reserve_room(lru, key, data.nbytes):
-            return
+            return False  # stored already: the call reports it skipped
         try:
             header = frame_header(key, data, self.offloading_spec.layout_digest)
             with self._guarded(key):
@@ -214,6 +214,7 @@ class ObjTier(BlockingChunkTier):
         if lru is not None:
             lru.commit(key)
         self._cache.put(key, True)
+        return True
 
     def _reserve_room(self, lru: LRUIndex, key: bytes, nbytes: int) -> bool:
         """Reserve ``key``'s room in the capacity account, evicting by DELETE; False: the key
