@@ -59,7 +59,37 @@ def parse_url(url: object, *, store_given: bool) -> StoreURL:
         )
     if scheme == "file" and not store_given:
         _check_file_url(url)
+    elif scheme in ENV_PREFIX and not store_given:
+        _check_cloud_url(url, scheme)
     return StoreURL(raw=url, scheme=scheme, shown=redact_url(url))
+
+
+def _check_cloud_url(url: str, scheme: str) -> None:
+    """``s3://bucket/prefix`` (gs, az alike): the client reads the bucket and the path and
+    drops the rest without a word (the objects then went under another prefix, or nowhere the
+    user meant), so what it would drop is refused here."""
+    example = f"{scheme}://bucket/prefix"
+    if any(c.isspace() or not c.isprintable() for c in url):
+        raise TierConfigError(f"url must not contain whitespace or control characters; got {_shown(url)}")
+    parts = urlsplit(url)
+    # (the URL shown is redacted: user info and query left out, so the message names them)
+    if parts.query or parts.fragment or url.endswith(("?", "#")):
+        what = "a fragment" if parts.fragment or url.endswith("#") else "a query"
+        raise TierConfigError(
+            f"a {scheme}:// url takes no query or fragment ({example}; options go in client_options); "
+            f"got {_shown(url)} with {what}"
+        )
+    if not parts.netloc:
+        raise TierConfigError(f"a {scheme}:// url needs a bucket or container ({example}); got {_shown(url)}")
+    # abfs[s]://container@account.dfs.core.windows.net/path names its container as user info
+    if scheme not in ("abfs", "abfss") and ("@" in parts.netloc or ":" in parts.netloc):
+        what = "user info" if "@" in parts.netloc else "a port"
+        raise TierConfigError(
+            f"a {scheme}:// url names a bucket only, no user info or port ({example}; credentials and "
+            f"endpoint go in their own keys); got {_shown(url)} with {what}"
+        )
+    if "//" in parts.path:
+        raise TierConfigError(f"a {scheme}:// url's prefix has an empty segment ('//'); got {_shown(url)}")
 
 
 def _check_file_url(url: str) -> None:
