@@ -86,6 +86,16 @@ def own_server(tmp_path: Path) -> Iterator[ValkeyProcess]:
         ({"url": "redis://:6379"}, "no host"),
         ({"url": "redis://127.0.0.1/x"}, "database"),
         ({"url": "redis://a:1,b:2/3"}, "database 0"),
+        # not ASCII digits: '²' failed with a bare ValueError, fullwidth ones were read as 6379 and 3
+        ({"url": "redis://127.0.0.1:\u00b2"}, "port"),
+        ({"url": "redis://127.0.0.1:\uff16\uff13\uff17\uff19"}, "port"),
+        ({"url": "redis://127.0.0.1/\u0663"}, "database"),
+        # accepted, then every request failed as unreachable (and counted against the breaker)
+        ({"url": "redis://127.0.0.1\x00:6379"}, "control character"),
+        ({"url": "redis:// 127.0.0.1:6379"}, "whitespace"),
+        # read as no password: VALKEY_PASSWORD ignored, no AUTH sent
+        ({"url": "redis://:@127.0.0.1:6379"}, "password after ':' is empty"),
+        ({"url": "redis://default:@127.0.0.1:6379"}, "password after ':' is empty"),
         ({"url": "redis://127.0.0.1", "cluster": 1}, "cluster"),
         ({"url": "redis://127.0.0.1", "key_prefix": "a{b}"}, "key_prefix"),
         ({"url": "redis://127.0.0.1", "key_prefix": ""}, "key_prefix"),

@@ -50,11 +50,18 @@ def _host_port(item: str, url_shown: str) -> tuple[str, int]:
         host, _, port_text = item.partition(":")
     if not host:
         raise TierConfigError(f"url {url_shown!r}: a server has no host ({item!r}); accepted: {_ACCEPTED}")
+    if any(c.isspace() or not c.isprintable() for c in host):
+        raise TierConfigError(f"url {url_shown!r}: a host has whitespace or a control character ({item!r})")
     if not port_text:
         return host, _DEFAULT_PORT
-    if not port_text.isdigit() or not 0 < int(port_text) < 65536:
+    if not _digits(port_text) or not 0 < int(port_text) < 65536:
         raise TierConfigError(f"url {url_shown!r}: port {port_text!r} is not a number from 1 to 65535")
     return host, int(port_text)
+
+
+def _digits(text: str) -> bool:
+    """ASCII digits only (str.isdigit() takes '²' and other scripts' digits)."""
+    return text.isascii() and text.isdigit()
 
 
 def parse_url(url: object, *, cluster: object, environ: Mapping[str, str] | None = None) -> Target:
@@ -83,7 +90,7 @@ def parse_url(url: object, *, cluster: object, environ: Mapping[str, str] | None
     seeds = tuple(_host_port(h, shown) for h in hosts.split(","))
     db = 0
     if path:
-        if not path.isdigit():
+        if not _digits(path):
             raise TierConfigError(f"url {shown!r}: the path must be a database number (/0); got /{path}")
         db = int(path)
     if len(seeds) > 1:
@@ -97,6 +104,11 @@ def parse_url(url: object, *, cluster: object, environ: Mapping[str, str] | None
         user, colon, pw = userinfo.partition(":")
         username = unquote(user) or None
         password = unquote(pw) if colon else None
+        if password == "":  # it was read as no password at all, and VALKEY_PASSWORD ignored
+            raise TierConfigError(
+                f"url {shown!r}: the password after ':' is empty; give it, or leave out ':' and the password "
+                f"(it then comes from {ENV_PASSWORD})"
+            )
     if password is None:
         password = env.get(ENV_PASSWORD) or None
         if username is None:
