@@ -30,7 +30,7 @@ from .framing import Framing
 from .jobs import CANCELLED, SKIPPED, Batch, Job, Outcomes, Skipped
 from .lifecycle import Lifecycle
 from .ops import Op
-from .validation import check_keys, check_pairs, non_negative_float, positive_int, seconds
+from .validation import check_keys, check_pairs, positive_int, seconds
 
 __all__ = ["ChunkTier", "MAX_INFLIGHT"]
 
@@ -103,7 +103,7 @@ class ChunkTier(Bookkeeping, Lifecycle, SecondaryTierManager):
         if store_backpressure not in ("wait", "drop"):
             raise TierConfigError(f"store_backpressure must be 'wait' or 'drop'; got {store_backpressure!r}")
         self.store_backpressure = store_backpressure
-        self.backpressure_timeout_s = non_negative_float("backpressure_timeout_s", backpressure_timeout_s)
+        self.backpressure_timeout_s = seconds("backpressure_timeout_s", backpressure_timeout_s, zero_ok=True)
         self.capacity_bytes = positive_int("capacity_bytes", capacity_bytes, allow_none=True)
         if self.capacity_bytes is not None and not (self.uses_index or self.handles_capacity):
             raise TierConfigError(

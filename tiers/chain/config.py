@@ -17,11 +17,12 @@ waits for one call to it; default none) and ``breaker`` (``{"threshold": 5, "coo
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from asynctier.core.base import MAX_INFLIGHT
+from asynctier.core.validation import MAX_SECONDS
 from asynctier.errors import TierConfigError
 
 __all__ = ["ChainConfig", "EntryConfig", "ENTRY_KEYS", "WRITE_POLICIES", "parse_entries"]
@@ -30,6 +31,9 @@ __all__ = ["ChainConfig", "EntryConfig", "ENTRY_KEYS", "WRITE_POLICIES", "parse_
 ENTRY_KEYS = ("name", "admit", "deadline_s", "breaker")
 WRITE_POLICIES = ("back", "through")
 _BREAKER_KEYS = ("threshold", "cooldown_s")
+#: Background slots beyond this many chunks are a mistake (a count of bytes, say): the staging
+#: buffer holds max_inflight + backlog_chunks chunks, allocated when the chain is built.
+MAX_BACKLOG_CHUNKS = 1 << 20
 
 
 def _seconds(where: str, name: str, value: object, *, allow_none: bool, zero_ok: bool = False) -> float | None:
@@ -39,18 +43,20 @@ def _seconds(where: str, name: str, value: object, *, allow_none: bool, zero_ok:
         isinstance(value, (int, float))
         and not isinstance(value, bool)
         and (value >= 0 if zero_ok else value > 0)
-        and value < math.inf
+        and value <= MAX_SECONDS
     ):
         return float(value)
     bound = ">= 0" if zero_ok else "> 0"
     raise TierConfigError(
-        f"{where}{name} must be a finite number of seconds {bound}{' or None' if allow_none else ''}; got {value!r}"
+        f"{where}{name} must be a number of seconds {bound} and <= {MAX_SECONDS:g}{' or None' if allow_none else ''}; "
+        f"got {value!r}"
     )
 
 
-def _int(where: str, name: str, value: object, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise TierConfigError(f"{where}{name} must be an int >= {minimum}; got {value!r}")
+def _int(where: str, name: str, value: object, minimum: int, maximum: int | None = None) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum or (maximum and value > maximum):
+        bound = f">= {minimum}" if maximum is None else f"from {minimum} to {maximum}"
+        raise TierConfigError(f"{where}{name} must be an int {bound}; got {value!r}")
     return value
 
 
@@ -172,7 +178,7 @@ class ChainConfig:
         demote = _bool("demote", demote)
         if demote and len(entries) < 2:
             raise TierConfigError("chain: demote=True needs a second tier to demote into; the chain has one")
-        backlog = _int("chain: ", "backlog_chunks", backlog_chunks, 0)
+        backlog = _int("chain: ", "backlog_chunks", backlog_chunks, 0, MAX_BACKLOG_CHUNKS)
         if backlog == 0 and len(entries) > 1 and (write == "back" or demote):
             # every background write is dropped: acknowledged chunks would live in the first tier only
             need = "write='back' (its write-backs)" if write == "back" else "demote=True (its demotions)"
@@ -189,7 +195,7 @@ class ChainConfig:
             demote=demote,
             demote_headroom_chunks=_int("chain: ", "demote_headroom_chunks", demote_headroom_chunks, 1),
             background_batch=_int("chain: ", "background_batch", background_batch, 1),
-            max_inflight=_int("chain: ", "max_inflight", max_inflight, 1),
+            max_inflight=_int("chain: ", "max_inflight", max_inflight, 1, MAX_INFLIGHT),
             store_backpressure=str(store_backpressure),
             backpressure_timeout_s=_seconds(
                 "chain: ", "backpressure_timeout_s", backpressure_timeout_s, allow_none=False, zero_ok=True

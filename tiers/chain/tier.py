@@ -123,7 +123,13 @@ class ChainTier(ChainTransfers, Lifecycle, SecondaryTierManager):
         self._pool = StagingPool(cfg.max_inflight, cfg.backlog_chunks)
         staging_spec = OffloadingSpec(offloading_spec.chunk_bytes, self._pool.size, offloading_spec.namespace)
         # page-aligned, so tiers that use O_DIRECT move chunks straight from and into it
-        self._staging = aligned_buffer(staging_spec.total_bytes)
+        try:
+            self._staging = aligned_buffer(staging_spec.total_bytes)
+        except (OSError, MemoryError, OverflowError) as e:
+            raise TierConfigError(
+                f"chain: its staging buffer of (max_inflight + backlog_chunks) = {self._pool.size} chunks "
+                f"({staging_spec.total_bytes} bytes) cannot be allocated ({e}); lower max_inflight or backlog_chunks"
+            ) from e
         self.members: list[Member] = []
         self._home_loop: object = None  # the loop it was opened on
         for i, entry in enumerate(cfg.entries):

@@ -16,6 +16,7 @@ import obstore
 from obstore.store import LocalStore
 
 from asynctier import BlockingChunkTier, ChunkError, ChunkNotFoundError, IntegrityError
+from asynctier.core.base import MAX_INFLIGHT
 from asynctier.core.validation import check_keys
 from asynctier.errors import CapacityError, TierUnavailableError
 from asynctier.integrity import ChunkHeader
@@ -122,7 +123,7 @@ class ObjTier(BlockingChunkTier):
         where = parse_url(url, store_given=store is not None)
         self.url = where.shown
         self.part_size = check_part_size(part_size, s3=where.is_s3)
-        self.part_concurrency = integer("part_concurrency", part_concurrency)
+        self.part_concurrency = integer("part_concurrency", part_concurrency, 1, MAX_INFLIGHT)
         self.deadlines = Deadlines.parse(
             timeout, connect_timeout_s, max_retries, retry_timeout_s, retry_backoff_s, retry_max_backoff_s
         )
