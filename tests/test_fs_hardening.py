@@ -262,6 +262,33 @@ async def test_file_mode_and_dir_mode_are_applied_whatever_the_umask(tmp_path: P
     assert stat.S_IMODE(chunk_file(tier, b"g0").stat().st_mode) == 0o640
 
 
+async def test_missing_parents_of_the_root_get_dir_mode_too(tmp_path: Path) -> None:
+    """The root's missing parents were made as ``mkdir -p`` makes them: 0o755, or 0o777
+    (writable by all) under umask 0; ``dir_mode`` is for every directory the tier makes."""
+    old = os.umask(0)
+    try:
+        root = tmp_path / "typo" / "deeper" / "kv"
+        tier, _ = make_tier(root, "threads")
+        async with tier:
+            assert (await tier.offload([b"p0"], [0])).ok
+    finally:
+        os.umask(old)
+    for d in (tmp_path / "typo", tmp_path / "typo" / "deeper", root):
+        assert stat.S_IMODE(d.stat().st_mode) == 0o700, d
+
+
+@pytest.mark.parametrize("where", ["root", "parent"])
+async def test_a_root_that_is_a_file_is_refused_naming_it(tmp_path: Path, where: str) -> None:
+    """Was a bare ``FileExistsError`` (the root a file) or ``NotADirectoryError`` (a parent)."""
+    afile = tmp_path / "afile"
+    afile.write_bytes(b"x")
+    tier, _ = make_tier(afile if where == "root" else afile / "kv", "threads")
+    with pytest.raises(TierConfigError, match=r"fs tier: root .*'.*afile' is a file; give a directory"):
+        async with tier:
+            pass
+    assert afile.read_bytes() == b"x"
+
+
 @pytest.mark.parametrize(
     "name, value", [("file_mode", True), ("file_mode", "0600"), ("dir_mode", 0o7777 + 1), ("dir_mode", 1.5)]
 )

@@ -209,6 +209,41 @@ async def test_file_mode_and_dir_mode_are_applied_whatever_the_umask(tmp_path: P
 
 
 @once
+async def test_missing_parents_get_dir_mode_too(tmp_path: Path) -> None:
+    """``mkdir -p`` gave the missing parents of the slab's directory and of ``index_dir`` 0o777
+    under umask 0 (writable by all); ``dir_mode`` is for every directory the tier makes."""
+    old = os.umask(0)
+    try:
+        p = tmp_path / "typo" / "deep" / "kv.slab"
+        idx = tmp_path / "idx" / "typo" / "deep"
+        tier, _ = make(p, index_dir=str(idx))
+        async with tier:
+            assert (await tier.offload([b"a"], [0])).ok
+    finally:
+        os.umask(old)
+    for d in (tmp_path / "typo", p.parent, tmp_path / "idx", tmp_path / "idx" / "typo", idx):
+        assert mode(d) == 0o700, d
+
+
+@once
+@pytest.mark.parametrize("which", ["index_dir", "slab_parent"])
+async def test_a_directory_that_is_a_file_is_refused_naming_it(tmp_path: Path, which: str) -> None:
+    """Was a bare ``FileExistsError``."""
+    afile = tmp_path / "afile"
+    afile.write_bytes(b"x")
+    if which == "index_dir":
+        tier, _ = make(tmp_path / "kv.slab", index_dir=str(afile))
+        said = r"nvme tier: index_dir '.*afile': '.*afile' is a file"
+    else:
+        tier, _ = make(afile / "kv.slab")
+        said = r"nvme tier: the slab's directory '.*afile': '.*afile' is a file"
+    with pytest.raises(TierConfigError, match=said):
+        async with tier:
+            pass
+    assert afile.read_bytes() == b"x"
+
+
+@once
 async def test_an_existing_slab_keeps_its_mode(tmp_path: Path) -> None:
     """Modes apply to what the tier creates, not to a file it is given."""
     p = tmp_path / "kv.slab"

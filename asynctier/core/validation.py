@@ -101,6 +101,33 @@ def permission_bits(name: str, value: object, owner: int = 0) -> int:
     return value
 
 
+def make_dirs(path: Path, mode: int, who: str, name: str) -> bool:
+    """Make the directory ``path`` if it is missing, and its missing parents, each with exactly
+    ``mode`` whatever the umask (``mkdir -p`` gave the parents 0o755, or 0o777 under umask 0,
+    where the tier's ``dir_mode`` is for every directory it makes); True if ``path`` itself was
+    made. A part of the path that is there and not a directory is refused, naming it and the
+    parameter ``name``."""
+    missing: list[Path] = []
+    p = path
+    while not os.path.lexists(p) and p.parent != p:
+        missing.append(p)
+        p = p.parent
+    if not p.is_dir():  # (a link to a directory is the user's name for it)
+        what = "is a file" if p.is_file() else "is not a directory"
+        raise TierConfigError(
+            f"{who}: {name} {str(path)!r}: {str(p)!r} {what}; give a directory (made, with its parents, if missing)"
+        )
+    for d in reversed(missing):
+        try:
+            os.mkdir(d, mode)
+        except FileExistsError:  # made meanwhile by another process: theirs, as it is
+            if not d.is_dir():
+                raise TierConfigError(f"{who}: {name} {str(path)!r}: {str(d)!r} is not a directory") from None
+            continue
+        os.chmod(d, mode)
+    return bool(missing) and missing[0] == path
+
+
 def check_private_dir(fd: int, path: Path, who: str) -> None:
     """Refuse (with :class:`TierConfigError` naming mode and owner) the open directory ``fd``
     if others may write into it: they could put links, FIFOs or files of their own at the

@@ -15,7 +15,7 @@ from asynctier import BlockingChunkTier, ChunkNotFoundError, TierConfigError
 from asynctier.core import Op
 from asynctier.core.backend import run_on_thread_to_end
 from asynctier.core.jobs import SKIPPED, Skipped, evened
-from asynctier.core.validation import check_bool, check_path, check_private_dir, integer, permission_bits
+from asynctier.core.validation import check_bool, check_path, check_private_dir, integer, make_dirs, permission_bits
 from asynctier.engines import Engine
 from asynctier.engines.split import SplitEngine
 from asynctier.io_engine import IoEngine, check_io_engine, runs_native
@@ -307,11 +307,8 @@ class FsTier(BlockingChunkTier):
         proto.file_mode, proto.fix_mode = self.file_mode, bool(self.file_mode & umask)
         fix_dirs = bool(self.dir_mode & umask)
         try:
-            made_root = not self.root.exists()  # the root itself may be a link: the user's path
-            self.root.mkdir(self.dir_mode, parents=True, exist_ok=True)
+            make_dirs(self.root, self.dir_mode, "fs tier", "root")  # the root may be a link: the user's path
             root_fd = os.open(self.root, os.O_RDONLY | _O_DIRECTORY | os.O_CLOEXEC)
-            if made_root and fix_dirs:
-                os.fchmod(root_fd, self.dir_mode)
             try:
                 check_private_dir(root_fd, self.root, "fs tier")
                 dfd = _subdir(root_fd, self.dir.name, self.dir_mode, fix_dirs)

@@ -15,7 +15,7 @@ import stat
 from pathlib import Path
 
 from asynctier import TierConfigError
-from asynctier.core.validation import check_private_dir
+from asynctier.core.validation import check_private_dir, make_dirs
 
 __all__ = ["IndexDir", "check_opened_slab", "create_slab", "open_dir", "slab_kind"]
 
@@ -25,16 +25,13 @@ _READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 TEMP_MARK = ".tmp."
 
 
-def open_dir(path: Path, mode: int) -> tuple[int, bool]:
+def open_dir(path: Path, mode: int, name: str) -> tuple[int, bool]:
     """Open the directory ``path`` (made with ``mode``, and any missing parents, if it is not
     there): (its descriptor, whether this call made it). A directory others may write into
     is refused. ``path`` itself may be a link: it is the user's name for the directory."""
-    made = not os.path.lexists(path)
-    path.mkdir(mode, parents=True, exist_ok=True)
+    made = make_dirs(path, mode, "nvme tier", name)  # exactly ``mode``, whatever the umask
     fd = os.open(path, os.O_RDONLY | _O_DIRECTORY | os.O_CLOEXEC)
     try:
-        if made:
-            os.fchmod(fd, mode)  # exactly ``mode``, whatever the umask
         check_private_dir(fd, path, "nvme tier")
     except BaseException:
         os.close(fd)
@@ -50,7 +47,7 @@ def slab_kind(p: Path, dir_mode: int) -> str:
     others. A link to anything but a block device, and anything but a regular file or a
     block device, is refused: the tier writes into what it opens.
     """
-    fd, _ = open_dir(p.parent, dir_mode)
+    fd, _ = open_dir(p.parent, dir_mode, "the slab's directory")
     os.close(fd)
     try:
         st = os.lstat(p)
@@ -107,8 +104,9 @@ def not_regular(path: Path, st: os.stat_result) -> TierConfigError:
 class IndexDir:
     """The directory of the checkpoint and the journal generations, held open."""
 
-    def __init__(self, path: Path, file_mode: int, dir_mode: int) -> None:
+    def __init__(self, path: Path, file_mode: int, dir_mode: int, name: str = "index_dir") -> None:
         self.path = path
+        self.name = name  # what the user called it, in errors
         self.file_mode = file_mode
         self.dir_mode = dir_mode
         self.fd = -1
@@ -116,7 +114,7 @@ class IndexDir:
         self.made = False
 
     def open(self) -> None:
-        self.fd, self.made = open_dir(self.path, self.dir_mode)
+        self.fd, self.made = open_dir(self.path, self.dir_mode, self.name)
 
     def close(self) -> None:
         if self.fd >= 0:

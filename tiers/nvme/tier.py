@@ -197,7 +197,10 @@ class NvmeTier(CoalescedJobs):
         if any(stat.S_ISBLK(p.stat().st_mode) for p in self.paths if p.exists()) and self.index_dir is None:
             raise TierConfigError("an nvme tier on a block device needs 'index_dir' for its checkpoint and journal")
         first = self.paths[0]
-        where = IndexDir(self.index_dir or first.parent, self.file_mode, self.dir_mode)
+        where = IndexDir(
+            self.index_dir or first.parent, self.file_mode, self.dir_mode,
+            "index_dir" if self.index_dir else "the slab's directory",
+        )  # fmt: skip
         where.open()  # first: a directory refused leaves the slabs untouched
         try:
             self._open_slabs(where, first.name + ".atidx")
