@@ -319,6 +319,79 @@ def test_fsck_says_so_when_the_fs_tier_removed_a_truncated_chunk_as_it_opened(tm
     assert r.exit_code == 0 and "kv: 5 chunks checked, 5 good, 0 bad: clean" in r.output, r.output
 
 
+def _fsck_config(tmp_path: Path, config: dict[str, Any]) -> Path:
+    cfg = tmp_path / "tier.toml"
+    body = "\n".join(f"{k} = {json.dumps(v)}" for k, v in config.items())
+    cfg.write_text(f'[spec]\nchunk_bytes = "64K"\nnamespace = "{NAMESPACE}"\n\n[tiers.kv]\n{body}\n')
+    return cfg
+
+
+def _snapshot(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("damage", ["superblock", "truncated", "checkpoint", "index-gone"])
+def test_fsck_reports_a_damaged_nvme_slab_and_changes_nothing(tmp_path: Path, damage: str) -> None:
+    """An open that may repair formats a slab whose superblock fails its checksum afresh,
+    grows a truncated one back, and starts a new index over a lost one: fsck did that unasked,
+    then said "clean", exit 0, and the chunks were gone for good. It opens with create=False
+    now: the damage is said, exit 1, and every byte is left as it was (--remove too)."""
+    root = tmp_path / "kv"
+    root.mkdir()
+    config = _tier_config("nvme", root)
+    asyncio.run(_fill(config, 6))
+    slab = root / "kv.slab"
+    if damage == "superblock":
+        with open(slab, "r+b") as f:
+            f.seek(40)
+            f.write(b"\xff" * 8)
+    elif damage == "truncated":
+        os.truncate(slab, 100_000)
+    elif damage == "checkpoint":
+        with open(root / "kv.slab.atidx.ckpt", "r+b") as f:
+            f.seek(60)
+            f.write(os.urandom(100))
+    else:
+        for p in root.glob("kv.slab.atidx.*"):
+            p.unlink()
+    cfg = _fsck_config(tmp_path, config)
+    before = _snapshot(root)
+    for extra in ((), ("--remove",)):
+        r = invoke("fsck", "--config", str(cfg), *extra)
+        assert r.exit_code == 1, r.output
+        assert "NOT CLEAN, damaged (left as it is)" in r.output, r.output
+        assert _snapshot(root) == before
+
+
+def test_fsck_never_formats_over_a_slab_even_if_the_config_says_reformat(tmp_path: Path) -> None:
+    """reformat=true in the tier file and a mistaken --chunk-bytes: fsck formatted the slab
+    (its chunks lost) and said "clean"."""
+    root = tmp_path / "kv"
+    root.mkdir()
+    config = _tier_config("nvme", root)
+    asyncio.run(_fill(config, 6))
+    cfg = _fsck_config(tmp_path, {**config, "reformat": True})
+    before = _snapshot(root)
+    r = invoke("fsck", "--config", str(cfg), "--chunk-bytes", "128K")
+    assert r.exit_code == 2 and "another layout" in r.output, r.output
+    assert _snapshot(root) == before
+    r = invoke("fsck", "--config", str(cfg))
+    assert r.exit_code == 0 and "kv: 6 chunks checked, 6 good, 0 bad" in r.output, r.output
+
+
+def test_fsck_evicts_nothing_when_the_config_holds_less_than_is_stored(tmp_path: Path) -> None:
+    """An fs tier file whose capacity_bytes is below what is stored: the tier's open evicted
+    down to it, and fsck reported the two chunks left as clean."""
+    root = tmp_path / "kv"
+    root.mkdir()
+    config = _tier_config("fs", root)
+    asyncio.run(_fill(config, 6))
+    before = _snapshot(root)
+    r = invoke("fsck", "--config", str(_fsck_config(tmp_path, {**config, "capacity_bytes": 3 * CHUNK})))
+    assert r.exit_code == 0 and "kv: 6 chunks checked, 6 good, 0 bad" in r.output, r.output
+    assert _snapshot(root).keys() == before.keys()
+
+
 def test_fsck_needs_the_layout(tmp_path: Path) -> None:
     cfg = tmp_path / "tier.toml"
     cfg.write_text('[tiers.kv]\ntype = "memory"\n')

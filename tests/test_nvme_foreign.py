@@ -153,7 +153,7 @@ async def test_a_failed_recovery_leaves_no_freshly_formatted_slab(tmp_path: Path
     blocker = tmp_path / "idx"
     blocker.write_bytes(b"not a directory")
     tier, _ = make(p, index_dir=str(blocker / "sub"))
-    with pytest.raises(OSError):
+    with pytest.raises(TierConfigError, match="is a file; give a directory"):
         await tier.open()
     assert not tier.is_open
     if existed:
@@ -233,3 +233,37 @@ async def test_a_slab_cut_to_its_superblock_opens_and_is_sized_again(tmp_path: P
     async with tier:
         assert (await tier.offload([b"k"], [0])).ok
     assert p.stat().st_size == slab_capacity(8)
+
+
+async def test_a_lost_index_is_counted_and_said(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A checkpoint that fails its checksum (or no index at all for a slab set of ours): the
+    chunks it listed cannot be served. That was one log line; it is counted now, for fsck
+    and for monitoring, and said as a loss."""
+    p = tmp_path / "kv.slab"
+    tier, view = make(p)
+    fill(view, CHUNK, 4)
+    async with tier:
+        assert (await tier.offload([b"a", b"b"], [0, 1])).ok
+    with open(tmp_path / "kv.slab.atidx.ckpt", "r+b") as f:
+        f.seek(60)
+        f.write(os.urandom(64))
+    tier, _ = make(p)
+    async with tier:
+        assert tier.stats().extra["index_lost_at_open"] == 1
+        assert await tier.lookup([b"a", b"b"]) == [False, False]
+    assert "the chunks it listed are lost" in caplog.text
+    tier, _ = make(p)  # its own index since: nothing lost at this open
+    async with tier:
+        assert tier.stats().extra.get("index_lost_at_open", 0) == 0
+
+
+@pytest.mark.parametrize("what", ["missing", "empty"])
+async def test_create_false_makes_nothing(tmp_path: Path, what: str) -> None:
+    p = tmp_path / "kv.slab"
+    if what == "empty":
+        p.touch()
+    tier, _ = make(p, create=False)
+    with pytest.raises(TierConfigError, match="create=False"):
+        await tier.open()
+    assert (p.exists() and p.stat().st_size == 0) if what == "empty" else not p.exists()
+    assert sorted(q.name for q in tmp_path.iterdir()) == (["kv.slab"] if what == "empty" else [])

@@ -45,6 +45,9 @@ class FsckReport:
     removed_at_open: int = 0
     #: Whether removal was asked for (then those count as bad chunks removed).
     remove: bool = False
+    #: Why the tier could not be opened for checking though it is there: damage found at open
+    #: that loses chunks (a damaged or truncated slab, a lost index), said and left as it is.
+    damaged: str | None = None
 
     @property
     def clean(self) -> bool:
@@ -53,6 +56,7 @@ class FsckReport:
             (not self.bad or self.removed == len(self.bad))
             and not self.errors
             and (self.remove or not self.removed_at_open)
+            and self.damaged is None
         )
 
 
@@ -81,6 +85,12 @@ def _build_for_check(name: str, where: str, config: Mapping[str, Any], spec: Off
         cfg["verify"] = True
     if "background_scan" in accepted:
         cfg["background_scan"] = False  # list every chunk: the index must be complete before stored_keys()
+    # never write over, format, grow or evict what is there: a check changes nothing unasked
+    for knob, value in (("reformat", False), ("create", False)):
+        if knob in accepted:
+            cfg[knob] = value
+    if "capacity_bytes" in accepted and not getattr(cls, "capacity_sizes_medium", False):
+        cfg["capacity_bytes"] = None  # (a bound smaller than what is stored evicted the rest at open)
     check_exists(where, cfg)
     scratch = aligned_buffer(spec.total_bytes)  # never touched by verify_chunks; the tier wants a view
     try:
@@ -116,9 +126,14 @@ async def _verify_all(
     name: str, tier: Any, *, remove: bool, batch: int = 1024, progress: Callable[[int, int], None] | None = None
 ) -> FsckReport:
     """Open ``tier`` (built by :func:`_build_for_check`), verify every chunk it lists, close it."""
-    from ..errors import IntegrityError, failure_kind
+    from ..errors import IntegrityError, TierStateError, failure_kind
 
     report = FsckReport(tier=name, remove=remove)
+    try:
+        await tier.open()
+    except TierStateError as e:  # damage that an open which may repair would make final
+        report.damaged = str(e)
+        return report
     async with tier:
         keys = await tier.stored_keys()  # (the index complete: the open's scan is over)
         report.removed_at_open = int(tier.stats().extra.get("scan_removed_bad", 0))
@@ -190,6 +205,9 @@ def _print_reports(reports: list[FsckReport], remove: bool) -> None:
         label = f"{r.tier} ({r.member})" if r.member else r.tier
         if r.skipped:
             click.echo(f"{label}: not checked: {r.skipped}")
+            continue
+        if r.damaged:
+            click.echo(f"{label}: NOT CLEAN, damaged (left as it is): {r.damaged}")
             continue
         state = "clean" if r.clean else "NOT CLEAN"
         click.echo(

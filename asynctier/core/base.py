@@ -65,6 +65,10 @@ class ChunkTier(Bookkeeping, Lifecycle, SecondaryTierManager):
     #: The tier enforces ``capacity_bytes`` itself (a fixed slab, its own LRU); without this
     #: or ``uses_index``, ``capacity_bytes`` is refused rather than accepted and ignored.
     handles_capacity: ClassVar[bool] = False
+    #: ``capacity_bytes`` sizes what the tier makes (a slab) rather than bounding what it
+    #: holds: ``asynctier fsck`` keeps it (it opens other tiers unbounded, so that nothing
+    #: it checks is evicted at open).
+    capacity_sizes_medium: ClassVar[bool] = False
     #: ``timeout_s`` bounds the tier's chunk I/O (the engine does for async tiers; a blocking
     #: tier's own client, as the obj tier's does). A tier whose I/O nothing cuts off sets False:
     #: ``timeout_s`` is then refused rather than accepted and ignored.

@@ -17,11 +17,11 @@ import weakref
 from collections.abc import Callable
 from types import ModuleType
 
-from asynctier import CapacityError, ChunkNotFoundError
+from asynctier import CapacityError, ChunkNotFoundError, TierStateError
 from asynctier.engines.speedups import speedups
 
 from . import bulk as _py_bulk
-from .checkpoint import read_checkpoint, write_checkpoint
+from .checkpoint import Checkpoint, read_checkpoint, write_checkpoint
 from .files import TEMP_MARK, IndexDir
 from .format import EVICT, PUBLISH, pack_record, pack_records
 from .journal import Journal, replay
@@ -46,6 +46,28 @@ Slots = dict[int, tuple[int, int]]
 # (bulk.py holds their Python references)
 _fast = speedups()
 _bulk: ModuleType = _py_bulk if _fast is None else _fast
+
+
+def find_index(
+    where: IndexDir, base: str, slab_id: bytes, nslots: int, fresh: bool
+) -> tuple[Checkpoint | None, list[int], list[str], str | None]:
+    """What the index directory holds for slab set ``slab_id``: its checkpoint (None: none
+    usable), its journal generations, every name there, and why the index is lost, if it is:
+    a checkpoint there but unusable (torn, corrupt, another set's), or none while the oldest
+    generation is not the first; every open leaves a generation or a checkpoint, so a set of
+    ours with neither lost its index (or the config names another ``index_dir``)."""
+    names = where.names()
+    head = base + ".journal."
+    gens = sorted(int(n[len(head) :]) for n in names if n.startswith(head) and n[len(head) :].isdigit())
+    ckpt = where.path / (base + ".ckpt")
+    ck = None if fresh else read_checkpoint(ckpt, where=where)
+    if ck is not None and (ck.slab_id != slab_id or ck.nslots != nslots):
+        ck = None
+    lost = None
+    if not fresh and ck is None and (ckpt.name in names or not gens or gens[0] > 1):
+        why = "unusable (torn, corrupt, or another slab set's)" if ckpt.name in names else "missing"
+        lost = f"the index's checkpoint {str(ckpt)!r} is {why}"
+    return ck, gens, names, lost
 
 
 class Catalog:
@@ -82,20 +104,32 @@ class Catalog:
         self._finalizer: weakref.finalize[..., Catalog] | None = None
 
     # -- recovery and lifetime ---------------------------------------------------------------
+    @staticmethod
+    def check_index(where: IndexDir, base: str, slab_id: bytes, nslots: int) -> None:
+        """Refuse (:class:`TierStateError`) to go on with the slab set ``slab_id`` whose index
+        is lost (:func:`find_index`): an open that may not create (``create=False``) checks
+        this before it writes anything."""
+        lost = find_index(where, base, slab_id, nslots, False)[3]
+        if lost:
+            raise TierStateError(
+                f"nvme: {lost}: the chunks it listed cannot be served, and an open that may create starts "
+                "without them. Nothing was written (create=False)"
+            )
+
     def recover(self, fresh: bool) -> None:
         """Rebuild the index (checkpoint, then every journal generation from its own on) and
-        open the journal for appending; ``fresh``: a new slab set, so forget any old files."""
+        open the journal for appending; ``fresh``: a new slab set, so forget any old files.
+        An index found lost (:func:`find_index`) is counted (``index_lost_at_open``): the
+        chunks it held cannot be served, and their slots are reused."""
         where, journal, nslots = self.where, self.journal, self.index.nslots
-        names = where.names()
-        head = self.base + ".journal."
-        gens = sorted(int(n[len(head) :]) for n in names if n.startswith(head) and n[len(head) :].isdigit())
+        ck, gens, names, lost = find_index(where, self.base, self.slab_id, nslots, fresh)
         for n in names:  # temporaries of checkpoints a crash interrupted
             if n.startswith(self.ckpt_path.name + TEMP_MARK):
                 where.unlink(n)
         idx = self.index
-        ck = None if fresh else read_checkpoint(self.ckpt_path, where=where)
-        if ck is not None and (ck.slab_id != self.slab_id or ck.nslots != nslots):
-            ck = None
+        if lost:
+            log.warning("nvme: %s: the chunks it listed are lost", lost)
+            self._count("index_lost_at_open", 1)
         start_gen = 1
         if ck is not None:
             idx.load(ck)

@@ -39,16 +39,17 @@ def open_dir(path: Path, mode: int, name: str) -> tuple[int, bool]:
     return fd, made
 
 
-def slab_kind(p: Path, dir_mode: int) -> str:
+def slab_kind(p: Path, dir_mode: int, *, create: bool = True) -> str:
     """What is at the slab path ``p``: ``"new"`` (nothing: a file to create), ``"file"``, or
     ``"device"`` (a block device, or a link to one: the names under /dev/disk/ are links).
 
-    The slab's directory is made if missing (with ``dir_mode``) and must not be writable by
-    others. A link to anything but a block device, and anything but a regular file or a
-    block device, is refused: the tier writes into what it opens.
+    The slab's directory is made if missing (with ``dir_mode``; not without ``create``) and
+    must not be writable by others. A link to anything but a block device, and anything but
+    a regular file or a block device, is refused: the tier writes into what it opens.
     """
-    fd, _ = open_dir(p.parent, dir_mode, "the slab's directory")
-    os.close(fd)
+    if create or p.parent.is_dir():
+        fd, _ = open_dir(p.parent, dir_mode, "the slab's directory")
+        os.close(fd)
     try:
         st = os.lstat(p)
     except FileNotFoundError:

@@ -103,13 +103,18 @@ class SlabSet:
         self._made: list[tuple[Path, bool]] = []
 
     # -- open / close --------------------------------------------------------------------------
-    def open(self, capacity_bytes: int | None, chunk_bytes: int, layout_digest: bytes, *, reformat: bool) -> bool:
+    def open(
+        self, capacity_bytes: int | None, chunk_bytes: int, layout_digest: bytes, *, reformat: bool,
+        create: bool = True, before_write: Callable[[bytes, int], None] | None = None,
+    ) -> bool:  # fmt: skip
         """Open every slab, check or write the superblocks and bump the epoch (so sequence
         numbers are never reused); True if the set was formatted afresh (no index to recover).
 
         Slabs of another layout, and files or devices that are not slabs, are refused with
         :class:`TierConfigError` (nothing written) unless ``reformat``. On any failure the
-        files this open created are removed (see :meth:`abandon`).
+        files this open created are removed (see :meth:`abandon`). Without ``create``, a set
+        that would be created, formatted afresh or grown is refused instead, nothing written.
+        ``before_write(slab_id, nslots)`` is called on a set reused, before anything is written.
         """
         self.direct = bool(self.direct_io and O_DIRECT)
         self.copies = True
@@ -120,7 +125,7 @@ class SlabSet:
         try:
             found: list[int] = []  # each slab's size as found
             for p in self.paths:
-                fd, cur = self._open_one(p)
+                fd, cur = self._open_one(p, create)
                 self.fds.append(fd)
                 found.append(cur)
             if not self.direct:  # one path refused O_DIRECT: one mode for all (chunks go unbounced)
@@ -144,11 +149,21 @@ class SlabSet:
             self._hdr = geo.hdr_area
             self.run_slots = min(RUN_MAX, -(-BUFFERED_RUN_BYTES // geo.slot_size)) if self.copies else RUN_MAX
             fresh = self._adopt([self._look(fd, cur) for fd, cur in zip(self.fds, found)], chunk_bytes,
-                                layout_digest, reformat)  # fmt: skip
+                                layout_digest, reformat, create)  # fmt: skip
+            short = [(p, cur, size) for p, cur, size in zip(self.paths, found, sizes) if cur < size]
+            if short and not create:
+                p, cur, size = short[0]
+                raise TierStateError(
+                    f"nvme: {str(p)!r} is {cur} bytes, shorter than its share of the slab set ({size}): truncated, "
+                    "the slots past its end are lost. Nothing was written (create=False); an open that may "
+                    "create grows it back"
+                )
             if fresh:
                 self.slab_id = uuidlib.uuid4().bytes
                 self.epoch = 0
                 log.info("nvme: formatting %s (%d slots of %d bytes)", self.paths, geo.nslots, geo.slot_size)
+            if not fresh and before_write is not None:
+                before_write(self.slab_id, geo.nslots)
             self.epoch += 1
             # superblocks before sizing: a process killed in between leaves a slab of ours (or an
             # empty file), never a file of zeros that the next open would take for foreign data
@@ -159,11 +174,13 @@ class SlabSet:
             raise
         return fresh
 
-    def _open_one(self, p: Path) -> tuple[int, int]:
-        """Open one slab, creating a file that is not there; (fd, its size as found). Never
-        through a link (except one to a block device), never a FIFO or directory
-        (:func:`.files.slab_kind`)."""
-        kind = slab_kind(p, self.dir_mode)
+    def _open_one(self, p: Path, create: bool) -> tuple[int, int]:
+        """Open one slab, creating a file that is not there (with ``create``); (fd, its size
+        as found). Never through a link (except one to a block device), never a FIFO or
+        directory (:func:`.files.slab_kind`)."""
+        kind = slab_kind(p, self.dir_mode, create=create)
+        if kind == "new" and not create:
+            raise TierConfigError(f"nvme: no slab at {str(p)!r} (create=False: nothing is made)")
         if kind == "new":
             create_slab(p, self.file_mode)
             self._made.append((p, True))
@@ -188,6 +205,9 @@ class SlabSet:
             os.close(fd)
             raise
         if kind == "file" and cur == 0:
+            if not create:
+                os.close(fd)
+                raise TierConfigError(f"nvme: {str(p)!r} is empty: no slab set there (create=False: nothing is made)")
             self._made.append((p, False))  # an empty file given: emptied again if the open fails
         return fd, cur
 
@@ -225,7 +245,9 @@ class SlabSet:
         sb = Superblock.unpack(buf[:got])
         return sb if sb is not None else "damaged"
 
-    def _adopt(self, found: list[Superblock | str], chunk_bytes: int, layout_digest: bytes, reformat: bool) -> bool:
+    def _adopt(
+        self, found: list[Superblock | str], chunk_bytes: int, layout_digest: bytes, reformat: bool, create: bool
+    ) -> bool:
         """Reuse the slab set found (False), format it afresh (True: empty or damaged slabs,
         or ``reformat``), or refuse with an error that says what is there."""
         problems: list[str] = []
@@ -254,6 +276,13 @@ class SlabSet:
             self.slab_id = ours[0].slab_id
             self.epoch = max(sb.epoch for sb in ours)
             return False
+        if not create:
+            said = ", ".join(f"{p}: {w if isinstance(w, str) else 'ours'}" for p, w in zip(self.paths, found))
+            raise TierStateError(
+                f"nvme: an incomplete or damaged slab set ({said}): a superblock fails its checksum or a slab "
+                "of the set is missing, so none of its chunks can be served, and an open that may create formats "
+                "it afresh. Nothing was written (create=False)"
+            )
         if ours or "damaged" in found:
             log.warning("nvme: %s: an incomplete or damaged slab set; formatting it afresh", self.paths)
         return True

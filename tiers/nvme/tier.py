@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import stat
 from collections.abc import Callable, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -67,6 +68,11 @@ class NvmeTier(CoalescedJobs):
             (a slab of another namespace, chunk size or capacity, or a file or device that is
             not a slab); default False: refuse with an error saying what is there. A slab set
             of this layout is reused either way.
+        create: default True: create a slab that is not there, format an empty or damaged
+            set afresh, grow a file shorter than its share. False (what ``asynctier fsck``
+            opens with): open only a whole slab set of this layout that is there, and write
+            nothing if it is not: a missing or empty slab is a :class:`TierConfigError`, a
+            damaged or truncated one a :class:`TierStateError` that says what is lost.
         io_engine: ``"auto"`` (default), ``"native"`` or ``"threads"``. ``"threads"``:
             ``preadv``/``pwritev`` on ``max_inflight`` Python worker threads (``"psync"``, the
             former name, still works with a DeprecationWarning). ``"native"``: loads and
@@ -94,6 +100,7 @@ class NvmeTier(CoalescedJobs):
     default_type = "nvme"
     supported_durability = ("none", "fsync")
     handles_capacity = True  # the slab's size: its slots are the bound
+    capacity_sizes_medium = True
     applies_timeout = False  # (local I/O: nothing cuts a system call off)
     frames_own_bytes = True  # the slot header is placed here, beside the payload (zero-copy)
 
@@ -109,6 +116,7 @@ class NvmeTier(CoalescedJobs):
         evict_batch: int = 16,
         coalesce_bytes: int = 1 << 20,
         reformat: bool = False,
+        create: bool = True,
         io_engine: str = "auto",
         worker_nice: int = 5,
         file_mode: int = 0o600,
@@ -118,7 +126,12 @@ class NvmeTier(CoalescedJobs):
         super().__init__(**kwargs)
         self.paths = _slab_paths(path, paths)
         self.index_dir = check_path("index_dir", index_dir) if index_dir is not None else None
-        for name, v in (("preallocate", preallocate), ("direct_io", direct_io), ("reformat", reformat)):
+        for name, v in (
+            ("preallocate", preallocate),
+            ("direct_io", direct_io),
+            ("reformat", reformat),
+            ("create", create),
+        ):
             check_bool(name, v)
         self.file_mode = permission_bits("file_mode", file_mode, 0o600)
         self.dir_mode = permission_bits("dir_mode", dir_mode, 0o700)
@@ -130,6 +143,7 @@ class NvmeTier(CoalescedJobs):
         self.preallocate = preallocate
         self.direct_io = direct_io
         self.reformat = reformat
+        self.create = create
         self.checkpoint_every = checkpoint_every
         self.evict_batch = evict_batch
         if isinstance(coalesce_bytes, bool) or not isinstance(coalesce_bytes, int) or coalesce_bytes < 0:
@@ -201,6 +215,10 @@ class NvmeTier(CoalescedJobs):
             self.index_dir or first.parent, self.file_mode, self.dir_mode,
             "index_dir" if self.index_dir else "the slab's directory",
         )  # fmt: skip
+        if not self.create and not where.path.is_dir():
+            raise TierConfigError(
+                f"nvme: {where.name} {str(where.path)!r} is not there (create=False: nothing is made)"
+            )
         where.open()  # first: a directory refused leaves the slabs untouched
         try:
             self._open_slabs(where, first.name + ".atidx")
@@ -210,7 +228,10 @@ class NvmeTier(CoalescedJobs):
 
     def _open_slabs(self, where: IndexDir, base: str) -> None:
         spec, slabs = self.offloading_spec, self._slabs
-        fresh = slabs.open(self.capacity_bytes, spec.chunk_bytes, spec.layout_digest, reformat=self.reformat)
+        fresh = slabs.open(
+            self.capacity_bytes, spec.chunk_bytes, spec.layout_digest, reformat=self.reformat, create=self.create,
+            before_write=None if self.create else partial(Catalog.check_index, where, base),
+        )  # fmt: skip
         assert slabs.geo is not None
         cat = Catalog(
             where,
