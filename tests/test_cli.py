@@ -919,3 +919,62 @@ def test_bench_runs_a_chain_by_type_and_from_a_tier_file(tmp_path: Path) -> None
     assert report["tiers"]["half"]["status"] == "skipped"
     assert "no_such_module_anywhere" in report["tiers"]["half"]["reason"]
     assert report["tiers"]["kv"]["config"]["tiers"][1]["root"] == "{dir}/disk"
+
+
+# -- ends every command shares: a closed stdout, Ctrl-C ----------------------------------------------
+def _cli(shell: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    exe = Path(sys.executable).with_name("asynctier")
+    return subprocess.run(
+        ["bash", "-c", f"set -o pipefail; {shell.replace('{at}', str(exe))}"],
+        capture_output=True, text=True, timeout=120, cwd=tmp_path,
+    )  # fmt: skip
+
+
+def test_a_reader_that_closes_stdout_early_ends_with_3_quietly(tmp_path: Path) -> None:
+    """``asynctier info | true`` exited 1 (which says the data did not verify) through rich's
+    or click's own handling; now 3 (an output could not be written), no traceback."""
+    r = _cli("{at} info | true", tmp_path)
+    assert r.returncode == 3, (r.returncode, r.stderr)
+    assert "Traceback" not in r.stderr
+
+
+def test_bench_writes_its_files_before_a_closed_stdout_can_stop_it(tmp_path: Path) -> None:
+    out = tmp_path / "run.json"
+    r = _cli("{at} bench -q --no-fio --no-naive --tier memory --chunk-sizes 64K --depths 1 "
+             f"--data-size 256K --json {out} | true", tmp_path)  # fmt: skip
+    assert r.returncode == 3, (r.returncode, r.stderr)
+    assert json.loads(out.read_text())["points"], "the --json file was not written"
+
+
+def test_ctrl_c_ends_a_command_with_130(monkeypatch: pytest.MonkeyPatch) -> None:
+    """click's own status for an interrupt is 1, which here says the data did not verify."""
+    from asynctier.cli import info as info_module
+
+    def interrupted() -> list[tuple[str, str]]:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(info_module, "native_parts", interrupted)
+    r = CliRunner().invoke(main, ["info"])
+    assert r.exit_code == 130, r.output
+    assert "interrupted" in r.output
+
+
+def test_bench_says_4_when_a_tier_will_not_open_and_refuses_a_deep_missing_root(tmp_path: Path) -> None:
+    """A tier whose medium does not open is exit 4 (it was 1, "data did not verify", though
+    nothing moved); a root whose parent is missing too is refused (exit 2), as --root is."""
+    afile = tmp_path / "afile"
+    afile.write_bytes(b"x")
+    cfg = tmp_path / "t.toml"
+    cfg.write_text(f'[tiers.kv]\ntype = "fs"\nroot = "{afile}"\n')
+    r = CliRunner().invoke(main, ["bench", "--config", str(cfg), *QUICK, "--no-naive", "-q"])
+    assert r.exit_code == 4, r.output
+    assert "could not be built or opened" in r.output
+    cfg.write_text(f'[tiers.kv]\ntype = "fs"\nroot = "{tmp_path}/no/such"\n')
+    r = CliRunner().invoke(main, ["bench", "--config", str(cfg), *QUICK, "--no-naive", "-q"])
+    assert r.exit_code == 2 and "neither does its parent" in r.output, r.output
+    assert not (tmp_path / "no").exists()
+
+
+def test_bench_refuses_a_data_size_beyond_the_machines_memory() -> None:
+    r = CliRunner().invoke(main, ["bench", "--tier", "memory", "--no-fio", "--data-size", "64T", "-q"])
+    assert r.exit_code == 2 and "more than this machine's memory" in r.output, r.output

@@ -244,7 +244,7 @@ async def test_a_lost_index_is_counted_and_said(tmp_path: Path, caplog: pytest.L
     fill(view, CHUNK, 4)
     async with tier:
         assert (await tier.offload([b"a", b"b"], [0, 1])).ok
-    with open(tmp_path / "kv.slab.atidx.ckpt", "r+b") as f:
+    with open(tmp_path / "kv.slab.atidx.ckpt", "r+b") as f:  # noqa: ASYNC230 (a test's setup)
         f.seek(60)
         f.write(os.urandom(64))
     tier, _ = make(p)
@@ -266,4 +266,4 @@ async def test_create_false_makes_nothing(tmp_path: Path, what: str) -> None:
     with pytest.raises(TierConfigError, match="create=False"):
         await tier.open()
     assert (p.exists() and p.stat().st_size == 0) if what == "empty" else not p.exists()
-    assert sorted(q.name for q in tmp_path.iterdir()) == (["kv.slab"] if what == "empty" else [])
+    assert sorted(q.name for q in tmp_path.iterdir()) == (["kv.slab"] if what == "empty" else [])  # noqa: ASYNC240

@@ -13,8 +13,9 @@ import os
 import resource
 import shutil
 import subprocess
+import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -132,6 +133,7 @@ def run_fio(
     fsync_at_end: bool = True,
     runtime_s: float | None = None,
     file_per_block: bool = False,
+    started: Callable[[subprocess.Popen[str]], None] | None = None,
 ) -> FioResult:
     """Run one fio job on a file in ``directory`` and return its figures.
 
@@ -144,6 +146,7 @@ def run_fio(
     opened in turn (``depth`` open at a time): the layout of a file-per-chunk tier, as a
     reference for what one file per chunk costs on this file system. A write job creates
     each file as it opens it (``create_on_open``), inside the measured time, as a tier does.
+    ``started(process)`` is told the fio process as it starts (to stop it from another thread).
     """
     directory = Path(directory).absolute()  # fio runs with this cwd: a relative path would resolve twice
     directory.mkdir(parents=True, exist_ok=True)
@@ -157,8 +160,17 @@ def run_fio(
     # cwd: fio writes to a path named like the job ("asynctier") instead of "asynctier.0.0" when
     # one exists in its cwd and is not a regular file (the package directory, run from the
     # repository root): every job then overwrote one file that was never deleted
-    out = subprocess.run(args, check=True, capture_output=True, text=True, timeout=600, cwd=directory)
-    data = json.loads(out.stdout[out.stdout.index("{") :])
+    with subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=directory) as proc:
+        if started is not None:
+            started(proc)
+        try:
+            stdout, stderr = proc.communicate(timeout=600)
+        except BaseException:
+            proc.kill()
+            raise
+    if proc.returncode:
+        raise subprocess.CalledProcessError(proc.returncode, args, stdout, stderr)
+    data = json.loads(stdout[stdout.index("{") :])
     job = data["jobs"][0]
     side = job["write"] if "write" in rw else job["read"]
     pct = side.get("clat_ns", {}).get("percentile", {})
@@ -234,6 +246,15 @@ def _device_stat(path: str | os.PathLike[str]) -> Path | None:
 SETTLE_LIMIT_S = 15.0
 
 
+#: Set to end every :func:`settle` at once (an interrupted run: the process waits for its threads at exit).
+_STOP_SETTLING = threading.Event()
+
+
+def stop_settling() -> None:
+    """End the waits of :func:`settle`, now and from now on (the run is over)."""
+    _STOP_SETTLING.set()
+
+
 def settle(path: str | os.PathLike[str], *, quiet_s: float = 0.3, limit_s: float = SETTLE_LIMIT_S) -> float:
     """Flush the file system holding ``path`` and wait until its device is idle.
 
@@ -250,7 +271,7 @@ def settle(path: str | os.PathLike[str], *, quiet_s: float = 0.3, limit_s: float
     if stat is None:
         return time.monotonic() - t0
     last, quiet_since = None, time.monotonic()
-    while time.monotonic() - t0 < limit_s:
+    while time.monotonic() - t0 < limit_s and not _STOP_SETTLING.is_set():
         fields = stat.read_text().split()
         ios = (fields[0], fields[4], fields[11] if len(fields) > 11 else "")  # reads, writes, discards done
         busy = fields[8] != "0"  # requests in flight
@@ -259,7 +280,7 @@ def settle(path: str | os.PathLike[str], *, quiet_s: float = 0.3, limit_s: float
             last, quiet_since = ios, now
         elif now - quiet_since >= quiet_s:
             break
-        time.sleep(0.05)
+        _STOP_SETTLING.wait(0.05)
     return time.monotonic() - t0
 
 

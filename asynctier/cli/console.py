@@ -16,10 +16,15 @@ def output_console() -> Any:
     """A console for results on stdout: the terminal's width, COLUMNS when set, else :data:`PIPE_WIDTH`."""
     from rich.console import Console
 
-    console = Console()
+    class _Output(Console):
+        def on_broken_pipe(self) -> None:
+            # rich exits with 1 (here: the data did not verify); the command group says 3
+            raise BrokenPipeError
+
+    console = _Output()
     columns = os.environ.get("COLUMNS", "")
     if not console.is_terminal and not columns.isdigit():
-        console = Console(width=PIPE_WIDTH)
+        console = _Output(width=PIPE_WIDTH)
     return console
 
 

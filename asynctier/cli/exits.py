@@ -26,6 +26,8 @@ class ExitCode(IntEnum):
     #: The command could not go on: an I/O error outside the chunk transfers (the root vanished, a
     #: tier could not open its medium), or no tier could run at all.
     CANNOT_RUN = 4
+    #: Interrupted (Ctrl-C, SIGINT): 128 + the signal's number, as a shell reports it.
+    INTERRUPTED = 130
 
 
 #: The exit codes as ``--help`` shows them (``\b`` keeps click from rewrapping the lines).
@@ -35,7 +37,9 @@ Exit status:
   1  data did not verify (a chunk failed or came back different; fsck: bad chunks remain)
   2  usage or configuration error, found before any byte moved
   3  data verified, but an output file could not be written
-  4  could not run (I/O error outside the chunk transfers, or no tier could run)"""
+  4  could not run (I/O error outside the chunk transfers, or no tier could run)
+  130 interrupted (Ctrl-C)
+  A reader that closes standard output early (| head) ends the command with 3, quietly."""
 
 
 class CliError(click.ClickException):

@@ -18,8 +18,9 @@ from ...core import MAX_INFLIGHT
 from ...errors import TierConfigError
 from ..exits import EXIT_CODES_HELP, CliError, ExitCode
 from ..options import csv_callback, import_path_option, listed, positive_int, run_async, size_callback
+from ..roots import check_creatable
 from ..sizes import parse_size, short_size
-from ..tierfile import TierFile, load_tier_file, resolve_tiers, substitute
+from ..tierfile import TierFile, load_tier_file, resolve_tiers, substitute, uses_dir
 from .plan import DEFAULT_CHUNK_SIZES, DEFAULT_DATA_BYTES, DEFAULT_DEPTHS, BenchOptions, Plan
 
 __all__ = ["bench"]
@@ -116,14 +117,32 @@ def _check_tiers(opts: BenchOptions, named: tuple[str, ...], tfile: TierFile | N
         )
         try:
             SecondaryTierFactory.create_secondary_tier(cfg, aligned_buffer(chunk), spec)
+            # a root given as it is (not under --root) is made only where its parent exists
+            check_creatable(f"[tiers.{name}]", {k: v for k, v in opts.tiers[name].items() if not uses_dir(v)})
         except TierConfigError as e:
             raise click.BadParameter(f"{name!r}: {e}", param_hint="--tier" if name in named else "--config") from None
         except Exception:  # anything else shows at the tier's first point, as a failed point
             pass
+    need, have = opts.max_point_bytes(), _memory_bytes()
+    if have and need > have:
+        raise click.BadParameter(
+            f"a point needs a primary buffer of {need} bytes, more than this machine's memory ({have}); "
+            "use a smaller --data-size",
+            param_hint="--data-size",
+        )
 
 
-def _write_outputs(report: Any, outputs: dict[str, str | None]) -> list[str]:
-    """Write every file asked for; returns one line per file that could not be written."""
+def _memory_bytes() -> int:
+    """This machine's memory in bytes (0: unknown)."""
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return 0
+
+
+def _write_outputs(report: Any, outputs: dict[str, str | None], said: list[str]) -> list[str]:
+    """Write every file asked for; returns one line per file that could not be written (said
+    on stderr at once); ``said`` gets the lines for stdout (the files written)."""
     from .outputs import write_json, write_markdown, write_plot
 
     writers: dict[str, Callable[[Any, str], None]] = {
@@ -141,7 +160,7 @@ def _write_outputs(report: Any, outputs: dict[str, str | None]) -> list[str]:
             failed.append(f"could not write {flag} {path}: {e}")
             click.echo(failed[-1], err=True)
         else:
-            click.echo(f"wrote {path}")
+            said.append(f"wrote {path}")
     return failed
 
 
@@ -325,14 +344,24 @@ def bench(
     from ..console import output_console
     from .tables import render_tables
 
+    said: list[str] = []
+    failed_outputs = _write_outputs(report, outputs, said)  # first: a reader may close stdout early
     out = output_console()
     for renderable in render_tables(report, out.width):
         out.print(renderable)
-    failed_outputs = _write_outputs(report, outputs)
+    for line in said:
+        click.echo(line)
     if not report.points:
         raise CliError("no tier ran (see the skipped tiers above)", ExitCode.CANNOT_RUN)
     if not report.ok:
-        bad = sum(not p.ok for p in report.points)
-        raise CliError(f"{bad} of {len(report.points)} points did not verify (see FAILED above)", ExitCode.NOT_VERIFIED)
+        bad = [p for p in report.points if not p.ok]
+        if all(p.failed_at_open for p in bad):  # nothing moved: the medium would not open
+            raise CliError(
+                f"{len(bad)} of {len(report.points)} points: the tier could not be built or opened (see FAILED above)",
+                ExitCode.CANNOT_RUN,
+            )
+        raise CliError(
+            f"{len(bad)} of {len(report.points)} points did not verify (see FAILED above)", ExitCode.NOT_VERIFIED
+        )
     if failed_outputs:
         raise CliError(f"{len(failed_outputs)} output file(s) could not be written", ExitCode.OUTPUT_FAILED)

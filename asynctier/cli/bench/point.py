@@ -236,12 +236,14 @@ class PointRun:
         """Measure the point; never raises for the tier's failures (they mark the point failed)."""
         res = self.res
         self.pointdir.mkdir(parents=True, exist_ok=True)
+        opened = False
         try:
             spec = OffloadingSpec(self.chunk, self.chunks, namespace=f"asynctier/bench/{self.run_id}")
             tier = SecondaryTierFactory.create_secondary_tier(
                 self._tier_config(), self.primary.view[: self.nbytes], spec
             )
             async with tier:
+                opened = True
                 self.primary.restore()
                 if self.local:  # the previous point's deletes are not this one's to pay for
                     await asyncio.to_thread(benchkit.settle, self.pointdir)
@@ -260,6 +262,7 @@ class PointRun:
             res.ok = True
         except Exception as e:
             res.error = f"{type(e).__name__}: {e}"
+            res.failed_at_open = not opened
         finally:
             self.progress.advance(max(0, self._left))
             self.primary.restore()

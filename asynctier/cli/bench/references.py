@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import shutil
+import subprocess
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -26,14 +28,44 @@ class FioState:
         #: Engines the plan counted bytes for at every point, whether or not each still runs.
         self.planned = len(engines)
         self.notes: list[str] = []
+        self._busy = threading.Lock()  # held while a job runs (on a thread)
+        self._proc: subprocess.Popen[str] | None = None
+        self._stopped = False
+
+    def stop(self) -> None:
+        """End the run's fio work (the run was interrupted): the job running is killed, no
+        other starts, and this returns once its thread is out of fio's directory (a job that
+        went on made it again after the run removed it)."""
+        self._stopped = True
+        proc = self._proc
+        if proc is not None:
+            proc.kill()
+        with self._busy:
+            pass
+
+    def _started(self, proc: subprocess.Popen[str]) -> None:
+        self._proc = proc
+        if self._stopped:
+            proc.kill()
 
     def best(self, directory: Path, rw: str, chunk: int, depth: int, size: int) -> dict[str, Any] | None:
         """Best of the engines for one job (blocking: run it on a thread)."""
+        with self._busy:
+            return self._best(directory, rw, chunk, depth, size)
+
+    def _best(self, directory: Path, rw: str, chunk: int, depth: int, size: int) -> dict[str, Any] | None:
         best: benchkit.FioResult | None = None
         for engine in list(self.engines):
+            if self._stopped:
+                return None
             try:
-                r = benchkit.run_fio(directory, rw=rw, bs=chunk, iodepth=depth, size=size, ioengine=engine, direct=True)
+                r = benchkit.run_fio(
+                    directory, rw=rw, bs=chunk, iodepth=depth, size=size, ioengine=engine, direct=True,
+                    started=self._started,
+                )  # fmt: skip
             except Exception as e:  # e.g. io_uring refused by the kernel or a sandbox
+                if self._stopped:
+                    return None
                 self.engines.remove(engine)
                 self.notes.append(f"fio engine {engine} failed ({type(e).__name__}); not used")
                 continue

@@ -87,6 +87,8 @@ class PointResult:
     chunks: int
     ok: bool = False
     error: str | None = None
+    #: The tier could not be built or opened: nothing moved (exit status 4, not 1).
+    failed_at_open: bool = False
     offload: Phase | None = None
     #: Offload throughput before the final flush (what the caller saw return).
     offload_returned_bytes_per_s: float = 0.0

@@ -170,7 +170,12 @@ async def run_bench(opts: BenchOptions, progress: Progress | None = None, plan: 
         ctx = {"fio": fio, "workdir": workdir, "run_id": run_id, "progress": prog}
         for point in opts.points():
             await _sweep_point(plan, report, primary, point, ctx)
+    except BaseException:  # interrupted: what runs on threads ends now, not at the process's exit
+        benchkit.stop_settling()
+        raise
     finally:
+        if fio is not None:  # (an interrupted run: its fio job must not outlive the directory)
+            await asyncio.to_thread(fio.stop)
         await asyncio.to_thread(shutil.rmtree, workdir, True)
         if own_root:
             await asyncio.to_thread(shutil.rmtree, root, True)
