@@ -872,3 +872,71 @@ async def test_a_cancelled_native_call_withdraws_its_queued_chunks_and_leaves_ea
         for cid in ids:
             i = cid - n
             assert bytes(view[cid * 4096 : (cid + 1) * 4096]) == bytes(view[i * 4096 : (i + 1) * 4096])
+
+
+@pytest.mark.parametrize(("home", "other"), [("asyncio", "asyncio"), ("trio", "trio"), ("trio", "asyncio")])
+def test_a_threads_engine_tier_closes_while_another_loop_has_a_call_in_flight(home: str, other: str) -> None:
+    """The threads engine serves any loop. A call from a second loop's thread was counted
+    without a lock, and the close's drain() was woken from that thread with its own loop's
+    Event: aclose() on the opening loop never returned (or trio's Event raised in the other
+    thread, losing that call's result)."""
+    from asynctier import SecondaryTierFactory
+
+    spec = OffloadingSpec(1 << 20, 8, namespace="test/two-loops")
+    buf = bytearray(spec.total_bytes)
+    tier = SecondaryTierFactory.create_secondary_tier({"type": "memory", "max_inflight": 1}, memoryview(buf), spec)
+    started, got = threading.Event(), []
+
+    def elsewhere() -> None:
+        async def call() -> None:
+            started.set()
+            got.append(await tier.offload([b"k%d" % i for i in range(8)], list(range(8))))
+
+        _run_on(other, call)
+
+    async def main() -> None:
+        await tier.open()
+        t = threading.Thread(target=elsewhere)
+        t.start()
+        await anyio.to_thread.run_sync(started.wait)
+        with anyio.fail_after(20):
+            await tier.aclose()
+        await anyio.to_thread.run_sync(t.join)
+
+    _run_on(home, main)
+    assert len(got) == 1 and got[0].ok, got
+
+
+def test_a_keyboard_interrupt_on_trio_returns_only_once_no_io_touches_the_buffer() -> None:
+    """trio raises a KeyboardInterrupt into the task blocked in a call: the call let it
+    through at once, with its queued jobs left to run into the caller's buffer after."""
+    import signal
+
+    import trio
+
+    from asynctier import SecondaryTierFactory
+
+    spec = OffloadingSpec(1 << 20, 64, namespace="test/ki")
+    buf = bytearray(spec.total_bytes)
+    tier = SecondaryTierFactory.create_secondary_tier({"type": "memory", "max_inflight": 1}, memoryview(buf), spec)
+    keys = [b"k%d" % i for i in range(64)]
+    seen: dict[str, Any] = {}
+
+    async def main() -> None:
+        async with tier:
+            assert (await tier.offload(keys, list(range(64)))).ok
+            threading.Timer(0.002, lambda: signal.raise_signal(signal.SIGINT)).start()
+            try:
+                await tier.load(keys, list(range(64)))
+            except KeyboardInterrupt:
+                seen["interrupted"] = True
+                s = tier.stats()
+                seen["at_return"] = (s.in_flight, s.queued)
+                buf[:] = b"\xee" * len(buf)
+                await trio.sleep(0.3)
+                seen["untouched"] = buf.count(b"\xee") == len(buf)
+
+    trio.run(main)
+    if "interrupted" not in seen:  # the load ended before the signal came: nothing to see
+        pytest.skip("the load ended before the interrupt")
+    assert seen["at_return"] == (0, 0) and seen["untouched"], seen

@@ -110,14 +110,15 @@ def loop_soon() -> LoopCaller:
 
 
 async def wait_uninterrupted(event: Event) -> BaseException | None:
-    """Wait until ``event`` is set, whatever cancellation comes; return the first
-    cancellation that came (the caller re-raises it), or None."""
+    """Wait until ``event`` is set, whatever cancellation or KeyboardInterrupt comes; return
+    the first that came (the caller re-raises it), or None."""
     cancelled: BaseException | None = None
     while not event.is_set():
         try:
             with anyio.CancelScope(shield=True):
                 await event.wait()
-        except anyio.get_cancelled_exc_class() as e:  # asyncio's task.cancel() pierces the shield
+        # asyncio's task.cancel() pierces the shield; trio raises a KeyboardInterrupt into it
+        except (anyio.get_cancelled_exc_class(), KeyboardInterrupt) as e:
             if cancelled is None:
                 cancelled = e
     return cancelled

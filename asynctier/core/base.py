@@ -10,6 +10,7 @@ instead; the hooks a subclass may override are listed in docs/writing-a-tier.md.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 import weakref
 from collections.abc import Callable, Sequence
@@ -24,7 +25,7 @@ from ..errors import BackpressureError, TierClosedError, TierConfigError
 from ..lru import LRUIndex
 from ..spec import OffloadingSpec
 from ..stats import StatsRecorder, TierStats, TransferResult
-from .backend import run_to_completion
+from .backend import LoopCaller, loop_caller, run_to_completion
 from .bookkeeping import Bookkeeping
 from .framing import Framing
 from .jobs import CANCELLED, SKIPPED, Batch, Job, Outcomes, Skipped
@@ -144,8 +145,11 @@ class ChunkTier(Bookkeeping, Lifecycle, SecondaryTierManager):
         self._init_lifecycle()
         self._engine: Engine | None = None
         self._new_batch: Callable[[int, Op], Batch] = lambda size, op: Batch(size)  # the engine's, once open
+        # calls in progress, from any loop (a tier on the threads engine serves several): counted
+        # under a lock, and each drain() is woken on its own loop
         self._active = 0
-        self._idle: anyio.Event | None = None  # made by drain() only while calls run (not per call)
+        self._active_lock = threading.Lock()
+        self._idle: list[tuple[anyio.Event, LoopCaller, int]] = []  # the drain()s waiting (not per call)
 
     # -- hooks for subclasses (docs/writing-a-tier.md) -------------------------------------
     def make_engine(self) -> Engine:
@@ -237,10 +241,13 @@ class ChunkTier(Bookkeeping, Lifecycle, SecondaryTierManager):
         self._view = release_view(self._view)
 
     async def drain(self) -> None:
-        while self._active:
-            if self._idle is None:
-                self._idle = anyio.Event()
-            await self._idle.wait()
+        while True:
+            with self._active_lock:
+                if not self._active:
+                    return
+                idle = anyio.Event()
+                self._idle.append((idle, loop_caller(), threading.get_ident()))
+            await idle.wait()
 
     # -- the contract ----------------------------------------------------------------------
     async def offload(self, keys: Sequence[bytes], chunk_ids: Sequence[int]) -> TransferResult:
@@ -362,7 +369,8 @@ class ChunkTier(Bookkeeping, Lifecycle, SecondaryTierManager):
         jobs = self._jobs(op, keys, ids)
         engine = self._engine
         assert engine is not None
-        self._active += 1
+        with self._active_lock:
+            self._active += 1
         drop = op is Op.STORE and self.store_backpressure == "drop"
         try:
             await engine.run(
@@ -373,11 +381,20 @@ class ChunkTier(Bookkeeping, Lifecycle, SecondaryTierManager):
         except EngineStoppedError:  # its workers were told to end: the process is exiting
             raise TierClosedError(f"{self!r} is closed (its I/O workers have stopped)") from None
         finally:
-            self._active -= 1
-            if self._active == 0:
-                idle, self._idle = self._idle, None
-                if idle is not None:  # a drain() waits
-                    idle.set()
+            with self._active_lock:
+                self._active -= 1
+                last = self._active == 0
+                waiting = self._idle if last and self._idle else None
+                if waiting:
+                    self._idle = []
+            if waiting:  # drain()s wait, each on its own loop
+                here = threading.get_ident()
+                for idle, call, thread in waiting:
+                    if thread == here:
+                        idle.set()
+                    else:
+                        call(idle.set)
+            if last:
                 self.on_idle()
         return self._result(op, jobs, time.perf_counter() - t0)
 

@@ -12,8 +12,6 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any
 
-import anyio
-
 from ..engines.base import Engine
 from ..engines.threads import ThreadEngine
 from .backend import run_on_thread_to_end, run_to_completion
@@ -98,7 +96,7 @@ class BlockingChunkTier(ChunkTier):
 
         try:
             await run_on_thread_to_end(setup)
-        except anyio.get_cancelled_exc_class():
+        except BaseException:  # cancelled (or a KeyboardInterrupt raised into this task)
             # The thread ran to its end: undo what it set up (descriptors, locks, threads)
             # before the cancellation goes on; else they outlive the tier.
             if opened:

@@ -144,9 +144,10 @@ class EngineCounters:
                 await anyio.lowlevel.checkpoint()
             else:
                 await done.wait()
-        except anyio.get_cancelled_exc_class():
+        except BaseException:
             # No new I/O of this call starts; I/O already running touches the caller's
-            # buffer, so the caller hears of the cancellation only once it has finished.
+            # buffer, so the caller hears of the cancellation only once it has finished. The
+            # same for a KeyboardInterrupt (trio raises it into the task that waits here).
             self.cancel_pending(jobs)
             await wait_uninterrupted(done)
             raise

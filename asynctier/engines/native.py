@@ -235,7 +235,7 @@ class NativePool:
         self._running += 1
         try:
             await done.wait()
-        except anyio.get_cancelled_exc_class():
+        except BaseException:  # cancelled (or a KeyboardInterrupt raised into this task)
             if self._lib.at_cancel(self._h, slot):  # taken back: never ran, never reported
                 self._waiters[slot] = None
                 self._running -= 1

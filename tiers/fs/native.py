@@ -19,8 +19,6 @@ import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-import anyio
-
 from asynctier.core.backend import run_on_thread_to_end, run_to_completion
 from asynctier.core.jobs import Skipped
 from asynctier.core.ops import PRIO_LOAD, PRIO_STORE
@@ -384,7 +382,7 @@ class NativeIO(TierHandle):
         ran: list[nativeio.Outcome] = []
         try:
             out = _outcome(await self._pool.run(slot, desc, on_cancelled=ran.append))
-        except anyio.get_cancelled_exc_class():
+        except BaseException:  # cancelled (or a KeyboardInterrupt raised into this task)
             if ran and ran[0].stage == 0:
                 # it ran: the victim's file left its name and is open; neither may outlive this
                 tier._evicted(victim, None)
