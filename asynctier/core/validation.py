@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import os
 import stat
 from collections.abc import KeysView, Sequence
@@ -21,7 +20,6 @@ __all__ = [
     "check_path",
     "check_private_dir",
     "integer",
-    "non_negative_float",
     "permission_bits",
     "positive_int",
     "seconds",
@@ -68,15 +66,6 @@ def positive_int(name: str, value: object, *, allow_none: bool = False) -> int |
         accepted = "a positive int" + (" or None" if allow_none else "")
         raise TierConfigError(f"{name} must be {accepted}; got {value!r}")
     return value
-
-
-def non_negative_float(name: str, value: object, *, allow_none: bool = False) -> float | None:
-    if value is None and allow_none:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
-        accepted = "a finite number >= 0" + (" or None" if allow_none else "")
-        raise TierConfigError(f"{name} must be {accepted}; got {value!r}")
-    return float(value)
 
 
 def check_bool(name: str, value: object, *, also: tuple[str, ...] = ()) -> None:
