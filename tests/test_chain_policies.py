@@ -47,7 +47,7 @@ SIZED: dict[str, Any] = {**MEM, "capacity_bytes": 12 * 4096}  # a first tier dem
         ({"tiers": [MEM], "max_inflight": 2.0}, r"max_inflight must be an int from 1 to 1024"),
         ({"tiers": [MEM], "promote": "yes"}, r"promote must be True or False"),
         ({"tiers": [MEM], "store_backpressure": "block"}, r"store_backpressure must be 'wait' or 'drop'"),
-        ({"tiers": [MEM], "backpressure_timeout_s": -1}, r"backpressure_timeout_s must be a number of seconds >= 0 and <= 86400"),
+        ({"tiers": [MEM], "backpressure_timeout_s": -1}, r"backpressure_timeout_s must be a number of seconds >= 0"),
         ({"tiers": [{**MEM, "deadline_s": 0}]}, r"tiers\[0\]: deadline_s must be a number of seconds > 0 and <= 86400"),
         ({"tiers": [{**MEM, "deadline_s": "1"}]}, r"deadline_s must be"),
         ({"tiers": [{**MEM, "admit": "sometimes"}]}, r"admit policy must be one of 'second_hit', 'filter', 'all'"),

@@ -467,7 +467,8 @@ async def test_deleting_a_bad_copy_is_under_the_deadline_too() -> None:
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), -1.0])
 def test_non_finite_or_negative_durations_are_refused(bad: float) -> None:
     view = memoryview(bytearray(SPEC.total_bytes))
-    for name, says in (("backpressure_timeout_s", "a number of seconds >= 0"), ("timeout_s", "a number of seconds > 0")):
+    cases = (("backpressure_timeout_s", "a number of seconds >= 0"), ("timeout_s", "a number of seconds > 0"))
+    for name, says in cases:
         with pytest.raises(TierConfigError, match=f"{name} must be {says}"):
             GatedTier(offloading_spec=SPEC, primary_kv_view=view, **{name: bad})
 
