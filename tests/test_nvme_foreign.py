@@ -267,3 +267,33 @@ async def test_create_false_makes_nothing(tmp_path: Path, what: str) -> None:
         await tier.open()
     assert (p.exists() and p.stat().st_size == 0) if what == "empty" else not p.exists()
     assert sorted(q.name for q in tmp_path.iterdir()) == (["kv.slab"] if what == "empty" else [])  # noqa: ASYNC240
+
+
+async def test_two_slabs_of_one_file_name_never_share_an_index_dir(tmp_path: Path) -> None:
+    """Slabs a/kv.slab and b/kv.slab with one index_dir: their index files have the same
+    names. A new set there deleted the other's checkpoint and journal (all its chunks lost,
+    durability="fsync" or not), and a set of ours took another's checkpoint for torn. Both
+    are refused now, and the index there is left as it was."""
+    idx = tmp_path / "idx"
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    tier, view = make(tmp_path / "a" / "kv.slab", index_dir=str(idx))
+    fill(view, CHUNK, 4)
+    async with tier:
+        assert (await tier.offload([b"a0", b"a1"], [0, 1])).ok
+    before = {p.name: p.read_bytes() for p in idx.iterdir()}  # noqa: ASYNC240
+    tier, _ = make(tmp_path / "b" / "kv.slab", index_dir=str(idx))
+    with pytest.raises(TierConfigError, match="already holds index files named kv.slab.atidx"):
+        await tier.open()
+    assert not (tmp_path / "b" / "kv.slab").exists()  # (the slab this open made is removed)
+    # a set of its own elsewhere, then pointed at the other's index_dir
+    tier, _ = make(tmp_path / "b" / "kv.slab", index_dir=str(tmp_path / "idx-b"))
+    async with tier:
+        assert (await tier.offload([b"b0"], [2])).ok
+    tier, _ = make(tmp_path / "b" / "kv.slab", index_dir=str(idx))
+    with pytest.raises(TierConfigError, match="is another slab set's"):
+        await tier.open()
+    assert {p.name: p.read_bytes() for p in idx.iterdir()} == before  # noqa: ASYNC240
+    tier, _ = make(tmp_path / "a" / "kv.slab", index_dir=str(idx))
+    async with tier:
+        assert await tier.lookup([b"a0", b"a1"]) == [True, True]

@@ -17,7 +17,7 @@ import weakref
 from collections.abc import Callable
 from types import ModuleType
 
-from asynctier import CapacityError, ChunkNotFoundError, TierStateError
+from asynctier import CapacityError, ChunkNotFoundError, TierConfigError, TierStateError
 from asynctier.engines.speedups import speedups
 
 from . import bulk as _py_bulk
@@ -49,23 +49,40 @@ _bulk: ModuleType = _py_bulk if _fast is None else _fast
 
 
 def find_index(
-    where: IndexDir, base: str, slab_id: bytes, nslots: int, fresh: bool
+    where: IndexDir, base: str, slab_id: bytes, nslots: int, fresh: bool, new_set: bool = False
 ) -> tuple[Checkpoint | None, list[int], list[str], str | None]:
     """What the index directory holds for slab set ``slab_id``: its checkpoint (None: none
     usable), its journal generations, every name there, and why the index is lost, if it is:
-    a checkpoint there but unusable (torn, corrupt, another set's), or none while the oldest
-    generation is not the first; every open leaves a generation or a checkpoint, so a set of
-    ours with neither lost its index (or the config names another ``index_dir``)."""
+    a checkpoint there but unusable (torn, corrupt), or none while the oldest generation is
+    not the first; every open leaves a generation or a checkpoint, so a set of ours with
+    neither lost its index (or the config names another ``index_dir``).
+
+    Index files of another slab set under the same names (two slabs of one file name sharing
+    an ``index_dir``) are refused (:class:`TierConfigError`), not taken for lost: recovery
+    would delete them. ``new_set``: this set is being made in files that held none (so any
+    index files under its name are not its own)."""
     names = where.names()
     head = base + ".journal."
     gens = sorted(int(n[len(head) :]) for n in names if n.startswith(head) and n[len(head) :].isdigit())
     ckpt = where.path / (base + ".ckpt")
+    if new_set and (ckpt.name in names or gens):
+        raise TierConfigError(
+            f"nvme: {where.name} {str(where.path)!r} already holds index files named {base}.* for a new slab set: "
+            "another slab set's (two slabs of one file name share this index_dir), or left by a slab deleted "
+            "since. Nothing of them was changed: give each slab set its own index_dir or slab file name, or "
+            "delete those files"
+        )
     ck = None if fresh else read_checkpoint(ckpt, where=where)
-    if ck is not None and (ck.slab_id != slab_id or ck.nslots != nslots):
+    if ck is not None and ck.slab_id != slab_id:
+        raise TierConfigError(
+            f"nvme: the checkpoint {str(ckpt)!r} is another slab set's (two slabs of one file name share this "
+            "index_dir?): nothing was changed; give each slab set its own index_dir or slab file name"
+        )
+    if ck is not None and ck.nslots != nslots:
         ck = None
     lost = None
     if not fresh and ck is None and (ckpt.name in names or not gens or gens[0] > 1):
-        why = "unusable (torn, corrupt, or another slab set's)" if ckpt.name in names else "missing"
+        why = "unusable (torn or corrupt)" if ckpt.name in names else "missing"
         lost = f"the index's checkpoint {str(ckpt)!r} is {why}"
     return ck, gens, names, lost
 
@@ -116,13 +133,13 @@ class Catalog:
                 "without them. Nothing was written (create=False)"
             )
 
-    def recover(self, fresh: bool) -> None:
+    def recover(self, fresh: bool, *, new_set: bool = False) -> None:
         """Rebuild the index (checkpoint, then every journal generation from its own on) and
         open the journal for appending; ``fresh``: a new slab set, so forget any old files.
         An index found lost (:func:`find_index`) is counted (``index_lost_at_open``): the
         chunks it held cannot be served, and their slots are reused."""
         where, journal, nslots = self.where, self.journal, self.index.nslots
-        ck, gens, names, lost = find_index(where, self.base, self.slab_id, nslots, fresh)
+        ck, gens, names, lost = find_index(where, self.base, self.slab_id, nslots, fresh, new_set)
         for n in names:  # temporaries of checkpoints a crash interrupted
             if n.startswith(self.ckpt_path.name + TEMP_MARK):
                 where.unlink(n)

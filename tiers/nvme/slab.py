@@ -98,6 +98,9 @@ class SlabSet:
         self._hdr = 0  # the geometry's header area, read on every slot I/O
         self.slab_id = b""
         self.epoch = 0
+        #: the last open found nothing of a slab set in its files (new or empty): any index
+        #: files under its name belong to another set, or to a slab deleted since
+        self.new_set = False
         self._bufs = _Buffers()
         #: files the last open created (True) or found empty (False): undone if it fails
         self._made: list[tuple[Path, bool]] = []
@@ -250,6 +253,7 @@ class SlabSet:
     ) -> bool:
         """Reuse the slab set found (False), format it afresh (True: empty or damaged slabs,
         or ``reformat``), or refuse with an error that says what is there."""
+        self.new_set = all(w == "empty" for w in found)
         problems: list[str] = []
         ours: list[Superblock] = []
         for i, (p, what) in enumerate(zip(self.paths, found)):

@@ -246,7 +246,7 @@ class NvmeTier(CoalescedJobs):
             count=self._stats.incr,
         )
         try:
-            cat.recover(fresh)
+            cat.recover(fresh, new_set=slabs.new_set)
             self._zc_all = slabs.all_zero_copy(self._view, spec.chunk_bytes)
             self._run_limit = self._native_run_slots()
         except BaseException:
