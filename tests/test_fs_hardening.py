@@ -341,3 +341,34 @@ async def test_a_namespace_directory_writable_by_others_is_refused(tmp_path: Pat
     again, _ = make_tier(root, "threads")
     with pytest.raises(TierConfigError, match="writable by others"):
         await again.open()
+
+
+async def test_a_name_taken_then_freed_by_another_process_is_published_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two processes share a root: the link found the chunk's name taken, and by the time the
+    store looked at what was there, the other process had evicted it. That failed the store
+    with EEXIST saying "an unreadable file (No such file or directory)"; the name is free, so
+    the store publishes again."""
+    from asynctier.tiers.fs import threads as fs_threads
+
+    tier, _ = make_tier(tmp_path / "root", "threads", shared=True)
+    real = fs_threads.run_store
+    calls: list[int] = []
+
+    def racing(job: Any, *args: Any) -> Any:
+        calls.append(1)
+        if len(calls) == 1:  # another process's copy at the name: the link finds it taken
+            os.close(os.open(job.name, os.O_CREAT | os.O_WRONLY, 0o600, dir_fd=job.dfd))
+            out = real(job, *args)
+            os.unlink(job.name, dir_fd=job.dfd)  # and evicted by that process at once
+            return out
+        return real(job, *args)
+
+    monkeypatch.setattr(fs_threads, "run_store", racing)
+    async with tier:
+        res = await tier.offload([b"raced"], [0])
+        assert res.ok, res.failed
+        assert len(calls) == 2 and tier.stats().extra["publish_retries"] == 1
+        assert (await tier.load([b"raced"], [1])).ok
+    assert chunk_file(tier, b"raced").exists()

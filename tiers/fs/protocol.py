@@ -397,13 +397,16 @@ class ChunkProtocol:
             os.close(spare.fd)
             remove_quietly(spare.dfd, spare.temp)
 
-    def taken_by(self, job: StoreJob, size: int) -> str:
+    def taken_by(self, job: StoreJob, size: int) -> str | None:
         """After a link found ``job.name`` taken: "" if what is there is a chunk of this key
-        (another writer published it first), else what it is. Anything else at the name (a
-        directory, a link, a foreign file) must not pass for this key's chunk."""
+        (another writer published it first), None if nothing is there any more (another
+        process evicted or removed it since: publish again), else what it is. Anything else
+        at the name (a directory, a link, a foreign file) must not pass for this key's chunk."""
         try:
             fd = os.open(job.name, os.O_RDONLY | SAFE_OPEN | os.O_CLOEXEC, dir_fd=job.dfd)
         except OSError as e:
+            if e.errno == errno.ENOENT:
+                return None
             return "a symbolic link" if e.errno == errno.ELOOP else f"an unreadable file ({os.strerror(e.errno or 0)})"
         try:
             st = os.fstat(fd)

@@ -193,6 +193,7 @@ class ThreadsIO(TierHandle):
         proto = tier.protocol
         csum = checksum(data)
         nospace_retry = True
+        gone_retries = 3  # the name was taken, then freed by another process: publish again
         while True:
             job = proto.store(key, data, csum, spare)
             try:
@@ -201,8 +202,16 @@ class ThreadsIO(TierHandle):
                 proto.abandon(job, None)
                 raise
             proto.release(job)
-            if out.ok and out.name_taken and (what := proto.taken_by(job, data.nbytes)):
-                out = Outcome(Step.LINK, errno.EEXIST, what=what)  # not another writer's copy
+            if out.ok and out.name_taken:
+                what = proto.taken_by(job, data.nbytes)
+                if what is None and gone_retries:
+                    gone_retries -= 1
+                    tier._stats.incr("publish_retries")
+                    proto.remove_leftovers(job, out)
+                    spare = None
+                    continue
+                if what or what is None:  # not another writer's copy
+                    out = Outcome(Step.LINK, errno.EEXIST, what=what or "a file gone and back at each try")
             if out.ok:
                 proto.stored(job, out)
                 return
