@@ -64,6 +64,8 @@ def _check_layout_exists(where: str, tier: Any, spec: OffloadingSpec) -> None:
     """A tier that keeps a directory per layout (fs) has one for ``spec``, else the spec is
     not the one the chunks were written with (opening would make an empty one)."""
     layout_dir = getattr(tier, "dir", None)
+    if isinstance(layout_dir, Path) and layout_dir.parent.exists() and not layout_dir.parent.is_dir():
+        raise TierConfigError(f"{where}: {str(layout_dir.parent)!r} is not a directory: no tier there")
     if isinstance(layout_dir, Path) and not layout_dir.exists():
         parent = layout_dir.parent
         there = sorted(d.name for d in parent.iterdir() if d.is_dir()) if parent.is_dir() else []
