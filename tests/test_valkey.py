@@ -128,6 +128,39 @@ def test_a_tls_ca_file_that_cannot_be_read_is_refused_at_open(tmp_path: Path) ->
     anyio.run(main)
 
 
+def test_a_tls_ca_file_without_a_certificate_is_refused_at_open(tmp_path: Path) -> None:
+    """A readable file that holds no certificate failed each connect, reported as the server
+    unreachable, and opened the breaker."""
+    bad = tmp_path / "ca.pem"
+    bad.write_text("garbage\n")
+    t = Rig(url="rediss://127.0.0.1:1", tls_ca_file=str(bad)).tier
+
+    async def main() -> None:
+        with pytest.raises(TierConfigError, match=r"tls_ca_file .*ca.pem.* holds no certificate"):
+            await t.open()
+
+    anyio.run(main)
+
+
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_timeouts_of_one_chunk_calls_open_the_breaker(backend: str) -> None:
+    """Calls whose chunks go one per job (as few keys as max_inflight, or chunks as large as
+    pipeline_bytes) ran under two deadlines of one length; the outer always fired first and
+    the timeout was booked as no answer: the breaker never opened on a server that never
+    answers."""
+    with silent_listener() as lst:
+        r = Rig(url=lst.url, timeout_s=0.2, breaker_threshold=2, breaker_cooldown_s=60, max_inflight=4)
+
+        async def main() -> None:
+            async with r.tier:
+                for _ in range(2):
+                    res = await r.tier.load(keys(1), [0])
+                    assert {failure_kind(e) for e in res.failed.values()} == {"timeout"}
+                assert r.tier.breaker_state == "open"
+
+        anyio.run(main, backend=backend)
+
+
 def test_seeds_make_a_cluster_and_credentials_are_never_shown(
     caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import os
+import ssl
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, ClassVar, TypeVar
 
@@ -159,8 +160,10 @@ class ValkeyTier(AsyncChunkTier):
     async def open_medium(self) -> None:
         ca = self._opts.tls_ca_file
         # else each connect failed, reported as the server unreachable (and opening the breaker)
-        if ca is not None and not await anyio.to_thread.run_sync(_readable_file, ca):
-            raise TierConfigError(f"tls_ca_file {ca!r} is not a file this process can read")
+        if ca is not None:
+            why = await anyio.to_thread.run_sync(_unusable_ca_file, ca)
+            if why:
+                raise TierConfigError(f"tls_ca_file {ca!r} {why}")
         self._loop = current_loop()
         if sniffio.current_async_library() != "asyncio":
             # valkey-py is asyncio-only: under trio its client runs on a loop thread of this tier's own
@@ -203,6 +206,13 @@ class ValkeyTier(AsyncChunkTier):
                 f"consecutive connection failures (retrying in at most {self._breaker.cooldown_s}s)"
             ) from None
 
+    async def _deadline(self, coro: Awaitable[T]) -> T:
+        """The base class's per-chunk deadline, left out: every round trip has its own in
+        :meth:`_request`. Two of one length, the outer started first, and the outer always
+        fired: the inner one's cancellation was booked as no answer, and timeouts never
+        opened the breaker."""
+        return await coro
+
     async def _request(self, key: bytes, commands: Sequence[Command]) -> list[Any]:
         """Run ``commands`` as one pipeline; a failure of the whole batch is raised as
         ``key``'s :class:`ChunkError` (error replies of single commands are returned)."""
@@ -211,7 +221,7 @@ class ValkeyTier(AsyncChunkTier):
             raise TierUnavailableError("the valkey client is closed", key)
         probe = self._admit()
         try:
-            replies = await self._deadline(self._on_client_loop(run_pipeline, client, commands))
+            replies = await super()._deadline(self._on_client_loop(run_pipeline, client, commands))
         except Exception as e:
             mapped, reachable = map_client_error(e, key, self._scrub(str(e)))
             if reachable:
@@ -487,5 +497,13 @@ def _stored(reply: object) -> bool:
     return reply is True or reply == b"OK"
 
 
-def _readable_file(path: str) -> bool:
-    return os.path.isfile(path) and os.access(path, os.R_OK)
+def _unusable_ca_file(path: str) -> str:
+    """Why ``path`` cannot serve as a CA bundle ("" if it can): not a readable file, or no
+    certificate the TLS library can load in it."""
+    if not (os.path.isfile(path) and os.access(path, os.R_OK)):
+        return "is not a file this process can read"
+    try:
+        ssl.create_default_context(cafile=path)
+    except (ssl.SSLError, ValueError) as e:
+        return f"holds no certificate the TLS library can load ({e.__class__.__name__}: {e})"
+    return ""
