@@ -141,3 +141,45 @@ def test_a_node_that_dies_fails_its_keys_and_nothing_hangs(tmp_path: Path) -> No
         anyio.run(main, backend="asyncio")
     finally:
         cluster.stop()
+
+
+def test_one_node_gone_opens_its_own_breaker_not_the_clusters(tmp_path: Path) -> None:
+    """One breaker for the whole cluster: the batches of a dead primary opened it, and then
+    the keys of the live nodes failed too ("circuit breaker open") for as long as the node
+    was down. Each node has its own now; a batch that spans nodes serves the keys of those
+    that answer."""
+    import contextlib
+
+    cluster = ValkeyCluster3(tmp_path)
+    try:
+        for n in cluster.nodes:  # the live nodes go on serving their slots
+            with contextlib.closing(n.client()) as c:
+                c.config_set("cluster-require-full-coverage", "no")
+        buf = bytearray(os.urandom(SPEC.total_bytes))
+        tier: Any = SecondaryTierFactory.create_secondary_tier(
+            {"type": "valkey", "url": cluster.url, "timeout_s": 2, "breaker_threshold": 2, "breaker_cooldown_s": 60},
+            memoryview(buf), SPEC,
+        )  # fmt: skip
+        ks = [b"gone-%d" % i for i in range(16)]
+        lo, hi = cluster.RANGES[2]
+
+        async def main() -> None:
+            async with tier:
+                assert (await tier.offload(ks, list(range(16)))).ok
+                cluster.nodes[2].stop()
+                on_dead = [k for k in ks if lo <= key_slot(tier.name_of(k)) <= hi]
+                on_live = [k for k in ks if k not in on_dead]
+                assert on_dead and on_live
+                for _ in range(4):  # one key a batch: the dead node's batches open its breaker
+                    for k in on_dead:
+                        await tier.load([k], [0])
+                assert tier.breaker_state == "open"
+                res = await tier.load(on_live, list(range(len(on_live))))
+                assert res.ok, res.failed
+                res = await tier.load(ks, list(range(16)))  # batches across nodes: the live ones' keys load
+                assert set(res.succeeded) == set(on_live), res.failed
+                assert {failure_kind(e) for e in res.failed.values()} == {"unavailable"}
+
+        anyio.run(main, backend="asyncio")
+    finally:
+        cluster.stop()

@@ -3,6 +3,7 @@ one batch of commands as a non-transactional pipeline."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -15,7 +16,7 @@ from valkey.backoff import ExponentialBackoff
 
 from .url import Target
 
-__all__ = ["Client", "ClientOptions", "build_client", "run_pipeline", "scan_names"]
+__all__ = ["Client", "ClientOptions", "UNREACHABLE", "ValkeyCluster", "build_client", "run_pipeline", "scan_names"]
 
 Client = Valkey | ValkeyCluster
 #: A command: its name and arguments (bytes or ints).
@@ -112,7 +113,15 @@ async def run_pipeline(client: Client, commands: Sequence[Command]) -> list[Any]
     if isinstance(client, Valkey):
         return await _run_packed(client, commands)
     joined = [_joined(cmd) for cmd in commands]
-    replies = await _cluster_batch(client, joined)
+    try:
+        replies = await _cluster_batch(client, joined)
+    except UNREACHABLE:
+        # a node of the batch is gone: each command alone, so that the keys of the nodes that
+        # answer go through; the batch is unreachable only if none answers
+        replies = list(await asyncio.gather(*(_alone(client, cmd) for cmd in joined)))
+        if all(isinstance(r, UNREACHABLE) for r in replies):
+            raise replies[0] from None
+        return replies
     for i, r in enumerate(replies):
         if isinstance(r, (vx.MovedError, vx.TryAgainError)):
             replies[i] = await _one(client, joined[i])  # the client follows MOVED, updating its slot map
@@ -166,6 +175,19 @@ async def _run_packed(client: Valkey, commands: Sequence[Command]) -> list[Any]:
         return list(await conn.retry.call_with_retry(attempt, lambda _e: conn.disconnect()))
     finally:
         await pool.release(conn)
+
+
+#: A node that did not answer (as :func:`.errors.map_client_error` reads it): a reply of a
+#: cluster batch that one node failed.
+UNREACHABLE = (vx.ConnectionError, vx.TimeoutError, TimeoutError, OSError, vx.ClusterDownError)
+
+
+async def _alone(client: ValkeyCluster, cmd: Command) -> Any:
+    """One command of a batch on its own; a node that does not answer is its reply."""
+    try:
+        return await _one(client, cmd)
+    except UNREACHABLE as e:
+        return e
 
 
 async def _one(client: ValkeyCluster, cmd: Command) -> Any:

@@ -23,7 +23,7 @@ from asynctier.integrity import checksum
 from asynctier.stats import TierStats
 
 from .bridge import LoopThread
-from .client import Client, ClientOptions, Command, build_client, run_pipeline, scan_names
+from .client import UNREACHABLE, Client, ClientOptions, Command, ValkeyCluster, build_client, run_pipeline, scan_names
 from .errors import ValkeyIOError, map_client_error
 from .format import check_key_prefix, frame, name_prefix, unframe_into
 from .redact import Scrubber
@@ -128,6 +128,8 @@ class ValkeyTier(AsyncChunkTier):
             seconds("breaker_cooldown_s", breaker_cooldown_s, zero_ok=True),
             what="valkey server",
         )
+        # a cluster: one breaker per node, so that one node gone does not fail the others' keys
+        self._node_breakers: dict[str, Breaker] = {}
         self._scrubber = Scrubber(self._target.secrets)
         self._names = name_prefix(self.key_prefix, self.offloading_spec.layout_id)
         self._client: Client | None = None
@@ -197,13 +199,30 @@ class ValkeyTier(AsyncChunkTier):
     def _scrub(self, text: str) -> str:
         return self._scrubber.scrub(text)
 
-    def _admit(self) -> bool:
+    def _breaker_of(self, client: Client, key: bytes) -> Breaker:
+        """The breaker of the node that serves ``key``: in a cluster, that node's own (while
+        its slot's owner is known); on one server, the tier's."""
+        if not isinstance(client, ValkeyCluster):
+            return self._breaker
         try:
-            return self._breaker.before()
+            node = client.get_node_from_key(self.name_of(key))  # type: ignore[arg-type]
+        except Exception:  # (the cluster's layout not read yet)
+            node = None
+        if node is None:
+            return self._breaker
+        b = self._node_breakers.get(node.name)
+        if b is None:
+            b = self._node_breakers[node.name] = Breaker(self._breaker.threshold, self._breaker.cooldown_s)
+        return b
+
+    def _admit(self, breaker: Breaker) -> bool:
+        try:
+            return breaker.before()
         except TierUnavailableError:
+            where = "valkey server" if breaker is self._breaker else "the valkey node of this key"
             raise TierUnavailableError(
-                f"valkey server unreachable: circuit breaker open after {self._breaker.threshold} "
-                f"consecutive connection failures (retrying in at most {self._breaker.cooldown_s}s)"
+                f"{where} unreachable: circuit breaker open after {breaker.threshold} "
+                f"consecutive connection failures (retrying in at most {breaker.cooldown_s}s)"
             ) from None
 
     async def _deadline(self, coro: Awaitable[T]) -> T:
@@ -219,20 +238,24 @@ class ValkeyTier(AsyncChunkTier):
         client = self._client
         if client is None:
             raise TierUnavailableError("the valkey client is closed", key)
-        probe = self._admit()
+        breaker = self._breaker_of(client, key)
+        probe = self._admit(breaker)
         try:
             replies = await super()._deadline(self._on_client_loop(run_pipeline, client, commands))
         except Exception as e:
             mapped, reachable = map_client_error(e, key, self._scrub(str(e)))
             if reachable:
-                self._breaker.success(probe)
+                breaker.success(probe)
             else:
-                self._breaker.failure(probe)
+                breaker.failure(probe)
             raise mapped from None
         except BaseException:
-            self._breaker.neutral(probe)  # not an answer either way; the probe's turn must end
+            breaker.neutral(probe)  # not an answer either way; the probe's turn must end
             raise
-        self._breaker.success(probe)
+        if breaker is not self._breaker and any(isinstance(r, UNREACHABLE) for r in replies):
+            breaker.neutral(probe)  # a cluster's batch that one node failed: no answer from that one
+        else:
+            breaker.success(probe)
         self._stats.incr("pipelines")
         return replies
 
@@ -477,14 +500,17 @@ class ValkeyTier(AsyncChunkTier):
     # -- stats -----------------------------------------------------------------------------
     def stats(self) -> TierStats:
         s = super().stats()
-        s.extra["breaker_opened"] = self._breaker.opened
-        s.extra["breaker_fast_failed"] = self._breaker.fast_failed
+        breakers = [self._breaker, *self._node_breakers.values()]
+        s.extra["breaker_opened"] = sum(b.opened for b in breakers)
+        s.extra["breaker_fast_failed"] = sum(b.fast_failed for b in breakers)
         return s
 
     @property
     def breaker_state(self) -> str:
-        """The circuit breaker: ``closed``, ``open`` or ``half-open``."""
-        return self._breaker.state
+        """The circuit breaker: ``closed``, ``open`` or ``half-open``; in a cluster, the most
+        open of its nodes' (one per node)."""
+        states = {b.state for b in (self._breaker, *self._node_breakers.values())}
+        return next(s for s in ("open", "half-open", "closed") if s in states)
 
 
 def _checksums(payloads: list[memoryview]) -> list[int | None]:
