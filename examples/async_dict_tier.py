@@ -18,6 +18,7 @@ from asynctier import AsyncChunkTier, ChunkNotFoundError, IntegrityError
 
 class AsyncDictTier(AsyncChunkTier):
     frames_own_bytes = False  # the base class frames and checks every record
+    persistent = False  # in process memory: a new instance starts empty
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)

@@ -39,6 +39,8 @@ class SqliteTier(BlockingChunkTier):
     def __init__(self, *, path: str, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.path = path
+        # one file may hold several layouts (models): each keeps to its own rows
+        self._scope = self.offloading_spec.layout_id.encode() + b"/"
         self._local = threading.local()  # a connection per worker thread
         self._all: list[sqlite3.Connection] = []
         self._lock = threading.Lock()
@@ -64,10 +66,10 @@ class SqliteTier(BlockingChunkTier):
             self._all.clear()
 
     def write_chunk(self, key: bytes, data: memoryview) -> None:
-        self._db().execute("INSERT OR REPLACE INTO chunks (key, record) VALUES (?, ?)", (key, data))
+        self._db().execute("INSERT OR REPLACE INTO chunks (key, record) VALUES (?, ?)", (self._scope + key, data))
 
     def read_chunk(self, key: bytes, out: memoryview) -> None:
-        row = self._db().execute("SELECT record FROM chunks WHERE key = ?", (key,)).fetchone()
+        row = self._db().execute("SELECT record FROM chunks WHERE key = ?", (self._scope + key,)).fetchone()
         if row is None:
             raise ChunkNotFoundError("not stored", key)
         record: bytes = row[0]
@@ -76,10 +78,10 @@ class SqliteTier(BlockingChunkTier):
         out[:] = record
 
     def chunk_exists(self, key: bytes) -> bool:
-        return self._db().execute("SELECT 1 FROM chunks WHERE key = ?", (key,)).fetchone() is not None
+        return self._db().execute("SELECT 1 FROM chunks WHERE key = ?", (self._scope + key,)).fetchone() is not None
 
     def delete_chunk(self, key: bytes) -> bool:
-        return self._db().execute("DELETE FROM chunks WHERE key = ?", (key,)).rowcount > 0
+        return self._db().execute("DELETE FROM chunks WHERE key = ?", (self._scope + key,)).rowcount > 0
 
 
 class FlippingSqliteTier(SqliteTier):

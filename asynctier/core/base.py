@@ -80,7 +80,12 @@ class ChunkTier(Bookkeeping, Lifecycle, SecondaryTierManager):
     frames_own_bytes: ClassVar[bool] = False
     #: What the tier stores outlives the process: a later process built with the same config
     #: sees it. False for a tier in process memory (``asynctier fsck`` skips it in a chain).
-    persistent: ClassVar[bool] = True
+    persistent: bool = True  # (a class attribute; an instance may say otherwise: obj's memory://)
+    #: The tier fills its index itself as it opens (the fs tier scans its directories).
+    #: Otherwise a persistent tier with ``uses_index`` has its index filled from
+    #: ``list_chunks()`` at open: chunks stored by an earlier process are served, counted
+    #: against ``capacity_bytes`` and evicted like the others.
+    recovers_index: ClassVar[bool] = False
 
     def __init__(
         self,

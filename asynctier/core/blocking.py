@@ -70,7 +70,7 @@ class BlockingChunkTier(ChunkTier):
     # -- framing (asynctier.core.framing) ---------------------------------------------------
     def _write_framed(self, key: bytes, payload: memoryview) -> bool | None:
         if self.frames_own_bytes:
-            return self.write_chunk(key, payload)
+            return self.write_chunk(key, payload.toreadonly())  # the caller's slot: read-only, as documented
         return self.write_chunk(key, self._framing.frame(key, payload, per_thread=True))
 
     def _read_checked(self, key: bytes, out: memoryview) -> None:
@@ -93,6 +93,12 @@ class BlockingChunkTier(ChunkTier):
             nonlocal opened
             self.open_medium()
             opened = True
+            if self._needs_listing():
+                try:
+                    listed: list[bytes] | None = self.list_chunks()
+                except NotImplementedError:
+                    listed = None
+                self._index_listed(listed)
 
         try:
             await run_on_thread_to_end(setup)

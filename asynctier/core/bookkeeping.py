@@ -51,6 +51,26 @@ class Bookkeeping:
     def _chunk(self, cid: int) -> memoryview:
         return self.offloading_spec.chunk_view(self._view, cid)
 
+    def _needs_listing(self) -> bool:
+        """Whether the open lists the medium to fill the index (:attr:`recovers_index`)."""
+        return (
+            self.index is not None and getattr(self, "persistent", True) and not getattr(self, "recovers_index", False)
+        )
+
+    def _index_listed(self, keys: list[bytes] | None) -> None:
+        """Record the chunks an open found on the medium (None: it cannot list them)."""
+        if keys is None:
+            log.warning(
+                "%s: an indexed tier that cannot list its chunks (list_chunks) opens with an empty index: chunks "
+                "an earlier process stored are neither served nor counted against capacity_bytes",
+                self.tier_type,
+            )
+            return
+        assert self.index is not None
+        size = self.stored_size()
+        for k in keys:
+            self.index.add(k, size)
+
     def _begin_store(self, key: bytes) -> list[bytes] | None:
         """Reserve room; None means the key is already stored (skip the write)."""
         if self.index is None:

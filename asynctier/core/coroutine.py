@@ -64,7 +64,7 @@ class AsyncChunkTier(ChunkTier):
     # -- framing (asynctier.core.framing) ---------------------------------------------------
     async def _write_framed(self, key: bytes, payload: memoryview) -> bool | None:
         if self.frames_own_bytes:
-            return await self.write_chunk(key, payload)
+            return await self.write_chunk(key, payload.toreadonly())  # the caller's slot: read-only, as documented
         return await self.write_chunk(key, self._framing.frame(key, payload, per_thread=False))
 
     async def _read_checked(self, key: bytes, out: memoryview) -> None:
@@ -90,6 +90,15 @@ class AsyncChunkTier(ChunkTier):
 
     async def _open_medium(self) -> None:
         await self.open_medium()
+        if self._needs_listing():
+            try:
+                listed: list[bytes] | None = await self.list_chunks()
+            except NotImplementedError:
+                listed = None
+            except BaseException:
+                await self.close_medium()  # (an open that fails leaves nothing open)
+                raise
+            self._index_listed(listed)
 
     async def _list_chunks(self) -> list[bytes]:
         return await self.list_chunks()

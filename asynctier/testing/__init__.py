@@ -23,12 +23,14 @@ or pick some at the command line: ``pytest -k "trio"``, ``pytest -k "not uvloop"
 (``task.cancel()``, asyncio's own way to cancel) runs on asyncio and uvloop only.
 
 Override the class attributes to fit the medium (``chunk_bytes``, ``num_chunks``,
-``max_inflight``, ``page_aligned_buffer``). :class:`TierConformance` is five groups of checks,
+``max_inflight``, ``page_aligned_buffer``). :class:`TierConformance` is six groups of checks,
 each a class of its own to subclass alone where that is all a test needs:
-:class:`ContractChecks`, :class:`ConcurrencyChecks`, :class:`CancellationChecks` (cancel
-scopes, ``move_on_after`` / ``fail_after`` deadlines and ``task.cancel()``: on a fast medium
-the I/O an interruption finds running ends before the caller could see it, so run these on a
-slow one too), :class:`IntegrityChecks` and :class:`HardeningChecks`.
+:class:`ContractChecks`, :class:`MediumChecks` (what stays on the medium: removal, capacity,
+the listing, a reopen, two layouts, the caller's buffer after close), :class:`ConcurrencyChecks`,
+:class:`CancellationChecks` (cancel scopes, ``move_on_after`` / ``fail_after`` deadlines and
+``task.cancel()``: on a fast medium the I/O an interruption finds running ends before the caller
+could see it, so run these on a slow one too), :class:`IntegrityChecks` and
+:class:`HardeningChecks`.
 
 Hardening checks run once per class (on asyncio where the class has it): they are about the
 tier, not the loop. Every parameter the factory accepts (what ``asynctier info`` lists) must
@@ -67,6 +69,7 @@ from .checks_concurrency import ConcurrencyChecks
 from .checks_contract import ContractChecks
 from .checks_hardening import HardeningChecks
 from .checks_integrity import IntegrityChecks
+from .checks_medium import MediumChecks
 from .conformance import TierConformance
 from .harness import Harness, new_keys
 
@@ -78,6 +81,7 @@ __all__ = [
     "HardeningChecks",
     "Harness",
     "IntegrityChecks",
+    "MediumChecks",
     "TierConformance",
     "loop_factories",
     "new_keys",

@@ -31,6 +31,8 @@ class ContractChecks(SuiteBase):
                 assert res.ok, res.failed
                 assert res.succeeded == keys
                 assert res.bytes_transferred == self.num_chunks * self.chunk_bytes
+                changed = [i for i in ids if h.chunk(i) != data[i]]
+                assert not changed, f"an offload changed the caller's slots {changed[:8]} (the tier reads them only)"
                 h.zero()
                 perm = ids[:]
                 random.Random(2).shuffle(perm)
@@ -172,6 +174,7 @@ class ContractChecks(SuiteBase):
                 h.fill(12)
                 keys = new_keys(4)
                 assert (await h.tier.offload(keys, [0, 1, 2, 3])).ok
+                assert (await h.tier.load(keys[:1], [8])).ok  # (a tier that caches what it read must forget it)
                 await h.tier.touch(keys[:2])
                 res = await h.tier.remove(keys[:2] + new_keys(1, "never"))
                 assert res.ok, res.failed

@@ -7,11 +7,14 @@ from .checks_concurrency import ConcurrencyChecks
 from .checks_contract import ContractChecks
 from .checks_hardening import HardeningChecks
 from .checks_integrity import IntegrityChecks
+from .checks_medium import MediumChecks
 
 __all__ = ["TierConformance"]
 
 
-class TierConformance(HardeningChecks, IntegrityChecks, CancellationChecks, ConcurrencyChecks, ContractChecks):
+class TierConformance(
+    HardeningChecks, IntegrityChecks, MediumChecks, CancellationChecks, ConcurrencyChecks, ContractChecks
+):
     """Subclass and implement :meth:`tier_config`; pytest collects the ``test_*`` checks (the
     contract first: pytest takes the bases last to first), each
     once per backend in :attr:`backends`."""

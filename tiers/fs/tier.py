@@ -170,6 +170,7 @@ class FsTier(BlockingChunkTier):
     default_type = "fs"
     supported_durability = ("none", "fsync")
     uses_index = True
+    recovers_index = True  # its scan at open
     applies_timeout = False  # (local I/O: nothing cuts a system call off)
     frames_own_bytes = True  # the header block sits in front of the payload in each file (zero-copy)
 

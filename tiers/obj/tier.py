@@ -122,6 +122,8 @@ class ObjTier(BlockingChunkTier):
         super().__init__(timeout_s=timeout, **kwargs)
         where = parse_url(url, store_given=store is not None)
         self.url = where.shown
+        if where.scheme == "memory" and store is None:
+            self.persistent = False  # a MemoryStore of its own: a new instance starts empty
         self.part_size = check_part_size(part_size, s3=where.is_s3)
         self.part_concurrency = integer("part_concurrency", part_concurrency, 1, MAX_INFLIGHT)
         self.deadlines = Deadlines.parse(
