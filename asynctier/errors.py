@@ -21,6 +21,7 @@ __all__ = [
     "ChunkNotFoundError",
     "ChunkTimeoutError",
     "IntegrityError",
+    "MediumDamagedError",
     "TierClosedError",
     "TierConfigError",
     "TierNotOpenError",
@@ -41,6 +42,12 @@ class TierConfigError(AsyncTierError, ValueError):
 
 class TierStateError(AsyncTierError, RuntimeError):
     """The tier is in the wrong state for the call."""
+
+
+class MediumDamagedError(TierStateError):
+    """An open that may not repair (the nvme tier's ``create=False``, what ``asynctier fsck``
+    opens with) found the medium damaged so that repairing it would lose chunks: a damaged
+    or truncated slab, a lost index. Nothing was written."""
 
 
 class TierNotOpenError(TierStateError):

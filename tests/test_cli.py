@@ -978,3 +978,38 @@ def test_bench_says_4_when_a_tier_will_not_open_and_refuses_a_deep_missing_root(
 def test_bench_refuses_a_data_size_beyond_the_machines_memory() -> None:
     r = CliRunner().invoke(main, ["bench", "--tier", "memory", "--no-fio", "--data-size", "64T", "-q"])
     assert r.exit_code == 2 and "more than this machine's memory" in r.output, r.output
+
+
+def test_fsck_of_a_slab_in_use_says_it_cannot_check(tmp_path: Path) -> None:
+    """A server holds the slab open: fsck's open is refused (the slab is locked). That was a
+    traceback; it is exit 4, 'cannot check', nothing written."""
+    import threading
+
+    root = tmp_path / "kv"
+    root.mkdir()
+    config = _tier_config("nvme", root)
+    asyncio.run(_fill(config, 2))
+    cfg = _fsck_config(tmp_path, config)
+    opened, done = threading.Event(), threading.Event()
+
+    def server() -> None:
+        async def hold() -> None:
+            spec = OffloadingSpec(CHUNK, 2, namespace=NAMESPACE)
+            tier = SecondaryTierFactory.create_secondary_tier(config, memoryview(bytearray(spec.total_bytes)), spec)
+            async with tier:
+                opened.set()
+                await asyncio.to_thread(done.wait, 60)
+
+        asyncio.run(hold())
+
+    t = threading.Thread(target=server)
+    t.start()
+    try:
+        assert opened.wait(30)
+        before = _snapshot(root)
+        r = invoke("fsck", "--config", str(cfg))
+        assert r.exit_code == 4 and "cannot check" in r.output, r.output
+        assert _snapshot(root) == before
+    finally:
+        done.set()
+        t.join()

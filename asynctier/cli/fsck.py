@@ -11,7 +11,7 @@ from typing import Any
 
 import click
 
-from ..errors import TierConfigError
+from ..errors import TierConfigError, TierStateError
 from ..factory import SecondaryTierFactory, accepted_parameters
 from ..spec import OffloadingSpec
 from .exits import EXIT_CODES_HELP, CliError, ExitCode
@@ -128,12 +128,12 @@ async def _verify_all(
     name: str, tier: Any, *, remove: bool, batch: int = 1024, progress: Callable[[int, int], None] | None = None
 ) -> FsckReport:
     """Open ``tier`` (built by :func:`_build_for_check`), verify every chunk it lists, close it."""
-    from ..errors import IntegrityError, TierStateError, failure_kind
+    from ..errors import IntegrityError, MediumDamagedError, failure_kind
 
     report = FsckReport(tier=name, remove=remove)
     try:
         await tier.open()
-    except TierStateError as e:  # damage that an open which may repair would make final
+    except MediumDamagedError as e:  # damage that an open which may repair would make final
         report.damaged = str(e)
         return report
     async with tier:
@@ -271,7 +271,7 @@ def fsck(
         reports = run_async(_check_all(targets, spec, remove))
     except TierConfigError as e:
         raise click.UsageError(str(e)) from None
-    except OSError as e:  # a root that is a file, no permission, a failing disk: said, not a traceback
+    except (OSError, TierStateError) as e:  # no permission, a failing disk, a slab in use: said, not a traceback
         raise CliError(f"cannot check: {e}", ExitCode.CANNOT_RUN) from None
     if as_json:
         click.echo(json.dumps([{**asdict(r), "clean": r.clean} for r in reports], indent=2))

@@ -17,8 +17,9 @@ import weakref
 from collections.abc import Callable
 from types import ModuleType
 
-from asynctier import CapacityError, ChunkNotFoundError, TierConfigError, TierStateError
+from asynctier import CapacityError, ChunkNotFoundError, TierConfigError
 from asynctier.engines.speedups import speedups
+from asynctier.errors import MediumDamagedError
 
 from . import bulk as _py_bulk
 from .checkpoint import Checkpoint, read_checkpoint, write_checkpoint
@@ -123,12 +124,12 @@ class Catalog:
     # -- recovery and lifetime ---------------------------------------------------------------
     @staticmethod
     def check_index(where: IndexDir, base: str, slab_id: bytes, nslots: int) -> None:
-        """Refuse (:class:`TierStateError`) to go on with the slab set ``slab_id`` whose index
+        """Refuse (:class:`~asynctier.MediumDamagedError`) to go on with the slab set ``slab_id`` whose index
         is lost (:func:`find_index`): an open that may not create (``create=False``) checks
         this before it writes anything."""
         lost = find_index(where, base, slab_id, nslots, False)[3]
         if lost:
-            raise TierStateError(
+            raise MediumDamagedError(
                 f"nvme: {lost}: the chunks it listed cannot be served, and an open that may create starts "
                 "without them. Nothing was written (create=False)"
             )

@@ -16,6 +16,7 @@ from pathlib import Path
 from asynctier import IntegrityError, TierConfigError, TierStateError
 from asynctier.core import MAX_KEY_BYTES
 from asynctier.engines.speedups import speedups
+from asynctier.errors import MediumDamagedError
 from asynctier.integrity import ChunkHeader, checksum, header_matches
 from asynctier.posix_io import O_DIRECT, aligned_buffer, buffer_address, logical_block_size, memory_fs
 
@@ -156,7 +157,7 @@ class SlabSet:
             short = [(p, cur, size) for p, cur, size in zip(self.paths, found, sizes) if cur < size]
             if short and not create:
                 p, cur, size = short[0]
-                raise TierStateError(
+                raise MediumDamagedError(
                     f"nvme: {str(p)!r} is {cur} bytes, shorter than its share of the slab set ({size}): truncated, "
                     "the slots past its end are lost. Nothing was written (create=False); an open that may "
                     "create grows it back"
@@ -282,7 +283,7 @@ class SlabSet:
             return False
         if not create:
             said = ", ".join(f"{p}: {w if isinstance(w, str) else 'ours'}" for p, w in zip(self.paths, found))
-            raise TierStateError(
+            raise MediumDamagedError(
                 f"nvme: an incomplete or damaged slab set ({said}): a superblock fails its checksum or a slab "
                 "of the set is missing, so none of its chunks can be served, and an open that may create formats "
                 "it afresh. Nothing was written (create=False)"

@@ -72,7 +72,8 @@ class NvmeTier(CoalescedJobs):
             set afresh, grow a file shorter than its share. False (what ``asynctier fsck``
             opens with): open only a whole slab set of this layout that is there, and write
             nothing if it is not: a missing or empty slab is a :class:`TierConfigError`, a
-            damaged or truncated one a :class:`TierStateError` that says what is lost.
+            damaged or truncated one (or a lost index) a :class:`~asynctier.MediumDamagedError` that
+            says what is lost.
         io_engine: ``"auto"`` (default), ``"native"`` or ``"threads"``. ``"threads"``:
             ``preadv``/``pwritev`` on ``max_inflight`` Python worker threads (``"psync"``, the
             former name, still works with a DeprecationWarning). ``"native"``: loads and
