@@ -1,5 +1,6 @@
 """Checks of concurrency: the in-flight bound under many callers, loads ahead of a flood of
-stores, back-pressure by dropping, and drain/close letting calls in progress finish."""
+stores, back-pressure by dropping, drain/close letting calls in progress finish, and loads
+racing stores of the same keys."""
 
 from __future__ import annotations
 
@@ -9,15 +10,55 @@ import anyio
 import pytest
 
 from .. import BackpressureError, TierClosedError
+from ..errors import failure_kind
 from ..stats import TransferResult
 from .backends import Backend
 from .harness import Calls, new_keys
-from .suite import SuiteBase
+from .suite import SuiteBase, once_per_class
 
 __all__ = ["ConcurrencyChecks"]
 
 
 class ConcurrencyChecks(SuiteBase):
+    @once_per_class
+    def test_a_load_racing_a_store_of_its_key_gets_it_whole_or_not_at_all(
+        self, tmp_path: Path, backend: Backend
+    ) -> None:
+        """Stores of a few keys, again and again (a tier without an index writes them again),
+        while readers load the same keys: each load gets the whole chunk or not_found. A tier
+        that writes in place let readers see half a chunk, which failed its checksum and was
+        then deleted as a bad copy (a good chunk lost)."""
+
+        async def check() -> None:
+            h = self.make(tmp_path)
+            async with h.tier:
+                data = h.fill(31)
+                n = 8
+                keys = new_keys(n, "race")
+                problems: list[str] = []
+                bad_before = h.tier.stats().failures["checksum"]
+                stop = anyio.Event()
+
+                async def reader(slot: int) -> None:
+                    while not stop.is_set():
+                        for i, k in enumerate(keys):
+                            res = await h.tier.load([k], [slot])
+                            if k in res.succeeded and h.chunk(slot) != data[i]:
+                                problems.append(f"key {i}: other bytes")
+                            elif k in res.failed and failure_kind(res.failed[k]) != "not_found":
+                                problems.append(f"key {i}: {res.failed[k]!r}")
+
+                async with anyio.create_task_group() as tg:
+                    for r in range(max(1, self.max_inflight // 2)):  # (slots left for the stores)
+                        tg.start_soon(reader, n + r)
+                    for _ in range(10):
+                        assert (await h.tier.offload(keys, list(range(n)))).ok
+                    stop.set()
+                assert not problems, f"a load raced a store of its key: {problems[:5]}"
+                assert h.tier.stats().failures["checksum"] == bad_before
+
+        self.run(backend, check)
+
     def test_inflight_bound_under_1000_concurrent_calls(self, tmp_path: Path, backend: Backend) -> None:
         async def check() -> None:
             h = self.make(tmp_path)
