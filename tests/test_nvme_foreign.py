@@ -297,3 +297,64 @@ async def test_two_slabs_of_one_file_name_never_share_an_index_dir(tmp_path: Pat
     tier, _ = make(tmp_path / "a" / "kv.slab", index_dir=str(idx))
     async with tier:
         assert await tier.lookup([b"a0", b"a1"]) == [True, True]
+
+
+async def test_a_failed_first_open_leaves_no_index_that_blocks_the_next(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A new set's open failed after its journal's first generation was made (a full disk):
+    the slab went, the generation stayed, and every later open took it for another set's."""
+    p = tmp_path / "kv.slab"
+    tier, _ = make(p)
+
+    def full(*_: Any) -> int:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(type(tier), "_native_run_slots", full)
+    with pytest.raises(OSError):
+        await tier.open()
+    monkeypatch.undo()
+    assert sorted(q.name for q in tmp_path.iterdir()) == []  # noqa: ASYNC240
+    tier, view = make(p)
+    fill(view, CHUNK, 1)
+    async with tier:
+        assert (await tier.offload([b"a"], [0])).ok
+
+
+def test_a_reformat_killed_before_its_index_is_written_reopens(tmp_path: Path) -> None:
+    """A set formatted over one of its own (reformat=True) and killed once its superblock was
+    written, before recovery ran: the old set's checkpoint stayed and was taken for another
+    set's at every later open. The old index goes before the new superblock now."""
+    import subprocess
+    import sys
+    import textwrap
+
+    p = tmp_path / "kv.slab"
+
+    async def first() -> None:
+        tier, view = make(p, namespace="layout/a")
+        fill(view, CHUNK, 1)
+        async with tier:
+            assert (await tier.offload([b"a"], [0])).ok
+
+    asyncio.run(first())
+    child = textwrap.dedent(
+        f"""
+        import asyncio, os, sys
+        sys.path.insert(0, {str(Path(__file__).parent)!r})
+        from nvme_helpers import make
+        from asynctier.tiers.nvme.catalog import Catalog
+        Catalog.recover = lambda *a, **k: os._exit(3)  # killed here: the superblock is written
+        tier, _ = make({str(p)!r}, namespace="layout/b", reformat=True)
+        asyncio.run(tier.open())
+        """
+    )
+    assert subprocess.run([sys.executable, "-c", child], timeout=120).returncode == 3
+
+    async def again() -> None:
+        tier, view = make(p, namespace="layout/b")
+        fill(view, CHUNK, 2)
+        async with tier:
+            assert (await tier.offload([b"b"], [0])).ok
+
+    asyncio.run(again())

@@ -49,30 +49,50 @@ _fast = speedups()
 _bulk: ModuleType = _py_bulk if _fast is None else _fast
 
 
-def find_index(
-    where: IndexDir, base: str, slab_id: bytes, nslots: int, fresh: bool, new_set: bool = False
-) -> tuple[Checkpoint | None, list[int], list[str], str | None]:
-    """What the index directory holds for slab set ``slab_id``: its checkpoint (None: none
-    usable), its journal generations, every name there, and why the index is lost, if it is:
-    a checkpoint there but unusable (torn, corrupt), or none while the oldest generation is
-    not the first; every open leaves a generation or a checkpoint, so a set of ours with
-    neither lost its index (or the config names another ``index_dir``).
+def index_files(where: IndexDir, base: str) -> list[str]:
+    """The names of the index files (checkpoint, journal generations, temporaries) under ``base``."""
+    return [n for n in where.names() if n.startswith(base + ".")]
 
-    Index files of another slab set under the same names (two slabs of one file name sharing
-    an ``index_dir``) are refused (:class:`TierConfigError`), not taken for lost: recovery
-    would delete them. ``new_set``: this set is being made in files that held none (so any
-    index files under its name are not its own)."""
-    names = where.names()
+
+def refuse_foreign_index(where: IndexDir, base: str, new_set: bool) -> None:
+    """Before a slab set is formatted: a new one (its files held none) finding index files under
+    its name refuses them (:class:`TierConfigError`): they are another set's (two slabs of one
+    file name sharing an ``index_dir``), or left by a slab deleted since; a set formatted over
+    one of its own (``reformat``, a damaged set) deletes its old index first, so that a kill
+    before its new index is written never leaves the old one to be taken for another set's."""
+    found = index_files(where, base)
     head = base + ".journal."
-    gens = sorted(int(n[len(head) :]) for n in names if n.startswith(head) and n[len(head) :].isdigit())
-    ckpt = where.path / (base + ".ckpt")
-    if new_set and (ckpt.name in names or gens):
+    own = [n for n in found if n == base + ".ckpt" or (n.startswith(head) and n[len(head) :].isdigit())]
+    if not own:
+        return
+    if new_set:  # (a leftover temporary is no index: recovery removes it)
         raise TierConfigError(
             f"nvme: {where.name} {str(where.path)!r} already holds index files named {base}.* for a new slab set: "
             "another slab set's (two slabs of one file name share this index_dir), or left by a slab deleted "
             "since. Nothing of them was changed: give each slab set its own index_dir or slab file name, or "
             "delete those files"
         )
+    for n in found:
+        where.unlink(n)
+
+
+def find_index(
+    where: IndexDir, base: str, slab_id: bytes, nslots: int, fresh: bool
+) -> tuple[Checkpoint | None, list[int], list[str], str | None]:
+    """What the index directory holds for slab set ``slab_id``: its checkpoint (None: none
+    usable), its journal generations, every name there, and why the index is lost, if it is:
+    a checkpoint there but unusable (torn, corrupt), or none while the oldest generation is
+    not the first; every open leaves a generation or a checkpoint, so a set of ours with
+    neither lost its index (or the config names another ``index_dir``; or, never holding a
+    chunk, its formatting open was killed in the milliseconds before its first generation).
+
+    A checkpoint of another slab set under the same name (two slabs of one file name sharing
+    an ``index_dir``) is refused (:class:`TierConfigError`), not taken for lost: recovery
+    would delete it."""
+    names = where.names()
+    head = base + ".journal."
+    gens = sorted(int(n[len(head) :]) for n in names if n.startswith(head) and n[len(head) :].isdigit())
+    ckpt = where.path / (base + ".ckpt")
     ck = None if fresh else read_checkpoint(ckpt, where=where)
     if ck is not None and ck.slab_id != slab_id:
         raise TierConfigError(
@@ -134,13 +154,13 @@ class Catalog:
                 "without them. Nothing was written (create=False)"
             )
 
-    def recover(self, fresh: bool, *, new_set: bool = False) -> None:
+    def recover(self, fresh: bool) -> None:
         """Rebuild the index (checkpoint, then every journal generation from its own on) and
         open the journal for appending; ``fresh``: a new slab set, so forget any old files.
         An index found lost (:func:`find_index`) is counted (``index_lost_at_open``): the
         chunks it held cannot be served, and their slots are reused."""
         where, journal, nslots = self.where, self.journal, self.index.nslots
-        ck, gens, names, lost = find_index(where, self.base, self.slab_id, nslots, fresh, new_set)
+        ck, gens, names, lost = find_index(where, self.base, self.slab_id, nslots, fresh)
         for n in names:  # temporaries of checkpoints a crash interrupted
             if n.startswith(self.ckpt_path.name + TEMP_MARK):
                 where.unlink(n)

@@ -110,6 +110,7 @@ class SlabSet:
     def open(
         self, capacity_bytes: int | None, chunk_bytes: int, layout_digest: bytes, *, reformat: bool,
         create: bool = True, before_write: Callable[[bytes, int], None] | None = None,
+        before_format: Callable[[bool], None] | None = None,
     ) -> bool:  # fmt: skip
         """Open every slab, check or write the superblocks and bump the epoch (so sequence
         numbers are never reused); True if the set was formatted afresh (no index to recover).
@@ -118,7 +119,9 @@ class SlabSet:
         :class:`TierConfigError` (nothing written) unless ``reformat``. On any failure the
         files this open created are removed (see :meth:`abandon`). Without ``create``, a set
         that would be created, formatted afresh or grown is refused instead, nothing written.
-        ``before_write(slab_id, nslots)`` is called on a set reused, before anything is written.
+        ``before_write(slab_id, nslots)`` is called on a set reused, ``before_format(new_set)``
+        on a set about to be formatted (``new_set``: its files held none), each before anything
+        is written.
         """
         self.direct = bool(self.direct_io and O_DIRECT)
         self.copies = True
@@ -162,6 +165,8 @@ class SlabSet:
                     "the slots past its end are lost. Nothing was written (create=False); an open that may "
                     "create grows it back"
                 )
+            if fresh and before_format is not None:
+                before_format(self.new_set)
             if fresh:
                 self.slab_id = uuidlib.uuid4().bytes
                 self.epoch = 0

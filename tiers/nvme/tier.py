@@ -22,7 +22,7 @@ from asynctier.integrity import checksum, pack_header
 from asynctier.io_engine import check_io_engine, runs_native
 from asynctier.stats import TierStats
 
-from .catalog import Catalog
+from .catalog import Catalog, index_files, refuse_foreign_index
 from .fast import LoadPath
 from .files import IndexDir
 from .groups import CoalescedJobs
@@ -232,6 +232,7 @@ class NvmeTier(CoalescedJobs):
         fresh = slabs.open(
             self.capacity_bytes, spec.chunk_bytes, spec.layout_digest, reformat=self.reformat, create=self.create,
             before_write=None if self.create else partial(Catalog.check_index, where, base),
+            before_format=partial(refuse_foreign_index, where, base),
         )  # fmt: skip
         assert slabs.geo is not None
         cat = Catalog(
@@ -247,10 +248,13 @@ class NvmeTier(CoalescedJobs):
             count=self._stats.incr,
         )
         try:
-            cat.recover(fresh, new_set=slabs.new_set)
+            cat.recover(fresh)
             self._zc_all = slabs.all_zero_copy(self._view, spec.chunk_bytes)
             self._run_limit = self._native_run_slots()
         except BaseException:
+            if fresh:  # the index files this open began (a set formatted now has no others)
+                for n in index_files(where, base):
+                    where.unlink(n)
             cat.release_files()
             slabs.abandon()  # a slab this open created or formatted from empty does not stay
             raise
