@@ -157,7 +157,8 @@ def test_one_node_gone_opens_its_own_breaker_not_the_clusters(tmp_path: Path) ->
                 c.config_set("cluster-require-full-coverage", "no")
         buf = bytearray(os.urandom(SPEC.total_bytes))
         tier: Any = SecondaryTierFactory.create_secondary_tier(
-            {"type": "valkey", "url": cluster.url, "timeout_s": 2, "breaker_threshold": 2, "breaker_cooldown_s": 60},
+            {"type": "valkey", "url": cluster.url, "timeout_s": 2, "breaker_threshold": 2, "breaker_cooldown_s": 60,
+             "max_inflight": 1},  # (a call is one batch: keys of every node in one pipeline)
             memoryview(buf), SPEC,
         )  # fmt: skip
         ks = [b"gone-%d" % i for i in range(16)]
@@ -179,6 +180,9 @@ def test_one_node_gone_opens_its_own_breaker_not_the_clusters(tmp_path: Path) ->
                 res = await tier.load(ks, list(range(16)))  # batches across nodes: the live ones' keys load
                 assert set(res.succeeded) == set(on_live), res.failed
                 assert {failure_kind(e) for e in res.failed.values()} == {"unavailable"}
+                # a batch led by a key of the dead node: its breaker fails that key, not the batch
+                res = await tier.load([on_dead[0], *on_live], list(range(1 + len(on_live))))
+                assert set(res.succeeded) == set(on_live) and set(res.failed) == {on_dead[0]}, res.failed
 
         anyio.run(main, backend="asyncio")
     finally:

@@ -3,7 +3,6 @@ one batch of commands as a non-transactional pipeline."""
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -117,8 +116,10 @@ async def run_pipeline(client: Client, commands: Sequence[Command]) -> list[Any]
         replies = await _cluster_batch(client, joined)
     except UNREACHABLE:
         # a node of the batch is gone: each command alone, so that the keys of the nodes that
-        # answer go through; the batch is unreachable only if none answers
-        replies = list(await asyncio.gather(*(_alone(client, cmd) for cmd in joined)))
+        # answer go through; the batch is unreachable only if none answers. One after another:
+        # the client resets every node's connections when one fails, and commands in flight
+        # on them failed too, each dropping its node from the startup nodes until none was left
+        replies = [await _alone(client, cmd) for cmd in joined]
         if all(isinstance(r, UNREACHABLE) for r in replies):
             raise replies[0] from None
         return replies

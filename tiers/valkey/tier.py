@@ -199,13 +199,11 @@ class ValkeyTier(AsyncChunkTier):
     def _scrub(self, text: str) -> str:
         return self._scrubber.scrub(text)
 
-    def _breaker_of(self, client: Client, key: bytes) -> Breaker:
-        """The breaker of the node that serves ``key``: in a cluster, that node's own (while
-        its slot's owner is known); on one server, the tier's."""
-        if not isinstance(client, ValkeyCluster):
-            return self._breaker
+    def _breaker_of(self, client: ValkeyCluster, name: bytes) -> Breaker:
+        """The breaker of the cluster node that serves the key name ``name`` (the tier's own
+        while its slot's owner is not known)."""
         try:
-            node = client.get_node_from_key(self.name_of(key))  # type: ignore[arg-type]
+            node = client.get_node_from_key(name)  # type: ignore[arg-type]
         except Exception:  # (the cluster's layout not read yet)
             node = None
         if node is None:
@@ -238,7 +236,9 @@ class ValkeyTier(AsyncChunkTier):
         client = self._client
         if client is None:
             raise TierUnavailableError("the valkey client is closed", key)
-        breaker = self._breaker_of(client, key)
+        if isinstance(client, ValkeyCluster):
+            return await self._cluster_request(client, key, commands)
+        breaker = self._breaker
         probe = self._admit(breaker)
         try:
             replies = await super()._deadline(self._on_client_loop(run_pipeline, client, commands))
@@ -252,11 +252,50 @@ class ValkeyTier(AsyncChunkTier):
         except BaseException:
             breaker.neutral(probe)  # not an answer either way; the probe's turn must end
             raise
-        if breaker is not self._breaker and any(isinstance(r, UNREACHABLE) for r in replies):
-            breaker.neutral(probe)  # a cluster's batch that one node failed: no answer from that one
-        else:
-            breaker.success(probe)
+        breaker.success(probe)
         self._stats.incr("pipelines")
+        return replies
+
+    async def _cluster_request(self, client: ValkeyCluster, key: bytes, commands: Sequence[Command]) -> list[Any]:
+        """:meth:`_request` on a cluster: each node's commands go by that node's breaker (an
+        open one fails its commands at once, not the batch), the others as one pipeline, and
+        each node's breaker is booked by its own commands' replies."""
+        of = [self._breaker_of(client, cmd[1]) for cmd in commands]  # type: ignore[arg-type]
+        probes: dict[int, tuple[Breaker, bool]] = {}
+        refused: dict[int, BaseException] = {}
+        for b in of:
+            if id(b) not in probes and id(b) not in refused:
+                try:
+                    probes[id(b)] = (b, self._admit(b))
+                except TierUnavailableError as e:
+                    refused[id(b)] = e
+        sent = [i for i, b in enumerate(of) if id(b) in probes]
+        if not sent:
+            raise TierUnavailableError(str(next(iter(refused.values()))), key)
+        try:
+            got = await super()._deadline(self._on_client_loop(run_pipeline, client, [commands[i] for i in sent]))
+        except Exception as e:
+            mapped, reachable = map_client_error(e, key, self._scrub(str(e)))
+            for b, probe in probes.values():
+                if reachable:
+                    b.success(probe)
+                else:
+                    b.failure(probe)
+            raise mapped from None
+        except BaseException:
+            for b, probe in probes.values():
+                b.neutral(probe)
+            raise
+        unreachable = {id(of[i]) for i, r in zip(sent, got) if isinstance(r, UNREACHABLE)}
+        for b, probe in probes.values():
+            if id(b) in unreachable:
+                b.failure(probe)
+            else:
+                b.success(probe)
+        self._stats.incr("pipelines")
+        replies: list[Any] = [refused.get(id(b)) for b in of]
+        for i, r in zip(sent, got):
+            replies[i] = r
         return replies
 
     @staticmethod
@@ -412,6 +451,8 @@ class ValkeyTier(AsyncChunkTier):
 
     def _failed(self, key: bytes, reply: object, command: str) -> ChunkError:
         """The failure of one command of a batch, from its reply."""
+        if isinstance(reply, ChunkError):  # (a node's breaker refused it: the batch's error, this key's now)
+            return type(reply)(str(reply), key)
         if isinstance(reply, BaseException):
             return map_client_error(reply, key, self._scrub(str(reply)))[0]
         return ValkeyIOError(f"unexpected reply to {command}: {type(reply).__name__}", key)
