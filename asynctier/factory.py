@@ -21,6 +21,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import logging
+import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from importlib import metadata
@@ -29,6 +30,9 @@ from typing import Any, ClassVar
 from .contract import SecondaryTierManager
 from .errors import TierConfigError
 from .spec import OffloadingSpec
+
+#: Registration is check-then-insert: one lock for it.
+_REGISTRY_LOCK = threading.Lock()
 
 __all__ = ["ENTRY_POINT_GROUP", "SecondaryTierFactory", "TierInfo", "accepted_parameters"]
 
@@ -88,6 +92,8 @@ def _import_class(module_path: str, class_name: str, what: str) -> type[Secondar
         extra = _EXTRAS.get((e.name or "").split(".")[0])
         hint = f" (it comes with an extra: pip install 'asynctier[{extra}]')" if extra else ""
         raise TierConfigError(f"{what}: cannot import module {module_path!r}: {e}{hint}") from e
+    except Exception as e:  # it raised as it ran (a SyntaxError, its own RuntimeError): say which tier's
+        raise TierConfigError(f"{what}: importing module {module_path!r} failed: {type(e).__name__}: {e}") from e
     try:
         cls: Any = module
         for part in class_name.split("."):  # entry points may name a nested class (mod:Outer.Inner)
@@ -153,22 +159,24 @@ class SecondaryTierFactory:
         """
         if not isinstance(tier_type, str) or not tier_type:
             raise TierConfigError(f"tier_type must be a non-empty str; got {tier_type!r}")
-        if tier_type in cls._registry:
-            raise ValueError(f"Tier '{tier_type}' is already registered.")
         _check_dotted(f"tier {tier_type!r}", "module_path", module_path)
         _check_dotted(f"tier {tier_type!r}", "class_name", class_name)
 
         def loader() -> type[SecondaryTierManager]:
             return _import_class(module_path, class_name, f"tier {tier_type!r}")
 
-        cls._registry[tier_type] = loader
-        cls._origins[tier_type] = TierInfo(tier_type, module_path, class_name, "registered")
+        with _REGISTRY_LOCK:  # (check and insert as one: two threads both got through)
+            if tier_type in cls._registry:
+                raise ValueError(f"Tier '{tier_type}' is already registered.")
+            cls._registry[tier_type] = loader
+            cls._origins[tier_type] = TierInfo(tier_type, module_path, class_name, "registered")
 
     @classmethod
     def unregister_tier(cls, tier_type: str) -> None:
         """Forget a registered tier type (for tests and plugins that replace a tier)."""
-        cls._registry.pop(tier_type, None)
-        cls._origins.pop(tier_type, None)
+        with _REGISTRY_LOCK:
+            cls._registry.pop(tier_type, None)
+            cls._origins.pop(tier_type, None)
 
     @classmethod
     def registered(cls) -> list[TierInfo]:

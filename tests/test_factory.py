@@ -287,3 +287,50 @@ def test_register_tier_checks_its_names() -> None:
     with pytest.raises(TierConfigError, match=r"class_name must be a dotted name"):
         SecondaryTierFactory.register_tier("never-made", "dir_tier", "")
     assert "never-made" not in SecondaryTierFactory.registered()
+
+
+def test_a_module_that_raises_as_it_is_imported_is_a_config_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A module_path whose module raised at import (a SyntaxError, a RuntimeError of its own)
+    gave that bare error, naming neither the tier nor the config."""
+    (tmp_path / "boom_tier.py").write_text("raise RuntimeError('boom at import')\n")
+    (tmp_path / "syntax_tier.py").write_text("def (:\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    spec = OffloadingSpec(4096, 2)
+    for mod, said in (("boom_tier", "RuntimeError: boom at import"), ("syntax_tier", "SyntaxError")):
+        with pytest.raises(TierConfigError, match=rf"importing module '{mod}' failed: {said}"):
+            SecondaryTierFactory.create_secondary_tier(
+                {"type": "X", "module_path": mod}, memoryview(bytearray(spec.total_bytes)), spec
+            )
+
+
+def test_registering_one_name_from_many_threads_lets_one_through() -> None:
+    import threading
+
+    name = "RaceTier-test"
+    ok: list[int] = []
+    barrier = threading.Barrier(8)
+
+    def register(i: int) -> None:
+        barrier.wait()
+        try:
+            SecondaryTierFactory.register_tier(name, f"mod{i}", "Tier")
+            ok.append(i)
+        except ValueError:
+            pass
+
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        for _ in range(50):
+            ok.clear()
+            threads = [threading.Thread(target=register, args=(i,)) for i in range(8)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            assert len(ok) == 1, ok
+            SecondaryTierFactory.unregister_tier(name)
+    finally:
+        sys.setswitchinterval(old)

@@ -388,6 +388,24 @@ def test_reset_cache_drains_jobs(s3: str, drain: str) -> None:
         proxy.close()
 
 
+def test_reset_cache_reports_a_job_cancelled_before_it_started() -> None:
+    """drain="cancel" cancelled a job whose task had not run a step yet (submitted while the
+    loop still polled after the previous one): it was never reported, and vLLM's reset_cache()
+    failed its assertion that no job is left."""
+    s = Scheduler(adapter_config({"type": "memory"}, drain="cancel"))
+    try:
+        req = s.new_request()
+        s.store(req, chunks(2))
+        s.settle()  # one cascade ran: the loop polls for more for a while
+        s.store(req, chunks(2))  # the next one is submitted in this step
+        with s.mgr.lock:
+            s.mgr.reset_cache()  # asserts that no job is left
+        assert not s.mgr.has_pending_work()
+        s.finish(req)
+    finally:
+        s.close()
+
+
 def test_bad_config_is_refused(tmp_path: Path) -> None:
     spec = TieringOffloadingSpec(offloading_config([]))
     view = memoryview(np.zeros((4, CHUNK), dtype=np.int8))
@@ -398,6 +416,11 @@ def test_bad_config_is_refused(tmp_path: Path) -> None:
         (adapter_config({"type": "fs", "root": str(tmp_path)}, drain="later"), "'drain' must be"),
         (adapter_config({"type": "fs", "root": str(tmp_path)}, namespace=5), "'namespace' must be"),
         (adapter_config({"type": "fs", "root": str(tmp_path)}, stats_interval_s=True), "'stats_interval_s' must be"),
+        # NaN compared false with every time since: no tier stats ever reached vLLM
+        (
+            adapter_config({"type": "fs", "root": str(tmp_path)}, stats_interval_s=float("nan")),
+            "'stats_interval_s' must be",
+        ),
         (adapter_config({"type": "fs", "root": str(tmp_path)}, locality="nearby"), "'locality' must be one of"),
         # a misspelt key was a bare TypeError from the constructor's call
         (adapter_config({"type": "memory"}, namspace="x"), r"unknown key\(s\) 'namspace'; accepted: 'tier'"),

@@ -176,7 +176,11 @@ class AsynctierTier(SecondaryTierManager):
             raise TierConfigError(f"AsynctierTier: 'drain' must be 'wait' or 'cancel'; got {drain!r}")
         if namespace is not None and not isinstance(namespace, str):
             raise TierConfigError(f"AsynctierTier: 'namespace' must be a str; got {namespace!r}")
-        if isinstance(stats_interval_s, bool) or not isinstance(stats_interval_s, (int, float)) or stats_interval_s < 0:
+        if (
+            isinstance(stats_interval_s, bool)
+            or not isinstance(stats_interval_s, (int, float))
+            or not 0 <= stats_interval_s < math.inf  # (NaN compared false: no stats were ever reported)
+        ):
             raise TierConfigError(
                 f"AsynctierTier: 'stats_interval_s' must be a number of seconds >= 0; got {stats_interval_s!r}"
             )
@@ -281,7 +285,7 @@ class AsynctierTier(SecondaryTierManager):
             self._loop_polls = False
             self._take_inbox()  # what was posted while the scheduler thread still saw us polling
 
-    def _track(self, tasks: set[asyncio.Task[None]], coro: Coroutine[Any, Any, None]) -> None:
+    def _track(self, tasks: set[asyncio.Task[None]], coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         task = self.loop.create_task(coro)
         tasks.add(task)
         task.add_done_callback(tasks.discard)
@@ -289,9 +293,18 @@ class AsynctierTier(SecondaryTierManager):
         if not self._loop_polls:
             self._loop_polls = True
             self.loop.call_later(_POLL_S, self._poll_inbox)
+        return task
 
     def _start_job(self, job_id: int, load: bool, keys: list[OffloadKey], chunk_ids: list[int]) -> None:
-        self._track(self._jobs, self._run_job(job_id, load, keys, chunk_ids))
+        task = self._track(self._jobs, self._run_job(job_id, load, keys, chunk_ids))
+
+        def unstarted(t: asyncio.Task[None]) -> None:
+            # cancelled before its first step (drain="cancel", shutdown): _run_job never ran to
+            # report it, and vLLM waits for every job it submitted (reset_cache asserts none is left)
+            if t.cancelled():
+                self._finished.put(_Done(job_id, False, (), 0.0, 0))
+
+        task.add_done_callback(unstarted)
 
     async def _run_job(self, job_id: int, load: bool, keys: list[OffloadKey], chunk_ids: list[int]) -> None:
         t0 = time.perf_counter()
