@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
+import gc
 import hashlib
 import logging
 import math
@@ -230,7 +232,12 @@ class AsynctierTier(SecondaryTierManager):
         try:
             self._call(self.tier.open())
         except BaseException:
+            # vLLM unmaps the primary region when the spec fails: the tier lets go of its views
+            # now (the exception's traceback keeps the tier itself)
+            with contextlib.suppress(Exception):
+                self._call(self.tier.aclose())
             self._stop_loop()
+            self._tier = None
             raise
         self._lookups = _Lookups(self, tier_type)
 
@@ -444,9 +451,11 @@ class AsynctierTier(SecondaryTierManager):
             self._call(self._close())
         finally:
             self._stop_loop()
-            # vLLM unmaps the primary region next: a closed tier releases its views of it
-            # (ChunkTier and the chain do at close), so no collection is needed here
+            # vLLM unmaps the primary region next: a closed tier releases its own views of it,
+            # but a chunk's failure leaves a traceback in a reference cycle whose frames hold
+            # chunk slices of it, until a collection
             self._tier = None
+            gc.collect()
 
     # -- metrics ----------------------------------------------------------------------------
 
