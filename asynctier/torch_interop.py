@@ -22,7 +22,10 @@ def tensor_view(tensor: torch.Tensor) -> memoryview:
     """A writable byte memoryview over a contiguous CPU tensor's storage, without copying.
 
     The view keeps the tensor alive. Raises ``TypeError`` for a tensor on another device or
-    one that is not contiguous.
+    one that is not contiguous. torch keeps no read-only flag: a tensor over read-only memory
+    (``torch.from_numpy`` of a read-only ``np.memmap``) gives a writable view all the same,
+    and a load into it kills the process; give such memory as ``memoryview(array)``, which a
+    load refuses.
     """
     import torch
 
