@@ -43,6 +43,17 @@ class MediumChecks(SuiteBase):
         cfg = {**config, "max_inflight": self.max_inflight}
         return Harness(SecondaryTierFactory.create_secondary_tier(cfg, memoryview(buf), spec), spec, buf)
 
+    @staticmethod
+    async def _four_stored(h: Harness, tag: str, seed: int) -> tuple[list[bytes], dict[int, bytes]]:
+        """Open ``h``'s tier (skipped where it is not persistent), store four keys, close."""
+        if not getattr(h.tier, "persistent", True):
+            pytest.skip("persistent = False: a new instance starts empty, two share nothing")
+        keys = new_keys(4, tag)
+        async with h.tier:
+            data = h.fill(seed)
+            assert (await h.tier.offload(keys, [0, 1, 2, 3])).ok
+        return keys, data
+
     def test_remove_deletes_on_the_medium(self, tmp_path: Path, backend: Backend) -> None:
         """An indexed tier answers ``lookup`` from its index: a ``delete_chunk`` that reports
         done and deletes nothing passed every check that looks only through the calls."""
@@ -128,13 +139,7 @@ class MediumChecks(SuiteBase):
         config = self.tier_config(tmp_path)
 
         async def check() -> None:
-            h = self._build(config)
-            if not getattr(h.tier, "persistent", True):
-                pytest.skip("persistent = False: a new instance starts empty")
-            keys = new_keys(4, "persist")
-            async with h.tier:
-                data = h.fill(37)
-                assert (await h.tier.offload(keys, [0, 1, 2, 3])).ok
+            keys, data = await self._four_stored(self._build(config), "persist", 37)
             again = self._build(config)
             async with again.tier:
                 assert await again.tier.lookup(keys) == [True] * 4, "a reopened persistent tier lost its chunks"
@@ -155,13 +160,7 @@ class MediumChecks(SuiteBase):
             return self._build(config, namespace)
 
         async def check() -> None:
-            a = build(self.namespace + "/a")
-            if not getattr(a.tier, "persistent", True):
-                pytest.skip("persistent = False: two instances share nothing")
-            keys = new_keys(4, "layout")
-            async with a.tier:
-                data = a.fill(36)
-                assert (await a.tier.offload(keys, [0, 1, 2, 3])).ok
+            keys, data = await self._four_stored(build(self.namespace + "/a"), "layout", 36)
             b = build(self.namespace + "/b")
             try:
                 await b.tier.open()

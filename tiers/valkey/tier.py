@@ -236,31 +236,13 @@ class ValkeyTier(AsyncChunkTier):
         client = self._client
         if client is None:
             raise TierUnavailableError("the valkey client is closed", key)
+        # a cluster: each node's commands go by that node's breaker (an open one fails its
+        # commands at once, not the batch), and each node's breaker is booked by its own
+        # commands' replies; one server: the tier's breaker, for the batch
         if isinstance(client, ValkeyCluster):
-            return await self._cluster_request(client, key, commands)
-        breaker = self._breaker
-        probe = self._admit(breaker)
-        try:
-            replies = await super()._deadline(self._on_client_loop(run_pipeline, client, commands))
-        except Exception as e:
-            mapped, reachable = map_client_error(e, key, self._scrub(str(e)))
-            if reachable:
-                breaker.success(probe)
-            else:
-                breaker.failure(probe)
-            raise mapped from None
-        except BaseException:
-            breaker.neutral(probe)  # not an answer either way; the probe's turn must end
-            raise
-        breaker.success(probe)
-        self._stats.incr("pipelines")
-        return replies
-
-    async def _cluster_request(self, client: ValkeyCluster, key: bytes, commands: Sequence[Command]) -> list[Any]:
-        """:meth:`_request` on a cluster: each node's commands go by that node's breaker (an
-        open one fails its commands at once, not the batch), the others as one pipeline, and
-        each node's breaker is booked by its own commands' replies."""
-        of = [self._breaker_of(client, cmd[1]) for cmd in commands]  # type: ignore[arg-type]
+            of = [self._breaker_of(client, cmd[1]) for cmd in commands]  # type: ignore[arg-type]
+        else:
+            of = [self._breaker] * len(commands)
         probes: dict[int, tuple[Breaker, bool]] = {}
         refused: dict[int, BaseException] = {}
         for b in of:
