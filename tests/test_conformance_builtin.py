@@ -13,7 +13,7 @@ import pytest
 
 from asynctier import AsyncChunkTier, BlockingChunkTier, ChunkNotFoundError
 from asynctier.integrity import key_token
-from asynctier.testing import CancellationChecks, Harness, TierConformance
+from asynctier.testing import CancellationChecks, ConcurrencyChecks, Harness, TierConformance
 
 
 class TestMemoryTier(TierConformance):
@@ -32,6 +32,18 @@ class TestMemoryTierWithCapacity(TierConformance):
 
     def tier_config(self, tmp_path: Path) -> dict[str, Any]:
         return {"type": "memory", "capacity_bytes": 4096 * self.chunk_bytes}
+
+
+class TestMemoryTierSmallPrimary(ConcurrencyChecks):
+    """A primary region small beside the in-flight bound (legal class settings): the race
+    check's readers loaded into slots past its end."""
+
+    backends = ("asyncio",)
+    num_chunks = 16
+    max_inflight = 32
+
+    def tier_config(self, tmp_path: Path) -> dict[str, Any]:
+        return {"type": "memory"}
 
 
 class TestReadmeDirTier(TierConformance):

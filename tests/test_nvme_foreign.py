@@ -358,3 +358,28 @@ def test_a_reformat_killed_before_its_index_is_written_reopens(tmp_path: Path) -
             assert (await tier.offload([b"b"], [0])).ok
 
     asyncio.run(again())
+
+
+async def test_a_failed_reformat_leaves_a_set_that_reopens_clean(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A reformat over a set of another layout that failed after recovery began: its new
+    superblock stays (the slab was neither made nor empty), and so must the journal it began,
+    or every later open reads the index as lost."""
+    p = tmp_path / "kv.slab"
+    tier, view = make(p, namespace="layout/a")
+    fill(view, CHUNK, 1)
+    async with tier:
+        assert (await tier.offload([b"a"], [0])).ok
+    tier, _ = make(p, namespace="layout/b", reformat=True)
+
+    def full(*_: Any) -> int:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(type(tier), "_native_run_slots", full)
+    with pytest.raises(OSError):
+        await tier.open()
+    monkeypatch.undo()
+    tier, _ = make(p, namespace="layout/b", create=False)  # (fsck's open: a lost index is refused)
+    async with tier:
+        assert tier.stats().extra.get("index_lost_at_open", 0) == 0

@@ -252,7 +252,7 @@ class NvmeTier(CoalescedJobs):
             self._zc_all = slabs.all_zero_copy(self._view, spec.chunk_bytes)
             self._run_limit = self._native_run_slots()
         except BaseException:
-            if fresh:  # the index files this open began (a set formatted now has no others)
+            if fresh and slabs.new_set:  # abandoned with its slabs: the index files this open began
                 for n in index_files(where, base):
                     where.unlink(n)
             cat.release_files()
