@@ -299,13 +299,8 @@ async def test_two_slabs_of_one_file_name_never_share_an_index_dir(tmp_path: Pat
         assert await tier.lookup([b"a0", b"a1"]) == [True, True]
 
 
-async def test_a_failed_first_open_leaves_no_index_that_blocks_the_next(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A new set's open failed after its journal's first generation was made (a full disk):
-    the slab went, the generation stayed, and every later open took it for another set's."""
-    p = tmp_path / "kv.slab"
-    tier, _ = make(p)
+async def _open_failing_after_recovery(tier: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Open ``tier`` with a step after recovery failing (a full disk): the open fails."""
 
     def full(*_: Any) -> int:
         raise OSError(28, "No space left on device")
@@ -314,6 +309,15 @@ async def test_a_failed_first_open_leaves_no_index_that_blocks_the_next(
     with pytest.raises(OSError):
         await tier.open()
     monkeypatch.undo()
+
+
+async def test_a_failed_first_open_leaves_no_index_that_blocks_the_next(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A new set's open failed after its journal's first generation was made (a full disk):
+    the slab went, the generation stayed, and every later open took it for another set's."""
+    p = tmp_path / "kv.slab"
+    await _open_failing_after_recovery(make(p)[0], monkeypatch)
     assert sorted(q.name for q in tmp_path.iterdir()) == []  # noqa: ASYNC240
     tier, view = make(p)
     fill(view, CHUNK, 1)
@@ -371,15 +375,7 @@ async def test_a_failed_reformat_leaves_a_set_that_reopens_clean(
     fill(view, CHUNK, 1)
     async with tier:
         assert (await tier.offload([b"a"], [0])).ok
-    tier, _ = make(p, namespace="layout/b", reformat=True)
-
-    def full(*_: Any) -> int:
-        raise OSError(28, "No space left on device")
-
-    monkeypatch.setattr(type(tier), "_native_run_slots", full)
-    with pytest.raises(OSError):
-        await tier.open()
-    monkeypatch.undo()
+    await _open_failing_after_recovery(make(p, namespace="layout/b", reformat=True)[0], monkeypatch)
     tier, _ = make(p, namespace="layout/b", create=False)  # (fsck's open: a lost index is refused)
     async with tier:
         assert tier.stats().extra.get("index_lost_at_open", 0) == 0

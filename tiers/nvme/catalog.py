@@ -54,16 +54,20 @@ def index_files(where: IndexDir, base: str) -> list[str]:
     return [n for n in where.names() if n.startswith(base + ".")]
 
 
-def refuse_foreign_index(where: IndexDir, base: str, new_set: bool) -> None:
+def generations(names: list[str], base: str) -> list[int]:
+    """The journal generations among ``names`` (``<base>.journal.<gen>``), in order."""
+    head = base + ".journal."
+    return sorted(int(n[len(head) :]) for n in names if n.startswith(head) and n[len(head) :].isdigit())
+
+
+def clear_index_for_format(where: IndexDir, base: str, new_set: bool) -> None:
     """Before a slab set is formatted: a new one (its files held none) finding index files under
     its name refuses them (:class:`TierConfigError`): they are another set's (two slabs of one
     file name sharing an ``index_dir``), or left by a slab deleted since; a set formatted over
     one of its own (``reformat``, a damaged set) deletes its old index first, so that a kill
     before its new index is written never leaves the old one to be taken for another set's."""
     found = index_files(where, base)
-    head = base + ".journal."
-    own = [n for n in found if n == base + ".ckpt" or (n.startswith(head) and n[len(head) :].isdigit())]
-    if not own:
+    if base + ".ckpt" not in found and not generations(found, base):
         return
     if new_set:  # (a leftover temporary is no index: recovery removes it)
         raise TierConfigError(
@@ -90,8 +94,7 @@ def find_index(
     an ``index_dir``) is refused (:class:`TierConfigError`), not taken for lost: recovery
     would delete it."""
     names = where.names()
-    head = base + ".journal."
-    gens = sorted(int(n[len(head) :]) for n in names if n.startswith(head) and n[len(head) :].isdigit())
+    gens = generations(names, base)
     ckpt = where.path / (base + ".ckpt")
     ck = None if fresh else read_checkpoint(ckpt, where=where)
     if ck is not None and ck.slab_id != slab_id:

@@ -22,7 +22,7 @@ from asynctier.integrity import checksum, pack_header
 from asynctier.io_engine import check_io_engine, runs_native
 from asynctier.stats import TierStats
 
-from .catalog import Catalog, index_files, refuse_foreign_index
+from .catalog import Catalog, clear_index_for_format, index_files
 from .fast import LoadPath
 from .files import IndexDir
 from .groups import CoalescedJobs
@@ -232,7 +232,7 @@ class NvmeTier(CoalescedJobs):
         fresh = slabs.open(
             self.capacity_bytes, spec.chunk_bytes, spec.layout_digest, reformat=self.reformat, create=self.create,
             before_write=None if self.create else partial(Catalog.check_index, where, base),
-            before_format=partial(refuse_foreign_index, where, base),
+            before_format=partial(clear_index_for_format, where, base),
         )  # fmt: skip
         assert slabs.geo is not None
         cat = Catalog(
