@@ -57,6 +57,10 @@ class TierInfo:
     source: str
 
 
+def _dist_name(ep: metadata.EntryPoint) -> str:
+    return ep.dist.name if ep.dist else "an unknown distribution"
+
+
 #: optional dependencies of built-in tiers -> the extra that installs them (pyproject.toml)
 _EXTRAS = {"obstore": "s3"}
 
@@ -150,6 +154,8 @@ class SecondaryTierFactory:
 
     _registry: ClassVar[dict[str, Callable[[], type[SecondaryTierManager]]]] = {}
     _origins: ClassVar[dict[str, TierInfo]] = {}
+    #: registered types whose same-named entry points were already reported as shadowed
+    _shadow_warned: ClassVar[set[str]] = set()
 
     @classmethod
     def register_tier(cls, tier_type: str, module_path: str, class_name: str) -> None:
@@ -177,15 +183,34 @@ class SecondaryTierFactory:
         with _REGISTRY_LOCK:
             cls._registry.pop(tier_type, None)
             cls._origins.pop(tier_type, None)
+            cls._shadow_warned.discard(tier_type)
 
     @classmethod
     def registered(cls) -> list[TierInfo]:
         """Every known tier type: registered ones, then those offered by entry points."""
         infos = list(cls._origins.values())
         for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
-            if ep.name not in cls._origins:
-                infos.append(TierInfo(ep.name, ep.module, ep.attr, f"entry point ({ep.dist.name if ep.dist else '?'})"))
+            source = f"entry point ({_dist_name(ep)})"
+            if ep.name in cls._origins:  # listed, so that `asynctier info` shows why it is never used
+                source += f", shadowed by the registered {ep.name!r}: never used"
+            infos.append(TierInfo(ep.name, ep.module, ep.attr, source))
         return infos
+
+    @classmethod
+    def _warn_shadowed(cls, tier_type: str) -> None:
+        """Say once per type that an installed package's entry point of a registered name is
+        never used (a plugin named ``fs`` was silently passed over for the built-in)."""
+        if tier_type in cls._shadow_warned:
+            return
+        cls._shadow_warned.add(tier_type)
+        origin = cls._origins.get(tier_type)
+        where = f"{origin.module_path}.{origin.class_name}" if origin else "?"
+        for ep in metadata.entry_points(group=ENTRY_POINT_GROUP, name=tier_type):
+            log.warning(
+                "entry point %r = %r of %s is not used: the tier type %r is registered (%s); "
+                "rename the entry point to use it",
+                ep.name, ep.value, _dist_name(ep), tier_type, where,
+            )  # fmt: skip
 
     @classmethod
     def get_tier_class(cls, tier_config: Mapping[str, Any]) -> type[SecondaryTierManager]:
@@ -211,6 +236,7 @@ class SecondaryTierFactory:
             if module_path is not None:  # as the reference factory: the registered tier wins, but say so
                 log.warning("tier type %r is registered: 'module_path' %r is ignored (rename the out-of-tree "
                             "class to use it)", tier_type, module_path)  # fmt: skip
+            cls._warn_shadowed(tier_type)
             return cls._registry[tier_type]()
         if module_path is not None:
             if not isinstance(module_path, str):
@@ -221,7 +247,7 @@ class SecondaryTierFactory:
             if not ep.attr:
                 raise TierConfigError(f"entry point {tier_type!r} = {ep.value!r} must name 'module:Class'")
             return _import_class(ep.module, ep.attr, f"tier {tier_type!r} (entry point)")
-        known = sorted(i.tier_type for i in cls.registered())
+        known = sorted({i.tier_type for i in cls.registered()})
         raise TierConfigError(
             f"Unknown secondary tier type: {tier_type!r}. Supported types: {known}. "
             "For an out-of-tree tier, also set 'module_path' (or install a package that "

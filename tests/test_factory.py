@@ -334,3 +334,26 @@ def test_registering_one_name_from_many_threads_lets_one_through() -> None:
             SecondaryTierFactory.unregister_tier(name)
     finally:
         sys.setswitchinterval(old)
+
+
+def test_an_entry_point_named_like_a_registered_tier_is_said_to_be_unused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A plugin's entry point named ``memory`` was passed over for the built-in without a word."""
+    dist = tmp_path / "shadowplug-1.0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: shadowplug\nVersion: 1.0\n")
+    (dist / "entry_points.txt").write_text(f"[{ENTRY_POINT_GROUP}]\nmemory = shadowplug:Tier\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(SecondaryTierFactory, "_shadow_warned", set())
+    with caplog.at_level("WARNING", logger="asynctier.factory"):
+        for _ in range(2):
+            tier = SecondaryTierFactory.create_secondary_tier({"type": "memory"}, view(), SPEC)
+    assert type(tier).__name__ == "MemoryTier"
+    said = [r.getMessage() for r in caplog.records if "shadowplug" in r.getMessage()]
+    assert len(said) == 1 and "is not used: the tier type 'memory' is registered" in said[0], said
+    listed = [i for i in SecondaryTierFactory.registered() if i.tier_type == "memory"]
+    assert [i.source for i in listed] == [
+        "registered",
+        "entry point (shadowplug), shadowed by the registered 'memory': never used",
+    ]
