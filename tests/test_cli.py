@@ -442,6 +442,16 @@ def test_fsck_says_when_the_root_or_the_layout_is_not_there_and_creates_nothing(
     assert r.exit_code == 2 and "is not a directory: no tier there" in r.output, r.output
 
 
+def test_fsck_skips_an_obj_tier_on_memory_urls(tmp_path: Path) -> None:
+    """obj on ``memory://`` holds nothing across processes, though its class can: it was
+    opened empty and reported clean (its ``persistent`` is per instance)."""
+    pytest.importorskip("obstore")
+    cfg = tmp_path / "tier.toml"
+    cfg.write_text('[spec]\nchunk_bytes = "64K"\n\n[tiers.kv]\ntype = "obj"\nurl = "memory://"\n')
+    r = invoke("fsck", "--config", str(cfg))
+    assert r.exit_code == 0 and f"kv: {_SKIPPED}" in r.output, r.output
+
+
 # a chain with every key the chain keeps for itself (write, backlog_chunks; an entry's name, admit,
 # deadline_s, breaker): fs refuses an unknown parameter, so one passed on to it fails the check
 _CHAIN_OF_FS = {

@@ -15,7 +15,7 @@ from ..errors import TierConfigError, TierStateError
 from ..factory import SecondaryTierFactory, accepted_parameters
 from ..spec import OffloadingSpec
 from .exits import EXIT_CODES_HELP, CliError, ExitCode
-from .fsck_targets import CheckTarget, check_targets, require_chunk_tier
+from .fsck_targets import NOT_PERSISTENT, CheckTarget, check_targets, require_chunk_tier
 from .options import import_path_option, run_async, size_callback
 from .roots import check_exists
 from .tierfile import load_tier_file, spec_from_table, uses_placeholders
@@ -193,8 +193,10 @@ async def _check_all(targets: list[CheckTarget], spec: OffloadingSpec, remove: b
     built = [(t, _build_for_check(t.name, t.where, t.config, spec)) for t in targets]
     reports = []
     for target, tier in built:
-        if target.skipped:  # built, never opened
-            report = FsckReport(tier=target.name, skipped=target.skipped)
+        # (an instance may hold nothing across processes where its class can: obj on memory://)
+        skipped = target.skipped or (None if getattr(tier, "persistent", True) else NOT_PERSISTENT)
+        if skipped:  # built, never opened
+            report = FsckReport(tier=target.name, skipped=skipped)
         else:
             report = await _verify_all(target.name, tier, remove=remove)
         report.member = target.member
