@@ -187,3 +187,46 @@ def test_one_node_gone_opens_its_own_breaker_not_the_clusters(tmp_path: Path) ->
         anyio.run(main, backend="asyncio")
     finally:
         cluster.stop()
+
+
+def test_a_node_that_hangs_fails_its_own_keys_not_the_batch(tmp_path: Path) -> None:
+    """A stopped node (it keeps its sockets and answers nothing): a batch across nodes waited
+    for it until timeout_s, so every key failed, and every node's breaker was booked a
+    failure and opened. On the review's script no key of a live node loaded for as long as
+    the node hung. Each node's part of a batch now goes on its own, under its own deadline."""
+    cluster = ValkeyCluster3(tmp_path)
+    try:
+        for n in cluster.nodes:
+            with contextlib.closing(n.client()) as c:
+                c.config_set("cluster-require-full-coverage", "no")
+        buf = bytearray(os.urandom(SPEC.total_bytes))
+        tier: Any = SecondaryTierFactory.create_secondary_tier(
+            {"type": "valkey", "url": cluster.url, "timeout_s": 0.5, "breaker_threshold": 2, "breaker_cooldown_s": 60,
+             "max_inflight": 1},  # (a call is one batch: keys of every node in one pipeline)
+            memoryview(buf), SPEC,
+        )  # fmt: skip
+        ks = [b"hung-%d" % i for i in range(16)]
+        lo, hi = cluster.RANGES[2]
+
+        async def main() -> None:
+            async with tier:
+                assert (await tier.offload(ks, list(range(16)))).ok
+                on_hung = [k for k in ks if lo <= key_slot(tier.name_of(k)) <= hi]
+                on_live = [k for k in ks if k not in on_hung]
+                assert on_hung and on_live
+                cluster.nodes[2].pause()
+                try:
+                    kinds = []
+                    for _ in range(4):
+                        res = await tier.load(ks, list(range(16)))
+                        assert set(res.succeeded) == set(on_live), res.failed
+                        kinds.append({failure_kind(e) for e in res.failed.values()})
+                    # timeouts until the hung node's breaker opens, then refused at once
+                    assert kinds == [{"timeout"}, {"timeout"}, {"unavailable"}, {"unavailable"}], kinds
+                    assert (await tier.offload(on_live, list(range(len(on_live))))).ok
+                finally:
+                    cluster.nodes[2].resume()
+
+        anyio.run(main, backend="asyncio")
+    finally:
+        cluster.stop()

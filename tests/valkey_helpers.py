@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import signal
 import socket
 import subprocess
 import time
@@ -119,6 +120,15 @@ class ValkeyProcess:
     def restart(self) -> None:
         self.stop()
         self.start()
+
+    def pause(self) -> None:
+        """Stop the process (SIGSTOP): it keeps its sockets and answers nothing, as a hung host."""
+        assert self._proc is not None
+        self._proc.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        if self._proc is not None:
+            self._proc.send_signal(signal.SIGCONT)
 
 
 class ValkeyCluster3:

@@ -254,31 +254,62 @@ class ValkeyTier(AsyncChunkTier):
         sent = [i for i, b in enumerate(of) if id(b) in probes]
         if not sent:
             raise TierUnavailableError(str(next(iter(refused.values()))), key)
+        parts: dict[int, list[int]] = {}
+        for i in sent:
+            parts.setdefault(id(of[i]), []).append(i)
+        replies: list[Any] = [refused.get(id(b)) for b in of]
+        if len(parts) == 1:  # one server, or one node: its failure is the batch's
+            self._fill(replies, sent, await self._send(client, key, commands, sent, probes[id(of[sent[0]])]))
+        else:
+            # each node's part on its own, at once, under its own deadline: a node that hangs
+            # (stopped, a partition that drops packets) fails its own keys and opens only its
+            # own breaker; as one batch every key waited for it, and every node's breaker opened
+            failures: list[BaseException] = []
+
+            async def part(idx: list[int]) -> None:
+                try:
+                    self._fill(replies, idx, await self._send(client, key, commands, idx, probes[id(of[idx[0]])]))
+                except ChunkError as e:
+                    failures.append(e)
+                    for i in idx:
+                        replies[i] = e
+
+            async with anyio.create_task_group() as tg:
+                for idx in parts.values():
+                    tg.start_soon(part, idx)
+            if len(failures) == len(parts):
+                raise failures[0]
+        self._stats.incr("pipelines")
+        return replies
+
+    @staticmethod
+    def _fill(replies: list[Any], idx: list[int], got: list[Any]) -> None:
+        for i, r in zip(idx, got):
+            replies[i] = r
+
+    async def _send(
+        self, client: Client, key: bytes, commands: Sequence[Command], idx: list[int], probe: tuple[Breaker, bool]
+    ) -> list[Any]:
+        """Commands ``idx`` as one pipeline under the deadline, booked on their breaker ``probe``:
+        the replies, or the failure of the whole pipeline raised as ``key``'s ChunkError."""
+        b, admitted = probe
         try:
-            got = await super()._deadline(self._on_client_loop(run_pipeline, client, [commands[i] for i in sent]))
+            got = await super()._deadline(self._on_client_loop(run_pipeline, client, [commands[i] for i in idx]))
         except Exception as e:
             mapped, reachable = map_client_error(e, key, self._scrub(str(e)))
-            for b, probe in probes.values():
-                if reachable:
-                    b.success(probe)
-                else:
-                    b.failure(probe)
+            if reachable:
+                b.success(admitted)
+            else:
+                b.failure(admitted)
             raise mapped from None
         except BaseException:
-            for b, probe in probes.values():
-                b.neutral(probe)
+            b.neutral(admitted)
             raise
-        unreachable = {id(of[i]) for i, r in zip(sent, got) if isinstance(r, UNREACHABLE)}
-        for b, probe in probes.values():
-            if id(b) in unreachable:
-                b.failure(probe)
-            else:
-                b.success(probe)
-        self._stats.incr("pipelines")
-        replies: list[Any] = [refused.get(id(b)) for b in of]
-        for i, r in zip(sent, got):
-            replies[i] = r
-        return replies
+        if any(isinstance(r, UNREACHABLE) for r in got):
+            b.failure(admitted)
+        else:
+            b.success(admitted)
+        return got
 
     @staticmethod
     def _each(exc: ChunkError, keys: Sequence[bytes]) -> list[BaseException | None]:
