@@ -151,3 +151,66 @@ def test_a_read_handed_back_changed_fails_its_key(tmp_path: Path, config: dict[s
             assert await tier.lookup([b"k0", b"k1"]) == [False, True], "the bad copy was not removed"
 
     run_on_backend(backend, check)
+
+
+_SHORT: dict[bytes, bytes] = {}  # the records of the two sloppy tiers below
+
+
+class SloppyBlockingTier(BlockingChunkTier):
+    """Copies what it has and returns no count (allowed), so a truncated record fills part of
+    the buffer; one worker thread, so two reads share the thread's record buffer."""
+
+    frames_own_bytes = False
+
+    def write_chunk(self, key: bytes, data: memoryview) -> None:
+        _SHORT[key] = bytes(data)
+
+    def read_chunk(self, key: bytes, out: memoryview) -> None:
+        rec = _SHORT[key]
+        out[: len(rec)] = rec
+
+    def chunk_exists(self, key: bytes) -> bool:
+        return key in _SHORT
+
+    def delete_chunk(self, key: bytes) -> bool:
+        return _SHORT.pop(key, None) is not None
+
+
+class SloppyAsyncTier(AsyncChunkTier):
+    frames_own_bytes = False
+
+    async def write_chunk(self, key: bytes, data: memoryview) -> None:
+        _SHORT[key] = bytes(data)
+
+    async def read_chunk(self, key: bytes, out: memoryview) -> None:
+        rec = _SHORT[key]
+        out[: len(rec)] = rec
+
+    async def chunk_exists(self, key: bytes) -> bool:
+        return key in _SHORT
+
+    async def delete_chunk(self, key: bytes) -> bool:
+        return _SHORT.pop(key, None) is not None
+
+
+@pytest.mark.parametrize("kind", ["SloppyBlockingTier", "SloppyAsyncTier"])
+def test_a_short_copy_without_a_count_fails_with_verify_off(kind: str) -> None:
+    """verify=False skips the payload checksum; with no count from read_chunk, a short copy was
+    then delivered as loaded, its tail another key's record left in the reused buffer."""
+    _SHORT.clear()
+    spec = OffloadingSpec(4096, 8, namespace="integrity/short")
+    buf = bytearray(spec.total_bytes)
+    buf[:4096], buf[4096:8192] = b"A" * 4096, b"B" * 4096
+    config = {"type": kind, "module_path": __name__, "verify": False, "max_inflight": 1}
+    tier = SecondaryTierFactory.create_secondary_tier(config, memoryview(buf), spec)
+
+    async def check() -> None:
+        async with tier:
+            assert (await tier.offload([b"key-a", b"key-b"], [0, 1])).ok
+            _SHORT[b"key-b"] = _SHORT[b"key-b"][:-1000]  # truncated on the medium
+            assert (await tier.load([b"key-a"], [4])).ok
+            res = await tier.load([b"key-b"], [5])
+            assert isinstance(res.failed.get(b"key-b"), IntegrityError), res
+            assert b"A" not in bytes(buf[5 * 4096 : 6 * 4096])
+
+    run_on_backend("asyncio", check)

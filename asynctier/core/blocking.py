@@ -79,8 +79,7 @@ class BlockingChunkTier(ChunkTier):
         else:
             record = self._framing.read_buffer(key, per_thread=True)
             filled = self.read_chunk(key, record)
-            self._framing.check_filled(key, record, filled)
-            self._framing.unframe(key, record, out)
+            self._framing.read_checked(key, record, filled, out)
 
     # -- wiring ----------------------------------------------------------------------------
     def make_engine(self) -> Engine:

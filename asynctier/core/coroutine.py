@@ -73,8 +73,7 @@ class AsyncChunkTier(ChunkTier):
         else:
             record = self._framing.read_buffer(key, per_thread=False)
             filled = await self.read_chunk(key, record)
-            self._framing.check_filled(key, record, filled)
-            self._framing.unframe(key, record, out)
+            self._framing.read_checked(key, record, filled, out)
 
     def make_engine(self) -> Engine:
         return TaskEngine(self.max_inflight or 1, name=f"asynctier-{self.tier_type}")

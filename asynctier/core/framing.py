@@ -54,11 +54,23 @@ class Framing:
         out[-1] ^= 0xFF
         return out
 
-    def check_filled(self, key: bytes, record: memoryview, filled: object) -> None:
-        """``read_chunk`` may return the number of bytes it filled; fewer than the record's
-        is a truncated copy."""
-        if isinstance(filled, int) and not isinstance(filled, bool) and filled != record.nbytes:
-            raise IntegrityError(f"stored record is {filled} bytes, expected {record.nbytes} (truncated)", key)
+    def check_filled(self, key: bytes, record: memoryview, filled: object) -> bool:
+        """``read_chunk`` may return the number of bytes it filled; another count is a copy of
+        the wrong length. Returns whether a count was given."""
+        if not isinstance(filled, int) or isinstance(filled, bool):
+            return False
+        if filled != record.nbytes:
+            what = "truncated" if filled < record.nbytes else "longer than a record"
+            raise IntegrityError(f"stored record is {filled} bytes, expected {record.nbytes} ({what})", key)
+        return True
+
+    def read_checked(self, key: bytes, record: memoryview, filled: object, out: memoryview) -> None:
+        """Check what ``read_chunk`` filled into ``record`` (and the count it returned) and copy
+        its payload into ``out``. Without a count a short copy cannot be told from a whole
+        one (a reused buffer keeps an earlier record's tail, a fresh one zeros): the payload's
+        checksum is then checked even where ``verify`` is off."""
+        counted = self.check_filled(key, record, filled)
+        self.unframe(key, record, out, check_data=self.verify or not counted)
 
     def frame(self, key: bytes, payload: memoryview, *, per_thread: bool) -> memoryview:
         """Header and payload of ``key`` as one read-only record."""
@@ -69,15 +81,17 @@ class Framing:
         out[h:] = payload
         return out.toreadonly()
 
-    def unframe(self, key: bytes, record: memoryview, out: memoryview) -> None:
+    def unframe(self, key: bytes, record: memoryview, out: memoryview, *, check_data: bool | None = None) -> None:
         """Check ``record`` (as read back for ``key``) and copy its payload into ``out``.
 
         Raises :class:`IntegrityError` for a record of another key, layout or length, a torn
-        header, or (with ``verify``) a payload that does not match its checksum.
+        header, or (with ``check_data``, default ``verify``) a payload that does not match its
+        checksum.
         """
         header = ChunkHeader.unpack(record, key=key)
         payload = record[header.size :]
         if payload.nbytes != out.nbytes:
             raise IntegrityError(f"stored record holds {payload.nbytes} payload bytes, expected {out.nbytes}", key)
-        header.verify(payload, layout_digest=self.digest, payload_len=out.nbytes, check_data=self.verify)
+        check = self.verify if check_data is None else check_data
+        header.verify(payload, layout_digest=self.digest, payload_len=out.nbytes, check_data=check)
         out[:] = payload
