@@ -354,10 +354,17 @@ class LRUIndex:
     def adopt_pinned_entry(self, key: bytes, nbytes: int) -> object | None:
         """:meth:`adopt_pinned`, returning the entry pinned (for :meth:`unpin` and
         :meth:`discard`) or None."""
+        got = self.adopt_pinned_new(key, nbytes)
+        return None if got is None else got[0]
+
+    def adopt_pinned_new(self, key: bytes, nbytes: int) -> tuple[object, bool] | None:
+        """:meth:`adopt_pinned_entry`, with whether the entry was added by this call (a load
+        that then gets no answer from the medium takes it out again: it may not exist)."""
         with self._lock:
             if key in self._removing:
                 return None
             e = self._entries.get(key)
+            added = e is None
             if e is None:
                 e = _Entry(nbytes, committed=True)
                 self._entries[key] = e
@@ -366,7 +373,7 @@ class LRUIndex:
             elif not e.committed:
                 return None
             e.pins += 1
-            return e
+            return e, added
 
     def pop_lru(self, nbytes: int) -> list[bytes]:
         """Drop least recently used unpinned entries worth at least ``nbytes``, capacity or not

@@ -73,6 +73,30 @@ async def test_connection_refused_opens_breaker_then_recovers(proxy: FaultProxy)
 
 
 @on_asyncio_only
+async def test_loads_the_store_did_not_answer_leave_the_capacity_account_alone(proxy: FaultProxy) -> None:
+    """A load adds a key it does not know to the account before its GET (another server may
+    have stored it). Loads of keys never stored, failed as unavailable, left their entries
+    there: once the store was back, a store "evicted" them by deleting real chunks."""
+    from asynctier.integrity import ChunkHeader
+
+    rig = Rig()
+    ks = keys(3)
+    per = rig.spec.chunk_bytes + ChunkHeader.packed_size(len(ks[0]))
+    config = s3_config(endpoint=proxy.endpoint, capacity_bytes=4 * per, lookup_ttl_s=0, **FAST_FAULTS)
+    tier = rig.tier(config)
+    async with tier:
+        assert (await tier.offload(ks[:2], [0, 1])).ok
+        proxy.kill()
+        res = await tier.load(keys(6, "absent"), list(range(2, 8)))
+        assert kinds(res) == {"unavailable"}
+        assert tier.stats().stored_chunks == 2
+        proxy.revive()
+        await until_ok(lambda: tier.load(ks[:1], [8]))
+        assert (await tier.offload(ks[2:], [2])).ok
+        assert await tier.lookup(ks) == [True] * 3 and tier.stats().evictions == 0
+
+
+@on_asyncio_only
 async def test_responses_slower_than_the_deadline_time_out(proxy: FaultProxy) -> None:
     rig = Rig()
     deadline = {"timeout_s": 0.5, "retry_timeout_s": 0.5, "breaker_threshold": 100}

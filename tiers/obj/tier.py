@@ -251,7 +251,8 @@ class ObjTier(BlockingChunkTier):
         # Pinned before the GET, and taken into the account if absent (another server stored
         # it): a removal or a write of the key here meanwhile is seen. None: it is being
         # removed or written here now; read it, but leave the account to them.
-        entry = lru.adopt_pinned_entry(key, object_size(len(key), out.nbytes)) if lru is not None else None
+        got = lru.adopt_pinned_new(key, object_size(len(key), out.nbytes)) if lru is not None else None
+        entry, added = got if got is not None else (None, False)
         ok = False
         try:
             self._get_into(key, out)
@@ -265,6 +266,12 @@ class ObjTier(BlockingChunkTier):
             # the object is still there: it leaves the account when it is deleted (a load
             # deletes it; a verification without remove_bad keeps it)
             self._cache.forget(key)
+            raise
+        except BaseException:
+            # no answer (timeout, unreachable, breaker open): an entry this load added may
+            # stand for nothing, and was later "evicted" in place of real chunks
+            if lru is not None and entry is not None and added:
+                lru.discard(key, entry=entry)
             raise
         finally:
             if lru is not None and entry is not None:
