@@ -240,6 +240,39 @@ def test_demotion_moves_the_first_tiers_victims_down(tmp_path: Path) -> None:
     run(check)
 
 
+def test_promotions_into_the_first_tier_start_demotion(tmp_path: Path) -> None:
+    """Only stores woke the demoter: promotions took the first tier over its mark and it stayed
+    there, so the next stores made it evict by itself chunks no other tier held."""
+
+    async def check() -> None:
+        rig = ChainRig()
+        c = rig.spec.chunk_bytes
+        chain = rig.chain(
+            tiers=[
+                {**MEM, "capacity_bytes": 8 * c, "admit": lambda k, reason: not (k[:1] == b"P" and reason == "store")},
+                {**fs(tmp_path), "admit": lambda k, reason: k[:1] == b"P" or reason == "demote"},
+            ],
+            demote=True,
+            demote_headroom_chunks=2,
+        )
+        async with chain:
+            m, p = [b"M%d" % i for i in range(8)], [b"P0", b"P1"]
+            assert (await chain.offload(m[:6], list(range(6)))).ok  # the first tier at its mark
+            assert (await chain.offload(p, [8, 9])).ok  # the second tier only
+            await chain.drain()
+            assert (await chain.load(p, [10, 11])).ok  # promoted: the first tier 2 over its mark
+            await chain.drain()
+            assert (await chain.offload(m[6:], [6, 7])).ok
+            await chain.drain()
+            assert chain.stats().children["memory"].evictions == 0
+            rig.zero()
+            res = await chain.load(m, list(range(8)))
+            assert res.ok, f"lost: {sorted(res.failed)}"
+            assert all(rig.chunk(i) == rig.orig_chunk(i) for i in range(8))
+
+    run(check)
+
+
 # -- prefix lookup ---------------------------------------------------------------------------------
 def test_lookup_prefix_spans_tiers(tmp_path: Path) -> None:
     async def check() -> None:

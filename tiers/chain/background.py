@@ -32,7 +32,7 @@ from __future__ import annotations
 import logging
 import math
 from collections import OrderedDict, deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import anyio
 
@@ -204,6 +204,8 @@ class Backlog:
         self._pending: dict[bytes, list[Item]] = {}  # each key's items not yet finished, oldest first
         #: loads served from a slot still queued here (:meth:`hold`)
         self.hits = 0
+        #: called after a lane wrote into the first tier (promotions): the demoter's poke
+        self.after_top_write: Callable[[], None] | None = None
 
     @property
     def depth(self) -> int:
@@ -404,6 +406,8 @@ class Backlog:
                 counts[_REASON_COUNTER[it.reason]] += 1
                 counts["bytes_in"] += self.chunk
         self._done(live)
+        if m.index == 0 and self.after_top_write is not None:  # (else the first tier evicts what only it holds)
+            self.after_top_write()
 
     async def drain(self) -> None:
         """Until every chunk queued so far is written (or dropped)."""

@@ -151,6 +151,8 @@ class ChainTier(ChainTransfers, Lifecycle, SecondaryTierManager):
             if cfg.demote
             else None
         )
+        if self._demoter is not None:
+            self._backlog.after_top_write = self._demoter.poke
         self._stats = StatsRecorder()
         self._queued = 0
         self._init_lifecycle()
