@@ -128,6 +128,7 @@ def test_a_load_is_served_from_a_write_back_still_queued() -> None:
                 await anyio.wait_all_tasks_blocked()
                 assert chain.stats().extra["background_in_flight"] == 2  # being written, held at the gate
                 assert (await chain.offload(ks[2:], [2, 3])).ok  # queued behind them
+                assert (await chain.member("memory").tier.remove([ks[3]])).ok  # evicted above, then
                 assert (await chain.offload([ks[3]], [5])).ok  # a newer copy of ks[3]: chunk 5's bytes
                 assert (await chain.remove([ks[2]])).ok  # queued, not running: the removal does not wait
                 assert (await chain.member("memory").tier.remove(ks)).ok  # evicted above
@@ -147,6 +148,39 @@ def test_a_load_is_served_from_a_write_back_still_queued() -> None:
                 res = await chain.load(ks[:2] + ks[3:], [8, 9, 11])  # from the tier below now
                 assert res.ok and chain.stats().extra["backlog_hits"] == 3
                 assert [rig.chunk(8), rig.chunk(11)] == [rig.orig_chunk(0), rig.orig_chunk(5)]
+        finally:
+            GatedMemoryTier.GATE.set()
+
+    run(check)
+
+
+def test_a_store_the_first_tier_skipped_queues_no_other_copy() -> None:
+    """A key stored twice while its first write-back was queued: the first tier kept the first
+    copy and reported the second store skipped, but the second copy was queued too, and being
+    the newest, it was the one written below (and served from the queue)."""
+
+    async def check() -> None:
+        rig = ChainRig()
+        gated = {"type": "GatedMemoryTier", "module_path": __name__, "name": "below"}
+        chain = rig.chain(tiers=[MEM, gated], write="back")
+        GatedMemoryTier.GATE.clear()
+        try:
+            async with chain:
+                k, blocker = b"twice", b"blocker"
+                assert (await chain.offload([blocker], [7])).ok
+                await anyio.wait_all_tasks_blocked()  # the lane busy at the gate
+                assert (await chain.offload([k], [0])).ok
+                res = await chain.offload([k], [1])
+                assert res.skipped == [k]
+                assert (await chain.member("memory").tier.remove([k])).ok  # evicted above
+                rig.zero()
+                assert (await chain.load([k], [8])).ok  # from the queue
+                assert rig.chunk(8) == rig.orig_chunk(0)
+                GatedMemoryTier.GATE.set()
+                await chain.drain()
+                rig.zero()
+                assert (await chain.load([k], [9])).ok  # from the tier below
+                assert rig.chunk(9) == rig.orig_chunk(0)
         finally:
             GatedMemoryTier.GATE.set()
 
