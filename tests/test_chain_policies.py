@@ -240,6 +240,20 @@ def test_demotion_moves_the_first_tiers_victims_down(tmp_path: Path) -> None:
     run(check)
 
 
+def test_two_members_on_one_medium_are_refused(tmp_path: Path) -> None:
+    """Two fs members on one root were accepted: the first one's eviction deleted files the
+    second one's index still listed (8 keys found by lookup_prefix, 4 of them loadable)."""
+    rig = ChainRig()
+    with pytest.raises(TierConfigError, match=r"tiers 'fs' and 'fs-1' both keep their chunks in .*kv"):
+        rig.chain(tiers=[{"type": "fs", "root": str(tmp_path / "kv")}, {"type": "fs", "root": str(tmp_path / "kv/.")}])
+    chain = rig.chain(
+        tiers=[MEM, MEM, {"type": "fs", "root": str(tmp_path / "a")}, {"type": "fs", "root": str(tmp_path / "b")}]
+    )
+    assert [m.name for m in chain.members] == ["memory", "memory-1", "fs", "fs-1"]  # as the docs say
+    with pytest.raises(TierConfigError, match=r"name 'memory-1' \(a name given by default"):
+        rig.chain(tiers=[MEM, MEM, {**MEM, "name": "memory-1"}])
+
+
 def test_promotions_into_the_first_tier_start_demotion(tmp_path: Path) -> None:
     """Only stores woke the demoter: promotions took the first tier over its mark and it stayed
     there, so the next stores made it evict by itself chunks no other tier held."""

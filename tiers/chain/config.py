@@ -89,6 +89,7 @@ def parse_entries(tiers: object) -> list[EntryConfig]:
         raise TierConfigError("chain: tiers must list at least one tier config (fastest first); got an empty list")
     out: list[EntryConfig] = []
     names: set[str] = set()
+    generated: set[str] = set()
     for i, raw in enumerate(tiers):
         where = f"chain: tiers[{i}]: "
         if not isinstance(raw, Mapping):
@@ -98,13 +99,23 @@ def parse_entries(tiers: object) -> list[EntryConfig]:
         if not isinstance(kind, str) or not kind:
             raise TierConfigError(f"{where}each tier needs 'type' (a non-empty str); got {kind!r}")
         name = cfg.pop("name", None)
-        if name is None:
-            name = kind if kind not in names else f"{kind}-{i}"
+        if name is None:  # the type, numbered from its second entry on: fs, fs-1, fs-2
+            seen = sum(1 for e in out if e.tier_config.get("type") == kind)
+            name = kind if seen == 0 else f"{kind}-{seen}"
         if not isinstance(name, str) or not name or "/" in name or not name.isprintable():
             raise TierConfigError(f"{where}name must be a non-empty printable str without '/'; got {name!r}")
         if name in names:
-            raise TierConfigError(f"{where}name {name!r} is used by another tier of the chain; names must be unique")
+            given = (
+                " (a name given by default: set 'name' on these tiers)"
+                if name in generated or "name" not in raw
+                else ""
+            )
+            raise TierConfigError(
+                f"{where}name {name!r}{given} is used by another tier of the chain; names must be unique"
+            )
         names.add(name)
+        if "name" not in raw:
+            generated.add(name)
         admit = cfg.pop("admit", None)
         deadline = _seconds(where, "deadline_s", cfg.pop("deadline_s", None), allow_none=True)
         breaker = cfg.pop("breaker", None)

@@ -11,6 +11,7 @@ which key (:attr:`~asynctier.stats.TransferResult.tier_failures`).
 from __future__ import annotations
 
 import logging
+import os
 import time
 import weakref
 from collections.abc import Callable, Sequence
@@ -48,6 +49,28 @@ log = logging.getLogger("asynctier.chain")
 
 #: Parallel batches per call at most (each holds the staging slots it was granted).
 _WORKERS_PER_CALL = 1
+
+
+def _media(tier: object) -> list[str]:
+    """Where a member keeps its chunks on this host: an fs root, nvme slabs (resolved paths)."""
+    root = getattr(tier, "root", None) if getattr(tier, "tier_type", None) == "fs" else None
+    paths = getattr(tier, "paths", None) if getattr(tier, "tier_type", None) == "nvme" else None
+    out = [os.path.realpath(root)] if isinstance(root, (str, os.PathLike)) else []
+    return out + [os.path.realpath(p) for p in paths or ()]
+
+
+def _refuse_shared_media(members: list[Member]) -> None:
+    """Two members on one medium each evict the other's chunks unseen (the other's index
+    still lists them): refused by name."""
+    seen: dict[str, str] = {}
+    for m in members:
+        for where in _media(m.tier):
+            if where in seen:
+                raise TierConfigError(
+                    f"chain: tiers {seen[where]!r} and {m.name!r} both keep their chunks in {where}: each would "
+                    "evict and overwrite the other's unseen; give each tier a medium of its own"
+                )
+            seen[where] = m.name
 
 
 def _abandon(backlog: Backlog, demoter: Demoter | None) -> Callable[[], None]:
@@ -142,6 +165,7 @@ class ChainTier(ChainTransfers, Lifecycle, SecondaryTierManager):
             except TierConfigError as e:
                 raise TierConfigError(f"{where}: {e}") from e
             self.members.append(Member(i, entry, tier, make_policy(entry.admit, offloading_spec, where)))
+        _refuse_shared_media(self.members)
         self._fence = RemovalFence()
         self._backlog = Backlog(
             self._pool, self._fence, self.members, cfg.background_batch, offloading_spec.chunk_bytes
