@@ -62,7 +62,7 @@ def _dist_name(ep: metadata.EntryPoint) -> str:
 
 
 #: optional dependencies of built-in tiers -> the extra that installs them (pyproject.toml)
-_EXTRAS = {"obstore": "s3"}
+_EXTRAS = {"obstore": "s3", "valkey": "valkey", "libvalkey": "valkey"}
 
 
 def _looks_like_a_path(module_path: str) -> bool:

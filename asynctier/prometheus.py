@@ -21,8 +21,13 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, SummaryMetricFamily
-from prometheus_client.registry import Collector
+try:
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, SummaryMetricFamily
+    from prometheus_client.registry import Collector
+except ImportError as e:  # (say which extra brings it, as the factory does for a tier's client)
+    raise ImportError(
+        f"asynctier.prometheus needs prometheus_client: pip install 'asynctier[prometheus]' ({e})", name=e.name
+    ) from e
 
 from .contract import SecondaryTierManager
 from .stats import TierStats

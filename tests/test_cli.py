@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from asynctier import BlockingChunkTier, ChunkNotFoundError, OffloadingSpec, SecondaryTierFactory
+from asynctier import BlockingChunkTier, ChunkNotFoundError, OffloadingSpec, SecondaryTierFactory, TierConfigError
 from asynctier.cli import main
 
 HAS_FS = importlib.util.find_spec("asynctier.tiers.fs") is not None
@@ -1023,3 +1023,30 @@ def test_fsck_of_a_slab_in_use_says_it_cannot_check(tmp_path: Path) -> None:
     finally:
         done.set()
         t.join()
+
+
+def test_info_prints_data_as_text_not_markup(monkeypatch: pytest.MonkeyPatch) -> None:
+    """rich read cells as markup: "pip install 'asynctier[s3]'" printed as "pip install 'asynctier'"."""
+    monkeypatch.setitem(sys.modules, "obstore", None)  # as if the s3 extra were not installed
+    for name in [m for m in sys.modules if m.startswith("asynctier.tiers.obj")]:
+        monkeypatch.delitem(sys.modules, name)
+    r = invoke("info")
+    assert r.exit_code == 0, r.output
+    assert "asynctier[s3]" in "".join(r.output.split()), r.output
+
+
+def test_a_missing_valkey_client_names_its_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "valkey", None)
+    for name in [m for m in sys.modules if m.startswith("asynctier.tiers.valkey")]:
+        monkeypatch.delitem(sys.modules, name)
+    with pytest.raises(TierConfigError, match=r"pip install 'asynctier\[valkey\]'"):
+        SecondaryTierFactory.get_tier_class({"type": "valkey"})
+
+
+def test_a_tier_file_with_the_tiers_keys_below_spec_says_where_they_went(tmp_path: Path) -> None:
+    """TOML files every key after ``[spec]`` under it: "no tier configured (add a [tiers.NAME]
+    table)" did not say why the top-level 'type' was not seen."""
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(f'[spec]\nchunk_bytes = "256KiB"\ntype = "fs"\nroot = "{tmp_path}"\n')
+    r = invoke("fsck", "--config", str(cfg))
+    assert r.exit_code == 2 and "[spec] holds ['type']: a single tier's keys go above the [spec] table" in r.output

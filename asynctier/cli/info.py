@@ -63,6 +63,7 @@ def info(as_json: bool) -> None:
         click.echo(json.dumps(tiers, indent=2))
         return
     from rich.table import Table
+    from rich.text import Text
 
     from .console import output_console
 
@@ -71,7 +72,7 @@ def info(as_json: bool) -> None:
         table.add_column(col, overflow="fold", no_wrap=col == "type")
     for t in tiers:
         params = t.get("error") or ", ".join(f"{k}={v}" for k, v in t["parameters"].items())
-        table.add_row(t["type"], t["class"], t["source"], params)
+        table.add_row(*(Text(c) for c in (t["type"], t["class"], t["source"], params)))  # not markup: "[s3]"
     console = output_console()
     console.print(table)
     for part, state in native_parts():

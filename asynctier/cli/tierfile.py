@@ -164,6 +164,12 @@ def load_tier_file(path: str | os.PathLike[str]) -> TierFile:
             "or give a single tier with a top-level 'type'"
         )
     if not tiers:
+        misplaced = sorted({"type", "module_path"} & set(spec))
+        if misplaced:  # TOML puts every key after a [spec] header into [spec]
+            raise TierConfigError(
+                f"{p}: no tier configured, and [spec] holds {misplaced}: a single tier's keys go above the "
+                "[spec] table (keys below a table header belong to that table), or in a [tiers.NAME] table"
+            )
         raise TierConfigError(f"{p}: no tier configured (add a [tiers.NAME] table)")
     return TierFile(tiers=tiers, spec=dict(spec), bench=dict(bench), path=str(p))
 

@@ -180,6 +180,10 @@ def closing_lines(report: BenchReport) -> list[str]:
 
 def _build(cols: Sequence[Col], rows: Sequence[Sequence[str]], keep: Sequence[int], short: bool, **kw: Any) -> Any:
     from rich.table import Table
+    from rich.text import Text
+
+    if isinstance(kw.get("title"), str):
+        kw["title"] = Text(kw["title"])
 
     t = Table(header_style="bold", **kw)
     first = keep[0] if keep else -1
@@ -193,8 +197,8 @@ def _build(cols: Sequence[Col], rows: Sequence[Sequence[str]], keep: Sequence[in
             no_wrap=True,
             min_width=width0 if i == first else None,
         )
-    for row in rows:
-        t.add_row(*(row[i] for i in keep), style="red" if "FAILED" in row else None)
+    for row in rows:  # as Text: data (a path, an error) is not rich markup ("[s3]" vanished)
+        t.add_row(*(Text(row[i]) for i in keep), style="red" if "FAILED" in row else None)
     return t
 
 
