@@ -1050,3 +1050,37 @@ def test_a_tier_file_with_the_tiers_keys_below_spec_says_where_they_went(tmp_pat
     cfg.write_text(f'[spec]\nchunk_bytes = "256KiB"\ntype = "fs"\nroot = "{tmp_path}"\n')
     r = invoke("fsck", "--config", str(cfg))
     assert r.exit_code == 2 and "[spec] holds ['type']: a single tier's keys go above the [spec] table" in r.output
+
+
+_UNREADABLE_TIER = """
+from asynctier import BlockingChunkTier
+
+STORED = {}
+
+
+class UnreadableTier(BlockingChunkTier):
+    def write_chunk(self, key, data):
+        STORED[key] = bytes(data)
+
+    def read_chunk(self, key, out):
+        raise OSError(5, "unreadable medium")
+
+    def chunk_exists(self, key):
+        return key in STORED
+
+    def delete_chunk(self, key):
+        return STORED.pop(key, None) is not None
+"""
+
+
+def test_a_failed_selfcheck_removes_its_chunks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its chunks were removed only when every check passed: a failed run (or Ctrl-C) left them."""
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    (tmp_path / "unreadable_tier.py").write_text(_UNREADABLE_TIER)
+    try:
+        r = invoke("selfcheck", "--tier", "UnreadableTier", "--param", "module_path=unreadable_tier",
+                   "--path", str(tmp_path), "--chunks", "3", "--chunk-bytes", "4K")  # fmt: skip
+        assert r.exit_code == 1, r.output
+        assert sys.modules["unreadable_tier"].STORED == {}
+    finally:
+        sys.modules.pop("unreadable_tier", None)

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from typing import Any
 
+import anyio
 import click
 
 from ..errors import TierConfigError
@@ -31,6 +33,26 @@ def primary_buffer(nbytes: int) -> memoryview:
     return view
 
 
+async def _check(
+    tier: Any, keys: list[bytes], ids: list[int], view: memoryview, original: bytes, c: int
+) -> tuple[float, float]:
+    """The round trip: offload, lookup, load into other slots, compare; the two durations."""
+    t0 = time.perf_counter()
+    (await tier.offload(keys, ids)).raise_for_failures()
+    t_off = time.perf_counter() - t0
+    hits = await tier.lookup(keys)
+    if not all(hits):
+        raise _NotVerified(f"lookup missed {hits.count(False)} of {len(keys)} stored chunks")
+    view[:] = bytes(len(view))
+    t0 = time.perf_counter()
+    (await tier.load(keys, ids[::-1])).raise_for_failures()
+    t_load = time.perf_counter() - t0
+    for i, slot in enumerate(ids[::-1]):
+        if view[slot * c : (slot + 1) * c] != original[i * c : (i + 1) * c]:
+            raise _NotVerified(f"chunk {i} came back different")
+    return t_off, t_load
+
+
 async def roundtrip(config: dict[str, Any], chunk_bytes: int, num_chunks: int) -> dict[str, Any]:
     """Offload ``num_chunks`` random chunks, look them up, load them into other slots, compare."""
     from ..factory import SecondaryTierFactory
@@ -45,21 +67,13 @@ async def roundtrip(config: dict[str, Any], chunk_bytes: int, num_chunks: int) -
     tier = SecondaryTierFactory.create_secondary_tier(config, view, spec)
     try:
         async with tier:
-            t0 = time.perf_counter()
-            (await tier.offload(keys, ids)).raise_for_failures()
-            t_off = time.perf_counter() - t0
-            hits = await tier.lookup(keys)
-            if not all(hits):
-                raise _NotVerified(f"lookup missed {hits.count(False)} of {len(keys)} stored chunks")
-            view[:] = bytes(len(view))
-            t0 = time.perf_counter()
-            (await tier.load(keys, ids[::-1])).raise_for_failures()
-            t_load = time.perf_counter() - t0
-            c = chunk_bytes
-            for i, slot in enumerate(ids[::-1]):
-                if view[slot * c : (slot + 1) * c] != original[i * c : (i + 1) * c]:
-                    raise _NotVerified(f"chunk {i} came back different")
-            await tier.remove(keys)
+            try:
+                t_off, t_load = await _check(tier, keys, ids, view, original, chunk_bytes)
+            finally:
+                # also after a failure, a cancellation or Ctrl-C: its chunks never stay in the tier
+                with anyio.CancelScope(shield=True):
+                    with contextlib.suppress(Exception):  # (the check's own error is the one to say)
+                        await tier.remove(keys)
             stats = tier.stats()
     except TransferFailedError as e:
         raise _NotVerified(str(e)) from None
