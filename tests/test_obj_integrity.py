@@ -246,3 +246,33 @@ async def test_a_part_size_smaller_than_the_largest_header_is_refused(tmp_path: 
         assert res.ok, res.failed
         assert rig.chunk(2) == rig.orig_chunk(0) and rig.chunk(3) == rig.orig_chunk(1)
         assert tier.stats().extra["ranged_downloads"] == 2
+
+
+async def test_objects_not_named_as_this_tier_names_a_key_are_not_listed(tmp_path: Path) -> None:
+    """Any name that decoded as base32 was listed as a key: an upper-case spelling of a chunk's
+    name listed that key twice (fsck: "keys must be distinct within one call"), a nested
+    object listed a key never stored, and a copy of a long key's object under another hashed
+    name listed its key again. Each was also counted in used_bytes at reopen."""
+    from asynctier.cli.fsck import fsck_tier
+    from asynctier.integrity import key_token
+
+    rig = Rig()
+    root = tmp_path / "store"
+    config = {"type": "obj", "url": f"file://{root}", "capacity_bytes": 1 << 30}
+    short, long = b"abc", b"L" * 200  # a base32 name, a hashed one
+    tier = rig.tier(config)
+    async with tier:
+        assert (await tier.offload([short, long], [0, 1])).ok
+        used = tier.stats().used_bytes
+    (layout,) = [p for p in root.iterdir() if p.is_dir()]
+    real = layout / key_token(long)
+    (layout / key_token(short).upper()).write_bytes(b"not ours")
+    (layout / ("h" + "0" * 64)).write_bytes(real.read_bytes())  # another hashed name
+    (layout / "sub").mkdir()
+    (layout / "sub" / key_token(b"ghost")).write_bytes(b"x" * 10)
+    tier = rig.tier(config)
+    async with tier:
+        assert sorted(await tier.stored_keys()) == sorted([short, long])
+        assert tier.stats().used_bytes == used
+    report = await fsck_tier("t", config, rig.spec)
+    assert (report.checked, report.ok) == (2, 2), report

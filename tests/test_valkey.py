@@ -380,6 +380,10 @@ def test_fsck_lists_and_verifies_what_is_stored(valkey_single: ValkeyProcess, pr
             async with r.tier:
                 assert (await r.tier.offload(ks, list(range(6)))).ok
                 assert sorted(await r.tier.stored_keys()) == sorted(ks)
+                # names no key can have (fsck's verify_chunks refused the listing: a traceback)
+                c.set(r.tier.name_of(ks[0])[: -len(ks[0])], b"foreign")  # the prefix alone
+                c.set(r.tier.name_of(ks[0]) + b"x" * 1024, b"foreign")  # a key too long
+                assert sorted(await r.tier.stored_keys()) == sorted(ks)
                 c.set(r.tier.name_of(ks[0]), b"garbage")
                 res = await r.tier.verify_chunks(ks)
                 assert set(res.failed) == {ks[0]} and failure_kind(res.failed[ks[0]]) == "checksum"

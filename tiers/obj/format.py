@@ -58,9 +58,12 @@ def key_from_plain_name(name: str) -> bytes | None:
     if is_hashed_name(name):
         return None
     try:
-        return base64.b32decode(name.upper() + "=" * (-len(name) % 8))
+        key = base64.b32decode(name.upper() + "=" * (-len(name) % 8))
     except ValueError:
         return None
+    # only the name this tier gives the key: an upper-case spelling, or one with other trailing
+    # bits, decodes to a key too, and was listed as that key (twice beside the real object)
+    return key if 0 < len(key) <= MAX_KEY_BYTES and object_name(key) == name else None
 
 
 def is_hashed_name(name: str) -> bool:

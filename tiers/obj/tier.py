@@ -391,11 +391,15 @@ class ObjTier(BlockingChunkTier):
         """(key, object metadata) of every chunk object under the prefix."""
         with self._guarded(b"list"):
             pages = list(obstore.list(self._st(), self._prefix, chunk_size=1000))
+        seen: set[bytes] = set()
         for page in pages:
             for meta in page:
-                name = meta["path"].rsplit("/", 1)[-1]
+                parent, _, name = meta["path"].rpartition("/")
+                if parent + "/" != self._prefix:  # (a listing is recursive: not one of ours)
+                    continue
                 key = self._key_from_name(name, meta["size"])
-                if key is not None:
+                if key is not None and key not in seen:
+                    seen.add(key)
                     yield key, meta
 
     def _key_from_name(self, name: str, size: int) -> bytes | None:
@@ -406,10 +410,12 @@ class ObjTier(BlockingChunkTier):
         try:
             with self._guarded(b"list"):
                 head = obstore.get_range(self._st(), self._prefix + name, start=0, length=header_probe_size(size))
-            return ChunkHeader.unpack(memoryview(head)).key
+            key = ChunkHeader.unpack(memoryview(head)).key
         except Exception as e:
             log.warning("obj tier %s: skipping unreadable object %s: %s", self.url, name, self._scrub(str(e)))
             return None
+        # a copy of a chunk under another hashed name is not that chunk's object
+        return key if object_name(key) == name else None
 
     # -- lookup: cache, then HEADs in parallel ----------------------------------------------
     async def lookup(self, keys: Sequence[bytes]) -> list[bool]:

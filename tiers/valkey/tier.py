@@ -14,6 +14,7 @@ import anyio
 import sniffio
 
 from asynctier import AsyncChunkTier, ChunkError, ChunkNotFoundError, IntegrityError
+from asynctier.core import MAX_KEY_BYTES
 from asynctier.core.backend import current_loop
 from asynctier.core.breaker import Breaker
 from asynctier.core.ops import Op
@@ -506,7 +507,8 @@ class ValkeyTier(AsyncChunkTier):
         with anyio.fail_after(max(60.0, 10 * (self.timeout_s or 5.0))):
             names = await self._on_client_loop(scan_names, client, self._names + b"*")
         n = len(self._names)
-        return [bytes(name[n:]) for name in names]
+        # a name no key of this tier can have (the prefix alone, a key too long) is not listed
+        return [bytes(name[n:]) for name in names if 0 < len(name) - n <= MAX_KEY_BYTES]
 
     # -- lookup: batched EXISTS ------------------------------------------------------------
     async def lookup(self, keys: Sequence[bytes]) -> list[bool]:
