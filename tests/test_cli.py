@@ -1084,3 +1084,19 @@ def test_a_failed_selfcheck_removes_its_chunks(tmp_path: Path, monkeypatch: pyte
         assert sys.modules["unreadable_tier"].STORED == {}
     finally:
         sys.modules.pop("unreadable_tier", None)
+
+
+def test_fsck_leaves_the_fs_tiers_file_times_alone(tmp_path: Path) -> None:
+    """Each chunk fsck verified was stamped as just used at close (lru_times): the LRU order
+    every server opening the root next starts from was scrambled."""
+    root = tmp_path / "kv"
+    root.mkdir()
+    config = _tier_config("fs", root)
+    asyncio.run(_fill(config, 4))
+    chunks = [p for p in root.rglob("*") if p.is_file() and p.stat().st_size > 4096]
+    assert len(chunks) == 4
+    for i, p in enumerate(chunks):
+        os.utime(p, ns=(1_000_000_000 * (i + 1),) * 2)
+    r = invoke("fsck", "--config", str(_fsck_config(tmp_path, config)))
+    assert r.exit_code == 0, r.output
+    assert [p.stat().st_mtime_ns for p in chunks] == [1_000_000_000 * (i + 1) for i in range(4)]

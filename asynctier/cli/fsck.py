@@ -88,7 +88,8 @@ def _build_for_check(name: str, where: str, config: Mapping[str, Any], spec: Off
     if "background_scan" in accepted:
         cfg["background_scan"] = False  # list every chunk: the index must be complete before stored_keys()
     # never write over, format, grow or evict what is there: a check changes nothing unasked
-    for knob, value in (("reformat", False), ("create", False)):
+    # nor stamp what it read as just used (fs: the LRU order other servers open with)
+    for knob, value in (("reformat", False), ("create", False), ("lru_times", False)):
         if knob in accepted:
             cfg[knob] = value
     if "capacity_bytes" in accepted and not getattr(cls, "capacity_sizes_medium", False):
