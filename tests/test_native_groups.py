@@ -462,6 +462,36 @@ async def test_a_store_group_chunk_whose_victim_vanished_goes_on_alone(
 
 
 @native_only
+@pytest.mark.parametrize("aligned", [True, False], ids=["aligned", "unaligned"])
+async def test_a_group_storing_its_own_victim_does_not_wait_behind_itself(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, aligned: bool
+) -> None:
+    """A full tier, and a call that stores new keys and the oldest key again: a new key's
+    store evicts the oldest, whose own store then waits for that deletion. With recycling
+    refused (another tier holds the root), the step that reports the deletion over was queued
+    behind the waiting one: every such call stalled for REMOVAL_WAIT_S (30 s)."""
+    from asynctier.core import bookkeeping
+
+    monkeypatch.setattr(bookkeeping, "REMOVAL_WAIT_S", 5.0)
+    tier, view, data, old, new = full_tier(tmp_path, 8, max_inflight=4, aligned=aligned)
+    other, _ = fs_tier(tmp_path)  # holds the namespace: recycling is refused
+    async with tier, other:
+        assert (await tier.offload(old, list(range(8)))).ok
+        ks = [*new[:7], old[0]]
+        with caplog.at_level("ERROR", logger="asynctier"):
+            res = await tier.offload(ks, [*range(8, 15), 0])
+        assert res.ok, res.failed
+        assert not [r for r in caplog.records if "not reported over" in r.getMessage()], caplog.text
+        assert tier.stats().extra.get("recycle_refused")
+        view[:] = bytes(len(view))
+        assert (await tier.load(ks, list(range(8)))).ok
+        assert (
+            bytes(view[: 7 * CHUNK]) == data[8 * CHUNK : 15 * CHUNK]
+            and bytes(view[7 * CHUNK : 8 * CHUNK]) == data[:CHUNK]
+        )
+
+
+@native_only
 @pytest.mark.parametrize("into", ["full", "full-aligned", "room", "room-aligned"])
 async def test_a_cancelled_call_of_store_groups_leaves_each_key_whole_or_absent(tmp_path: Path, into: str) -> None:
     """Cancelled while its store groups run (each chunk recycling a victim's file, or making

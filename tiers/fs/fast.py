@@ -185,9 +185,18 @@ def _group_end(job: Job, out: Outcomes, later: list[tuple[int, Continuation]]) -
     return partial(_run_later, out, later)
 
 
+class _AfterRemoval(partial[Any]):
+    """A continuation that waits for the deletion of its key's old copy to be reported over."""
+
+
 async def _run_later(out: Outcomes, later: list[tuple[int, Continuation]]) -> Outcomes:
     """The continuations of a group job's chunks, one after another: each takes a job slot
-    of its own while it runs, and the group holds the engine's place of one job."""
+    of its own while it runs, and the group holds the engine's place of one job. Those that
+    wait for a deletion go last: the one that reports it over may be among the others (a
+    store of the group whose victim it is, its recycling refused), and waited for behind them
+    until the 30 s limit."""
+    if any(type(fn) is _AfterRemoval for _, fn in later):
+        later = sorted(later, key=lambda p: type(p[1]) is _AfterRemoval)  # (stable: the others keep their order)
     for i, fn in later:
         try:
             if await fn() is SKIPPED:  # a key stored as it waited: stored already
@@ -234,7 +243,7 @@ class StorePath(_Path):
         """:meth:`_plan_key` once the index said what reserving room for ``key`` gives: the
         victims to evict, None (stored already) or the exception it raised."""
         if isinstance(victims, RemovalPending):  # an old copy of the key is being deleted: wait for it there
-            return partial(io.store_job, key, cid, t0)
+            return _AfterRemoval(io.store_job, key, cid, t0)
         if isinstance(victims, Exception):
             tier._stats.record_failure(victims)
             raise victims
