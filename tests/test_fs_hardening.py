@@ -372,3 +372,22 @@ async def test_a_name_taken_then_freed_by_another_process_is_published_again(
         assert len(calls) == 2 and tier.stats().extra["publish_retries"] == 1
         assert (await tier.load([b"raced"], [1])).ok
     assert chunk_file(tier, b"raced").exists()
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+async def test_a_key_another_process_removed_is_stored_again_not_skipped(tmp_path: Path, engine: str) -> None:
+    """shared=True: another process removed a key this tier's index held; a store of it was
+    skipped ("stored already") and reported ok, with no file on disk."""
+    tier, view = make_tier(tmp_path / "root", engine, shared=True)
+    other, _ = make_tier(tmp_path / "root", engine, shared=True)  # (a process of its own, as far as the index goes)
+    async with tier, other:
+        assert (await tier.offload([b"k"], [0])).ok
+        assert (await other.remove([b"k"])).ok and not chunk_file(tier, b"k").exists()
+        res = await tier.offload([b"k"], [0])
+        assert res.ok and res.skipped == [], res
+        assert chunk_file(tier, b"k").exists() and tier.stats().extra["stale_hits"] == 1
+        res = await tier.offload([b"k"], [0])  # on disk: skipped
+        assert res.skipped == [b"k"]
+        expected = bytes(view[:CHUNK])
+        view[CHUNK : 2 * CHUNK] = bytes(CHUNK)
+        assert (await tier.load([b"k"], [1])).ok and bytes(view[CHUNK : 2 * CHUNK]) == expected

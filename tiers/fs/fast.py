@@ -248,6 +248,8 @@ class StorePath(_Path):
             tier._stats.record_failure(victims)
             raise victims
         if victims is None:  # stored already
+            if tier.shared:  # unless another process removed it: looked for on disk, off the loop
+                return partial(io.store_job, key, cid, t0)
             tier._end_store(key, t0, None, skipped=True)
             return SKIPPED
         if victims and not (len(victims) == 1 and tier.recycle_on and not tier.network_fs):

@@ -103,7 +103,10 @@ class FsTier(BlockingChunkTier):
         publish: ``"auto"`` (``O_TMPFILE`` + ``linkat`` where available), ``"tmpfile"`` or
             ``"rename"`` (temporary name + ``renameat``; needed on NFS).
         shared: another process may store into the same root: on an index miss, ``lookup`` and
-            ``load`` look on disk and adopt what they find. Loads open files with
+            ``load`` look on disk and adopt what they find; a store of a key the index holds
+            looks on disk before it is skipped (another process may have removed it:
+            ``stats().extra["stale_hits"]``). A ``lookup`` hit is the index's: a load of a key
+            another process removed fails ``not_found`` and takes it out. Loads open files with
             ``O_NOATIME``; a process that does not own them (another user's files, without
             CAP_FOWNER) is refused it once, logged and counted in
             ``stats().extra["noatime_refused"]``, and reads on without it.
@@ -382,6 +385,26 @@ class FsTier(BlockingChunkTier):
     def index_incomplete(self) -> bool:
         """While a background scan runs, after one failed, or with ``shared=True``."""
         return self.recovery.scanning or self.recovery.failed or self.shared
+
+    def _begin_store(self, key: bytes) -> list[bytes] | None:
+        """With ``shared=True`` a key the index holds is looked for on disk before its store is
+        skipped: another process may have removed or evicted it (the store then wrote nothing
+        and reported it stored). On a worker thread: see :meth:`_async_store`."""
+        victims = super()._begin_store(key)
+        if victims is None and self.shared and not self._on_disk(key):
+            self._stats.incr("stale_hits")
+            self.index.discard(key)
+            victims = super()._begin_store(key)
+        return victims
+
+    async def _async_store(self, key: bytes, t0: float, write: Callable[[list[bytes]], Any]) -> Skipped | None:
+        if not self.shared:
+            return await super()._async_store(key, t0, write)
+        # the index's answer is looked up on disk (a network file system's round trip): off the loop
+        victims = await run_on_thread_to_end(self._reserve_store_blocking, key, t0)
+        if victims is None:
+            return SKIPPED
+        return await self._async_store_reserved(key, t0, victims, write)
 
     def _on_disk(self, key: bytes) -> bool:
         """A whole chunk file is published under ``key`` (a truncated one does not count)."""
