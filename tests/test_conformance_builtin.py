@@ -161,3 +161,51 @@ def test_a_conformance_class_with_bad_backends_fails_loudly(backends: Any) -> No
 
     with pytest.raises(ValueError, match=r"TierConformance.backends must be a non-empty tuple of 'asyncio'"):
         Typo().pytest_generate_tests(Metafunc())  # type: ignore[arg-type]
+
+
+class SleepyDictTier(BlockingChunkTier):
+    """Records in a dict, each write taking 5 ms (I/O in flight long enough to be seen)."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._records: dict[bytes, bytes] = {}
+
+    def write_chunk(self, key: bytes, data: memoryview) -> None:
+        time.sleep(0.005)
+        self._records[key] = bytes(data)
+
+    def read_chunk(self, key: bytes, out: memoryview) -> None:
+        if key not in self._records:
+            raise ChunkNotFoundError("not stored", key)
+        out[:] = self._records[key]
+
+    def chunk_exists(self, key: bytes) -> bool:
+        return key in self._records
+
+    def delete_chunk(self, key: bytes) -> bool:
+        return self._records.pop(key, None) is not None
+
+
+@pytest.mark.parametrize("eager", [False, True])
+def test_an_eager_interruption_lands_once_chunk_io_is_in_flight(eager: bool) -> None:
+    """The suite's interruptions wait for a chunk to move; on a busy host a blocking tier's
+    threads could end the whole call first, 30 times over (the README's DirTier failed that
+    way). Its later attempts interrupt as soon as I/O is in flight: here a counter that never
+    moves, and only the eager attempt lands."""
+    from asynctier import OffloadingSpec, SecondaryTierFactory
+    from asynctier.testing.interrupts import interrupt_mid_call
+
+    spec = OffloadingSpec(4096, 64, namespace="test/eager")
+    buf = bytearray(spec.total_bytes)
+    config = {"type": "SleepyDictTier", "module_path": __name__, "max_inflight": 2}
+    tier = SecondaryTierFactory.create_secondary_tier(config, memoryview(buf), spec)
+    h = Harness(tier, spec, buf)
+
+    async def check() -> None:
+        async with tier:
+            keys = [b"k%d" % i for i in range(64)]
+            got = await interrupt_mid_call(h, lambda: tier.offload(keys, list(range(64))), lambda: 0, "cancel",
+                                           eager=eager)  # fmt: skip
+            assert got.landed == eager and got.in_flight == 0 and got.queued == 0
+
+    anyio.run(check)

@@ -66,13 +66,22 @@ async def interrupt_mid_call(
     progress: Callable[[], int],
     how: How,
     on_return: Callable[[], None] = lambda: None,
+    *,
+    eager: bool = False,
 ) -> Interrupted:
     """Run ``call()`` in a task of its own; once ``progress()`` moves, interrupt it by ``how``.
 
-    Right after the call gives control back, its task records what it sees and runs
-    ``on_return()`` (a caller reusing its slots at once), before any other task runs.
+    ``eager``: as soon as the tier has chunk I/O of the call in flight, moved or not (on a
+    busy host a call of a blocking tier's threads may end whole before this task runs again
+    once the first chunk moved). Right after the call gives control back, its task records
+    what it sees and runs ``on_return()`` (a caller reusing its slots at once), before any
+    other task runs.
     """
     before = progress()
+
+    def started() -> bool:
+        return progress() != before or (eager and h.tier.stats().in_flight > 0)
+
     scopes: list[anyio.CancelScope] = []
     seen: list[Interrupted] = []
 
@@ -92,7 +101,7 @@ async def interrupt_mid_call(
 
     async with anyio.create_task_group() as tg:
         tg.start_soon(caller)
-        while (not scopes or progress() == before) and not seen:  # the tier signals nothing: poll
+        while (not scopes or not started()) and not seen:  # the tier signals nothing: poll
             await anyio.lowlevel.checkpoint()
         if not seen:
             if how == "cancel":
