@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import os
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol, TypeVar
 
@@ -41,6 +42,8 @@ __all__ = [
     "run_on_thread_to_end",
     "run_to_completion",
     "wait_uninterrupted",
+    "fork_generation",
+    "after_fork_in_child",
 ]
 
 T = TypeVar("T")
@@ -125,6 +128,33 @@ async def wait_uninterrupted(event: Event) -> BaseException | None:
 
 
 _shared_executor: concurrent.futures.ThreadPoolExecutor | None = None
+
+#: How many forks this process is from the one that imported asynctier: a tier opened in one
+#: generation refuses calls in another (its threads did not cross the fork).
+_generation = 0
+_after_fork: list[Callable[[], None]] = []
+
+
+def fork_generation() -> int:
+    return _generation
+
+
+def after_fork_in_child(fn: Callable[[], None]) -> None:
+    """Run ``fn`` in a child right after a fork (to drop a thread pool, whose threads a
+    child does not have: an inherited pool takes jobs and never runs them)."""
+    _after_fork.append(fn)
+
+
+def _in_child() -> None:
+    global _generation, _shared_executor
+    _generation += 1
+    _shared_executor = None
+    for fn in _after_fork:
+        fn()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_in_child)
 
 
 def _default_executor() -> concurrent.futures.ThreadPoolExecutor:

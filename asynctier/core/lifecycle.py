@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import anyio
 
+from .. import errors
 from ..errors import TierClosedError, TierNotOpenError
+from . import backend
 from .backend import CloseHandle, current_loop, start_close
 
 __all__ = ["Lifecycle"]
@@ -27,6 +29,7 @@ class Lifecycle:
         self._open_lock: anyio.Lock | None = None  # open() and the close, one at a time
         self._lock_loop: object = None  # the loop that made it (a lock serves one loop, one library)
         self._close_handle: CloseHandle | None = None  # the close every aclose() waits for
+        self._generation = backend.fork_generation()  # (see _forked)
 
     async def _opening(self) -> None:
         raise NotImplementedError
@@ -47,10 +50,21 @@ class Lifecycle:
 
     def _check_open(self) -> None:
         if self._state == _OPEN:
+            if self._generation != backend._generation:
+                self._forked()
             return
         if self._state == _NEW:
             raise TierNotOpenError(f"{self!r} is not open: use 'async with tier:' or 'await tier.open()' first")
         raise TierClosedError(f"{self!r} is closed")
+
+    def _forked(self) -> None:
+        """A tier opened before this process was forked: its worker threads, event-loop
+        wake-ups and locks stayed in the parent (a call queued jobs nothing would run, and
+        hung). Refused; ``aclose()`` here releases nothing of the parent's."""
+        raise errors.TierStateError(
+            f"{self!r} was opened in the parent of this forked process: its I/O threads are not here. "
+            "Open a tier in this process (a new one; the parent's stays the parent's)"
+        )
 
     def _refuse_reopen(self) -> None:
         if self._state in (_CLOSING, _CLOSED) or self._close_handle is not None:
@@ -73,6 +87,7 @@ class Lifecycle:
                 return
             self._refuse_reopen()  # closed while we waited
             await self._opening()
+            self._generation = backend.fork_generation()
             self._state = _OPEN
 
     async def aclose(self) -> None:
@@ -84,6 +99,9 @@ class Lifecycle:
         is shielded.
         """
         if self._state == _CLOSED:
+            return
+        if self._generation != backend._generation:  # a forked copy: nothing of it runs here
+            self._state = _CLOSED
             return
         if self._close_handle is None:
             self._check_close()

@@ -10,7 +10,7 @@ import time
 
 import anyio
 
-from asynctier.core.backend import run_on_thread_to_end
+from asynctier.core.backend import after_fork_in_child, run_on_thread_to_end
 from asynctier.errors import ChunkNotFoundError, failure_kind
 from asynctier.spec import OffloadingSpec
 from asynctier.stats import StatsRecorder, TransferResult
@@ -27,7 +27,16 @@ __all__ = ["ChainTransfers"]
 #: Copies of up to this many bytes run on the event loop; larger ones on a copy thread.
 _INLINE_COPY = 256 * 1024
 #: Calls that copy more run their copies here (memcpy releases the GIL for large buffers).
-_COPIER = concurrent.futures.ThreadPoolExecutor(4, thread_name_prefix="asynctier-chain-copy")
+_copier: list[concurrent.futures.ThreadPoolExecutor] = []  # made at first use, again in a forked child
+
+
+def _copier_pool() -> concurrent.futures.ThreadPoolExecutor:
+    if not _copier:
+        _copier.append(concurrent.futures.ThreadPoolExecutor(4, thread_name_prefix="asynctier-chain-copy"))
+    return _copier[0]
+
+
+after_fork_in_child(_copier.clear)
 
 
 class ChainTransfers:
@@ -61,7 +70,7 @@ class ChainTransfers:
         if len(pairs) * c <= _INLINE_COPY:
             run()
         else:
-            await run_on_thread_to_end(run, executor=_COPIER)
+            await run_on_thread_to_end(run, executor=_copier_pool())
 
     @staticmethod
     def _note(res: TransferResult, m: Member, failed: dict[bytes, BaseException]) -> None:

@@ -16,9 +16,10 @@ import obstore
 from obstore.store import LocalStore
 
 from asynctier import BlockingChunkTier, ChunkError, ChunkNotFoundError, IntegrityError
+from asynctier.core.backend import fork_generation
 from asynctier.core.base import MAX_INFLIGHT
 from asynctier.core.validation import check_keys
-from asynctier.errors import CapacityError, TierUnavailableError
+from asynctier.errors import CapacityError, TierStateError, TierUnavailableError
 from asynctier.integrity import ChunkHeader
 from asynctier.lru import LRUIndex, sorted_in_pieces
 from asynctier.stats import TierStats
@@ -46,6 +47,9 @@ if TYPE_CHECKING:
     from obstore.store import ObjectStore
 
 __all__ = ["ObjTier"]
+
+#: The fork generation (asynctier.core.backend) in which an obj tier first opened, if any.
+_requests_since: int | None = None
 
 log = logging.getLogger(__name__)
 
@@ -157,6 +161,15 @@ class ObjTier(BlockingChunkTier):
 
     # -- open and close --------------------------------------------------------------------
     def open_medium(self) -> None:
+        global _requests_since
+        if _requests_since is not None and _requests_since != fork_generation():
+            # (its runtime's threads stayed in the parent: the first request would hang for ever)
+            raise TierStateError(
+                f"obj tier {self.url}: this process was forked after an obj tier ran in its parent, and "
+                "obstore's runtime (tokio) does not survive a fork. Start worker processes with the 'spawn' or "
+                "'forkserver' method, or use obj tiers only in processes forked before any did"
+            )
+        _requests_since = fork_generation()
         self._store = self._options.build(self._scrub)
         # a local store's directory: a load first checks the object there is a regular file
         prefix = self._store.prefix if isinstance(self._store, LocalStore) else None
