@@ -18,7 +18,7 @@ import urllib.request
 import weakref
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import anyio
 import anyio.lowlevel
@@ -28,6 +28,7 @@ from chain_helpers import ChainRig, in_tier, keys
 from asynctier.errors import failure_kind
 from asynctier.testing import Harness
 from asynctier.testing.interrupts import interrupt_mid_call
+from asynctier.tiers.memory import MemoryTier
 
 sys.path.insert(0, str(Path(__file__).parent))
 from s3_helpers import BUCKET, FaultProxy, create_bucket, s3_config
@@ -466,3 +467,30 @@ def test_cancelled_load_from_a_lower_tier_leaves_no_io_on_the_callers_slots(tmp_
             assert disk.counts["hits"] > 0
 
     run(check)
+
+
+class CloseFailsMemoryTier(MemoryTier):
+    """A memory tier whose close fails (a flush or a sync on close that did not succeed)."""
+
+    closed: ClassVar[list[str]] = []
+
+    def close_medium(self) -> None:
+        CloseFailsMemoryTier.closed.append(self.tier_type)
+        raise OSError(errno.EIO, "flushing on close failed")
+
+
+def test_a_tiers_failure_to_close_reaches_the_chains_caller_after_every_tier_closed() -> None:
+    """aclose() of a chain logged a tier's close error and returned: the tier alone raised it."""
+
+    async def check() -> None:
+        rig = ChainRig()
+        failing = {"type": "CloseFailsMemoryTier", "module_path": __name__, "name": "failing"}
+        chain = rig.chain(tiers=[{"type": "memory"}, failing, {"type": "memory", "name": "last"}])
+        CloseFailsMemoryTier.closed.clear()
+        await chain.open()
+        assert (await chain.offload(keys(2), [0, 1])).ok
+        with pytest.raises(OSError, match="flushing on close failed"):
+            await chain.aclose()
+        assert CloseFailsMemoryTier.closed and all(not m.tier.is_open for m in chain.members)
+
+    anyio.run(check)

@@ -228,12 +228,23 @@ class ChainTier(ChainTransfers, Lifecycle, SecondaryTierManager):
                 if self._demoter is not None:
                     await self._demoter.stop()
                 await self._backlog.stop()  # what is queued is written before the tiers close
-        finally:
-            for m in reversed(self.members):
-                try:
-                    await m.tier.aclose()
-                except Exception:  # the other tiers still close
-                    log.exception("closing chain tier %r failed", m.name)
+        except BaseException:
+            await self._close_members()
+            raise
+        failed = await self._close_members()
+        if failed:  # (a flush or a sync that failed on close is the caller's to know, as with one tier)
+            raise failed[0]
+
+    async def _close_members(self) -> list[Exception]:
+        """Close every tier, the last first; the errors (each logged), the others closed all the same."""
+        failed: list[Exception] = []
+        for m in reversed(self.members):
+            try:
+                await m.tier.aclose()
+            except Exception as e:
+                log.exception("closing chain tier %r failed", m.name)
+                failed.append(e)
+        return failed
 
     def _closed(self) -> None:
         self._release_view()
