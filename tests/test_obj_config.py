@@ -17,7 +17,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from obstore.store import MemoryStore
 from s3_helpers import BUCKET, FAST_FAULTS, Rig, env, keys, kinds, moto, on_asyncio_only, s3_config
 
-from asynctier.errors import failure_kind
+from asynctier.errors import TierConfigError, failure_kind
 
 
 def kinds_of(errors: list[BaseException]) -> set[str]:
@@ -421,3 +421,19 @@ def test_cloud_urls_the_client_reads_whole_are_accepted() -> None:
         "abfss://c@acct.dfs.core.windows.net/p",
     ):
         assert Rig().tier({"type": "obj", "url": url}).url
+
+
+@on_asyncio_only
+async def test_a_bucket_that_does_not_exist_is_said_so() -> None:
+    """A PUT answered NoSuchBucket failed as not_found, "no chunk stored under key ...", the
+    bucket named only in a capacity-listing warning at open."""
+    rig = Rig()
+    config = {**s3_config(), "url": "s3://no-such-bucket-at-all/kv"}
+    tier = rig.tier(config)
+    async with tier:
+        res = await tier.offload(keys(2), [0, 1])
+        assert kinds(res) == {"io"}, res.failed
+        assert all("the bucket does not exist" in str(e) for e in res.failed.values())
+    with pytest.raises(TierConfigError, match="the bucket does not exist"):
+        async with rig.tier({**config, "capacity_bytes": 1 << 30}):  # its listing at open said so
+            pass

@@ -35,8 +35,12 @@ class RequestGuard:
         try:
             with EXIT.call():
                 yield
-        except (ChunkNotFoundError, NotFoundError, FileNotFoundError):
+        except (ChunkNotFoundError, NotFoundError, FileNotFoundError) as e:
             breaker.success(probe)
+            if "<Code>NoSuchBucket</Code>" in str(e):  # not the chunk: the whole store
+                raise ObjectStoreIOError(
+                    f"the bucket does not exist (check the url): {self.scrubber.scrub(str(e))}", key
+                ) from None
             raise ChunkNotFoundError(f"no chunk stored under key {key.hex()[:32]}", key) from None
         except IntegrityError:
             breaker.success(probe)  # the store answered; the object is bad

@@ -19,7 +19,7 @@ from asynctier import BlockingChunkTier, ChunkError, ChunkNotFoundError, Integri
 from asynctier.core.backend import fork_generation
 from asynctier.core.base import MAX_INFLIGHT
 from asynctier.core.validation import check_keys
-from asynctier.errors import CapacityError, TierStateError, TierUnavailableError
+from asynctier.errors import CapacityError, TierConfigError, TierStateError, TierUnavailableError
 from asynctier.integrity import ChunkHeader
 from asynctier.lru import LRUIndex, sorted_in_pieces
 from asynctier.stats import TierStats
@@ -178,6 +178,9 @@ class ObjTier(BlockingChunkTier):
             try:
                 self._recover_index()
             except ChunkError as e:
+                if "NoSuchBucket" in str(e) or "the bucket does not exist" in str(e):
+                    # the store answered: a wrong url, not an outage
+                    raise TierConfigError(f"obj tier {self.url}: the bucket does not exist: {e}") from None
                 # a cache must come up even while its store is down; capacity then counts
                 # only what this instance stores from now on
                 log.warning("obj tier %s: could not list existing chunks for capacity accounting: %s", self.url, e)
