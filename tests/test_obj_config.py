@@ -437,3 +437,26 @@ async def test_a_bucket_that_does_not_exist_is_said_so() -> None:
     with pytest.raises(TierConfigError, match="the bucket does not exist"):
         async with rig.tier({**config, "capacity_bytes": 1 << 30}):  # its listing at open said so
             pass
+
+
+def test_the_scrubber_masks_header_secrets_and_leaves_short_values_and_containers_readable() -> None:
+    """An API key sent as a default header came back unmasked in a gateway's error body; a
+    one-letter secret turned every such letter of a message into ***; an Azure container's
+    name (the user info of abfs://container@account) was masked as if it were a password."""
+    from asynctier.tiers.obj.redact import Scrubber
+
+    scrub = Scrubber.for_store(
+        ["abfs://sending@account.dfs.core.windows.net/cache"],
+        {"secret_access_key": "s"},
+        {},
+        {"default_headers": {"x-api-key": "gw-apikey-5f1c0ffee", "accept": "application/xml"}},
+        None,
+    ).scrub
+    assert (
+        scrub("403: x-api-key=gw-apikey-5f1c0ffee accept=application/xml")
+        == "403: x-api-key=*** accept=application/xml"
+    )
+    assert (
+        scrub("error sending request to /sending/cache, secret s")
+        == "error sending request to /sending/cache, secret ***"
+    )

@@ -17,8 +17,13 @@ from urllib.parse import parse_qsl, quote, unquote, urlsplit
 
 __all__ = ["Scrubber", "redact_text", "redact_url"]
 
-#: Store config keys whose values are secrets.
-_SECRET_HINTS = ("secret", "token", "key", "password", "sas", "credential")
+#: Store config keys (and HTTP header names) whose values are secrets.
+_SECRET_HINTS = ("secret", "token", "key", "password", "sas", "credential", "authorization", "cookie")
+#: Secrets shorter than this are masked only where they stand alone: "s" as a secret access
+#: key turned every "s" of a message into "***".
+_SHORT = 8
+#: Schemes whose URL user info names a container, not a user (abfs://container@account...).
+_CONTAINER_SCHEMES = ("abfs", "abfss", "az", "azure", "adl")
 #: obstore appends a multi-line dump of the error's fields; the first lines say it all.
 _DEBUG_DUMP = "\n\nDebug source:"
 _MAX_SHOWN = 600
@@ -57,8 +62,8 @@ def _url_secrets(value: str) -> list[str]:
     """The password and query values of a URL-like ``value``, as given, decoded and encoded."""
     parts = urlsplit(value)
     out = [p for p in (parts.password, parts.query, parts.fragment) if p]
-    if "@" in value and parts.password is None and parts.username:  # "user@host": the whole user info
-        out.append(parts.username)
+    if "@" in value and parts.password is None and parts.username and parts.scheme not in _CONTAINER_SCHEMES:
+        out.append(parts.username)  # "user@host": the whole user info
     out += [v for _, v in parse_qsl(parts.query or value.partition("?")[2], keep_blank_values=False)]
     return [form for s in out for form in (s, unquote(s), quote(s, safe=""))]
 
@@ -67,7 +72,11 @@ class Scrubber:
     """Replaces every known secret in a text with ``***`` and redacts the URLs in it."""
 
     def __init__(self, secrets: Iterable[str]) -> None:
-        self._secrets = sorted({s for s in secrets if s}, key=len, reverse=True)
+        secrets = list(secrets)
+        self._secrets = sorted({s for s in secrets if s and len(s) >= _SHORT}, key=len, reverse=True)
+        short = sorted({s for s in secrets if s and len(s) < _SHORT}, key=len, reverse=True)
+        alone = "|".join(re.escape(s) for s in short)
+        self._short = re.compile(rf"(?<![A-Za-z0-9])(?:{alone})(?![A-Za-z0-9])") if short else None
 
     @classmethod
     def for_store(
@@ -85,6 +94,9 @@ class Scrubber:
         out += [v for k, v in config.items() if isinstance(v, str) and _is_secret_name(k)]
         if env_prefix:
             out += [v for k, v in os.environ.items() if k.startswith(env_prefix) and _is_secret_name(k)]
+        headers = client_options.get("default_headers")
+        if isinstance(headers, Mapping):  # (an API key sent as a header comes back in a gateway's error body)
+            out += [v for k, v in headers.items() if isinstance(v, str) and _is_secret_name(str(k))]
         given = [u for u in urls if isinstance(u, str)]
         given += [v for v in (*config.values(), *client_options.values()) if isinstance(v, str) and ":" in v]
         for u in given:
@@ -95,4 +107,6 @@ class Scrubber:
         text = text.split(_DEBUG_DUMP, 1)[0].strip()
         for s in self._secrets:
             text = text.replace(s, _MASK)
+        if self._short is not None:
+            text = self._short.sub(_MASK, text)
         return redact_text(text)[:_MAX_SHOWN]
