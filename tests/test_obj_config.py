@@ -356,6 +356,13 @@ def test_the_tiers_deadlines_win_over_the_environment_and_client_options_over_bo
         ({**_MEM, "timeout_s": True}, r"timeout_s must be"),
         ({**_MEM, "verify": 1}, r"verify must be True or False"),
         ({**_MEM, "max_inflight": True}, r"max_inflight must be"),
+        # accepted, then every request went astray (or the path was dropped, or open() failed)
+        ({**_S3, "endpoint": "http://127.0.0.1:9000/?x=1"}, r"endpoint takes no query string or fragment"),
+        ({**_S3, "endpoint": "http://127.0.0.1:9000/#f"}, r"endpoint takes no query string or fragment"),
+        ({"url": "file:///tmp/dir?"}, r"a file:// url takes no query or fragment"),
+        ({"url": "file:///tmp/dir#"}, r"a file:// url takes no query or fragment"),
+        ({"url": "memory://bucket/prefix"}, r"a memory:// url takes nothing after the scheme"),
+        ({**_S3, "client_options": {"pool_max_idle_per_host": "\u0663"}}, r"pool_max_idle_per_host"),
     ],
 )
 def test_wrong_types_and_nonsense_are_refused_at_construction(config: dict[str, object], says: str) -> None:

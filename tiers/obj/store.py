@@ -93,6 +93,12 @@ class StoreOptions:
                     "endpoint must be an absolute http:// or https:// URL such as 'http://127.0.0.1:9000', "
                     "or None (from the environment)"
                 )
+            if parts.query or parts.fragment or "?" in named["endpoint"] or "#" in named["endpoint"]:
+                # (every request went to a wrong URL and failed as unavailable: the breaker opened)
+                raise TierConfigError(
+                    "endpoint takes no query string or fragment: the client adds the bucket and the object "
+                    "to it (such as 'http://127.0.0.1:9000')"
+                )
         dicts: dict[str, Mapping[object, object]] = {}
         for name, value in (("credentials", credentials), ("config", config), ("client_options", client_options)):
             if value is not None and not isinstance(value, Mapping):

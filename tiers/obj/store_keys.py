@@ -263,7 +263,9 @@ def _check_value(what: str, kind: str, value: object) -> object:
     """``value`` as obstore takes it, or a TierConfigError naming what is accepted (the value
     itself is never shown: it may be a secret)."""
     if isinstance(value, str) and kind in _TAKES_STR:
-        if (kind == "count" and not value.isdigit()) or (kind == "duration" and not _DURATION.fullmatch(value)):
+        if (kind == "count" and not (value.isascii() and value.isdigit())) or (
+            kind == "duration" and not _DURATION.fullmatch(value)
+        ):
             _refuse(what, kind, value)
         return check_str(what, value)
     test = _OTHER_VALUES.get(kind)

@@ -59,6 +59,11 @@ def parse_url(url: object, *, store_given: bool) -> StoreURL:
         )
     if scheme == "file" and not store_given:
         _check_file_url(url)
+    elif scheme == "memory" and not store_given and url.lower() != "memory://":
+        # (a bucket or prefix after it was ignored: each memory:// tier has its own store)
+        raise TierConfigError(
+            f"a memory:// url takes nothing after the scheme (each tier's store is its own); got {_shown(url)}"
+        )
     elif scheme in ENV_PREFIX and not store_given:
         _check_cloud_url(url, scheme)
     return StoreURL(raw=url, scheme=scheme, shown=redact_url(url))
@@ -100,7 +105,7 @@ def _check_file_url(url: str) -> None:
     """
     parts = urlsplit(url)
     example = "file:///path/to/dir"
-    if parts.query or parts.fragment:
+    if parts.query or parts.fragment or "?" in url or "#" in url:  # ("dir?" parses as no query)
         raise TierConfigError(f"a file:// url takes no query or fragment ({example}); got {_shown(url)}")
     if parts.netloc or not parts.path.startswith("/"):
         raise TierConfigError(
