@@ -90,3 +90,25 @@ async def test_no_python_copy_of_chunks(where: str, tmp_path: Path) -> None:
         # small objects a busy machine's retries and timers allocate
         assert max(peaks) < (1 << 20), f"Python allocated {peaks}-byte peaks moving 1 MiB chunks"
         assert all(rig.chunk(7 - i) == rig.orig_chunk(i) for i in range(8))
+
+
+def test_a_present_answer_a_removal_made_stale_is_not_cached() -> None:
+    """A load still streaming when this tier's remove of the key ended put "present" back in
+    the lookup cache for lookup_ttl_s (the review's run: lookup [True], load not_found)."""
+    import time
+
+    from asynctier.tiers.obj.lookup_cache import LookupCache
+
+    cache = LookupCache(entries=4, ttl_s=60.0, negative_ttl_s=0.0)
+    load = cache.begin()  # a GET starts
+    cache.forget(b"k")  # a removal of the key begins, and ends (found gone)
+    cache.put(b"k", False)
+    cache.put(b"k", True, load)  # the GET ends
+    assert cache.get(b"k", time.monotonic()) is None
+    cache.put(b"k", True, cache.begin())  # a request begun after the removal: cached
+    assert cache.get(b"k", time.monotonic()) is True
+    early = cache.begin()
+    for i in range(2000):  # more removals than it remembers: an answer older than them is not cached
+        cache.forget(b"other-%d" % i)
+    cache.put(b"j", True, early)
+    assert cache.get(b"j", time.monotonic()) is None

@@ -24,6 +24,11 @@ class LookupCache:
         self.negative_ttl_s = negative_ttl_s
         self._lock = threading.Lock()
         self._map: collections.OrderedDict[bytes, tuple[bool, float]] = collections.OrderedDict()
+        # A request's answer lands only if no removal of its key began since the request did:
+        # a load still streaming when a remove ended put "present" back for lookup_ttl_s.
+        self._epoch = 0
+        self._removed_at: collections.OrderedDict[bytes, int] = collections.OrderedDict()
+        self._floor = 0  # the newest removal forgotten (bounded): answers older than it do not land
 
     @classmethod
     def configured(cls, entries: object, ttl_s: object, negative_ttl_s: object) -> LookupCache:
@@ -45,19 +50,36 @@ class LookupCache:
                 return None
             return hit[0]
 
-    def put(self, key: bytes, present: bool) -> None:
+    def begin(self) -> int:
+        """A token to pass to :meth:`put` for the answer of a request that starts now."""
+        return self._epoch
+
+    def put(self, key: bytes, present: bool, since: int | None = None) -> None:
+        """Cache an answer; ``since`` (:meth:`begin` at the request's start): a "present"
+        that a removal begun meanwhile made stale is dropped."""
+        if not present:  # found gone: answers of requests begun before are stale too
+            self.forget(key)
         ttl = self.ttl_s if present else self.negative_ttl_s
         if ttl <= 0 or self.entries <= 0:
             return
         with self._lock:
+            if present and since is not None and (since < self._floor or self._removed_at.get(key, -1) >= since):
+                return
             self._map[key] = (present, time.monotonic() + ttl)
             self._map.move_to_end(key)
             while len(self._map) > self.entries:
                 self._map.popitem(last=False)
 
     def forget(self, key: bytes) -> None:
+        """Drop ``key``'s answer: it is being removed (or found gone)."""
         with self._lock:
             self._map.pop(key, None)
+            self._removed_at[key] = self._epoch
+            self._removed_at.move_to_end(key)
+            self._epoch += 1
+            while len(self._removed_at) > max(self.entries, 1024):
+                _, at = self._removed_at.popitem(last=False)
+                self._floor = max(self._floor, at + 1)
 
     def __len__(self) -> int:
         return len(self._map)

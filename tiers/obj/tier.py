@@ -220,6 +220,7 @@ class ObjTier(BlockingChunkTier):
         lru = self._lru
         if lru is not None and not self._reserve_room(lru, key, data.nbytes):
             return False  # stored already: the call reports it skipped
+        since = self._cache.begin()
         try:
             header = frame_header(key, data, self.offloading_spec.layout_digest)
             with self._guarded(key):
@@ -232,7 +233,7 @@ class ObjTier(BlockingChunkTier):
             raise
         if lru is not None:
             lru.commit(key)
-        self._cache.put(key, True)
+        self._cache.put(key, True, since)
         return True
 
     def _reserve_room(self, lru: LRUIndex, key: bytes, nbytes: int) -> bool:
@@ -270,6 +271,7 @@ class ObjTier(BlockingChunkTier):
         got = lru.adopt_pinned_new(key, object_size(len(key), out.nbytes)) if lru is not None else None
         entry, added = got if got is not None else (None, False)
         ok = False
+        since = self._cache.begin()
         try:
             self._get_into(key, out)
             ok = True
@@ -292,7 +294,7 @@ class ObjTier(BlockingChunkTier):
         finally:
             if lru is not None and entry is not None:
                 lru.unpin(key, touch=ok, entry=entry)
-        self._cache.put(key, True)
+        self._cache.put(key, True, since)
 
     def _get_into(self, key: bytes, out: memoryview) -> None:
         """GET the object into ``out`` and verify it; a bad copy's IntegrityError names its
@@ -346,13 +348,14 @@ class ObjTier(BlockingChunkTier):
 
     def chunk_exists(self, key: bytes) -> bool:
         self._stats.incr("head_requests")
+        since = self._cache.begin()
         try:
             with self._guarded(key):
                 obstore.head(self._st(), self._path(key))
         except ChunkNotFoundError:
             self._cache.put(key, False)
             return False
-        self._cache.put(key, True)
+        self._cache.put(key, True, since)
         return True
 
     def delete_chunk(self, key: bytes) -> bool:
