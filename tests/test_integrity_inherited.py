@@ -214,3 +214,35 @@ def test_a_short_copy_without_a_count_fails_with_verify_off(kind: str) -> None:
             assert b"A" not in bytes(buf[5 * 4096 : 6 * 4096])
 
     run_on_backend("asyncio", check)
+
+
+class AsyncFlippingNamingTier(AsyncFlippingDictTier):
+    """Records which hook dropped a bad copy."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.dropped: list[tuple[bytes, str]] = []
+
+    async def delete_bad_copy(self, key: bytes, exc: BaseException) -> None:
+        self.dropped.append((key, type(exc).__name__))
+        await super().delete_bad_copy(key, exc)
+
+
+def test_an_async_tier_drops_a_bad_copy_through_delete_bad_copy() -> None:
+    """AsyncChunkTier called delete_chunk(key) for a bad copy: the documented hook that lets a
+    tier delete exactly the copy that failed (not one stored since) was the blocking tiers' only."""
+    spec = OffloadingSpec(4096, 4, namespace="integrity/hook")
+    buf = bytearray(b"\xa5" * spec.total_bytes)
+    tier: Any = SecondaryTierFactory.create_secondary_tier(
+        {"type": "AsyncFlippingNamingTier", "module_path": __name__}, memoryview(buf), spec
+    )
+
+    async def check() -> None:
+        async with tier:
+            assert (await tier.offload([b"k0", b"k1"], [0, 1])).ok
+            assert isinstance((await tier.load([b"k0"], [2])).failed[b"k0"], IntegrityError)
+            assert isinstance((await tier.verify_chunks([b"k1"], remove_bad=True)).failed[b"k1"], IntegrityError)
+            assert tier.dropped == [(b"k0", "IntegrityError"), (b"k1", "IntegrityError")]
+            assert await tier.lookup([b"k0", b"k1"]) == [False, False]
+
+    run_on_backend("asyncio", check)

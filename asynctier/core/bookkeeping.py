@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from functools import partial
 from typing import Any, TypeVar
 
 from ..errors import ChunkNotFoundError, IntegrityError
@@ -237,16 +238,16 @@ class Bookkeeping:
         key: bytes,
         t0: float,
         read: Callable[[], Awaitable[None]],
-        delete: Callable[[], Awaitable[object]],
+        delete: Callable[[BaseException], Awaitable[object]],
         entry: object | None = None,
     ) -> None:
         """One load run as a coroutine, after :meth:`_pin_for_load`: ``read()``, account it,
-        and drop a copy that failed verification with ``delete()``."""
+        and drop a copy that failed verification with ``delete(its error)``."""
         try:
             await read()
         except BaseException as e:
             if self._end_load(key, t0, e, entry):
-                await self._drop_bad_copy_async(key, delete)
+                await self._drop_bad_copy_async(key, partial(delete, e))
             raise
         self._end_load(key, t0, None, entry)
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
+from functools import partial
 from typing import Any, TypeVar
 
 import anyio
@@ -119,7 +120,7 @@ class AsyncChunkTier(ChunkTier):
             await self._deadline(self._read_checked(key, memoryview(bytearray(self.offloading_spec.chunk_bytes))))
         except BaseException as e:
             if self._end_verify(key, e, bool(remove_bad)):
-                await self._drop_bad_copy_async(key, lambda: self._deadline(self.delete_chunk(key)))
+                await self._drop_bad_copy_async(key, partial(self._delete_bad_in_time, key, e))
             raise
 
     async def _store_job(self, key: bytes, cid: int, t0: float) -> Skipped | None:
@@ -142,9 +143,17 @@ class AsyncChunkTier(ChunkTier):
             key,
             t0,
             lambda: self._deadline(self._read_checked(key, self._chunk(cid))),
-            lambda: self._deadline(self.delete_chunk(key)),  # a stalled server must not hang the load
+            partial(self._delete_bad_in_time, key),  # a stalled server must not hang the load
             entry,
         )
+
+    async def _delete_bad_in_time(self, key: bytes, exc: BaseException) -> None:
+        await self._deadline(self.delete_bad_copy(key, exc))
+
+    async def delete_bad_copy(self, key: bytes, exc: BaseException) -> None:
+        """Delete the copy of ``key`` that failed verification with ``exc``: by key here; a
+        tier that can name the copy it read (``IntegrityError.copy``) drops that one only."""
+        await self.delete_chunk(key)
 
     async def _remove_job(self, key: bytes, cid: int, t0: float) -> None:
         if await self._after_removal_async(self._begin_remove, key):

@@ -250,7 +250,7 @@ class NativeIO(TierHandle):
         else:
             entry = tier._pin_for_load(key)
         blocking = self.engine.blocking
-        await tier._async_load(key, t0, lambda: self.load(key, cid), lambda: blocking(tier.delete_chunk, key), entry)
+        await tier._async_load(key, t0, lambda: self.load(key, cid), lambda _e: blocking(tier.delete_chunk, key), entry)
 
     # -- stores ----------------------------------------------------------------------------
     async def store(
