@@ -38,7 +38,9 @@ _ATTEMPTS = 100
 _NO_WINDOW = (
     "the interruption comes once the tier reports progress, so a tier that starts all of a call's "
     "chunks at once (as many batches as max_inflight) and ends them together leaves it no window: "
-    "give the test class a config with more, smaller batches than max_inflight"
+    "give the test class a config with more, smaller batches than max_inflight. An AsyncChunkTier "
+    "whose primitives never suspend (no real await) runs a whole call without letting the loop go: "
+    "await real I/O in them, or make the tier a BlockingChunkTier"
 )
 
 
