@@ -116,7 +116,7 @@ class OffloadingSpec:
         if isinstance(chunk_id, bool):
             raise TypeError(f"chunk id must be an int; got bool {chunk_id!r}")
         try:
-            cid = operator.index(chunk_id)  # type: ignore[call-overload,arg-type]
+            cid = operator.index(chunk_id)  # type: ignore[arg-type]
         except TypeError:
             raise TypeError(f"chunk id must be an int; got {type(chunk_id).__name__} {chunk_id!r}") from None
         if not 0 <= cid < self.num_chunks:

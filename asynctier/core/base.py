@@ -369,7 +369,7 @@ class ChunkTier(Bookkeeping, Lifecycle, SecondaryTierManager):
 
     async def _run(self, op: Op, keys: list[bytes], ids: list[int]) -> TransferResult:
         if not keys:
-            return TransferResult("load" if op is Op.LOOKUP else op.value)  # type: ignore[arg-type]
+            return TransferResult("load" if op is Op.LOOKUP else op.value)
         t0 = time.perf_counter()
         jobs = self._jobs(op, keys, ids)
         engine = self._engine
@@ -419,7 +419,7 @@ class ChunkTier(Bookkeeping, Lifecycle, SecondaryTierManager):
             res = TransferResult("load")  # op is not user-visible for lookups
             res.succeeded = [j.keys[0] for j in jobs if j.exc is None and j.result]
             return res
-        res = TransferResult(op.value)  # type: ignore[arg-type]
+        res = TransferResult(op.value)
         nbytes = 0
         chunk = self.offloading_spec.chunk_bytes if op is not Op.REMOVE else 0
         for j in jobs:

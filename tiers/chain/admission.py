@@ -226,7 +226,7 @@ def make_policy(value: object, spec: OffloadingSpec, where: str) -> AdmissionPol
         policy: AdmissionPolicy = value  # type: ignore[assignment]
         return policy
     if callable(value):
-        return CallablePolicy(value)  # type: ignore[arg-type]
+        return CallablePolicy(value)
     raise TierConfigError(f"{where}: admit must be {accepted}; got {value!r}")
 
 

@@ -111,7 +111,7 @@ class _Path:
         if type(r) is not tuple:
             return r  # type: ignore[return-value]
         self._keep(slot, r[1])
-        return r[0]  # type: ignore[no-any-return]
+        return r[0]
 
     def finish(
         self, job: Job, slot: int, result: int, csum: int, stage: int, info: int

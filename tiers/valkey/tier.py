@@ -241,7 +241,7 @@ class ValkeyTier(AsyncChunkTier):
         # commands at once, not the batch), and each node's breaker is booked by its own
         # commands' replies; one server: the tier's breaker, for the batch
         if isinstance(client, ValkeyCluster):
-            of = [self._breaker_of(client, cmd[1]) for cmd in commands]  # type: ignore[arg-type]
+            of = [self._breaker_of(client, cmd[1]) for cmd in commands]
         else:
             of = [self._breaker] * len(commands)
         probes: dict[int, tuple[Breaker, bool]] = {}
