@@ -4,10 +4,13 @@ refuse before any I/O, the lifecycle, and the stats they leave."""
 from __future__ import annotations
 
 import random
+import threading
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 
 from .. import TierClosedError, TierNotOpenError
@@ -17,6 +20,13 @@ from .harness import new_keys
 from .suite import SuiteBase
 
 __all__ = ["ContractChecks"]
+
+
+#: Process-wide pools that outlive any one tier by design (asynctier's slow paths and the
+#: chain's copies, anyio's and trio's worker threads): not a tier's threads.
+_SHARED_POOLS = ("asynctier-blocking", "asynctier-chain-copy", "AnyIO worker thread", "Trio thread")
+#: How long a check waits for a closed tier's threads to end.
+_THREADS_END_S = 5.0
 
 
 class ContractChecks(SuiteBase):
@@ -185,6 +195,29 @@ class ContractChecks(SuiteBase):
 
         self.run(backend, check)
 
+    def test_aclose_leaves_no_thread_of_the_tier_running(self, tmp_path: Path, backend: Backend) -> None:
+        async def check() -> None:
+            before = set(threading.enumerate())
+            h = self.make(tmp_path)
+            n = min(8, self.num_chunks // 2)
+            async with h.tier:
+                h.fill(14)
+                keys = new_keys(n)
+                assert (await h.tier.offload(keys, list(range(n)))).ok
+                assert (await h.tier.load(keys, list(range(n, 2 * n)))).ok
+            end = time.monotonic() + _THREADS_END_S
+            while True:
+                left = [
+                    t for t in threading.enumerate()
+                    if t not in before and t.is_alive() and not t.name.startswith(_SHARED_POOLS)
+                ]  # fmt: skip
+                if not left or time.monotonic() > end:
+                    break
+                await anyio.sleep(0.02)
+            assert not left, f"threads still running {_THREADS_END_S}s after aclose(): {[t.name for t in left]}"
+
+        self.run(backend, check)
+
     def test_stats_count_what_happened(self, tmp_path: Path, backend: Backend) -> None:
         async def check() -> None:
             h = self.make(tmp_path)
@@ -199,7 +232,15 @@ class ContractChecks(SuiteBase):
                 assert s.failed == 0 and s.in_flight == 0 and s.queued == 0
                 assert s.offload_latency.count == 8 and s.load_latency.count == 5
                 assert 0 < s.load_latency.p50 <= s.load_latency.p99 <= s.load_latency.max
+                # what the tier says it holds (a tier that cannot tell says None): exactly what was
+                # stored, each chunk's bytes at least (a count of 10**6, or used_bytes 0, passed)
                 if s.stored_chunks is not None:
-                    assert s.stored_chunks >= 8
+                    assert s.stored_chunks == 8, f"stored_chunks is {s.stored_chunks} after 8 chunks were stored"
+                if s.used_bytes is not None:
+                    assert s.used_bytes >= 8 * self.chunk_bytes, f"used_bytes is {s.used_bytes} for 8 chunks"
+                assert (await h.tier.remove(keys[:3])).ok
+                s = h.tier.stats()
+                if s.stored_chunks is not None:
+                    assert s.stored_chunks == 5, f"stored_chunks is {s.stored_chunks} after 3 of 8 chunks were removed"
 
         self.run(backend, check)
