@@ -589,3 +589,19 @@ def test_io_engine_unknown_values_name_the_accepted_ones(tmp_path: Path, value: 
         _create(tmp_path, path=str(tmp_path / "a"), io_engine=value)
     msg = str(ei.value)
     assert repr(value) in msg and "'auto'" in msg and "'threads'" in msg
+
+
+def test_a_slab_of_a_tier_dropped_without_aclose_is_taken_once_it_is_collected(tmp_path: Path) -> None:
+    """A tier dropped without aclose() whose load failed (the error kept in a reference cycle)
+    held its slab until the cycle collector ran: the next open of the slab was refused as
+    "open by another tier" (the third run in the review's loop, every time)."""
+
+    async def run_once() -> None:
+        tier, _view = make(tmp_path / "kv.slab", slots=None, capacity_bytes=4 << 20)
+        await tier.open()
+        assert (await tier.offload([b"k", b"x"], [0, 1])).ok
+        res = await tier.load([b"k", b"missing"], [2, 3])
+        assert set(res.failed) == {b"missing"}
+
+    for _ in range(5):
+        asyncio.run(run_once())

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import gc
 import logging
 import os
 import stat
 import threading
+import time
 import uuid as uuidlib
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -481,6 +483,27 @@ def slot_error(
     return None
 
 
+#: How long an open waits for a dropped tier of this process to let its slab go.
+_DROPPED_TIER_S = 1.0
+
+
+def _after_dropped_tiers(fd: int) -> None:
+    """``flock`` again once the tiers of this process dropped without ``aclose()`` are
+    collected: an error a load kept in a reference cycle keeps such a tier alive until the
+    cycle collector runs, and its finalizer (maybe on its checkpoint thread) then closes the
+    slab. Raises BlockingIOError if the slab is still held after :data:`_DROPPED_TIER_S`."""
+    gc.collect()
+    end = time.monotonic() + _DROPPED_TIER_S
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() > end:
+                raise
+            time.sleep(0.02)
+
+
 def _hold_alone(fd: int, p: Path, opened: list[int]) -> None:
     """Take the slab ``p`` (just opened as ``fd``) for this tier alone: an exclusive lock on
     its open file description (``flock``), held until ``fd`` is closed. A second tier on the
@@ -494,7 +517,10 @@ def _hold_alone(fd: int, p: Path, opened: list[int]) -> None:
         if (o.st_dev, o.st_ino) == (st.st_dev, st.st_ino):
             raise TierConfigError(f"nvme: slab {str(p)!r} is the same file as an earlier one of paths")
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            _after_dropped_tiers(fd)
     except BlockingIOError:
         raise TierStateError(
             f"nvme: slab {str(p)!r} is open by another tier (in this process or another); "
