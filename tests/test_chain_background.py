@@ -187,6 +187,35 @@ def test_a_store_the_first_tier_skipped_queues_no_other_copy() -> None:
     run(check)
 
 
+def test_a_queued_promotion_does_not_stand_in_for_a_write_back() -> None:
+    """The skip rule asked whether anything of the key was queued: a promotion going up (to a
+    tier above the one that stored it) stood in for the write-back to the tiers below, which
+    then never got the key."""
+
+    async def check() -> None:
+        rig = ChainRig()
+        below_ok = [False]
+        top = {"type": "GatedMemoryTier", "module_path": __name__, "name": "top", "admit": lambda k, r: r == "promote"}
+        low = {"type": "memory", "name": "low", "admit": lambda k, r: below_ok[0]}
+        chain = rig.chain(tiers=[top, {"type": "memory", "name": "mid"}, low], write="back")
+        GatedMemoryTier.GATE.clear()
+        try:
+            async with chain:
+                k = [b"up-and-down"]
+                assert (await chain.offload(k, [0])).ok  # mid only: low refuses now
+                below_ok[0] = True
+                assert (await chain.load(k, [5])).ok  # a hit in mid: its promotion to top held at the gate
+                res = await chain.offload(k, [0])  # mid holds it: skipped, and written back to low
+                assert res.skipped == k
+                GatedMemoryTier.GATE.set()
+                await chain.drain()
+                assert await in_tier(chain, "low", k) == [True]
+        finally:
+            GatedMemoryTier.GATE.set()
+
+    run(check)
+
+
 def test_the_fence_forgets_no_stamp_a_window_still_open_needs() -> None:
     """A removal's stamp makes its keys stale to every window opened before it ended: while
     such a window is open the stamp is kept past the bound (65,536), and dropped once it closes;

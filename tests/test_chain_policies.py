@@ -252,6 +252,9 @@ def test_two_members_on_one_medium_are_refused(tmp_path: Path) -> None:
     assert [m.name for m in chain.members] == ["memory", "memory-1", "fs", "fs-1"]  # as the docs say
     with pytest.raises(TierConfigError, match=r"name 'memory-1' \(a name given by default"):
         rig.chain(tiers=[MEM, MEM, {**MEM, "name": "memory-1"}])
+    nested = {"type": "chain", "name": "inner", "tiers": [{"type": "fs", "root": str(tmp_path / "kv")}]}
+    with pytest.raises(TierConfigError, match=r"tiers 'fs' and 'inner/fs' both keep their chunks in"):
+        rig.chain(tiers=[{"type": "fs", "root": str(tmp_path / "kv")}, nested])  # a chain inside: its tiers too
 
 
 def test_promotions_into_the_first_tier_start_demotion(tmp_path: Path) -> None:

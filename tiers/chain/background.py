@@ -288,6 +288,11 @@ class Backlog:
             for it in pending.get(k, ()):
                 it.dead = True
 
+    def writing_back(self, key: bytes) -> bool:
+        """Whether a write-back of ``key`` (a store's, to the tiers below the one that took it)
+        is queued or running, not removed since."""
+        return any(it.reason == "store" and not it.dead for it in self._pending.get(key, ()))
+
     def has(self, key: bytes) -> bool:
         """Whether a load of ``key`` would find it here (:meth:`hold`), without holding it."""
         items = self._pending.get(key)

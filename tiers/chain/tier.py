@@ -14,7 +14,7 @@ import logging
 import os
 import time
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Literal
 
 import anyio
@@ -59,18 +59,28 @@ def _media(tier: object) -> list[str]:
     return out + [os.path.realpath(p) for p in paths or ()]
 
 
-def _refuse_shared_media(members: list[Member]) -> None:
-    """Two members on one medium each evict the other's chunks unseen (the other's index
-    still lists them): refused by name."""
-    seen: dict[str, str] = {}
+def _leaves(members: list[Member], path: str = "") -> Iterator[tuple[str, object]]:
+    """Each tier of ``members`` by name, the tiers of a chain among them too ("kv/fs")."""
     for m in members:
-        for where in _media(m.tier):
+        inner = getattr(m.tier, "members", None) if isinstance(m.tier, ChainTier) else None
+        if inner is not None:
+            yield from _leaves(inner, f"{path}{m.name}/")
+        else:
+            yield f"{path}{m.name}", m.tier
+
+
+def _refuse_shared_media(members: list[Member]) -> None:
+    """Two tiers on one medium each evict the other's chunks unseen (the other's index still
+    lists them): refused by name, at any depth of chains."""
+    seen: dict[str, str] = {}
+    for name, tier in _leaves(members):
+        for where in _media(tier):
             if where in seen:
                 raise TierConfigError(
-                    f"chain: tiers {seen[where]!r} and {m.name!r} both keep their chunks in {where}: each would "
+                    f"chain: tiers {seen[where]!r} and {name!r} both keep their chunks in {where}: each would "
                     "evict and overwrite the other's unseen; give each tier a medium of its own"
                 )
-            seen[where] = m.name
+            seen[where] = name
 
 
 def _abandon(backlog: Backlog, demoter: Demoter | None) -> Callable[[], None]:

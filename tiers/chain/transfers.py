@@ -251,12 +251,12 @@ class ChainTransfers:
             entries: list[tuple[bytes, int, list[Member]]] = []
             below_all: dict[int, list[Member]] = {}  # every tier admits every key: one list per first tier
             uniform = all(a is None for a in admitted)
-            has = self._backlog.has
+            queued = self._backlog.writing_back  # (a promotion queued goes up: it carries nothing below)
             for k in keys:
                 i = first.get(k)
                 if i is None or i + 1 == len(members):
                     continue
-                if k not in wrote and has(k):
+                if k not in wrote and queued(k):
                     # held already, its write-back still queued: that one carries the copy the
                     # tier kept (this call's bytes, written below in its place, were not kept)
                     continue
