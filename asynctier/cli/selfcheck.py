@@ -33,6 +33,10 @@ def primary_buffer(nbytes: int) -> memoryview:
     return view
 
 
+#: How long selfcheck waits for its chunks to be removed after a failure or an interrupt.
+_CLEANUP_S = 10.0
+
+
 async def _check(
     tier: Any, keys: list[bytes], ids: list[int], view: memoryview, original: bytes, c: int
 ) -> tuple[float, float]:
@@ -70,8 +74,9 @@ async def roundtrip(config: dict[str, Any], chunk_bytes: int, num_chunks: int) -
             try:
                 t_off, t_load = await _check(tier, keys, ids, view, original, chunk_bytes)
             finally:
-                # also after a failure, a cancellation or Ctrl-C: its chunks never stay in the tier
-                with anyio.CancelScope(shield=True):
+                # also after a failure, a cancellation or Ctrl-C: its chunks do not stay in the
+                # tier; bounded, so that a stalled medium does not hold an interrupted run
+                with anyio.move_on_after(_CLEANUP_S, shield=True):
                     with contextlib.suppress(Exception):  # (the check's own error is the one to say)
                         await tier.remove(keys)
             stats = tier.stats()
