@@ -190,11 +190,19 @@ class SecondaryTierFactory:
         """Every known tier type: registered ones, then those offered by entry points."""
         infos = list(cls._origins.values())
         for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
-            source = f"entry point ({_dist_name(ep)})"
-            if ep.name in cls._origins:  # listed, so that `asynctier info` shows why it is never used
-                source += f", shadowed by the registered {ep.name!r}: never used"
-            infos.append(TierInfo(ep.name, ep.module, ep.attr, source))
+            if ep.name not in cls._origins:
+                infos.append(TierInfo(ep.name, ep.module, ep.attr, f"entry point ({_dist_name(ep)})"))
         return infos
+
+    @classmethod
+    def shadowed(cls) -> dict[str, list[str]]:
+        """Entry points never used because a tier of their name is registered, by type:
+        ``"module:Class (distribution)"`` each (``asynctier info`` shows them)."""
+        out: dict[str, list[str]] = {}
+        for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
+            if ep.name in cls._origins:
+                out.setdefault(ep.name, []).append(f"{ep.value} ({_dist_name(ep)})")
+        return out
 
     @classmethod
     def _warn_shadowed(cls, tier_type: str) -> None:
@@ -247,7 +255,7 @@ class SecondaryTierFactory:
             if not ep.attr:
                 raise TierConfigError(f"entry point {tier_type!r} = {ep.value!r} must name 'module:Class'")
             return _import_class(ep.module, ep.attr, f"tier {tier_type!r} (entry point)")
-        known = sorted({i.tier_type for i in cls.registered()})
+        known = sorted(i.tier_type for i in cls.registered())
         raise TierConfigError(
             f"Unknown secondary tier type: {tier_type!r}. Supported types: {known}. "
             "For an out-of-tree tier, also set 'module_path' (or install a package that "

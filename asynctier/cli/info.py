@@ -59,6 +59,10 @@ def native_parts() -> list[tuple[str, str]]:
 def info(as_json: bool) -> None:
     """List the registered tiers, where each comes from, and its parameters."""
     tiers = [describe(i) for i in SecondaryTierFactory.registered()]
+    shadowed = SecondaryTierFactory.shadowed()
+    for t in tiers:  # an installed package's entry point of a registered name: never used
+        if t["type"] in shadowed:
+            t["shadowed_entry_points"] = shadowed[t["type"]]
     if as_json:
         click.echo(json.dumps(tiers, indent=2))
         return
@@ -75,5 +79,7 @@ def info(as_json: bool) -> None:
         table.add_row(*(Text(c) for c in (t["type"], t["class"], t["source"], params)))  # not markup: "[s3]"
     console = output_console()
     console.print(table)
+    for kind, eps in shadowed.items():
+        console.print(Text(f"entry point {kind!r} never used (the registered tier wins): {', '.join(eps)}"))
     for part, state in native_parts():
         console.print(f"{part}: {state}", highlight=False)
