@@ -644,3 +644,11 @@ def test_cli_bench_starts_a_local_server_for_the_valkey_tier(tmp_path: Path) -> 
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     assert "1/1 points ok" in r.stdout
+
+
+def test_a_short_password_is_masked_only_where_it_stands_alone() -> None:
+    """A password 's' turned every s of an error into ***, its errno and address with it."""
+    from asynctier.tiers.valkey.redact import Scrubber
+
+    scrub = Scrubber(["s", "a-longer-secret"]).scrub
+    assert scrub("Error 111 connecting to host s: a-longer-secret, s") == "Error 111 connecting to host ***: ***, ***"
