@@ -9,6 +9,7 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -173,3 +174,54 @@ async def test_a_load_neither_overrides_a_write_in_flight_nor_revives_a_removed_
         lru.abort(ks[0])
         lru.removed([ks[1]])
         assert tier.stats().stored_chunks == 1
+
+
+async def test_a_load_with_no_answer_keeps_an_entry_another_load_found_the_object_for(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two loads of a key another server stored: the first gets no answer, the second the
+    object, meanwhile. The first took out the account entry the second confirmed: the
+    chunk stayed in the bucket uncounted, and the bucket went past capacity_bytes."""
+    import anyio
+    import anyio.to_thread
+
+    from asynctier.tiers.obj import tier as obj_tier
+
+    rig = Rig()
+    url = f"file://{tmp_path}/store"
+    per = obj_tier.object_size(2, rig.spec.chunk_bytes)
+    real = obj_tier.get_into
+    first_in, second_done, calls = threading.Event(), threading.Event(), []
+
+    def get_into(*args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        if len(calls) == 1:  # the first load: in flight until the second is done, then no answer
+            first_in.set()
+            second_done.wait(10)
+            raise RuntimeError("Generic error: request timed out (deadline has elapsed)")
+        try:
+            return real(*args, **kwargs)
+        finally:
+            second_done.set()
+
+    tier = rig.tier({"type": "obj", "url": url, "capacity_bytes": 4 * per, "max_inflight": 4})
+    async with tier:
+        async with rig.tier({"type": "obj", "url": url}) as other:
+            assert (await other.offload([b"K0"], [0])).ok  # stored by another server
+        monkeypatch.setattr(obj_tier, "get_into", get_into)
+        results: dict[int, Any] = {}
+
+        async def load(n: int) -> None:
+            if n == 2:
+                await anyio.to_thread.run_sync(first_in.wait, 10)
+            results[n] = await tier.load([b"K0"], [n])
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(load, 1)
+            tg.start_soon(load, 2)
+        assert kinds(results[1]) == {"timeout"} and results[2].ok
+        assert tier.stats().stored_chunks == 1
+        monkeypatch.setattr(obj_tier, "get_into", real)
+        assert (await tier.offload([b"A%d" % i for i in range(4)], [4, 5, 6, 7])).ok
+        objects = [p for p in (tmp_path / "store").rglob("*") if p.is_file()]
+        assert len(objects) == 4 and await tier.lookup([b"K0"]) == [False]  # evicted for them

@@ -8,6 +8,7 @@ import errno
 import logging
 import os
 import stat
+import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -142,6 +143,10 @@ class ObjTier(BlockingChunkTier):
         self._lru: LRUIndex | None = (
             LRUIndex(self.capacity_bytes, track_removals=True) if self.capacity_bytes is not None else None
         )
+        # entries a load added for a key it found nowhere in the account, not yet confirmed by
+        # an answer from the store (a load's or a HEAD's): one with no answer takes out only these
+        self._unconfirmed: dict[bytes, object] = {}
+        self._unconfirmed_lock = threading.Lock()
         o = self._options
         self._scrubber = Scrubber.for_store(
             (where.raw, endpoint), o.credentials, o.config, o.client_options, where.env_prefix
@@ -233,6 +238,7 @@ class ObjTier(BlockingChunkTier):
             raise
         if lru is not None:
             lru.commit(key)
+            self._confirmed(key)
         self._cache.put(key, True, since)
         return True
 
@@ -246,6 +252,7 @@ class ObjTier(BlockingChunkTier):
             # The account says stored; the store says so too, or it is stored again: another
             # server on the prefix, or a lifecycle rule, may have deleted it since.
             if self.chunk_exists(key):
+                self._confirmed(key)
                 self._stats.incr("skipped_known_stored")
                 return False
             lru.discard(key)
@@ -270,6 +277,9 @@ class ObjTier(BlockingChunkTier):
         # removed or written here now; read it, but leave the account to them.
         got = lru.adopt_pinned_new(key, object_size(len(key), out.nbytes)) if lru is not None else None
         entry, added = got if got is not None else (None, False)
+        if added:
+            with self._unconfirmed_lock:
+                self._unconfirmed[key] = entry
         ok = False
         since = self._cache.begin()
         try:
@@ -278,23 +288,37 @@ class ObjTier(BlockingChunkTier):
         except ChunkNotFoundError:
             self._cache.forget(key)
             if lru is not None and entry is not None:
+                self._confirmed(key)
                 lru.discard(key, entry=entry)
             raise
         except IntegrityError:
             # the object is still there: it leaves the account when it is deleted (a load
             # deletes it; a verification without remove_bad keeps it)
+            self._confirmed(key)
             self._cache.forget(key)
             raise
         except BaseException:
-            # no answer (timeout, unreachable, breaker open): an entry this load added may
-            # stand for nothing, and was later "evicted" in place of real chunks
-            if lru is not None and entry is not None and added:
-                lru.discard(key, entry=entry)
+            # no answer (timeout, unreachable, breaker open): an entry added for this key and
+            # confirmed by no answer since may stand for nothing, and was later "evicted" in
+            # place of real chunks (one another load found the object for stays)
+            if lru is not None and entry is not None:
+                with self._unconfirmed_lock:
+                    if self._unconfirmed.get(key) is entry:
+                        del self._unconfirmed[key]
+                        lru.discard(key, entry=entry)
             raise
         finally:
             if lru is not None and entry is not None:
                 lru.unpin(key, touch=ok, entry=entry)
+        if entry is not None:
+            self._confirmed(key)
         self._cache.put(key, True, since)
+
+    def _confirmed(self, key: bytes) -> None:
+        """The store answered for ``key``: its entry is no longer one a load only guessed."""
+        if self._unconfirmed:
+            with self._unconfirmed_lock:
+                self._unconfirmed.pop(key, None)
 
     def _get_into(self, key: bytes, out: memoryview) -> None:
         """GET the object into ``out`` and verify it; a bad copy's IntegrityError names its
