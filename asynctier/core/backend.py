@@ -44,6 +44,8 @@ __all__ = [
     "wait_uninterrupted",
     "fork_generation",
     "after_fork_in_child",
+    "in_this_process",
+    "lock_held_by",
 ]
 
 T = TypeVar("T")
@@ -135,8 +137,32 @@ _generation = 0
 _after_fork: list[Callable[[], None]] = []
 
 
+#: Descriptors that hold a lock for a tier (fs owners lock, nvme slab lock): a forked child's
+#: copy held the lock on after the parent let it go. By number, with the file they named.
+_locks: dict[int, tuple[int, int]] = {}
+
+
 def fork_generation() -> int:
     return _generation
+
+
+def lock_held_by(fd: int) -> None:
+    """Register ``fd``, which holds a lock on its file for a tier: a forked child closes its
+    copy at once (a lock on an open file description lasts while any copy is open)."""
+    st = os.fstat(fd)
+    _locks[fd] = (st.st_dev, st.st_ino)
+
+
+def in_this_process(fn: Callable[..., object]) -> Callable[..., None]:
+    """``fn`` as a finalizer of something made in this process: in a forked child it does
+    nothing (the threads, pools and loops it would stop or join are the parent's)."""
+    made_in = _generation
+
+    def run(*args: Any) -> None:
+        if _generation == made_in:
+            fn(*args)
+
+    return run
 
 
 def after_fork_in_child(fn: Callable[[], None]) -> None:
@@ -149,6 +175,14 @@ def _in_child() -> None:
     global _generation, _shared_executor
     _generation += 1
     _shared_executor = None
+    for fd, named in list(_locks.items()):
+        try:
+            st = os.fstat(fd)
+            if (st.st_dev, st.st_ino) == named:  # (not a number the parent reused for another file)
+                os.close(fd)
+        except OSError:
+            pass
+    _locks.clear()
     for fn in _after_fork:
         fn()
 

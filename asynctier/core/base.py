@@ -25,7 +25,7 @@ from ..errors import BackpressureError, TierClosedError, TierConfigError
 from ..lru import LRUIndex
 from ..spec import OffloadingSpec
 from ..stats import StatsRecorder, TierStats, TransferResult
-from .backend import LoopCaller, loop_caller, run_to_completion
+from .backend import LoopCaller, in_this_process, loop_caller, run_to_completion
 from .bookkeeping import Bookkeeping
 from .framing import Framing
 from .jobs import CANCELLED, SKIPPED, Batch, Job, Outcomes, Skipped
@@ -217,7 +217,7 @@ class ChunkTier(Bookkeeping, Lifecycle, SecondaryTierManager):
         self._engine = engine
         self._new_batch = new_batch_of(engine)
         # a tier dropped without aclose() must not leave its workers behind
-        weakref.finalize(self, engine.stop_nowait)
+        weakref.finalize(self, in_this_process(engine.stop_nowait))
 
     def _check_close(self) -> None:
         # an engine bound to the loop it was opened on stops on it, or once it is gone
@@ -246,6 +246,7 @@ class ChunkTier(Bookkeeping, Lifecycle, SecondaryTierManager):
         self._view = release_view(self._view)
 
     async def drain(self) -> None:
+        self._refuse_if_forked()  # (the parent's calls are not this process's to wait for)
         while True:
             with self._active_lock:
                 if not self._active:

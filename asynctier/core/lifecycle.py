@@ -57,6 +57,11 @@ class Lifecycle:
             raise TierNotOpenError(f"{self!r} is not open: use 'async with tier:' or 'await tier.open()' first")
         raise TierClosedError(f"{self!r} is closed")
 
+    def _refuse_if_forked(self) -> None:
+        """For what does not pass :meth:`_check_open` (``drain()``, a second ``open()``)."""
+        if self._generation != backend._generation and self._state != _NEW:
+            self._forked()
+
     def _forked(self) -> None:
         """A tier opened before this process was forked: its worker threads, event-loop
         wake-ups and locks stayed in the parent (a call queued jobs nothing would run, and
@@ -80,6 +85,7 @@ class Lifecycle:
 
     async def _open_once(self) -> None:
         if self._state == _OPEN:
+            self._refuse_if_forked()  # (it said "open" to a call that was then refused)
             return
         self._refuse_reopen()
         async with self._open_close_lock():

@@ -14,6 +14,7 @@ from typing import Protocol
 
 import anyio
 
+from ..core import backend
 from ..core.backend import current_loop, loop_running, wait_uninterrupted
 from ..core.jobs import CANCELLED, DONE, PENDING, RUNNING, Batch, Job
 from ..core.ops import Op
@@ -133,6 +134,7 @@ class EngineCounters:
         if not jobs:
             return
         done = jobs[0].batch.event
+        made_in = backend.fork_generation()
         self.submit(jobs)
         try:
             if drop_after is not None:
@@ -149,7 +151,8 @@ class EngineCounters:
             # buffer, so the caller hears of the cancellation only once it has finished. The
             # same for a KeyboardInterrupt (trio raises it into the task that waits here).
             self.cancel_pending(jobs)
-            await wait_uninterrupted(done)
+            if backend.fork_generation() == made_in:  # (forked: the I/O is the parent's, never ends here)
+                await wait_uninterrupted(done)
             raise
 
 

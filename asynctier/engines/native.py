@@ -33,7 +33,7 @@ from typing import Any, TypeVar
 
 import anyio
 
-from ..core.backend import ReadableWatch, run_on_thread_to_end, wait_uninterrupted, watch_readable
+from ..core.backend import ReadableWatch, in_this_process, run_on_thread_to_end, wait_uninterrupted, watch_readable
 from .descriptors import (  # re-exported: the pool's callers name them nativeio.X
     COMMIT,
     COMMIT_FDS_MAX,
@@ -197,7 +197,7 @@ class NativePool:
         self._free_pending = False
         # dropped without close(): the workers end once idle; the pool's memory and eventfd
         # stay (a worker may still write to the eventfd: its number must not be reused)
-        self._finalizer = weakref.finalize(self, _LIB.at_shutdown, handle)
+        self._finalizer = weakref.finalize(self, in_this_process(_LIB.at_shutdown), handle)
 
     # -- the event-loop side ----------------------------------------------------------------
     def attach(self) -> None:

@@ -20,7 +20,7 @@ from typing import Any, Literal
 import anyio
 
 from asynctier.contract import SecondaryTierManager
-from asynctier.core.backend import current_loop, loop_caller, run_to_completion
+from asynctier.core.backend import current_loop, in_this_process, loop_caller, run_to_completion
 from asynctier.core.base import release_view
 from asynctier.core.lifecycle import Lifecycle
 from asynctier.core.validation import check_keys, check_pairs
@@ -213,7 +213,7 @@ class ChainTier(ChainTransfers, Lifecycle, SecondaryTierManager):
         self._backlog.start()
         if self._demoter is not None:
             self._demoter.start()
-        self._finalizer = weakref.finalize(self, loop_caller(), _abandon(self._backlog, self._demoter))
+        self._finalizer = weakref.finalize(self, in_this_process(loop_caller()), _abandon(self._backlog, self._demoter))
         self._finalizer.atexit = False
         self._idle = anyio.Event()
         self._idle.set()
@@ -273,6 +273,7 @@ class ChainTier(ChainTransfers, Lifecycle, SecondaryTierManager):
     async def drain(self) -> None:
         """Until every call in progress has returned and every background write queued is done
         (in the tiers too: a chain inside this one drains its own background writes)."""
+        self._refuse_if_forked()
         await self._calls_done()
         await self._pool.settled()
         await self._backlog.drain()

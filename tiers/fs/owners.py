@@ -16,6 +16,8 @@ import stat
 import struct
 from pathlib import Path
 
+from asynctier.core.backend import lock_held_by
+
 __all__ = ["OWNERS", "alone", "hold_namespace"]
 
 log = logging.getLogger(__name__)
@@ -59,6 +61,7 @@ def hold_namespace(dfd: int, directory: Path, mode: int = 0o600, fix: bool = Fal
         log.info("fs tier %s: cannot lock %s (%r); evicted files are deleted, not recycled", directory, path, e)
         os.close(fd)
         return -1
+    lock_held_by(fd)
     return fd
 
 

@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from asynctier import BlockingChunkTier, ChunkNotFoundError, TierConfigError
 from asynctier.core import Op
-from asynctier.core.backend import run_on_thread_to_end
+from asynctier.core.backend import in_this_process, run_on_thread_to_end
 from asynctier.core.jobs import SKIPPED, Skipped, evened
 from asynctier.core.validation import check_bool, check_path, check_private_dir, integer, make_dirs, permission_bits
 from asynctier.engines import Engine
@@ -285,7 +285,7 @@ class FsTier(BlockingChunkTier):
         pools: list[TmpfilePool] = []
         # a tier dropped without aclose() must not leak its descriptors or its pool's thread
         owned = fds if self._lock_fd < 0 else [*fds, self._lock_fd]
-        self._fd_finalizer = weakref.finalize(self, close_tier_fds, owned, pools)
+        self._fd_finalizer = weakref.finalize(self, in_this_process(close_tier_fds), owned, pools)
         try:
             # the alignment O_DIRECT needs; at most the header block (a larger f_bsize, as on
             # Lustre, is a preference; a real refusal switches O_DIRECT off)

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from types import ModuleType
 
 from asynctier import CapacityError, ChunkNotFoundError, TierConfigError
+from asynctier.core.backend import in_this_process
 from asynctier.engines.speedups import speedups
 from asynctier.errors import MediumDamagedError
 
@@ -211,7 +212,7 @@ class Catalog:
         )
         thread.start()
         self._finalizer = weakref.finalize(
-            self, _release, self._ckpt_stop, self._ckpt_wake, thread, fds, self.journal, self.where
+            self, in_this_process(_release), self._ckpt_stop, self._ckpt_wake, thread, fds, self.journal, self.where
         )
 
     def stop_checkpointer(self) -> None:

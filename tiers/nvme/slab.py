@@ -17,6 +17,7 @@ from pathlib import Path
 
 from asynctier import IntegrityError, TierConfigError, TierStateError
 from asynctier.core import MAX_KEY_BYTES
+from asynctier.core.backend import lock_held_by
 from asynctier.engines.speedups import speedups
 from asynctier.errors import MediumDamagedError
 from asynctier.integrity import ChunkHeader, checksum, header_matches
@@ -521,6 +522,7 @@ def _hold_alone(fd: int, p: Path, opened: list[int]) -> None:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             _after_dropped_tiers(fd)
+        lock_held_by(fd)
     except BlockingIOError:
         raise TierStateError(
             f"nvme: slab {str(p)!r} is open by another tier (in this process or another); "
