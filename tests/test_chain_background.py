@@ -4,7 +4,9 @@ chunk whose write-back is still queued."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -111,6 +113,19 @@ class GatedMemoryTier(MemoryTier):
         super().write_chunk(key, data)
 
 
+GATED_BELOW = {"type": "GatedMemoryTier", "module_path": __name__, "name": "below"}
+
+
+@contextlib.contextmanager
+def gate_closed() -> Iterator[None]:
+    """The gated tier's stores wait until the block ends (or 30 s)."""
+    GatedMemoryTier.GATE.clear()
+    try:
+        yield
+    finally:
+        GatedMemoryTier.GATE.set()
+
+
 def test_a_load_is_served_from_a_write_back_still_queued() -> None:
     """The first tier evicts chunks before their write-back reaches the tier below: a load
     finds them in the background's staging slots (they were acknowledged as stored), being
@@ -118,10 +133,8 @@ def test_a_load_is_served_from_a_write_back_still_queued() -> None:
 
     async def check() -> None:
         rig = ChainRig()
-        gated = {"type": "GatedMemoryTier", "module_path": __name__, "name": "below"}
-        chain = rig.chain(tiers=[MEM, gated], write="back")
-        GatedMemoryTier.GATE.clear()
-        try:
+        chain = rig.chain(tiers=[MEM, GATED_BELOW], write="back")
+        with gate_closed():
             async with chain:
                 ks = keys(4)
                 assert (await chain.offload(ks[:2], [0, 1])).ok
@@ -148,8 +161,6 @@ def test_a_load_is_served_from_a_write_back_still_queued() -> None:
                 res = await chain.load(ks[:2] + ks[3:], [8, 9, 11])  # from the tier below now
                 assert res.ok and chain.stats().extra["backlog_hits"] == 3
                 assert [rig.chunk(8), rig.chunk(11)] == [rig.orig_chunk(0), rig.orig_chunk(5)]
-        finally:
-            GatedMemoryTier.GATE.set()
 
     run(check)
 
@@ -161,10 +172,8 @@ def test_a_store_the_first_tier_skipped_queues_no_other_copy() -> None:
 
     async def check() -> None:
         rig = ChainRig()
-        gated = {"type": "GatedMemoryTier", "module_path": __name__, "name": "below"}
-        chain = rig.chain(tiers=[MEM, gated], write="back")
-        GatedMemoryTier.GATE.clear()
-        try:
+        chain = rig.chain(tiers=[MEM, GATED_BELOW], write="back")
+        with gate_closed():
             async with chain:
                 k, blocker = b"twice", b"blocker"
                 assert (await chain.offload([blocker], [7])).ok
@@ -181,8 +190,6 @@ def test_a_store_the_first_tier_skipped_queues_no_other_copy() -> None:
                 rig.zero()
                 assert (await chain.load([k], [9])).ok  # from the tier below
                 assert rig.chunk(9) == rig.orig_chunk(0)
-        finally:
-            GatedMemoryTier.GATE.set()
 
     run(check)
 
@@ -198,8 +205,7 @@ def test_a_queued_promotion_does_not_stand_in_for_a_write_back() -> None:
         top = {"type": "GatedMemoryTier", "module_path": __name__, "name": "top", "admit": lambda k, r: r == "promote"}
         low = {"type": "memory", "name": "low", "admit": lambda k, r: below_ok[0]}
         chain = rig.chain(tiers=[top, {"type": "memory", "name": "mid"}, low], write="back")
-        GatedMemoryTier.GATE.clear()
-        try:
+        with gate_closed():
             async with chain:
                 k = [b"up-and-down"]
                 assert (await chain.offload(k, [0])).ok  # mid only: low refuses now
@@ -210,8 +216,6 @@ def test_a_queued_promotion_does_not_stand_in_for_a_write_back() -> None:
                 GatedMemoryTier.GATE.set()
                 await chain.drain()
                 assert await in_tier(chain, "low", k) == [True]
-        finally:
-            GatedMemoryTier.GATE.set()
 
     run(check)
 

@@ -143,24 +143,26 @@ def test_a_node_that_dies_fails_its_keys_and_nothing_hangs(tmp_path: Path) -> No
         cluster.stop()
 
 
+def _partial_cluster_tier(cluster: ValkeyCluster3, timeout_s: float) -> Any:
+    """A tier on ``cluster`` whose live nodes go on serving their slots when one is down, each
+    call one batch (keys of every node in one pipeline), its breakers opened by two failures."""
+    for n in cluster.nodes:
+        with contextlib.closing(n.client()) as c:
+            c.config_set("cluster-require-full-coverage", "no")
+    buf = bytearray(os.urandom(SPEC.total_bytes))
+    config = {"type": "valkey", "url": cluster.url, "timeout_s": timeout_s, "breaker_threshold": 2,
+              "breaker_cooldown_s": 60, "max_inflight": 1}  # fmt: skip
+    return SecondaryTierFactory.create_secondary_tier(config, memoryview(buf), SPEC)
+
+
 def test_one_node_gone_opens_its_own_breaker_not_the_clusters(tmp_path: Path) -> None:
     """One breaker for the whole cluster: the batches of a dead primary opened it, and then
     the keys of the live nodes failed too ("circuit breaker open") for as long as the node
     was down. Each node has its own now; a batch that spans nodes serves the keys of those
     that answer."""
-    import contextlib
-
     cluster = ValkeyCluster3(tmp_path)
     try:
-        for n in cluster.nodes:  # the live nodes go on serving their slots
-            with contextlib.closing(n.client()) as c:
-                c.config_set("cluster-require-full-coverage", "no")
-        buf = bytearray(os.urandom(SPEC.total_bytes))
-        tier: Any = SecondaryTierFactory.create_secondary_tier(
-            {"type": "valkey", "url": cluster.url, "timeout_s": 2, "breaker_threshold": 2, "breaker_cooldown_s": 60,
-             "max_inflight": 1},  # (a call is one batch: keys of every node in one pipeline)
-            memoryview(buf), SPEC,
-        )  # fmt: skip
+        tier = _partial_cluster_tier(cluster, timeout_s=2)
         ks = [b"gone-%d" % i for i in range(16)]
         lo, hi = cluster.RANGES[2]
 
@@ -196,15 +198,7 @@ def test_a_node_that_hangs_fails_its_own_keys_not_the_batch(tmp_path: Path) -> N
     the node hung. Each node's part of a batch now goes on its own, under its own deadline."""
     cluster = ValkeyCluster3(tmp_path)
     try:
-        for n in cluster.nodes:
-            with contextlib.closing(n.client()) as c:
-                c.config_set("cluster-require-full-coverage", "no")
-        buf = bytearray(os.urandom(SPEC.total_bytes))
-        tier: Any = SecondaryTierFactory.create_secondary_tier(
-            {"type": "valkey", "url": cluster.url, "timeout_s": 0.5, "breaker_threshold": 2, "breaker_cooldown_s": 60,
-             "max_inflight": 1},  # (a call is one batch: keys of every node in one pipeline)
-            memoryview(buf), SPEC,
-        )  # fmt: skip
+        tier = _partial_cluster_tier(cluster, timeout_s=0.5)
         ks = [b"hung-%d" % i for i in range(16)]
         lo, hi = cluster.RANGES[2]
 
