@@ -28,6 +28,7 @@ __all__ = [
     "TempNames",
     "is_hashed_token",
     "namespace_dir",
+    "open_subdir",
     "shard_of",
     "token_key",
     "write_layout_note",
@@ -176,3 +177,21 @@ def write_layout_note(dfd: int, spec: OffloadingSpec, mode: int = 0o600, fix: bo
             os.unlink(tmp, dir_fd=dfd)
         except OSError:
             pass
+
+
+def open_subdir(parent: int, name: str, mode: int, fix: bool) -> int:
+    """Open (made with ``mode`` if missing) the directory ``name`` in ``parent``: not through
+    a link. ``fix``: the umask strips bits of ``mode``, set it after making it."""
+    flags = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        return os.open(name, flags, dir_fd=parent)
+    except FileNotFoundError:
+        made = True
+        try:
+            os.mkdir(name, mode, dir_fd=parent)
+        except FileExistsError:
+            made = False  # made by another tier meanwhile
+        fd = os.open(name, flags, dir_fd=parent)
+        if made and fix:
+            os.fchmod(fd, mode)
+        return fd

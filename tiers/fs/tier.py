@@ -25,7 +25,7 @@ from asynctier.stats import TierStats
 
 from . import owners
 from .fast import LoadPath, StorePath
-from .layout import HEADER_BLOCK, N_SHARDS, TempNames, current_umask, namespace_dir, write_layout_note
+from .layout import HEADER_BLOCK, N_SHARDS, TempNames, current_umask, namespace_dir, open_subdir, write_layout_note
 from .native import GROUP_CHUNKS, NativeIO
 from .pool import POOL_TARGET, TmpfilePool, close_tier_fds
 from .protocol import ChunkProtocol, not_found
@@ -40,24 +40,6 @@ POOL_QUIET_S = 1.0
 #: pooled files at most (``tmpfile_pool``): each holds a descriptor
 TMPFILE_POOL_MAX = 4096
 _MAX_PENDING_TOUCHES = 1 << 16  # touched keys remembered for stamping at close (beyond: approximate)
-
-
-def _subdir(parent: int, name: str, mode: int, fix: bool) -> int:
-    """Open (made with ``mode`` if missing) the directory ``name`` in ``parent``: not through
-    a link. ``fix``: the umask strips bits of ``mode``, set it after making it."""
-    flags = os.O_RDONLY | _O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-    try:
-        return os.open(name, flags, dir_fd=parent)
-    except FileNotFoundError:
-        made = True
-        try:
-            os.mkdir(name, mode, dir_fd=parent)
-        except FileExistsError:
-            made = False  # made by another tier meanwhile
-        fd = os.open(name, flags, dir_fd=parent)
-        if made and fix:
-            os.fchmod(fd, mode)
-        return fd
 
 
 def _check_config(
@@ -315,14 +297,14 @@ class FsTier(BlockingChunkTier):
             root_fd = os.open(self.root, os.O_RDONLY | _O_DIRECTORY | os.O_CLOEXEC)
             try:
                 check_private_dir(root_fd, self.root, "fs tier")
-                dfd = _subdir(root_fd, self.dir.name, self.dir_mode, fix_dirs)
+                dfd = open_subdir(root_fd, self.dir.name, self.dir_mode, fix_dirs)
             finally:
                 os.close(root_fd)
             try:
                 check_private_dir(dfd, self.dir, "fs tier")
                 write_layout_note(dfd, self.offloading_spec, self.file_mode, proto.fix_mode)
                 for i in range(N_SHARDS):
-                    fds.append(_subdir(dfd, f"{i:02x}", self.dir_mode, fix_dirs))
+                    fds.append(open_subdir(dfd, f"{i:02x}", self.dir_mode, fix_dirs))
                     check_private_dir(fds[-1], self.dir / f"{i:02x}", "fs tier")
                 self._lock_fd = owners.hold_namespace(dfd, self.dir, self.file_mode, proto.fix_mode)
             finally:
