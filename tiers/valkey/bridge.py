@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 
 import anyio
 
-from asynctier.core.backend import in_this_process, loop_caller, wait_uninterrupted
+from asynctier.core.backend import fork_generation, loop_caller, wait_uninterrupted
 from asynctier.errors import TierUnavailableError
 
 __all__ = ["LoopThread"]
@@ -32,7 +32,7 @@ class LoopThread:
         self._thread = threading.Thread(target=_serve, args=(self._loop, self._ended), name=name, daemon=True)
         self._thread.start()
         # a tier dropped without aclose() must not leave its loop thread behind
-        self._finalizer = weakref.finalize(self, in_this_process(_stop_soon), self._loop)
+        self._finalizer = weakref.finalize(self, _stop_soon, self._loop, fork_generation())
 
     async def call(self, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
         """``await fn(*args)`` on the private loop, from the caller's loop (trio). A cancelled
@@ -99,7 +99,9 @@ async def _run(fn: Callable[..., Awaitable[T]], args: tuple[Any, ...]) -> T:
     return await fn(*args)
 
 
-def _stop_soon(loop: asyncio.AbstractEventLoop) -> None:
+def _stop_soon(loop: asyncio.AbstractEventLoop, made_in: int | None = None) -> None:
+    if made_in is not None and fork_generation() != made_in:  # a forked child's: the loop thread is the parent's
+        return
     try:
         loop.call_soon_threadsafe(loop.stop)
     except RuntimeError:  # already closed
