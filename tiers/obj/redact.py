@@ -15,19 +15,17 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 from urllib.parse import parse_qsl, quote, unquote, urlsplit
 
+from asynctier.core.redaction import SecretMask
+
 __all__ = ["Scrubber", "redact_text", "redact_url"]
 
 #: Store config keys (and HTTP header names) whose values are secrets.
 _SECRET_HINTS = ("secret", "token", "key", "password", "sas", "credential", "authorization", "cookie")
-#: Secrets shorter than this are masked only where they stand alone: "s" as a secret access
-#: key turned every "s" of a message into "***".
-_SHORT = 8
 #: Schemes whose URL user info names a container, not a user (abfs://container@account...).
 _CONTAINER_SCHEMES = ("abfs", "abfss", "az", "azure", "adl")
 #: obstore appends a multi-line dump of the error's fields; the first lines say it all.
 _DEBUG_DUMP = "\n\nDebug source:"
 _MAX_SHOWN = 600
-_MASK = "***"
 # scheme://[userinfo@]rest[?query][#fragment] inside free text; the user info runs to the
 # last "@" before the path, as a URL parser reads it
 _URL_IN_TEXT = re.compile(
@@ -72,11 +70,7 @@ class Scrubber:
     """Replaces every known secret in a text with ``***`` and redacts the URLs in it."""
 
     def __init__(self, secrets: Iterable[str]) -> None:
-        secrets = list(secrets)
-        self._secrets = sorted({s for s in secrets if s and len(s) >= _SHORT}, key=len, reverse=True)
-        short = sorted({s for s in secrets if s and len(s) < _SHORT}, key=len, reverse=True)
-        alone = "|".join(re.escape(s) for s in short)
-        self._short = re.compile(rf"(?<![A-Za-z0-9])(?:{alone})(?![A-Za-z0-9])") if short else None
+        self._mask = SecretMask(secrets)
 
     @classmethod
     def for_store(
@@ -104,9 +98,4 @@ class Scrubber:
         return cls(out)
 
     def scrub(self, text: str) -> str:
-        text = text.split(_DEBUG_DUMP, 1)[0].strip()
-        for s in self._secrets:
-            text = text.replace(s, _MASK)
-        if self._short is not None:
-            text = self._short.sub(_MASK, text)
-        return redact_text(text)[:_MAX_SHOWN]
+        return redact_text(self._mask.mask(text.split(_DEBUG_DUMP, 1)[0].strip()))[:_MAX_SHOWN]
