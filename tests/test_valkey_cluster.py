@@ -155,6 +155,18 @@ def _partial_cluster_tier(cluster: ValkeyCluster3, timeout_s: float) -> Any:
     return SecondaryTierFactory.create_secondary_tier(config, memoryview(buf), SPEC)
 
 
+async def _stored_by_node(
+    tier: Any, cluster: ValkeyCluster3, ks: list[bytes], node: int
+) -> tuple[list[bytes], list[bytes]]:
+    """Store ``ks`` (slots 0..): the keys node ``node`` serves, and the others (neither empty)."""
+    assert (await tier.offload(ks, list(range(len(ks))))).ok
+    lo, hi = cluster.RANGES[node]
+    on_node = [k for k in ks if lo <= key_slot(tier.name_of(k)) <= hi]
+    others = [k for k in ks if k not in on_node]
+    assert on_node and others
+    return on_node, others
+
+
 def test_one_node_gone_opens_its_own_breaker_not_the_clusters(tmp_path: Path) -> None:
     """One breaker for the whole cluster: the batches of a dead primary opened it, and then
     the keys of the live nodes failed too ("circuit breaker open") for as long as the node
@@ -164,15 +176,11 @@ def test_one_node_gone_opens_its_own_breaker_not_the_clusters(tmp_path: Path) ->
     try:
         tier = _partial_cluster_tier(cluster, timeout_s=2)
         ks = [b"gone-%d" % i for i in range(16)]
-        lo, hi = cluster.RANGES[2]
 
         async def main() -> None:
             async with tier:
-                assert (await tier.offload(ks, list(range(16)))).ok
+                on_dead, on_live = await _stored_by_node(tier, cluster, ks, 2)
                 cluster.nodes[2].stop()
-                on_dead = [k for k in ks if lo <= key_slot(tier.name_of(k)) <= hi]
-                on_live = [k for k in ks if k not in on_dead]
-                assert on_dead and on_live
                 for _ in range(4):  # one key a batch: the dead node's batches open its breaker
                     for k in on_dead:
                         await tier.load([k], [0])
@@ -200,14 +208,10 @@ def test_a_node_that_hangs_fails_its_own_keys_not_the_batch(tmp_path: Path) -> N
     try:
         tier = _partial_cluster_tier(cluster, timeout_s=0.5)
         ks = [b"hung-%d" % i for i in range(16)]
-        lo, hi = cluster.RANGES[2]
 
         async def main() -> None:
             async with tier:
-                assert (await tier.offload(ks, list(range(16)))).ok
-                on_hung = [k for k in ks if lo <= key_slot(tier.name_of(k)) <= hi]
-                on_live = [k for k in ks if k not in on_hung]
-                assert on_hung and on_live
+                _, on_live = await _stored_by_node(tier, cluster, ks, 2)
                 cluster.nodes[2].pause()
                 try:
                     kinds = []
