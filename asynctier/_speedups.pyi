@@ -66,6 +66,7 @@ def pack_recycles(
     flags: int,
     lock_fd: int,
     sync: int,
+    mode: int,
     hbs: memoryview,
     hb_addr: int,
     hb_len: int,

@@ -322,29 +322,30 @@ done:
 }
 
 /* pack_recycles(table, offset, prio, keys, victims, temps, cids, blocks, dfds, flags, lock_fd,
- * sync, hbs, hb_addr, hb_len, view_addr, n, layout_digest) -> None: for each j, the store of
- * chunk cids[j] under keys[j] into the file of victims[j] (one AT_RECYCLE job: renamed to
- * temps[j] while it is filled): its header written as pack_writes writes it and the
- * descriptor at table[offset + j * 856:], the names as name_of gives them. Everything is
- * checked before a byte is written. */
+ * sync, mode, hbs, hb_addr, hb_len, view_addr, n, layout_digest) -> None: for each j, the store
+ * of chunk cids[j] under keys[j] into the file of victims[j] (one AT_RECYCLE job: renamed to
+ * temps[j] while it is filled, its permission bits made `mode`): its header written as
+ * pack_writes writes it and the descriptor at table[offset + j * 856:], the names as name_of
+ * gives them. Everything is checked before a byte is written. */
 PyObject *pack_recycles(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
     static const char fn[] = "pack_recycles";
     static const char *what[] = {"keys", "victims", "temps", "cids", "blocks", "dfds"};
-    if (check_nargs(fn, nargs, 18) < 0) return NULL;
-    int32_t prio, flags, lock_fd, sync;
+    if (check_nargs(fn, nargs, 19) < 0) return NULL;
+    int32_t prio, flags, lock_fd, sync, mode;
     uint64_t hb_addr, hb_len, view_addr, n;
     if (get_i32(args[2], &prio, fn, "prio") < 0 || get_i32(args[9], &flags, fn, "flags") < 0 ||
         get_i32(args[10], &lock_fd, fn, "lock_fd") < 0 || get_i32(args[11], &sync, fn, "sync") < 0 ||
-        get_u64(args[13], &hb_addr) < 0 || get_u64(args[14], &hb_len) < 0 || get_u64(args[15], &view_addr) < 0 ||
-        get_u64(args[16], &n) < 0 || check_digest(args[17], fn) < 0 || need_xxh3(fn) < 0)
+        get_i32(args[12], &mode, fn, "mode") < 0 || get_u64(args[14], &hb_addr) < 0 || get_u64(args[15], &hb_len) < 0 ||
+        get_u64(args[16], &view_addr) < 0 || get_u64(args[17], &n) < 0 || check_digest(args[18], fn) < 0 ||
+        need_xxh3(fn) < 0)
         return NULL;
     struct packing pk;
     PyObject *out = NULL;
     Py_buffer hbs = {0};
     int have_hbs = 0;
     if (packing_open(&pk, args, 3, 6, what, fn) < 0) goto done;
-    if (PyObject_GetBuffer(args[12], &hbs, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) goto done;
+    if (PyObject_GetBuffer(args[13], &hbs, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) goto done;
     have_hbs = 1;
     PyObject **ks = PySequence_Fast_ITEMS(pk.seq[0]), **vs = PySequence_Fast_ITEMS(pk.seq[1]);
     PyObject **ts = PySequence_Fast_ITEMS(pk.seq[2]), **cs = PySequence_Fast_ITEMS(pk.seq[3]);
@@ -357,7 +358,7 @@ PyObject *pack_recycles(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
             check_block(&hbs, hb_len, v->block, ks[j], j, fn) < 0)
             goto done;
     }
-    const char *digest = PyBytes_AS_STRING(args[17]);
+    const char *digest = PyBytes_AS_STRING(args[18]);
     for (Py_ssize_t j = 0; j < pk.m; j++) {
         const struct job_vals *v = &pk.vals[j];
         Py_ssize_t size = put_block_header((unsigned char *)hbs.buf + v->block * hb_len, hb_len, ks[j], n, digest);
@@ -365,6 +366,7 @@ PyObject *pack_recycles(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         job->dfd2 = v->dfd2;
         job->sync = sync;
         job->body_len = (int32_t)(size - 8);
+        job->mode = mode;
         b32_into((const unsigned char *)PyBytes_AS_STRING(vs[j]), PyBytes_GET_SIZE(vs[j]), job->name2);
         strcpy(job->name3, v->temp);
     }

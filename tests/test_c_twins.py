@@ -297,8 +297,9 @@ def test_a_groups_recycling_stores_are_the_python_ones(speedups: Any) -> None:
         offset = size * rng.randrange(0, 3)
         tables = _twin_buffers(rng, size * 20)
         hbs = _twin_buffers(rng, hb_len * 40)
+        mode = rng.choice([0o600, 0o640, 0o644])
         rest = (rng.randrange(4), keys, victims, temps, cids, blocks, dfds, rng.getrandbits(31), rng.randrange(-1, 99),
-                rng.randrange(2))  # fmt: skip
+                rng.randrange(2), mode)  # fmt: skip
         tail = (rng.getrandbits(47), hb_len, rng.getrandbits(47), rng.choice([4096, 1 << 20]), rng.randbytes(16))
         speedups.pack_recycles(tables[0], offset, *rest, memoryview(hbs[0]), *tail)
         bulk.pack_recycles(tables[1], offset, *rest, memoryview(hbs[1]), *tail)
@@ -306,6 +307,7 @@ def test_a_groups_recycling_stores_are_the_python_ones(speedups: Any) -> None:
         for j, key in enumerate(keys):
             job = nativeio.Job.from_buffer_copy(bytes(tables[0][offset + j * size : offset + (j + 1) * size]))
             head = pack_header(key, tail[3], 0, tail[4])
+            assert job.mode == mode  # the taken file's permission bits (tiers/fs: file_mode)
             at = blocks[j] * hb_len
             assert hbs[0][at : at + hb_len] == head + bytes(hb_len - len(head))
             assert (job.kind, job.name, job.name2, job.name3) == (
@@ -372,7 +374,7 @@ def test_recycling_stores_refused_leave_table_and_blocks_as_they_were(
     table, hbs = bytearray(b"\xee" * (856 * 4)), bytearray(b"\xdd" * (512 * 8))
     args = {"table": table, "offset": 0, "prio": 3, "keys": [b"a", b"b"], "victims": [b"v", b"w"],
             "temps": ["t1", "t2"], "cids": [1, 2], "blocks": [0, 1], "dfds": [3] * 256, "flags": 1, "lock_fd": 9,
-            "sync": 0, "hbs": hbs, "hb_addr": 4096, "hb_len": 512, "view_addr": 8192, "n": 4096,
+            "sync": 0, "mode": 0o600, "hbs": hbs, "hb_addr": 4096, "hb_len": 512, "view_addr": 8192, "n": 4096,
             "layout_digest": bytes(16)}  # fmt: skip
     speedups.pack_recycles(*args.values())  # as given: fine
     table[:], hbs[:] = b"\xee" * len(table), b"\xdd" * len(hbs)

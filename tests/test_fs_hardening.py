@@ -262,6 +262,25 @@ async def test_file_mode_and_dir_mode_are_applied_whatever_the_umask(tmp_path: P
     assert stat.S_IMODE(chunk_file(tier, b"g0").stat().st_mode) == 0o640
 
 
+@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("per_call", [1, 4])
+async def test_a_recycled_file_gets_the_tiers_file_mode(tmp_path: Path, engine: str, per_call: int) -> None:
+    """A recycled file keeps its inode: made under ``file_mode=0o644``, then taken over by a
+    tier reopened with 0o600, it stayed readable by all. One chunk a call is the one-job
+    path, four the group job's."""
+    root = tmp_path / "root"
+    tier, _ = make_tier(root, engine, capacity_bytes=4 * PER, file_mode=0o644)
+    async with tier:
+        assert (await tier.offload([b"o0", b"o1", b"o2", b"o3"], [0, 1, 2, 3])).ok
+    tier, _ = make_tier(root, engine, capacity_bytes=4 * PER, file_mode=0o600)
+    async with tier:
+        for i in range(0, 4, per_call):
+            assert (await tier.offload([b"n%d" % j for j in range(i, i + per_call)], list(range(i, i + per_call)))).ok
+        assert tier.stats().extra.get("recycled") == 4, tier.stats().extra
+    chunks = {p: m for p, m in modes(root).items() if (root / p).is_file() and p.count("/") == 2}  # dir/shard/name
+    assert len(chunks) == 4 and set(chunks.values()) == {0o600}, chunks
+
+
 async def test_missing_parents_of_the_root_get_dir_mode_too(tmp_path: Path) -> None:
     """The root's missing parents were made as ``mkdir -p`` makes them: 0o755, or 0o777
     (writable by all) under umask 0; ``dir_mode`` is for every directory the tier makes."""

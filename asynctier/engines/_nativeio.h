@@ -77,7 +77,8 @@ struct at_job {
     int32_t sync, hashed;
     int32_t body_len;
     int32_t mode; /* writes: the mode of a file the job makes (0: 0644); AT_MODE_FIX: fchmod it too;
-                     AT_MODE_CLOSE: close fd once done */
+                     AT_MODE_CLOSE: close fd once done; spares and recycles: the permission bits
+                     the taken file gets (0: left as they are) */
     void *hb;
     size_t hb_len;
     void *buf;

@@ -50,8 +50,10 @@ static void put_u64le(char *p, uint64_t v) {
 /* Open an existing chunk file (the caller's flags carry O_NOFOLLOW and O_NONBLOCK): a
  * regular file only. Anything else someone put at the name fails the job without reading
  * it: a directory as reading it would (EISDIR at the I/O step), a FIFO or a device at the
- * open step with ENXIO; the Python code says what it was. */
-static int open_regular(int dfd, const char *name, int flags, struct at_res *r) {
+ * open step with ENXIO; the Python code says what it was. `perm` nonzero: a victim's file
+ * taken over keeps its inode, so its permission bits are set to the tier's where they differ
+ * (files made under another `file_mode`); one that refuses (another user's) is not taken. */
+static int open_regular(int dfd, const char *name, int flags, mode_t perm, struct at_res *r) {
     int fd = openat(dfd, name, flags | O_CLOEXEC);
     if (fd < 0) {
         r->result = -errno;
@@ -64,6 +66,8 @@ static int open_regular(int dfd, const char *name, int flags, struct at_res *r) 
         bad = -errno;
     else if (!S_ISREG(st.st_mode))
         bad = S_ISDIR(st.st_mode) ? -EISDIR : -ENXIO;
+    else if (perm && (st.st_mode & 07777) != perm && fchmod(fd, perm) != 0)
+        bad = -errno;
     if (bad) {
         r->result = bad;
         r->stage = bad == -EISDIR ? ST_IO : ST_OPEN;
@@ -77,7 +81,7 @@ static int open_regular(int dfd, const char *name, int flags, struct at_res *r) 
  * (a slab: tiers/nvme) read at `off`, and left open. */
 static void run_read(struct at_op *op, struct at_res *r) {
     struct at_job *j = &op->job;
-    int fd = j->fd >= 0 ? j->fd : open_regular(j->dfd, j->name, j->flags, r);
+    int fd = j->fd >= 0 ? j->fd : open_regular(j->dfd, j->name, j->flags, 0, r);
     if (fd < 0) return;
     struct iovec iov[2] = {{j->hb, j->hb_len}, {j->buf, j->len}};
     int64_t got = move_all(fd, 0, iov, 2, j->hb_len + j->len, j->fd >= 0 ? j->off : 0);
@@ -181,7 +185,7 @@ static void run_commit(struct at_op *op, struct at_res *r) {
 
 static void run_spare(struct at_op *op, struct at_res *r) {
     struct at_job *j = &op->job;
-    int fd = open_regular(j->dfd, j->name, j->flags, r);
+    int fd = open_regular(j->dfd, j->name, j->flags, (mode_t)(j->mode & 07777), r);
     if (fd < 0) return;
     if (renameat(j->dfd, j->name, j->dfd2, j->name2) != 0) {
         r->result = -errno;
@@ -261,7 +265,7 @@ static int alone(int lock_fd) {
 static void run_recycle(struct at_op *op, struct at_res *r) {
     if (r->stage) return; /* failed in prepare_write */
     struct at_job *j = &op->job;
-    int fd = open_regular(j->dfd2, j->name2, j->flags, r);
+    int fd = open_regular(j->dfd2, j->name2, j->flags, (mode_t)(j->mode & 07777), r);
     if (fd < 0) return;
     int stage = 0;
     int64_t err = 0, n = 0;

@@ -98,11 +98,13 @@ static int queue_job(struct at_pool *p, int idx, const struct at_job *j, uint64_
  *              under `name` in dfd by linkat (no name2) or renameat of name2, [fsync of dfd].
  *              `fd` is left open (closed too with AT_MODE_CLOSE in `mode`), a new file closed. body_len > 0: the header's checksums
  *              are filled in first;
- *   AT_SPARE   openat(dfd, name, flags), renameat to name2 in dfd2: the result is the
- *              descriptor (a failed rename closes it);
+ *   AT_SPARE   openat(dfd, name, flags), its permission bits made `mode` (if not 0 and
+ *              they differ), renameat to name2 in dfd2: the result is the descriptor (a
+ *              failed rename closes it);
  *   AT_UNLINK  unlinkat(dfd, name);
- *   AT_RECYCLE openat(dfd2, name2, flags), renameat to name3 in dfd, then only if no one
- *              but the lock descriptor `fd` holds the namespace lock: pwritev of hb and buf
+ *   AT_RECYCLE openat(dfd2, name2, flags), `mode` as AT_SPARE's, renameat to name3 in dfd,
+ *              then only if no one but the lock descriptor `fd` holds the namespace lock:
+ *              pwritev of hb and buf
  *              (checksums filled in as AT_WRITE's), [fdatasync], renameat of name3 to name
  *              in dfd, [fsync of dfd]; info = 1 when a failure left the file at name3;
  *   AT_READV   preadv of a run of slots of the open file `fd` at `off` (see _nativeio.h);

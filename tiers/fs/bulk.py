@@ -109,14 +109,14 @@ def pack_writes(
 def pack_recycles(
     table: bytearray, offset: int, prio: int, keys: Sequence[bytes], victims: Sequence[bytes], temps: Sequence[str],
     cids: Sequence[int], blocks: Sequence[int], dfds: Sequence[int], flags: int, lock_fd: int, sync: int,
-    hbs: memoryview, hb_addr: int, hb_len: int, view_addr: int, n: int, layout_digest: bytes,
+    mode: int, hbs: memoryview, hb_addr: int, hb_len: int, view_addr: int, n: int, layout_digest: bytes,
 ) -> None:  # fmt: skip
     """The store of each chunk ``cids[j]`` under ``keys[j]`` into the file of ``victims[j]``
     (one :data:`~asynctier.engines.native.RECYCLE` job, the file renamed to ``temps[j]``
-    while it is filled): its header, with a zero checksum (the workers fill it in), written
-    into block ``blocks[j]`` of ``hbs`` (the rest of the block zeroed) and its descriptor
-    packed at ``table[offset:]`` one after another. The reference of
-    ``asynctier._speedups.pack_recycles`` (which names keys of up to 96 bytes)."""
+    while it is filled, its permission bits made ``mode``): its header, with a zero checksum
+    (the workers fill it in), written into block ``blocks[j]`` of ``hbs`` (the rest of the
+    block zeroed) and its descriptor packed at ``table[offset:]`` one after another. The
+    reference of ``asynctier._speedups.pack_recycles`` (which names keys of up to 96 bytes)."""
     pack, size = nativeio.JOB_LAYOUT.pack_into, nativeio.JOB_LAYOUT.size
     for j, (key, victim, temp, cid, block) in enumerate(zip(keys, victims, temps, cids, blocks, strict=True)):
         ks, kname = layout.name_of(key)
@@ -124,7 +124,7 @@ def pack_recycles(
         body = _put_block_header(hbs, block, hb_len, key, n, layout_digest) - 8
         hb, buf = hb_addr + block * hb_len, view_addr + cid * n
         pack(table, offset + j * size, -1, 0, nativeio.RECYCLE, prio, dfds[ks], flags, lock_fd, dfds[vs], sync, 0,
-             body, 0, hb, hb_len, buf, n, 0, kname, vname, temp.encode())  # fmt: skip
+             body, mode, hb, hb_len, buf, n, 0, kname, vname, temp.encode())  # fmt: skip
 
 
 def jobs_failed(res: memoryview, offset: int, m: int) -> list[int]:

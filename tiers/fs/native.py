@@ -204,7 +204,8 @@ class NativeIO(TierHandle):
         pack = bulk.pack_recycles if long else self._pack_recycles
         assert self._hb is not None
         pack(self._subs, self._sub_at[slot] + first * _JOB_SIZE, PRIO_STORE, keys, victims, temps, cids, blocks,
-             proto.shard_fds, flags | SAFE_OPEN, self._lock_fd, self._sync, self._hb, self._hb_addr, HEADER_BLOCK,
+             proto.shard_fds, flags | SAFE_OPEN, self._lock_fd, self._sync, proto.file_mode, self._hb, self._hb_addr,
+             HEADER_BLOCK,
              self._view_addr, self._n, self._digest)  # fmt: skip
         return temps
 
@@ -346,15 +347,15 @@ class NativeIO(TierHandle):
         temp = proto.names.next()
         size = self.new_header(block, key, n)
         return (nativeio.RECYCLE, PRIO_STORE, fds[ks], flags | SAFE_OPEN, self._lock_fd, fds[vs],
-                int(proto.sync), 0, size - 8, 0, self._hb_addr + block * HEADER_BLOCK, HEADER_BLOCK, addr, n, 0,
-                kname, vname, temp.encode()), temp  # fmt: skip
+                int(proto.sync), 0, size - 8, proto.file_mode, self._hb_addr + block * HEADER_BLOCK, HEADER_BLOCK,
+                addr, n, 0, kname, vname, temp.encode()), temp  # fmt: skip
 
     def recycle_fields(self, block: int, job: StoreJob, sj: SpareJob, addr: int, n: int) -> nativeio.JobFields:
         """The descriptor of the one-job store :meth:`.protocol.ChunkProtocol.recycle` plans,
         its header in header block ``block`` (a slot's own: the slot's number, :meth:`block`)."""
         size = self._put_header(block, job.header)
         return (nativeio.RECYCLE, PRIO_STORE, job.dfd, sj.flags, self._lock_fd, sj.dfd, int(job.sync), 0,
-                size - 8, 0, self._hb_addr + block * HEADER_BLOCK, HEADER_BLOCK, addr, n, 0, job.name.encode(),
+                size - 8, sj.mode, self._hb_addr + block * HEADER_BLOCK, HEADER_BLOCK, addr, n, 0, job.name.encode(),
                 sj.name.encode(), sj.temp.encode())  # fmt: skip
 
     def store_fields(self, block: int, job: StoreJob, addr: int, n: int) -> nativeio.JobFields:
@@ -378,7 +379,7 @@ class NativeIO(TierHandle):
         tier._note_gone(victim)
         job = proto.spare(victim, flags, dfd)
         desc = nativeio.job(nativeio.SPARE, PRIO_STORE, job.dfd, job.name.encode(), flags=job.flags,
-                            dfd2=job.new_dfd, name2=job.temp.encode())  # fmt: skip
+                            dfd2=job.new_dfd, name2=job.temp.encode(), mode=job.mode)  # fmt: skip
         ran: list[nativeio.Outcome] = []
         try:
             out = _outcome(await self._pool.run(slot, desc, on_cancelled=ran.append))

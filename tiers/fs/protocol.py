@@ -199,7 +199,9 @@ class LoadJob:
 
 @dataclass(slots=True)
 class SpareJob:
-    """Take over ``victim``'s file: open it (``flags``), rename it to ``temp`` in ``new_dfd``."""
+    """Take over ``victim``'s file: open it (``flags``), give it the permission bits ``mode``
+    (it keeps its inode, so the mode it was made with: a root reopened with another
+    ``file_mode``), rename it to ``temp`` in ``new_dfd``."""
 
     victim: bytes
     dfd: int
@@ -207,6 +209,7 @@ class SpareJob:
     flags: int
     new_dfd: int
     temp: str
+    mode: int
 
 
 @dataclass(slots=True)
@@ -333,7 +336,8 @@ class ChunkProtocol:
         """Take over ``victim``'s file for a store into the shard ``new_dfd`` (as ``temp``
         there: a new temporary name unless given)."""
         vfd, vname = self.name(victim)
-        return SpareJob(victim, vfd, vname, flags | SAFE_OPEN, new_dfd, self.names.next() if temp is None else temp)
+        temp = self.names.next() if temp is None else temp
+        return SpareJob(victim, vfd, vname, flags | SAFE_OPEN, new_dfd, temp, self.file_mode)
 
     def recycle(
         self, key: bytes, victim: bytes, data: memoryview, flags: int, temp: str | None = None

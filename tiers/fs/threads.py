@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import errno
 import os
+import stat
 import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -141,11 +142,18 @@ def run_load(job: LoadJob, hb: memoryview, out: memoryview) -> Outcome:
 
 
 def run_spare(job: SpareJob) -> Outcome:
-    """Run a spare job: open the victim's file (a regular file only), rename it away; the
-    result is its descriptor."""
+    """Run a spare job: open the victim's file (a regular file only), set its permission bits,
+    rename it away; the result is its descriptor. A file whose mode cannot be set (another
+    user's) fails the open step: it is not taken over."""
     fd = _open_regular(job.name, job.flags, job.dfd)
     if isinstance(fd, Outcome):
         return fd
+    try:
+        if stat.S_IMODE(os.fstat(fd).st_mode) != job.mode:
+            os.fchmod(fd, job.mode)
+    except OSError as e:
+        os.close(fd)
+        return Outcome(Step.OPEN, e.errno or errno.EIO)
     try:
         os.rename(job.name, job.temp, src_dir_fd=job.dfd, dst_dir_fd=job.new_dfd)
     except OSError as e:
