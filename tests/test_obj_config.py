@@ -456,9 +456,11 @@ def test_the_scrubber_masks_header_secrets_and_leaves_short_values_and_container
         ["abfs://sending@account.dfs.core.windows.net/cache"],
         {"secret_access_key": "s"},
         {},
-        {"default_headers": {"x-api-key": "gw-apikey-5f1c0ffee", "accept": "application/xml"}},
+        {"default_headers": {"x-api-key": "gw-apikey-5f1c0ffee", "accept": "application/xml",
+                             "Authorization": "Bearer eyJhbGciOiJIUzI1NiJ9.tok"}},
         None,
-    ).scrub
+    ).scrub  # fmt: skip
+    assert scrub("401: token eyJhbGciOiJIUzI1NiJ9.tok expired") == "401: token *** expired"
     assert (
         scrub("403: x-api-key=gw-apikey-5f1c0ffee accept=application/xml")
         == "403: x-api-key=*** accept=application/xml"

@@ -90,7 +90,9 @@ class Scrubber:
             out += [v for k, v in os.environ.items() if k.startswith(env_prefix) and _is_secret_name(k)]
         headers = client_options.get("default_headers")
         if isinstance(headers, Mapping):  # (an API key sent as a header comes back in a gateway's error body)
-            out += [v for k, v in headers.items() if isinstance(v, str) and _is_secret_name(str(k))]
+            values = [v for k, v in headers.items() if isinstance(v, str) and _is_secret_name(str(k))]
+            # "Bearer <token>": a gateway may echo the token alone
+            out += values + [v.partition(" ")[2].strip() for v in values if " " in v.strip()]
         given = [u for u in urls if isinstance(u, str)]
         given += [v for v in (*config.values(), *client_options.values()) if isinstance(v, str) and ":" in v]
         for u in given:
