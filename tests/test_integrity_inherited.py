@@ -216,6 +216,29 @@ def test_a_short_copy_without_a_count_fails_with_verify_off(kind: str) -> None:
     run_on_backend("asyncio", check)
 
 
+def test_a_truncated_copy_without_a_count_fails_every_check_not_every_other() -> None:
+    """The reused record buffer's last byte was flipped before each read: two short copies
+    in a row flipped it back, so every second ``verify_chunks`` found the truncated copy
+    good (the buffer still held the whole record an earlier load had read)."""
+    _SHORT.clear()
+    spec = OffloadingSpec(4096, 8, namespace="integrity/short-again")
+    buf = bytearray(spec.total_bytes)
+    buf[:4096] = bytes(range(256)) * 16
+    config = {"type": "SloppyBlockingTier", "module_path": __name__, "max_inflight": 1}
+    tier = SecondaryTierFactory.create_secondary_tier(config, memoryview(buf), spec)
+
+    async def check() -> None:
+        async with tier:
+            assert (await tier.offload([b"key-a"], [0])).ok
+            assert (await tier.load([b"key-a"], [1])).ok  # the thread's buffer holds the whole record
+            _SHORT[b"key-a"] = _SHORT[b"key-a"][:-100]  # truncated on the medium
+            for _ in range(4):
+                res = await tier.verify_chunks([b"key-a"])
+                assert isinstance(res.failed.get(b"key-a"), IntegrityError), res
+
+    run_on_backend("asyncio", check)
+
+
 class AsyncFlippingNamingTier(AsyncFlippingDictTier):
     """Records which hook dropped a bad copy."""
 

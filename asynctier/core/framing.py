@@ -36,6 +36,7 @@ class Framing:
         self.digest = spec.layout_digest
         self.verify = verify
         self._scratch = threading.local()  # one record buffer per worker thread
+        self._uncounted = False  # a read_chunk returned no count: reads get fresh buffers from then on
 
     def buffer(self, key: bytes, *, per_thread: bool) -> memoryview:
         """A writable buffer of exactly :func:`frame_size` bytes (per worker thread, or fresh)."""
@@ -48,8 +49,12 @@ class Framing:
         return memoryview(buf)[:n]
 
     def read_buffer(self, key: bytes, *, per_thread: bool) -> memoryview:
-        """:meth:`buffer` for a read: its last byte is changed first, so that a short read into
-        a reused buffer cannot leave an earlier record's tail there to pass the checksum."""
+        """:meth:`buffer` for a read. A short copy into a reused buffer would leave an earlier
+        record's tail there (this key's, whole: it passes the checksum), and only a count
+        tells it: once ``read_chunk`` has returned none, every read gets a fresh buffer. Until
+        then the reused buffer's last byte is changed first (a count then tells the rest)."""
+        if self._uncounted:
+            per_thread = False
         out = self.buffer(key, per_thread=per_thread)
         out[-1] ^= 0xFF
         return out
@@ -70,6 +75,8 @@ class Framing:
         one (a reused buffer keeps an earlier record's tail, a fresh one zeros): the payload's
         checksum is then checked even where ``verify`` is off."""
         counted = self.check_filled(key, record, filled)
+        if not counted:
+            self._uncounted = True
         self.unframe(key, record, out, check_data=self.verify or not counted)
 
     def frame(self, key: bytes, payload: memoryview, *, per_thread: bool) -> memoryview:
