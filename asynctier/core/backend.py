@@ -46,6 +46,7 @@ __all__ = [
     "after_fork_in_child",
     "in_this_process",
     "lock_held_by",
+    "task_cancelled",
 ]
 
 T = TypeVar("T")
@@ -214,7 +215,7 @@ async def run_on_thread_to_end(
     fut.add_done_callback(lambda _: call(done.set))
     try:
         await done.wait()
-    except anyio.get_cancelled_exc_class():
+    except (anyio.get_cancelled_exc_class(), KeyboardInterrupt):  # (trio raises Ctrl-C into the task)
         if not fut.cancel():  # it started: wait for its end
             await wait_uninterrupted(done)
         raise
@@ -365,6 +366,18 @@ def watch_readable(fd: int, callback: Callable[[], object], busy: Callable[[], b
 
 
 _service_tasks: set[asyncio.Task[None]] = set()  # asyncio keeps only weak references to tasks
+
+
+def task_cancelled() -> bool:
+    """Whether the running task itself is being cancelled, as against a cancellation raised
+    out of a future cancelled inside the code it awaited (a client's own). Only asyncio
+    needs asking: it cancels a task once (``asyncio.run`` ending), so a service that turned
+    that cancellation into a job's failure would wait for work for ever. On trio a
+    cancellation is raised again at the next await: False."""
+    if sniffio.current_async_library() != "asyncio":
+        return False
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
 
 
 def spawn_service(fn: Callable[[], Awaitable[None]], name: str) -> None:

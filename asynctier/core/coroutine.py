@@ -16,6 +16,7 @@ import anyio
 from ..engines.base import Engine
 from ..engines.tasks import TaskEngine
 from ..errors import ChunkTimeoutError
+from .backend import run_to_completion
 from .base import ChunkTier
 from .bookkeeping import is_not_found
 from .jobs import Skipped
@@ -96,7 +97,11 @@ class AsyncChunkTier(ChunkTier):
             except NotImplementedError:
                 listed = None
             except BaseException:
-                await self.close_medium()  # (an open that fails leaves nothing open)
+                # an open that fails leaves nothing open; cancelled, the undo runs to its end first
+                try:
+                    await run_to_completion(self.close_medium)
+                except Exception as e:
+                    log.warning("%s: closing after a failed open failed: %r", self.tier_type, e)
                 raise
             self._index_listed(listed)
 
