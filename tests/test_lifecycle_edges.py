@@ -60,6 +60,7 @@ print("ended")
 """
 
 
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="Task.cancelling() is 3.11's (docs/cancellation.md)")
 @pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
 def test_a_loop_that_ends_with_a_call_inside_an_async_primitive_ends(loop: str) -> None:
     """asyncio cancels a task once: the worker turned that cancellation into the chunk's

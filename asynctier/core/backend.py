@@ -373,11 +373,12 @@ def task_cancelled() -> bool:
     out of a future cancelled inside the code it awaited (a client's own). Only asyncio
     needs asking: it cancels a task once (``asyncio.run`` ending), so a service that turned
     that cancellation into a job's failure would wait for work for ever. On trio a
-    cancellation is raised again at the next await: False."""
+    cancellation is raised again at the next await: False. Python 3.10 cannot tell
+    (``Task.cancelling`` is 3.11's): False."""
     if sniffio.current_async_library() != "asyncio":
         return False
-    task = asyncio.current_task()
-    return task is not None and task.cancelling() > 0
+    cancelling = getattr(asyncio.current_task(), "cancelling", None)
+    return cancelling is not None and bool(cancelling() > 0)
 
 
 def spawn_service(fn: Callable[[], Awaitable[None]], name: str) -> None:
