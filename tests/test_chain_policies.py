@@ -257,6 +257,31 @@ def test_two_members_on_one_medium_are_refused(tmp_path: Path) -> None:
         rig.chain(tiers=[{"type": "fs", "root": str(tmp_path / "kv")}, nested])  # a chain inside: its tiers too
 
 
+def test_two_remote_members_on_one_place_are_refused(tmp_path: Path) -> None:
+    """Only fs and nvme media were compared: two obj tiers on one directory were accepted, and
+    the first one's evictions deleted objects the second one still counted (2 of 8 lost).
+    The same holds for one bucket and prefix at one endpoint, and one valkey key prefix."""
+    rig = ChainRig()
+    here = {"type": "obj", "url": f"file://{tmp_path}/o"}
+    with pytest.raises(TierConfigError, match=r"tiers 'obj' and 'obj-1' both keep their chunks in .*/o:"):
+        rig.chain(tiers=[here, {"type": "obj", "url": f"file://{tmp_path}/x/../o/"}])
+    s3 = {"type": "obj", "url": "s3://b/p", "endpoint": "http://127.0.0.1:9"}
+    with pytest.raises(TierConfigError, match=r"both keep their chunks in s3://b/p at http://127.0.0.1:9"):
+        rig.chain(tiers=[s3, {**s3, "url": "s3://b/p/"}])
+    vk = {"type": "valkey", "url": "redis://127.0.0.1:9"}
+    with pytest.raises(TierConfigError, match=r"both keep their chunks in valkey 127.0.0.1:9 db 0, key_prefix"):
+        rig.chain(tiers=[vk, {**vk, "url": "redis://127.0.0.1:9,127.0.0.1:10"}])
+    apart = [
+        here,
+        {**s3, "url": "s3://b/q"},
+        s3,
+        {**vk, "key_prefix": "other:"},
+        vk,
+        {"type": "obj", "url": "memory://"},
+    ]
+    assert len(rig.chain(tiers=[*apart, {"type": "obj", "url": "memory://"}]).members) == 7  # each its own place
+
+
 def test_promotions_into_the_first_tier_start_demotion(tmp_path: Path) -> None:
     """Only stores woke the demoter: promotions took the first tier over its mark and it stayed
     there, so the next stores made it evict by itself chunks no other tier held."""

@@ -86,6 +86,10 @@ class ChunkTier(Bookkeeping, Lifecycle, SecondaryTierManager):
     #: ``list_chunks()`` at open: chunks stored by an earlier process are served, counted
     #: against ``capacity_bytes`` and evicted like the others.
     recovers_index: ClassVar[bool] = False
+    #: Where the tier keeps its chunks, as another tier on the same place names it (a resolved
+    #: path; a server and key prefix): a chain refuses two members that share one. Empty:
+    #: unknown, or a place of its own.
+    media: tuple[str, ...] = ()
 
     def __init__(
         self,

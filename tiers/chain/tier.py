@@ -11,7 +11,6 @@ which key (:attr:`~asynctier.stats.TransferResult.tier_failures`).
 from __future__ import annotations
 
 import logging
-import os
 import time
 import weakref
 from collections.abc import Callable, Iterator, Sequence
@@ -52,11 +51,10 @@ _WORKERS_PER_CALL = 1
 
 
 def _media(tier: object) -> list[str]:
-    """Where a member keeps its chunks on this host: an fs root, nvme slabs (resolved paths)."""
-    root = getattr(tier, "root", None) if getattr(tier, "tier_type", None) == "fs" else None
-    paths = getattr(tier, "paths", None) if getattr(tier, "tier_type", None) == "nvme" else None
-    out = [os.path.realpath(root)] if isinstance(root, (str, os.PathLike)) else []
-    return out + [os.path.realpath(p) for p in paths or ()]
+    """Where a member keeps its chunks, as the tier names it (``media``, docs/writing-a-tier.md):
+    an fs root, nvme slabs, an obj directory or bucket and prefix, valkey servers and prefix."""
+    media = getattr(tier, "media", ())
+    return [m for m in media if isinstance(m, str)] if isinstance(media, (tuple, list)) else []
 
 
 def _leaves(members: list[Member], path: str = "") -> Iterator[tuple[str, object]]:

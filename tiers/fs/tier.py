@@ -185,6 +185,7 @@ class FsTier(BlockingChunkTier):
                       stale_tmp_s, worker_nice, tmpfile_pool, recycle)  # fmt: skip
         self.io_engine: IoEngine = check_io_engine(self.tier_type, io_engine)
         self.root = Path(root)
+        self.media = (os.path.realpath(self.root),)  # where its chunks live (a chain refuses two tiers on one)
         self.dir = namespace_dir(self.root, self.offloading_spec)
         self.direct_io = direct_io
         self.publish = publish

@@ -126,6 +126,7 @@ class NvmeTier(CoalescedJobs):
     ) -> None:
         super().__init__(**kwargs)
         self.paths = _slab_paths(path, paths)
+        self.media = tuple(os.path.realpath(p) for p in self.paths)  # (a chain refuses two tiers on one)
         self.index_dir = check_path("index_dir", index_dir) if index_dir is not None else None
         for name, v in (
             ("preallocate", preallocate),

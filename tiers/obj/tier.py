@@ -127,6 +127,7 @@ class ObjTier(BlockingChunkTier):
         super().__init__(timeout_s=timeout, **kwargs)
         where = parse_url(url, store_given=store is not None)
         self.url = where.shown
+        self.media = where.media(endpoint, store_given=store is not None)  # (a chain refuses two tiers on one)
         if where.scheme == "memory" and store is None:
             self.persistent = False  # a MemoryStore of its own: a new instance starts empty
         self.part_size = check_part_size(part_size, s3=where.is_s3)
