@@ -763,6 +763,56 @@ def test_selfcheck_creates_a_missing_root_only_when_its_parent_exists(tmp_path: 
     assert "fsck never creates anything" in " ".join(invoke("fsck", "--help").output.split())
 
 
+def test_a_chain_members_missing_root_is_not_built_either(tmp_path: Path) -> None:
+    """Only the top-level config was checked: a chain member's mistyped root was made with all
+    its parents by selfcheck and bench."""
+    deep = tmp_path / "nope" / "deep"
+    tiers = json.dumps([{"type": "memory"}, {"type": "fs", "root": str(deep)}])
+    r = CliRunner().invoke(main, ["selfcheck", "--tier", "chain", "--chunks", "2", "--param", f"tiers={tiers}"])
+    assert r.exit_code == 2 and "neither does its parent" in r.output, r.output
+    cfg = tmp_path / "deep.toml"
+    cfg.write_text(f'[tiers.kv]\ntype = "chain"\ntiers = [{{type = "memory"}}, {{type = "fs", root = "{deep}"}}]\n')
+    r = CliRunner().invoke(main, ["bench", "--config", str(cfg), "--tier", "kv", *QUICK, "-q"])
+    assert r.exit_code == 2 and "neither does its parent" in r.output, r.output
+    assert not (tmp_path / "nope").exists()
+
+
+def test_tier_file_values_are_refused_not_read_another_way(tmp_path: Path) -> None:
+    """A fractional byte count was truncated (``4096.9`` to 4096, ``"1.9"`` to 1), a namespace
+    that is not a string was made one (so fsck looked for another layout), and a top-level tier
+    silently replaced a [tiers.NAME] table of its name."""
+    from asynctier.cli.sizes import parse_size
+    from asynctier.cli.tierfile import load_tier_file, normalize_config, spec_from_table
+
+    assert parse_size("1.5K") == 1536 and parse_size("4096") == 4096
+    for bad in ("1.9", "0.3K", 4096.9, 4096.0):
+        with pytest.raises(ValueError, match=r"whole number of bytes|an int or a string"):
+            parse_size(bad)  # type: ignore[arg-type]
+    with pytest.raises(TierConfigError, match=r"\[spec\] chunk_bytes: .*got float 4096.9"):
+        spec_from_table({"chunk_bytes": 4096.9})
+    with pytest.raises(TierConfigError, match=r"namespace must be a string; got bool True"):
+        spec_from_table({"chunk_bytes": 4096, "namespace": True})
+    with pytest.raises(TierConfigError, match=r"--param capacity_bytes: '1.9' is not a whole number"):
+        normalize_config("--param", {"type": "memory", "capacity_bytes": "1.9"})
+    r = CliRunner().invoke(main, ["selfcheck", "--tier", "memory", "--chunks", "2", "--chunk-bytes", "1.9"])
+    assert r.exit_code == 2 and "not a whole number of bytes" in r.output, r.output
+    both = tmp_path / "both.toml"
+    both.write_text(f'type = "fs"\nroot = "{tmp_path}/a"\n\n[tiers.fs]\nroot = "{tmp_path}/b"\n')
+    with pytest.raises(TierConfigError, match=r"a top-level tier \(type = 'fs'\) and \[tiers.NAME\] tables"):
+        load_tier_file(both)
+
+
+def test_a_chain_members_secrets_are_hidden_in_what_bench_stores() -> None:
+    from asynctier.cli.tierfile import redact
+
+    got = redact({"type": "chain", "tiers": [
+        {"type": "valkey", "url": "redis://:hunter2secret@127.0.0.1:1"},
+        {"type": "obj", "url": "s3://b/p", "credentials": {"secret_access_key": "s3cr3t-value"}},
+    ]})  # fmt: skip
+    assert "hunter2secret" not in json.dumps(got) and "s3cr3t-value" not in json.dumps(got), got
+    assert got["tiers"][0]["url"] == "redis://***@127.0.0.1:1"
+
+
 def test_selfcheck_primary_buffer_is_page_aligned_so_fs_does_not_warn(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

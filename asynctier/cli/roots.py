@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import TierConfigError
+from .tierfile import nested_configs
 
 __all__ = ["check_creatable", "check_exists", "local_places", "usable_directory"]
 
@@ -37,9 +38,10 @@ def local_places(config: Mapping[str, Any]) -> list[tuple[str, str]]:
 
 
 def check_creatable(where: str, config: Mapping[str, Any]) -> None:
-    """Refuse a config whose missing root could only be made by creating its parents too."""
-    for key, place in local_places(config):
-        if os.path.exists(place):
+    """Refuse a config whose missing root could only be made by creating its parents too (a
+    chain's members too; a place under ``{dir}`` is the command's own, made for it)."""
+    for key, place in (kp for cfg in nested_configs(config) for kp in local_places(cfg)):
+        if os.path.exists(place) or "{dir}" in place:
             continue
         parent = os.path.dirname(os.path.abspath(place))
         if not os.path.isdir(parent):

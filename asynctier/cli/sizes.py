@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import re
+from decimal import Decimal
 
 __all__ = ["GiB", "KiB", "MiB", "format_size", "looks_like_size", "parse_size", "short_size"]
 
@@ -21,16 +22,23 @@ def looks_like_size(text: str) -> bool:
 def parse_size(text: str | int, *, allow_zero: bool = False) -> int:
     """Parse ``"256K"``, ``"2MiB"``, ``"1.5G"``, ``"4096"`` (binary units) into bytes.
 
-    An int is returned as it is. Raises ``ValueError`` for anything else, and for a size that
-    is not positive (zero is accepted with ``allow_zero``).
+    An int is returned as it is. Raises ``ValueError`` for anything else (a float too, which
+    a TOML file gives for ``4096.5``), for a size that is not a whole number of bytes
+    (``"1.9"``; ``"1.5K"`` is), and for one that is not positive (zero is accepted with
+    ``allow_zero``).
     """
     if isinstance(text, int) and not isinstance(text, bool):
         value = text
+    elif not isinstance(text, str):
+        raise ValueError(f"a size is an int or a string such as '256K'; got {type(text).__name__} {text!r}")
     else:
-        m = _SIZE_RE.match(str(text))
+        m = _SIZE_RE.match(text)
         if not m:
             raise ValueError(f"not a size: {text!r} (examples: 256K, 2MiB, 1G, 4096)")
-        value = int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+        exact = Decimal(m.group(1)) * _UNITS[m.group(2).lower()]
+        if exact != exact.to_integral_value():
+            raise ValueError(f"{text!r} is not a whole number of bytes (examples: 4096, 1.5K)")
+        value = int(exact)
     if value < 0 or (value == 0 and not allow_zero):
         raise ValueError(f"size must be positive; got {text!r}")
     return value

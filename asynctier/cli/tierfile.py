@@ -87,7 +87,10 @@ def normalize_config(where: str, config: Mapping[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, value in config.items():
         if isinstance(value, str) and _is_size_key(key) and looks_like_size(value):
-            value = parse_size(value, allow_zero=True)
+            try:
+                value = parse_size(value, allow_zero=True)
+            except ValueError as e:
+                raise TierConfigError(f"{where} {key}: {e}") from e
         elif isinstance(value, Mapping):
             value = normalize_config(where, value)
         elif isinstance(value, list):
@@ -156,6 +159,11 @@ def load_tier_file(path: str | os.PathLike[str]) -> TierFile:
             if not isinstance(cfg, dict):
                 raise TierConfigError(f"{p}: [tiers.{name}] must be a table")
             tiers[name] = normalize_config(f"[tiers.{name}]", {"type": name, **cfg})
+    if "type" in raw and tiers:
+        raise TierConfigError(
+            f"{p}: a top-level tier (type = {raw['type']!r}) and [tiers.NAME] tables in one file; give one "
+            "tier at the top level, or every tier in its own [tiers.NAME] table"
+        )
     if "type" in raw:
         tiers[str(raw["type"])] = normalize_config(f"{p}:", raw)
     elif raw:
@@ -188,7 +196,10 @@ def spec_from_table(table: Mapping[str, Any], *, default_namespace: str = "defau
     num = table.get("num_chunks", 1)
     if isinstance(num, bool) or not isinstance(num, int):
         raise TierConfigError(f"[spec] num_chunks must be an int; got {num!r}")
-    return OffloadingSpec(chunk, num, str(table.get("namespace", default_namespace)))
+    namespace = table.get("namespace", default_namespace)
+    if not isinstance(namespace, str):
+        raise TierConfigError(f"[spec] namespace must be a string; got {type(namespace).__name__} {namespace!r}")
+    return OffloadingSpec(chunk, num, namespace)
 
 
 def substitute(value: Any, mapping: Mapping[str, Any]) -> Any:
@@ -240,12 +251,19 @@ def redact(config: Mapping[str, Any]) -> dict[str, Any]:
     info of URLs (``redis://:password@host``)."""
     out: dict[str, Any] = {}
     for k, v in config.items():
-        if re.search(r"secret|password|token|credential|access_key|key_id|sas", k, re.IGNORECASE):
+        if re.search(r"secret|password|token|credential|access_key|key_id|sas", str(k), re.IGNORECASE):
             out[k] = "***"
-        elif isinstance(v, dict):
-            out[k] = redact(v)
-        elif isinstance(v, str):
-            out[k] = _URL_USERINFO.sub(r"\1***@", v)
         else:
-            out[k] = v
+            out[k] = _redact_value(v)
     return out
+
+
+def _redact_value(v: Any) -> Any:
+    """:func:`redact` inside a value: nested configs (a chain's ``tiers`` list) too."""
+    if isinstance(v, Mapping):
+        return redact(v)
+    if isinstance(v, (list, tuple)):
+        return [_redact_value(x) for x in v]
+    if isinstance(v, str):
+        return _URL_USERINFO.sub(r"\1***@", v)
+    return v

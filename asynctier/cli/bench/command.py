@@ -20,7 +20,7 @@ from ..exits import EXIT_CODES_HELP, CliError, ExitCode
 from ..options import csv_callback, import_path_option, listed, positive_int, run_async, size_callback
 from ..roots import check_creatable
 from ..sizes import parse_size, short_size
-from ..tierfile import TierFile, load_tier_file, resolve_tiers, substitute, uses_dir
+from ..tierfile import TierFile, load_tier_file, resolve_tiers, substitute
 from .plan import DEFAULT_CHUNK_SIZES, DEFAULT_DATA_BYTES, DEFAULT_DEPTHS, BenchOptions, Plan
 
 __all__ = ["bench"]
@@ -118,7 +118,7 @@ def _check_tiers(opts: BenchOptions, named: tuple[str, ...], tfile: TierFile | N
         try:
             SecondaryTierFactory.create_secondary_tier(cfg, aligned_buffer(chunk), spec)
             # a root given as it is (not under --root) is made only where its parent exists
-            check_creatable(f"[tiers.{name}]", {k: v for k, v in opts.tiers[name].items() if not uses_dir(v)})
+            check_creatable(f"[tiers.{name}]", opts.tiers[name])
         except TierConfigError as e:
             raise click.BadParameter(f"{name!r}: {e}", param_hint="--tier" if name in named else "--config") from None
         except Exception:  # anything else shows at the tier's first point, as a failed point
