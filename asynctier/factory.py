@@ -282,6 +282,9 @@ class SecondaryTierFactory:
         tier_type = tier_config["type"]
         kwargs = {k: v for k, v in tier_config.items() if k not in _FACTORY_KEYS}
         accepted = accepted_parameters(tier_cls)
+        odd = [k for k in kwargs if not isinstance(k, str)]
+        if odd:
+            raise TierConfigError(f"tier {tier_type!r}: config keys must be strings; got {odd[0]!r:.80}")
         bad = sorted(k for k in kwargs if k not in accepted)
         if bad and not accepts_any_parameter(tier_cls):
             supplied = [k for k in bad if k in _SUPPLIED]

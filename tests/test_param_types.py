@@ -108,3 +108,28 @@ def test_nvme_paths_take_path_objects(tmp_path: Path) -> None:
     assert tier.paths == [tmp_path / "a", tmp_path / "b"]
     with pytest.raises(TierConfigError, match="paths must be a non-empty list of paths"):
         build({"type": "nvme", "paths": {str(tmp_path / "a")}, "capacity_bytes": 1 << 20})  # a set: no order
+
+
+@pytest.mark.parametrize(
+    ("config", "match"),
+    [
+        ({"type": "memory", 1: 2}, r"config keys must be strings; got 1"),  # was a TypeError from sorting
+        (
+            {"type": "chain", "tiers": [{"type": "memory", "admit": {"policy": ["second_hit"]}}]},
+            r"admit policy must be one of .*; got \[.second_hit.\]",
+        ),
+    ],
+)
+def test_odd_config_shapes_are_refused_with_a_config_error(config: dict[Any, Any], match: str) -> None:
+    with pytest.raises(TierConfigError, match=match):
+        build(config)
+
+
+@pytest.mark.parametrize("bad", [2, 0.5, "no", None])
+async def test_verify_chunks_remove_bad_is_a_bool(bad: object) -> None:
+    """2 was read as True, 0.5 as False, "no" raised a bare ValueError."""
+    async with build({"type": "memory"}) as tier:
+        assert (await tier.offload([b"a"], [0])).ok
+        with pytest.raises(TypeError, match=r"remove_bad must be True or False"):
+            await tier.verify_chunks([b"a"], remove_bad=bad)
+        assert await tier.lookup([b"a"]) == [True]

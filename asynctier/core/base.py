@@ -319,6 +319,8 @@ class ChunkTier(Bookkeeping, Lifecycle, SecondaryTierManager):
         Checksums are checked when the tier was built with ``verify=True`` (the default).
         """
         ks = check_keys(keys)
+        if not isinstance(remove_bad, bool):  # (2 and 0.5 were read as flags, "no" as a ValueError)
+            raise TypeError(f"remove_bad must be True or False; got {remove_bad!r:.80}")
         self._check_open()
         return await self._run(Op.VERIFY, ks, [int(remove_bad)] * len(ks))
 

@@ -163,8 +163,8 @@ def check_keys(keys: Sequence[bytes]) -> list[bytes]:
     if isinstance(keys, (bytes, bytearray, memoryview, str)):
         raise TypeError("keys must be a sequence of bytes keys (for example [key]), not a single key")
     if _unordered(keys) or not hasattr(keys, "__iter__"):  # keys would meet the wrong slots; or no list
-        raise TypeError(f"keys must be an ordered sequence (a list or tuple), paired with chunk_ids by "
-                        f"position; got a {type(keys).__name__}")  # fmt: skip
+        raise TypeError(f"keys must be an ordered sequence (a list or tuple: a transfer pairs them with "
+                        f"chunk_ids by position); got a {type(keys).__name__}")  # fmt: skip
     out = list(keys)
     if _plain_keys(out, MAX_KEY_BYTES):  # the common case in one call; else each, for the error
         if len(set(out)) != len(out):

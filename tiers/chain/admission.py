@@ -192,7 +192,7 @@ def make_policy(value: object, spec: OffloadingSpec, where: str) -> AdmissionPol
     if isinstance(value, Mapping):
         cfg: dict[str, Any] = dict(value)
         kind = cfg.pop("policy", None)
-        if kind not in _FIELDS:
+        if not isinstance(kind, str) or kind not in _FIELDS:
             raise TierConfigError(f"{where}: admit policy must be one of {', '.join(map(repr, _FIELDS))}; got {kind!r}")
         unknown = sorted(set(cfg) - set(_FIELDS[kind]))
         if unknown:
