@@ -149,14 +149,27 @@ class Catalog:
     @staticmethod
     def check_index(where: IndexDir, base: str, slab_id: bytes, nslots: int) -> None:
         """Refuse (:class:`~asynctier.MediumDamagedError`) to go on with the slab set ``slab_id`` whose index
-        is lost (:func:`find_index`): an open that may not create (``create=False``) checks
-        this before it writes anything."""
-        lost = find_index(where, base, slab_id, nslots, False)[3]
+        is lost (:func:`find_index`), or whose journal has a damaged record between valid ones
+        (:func:`.journal.replay`): an open that may not create (``create=False``) checks this
+        before it writes anything."""
+        ck, gens, _, lost = find_index(where, base, slab_id, nslots, False)
         if lost:
             raise MediumDamagedError(
                 f"nvme: {lost}: the chunks it listed cannot be served, and an open that may create starts "
                 "without them. Nothing was written (create=False)"
             )
+        idx = SlotIndex(nslots)
+        if ck is not None:
+            idx.load(ck)
+        for g in gens:
+            name = f"{base}.journal.{g:08d}"  # (Journal.name)
+            done = replay(where.read(name), slab_id, nslots, idx) if ck is None or g >= ck.gen else None
+            if done is not None and done.damaged:
+                raise MediumDamagedError(
+                    f"nvme: the journal {str(where.path / name)!r} has {done.damaged} damaged record(s) between "
+                    "valid ones: the chunk each recorded is lost. An open that may create skips them and serves "
+                    "the rest. Nothing was written (create=False)"
+                )
 
     def recover(self, fresh: bool) -> None:
         """Rebuild the index (checkpoint, then every journal generation from its own on) and
@@ -183,9 +196,13 @@ class Catalog:
             for g in gens:
                 if g < start_gen:
                     continue
-                end = replay(where.read(journal.name(g)), self.slab_id, nslots, idx)
-                if end is not None:
-                    last_gen, last_end = g, end
+                done = replay(where.read(journal.name(g)), self.slab_id, nslots, idx)
+                if done is not None:
+                    last_gen, last_end = g, done.end
+                    if done.damaged:
+                        log.warning("nvme: the journal %s had %d damaged record(s) between valid ones, skipped: "
+                                    "the chunk each recorded is lost", journal.name(g), done.damaged)  # fmt: skip
+                        self._count("journal_records_damaged", done.damaged)
         # drop what recovery did not use: older generations, other slab sets
         for g in gens:
             if fresh or g < start_gen or (g > last_gen and last_gen):

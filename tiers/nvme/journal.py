@@ -285,12 +285,41 @@ class Journal:
             self._cv.notify_all()
 
 
-def replay(data: bytes | None, slab_id: bytes, nslots: int, index: SlotIndex) -> int | None:
-    """Apply one journal generation's bytes to ``index``; return its valid length (None if
-    unusable or absent).
+class Replayed(NamedTuple):
+    """What :func:`replay` made of a generation: the end of its last valid record (the
+    caller cuts the file there), and the damaged stretches it skipped between valid records."""
 
-    Replay stops at the first record that fails its checksum or names a slot out of range:
-    the torn tail of a crash, cut off by the caller before new records are appended.
+    end: int
+    damaged: int
+
+
+def _next_record(data: bytes, off: int, nslots: int) -> int | None:
+    """The offset of the first valid record at ``off`` or after it (None: none). The cheap
+    fields are checked before the checksum: a stretch of zeros is passed over quickly."""
+    mv, n, rs = memoryview(data), len(data), RECORD.size
+    for at in range(off, n - rs - 8 + 1):
+        typ, _, klen, slot, _, _ = RECORD.unpack_from(data, at)
+        end = at + rs + klen
+        if (
+            typ in (PUBLISH, EVICT)
+            and slot < nslots
+            and end + 8 <= n
+            and xxh(mv[at:end]) == U64.unpack_from(data, end)[0]
+        ):
+            return at
+    return None
+
+
+def replay(data: bytes | None, slab_id: bytes, nslots: int, index: SlotIndex) -> Replayed | None:
+    """Apply one journal generation's bytes to ``index`` (None if unusable or absent).
+
+    A record that fails its checksum or names a slot out of range ends the generation when no
+    valid record follows it: the torn tail of a crash, cut off by the caller before new records
+    are appended. One followed by valid records is damage in the middle (a flipped bit): it is
+    skipped and counted, and the records after it are applied. Cutting there would lose them,
+    and the chunks they name; what the skipped record said is lost (a key published there is
+    not served; one evicted there maps to a slot a later record may give another key, which
+    takes it, and a load checks the slot's header).
     """
     if data is None:
         return None
@@ -310,13 +339,19 @@ def replay(data: bytes | None, slab_id: bytes, nslots: int, index: SlotIndex) ->
     seqs = index.slot_seq
     csums = index.slot_csum
     put = index.put
+    damaged = 0
+    valid_end = off
     while off + rs + 8 <= n:
         typ, _, klen, slot, seq, csum = RECORD.unpack_from(data, off)
         end = off + rs + klen
-        if end + 8 > n or xxh(mv[off:end]) != U64.unpack_from(data, end)[0]:
-            break  # torn tail
-        if slot >= nslots or typ not in (PUBLISH, EVICT):
-            break
+        whole = end + 8 <= n and xxh(mv[off:end]) == U64.unpack_from(data, end)[0]
+        if not whole or slot >= nslots or typ not in (PUBLISH, EVICT):
+            after = _next_record(data, off + 1, nslots)
+            if after is None:
+                break  # torn tail
+            damaged += 1
+            off = after
+            continue
         key = data[off + rs : end]
         if typ == PUBLISH:
             put(key, slot)
@@ -324,5 +359,5 @@ def replay(data: bytes | None, slab_id: bytes, nslots: int, index: SlotIndex) ->
             csums[slot] = csum
         elif entries.get(key) == slot and seqs[slot] == seq:
             index.drop(key)
-        off = end + 8
-    return off
+        off = valid_end = end + 8
+    return Replayed(valid_end, damaged)
