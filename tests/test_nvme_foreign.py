@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from nvme_helpers import CHUNK, chunk_at, fill, make, slab_capacity
+from nvme_helpers import CHUNK, chunk_at, crash, fill, make, slab_capacity
 
 from asynctier import TierConfigError
 
@@ -255,6 +255,27 @@ async def test_a_lost_index_is_counted_and_said(tmp_path: Path, caplog: pytest.L
     tier, _ = make(p)  # its own index since: nothing lost at this open
     async with tier:
         assert tier.stats().extra.get("index_lost_at_open", 0) == 0
+
+
+async def test_a_lost_index_is_lost_once_even_if_the_repairing_open_crashes(tmp_path: Path) -> None:
+    """The open that accepted the loss wrote no checkpoint until its close (or 65,536 records):
+    killed before, every later open said the index lost again and fsck called the set damaged,
+    with every chunk since held and served."""
+    p = tmp_path / "kv.slab"
+    tier, view = make(p)
+    fill(view, CHUNK, 4)
+    async with tier:
+        assert (await tier.offload([b"a", b"b"], [0, 1])).ok
+    os.unlink(tmp_path / "kv.slab.atidx.ckpt")
+    tier, view = make(p)
+    await tier.open()
+    assert tier.stats().extra["index_lost_at_open"] == 1
+    assert (await tier.offload([b"c"], [2])).ok
+    crash(tier)
+    tier, _ = make(p, create=False)  # as fsck opens it
+    async with tier:
+        assert tier.stats().extra.get("index_lost_at_open", 0) == 0
+        assert await tier.lookup([b"c"]) == [True]
 
 
 @pytest.mark.parametrize("what", ["missing", "empty"])

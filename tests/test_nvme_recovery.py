@@ -75,6 +75,10 @@ async def test_journal_replay_and_torn_tail(tmp_path: Path) -> None:
         assert (await tier.load([b"c"], [3])).ok and chunk_at(view, CHUNK, 3) == c
 
 
+def _contents(d: Path) -> dict[str, bytes]:
+    return {f.name: f.read_bytes() for f in d.iterdir()}
+
+
 async def test_a_damaged_record_between_valid_ones_loses_that_record_only(tmp_path: Path) -> None:
     """A flipped bit in a record in the middle of the journal was taken for a torn tail: every
     open, fsck's included (reporting clean), cut the file there, and the chunks of every later
@@ -96,11 +100,11 @@ async def test_a_damaged_record_between_valid_ones_loses_that_record_only(tmp_pa
     at = JOURNAL_HEAD.size + 8 + 2 * (RECORD.size + 2 + 8)  # the third record (keys of 2 bytes)
     raw[at + RECORD.size] ^= 0x01  # a bit of its key
     journal.write_bytes(raw)
-    files = {f.name: f.read_bytes() for f in tmp_path.iterdir()}
+    files = _contents(tmp_path)
     tier, view = make(p, create=False)
     with pytest.raises(MediumDamagedError, match=r"1 damaged record\(s\) between valid ones"):
         await tier.open()
-    assert {f.name: f.read_bytes() for f in tmp_path.iterdir()} == files  # nothing written
+    assert _contents(tmp_path) == files  # nothing written
     tier, view = make(p)
     async with tier:
         assert tier.stats().extra["journal_records_damaged"] == 1

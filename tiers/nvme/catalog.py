@@ -215,6 +215,8 @@ class Catalog:
             journal.open_gen(max(start_gen, 1), None)
         idx.rebuild_free()
         self._count("recovered_chunks", len(idx.entries))
+        if lost:  # the loss accepted: a checkpoint now, or every open until the next would find it again
+            self.checkpoint()
 
     def start_checkpointer(self, fds: list[int]) -> None:
         """Start the checkpoint thread. It holds only a weak reference, so a tier dropped
