@@ -319,6 +319,25 @@ def test_fsck_says_so_when_the_fs_tier_removed_a_truncated_chunk_as_it_opened(tm
     assert r.exit_code == 0 and "kv: 5 chunks checked, 5 good, 0 bad: clean" in r.output, r.output
 
 
+def test_fsck_says_how_many_temporaries_of_dead_writers_the_fs_tier_removed_as_it_opened(tmp_path: Path) -> None:
+    """They went without a word ("clean", and ``removed_at_open`` 0) though docs/cli.md says fsck
+    changes nothing else it finds. No chunk was lost: the tier stays clean."""
+    import socket
+
+    root = tmp_path / "kv"
+    root.mkdir()
+    config = _tier_config("fs", root)
+    asyncio.run(_fill(config, 3))
+    chunk = next(p for p in root.rglob("*") if p.is_file() and len(p.relative_to(root).parts) == 3)  # layout/shard/
+    temp = chunk.parent / f".tmp~{socket.gethostname()}~{2**22 + 7}~1abcd~0"  # a pid above pid_max: dead
+    temp.write_bytes(b"x" * 100)
+    r = invoke("fsck", "--config", str(_fsck_config(tmp_path, config)), "--json")
+    (rep,) = json.loads(r.output)
+    assert rep["temporaries_removed_at_open"] == 1 and rep["clean"] and not temp.exists(), rep
+    r = invoke("fsck", "--config", str(_fsck_config(tmp_path, config)))
+    assert "temporary file" not in r.output, r.output  # (gone: nothing to say the second time)
+
+
 def _fsck_config(tmp_path: Path, config: dict[str, Any]) -> Path:
     cfg = tmp_path / "tier.toml"
     body = "\n".join(f"{k} = {json.dumps(v)}" for k, v in config.items())

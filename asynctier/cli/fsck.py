@@ -43,6 +43,9 @@ class FsckReport:
     #: Chunk files of the wrong size (truncated) that the tier's own scan removed as it opened:
     #: the fs tier never serves one, and fsck cannot open it without that scan.
     removed_at_open: int = 0
+    #: Temporary files of dead writers (unpublished stores, a recycled file caught mid-way)
+    #: that the tier's own scan removed as it opened: no chunk was lost, so it stays clean.
+    temporaries_removed_at_open: int = 0
     #: Whether removal was asked for (then those count as bad chunks removed).
     remove: bool = False
     #: Why the tier could not be opened for checking though it is there: damage found at open
@@ -140,6 +143,7 @@ async def _verify_all(
     async with tier:
         keys = await tier.stored_keys()  # (the index complete: the open's scan is over)
         report.removed_at_open = int(tier.stats().extra.get("scan_removed_bad", 0))
+        report.temporaries_removed_at_open = int(tier.stats().extra.get("scan_removed_tmp", 0))
         total = len(keys)
         if progress:
             progress(0, total)
@@ -205,6 +209,10 @@ async def _check_all(targets: list[CheckTarget], spec: OffloadingSpec, remove: b
     return reports
 
 
+def _tmp_note(n: int) -> str:
+    return f", {n} temporary file{'s' if n != 1 else ''} of dead writers removed as the tier opened" if n else ""
+
+
 def _print_reports(reports: list[FsckReport], remove: bool) -> None:
     for r in reports:
         label = f"{r.tier} ({r.member})" if r.member else r.tier
@@ -222,7 +230,7 @@ def _print_reports(reports: list[FsckReport], remove: bool) -> None:
             f"{f', {r.vanished} vanished while checking' if r.vanished else ''}"
             f"{f', {len(r.errors)} unreadable' if r.errors else ''}"
             f"{f', {r.removed_at_open} of the wrong size removed as the tier opened' if r.removed_at_open else ''}"
-            f": {state}"
+            f"{_tmp_note(r.temporaries_removed_at_open)}: {state}"
         )
         for k, why in r.bad.items():
             click.echo(f"  bad {k}: {why}{' (removed)' if remove else ''}")
