@@ -84,3 +84,48 @@ def test_interference_counts_this_threads_involuntary_switches_and_the_hosts_ste
             p.wait()
     assert got["loop_preempted"] > 0, got
     assert got["steal_share"] is None or 0.0 <= got["steal_share"] <= 1.0, got
+
+
+def test_the_naive_loop_reaches_the_depth_it_is_compared_at(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its calls went to the loop's default pool: 6 threads on this 2-CPU machine, so at depth
+    16 it had at most 6 I/Os in flight while the tiers had 16."""
+    import asyncio
+    import threading
+
+    now, peak, lock = [0], [0], threading.Lock()
+    real_fsync = os.fsync
+
+    def slow_fsync(fd: int) -> None:
+        with lock:
+            now[0] += 1
+            peak[0] = max(peak[0], now[0])
+        time.sleep(0.3)  # every writer gets here before the first leaves
+        real_fsync(fd)
+        with lock:
+            now[0] -= 1
+
+    monkeypatch.setattr(os, "fsync", slow_fsync)
+    view = memoryview(bytearray(16 * 4096))
+    asyncio.run(benchkit.naive_aiofiles(tmp_path, view, 4096, 16, depth=16, mode="write", sync="each"))
+    assert peak[0] == 16, peak
+
+
+def test_the_full_tier_and_repeated_points_are_divided_by_their_own_references() -> None:
+    """The full-tier figure was divided by fio writing a fresh file (new blocks to allocate),
+    though a tier at capacity writes into space it used before; and --repeat divided the
+    median tier run by the median fio run, which may come from other repetitions."""
+    from asynctier.cli.bench.results import Phase, PointResult, RefResult, median_ratios, ratios
+
+    def point(gbps: float) -> PointResult:
+        ph = Phase.of(1.0, int(gbps * 1e9), 10)
+        return PointResult(tier="t", tier_type="fs", chunk_bytes=4096, depth=1, chunks=10, ok=True, offload=ph,
+                           steady=ph)  # fmt: skip
+
+    def ref(write: float, overwrite: float) -> RefResult:
+        return RefResult(chunk_bytes=4096, depth=1, chunks=10, fio_write={"bytes_per_s": write * 1e9},
+                         fio_overwrite={"bytes_per_s": overwrite * 1e9})  # fmt: skip
+
+    r = ratios(point(1.0), ref(1.0, 2.0))
+    assert r["fio_write"] == pytest.approx(1.0) and r["fio_steady"] == pytest.approx(0.5)
+    pairs = [(point(1.0), ref(3.0, 3.0)), (point(2.0), ref(1.0, 1.0)), (point(3.0), ref(2.0, 2.0))]
+    assert median_ratios(pairs)["fio_write"] == pytest.approx(1.5)  # 1/3, 2, 1.5 (medians: 2/2 = 1)

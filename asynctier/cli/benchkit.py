@@ -7,6 +7,7 @@ same block size and queue depth.
 
 from __future__ import annotations
 
+import concurrent.futures
 import errno
 import json
 import os
@@ -133,6 +134,7 @@ def run_fio(
     fsync_at_end: bool = True,
     runtime_s: float | None = None,
     file_per_block: bool = False,
+    overwrite: bool = False,
     started: Callable[[subprocess.Popen[str]], None] | None = None,
 ) -> FioResult:
     """Run one fio job on a file in ``directory`` and return its figures.
@@ -146,6 +148,9 @@ def run_fio(
     opened in turn (``depth`` open at a time): the layout of a file-per-chunk tier, as a
     reference for what one file per chunk costs on this file system. A write job creates
     each file as it opens it (``create_on_open``), inside the measured time, as a tier does.
+    ``overwrite=True`` (a write job): the file is laid out first, untimed, and the job writes
+    over it, as a tier at capacity writes into space it has used before (fs recycling a
+    victim's file, nvme a slot); a fresh file costs the file system new blocks.
     ``started(process)`` is told the fio process as it starts (to stop it from another thread).
     """
     directory = Path(directory).absolute()  # fio runs with this cwd: a relative path would resolve twice
@@ -155,6 +160,8 @@ def run_fio(
     args = _fio_args(directory, rw, bs, iodepth, size, ioengine, sync_engine, direct, file_per_block)
     if rw.endswith("write") and fsync_at_end:
         args.append("--end_fsync=1")
+    if overwrite:
+        args.append("--overwrite=1")
     if runtime_s is not None:
         args += [f"--runtime={runtime_s}", "--time_based=0"]
     # cwd: fio writes to a path named like the job ("asynctier") instead of "asynctier.0.0" when
@@ -380,7 +387,9 @@ async def naive_aiofiles(
     sync: str = "each",
     latencies: list[float] | None = None,
 ) -> float:
-    """The floor: aiofiles, one file per chunk, ``depth`` at a time; returns bytes/s.
+    """The floor: aiofiles, one file per chunk, ``depth`` at a time; returns bytes/s. Its
+    calls go to a pool of ``depth`` threads: the loop's default pool (``min(32, CPUs + 4)``
+    threads, 6 on 2 CPUs) would hold it below the depth it is compared at.
 
     ``mode="write"`` writes each file, then with ``sync="each"`` fsyncs it (bytes on disk);
     with ``sync="none"`` the caller syncs at the end (:func:`sync_tree`), as fio's
@@ -396,6 +405,8 @@ async def naive_aiofiles(
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     sem = asyncio.Semaphore(depth)
+    pool = concurrent.futures.ThreadPoolExecutor(depth, thread_name_prefix="naive-aiofiles")
+    loop = asyncio.get_running_loop()
 
     async def one(i: int) -> None:
         async with sem:
@@ -403,21 +414,24 @@ async def naive_aiofiles(
             path = directory / f"naive-{i}"
             slot = (i % (view.nbytes // chunk_bytes)) * chunk_bytes
             if mode == "write":
-                async with aiofiles.open(path, "wb") as f:
+                async with aiofiles.open(path, "wb", executor=pool) as f:
                     await f.write(bytes(view[slot : slot + chunk_bytes]))  # what naive code does
                     await f.flush()
                     if sync == "each":
-                        await asyncio.to_thread(os.fsync, f.fileno())
+                        await loop.run_in_executor(pool, os.fsync, f.fileno())
             else:
-                async with aiofiles.open(path, "rb") as f:
+                async with aiofiles.open(path, "rb", executor=pool) as f:
                     data = await f.read()
                 view[slot : slot + len(data)] = data
             if latencies is not None:
                 latencies.append(time.perf_counter() - t)
 
-    t0 = time.perf_counter()
-    await asyncio.gather(*(one(i) for i in range(n)))
-    return n * chunk_bytes / (time.perf_counter() - t0)
+    try:
+        t0 = time.perf_counter()
+        await asyncio.gather(*(one(i) for i in range(n)))
+        return n * chunk_bytes / (time.perf_counter() - t0)
+    finally:
+        pool.shutdown(wait=False)
 
 
 def bare_file_per_chunk(

@@ -91,7 +91,7 @@ def steady_half(chunks: int) -> int:
 
 
 def fio_side_bytes(size: int, rw: str) -> int:
-    """Bytes one fio job moves: a read job lays its file out first."""
+    """Bytes one fio job moves: a read job and an overwrite job lay their file out first."""
     return size if rw == "write" else 2 * size
 
 
@@ -112,7 +112,8 @@ class Plan:
     def ref_bytes(self, chunk: int, depth: int) -> int:
         """Bytes fio and the naive loop move at one point."""
         size = chunk * self.opts.chunks_for(chunk, depth)
-        fio = len(self.fio_engines) * (fio_side_bytes(size, "write") + fio_side_bytes(size, "read"))
+        sides = ["write", "read"] + (["overwrite"] if self.opts.steady else [])
+        fio = len(self.fio_engines) * sum(fio_side_bytes(size, rw) for rw in sides)
         return fio + (2 * size if self.naive else 0)
 
     @property

@@ -49,7 +49,8 @@ class FioState:
             proc.kill()
 
     def best(self, directory: Path, rw: str, chunk: int, depth: int, size: int) -> dict[str, Any] | None:
-        """Best of the engines for one job (blocking: run it on a thread)."""
+        """Best of the engines for one job (blocking: run it on a thread); ``rw`` "overwrite":
+        a write job over a file laid out first."""
         with self._busy:
             return self._best(directory, rw, chunk, depth, size)
 
@@ -60,8 +61,8 @@ class FioState:
                 return None
             try:
                 r = benchkit.run_fio(
-                    directory, rw=rw, bs=chunk, iodepth=depth, size=size, ioengine=engine, direct=True,
-                    started=self._started,
+                    directory, rw="write" if rw == "overwrite" else rw, bs=chunk, iodepth=depth, size=size,
+                    ioengine=engine, direct=True, overwrite=rw == "overwrite", started=self._started,
                 )  # fmt: skip
             except Exception as e:  # e.g. io_uring refused by the kernel or a sandbox
                 if self._stopped:
@@ -75,7 +76,7 @@ class FioState:
 
 
 async def _fio(
-    ref: RefResult, fio: FioState, workdir: Path, chunk: int, depth: int, size: int, progress: Progress
+    ref: RefResult, fio: FioState, workdir: Path, chunk: int, depth: int, size: int, progress: Progress, steady: bool
 ) -> None:
     label = f"reference {format_size(chunk)} depth {depth}"
     progress.phase(f"{label}: fio write")
@@ -85,6 +86,10 @@ async def _fio(
     progress.phase(f"{label}: fio read")
     ref.fio_read = await asyncio.to_thread(fio.best, workdir / "fio", "read", chunk, depth, size)
     progress.advance(fio.planned * 2 * size)  # a read job lays its file out first
+    if steady:  # the full tier's reference: a tier at capacity writes into space used before
+        progress.phase(f"{label}: fio overwrite")
+        ref.fio_overwrite = await asyncio.to_thread(fio.best, workdir / "fio", "overwrite", chunk, depth, size)
+        progress.advance(fio.planned * 2 * size)
 
 
 async def _naive(
@@ -129,13 +134,15 @@ async def run_references(
     fio: FioState | None,
     naive: bool,
     progress: Progress,
+    steady: bool = False,
 ) -> RefResult:
-    """fio (when ``fio`` holds engines) and the naive loop (when ``naive``) at one point."""
+    """fio (when ``fio`` holds engines; with ``steady`` an overwrite job too) and the naive
+    loop (when ``naive``) at one point."""
     ref = RefResult(chunk_bytes=chunk, depth=depth, chunks=chunks)
     if fio is not None and fio.engines:
-        await _fio(ref, fio, workdir, chunk, depth, chunk * chunks, progress)
+        await _fio(ref, fio, workdir, chunk, depth, chunk * chunks, progress, steady)
     elif fio is not None:  # every engine failed earlier: the bytes planned for them are done with
-        progress.advance(fio.planned * 3 * chunk * chunks)
+        progress.advance(fio.planned * (5 if steady else 3) * chunk * chunks)
     if naive:
         await _naive(ref, primary, workdir, chunk, depth, chunks, progress)
     return ref

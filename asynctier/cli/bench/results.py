@@ -59,6 +59,8 @@ class RefResult:
     chunks: int
     fio_write: dict[str, Any] | None = None
     fio_read: dict[str, Any] | None = None
+    #: ``--steady``: fio writing over a file laid out first (what the full-tier figure is divided by).
+    fio_overwrite: dict[str, Any] | None = None
     naive_write: Phase | None = None
     naive_read: Phase | None = None
     notes: list[str] = field(default_factory=list)
@@ -66,8 +68,8 @@ class RefResult:
     repeats: int = 1
 
     def fio_bps(self, side: str) -> float:
-        """Best fio bytes/s for ``"write"`` or ``"read"`` (0 when fio did not run)."""
-        r = self.fio_write if side == "write" else self.fio_read
+        """Best fio bytes/s for ``"write"``, ``"read"`` or ``"overwrite"`` (0 when fio did not run)."""
+        r = {"write": self.fio_write, "read": self.fio_read, "overwrite": self.fio_overwrite}[side]
         return float(r["bytes_per_s"]) if r else 0.0
 
     def naive_bps(self, side: str) -> float:
@@ -156,7 +158,7 @@ def median_ref(runs: list[RefResult]) -> RefResult:
     if len(runs) == 1:
         return runs[0]
     out = RefResult(chunk_bytes=runs[0].chunk_bytes, depth=runs[0].depth, chunks=runs[0].chunks)
-    for side in ("fio_write", "fio_read"):
+    for side in ("fio_write", "fio_read", "fio_overwrite"):
         vals = [getattr(r, side) for r in runs if getattr(r, side)]
         setattr(out, side, _median_of(vals, lambda v: float(v["bytes_per_s"])) if vals else None)
     for side in ("naive_write", "naive_read"):
@@ -201,10 +203,21 @@ def median_point(runs: list[PointResult]) -> PointResult:
     return out
 
 
+def median_ratios(pairs: Sequence[tuple[PointResult, RefResult]]) -> dict[str, float | None]:
+    """Each ratio's median over repetitions, each repetition's tier run over the references
+    measured just before it (so drift between repetitions cancels); None where none has it."""
+    each = [ratios(p, ref) for p, ref in pairs if p.ok]
+    out: dict[str, float | None] = {}
+    for name in each[0] if each else {}:
+        vals = sorted(v for r in each if (v := r.get(name)) is not None)
+        out[name] = statistics.median(vals) if vals else None
+    return out
+
+
 def ratios(p: PointResult, ref: RefResult) -> dict[str, float | None]:
     out: dict[str, float | None] = {"fio_write": None, "fio_read": None, "naive_write": None, "naive_read": None}
     if p.steady is not None:
-        out["fio_steady"] = benchkit.ratio(p.steady.bytes_per_s, ref.fio_bps("write"))
+        out["fio_steady"] = benchkit.ratio(p.steady.bytes_per_s, ref.fio_bps("overwrite"))
     if p.offload is not None:
         out["fio_write"] = benchkit.ratio(p.offload.bytes_per_s, ref.fio_bps("write"))
         out["naive_write"] = benchkit.ratio(p.offload.bytes_per_s, ref.naive_bps("write"))

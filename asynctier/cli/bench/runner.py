@@ -21,7 +21,7 @@ from .point import PointRun
 from .primary import PrimaryBuffer
 from .progress import NoProgress, Progress
 from .references import FioState, run_references
-from .results import BenchReport, PointResult, RefResult, median_point, median_ref, ratios, summarize
+from .results import BenchReport, PointResult, RefResult, median_point, median_ratios, median_ref, ratios, summarize
 
 __all__ = ["check_tiers", "make_plan", "run_bench"]
 
@@ -120,7 +120,9 @@ async def _sweep_point(
     for _ in range(opts.repeat):
         if opts.fio or opts.naive:
             ref_runs.append(
-                await run_references(primary, chunk, depth, chunks, ctx["workdir"], fio, opts.naive, ctx["progress"])
+                await run_references(
+                    primary, chunk, depth, chunks, ctx["workdir"], fio, opts.naive, ctx["progress"], opts.steady
+                )
             )
         for name in plan.tiers:
             run = PointRun(
@@ -140,8 +142,8 @@ async def _sweep_point(
         report.references.append(ref)
     for name in plan.tiers:
         pr = median_point(tier_runs[name])
-        if ref is not None:
-            pr.ratios = ratios(pr, ref)
+        if ref is not None:  # each repetition's ratio to its own references, then their median
+            pr.ratios = median_ratios(list(zip(tier_runs[name], ref_runs))) if pr.ok else ratios(pr, ref)
         report.points.append(pr)
 
 
