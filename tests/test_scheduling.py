@@ -941,3 +941,20 @@ def test_a_keyboard_interrupt_on_trio_returns_only_once_no_io_touches_the_buffer
     if "interrupted" not in seen:  # the load ended before the signal came: nothing to see
         pytest.skip("the load ended before the interrupt")
     assert seen["at_return"] == (0, 0) and seen["untouched"], seen
+
+
+def test_a_breaker_closed_by_another_answer_counts_the_late_probes_failure_as_one_of_many() -> None:
+    """A success of a request admitted before the breaker opened closed it but left it
+    "probing": the probe's failure then reopened it at once, after one failure, not
+    ``threshold``."""
+    from asynctier.core.breaker import Breaker
+
+    b = Breaker(threshold=3, cooldown_s=0.0)
+    for _ in range(3):
+        b.failure(probe=False)
+    assert b.state == "half-open"  # (no cooldown: the next request is the probe)
+    assert b.before() is True
+    b.success(probe=False)  # an older request's answer: reachable
+    assert b.state == "closed"
+    b.failure(probe=True)  # the probe's late failure
+    assert b.state == "closed" and b.before() is False

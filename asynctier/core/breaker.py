@@ -1,7 +1,8 @@
 """A circuit breaker for a medium that keeps failing: after repeated failures, requests fail at
 once instead of waiting on it, and one probe at a time finds out when it is back.
 
-Shared by the obj tier (per object store) and the chain tier (per tier of the chain).
+Shared by the obj tier (per object store), the valkey tier (per node) and the chain tier (per
+tier of the chain).
 """
 
 from __future__ import annotations
@@ -62,8 +63,7 @@ class Breaker:
             self._failures = 0
             if probe or self._open_until is not None:
                 self._open_until = None
-            if probe:
-                self._probing = False
+                self._probing = False  # (a probe still out is an ordinary request now)
 
     def failure(self, probe: bool) -> None:
         """The request failed in a way that says the medium is not reachable."""
@@ -71,6 +71,8 @@ class Breaker:
             self._failures += 1
             if probe:
                 self._probing = False
+                # closed meanwhile by another request's answer: an ordinary failure, counted
+                probe = self._open_until is not None
             if probe or (self._open_until is None and self._failures >= self.threshold):
                 if self._open_until is None:
                     self.opened += 1
