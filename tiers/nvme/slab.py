@@ -152,8 +152,10 @@ class SlabSet:
             block = max(logical_block_size(p) for p in self.paths)
             geo = Geometry(block, chunk_bytes, min(sizes), n)
             if geo.per_stripe <= 0:
+                least = n * (geo.data_off + geo.slot_size)
                 raise TierConfigError(
-                    f"capacity_bytes={capacity_bytes} leaves no room for one slot of {geo.slot_size} bytes"
+                    f"capacity_bytes={capacity_bytes} leaves no room for one slot of {geo.slot_size} bytes: each "
+                    f"of the {n} slab(s) also holds a {geo.data_off}-byte superblock; give at least {least}"
                 )
             self.geo = geo
             self._hdr = geo.hdr_area
