@@ -1169,3 +1169,10 @@ def test_fsck_leaves_the_fs_tiers_file_times_alone(tmp_path: Path) -> None:
     r = invoke("fsck", "--config", str(_fsck_config(tmp_path, config)))
     assert r.exit_code == 0, r.output
     assert [p.stat().st_mtime_ns for p in chunks] == [1_000_000_000 * (i + 1) for i in range(4)]
+
+
+def test_a_python_spelling_in_a_param_gets_the_json_hint() -> None:
+    """``--param verify=True`` said "verify must be True or False; got 'True'": the value was
+    the string, since --param values are JSON."""
+    r = CliRunner().invoke(main, ["selfcheck", "--tier", "memory", "--chunks", "2", "--param", "verify=True"])
+    assert r.exit_code == 2 and "read as JSON: true, false, null" in r.output, r.output

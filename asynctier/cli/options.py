@@ -101,6 +101,18 @@ def parse_params(items: tuple[str, ...]) -> dict[str, Any]:
     return out
 
 
+def json_hint(config: Any) -> str:
+    """A note for an error about a config that holds a Python spelling among its ``--param``
+    values ("True", "None"): they are read as JSON, where those are strings."""
+    if isinstance(config, dict):
+        return next((h for v in config.values() if (h := json_hint(v))), "")
+    if isinstance(config, list):
+        return next((h for v in config if (h := json_hint(v))), "")
+    if config in ("True", "False", "None"):
+        return f" (--param values are read as JSON: true, false, null; {config!r} is a string there)"
+    return ""
+
+
 def _add_import_paths(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]) -> tuple[str, ...]:
     for d in reversed(value):
         sys.path.insert(0, os.path.abspath(d))

@@ -12,7 +12,7 @@ import click
 
 from ..errors import TierConfigError
 from .exits import EXIT_CODES_HELP, CliError, ExitCode
-from .options import import_path_option, parse_params, run_async, size_callback
+from .options import import_path_option, json_hint, parse_params, run_async, size_callback
 from .roots import check_creatable
 from .tierfile import normalize_config
 
@@ -112,12 +112,14 @@ def selfcheck(tier_type: str, chunk_bytes: int, num_chunks: int, params: tuple[s
     A missing root (or slab file) is created only when its parent directory exists: a typo
     deep in a path is an error, not a new tree.
     """
+    given = parse_params(params)
     try:
-        config = normalize_config("--param", {"type": tier_type, **parse_params(params)})
+        config = normalize_config("--param", {"type": tier_type, **given})
         check_creatable("--param", config)
         report = run_async(roundtrip(config, chunk_bytes, num_chunks))
     except TierConfigError as e:
-        raise click.UsageError(f"{e} (tier parameters go in with --param KEY=VALUE)") from None
+        hint = json_hint(given) or " (tier parameters go in with --param KEY=VALUE)"
+        raise click.UsageError(f"{e}{hint}") from None
     except _NotVerified as e:
         raise CliError(f"selfcheck failed: {e}", ExitCode.NOT_VERIFIED) from None
     except OSError as e:  # a root that is a file, no permission, a failing disk: said, not a traceback
