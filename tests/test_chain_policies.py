@@ -266,7 +266,7 @@ def test_two_remote_members_on_one_place_are_refused(tmp_path: Path) -> None:
     with pytest.raises(TierConfigError, match=r"tiers 'obj' and 'obj-1' both keep their chunks in .*/o:"):
         rig.chain(tiers=[here, {"type": "obj", "url": f"file://{tmp_path}/x/../o/"}])
     s3 = {"type": "obj", "url": "s3://b/p", "endpoint": "http://127.0.0.1:9"}
-    with pytest.raises(TierConfigError, match=r"both keep their chunks in s3://b/p at http://127.0.0.1:9"):
+    with pytest.raises(TierConfigError, match=r"both keep their chunks in s3://b/p \(endpoint http://127.0.0.1:9\)"):
         rig.chain(tiers=[s3, {**s3, "url": "s3://b/p/"}])
     vk = {"type": "valkey", "url": "redis://127.0.0.1:9"}
     with pytest.raises(TierConfigError, match=r"both keep their chunks in valkey 127.0.0.1:9 db 0, key_prefix"):
@@ -280,6 +280,46 @@ def test_two_remote_members_on_one_place_are_refused(tmp_path: Path) -> None:
         {"type": "obj", "url": "memory://"},
     ]
     assert len(rig.chain(tiers=[*apart, {"type": "obj", "url": "memory://"}]).members) == 7  # each its own place
+    with pytest.raises(TierConfigError, match=r"both keep their chunks in s3://b/p \(endpoint"):
+        rig.chain(tiers=[s3, {**s3, "url": "s3a://b/p"}])  # one place under two spellings
+
+
+def test_remote_members_in_different_places_are_not_refused_and_nothing_secret_is_shown() -> None:
+    """The place was the redacted URL and the endpoint argument: two Azure containers of one
+    account (the container is the URL's user info), two accounts, two endpoints given in
+    ``config`` were refused as one place."""
+    rig = ChainRig()
+    az = {"type": "obj", "url": "abfs://alpha@acct.dfs.core.windows.net/cache"}
+    other_az = {**az, "url": "abfs://beta@acct.dfs.core.windows.net/cache"}
+    acct = {"type": "obj", "url": "az://cache/p", "config": {"account_name": "acct1"}}
+    ep = {"type": "obj", "url": "s3://b/p", "config": {"aws_endpoint": "http://127.0.0.1:9001"}}
+    tiers = [az, other_az, acct, {**acct, "config": {"account_name": "acct2"}}, ep,
+             {**ep, "config": {"aws_endpoint": "http://127.0.0.1:9002"}}]  # fmt: skip
+    assert len(rig.chain(tiers=tiers).members) == 6
+    leak = {"type": "obj", "url": "s3://b/p", "endpoint": "http://minio:s3cr3t/Pw@127.0.0.1:9000"}
+    with pytest.raises(TierConfigError) as e:
+        rig.chain(tiers=[leak, leak])
+    assert "s3cr3t" not in str(e.value) and "127.0.0.1:9000" in str(e.value)
+
+
+def test_building_a_tier_touches_no_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A tier's constructor does no I/O (DESIGN.md): resolving the place with realpath had
+    moved into every fs, nvme and obj constructor; only a chain asks for it."""
+    import os as _os
+
+    seen: list[str] = []
+    real = _os.lstat
+
+    def lstat(p: Any, *a: Any, **k: Any) -> Any:
+        seen.append(str(p))
+        return real(p, *a, **k)
+
+    monkeypatch.setattr(_os, "lstat", lstat)
+    rig = ChainRig()
+    for cfg in ({"type": "fs", "root": str(tmp_path / "a")}, {"type": "obj", "url": f"file://{tmp_path}/o"},
+                {"type": "nvme", "path": str(tmp_path / "s.slab"), "capacity_bytes": 1 << 24}):  # fmt: skip
+        rig.tier(cfg)
+    assert seen == [], seen
 
 
 def test_promotions_into_the_first_tier_start_demotion(tmp_path: Path) -> None:

@@ -86,10 +86,6 @@ class ChunkTier(Bookkeeping, Lifecycle, SecondaryTierManager):
     #: ``list_chunks()`` at open: chunks stored by an earlier process are served, counted
     #: against ``capacity_bytes`` and evicted like the others.
     recovers_index: ClassVar[bool] = False
-    #: Where the tier keeps its chunks, as another tier on the same place names it (a resolved
-    #: path; a server and key prefix): a chain refuses two members that share one. Empty:
-    #: unknown, or a place of its own.
-    media: tuple[str, ...] = ()
 
     def __init__(
         self,
@@ -196,6 +192,13 @@ class ChunkTier(Bookkeeping, Lifecycle, SecondaryTierManager):
 
     async def _list_chunks(self) -> list[bytes]:
         raise NotImplementedError
+
+    @property
+    def media(self) -> tuple[str, ...]:
+        """Where the tier keeps its chunks, as another tier on the same place names it (a
+        resolved path; a server and key prefix): a chain refuses two members that share one.
+        Empty: unknown, or a place of its own. Asked by a chain's constructor only."""
+        return ()
 
     def stored_chunk_count(self) -> int | None:
         """Chunks held, for tiers without an index (None = unknown)."""

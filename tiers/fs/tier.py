@@ -185,7 +185,6 @@ class FsTier(BlockingChunkTier):
                       stale_tmp_s, worker_nice, tmpfile_pool, recycle)  # fmt: skip
         self.io_engine: IoEngine = check_io_engine(self.tier_type, io_engine)
         self.root = Path(root)
-        self.media = (os.path.realpath(self.root),)  # where its chunks live (a chain refuses two tiers on one)
         self.dir = namespace_dir(self.root, self.offloading_spec)
         self.direct_io = direct_io
         self.publish = publish
@@ -224,6 +223,11 @@ class FsTier(BlockingChunkTier):
     def stored_size(self) -> int:
         """Header block plus payload, rounded up to the file system block."""
         return self._chunk_size
+
+    @property
+    def media(self) -> tuple[str, ...]:
+        """The root, resolved when asked (a chain refuses two tiers on one; no I/O at construction)."""
+        return (os.path.realpath(self.root),)
 
     # -- bookkeeping the engines share -----------------------------------------------------
     def _note_gone(self, key: bytes) -> None:

@@ -126,7 +126,6 @@ class NvmeTier(CoalescedJobs):
     ) -> None:
         super().__init__(**kwargs)
         self.paths = _slab_paths(path, paths)
-        self.media = tuple(os.path.realpath(p) for p in self.paths)  # (a chain refuses two tiers on one)
         self.index_dir = check_path("index_dir", index_dir) if index_dir is not None else None
         for name, v in (
             ("preallocate", preallocate),
@@ -165,6 +164,11 @@ class NvmeTier(CoalescedJobs):
         """Bytes one chunk occupies: its whole slot (header block + rounded payload)."""
         geo = self._slabs.geo
         return geo.slot_size if geo is not None else self.offloading_spec.chunk_bytes
+
+    @property
+    def media(self) -> tuple[str, ...]:
+        """The slabs, resolved when asked (a chain refuses two tiers on one; no I/O at construction)."""
+        return tuple(os.path.realpath(p) for p in self.paths)
 
     @property
     def nslots(self) -> int:

@@ -22,7 +22,7 @@ __all__ = ["Scrubber", "redact_text", "redact_url"]
 #: Store config keys (and HTTP header names) whose values are secrets.
 _SECRET_HINTS = ("secret", "token", "key", "password", "sas", "credential", "authorization", "cookie")
 #: Schemes whose URL user info names a container, not a user (abfs://container@account...).
-_CONTAINER_SCHEMES = ("abfs", "abfss", "az", "azure", "adl")
+CONTAINER_SCHEMES = ("abfs", "abfss", "az", "azure", "adl")
 #: obstore appends a multi-line dump of the error's fields; the first lines say it all.
 _DEBUG_DUMP = "\n\nDebug source:"
 _MAX_SHOWN = 600
@@ -42,6 +42,10 @@ def redact_url(url: str) -> str:
         return head
     slashes = len(rest) - len(rest.lstrip("/"))
     authority, slash, path = rest[slashes:].partition("/")
+    if "@" not in authority and ":" in authority and "@" in path.partition("/")[0]:
+        # user:pass with an unencoded "/" in the password: the user info runs to that "@"
+        _, _, after = path.partition("@")
+        authority, slash, path = after.partition("/")
     if "@" in authority:
         authority = authority.rsplit("@", 1)[1]
     return f"{scheme}:{'/' * slashes}{authority}{slash}{path}"
@@ -52,7 +56,7 @@ def redact_text(text: str) -> str:
     return _URL_IN_TEXT.sub(lambda m: m["scheme"] + m["rest"], text)
 
 
-def _is_secret_name(name: str) -> bool:
+def is_secret_name(name: str) -> bool:
     return any(h in name.lower() for h in _SECRET_HINTS)
 
 
@@ -60,7 +64,7 @@ def _url_secrets(value: str) -> list[str]:
     """The password and query values of a URL-like ``value``, as given, decoded and encoded."""
     parts = urlsplit(value)
     out = [p for p in (parts.password, parts.query, parts.fragment) if p]
-    if "@" in value and parts.password is None and parts.username and parts.scheme not in _CONTAINER_SCHEMES:
+    if "@" in value and parts.password is None and parts.username and parts.scheme not in CONTAINER_SCHEMES:
         out.append(parts.username)  # "user@host": the whole user info
     out += [v for _, v in parse_qsl(parts.query or value.partition("?")[2], keep_blank_values=False)]
     return [form for s in out for form in (s, unquote(s), quote(s, safe=""))]
@@ -85,14 +89,18 @@ class Scrubber:
         credentials, secret-looking config values and environment variables, and the URLs
         among the config and client options (a proxy URL may hold a password)."""
         out = [v for v in credentials.values() if isinstance(v, str)]
-        out += [v for k, v in config.items() if isinstance(v, str) and _is_secret_name(k)]
+        out += [v for k, v in config.items() if isinstance(v, str) and is_secret_name(k)]
         if env_prefix:
-            out += [v for k, v in os.environ.items() if k.startswith(env_prefix) and _is_secret_name(k)]
+            out += [v for k, v in os.environ.items() if k.startswith(env_prefix) and is_secret_name(k)]
         headers = client_options.get("default_headers")
         if isinstance(headers, Mapping):  # (an API key sent as a header comes back in a gateway's error body)
-            values = [v for k, v in headers.items() if isinstance(v, str) and _is_secret_name(str(k))]
+            values = [
+                v.decode("latin-1") if isinstance(v, bytes) else v
+                for k, v in headers.items()
+                if isinstance(v, (str, bytes)) and is_secret_name(str(k))
+            ]
             # "Bearer <token>": a gateway may echo the token alone
-            out += values + [v.partition(" ")[2].strip() for v in values if " " in v.strip()]
+            out += values + [parts[1] for v in values if len(parts := v.split(None, 1)) == 2]
         given = [u for u in urls if isinstance(u, str)]
         given += [v for v in (*config.values(), *client_options.values()) if isinstance(v, str) and ":" in v]
         for u in given:

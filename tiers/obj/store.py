@@ -20,8 +20,13 @@ from asynctier.errors import TierConfigError
 
 from .client_errors import is_client_panic
 from .params import Deadlines
+from .redact import CONTAINER_SCHEMES as _CONTAINER_SCHEMES
+from .redact import is_secret_name, redact_url
 from .store_keys import CLIENT_KEYS, check_client_options, check_store_options, check_str, store_kind
 from .url import StoreURL
+
+#: Store config keys that tell two stores of one bucket name apart (another server, account)
+_PLACE_HINTS = ("endpoint", "account", "bucket", "container", "url", "host")
 
 if TYPE_CHECKING:
     from obstore.store import ClientConfig, ObjectStore, RetryConfig
@@ -157,6 +162,28 @@ class StoreOptions:
         cfg.update(self.config)
         cfg.update(self.credentials)
         return cfg
+
+    def place(self) -> tuple[str, ...]:
+        """Where the objects live, as another tier given the same place names it (a chain
+        refuses two tiers on one): a local directory resolved (I/O: asked by a chain only), or
+        the bucket or container and prefix with the endpoint, account and bucket settings that
+        tell two stores apart; none for a store of its own (``memory://``, a store given)."""
+        url = self.url
+        if self.given is not None or url.scheme == "memory":
+            return ()
+        parts = urllib.parse.urlsplit(url.raw)
+        if url.scheme == "file":
+            return (os.path.realpath(urllib.parse.unquote(parts.path)),)
+        scheme = "s3" if url.scheme == "s3a" else url.scheme
+        # the user info of an Azure URL is its container (container@account); others have none to keep
+        host = parts.netloc if scheme in _CONTAINER_SCHEMES else parts.netloc.rsplit("@", 1)[-1]
+        settings = [f"endpoint {redact_url(self.endpoint.rstrip('/'))}" if self.endpoint else "default endpoint"]
+        settings += sorted(
+            f"{k}={redact_url(v) if '://' in v else v}"
+            for k, v in self.config.items()
+            if isinstance(v, str) and not is_secret_name(k) and any(h in k.lower() for h in _PLACE_HINTS)
+        )
+        return (f"{scheme}://{host}{urllib.parse.unquote(parts.path).rstrip('/')} ({', '.join(settings)})",)
 
     def build(self, scrub: Callable[[str], str]) -> ObjectStore:
         """The obstore store (no I/O); any failure of the client, a panic included, is a

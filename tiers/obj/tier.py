@@ -127,7 +127,6 @@ class ObjTier(BlockingChunkTier):
         super().__init__(timeout_s=timeout, **kwargs)
         where = parse_url(url, store_given=store is not None)
         self.url = where.shown
-        self.media = where.media(endpoint, store_given=store is not None)  # (a chain refuses two tiers on one)
         if where.scheme == "memory" and store is None:
             self.persistent = False  # a MemoryStore of its own: a new instance starts empty
         self.part_size = check_part_size(part_size, s3=where.is_s3)
@@ -157,6 +156,11 @@ class ObjTier(BlockingChunkTier):
         self._local_root: str | None = None
         self._prefix = self.offloading_spec.layout_id + "/"
         EXIT.allow_for(self.deadlines.worst_request_s)
+
+    @property
+    def media(self) -> tuple[str, ...]:
+        """Where the objects live (a chain refuses two tiers on one): :meth:`.store.StoreOptions.place`."""
+        return self._options.place()
 
     # -- representation (never credentials) -----------------------------------------------
     def __repr__(self) -> str:

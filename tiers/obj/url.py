@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import posixpath
 from dataclasses import dataclass
 from urllib.parse import unquote, urlsplit
@@ -45,17 +44,6 @@ class StoreURL:
     @property
     def is_s3(self) -> bool:
         return self.scheme in ("s3", "s3a")
-
-    def media(self, endpoint: object, *, store_given: bool) -> tuple[str, ...]:
-        """Where the objects live, as another tier given the same place names it: a local
-        directory resolved, a bucket and prefix with the endpoint; none for a store of its
-        own (``memory://``, or a store object given)."""
-        if store_given or self.scheme == "memory":
-            return ()
-        if self.scheme == "file":
-            return (os.path.realpath(unquote(urlsplit(self.raw).path)),)
-        at = redact_url(endpoint.rstrip("/")) if isinstance(endpoint, str) else "the default endpoint"
-        return (f"{self.shown.rstrip('/')} at {at}",)
 
 
 def parse_url(url: object, *, store_given: bool) -> StoreURL:

@@ -110,9 +110,6 @@ class ValkeyTier(AsyncChunkTier):
         self.url = self._target.shown
         self.cluster = self._target.cluster
         self.key_prefix = check_key_prefix(key_prefix)
-        # where its chunks live, one name per server it is given (a chain refuses two tiers on one)
-        db = self._target.db
-        self.media = tuple(f"valkey {h}:{p} db {db}, key_prefix {self.key_prefix!r}" for h, p in self._target.seeds)
         self.ttl_s = None if ttl_s is None else seconds("ttl_s", ttl_s, zero_ok=False)
         self._px = None if self.ttl_s is None else max(1, round(self.ttl_s * 1000))
         self.pipeline_bytes = integer("pipeline_bytes", pipeline_bytes)
@@ -150,6 +147,12 @@ class ValkeyTier(AsyncChunkTier):
         if not self._target.tls:  # after the type check: a wrong type is named as such first
             raise TierConfigError("tls_ca_file is for TLS urls (rediss://, valkeys://) only")
         return os.fspath(value)
+
+    @property
+    def media(self) -> tuple[str, ...]:
+        """Where its chunks live, one name per server it is given (a chain refuses two tiers on one)."""
+        db = self._target.db
+        return tuple(f"valkey {h}:{p} db {db}, key_prefix {self.key_prefix!r}" for h, p in self._target.seeds)
 
     # -- representation (never credentials) -----------------------------------------------
     def __repr__(self) -> str:
