@@ -830,6 +830,12 @@ def test_a_chain_members_secrets_are_hidden_in_what_bench_stores() -> None:
     ]})  # fmt: skip
     assert "hunter2secret" not in json.dumps(got) and "s3cr3t-value" not in json.dumps(got), got
     assert got["tiers"][0]["url"] == "redis://***@127.0.0.1:1"
+    headers = {"Authorization": "Bearer sk-live-1", "x-api-key": "k-2", "Cookie": "c-3", "accept": "text/xml"}
+    cfg = {"config": {"account_key": "a-4", "service_account_key": "s-5", "account_name": "acct"},
+           "client_options": {"default_headers": headers}, "key_prefix": "kv:"}  # fmt: skip
+    shown = json.dumps(redact(cfg))
+    assert not any(s in shown for s in ("sk-live-1", "k-2", "c-3", "a-4", "s-5")), shown
+    assert all(s in shown for s in ("text/xml", "acct", "kv:")), shown  # (names, not secrets)
 
 
 def test_selfcheck_primary_buffer_is_page_aligned_so_fs_does_not_warn(
@@ -1176,3 +1182,14 @@ def test_a_python_spelling_in_a_param_gets_the_json_hint() -> None:
     the string, since --param values are JSON."""
     r = CliRunner().invoke(main, ["selfcheck", "--tier", "memory", "--chunks", "2", "--param", "verify=True"])
     assert r.exit_code == 2 and "read as JSON: true, false, null" in r.output, r.output
+    r = CliRunner().invoke(main, ["selfcheck", "--tier", "memory", "--param", "bogus=None"])  # not about 'None'
+    assert r.exit_code == 2 and "read as JSON" not in r.output and "--param KEY=VALUE" in r.output, r.output
+
+
+def test_selfcheck_builds_no_tree_under_a_literal_dir_placeholder(tmp_path: Path) -> None:
+    """Only bench puts its own directory in place of ``{dir}``: selfcheck skipped the check for
+    such a root and built ``a/{dir}/b/c``."""
+    root = tmp_path / "a" / "{dir}" / "b"
+    r = CliRunner().invoke(main, ["selfcheck", "--tier", "fs", "--chunks", "2", "--param", f"root={root}"])
+    assert r.exit_code == 2 and "neither does its parent" in r.output, r.output
+    assert not (tmp_path / "a").exists()

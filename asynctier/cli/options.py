@@ -101,14 +101,14 @@ def parse_params(items: tuple[str, ...]) -> dict[str, Any]:
     return out
 
 
-def json_hint(config: Any) -> str:
-    """A note for an error about a config that holds a Python spelling among its ``--param``
+def json_hint(config: Any, error: str) -> str:
+    """A note for an ``error`` that quotes a Python spelling among a config's ``--param``
     values ("True", "None"): they are read as JSON, where those are strings."""
     if isinstance(config, dict):
-        return next((h for v in config.values() if (h := json_hint(v))), "")
+        return next((h for v in config.values() if (h := json_hint(v, error))), "")
     if isinstance(config, list):
-        return next((h for v in config if (h := json_hint(v))), "")
-    if config in ("True", "False", "None"):
+        return next((h for v in config if (h := json_hint(v, error))), "")
+    if config in ("True", "False", "None") and repr(config) in error:
         return f" (--param values are read as JSON: true, false, null; {config!r} is a string there)"
     return ""
 

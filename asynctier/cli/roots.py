@@ -37,11 +37,12 @@ def local_places(config: Mapping[str, Any]) -> list[tuple[str, str]]:
     return out
 
 
-def check_creatable(where: str, config: Mapping[str, Any]) -> None:
+def check_creatable(where: str, config: Mapping[str, Any], *, placeholders: bool = False) -> None:
     """Refuse a config whose missing root could only be made by creating its parents too (a
-    chain's members too; a place under ``{dir}`` is the command's own, made for it)."""
+    chain's members too). ``placeholders``: a place under ``{dir}`` is the command's own,
+    made for it (bench's tier files), not checked."""
     for key, place in (kp for cfg in nested_configs(config) for kp in local_places(cfg)):
-        if os.path.exists(place) or "{dir}" in place:
+        if os.path.exists(place) or (placeholders and "{dir}" in place):
             continue
         parent = os.path.dirname(os.path.abspath(place))
         if not os.path.isdir(parent):

@@ -118,7 +118,7 @@ def selfcheck(tier_type: str, chunk_bytes: int, num_chunks: int, params: tuple[s
         check_creatable("--param", config)
         report = run_async(roundtrip(config, chunk_bytes, num_chunks))
     except TierConfigError as e:
-        hint = json_hint(given) or " (tier parameters go in with --param KEY=VALUE)"
+        hint = json_hint(given, str(e)) or " (tier parameters go in with --param KEY=VALUE)"
         raise click.UsageError(f"{e}{hint}") from None
     except _NotVerified as e:
         raise CliError(f"selfcheck failed: {e}", ExitCode.NOT_VERIFIED) from None

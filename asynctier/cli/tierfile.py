@@ -246,12 +246,20 @@ def uses_dir(value: Any) -> bool:
 _URL_USERINFO = re.compile(r"(\b[A-Za-z][A-Za-z0-9+.-]*://)\S*@")
 
 
+#: Names whose values are secrets: credentials, and header names such as Authorization, Cookie
+#: and x-api-key (``key_prefix``, a name, stays shown)
+_SECRET_NAME = re.compile(
+    r"secret|password|passwd|token|credential|access_key|key_id|sas|authorization|cookie|(^|[_-])key$|api[_-]?key",
+    re.IGNORECASE,
+)
+
+
 def redact(config: Mapping[str, Any]) -> dict[str, Any]:
     """A config safe to print or store: values of secret-looking keys hidden, and the user
     info of URLs (``redis://:password@host``)."""
     out: dict[str, Any] = {}
     for k, v in config.items():
-        if re.search(r"secret|password|token|credential|access_key|key_id|sas", str(k), re.IGNORECASE):
+        if _SECRET_NAME.search(str(k)):
             out[k] = "***"
         else:
             out[k] = _redact_value(v)

@@ -118,7 +118,7 @@ def _check_tiers(opts: BenchOptions, named: tuple[str, ...], tfile: TierFile | N
         try:
             SecondaryTierFactory.create_secondary_tier(cfg, aligned_buffer(chunk), spec)
             # a root given as it is (not under --root) is made only where its parent exists
-            check_creatable(f"[tiers.{name}]", opts.tiers[name])
+            check_creatable(f"[tiers.{name}]", opts.tiers[name], placeholders=True)
         except TierConfigError as e:
             raise click.BadParameter(f"{name!r}: {e}", param_hint="--tier" if name in named else "--config") from None
         except Exception:  # anything else shows at the tier's first point, as a failed point
