@@ -461,6 +461,8 @@ def test_the_scrubber_masks_header_secrets_and_leaves_short_values_and_container
         None,
     ).scrub  # fmt: skip
     assert scrub("401: token eyJhbGciOiJIUzI1NiJ9.tok expired") == "401: token *** expired"
+    as_bytes = Scrubber.for_store([], {}, {}, {"default_headers": {"Authorization": b"Bearer\tbytes-tok-123"}}, None)
+    assert as_bytes.scrub("401 for bytes-tok-123") == "401 for ***"  # bytes values, any whitespace
     assert (
         scrub("403: x-api-key=gw-apikey-5f1c0ffee accept=application/xml")
         == "403: x-api-key=*** accept=application/xml"

@@ -118,6 +118,10 @@ def test_nvme_paths_take_path_objects(tmp_path: Path) -> None:
             {"type": "chain", "tiers": [{"type": "memory", "admit": {"policy": ["second_hit"]}}]},
             r"admit policy must be one of .*; got \[.second_hit.\]",
         ),
+        (
+            {"type": "chain", "tiers": [{"type": "memory", "admit": {"policy": "second_hit", 1: 2, "b": 3}}]},
+            r"admit keys must be strings; got 1",
+        ),
     ],
 )
 def test_odd_config_shapes_are_refused_with_a_config_error(config: dict[Any, Any], match: str) -> None:

@@ -192,6 +192,9 @@ def make_policy(value: object, spec: OffloadingSpec, where: str) -> AdmissionPol
     if isinstance(value, Mapping):
         cfg: dict[str, Any] = dict(value)
         kind = cfg.pop("policy", None)
+        odd = [k for k in cfg if not isinstance(k, str)]
+        if odd:
+            raise TierConfigError(f"{where}: admit keys must be strings; got {odd[0]!r:.80}")
         if not isinstance(kind, str) or kind not in _FIELDS:
             raise TierConfigError(f"{where}: admit policy must be one of {', '.join(map(repr, _FIELDS))}; got {kind!r}")
         unknown = sorted(set(cfg) - set(_FIELDS[kind]))
