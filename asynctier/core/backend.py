@@ -46,7 +46,7 @@ __all__ = [
     "after_fork_in_child",
     "in_this_process",
     "lock_held_by",
-    "task_cancelled",
+    "own_cancellation",
 ]
 
 T = TypeVar("T")
@@ -368,17 +368,25 @@ def watch_readable(fd: int, callback: Callable[[], object], busy: Callable[[], b
 _service_tasks: set[asyncio.Task[None]] = set()  # asyncio keeps only weak references to tasks
 
 
-def task_cancelled() -> bool:
-    """Whether the running task itself is being cancelled, as against a cancellation raised
-    out of a future cancelled inside the code it awaited (a client's own). Only asyncio
-    needs asking: it cancels a task once (``asyncio.run`` ending), so a service that turned
-    that cancellation into a job's failure would wait for work for ever. On trio a
-    cancellation is raised again at the next await: False. Python 3.10 cannot tell
-    (``Task.cancelling`` is 3.11's): False."""
-    if sniffio.current_async_library() != "asyncio":
-        return False
-    cancelling = getattr(asyncio.current_task(), "cancelling", None)
-    return cancelling is not None and bool(cancelling() > 0)
+def own_cancellation() -> Callable[[], None]:
+    """For a service task (an engine's worker): a check to run after each job, raising the
+    task's own cancellation if it came while the job ran. asyncio cancels a task once
+    (``asyncio.run`` ending), and the job's code may have turned it into its failure (a
+    chunk's ``ConnectionAbortedError``, a client's own error) or swallowed it: the worker
+    would then wait for work for ever and the run would never end. A cancellation raised
+    out of a future cancelled inside the job (a client's own) leaves the task's count at 0.
+    trio raises a cancellation again at the next await, and Python 3.10 cannot tell
+    (``Task.cancelling`` is 3.11's): the check does nothing there."""
+    task = asyncio.current_task() if sniffio.current_async_library() == "asyncio" else None
+    cancelling = getattr(task, "cancelling", None)
+    if cancelling is None:
+        return _nothing
+
+    def check() -> None:
+        if cancelling() > 0:
+            raise asyncio.CancelledError
+
+    return check
 
 
 def spawn_service(fn: Callable[[], Awaitable[None]], name: str) -> None:

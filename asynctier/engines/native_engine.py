@@ -44,9 +44,9 @@ from ..core.backend import (
     event_class,
     loop_caller,
     loop_soon,
+    own_cancellation,
     run_on_thread_to_end,
     spawn_service,
-    task_cancelled,
     wait_uninterrupted,
 )
 from ..core.jobs import DONE, Batch, Job
@@ -408,23 +408,21 @@ class NativeEngine(EngineCounters):
 
     async def _work(self) -> None:
         slow = self._slow
+        cancelled = own_cancellation()
         try:
             while True:
                 if slow:
                     job, fn = slow.popleft()
-                    ending: BaseException | None = None
                     try:
                         job.result = await fn()
                     except anyio.get_cancelled_exc_class() as e:
                         # workers are not cancelled by callers: the loop ending, or a cancelled future inside
                         job.exc = ConnectionAbortedError(f"chunk I/O cancelled inside the tier: {e!r}")
-                        ending = e if task_cancelled() else None
                     except BaseException as e:  # delivered to the caller as that chunk's failure
                         job.exc = e
                     self._over(job)
                     del job, fn  # an idle worker must not keep the last job (and through it the tier) alive
-                    if ending is not None:  # this worker was cancelled (its loop ends): out, failing the rest
-                        raise ending
+                    cancelled()  # this worker's own (its loop ends), whatever the job made of it: out
                     if self._heap:
                         self._pump()
                     continue

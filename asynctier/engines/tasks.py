@@ -23,8 +23,8 @@ from ..core.backend import (
     current_loop,
     event_class,
     loop_caller,
+    own_cancellation,
     spawn_service,
-    task_cancelled,
     wait_uninterrupted,
 )
 from ..core.jobs import DONE, Batch, Job
@@ -77,6 +77,7 @@ class TaskEngine(EngineCounters):
             n -= 1
 
     async def _work(self) -> None:
+        cancelled = own_cancellation()
         try:
             while True:
                 job = self._claim()
@@ -87,13 +88,12 @@ class TaskEngine(EngineCounters):
                     self._idle.append(wake)
                     await wake.wait()
                     continue
-                ending = await self._body(job)
+                await self._body(job)
                 self._in_flight -= 1
                 job.state = DONE
                 job.batch.one_done()
                 del job  # an idle worker must not keep the last job (and through it the tier) alive
-                if ending is not None:  # this worker was cancelled (its loop ends): out, failing the rest
-                    raise ending
+                cancelled()  # this worker's own (its loop ends), whatever the job made of it: out, failing the rest
         finally:
             # also when the loop ends, cancelling the workers as they wait for work: the last one
             # out refuses new jobs and fails those still queued, whose callers (a chain's
@@ -106,19 +106,15 @@ class TaskEngine(EngineCounters):
                     self._ended.set()
 
     @staticmethod
-    async def _body(job: Job) -> BaseException | None:
-        """Run ``job``; the cancellation to re-raise once it is booked if the worker itself was
-        cancelled (its loop ends), else None."""
+    async def _body(job: Job) -> None:
         try:
             coro: Awaitable[Any] = job.fn(*job.args)
             job.result = await coro
         except anyio.get_cancelled_exc_class() as e:
             # workers are not cancelled by callers: the loop ending, or a cancelled future inside the primitive
             job.exc = ConnectionAbortedError(f"chunk I/O cancelled inside the tier: {e!r}")
-            return e if task_cancelled() else None
         except BaseException as e:  # delivered to the caller as that chunk's failure
             job.exc = e
-        return None
 
     def _wake_all(self) -> None:
         idle, self._idle = self._idle, []
