@@ -239,6 +239,29 @@ def test_a_truncated_copy_without_a_count_fails_every_check_not_every_other() ->
     run_on_backend("asyncio", check)
 
 
+def test_a_truncated_copy_fails_after_a_read_that_raised_too() -> None:
+    """The first fix flipped the reused buffer's last byte before each read until a read came
+    back without a count: a read that raised (a miss) left it flipped, and the next short copy
+    flipped it back onto the whole record the store had framed there. It passed."""
+    _SHORT.clear()
+    spec = OffloadingSpec(4096, 8, namespace="integrity/short-after-miss")
+    buf = bytearray(spec.total_bytes)
+    buf[:4096] = bytes(range(256)) * 16
+    config = {"type": "SloppyBlockingTier", "module_path": __name__, "max_inflight": 1}
+    tier = SecondaryTierFactory.create_secondary_tier(config, memoryview(buf), spec)
+
+    async def check() -> None:
+        async with tier:
+            assert (await tier.offload([b"key-k"], [0])).ok  # framed in the thread's buffer
+            _SHORT[b"key-k"] = _SHORT[b"key-k"][: len(_SHORT[b"key-k"]) // 2]
+            assert not (await tier.load([b"key-m"], [1])).ok  # read_chunk raises (a key of the same length)
+            for _ in range(3):
+                res = await tier.verify_chunks([b"key-k"])
+                assert isinstance(res.failed.get(b"key-k"), IntegrityError), res
+
+    run_on_backend("asyncio", check)
+
+
 class AsyncFlippingNamingTier(AsyncFlippingDictTier):
     """Records which hook dropped a bad copy."""
 

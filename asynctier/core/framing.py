@@ -46,17 +46,30 @@ class Framing:
         buf: bytearray | None = getattr(self._scratch, "buf", None)
         if buf is None or len(buf) < n:
             buf = self._scratch.buf = bytearray(n)
+            self._scratch.whole = set()
         return memoryview(buf)[:n]
+
+    def _held_whole(self, record: memoryview) -> None:
+        """The thread's buffer holds a whole record of ``record``'s length (framed, or read and
+        checked): a later read spoils its last byte first."""
+        if record.obj is getattr(self._scratch, "buf", None):
+            self._scratch.whole.add(record.nbytes)
 
     def read_buffer(self, key: bytes, *, per_thread: bool) -> memoryview:
         """:meth:`buffer` for a read. A short copy into a reused buffer would leave an earlier
         record's tail there (this key's, whole: it passes the checksum), and only a count
         tells it: once ``read_chunk`` has returned none, every read gets a fresh buffer. Until
-        then the reused buffer's last byte is changed first (a count then tells the rest)."""
+        then the last byte of each whole record the buffer held since is changed first: each
+        one once (a byte changed twice would be the old one again), so a short copy never
+        ends on a whole record's tail, and a count tells the rest."""
         if self._uncounted:
             per_thread = False
         out = self.buffer(key, per_thread=per_thread)
-        out[-1] ^= 0xFF
+        if per_thread:
+            buf, whole = self._scratch.buf, self._scratch.whole
+            for n in whole:
+                buf[n - 1] ^= 0xFF
+            whole.clear()
         return out
 
     def check_filled(self, key: bytes, record: memoryview, filled: object) -> bool:
@@ -78,6 +91,7 @@ class Framing:
         if not counted:
             self._uncounted = True
         self.unframe(key, record, out, check_data=self.verify or not counted)
+        self._held_whole(record)
 
     def frame(self, key: bytes, payload: memoryview, *, per_thread: bool) -> memoryview:
         """Header and payload of ``key`` as one read-only record."""
@@ -86,6 +100,8 @@ class Framing:
         h = len(header)
         out[:h] = header
         out[h:] = payload
+        if per_thread:
+            self._held_whole(out)
         return out.toreadonly()
 
     def unframe(self, key: bytes, record: memoryview, out: memoryview, *, check_data: bool | None = None) -> None:
