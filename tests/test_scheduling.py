@@ -958,3 +958,22 @@ def test_a_breaker_closed_by_another_answer_counts_the_late_probes_failure_as_on
     assert b.state == "closed"
     b.failure(probe=True)  # the probe's late failure
     assert b.state == "closed" and b.before() is False
+
+
+def test_a_breaker_lets_one_probe_out_at_a_time_even_after_another_answer_closed_it() -> None:
+    """Clearing the probe's flag when another request's answer closed the breaker let a
+    second probe out while the first was still out (a re-review's sequence)."""
+    from asynctier.core.breaker import Breaker
+    from asynctier.errors import TierUnavailableError
+
+    b = Breaker(threshold=2, cooldown_s=0.0)
+    b.failure(probe=False)
+    b.failure(probe=False)
+    assert b.before() is True  # P1, the probe, goes out
+    b.success(probe=False)  # an older request's answer closes the breaker
+    b.failure(probe=False)
+    b.failure(probe=False)  # open again
+    with pytest.raises(TierUnavailableError):
+        b.before()  # P1 is still out: no second probe
+    b.neutral(probe=True)  # P1 ends
+    assert b.before() is True

@@ -63,7 +63,8 @@ class Breaker:
             self._failures = 0
             if probe or self._open_until is not None:
                 self._open_until = None
-                self._probing = False  # (a probe still out is an ordinary request now)
+            if probe:  # (one still out after another answer closed the breaker stays the one probe)
+                self._probing = False
 
     def failure(self, probe: bool) -> None:
         """The request failed in a way that says the medium is not reachable."""
