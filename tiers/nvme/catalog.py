@@ -26,7 +26,7 @@ from . import bulk as _py_bulk
 from .checkpoint import Checkpoint, read_checkpoint, write_checkpoint
 from .files import TEMP_MARK, IndexDir
 from .format import EVICT, PUBLISH, pack_record, pack_records
-from .journal import Journal, replay
+from .journal import Journal, damage_of, replay
 from .slots import PICK_MAX, SlotIndex, release_in_steps
 
 _slot_of = operator.itemgetter(1)  # of a record (key, slot, seq, csum)
@@ -162,13 +162,15 @@ class Catalog:
         if ck is not None:
             idx.load(ck)
         for g in gens:
+            if ck is not None and g < ck.gen:
+                continue
             name = f"{base}.journal.{g:08d}"  # (Journal.name)
-            done = replay(where.read(name), slab_id, nslots, idx) if ck is None or g >= ck.gen else None
-            if done is not None and done.damaged:
+            data = where.read(name)
+            damage = damage_of(data, replay(data, slab_id, nslots, idx))
+            if damage:
                 raise MediumDamagedError(
-                    f"nvme: the journal {str(where.path / name)!r} has {done.damaged} damaged record(s) between "
-                    "valid ones: the chunk each recorded is lost. An open that may create skips them and serves "
-                    "the rest. Nothing was written (create=False)"
+                    f"nvme: the journal {str(where.path / name)!r}: {damage}. An open that may create serves the "
+                    "rest and counts the loss (journal_damaged). Nothing was written (create=False)"
                 )
 
     def recover(self, fresh: bool) -> None:
@@ -192,17 +194,20 @@ class Catalog:
         elif not fresh and gens:
             start_gen = gens[0]
         last_gen, last_end = 0, None
+        damaged = False
         if not fresh:
             for g in gens:
                 if g < start_gen:
                     continue
-                done = replay(where.read(journal.name(g)), self.slab_id, nslots, idx)
+                data = where.read(journal.name(g))
+                done = replay(data, self.slab_id, nslots, idx)
                 if done is not None:
                     last_gen, last_end = g, done.end
-                    if done.damaged:
-                        log.warning("nvme: the journal %s had %d damaged record(s) between valid ones, skipped: "
-                                    "the chunk each recorded is lost", journal.name(g), done.damaged)  # fmt: skip
-                        self._count("journal_records_damaged", done.damaged)
+                damage = damage_of(data, done)
+                if damage:
+                    damaged = True
+                    log.warning("nvme: the journal %s: %s", journal.name(g), damage)
+                    self._count("journal_damaged", max(1, done.damaged if done is not None else 1))
         # drop what recovery did not use: older generations, other slab sets
         for g in gens:
             if fresh or g < start_gen or (g > last_gen and last_gen):
@@ -215,7 +220,7 @@ class Catalog:
             journal.open_gen(max(start_gen, 1), None)
         idx.rebuild_free()
         self._count("recovered_chunks", len(idx.entries))
-        if lost:  # the loss accepted: a checkpoint now, or every open until the next would find it again
+        if lost or damaged:  # the loss accepted: a checkpoint now, or every open until the next finds it again
             self.checkpoint()
 
     def start_checkpointer(self, fds: list[int]) -> None:

@@ -287,10 +287,29 @@ class Journal:
 
 class Replayed(NamedTuple):
     """What :func:`replay` made of a generation: the end of its last valid record (the
-    caller cuts the file there), and the damaged stretches it skipped between valid records."""
+    caller cuts the file there), and the damaged stretches it skipped between valid records
+    (how many, and their bytes)."""
 
     end: int
     damaged: int
+    damaged_bytes: int = 0
+
+
+def damage_of(data: bytes | None, done: Replayed | None) -> str | None:
+    """What :func:`replay` of ``data`` (giving ``done``) found damaged on the medium, said for a
+    log line or an error; None if nothing. A header that fails with records after it is
+    damage (every record of the generation is lost); an empty or headerless file is what a
+    kill leaves while a generation is made."""
+    if done is None:
+        if data is not None and len(data) > JOURNAL_HEAD.size + 8:
+            return f"its header is damaged: the {len(data)} bytes of records after it are lost"
+        return None
+    if done.damaged:
+        return (
+            f"{done.damaged} damaged stretch(es) ({done.damaged_bytes} bytes) between valid records: the chunks "
+            "recorded there are lost"
+        )
+    return None
 
 
 def _next_record(data: bytes, off: int, nslots: int) -> int | None:
@@ -339,7 +358,7 @@ def replay(data: bytes | None, slab_id: bytes, nslots: int, index: SlotIndex) ->
     seqs = index.slot_seq
     csums = index.slot_csum
     put = index.put
-    damaged = 0
+    damaged = damaged_bytes = 0
     valid_end = off
     while off + rs + 8 <= n:
         typ, _, klen, slot, seq, csum = RECORD.unpack_from(data, off)
@@ -350,6 +369,7 @@ def replay(data: bytes | None, slab_id: bytes, nslots: int, index: SlotIndex) ->
             if after is None:
                 break  # torn tail
             damaged += 1
+            damaged_bytes += after - off
             off = after
             continue
         key = data[off + rs : end]
@@ -360,4 +380,4 @@ def replay(data: bytes | None, slab_id: bytes, nslots: int, index: SlotIndex) ->
         elif entries.get(key) == slot and seqs[slot] == seq:
             index.drop(key)
         off = valid_end = end + 8
-    return Replayed(valid_end, damaged)
+    return Replayed(valid_end, damaged, damaged_bytes)
