@@ -28,6 +28,7 @@ from valkey_helpers import (
 from asynctier import OffloadingSpec, SecondaryTierFactory, TierConfigError
 from asynctier.errors import failure_kind
 from asynctier.integrity import checksum, pack_header
+from asynctier.tiers.valkey.errors import ValkeyIOError
 
 __all__ = ["valkey_single"]
 
@@ -215,6 +216,46 @@ def test_wrong_password_fails_each_key_without_showing_it(own_server: ValkeyProc
             c.config_set("requirepass", "")
 
 
+def test_an_acl_without_exists_or_scan_is_said_not_mistaken_for_an_empty_tier(own_server: ValkeyProcess) -> None:
+    """A user allowed GET and SET only: lookups answered "not stored" without a word (a prefix
+    cache then never loads), and stored_keys raised the client's own exception (fsck crashed)."""
+    with contextlib.closing(own_server.client()) as c:
+        c.execute_command("ACL", "SETUSER", "cache", "on", ">pw-cache", "~*", "+get", "+set", "+ping", "+hello")
+    r = Rig(url=own_server.url.replace("//", "//cache:pw-cache@"), key_prefix="acl")
+
+    async def main() -> None:
+        async with r.tier:
+            assert (await r.tier.offload(keys(2), [0, 1])).ok
+            assert await r.tier.lookup(keys(2)) == [False, False]
+            assert r.tier.stats().extra["lookup_errors"] == 1
+            with pytest.raises(ValkeyIOError, match=r"listing the tier's keys: the server refused .*scan"):
+                await r.tier.stored_keys()
+            assert r.tier.breaker_state == "closed"
+
+    run(main)
+
+
+def test_touch_without_ttl_is_a_use_for_the_servers_eviction(own_server: ValkeyProcess) -> None:
+    """Without ``ttl_s`` touch() did nothing, so the server's LRU or LFU never saw the prefixes
+    a server touches; now it sends TOUCH (an access: LFU's counter goes up)."""
+    with contextlib.closing(own_server.client()) as c:
+        c.config_set("maxmemory-policy", "allkeys-lfu")
+        r = Rig(url=own_server.url, key_prefix="touch")
+
+        async def main() -> None:
+            async with r.tier:
+                assert (await r.tier.offload(keys(1), [0])).ok
+                name = r.tier.name_of(keys(1)[0])
+                before = c.execute_command("OBJECT", "FREQ", name)
+                await r.tier.touch(keys(1))
+                assert c.execute_command("OBJECT", "FREQ", name) > before
+
+        try:
+            run(main)
+        finally:
+            c.config_set("maxmemory-policy", "noeviction")
+
+
 def test_password_from_the_environment(own_server: ValkeyProcess, monkeypatch: pytest.MonkeyPatch) -> None:
     with contextlib.closing(own_server.client()) as c:
         c.config_set("requirepass", SECRET)
@@ -393,6 +434,20 @@ def test_fsck_lists_and_verifies_what_is_stored(valkey_single: ValkeyProcess, pr
                 assert r.tier.stats().extra["bad_chunks_found"] == 2
 
         run(main)
+
+
+def test_fsck_of_a_server_that_is_down_says_it_cannot_check(tmp_path: Path) -> None:
+    """The listing raised the client's own ConnectionError: a traceback and exit 1 ("bad
+    chunks found"); now exit 4, "cannot check"."""
+    from click.testing import CliRunner
+
+    from asynctier.cli import main
+
+    cfg = tmp_path / "down.toml"
+    cfg.write_text('[spec]\nchunk_bytes = 4096\n\n[tiers.kv]\ntype = "valkey"\nurl = "redis://127.0.0.1:1"\n'
+                   "timeout_s = 1\nmax_retries = 0\n")  # fmt: skip
+    r = CliRunner().invoke(main, ["fsck", "--config", str(cfg)])
+    assert r.exit_code == 4 and "cannot check: listing the tier's keys: valkey server unreachable" in r.output, r.output
 
 
 def test_lookup_is_batched_exists_and_batches_are_pipelined(valkey_single: ValkeyProcess, prefix: str) -> None:

@@ -109,6 +109,37 @@ def test_a_slot_migration_is_followed_transparently(valkey_cluster3: ValkeyClust
     anyio.run(main, backend="asyncio")
 
 
+def test_a_wrong_password_on_a_cluster_is_a_refusal_not_an_unreachable_cluster(
+    valkey_cluster3: ValkeyCluster3,
+) -> None:
+    """valkey-py reports a refused password while it reads the layout as a cluster it cannot
+    connect to: every key failed ``unavailable`` and the breaker opened, where the docs (and
+    one server) say ``io``, breakers closed."""
+    for n in valkey_cluster3.nodes:
+        with contextlib.closing(n.client()) as c:
+            c.config_set("requirepass", "right-pw")
+    try:
+        url = "redis://default:wrong-pw@" + valkey_cluster3.url[len("redis://") :]
+        buf = bytearray(SPEC.total_bytes)
+        tier: Any = SecondaryTierFactory.create_secondary_tier(
+            {"type": "valkey", "url": url, "key_prefix": "auth", "breaker_threshold": 2}, memoryview(buf), SPEC
+        )
+
+        async def main() -> None:
+            async with tier:
+                for _ in range(3):
+                    res = await tier.offload([b"a", b"b"], [0, 1])
+                    assert {failure_kind(e) for e in res.failed.values()} == {"io"}, res.failed
+                    assert all("wrong-pw" not in str(e) for e in res.failed.values())
+                assert tier.breaker_state == "closed"
+
+        anyio.run(main, backend="asyncio")
+    finally:
+        for n in valkey_cluster3.nodes:
+            with contextlib.closing(n.client(password="right-pw")) as c:
+                c.config_set("requirepass", "")
+
+
 def test_a_node_that_dies_fails_its_keys_and_nothing_hangs(tmp_path: Path) -> None:
     """A primary killed under the tier: every key loads byte-exact or fails with a per-key
     error within the deadline; the cluster's other slots go on serving after it."""

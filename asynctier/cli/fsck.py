@@ -11,7 +11,7 @@ from typing import Any
 
 import click
 
-from ..errors import TierConfigError, TierStateError
+from ..errors import ChunkError, TierConfigError, TierStateError
 from ..factory import SecondaryTierFactory, accepted_parameters
 from ..spec import OffloadingSpec
 from .exits import EXIT_CODES_HELP, CliError, ExitCode
@@ -282,7 +282,8 @@ def fsck(
         reports = run_async(_check_all(targets, spec, remove))
     except TierConfigError as e:
         raise click.UsageError(str(e)) from None
-    except (OSError, TierStateError) as e:  # no permission, a failing disk, a slab in use: said, not a traceback
+    except (OSError, TierStateError, ChunkError) as e:  # no permission, a failing disk, a slab in use, a
+        # server down (a listing's failure): said, not a traceback
         raise CliError(f"cannot check: {e}", ExitCode.CANNOT_RUN) from None
     if as_json:
         click.echo(json.dumps([{**asdict(r), "clean": r.clean} for r in reports], indent=2))

@@ -13,9 +13,19 @@ from valkey.asyncio.cluster import ClusterNode, PipelineCommand, ValkeyCluster
 from valkey.asyncio.retry import Retry
 from valkey.backoff import ExponentialBackoff
 
+from .errors import refused
 from .url import Target
 
-__all__ = ["Client", "ClientOptions", "UNREACHABLE", "ValkeyCluster", "build_client", "run_pipeline", "scan_names"]
+__all__ = [
+    "Client",
+    "ClientOptions",
+    "UNREACHABLE",
+    "ValkeyCluster",
+    "build_client",
+    "run_pipeline",
+    "scan_names",
+    "unreachable",
+]
 
 Client = Valkey | ValkeyCluster
 #: A command: its name and arguments (bytes or ints).
@@ -120,7 +130,7 @@ async def run_pipeline(client: Client, commands: Sequence[Command]) -> list[Any]
         # the client resets every node's connections when one fails, and commands in flight
         # on them failed too, each dropping its node from the startup nodes until none was left
         replies = [await _alone(client, cmd) for cmd in joined]
-        if all(isinstance(r, UNREACHABLE) for r in replies):
+        if all(unreachable(r) for r in replies):
             raise replies[0] from None
         return replies
     for i, r in enumerate(replies):
@@ -181,6 +191,12 @@ async def _run_packed(client: Valkey, commands: Sequence[Command]) -> list[Any]:
 #: A node that did not answer (as :func:`.errors.map_client_error` reads it): a reply of a
 #: cluster batch that one node failed.
 UNREACHABLE = (vx.ConnectionError, vx.TimeoutError, TimeoutError, OSError, vx.ClusterDownError)
+
+
+def unreachable(reply: object) -> bool:
+    """Whether a reply says its node did not answer: an :data:`UNREACHABLE` error, but not a
+    refused password (valkey-py's AuthenticationError is a ConnectionError: the server answered)."""
+    return isinstance(reply, UNREACHABLE) and not refused(reply)
 
 
 async def _alone(client: ValkeyCluster, cmd: Command) -> Any:

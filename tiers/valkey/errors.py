@@ -7,13 +7,33 @@ from valkey import exceptions as vx
 
 from asynctier.errors import CapacityError, ChunkError, ChunkTimeoutError, IntegrityError, TierUnavailableError
 
-__all__ = ["ValkeyIOError", "map_client_error"]
+__all__ = ["ValkeyIOError", "map_client_error", "refused"]
 
 
 class ValkeyIOError(ChunkError):
     """The server refused a command (an error reply other than out-of-memory), or the client failed."""
 
     kind = "io"
+
+
+#: Refused credentials or commands, as a cluster client's failure to read the layout says them
+#: (it raises ValkeyClusterException with the cause in its text only)
+_REFUSED = ("invalid username-password pair", "WRONGPASS", "NOAUTH", "NOPERM", "Authentication required")
+
+
+def refused(exc: BaseException) -> bool:
+    """Whether ``exc``, or an error it came from, is the server refusing the credentials or a
+    command: an answer (valkey-py makes AuthenticationError a ConnectionError)."""
+    seen: set[int] = set()
+    e: BaseException | None = exc
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, (vx.AuthenticationError, vx.AuthorizationError, vx.NoPermissionError)):
+            return True
+        if any(r in str(e) for r in _REFUSED):
+            return True
+        e = e.__cause__ or e.__context__
+    return False
 
 
 def map_client_error(exc: BaseException, key: bytes, text: str) -> tuple[ChunkError, bool]:
@@ -29,7 +49,7 @@ def map_client_error(exc: BaseException, key: bytes, text: str) -> tuple[ChunkEr
         return ChunkTimeoutError(f"the server did not answer in time: {text}", key), False
     if isinstance(exc, vx.BusyLoadingError):
         return TierUnavailableError(f"the server is loading its data set: {text}", key), False
-    if isinstance(exc, (vx.AuthenticationError, vx.AuthorizationError, vx.NoPermissionError)):
+    if refused(exc):  # (before the cluster client's "cannot be connected", which may say this)
         return ValkeyIOError(f"the server refused the credentials or the command: {text}", key), True
     if isinstance(exc, (vx.ConnectionError, OSError, vx.ClusterDownError, vx.ValkeyClusterException)):
         return TierUnavailableError(f"valkey server unreachable: {text}", key), False

@@ -8,7 +8,16 @@ import ctypes
 from asynctier.errors import IntegrityError, TierConfigError
 from asynctier.integrity import ChunkHeader, checksum, header_matches, pack_header
 
-__all__ = ["check_key_prefix", "copy_released", "frame", "name_prefix", "unframe_into", "value_size"]
+__all__ = [
+    "check_key_prefix",
+    "checksums",
+    "copy_released",
+    "frame",
+    "name_prefix",
+    "stored",
+    "unframe_into",
+    "value_size",
+]
 
 _MAX_PREFIX = 256
 
@@ -84,3 +93,13 @@ def unframe_into(
         copy_released(out, value, hsize)
     else:
         out[:] = payload
+
+
+def checksums(payloads: list[memoryview]) -> list[int | None]:
+    """Each payload's xxh3 (on a worker thread: xxhash releases the GIL while it hashes)."""
+    return [checksum(p) for p in payloads]
+
+
+def stored(reply: object) -> bool:
+    """A SET's reply says stored (raw ``OK``, or ``True`` through the client's callbacks)."""
+    return reply is True or reply == b"OK"

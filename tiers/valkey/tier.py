@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import logging
 import os
-import ssl
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, ClassVar, TypeVar
 
 import anyio
 import sniffio
+from valkey import exceptions as vx
 
 from asynctier import AsyncChunkTier, ChunkError, ChunkNotFoundError, IntegrityError
 from asynctier.core import MAX_KEY_BYTES
@@ -20,15 +21,14 @@ from asynctier.core.breaker import Breaker
 from asynctier.core.ops import Op
 from asynctier.core.validation import check_keys, integer, positive_int, seconds
 from asynctier.errors import TierConfigError, TierStateError, TierUnavailableError
-from asynctier.integrity import checksum
 from asynctier.stats import TierStats
 
 from .bridge import LoopThread
-from .client import UNREACHABLE, Client, ClientOptions, Command, ValkeyCluster, build_client, run_pipeline, scan_names
+from .client import Client, ClientOptions, Command, ValkeyCluster, build_client, run_pipeline, scan_names, unreachable
 from .errors import ValkeyIOError, map_client_error
-from .format import check_key_prefix, frame, name_prefix, unframe_into
+from .format import check_key_prefix, checksums, frame, name_prefix, stored, unframe_into
 from .redact import Scrubber
-from .url import parse_url
+from .url import check_ca_file, parse_url, unusable_ca_file
 
 __all__ = ["ValkeyTier"]
 
@@ -122,7 +122,7 @@ class ValkeyTier(AsyncChunkTier):
             ),
             max_retries=integer("max_retries", max_retries, minimum=0, maximum=100),
             retry_backoff_s=seconds("retry_backoff_s", retry_backoff_s, zero_ok=False),
-            tls_ca_file=self._ca_file(tls_ca_file),
+            tls_ca_file=check_ca_file(tls_ca_file, self._target.tls),
         )
         self._breaker = Breaker(
             integer("breaker_threshold", breaker_threshold),
@@ -137,16 +137,8 @@ class ValkeyTier(AsyncChunkTier):
         self._loop: object = None  # the caller's event loop (current_loop())
         self._bridge: LoopThread | None = None
         self._lookups: anyio.CapacityLimiter | None = None
+        self._hint_logged: dict[str, float] = {}  # when a failed lookup or touch was last logged
         self._hashers: anyio.CapacityLimiter | None = None
-
-    def _ca_file(self, value: object) -> str | None:
-        if value is None:
-            return None
-        if not isinstance(value, (str, os.PathLike)) or not str(value) or "\0" in str(value):
-            raise TierConfigError(f"tls_ca_file must be a non-empty path (str or PathLike); got {value!r}")
-        if not self._target.tls:  # after the type check: a wrong type is named as such first
-            raise TierConfigError("tls_ca_file is for TLS urls (rediss://, valkeys://) only")
-        return os.fspath(value)
 
     @property
     def media(self) -> tuple[str, ...]:
@@ -170,7 +162,7 @@ class ValkeyTier(AsyncChunkTier):
         ca = self._opts.tls_ca_file
         # else each connect failed, reported as the server unreachable (and opening the breaker)
         if ca is not None:
-            why = await anyio.to_thread.run_sync(_unusable_ca_file, ca)
+            why = await anyio.to_thread.run_sync(unusable_ca_file, ca)
             if why:
                 raise TierConfigError(f"tls_ca_file {ca!r} {why}")
         self._loop = current_loop()
@@ -312,7 +304,7 @@ class ValkeyTier(AsyncChunkTier):
         except BaseException:
             b.neutral(admitted)
             raise
-        if any(isinstance(r, UNREACHABLE) for r in got):
+        if any(unreachable(r) for r in got):
             b.failure(admitted)
         else:
             b.success(admitted)
@@ -378,7 +370,7 @@ class ValkeyTier(AsyncChunkTier):
             return errs
         out: Outcomes = []
         for k, r in zip(keys, replies):
-            err = None if _stored(r) else self._failed(k, r, "SET")
+            err = None if stored(r) else self._failed(k, r, "SET")
             end(k, err)
             out.append(err)
         return out
@@ -418,7 +410,7 @@ class ValkeyTier(AsyncChunkTier):
         after the job ends)."""
         digest = self.offloading_spec.layout_digest
         if self._on_thread(len(payloads)):
-            sums: list[int | None] = await anyio.to_thread.run_sync(_checksums, payloads, limiter=self._hashers)
+            sums: list[int | None] = await anyio.to_thread.run_sync(checksums, payloads, limiter=self._hashers)
         else:
             sums = [None] * len(payloads)
         return [self._set(k, frame(k, p, digest, s)) for k, p, s in zip(keys, payloads, sums)]
@@ -480,7 +472,7 @@ class ValkeyTier(AsyncChunkTier):
     # -- single-chunk primitives (verify_chunks, fsck) -------------------------------------
     async def write_chunk(self, key: bytes, data: memoryview) -> None:
         (r,) = await self._request(key, await self._frames([key], [data]))
-        if not _stored(r):
+        if not stored(r):
             raise self._failed(key, r, "SET")
 
     async def read_chunk(self, key: bytes, out: memoryview) -> int | None:
@@ -510,8 +502,12 @@ class ValkeyTier(AsyncChunkTier):
         client = self._client
         if client is None:
             raise TierUnavailableError("the valkey client is closed")
-        with anyio.fail_after(max(60.0, 10 * (self.timeout_s or 5.0))):
-            names = await self._on_client_loop(scan_names, client, self._names + b"*")
+        try:
+            with anyio.fail_after(max(60.0, 10 * (self.timeout_s or 5.0))):
+                names = await self._on_client_loop(scan_names, client, self._names + b"*")
+        except (vx.ValkeyError, OSError, TimeoutError) as e:  # said as every other call's failure is
+            err = map_client_error(e, b"", self._scrub(str(e)))[0]
+            raise type(err)(f"listing the tier's keys: {err}") from None
         n = len(self._names)
         # a name no key of this tier can have (the prefix alone, a key too long) is not listed
         return [bytes(name[n:]) for name in names if 0 < len(name) - n <= MAX_KEY_BYTES]
@@ -530,27 +526,50 @@ class ValkeyTier(AsyncChunkTier):
             async with self._lookups:
                 try:
                     replies = await self._request(batch[0], [("EXISTS", self.name_of(k)) for k in batch])
-                except ChunkError:
+                except ChunkError as e:
+                    self._hint_failed("lookup", e)
                     replies = [0] * len(batch)  # a lookup is a hint; a load is the truth
             answers += [isinstance(r, int) and r > 0 for r in replies]
+            refused = next((r for r in replies if not isinstance(r, int)), None)
+            if refused is not None:  # an error reply in place of an answer (an ACL without EXISTS)
+                self._hint_failed("lookup", refused)
         return answers
 
+    def _hint_failed(self, what: str, error: object) -> None:
+        """A lookup or touch failed: answered "not stored" or let go, as a hint may be; counted
+        (``lookup_errors``, ``touch_errors``) and logged at most once a minute, so that a
+        server refusing EXISTS does not pass for an empty tier unseen."""
+        self._stats.incr(f"{what}_errors")
+        now = time.monotonic()
+        if now - self._hint_logged.get(what, -60.0) >= 60.0:
+            self._hint_logged[what] = now
+            log.warning("valkey tier %s: %s failed (answered as a hint; counted in %s_errors): %s", self.url, what,
+                        what, self._scrub(str(error)))  # fmt: skip
+
     async def touch(self, keys: Sequence[bytes]) -> None:
-        """With ``ttl_s``, give each key its full TTL again (PEXPIRE); without, nothing: a load
-        already counts as a use for the server's LRU."""
+        """Mark keys as used for the server's eviction: with ``ttl_s``, give each its full TTL
+        again (PEXPIRE); without, TOUCH them (the server's LRU and LFU count it as an access)."""
         ks = check_keys(keys)
         self._check_open()
-        if self._px is None or not ks:
+        if not ks:
             return
         self._check_loop()
         assert self._lookups is not None
         for i in range(0, len(ks), LOOKUP_BATCH):
             batch = ks[i : i + LOOKUP_BATCH]
+            if self._px is None:
+                commands: list[Command] = [("TOUCH", self.name_of(k)) for k in batch]
+            else:
+                commands = [("PEXPIRE", self.name_of(k), self._px) for k in batch]
             async with self._lookups:
                 try:
-                    await self._request(batch[0], [("PEXPIRE", self.name_of(k), self._px) for k in batch])
+                    replies = await self._request(batch[0], commands)
                 except ChunkError as e:
-                    log.debug("valkey tier %s: touch failed: %s", self.url, e)  # a hint, as a lookup is
+                    self._hint_failed("touch", e)
+                    continue
+            refused = next((r for r in replies if not isinstance(r, int)), None)
+            if refused is not None:
+                self._hint_failed("touch", refused)
 
     def _check_loop(self) -> None:
         if current_loop() is not self._loop:
@@ -573,25 +592,3 @@ class ValkeyTier(AsyncChunkTier):
         open of its nodes' (one per node)."""
         states = {b.state for b in (self._breaker, *self._node_breakers.values())}
         return next(s for s in ("open", "half-open", "closed") if s in states)
-
-
-def _checksums(payloads: list[memoryview]) -> list[int | None]:
-    """Each payload's xxh3 (on a worker thread: xxhash releases the GIL while it hashes)."""
-    return [checksum(p) for p in payloads]
-
-
-def _stored(reply: object) -> bool:
-    """A SET's reply says stored (raw ``OK``, or ``True`` through the client's callbacks)."""
-    return reply is True or reply == b"OK"
-
-
-def _unusable_ca_file(path: str) -> str:
-    """Why ``path`` cannot serve as a CA bundle ("" if it can): not a readable file, or no
-    certificate the TLS library can load in it."""
-    if not (os.path.isfile(path) and os.access(path, os.R_OK)):
-        return "is not a file this process can read"
-    try:
-        ssl.create_default_context(cafile=path)
-    except (ssl.SSLError, ValueError) as e:
-        return f"holds no certificate the TLS library can load ({e.__class__.__name__}: {e})"
-    return ""

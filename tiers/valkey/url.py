@@ -4,13 +4,14 @@ or the environment), and the form shown in reprs and errors (no credentials)."""
 from __future__ import annotations
 
 import os
+import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from urllib.parse import quote, unquote
 
 from asynctier.errors import TierConfigError
 
-__all__ = ["ENV_PASSWORD", "ENV_USERNAME", "SCHEMES", "Target", "parse_url"]
+__all__ = ["ENV_PASSWORD", "ENV_USERNAME", "SCHEMES", "Target", "check_ca_file", "parse_url", "unusable_ca_file"]
 
 #: Accepted schemes, and whether each uses TLS.
 SCHEMES = {"redis": False, "valkey": False, "rediss": True, "valkeys": True}
@@ -114,3 +115,26 @@ def parse_url(url: object, *, cluster: object, environ: Mapping[str, str] | None
         if username is None:
             username = env.get(ENV_USERNAME) or None
     return Target(SCHEMES[scheme], seeds, db, cluster, shown, username, password)
+
+
+def check_ca_file(value: object, tls: bool) -> str | None:
+    """``tls_ca_file`` checked (no I/O: :func:`unusable_ca_file` reads it at open)."""
+    if value is None:
+        return None
+    if not isinstance(value, (str, os.PathLike)) or not str(value) or "\0" in str(value):
+        raise TierConfigError(f"tls_ca_file must be a non-empty path (str or PathLike); got {value!r}")
+    if not tls:  # after the type check: a wrong type is named as such first
+        raise TierConfigError("tls_ca_file is for TLS urls (rediss://, valkeys://) only")
+    return os.fspath(value)
+
+
+def unusable_ca_file(path: str) -> str:
+    """Why ``path`` cannot serve as a CA bundle ("" if it can): not a readable file, or no
+    certificate the TLS library can load in it."""
+    if not (os.path.isfile(path) and os.access(path, os.R_OK)):
+        return "is not a file this process can read"
+    try:
+        ssl.create_default_context(cafile=path)
+    except (ssl.SSLError, ValueError) as e:
+        return f"holds no certificate the TLS library can load ({e.__class__.__name__}: {e})"
+    return ""
