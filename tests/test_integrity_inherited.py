@@ -262,6 +262,63 @@ def test_a_truncated_copy_fails_after_a_read_that_raised_too() -> None:
     run_on_backend("asyncio", check)
 
 
+class CopyThenRaiseTier(SloppyBlockingTier):
+    """Copies the record, then raises (a check after the copy: an expiry, a client error)."""
+
+    raise_after_copy = False
+
+    def read_chunk(self, key: bytes, out: memoryview) -> None:
+        super().read_chunk(key, out)
+        if self.raise_after_copy:
+            raise ChunkNotFoundError("expired after the copy", key)
+
+
+def test_a_truncated_copy_fails_after_a_read_that_copied_and_raised() -> None:
+    """The second fix tracked which whole records the reused buffer held: a read that copied a
+    whole record and then raised left one it did not know of, and the next short copy ended
+    on it (a re-review: a stale version delivered as loaded, 5 runs of 8 on two threads). Reads
+    now get a fresh buffer each."""
+    _SHORT.clear()
+    spec = OffloadingSpec(4096, 8, namespace="integrity/copy-then-raise")
+    buf = bytearray(spec.total_bytes)
+    buf[:4096] = bytes(range(256)) * 16
+    config = {"type": "CopyThenRaiseTier", "module_path": __name__, "max_inflight": 1}
+    tier = SecondaryTierFactory.create_secondary_tier(config, memoryview(buf), spec)
+
+    async def check() -> None:
+        async with tier:
+            assert (await tier.offload([b"key-k"], [0])).ok
+            tier.raise_after_copy = True
+            assert not (await tier.load([b"key-k"], [1])).ok  # the whole record copied, then a raise
+            tier.raise_after_copy = False
+            _SHORT[b"key-k"] = _SHORT[b"key-k"][: len(_SHORT[b"key-k"]) // 2]
+            res = await tier.verify_chunks([b"key-k"])
+            assert isinstance(res.failed.get(b"key-k"), IntegrityError), res
+
+    run_on_backend("asyncio", check)
+
+
+def test_a_zero_padded_chunk_cut_short_fails_its_check() -> None:
+    """A fresh buffer is zeros: a record cut short in a zero-padded chunk passed (its missing
+    bytes were zeros). The buffer now ends in 0xFF."""
+    _SHORT.clear()
+    spec = OffloadingSpec(4096, 8, namespace="integrity/zero-tail")
+    buf = bytearray(spec.total_bytes)
+    buf[:1024] = bytes(range(256)) * 4  # then zeros
+    config = {"type": "SloppyBlockingTier", "module_path": __name__, "max_inflight": 1}
+    tier = SecondaryTierFactory.create_secondary_tier(config, memoryview(buf), spec)
+
+    async def check() -> None:
+        async with tier:
+            assert (await tier.offload([b"key-z"], [0])).ok
+            _SHORT[b"key-z"] = _SHORT[b"key-z"][:-3000]
+            for _ in range(2):
+                res = await tier.verify_chunks([b"key-z"])
+                assert isinstance(res.failed.get(b"key-z"), IntegrityError), res
+
+    run_on_backend("asyncio", check)
+
+
 class AsyncFlippingNamingTier(AsyncFlippingDictTier):
     """Records which hook dropped a bad copy."""
 

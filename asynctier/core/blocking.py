@@ -77,7 +77,7 @@ class BlockingChunkTier(ChunkTier):
         if self.frames_own_bytes:
             self.read_chunk(key, out)
         else:
-            record = self._framing.read_buffer(key, per_thread=True)
+            record = self._framing.read_buffer(key)
             filled = self.read_chunk(key, record)
             self._framing.read_checked(key, record, filled, out)
 

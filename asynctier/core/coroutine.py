@@ -73,7 +73,7 @@ class AsyncChunkTier(ChunkTier):
         if self.frames_own_bytes:
             await self.read_chunk(key, out)
         else:
-            record = self._framing.read_buffer(key, per_thread=False)
+            record = self._framing.read_buffer(key)
             filled = await self.read_chunk(key, record)
             self._framing.read_checked(key, record, filled, out)
 

@@ -35,8 +35,7 @@ class Framing:
         self.chunk_bytes = spec.chunk_bytes
         self.digest = spec.layout_digest
         self.verify = verify
-        self._scratch = threading.local()  # one record buffer per worker thread
-        self._uncounted = False  # a read_chunk returned no count: reads get fresh buffers from then on
+        self._scratch = threading.local()  # one record buffer per worker thread, for framing
 
     def buffer(self, key: bytes, *, per_thread: bool) -> memoryview:
         """A writable buffer of exactly :func:`frame_size` bytes (per worker thread, or fresh)."""
@@ -46,30 +45,17 @@ class Framing:
         buf: bytearray | None = getattr(self._scratch, "buf", None)
         if buf is None or len(buf) < n:
             buf = self._scratch.buf = bytearray(n)
-            self._scratch.whole = set()
         return memoryview(buf)[:n]
 
-    def _held_whole(self, record: memoryview) -> None:
-        """The thread's buffer holds a whole record of ``record``'s length (framed, or read and
-        checked): a later read spoils its last byte first."""
-        if record.obj is getattr(self._scratch, "buf", None):
-            self._scratch.whole.add(record.nbytes)
-
-    def read_buffer(self, key: bytes, *, per_thread: bool) -> memoryview:
-        """:meth:`buffer` for a read. A short copy into a reused buffer would leave an earlier
-        record's tail there (this key's, whole: it passes the checksum), and only a count
-        tells it: once ``read_chunk`` has returned none, every read gets a fresh buffer. Until
-        then the last byte of each whole record the buffer held since is changed first: each
-        one once (a byte changed twice would be the old one again), so a short copy never
-        ends on a whole record's tail, and a count tells the rest."""
-        if self._uncounted:
-            per_thread = False
-        out = self.buffer(key, per_thread=per_thread)
-        if per_thread:
-            buf, whole = self._scratch.buf, self._scratch.whole
-            for n in whole:
-                buf[n - 1] ^= 0xFF
-            whole.clear()
+    def read_buffer(self, key: bytes) -> memoryview:
+        """A fresh buffer for a read, its last byte 0xFF. A reused one would hold an earlier
+        record (of this key, whole: it passes the checksum) where a short copy ends, and no
+        bookkeeping of what it holds survives a ``read_chunk`` that copies and then raises
+        (reviews found three ways through it). A short copy now ends on zeros and that byte:
+        a record's payload checksum fails unless the bytes missing were exactly those, and a
+        count, where ``read_chunk`` returns one, tells it anyway."""
+        out = self.buffer(key, per_thread=False)
+        out[-1] = 0xFF
         return out
 
     def check_filled(self, key: bytes, record: memoryview, filled: object) -> bool:
@@ -88,10 +74,7 @@ class Framing:
         one (a reused buffer keeps an earlier record's tail, a fresh one zeros): the payload's
         checksum is then checked even where ``verify`` is off."""
         counted = self.check_filled(key, record, filled)
-        if not counted:
-            self._uncounted = True
         self.unframe(key, record, out, check_data=self.verify or not counted)
-        self._held_whole(record)
 
     def frame(self, key: bytes, payload: memoryview, *, per_thread: bool) -> memoryview:
         """Header and payload of ``key`` as one read-only record."""
@@ -100,8 +83,6 @@ class Framing:
         h = len(header)
         out[:h] = header
         out[h:] = payload
-        if per_thread:
-            self._held_whole(out)
         return out.toreadonly()
 
     def unframe(self, key: bytes, record: memoryview, out: memoryview, *, check_data: bool | None = None) -> None:
