@@ -120,6 +120,40 @@ async def test_a_damaged_record_between_valid_ones_loses_that_record_only(tmp_pa
         assert await tier.lookup(keys) == [i != 2 for i in range(8)]
 
 
+async def test_a_failed_checkpoint_after_damage_found_at_open_does_not_fail_the_open(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The checkpoint that records the loss (a full index_dir: ENOSPC) failed the open, which
+    had served the rest before; now it is logged and the next open finds the damage again."""
+    from asynctier.tiers.nvme import catalog
+    from asynctier.tiers.nvme.format import JOURNAL_HEAD, RECORD
+
+    p = tmp_path / "f.slab"
+    tier, view = make(p, checkpoint_every=1 << 20)
+    fill(view, CHUNK, 13)
+    keys = [b"f%d" % i for i in range(4)]
+    await tier.open()
+    for i, k in enumerate(keys):
+        assert (await tier.offload([k], [i])).ok
+    crash(tier)
+    journal = sorted(p.parent.glob(p.name + ".atidx.journal.*"))[-1]
+    raw = bytearray(journal.read_bytes())
+    raw[JOURNAL_HEAD.size + 8 + (RECORD.size + 2 + 8) + RECORD.size] ^= 0x01  # the second record's key
+    journal.write_bytes(raw)
+
+    def no_room(*_: Any, **__: Any) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(catalog, "write_checkpoint", no_room)
+    tier, view = make(p)
+    await tier.open()
+    try:
+        assert tier.stats().extra["journal_damaged"] == 1
+        assert await tier.lookup(keys) == [True, False, True, True]
+    finally:
+        crash(tier)
+
+
 async def test_a_journal_whose_header_is_damaged_is_a_loss_said_not_a_silent_one(tmp_path: Path) -> None:
     """A flipped bit in a generation's header made replay skip the file as if a kill had left
     it half made: its records were dropped without a word, and fsck said clean."""

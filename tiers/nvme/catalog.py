@@ -221,7 +221,11 @@ class Catalog:
         idx.rebuild_free()
         self._count("recovered_chunks", len(idx.entries))
         if lost or damaged:  # the loss accepted: a checkpoint now, or every open until the next finds it again
-            self.checkpoint()
+            try:
+                self.checkpoint()
+            except OSError as e:  # (a full index_dir): served all the same, the loss said again next time
+                log.warning("nvme: a checkpoint after the loss found at open failed (%s): the next open finds it "
+                            "again", e)  # fmt: skip
 
     def start_checkpointer(self, fds: list[int]) -> None:
         """Start the checkpoint thread. It holds only a weak reference, so a tier dropped
