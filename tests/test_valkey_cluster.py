@@ -140,6 +140,25 @@ def test_a_wrong_password_on_a_cluster_is_a_refusal_not_an_unreachable_cluster(
                 c.config_set("requirepass", "")
 
 
+def test_a_fresh_tiers_listing_covers_the_cluster(valkey_cluster3: ValkeyCluster3) -> None:
+    """A tier that had made no call yet listed nothing: its client had not read the cluster's
+    layout and knew no node to SCAN (fsck said "clean, 0 chunks", the cluster up or down)."""
+    buf = bytearray(os.urandom(SPEC.total_bytes))
+    config = {"type": "valkey", "url": valkey_cluster3.url, "key_prefix": "fresh-list"}
+    ks = [b"fl%d" % i for i in range(8)]
+
+    async def main() -> None:
+        writer: Any = SecondaryTierFactory.create_secondary_tier(config, memoryview(buf), SPEC)
+        async with writer:
+            assert (await writer.offload(ks, list(range(8)))).ok
+        fresh: Any = SecondaryTierFactory.create_secondary_tier(config, memoryview(buf), SPEC)
+        async with fresh:
+            assert sorted(await fresh.stored_keys()) == sorted(ks)
+            assert (await fresh.remove(ks)).ok
+
+    anyio.run(main, backend="asyncio")
+
+
 def test_a_node_that_dies_fails_its_keys_and_nothing_hangs(tmp_path: Path) -> None:
     """A primary killed under the tier: every key loads byte-exact or fails with a per-key
     error within the deadline; the cluster's other slots go on serving after it."""

@@ -229,8 +229,16 @@ async def _asking(client: ValkeyCluster, ask: vx.AskError, cmd: Command) -> Any:
 async def scan_names(client: Client, pattern: bytes) -> list[bytes]:
     """Every key name matching ``pattern``: SCAN to the end on the server, or on each node of a
     cluster, replicas too (the client may take a primary for a replica after a slot moved
-    away from it), names seen twice counted once."""
-    nodes: list[Any] = client.get_nodes() if isinstance(client, ValkeyCluster) else [client]
+    away from it), names seen twice counted once. A cluster client that has not read the
+    cluster's layout yet (no call went through it) reads it first: it knew no node, and the
+    listing came back empty (fsck "clean, 0 chunks", the cluster up or down)."""
+    nodes: list[Any] = [client]
+    if isinstance(client, ValkeyCluster):
+        if not client.get_nodes():
+            await client.initialize()
+        nodes = client.get_nodes()
+        if not nodes:
+            raise vx.ConnectionError("the cluster client knows no node to list")
     found: list[bytes] = []
     for node in nodes:
         cursor = 0
