@@ -11,7 +11,7 @@ import anyio
 import pytest
 from chain_helpers import ChainRig, in_tier, keys
 
-from asynctier import OffloadingSpec, SecondaryTierFactory, TierConfigError
+from asynctier import BlockingChunkTier, OffloadingSpec, SecondaryTierFactory, TierConfigError
 from asynctier.errors import failure_kind
 from asynctier.tiers.chain import NotAdmittedError, SecondHit
 
@@ -296,10 +296,43 @@ def test_remote_members_in_different_places_are_not_refused_and_nothing_secret_i
     tiers = [az, other_az, acct, {**acct, "config": {"account_name": "acct2"}}, ep,
              {**ep, "config": {"aws_endpoint": "http://127.0.0.1:9002"}}]  # fmt: skip
     assert len(rig.chain(tiers=tiers).members) == 6
-    leak = {"type": "obj", "url": "s3://b/p", "endpoint": "http://minio:s3cr3t/Pw@127.0.0.1:9000"}
-    with pytest.raises(TierConfigError) as e:
-        rig.chain(tiers=[leak, leak])
-    assert "s3cr3t" not in str(e.value) and "127.0.0.1:9000" in str(e.value)
+    for pw in ("s3cr3t/Pw", "s3cr/et/pw", "s3cr?etpw", "s3cr#et@pw"):
+        leak = {"type": "obj", "url": "s3://b/p", "config": {"aws_endpoint": f"http://minio:{pw}@127.0.0.1:9000"}}
+        with pytest.raises(TierConfigError) as e:
+            rig.chain(tiers=[leak, {**leak, "config": {"endpoint": "http://127.0.0.1:9000"}}])  # (one place)
+        assert "s3cr" not in str(e.value) and "127.0.0.1:9000" in str(e.value), str(e.value)
+
+
+class PlacedTier(BlockingChunkTier):
+    """A tier of one's own that names its place by setting ``media``, as the docs say."""
+
+    uses_index = True
+
+    def __init__(self, where: str = "/srv/x", **kw: Any) -> None:
+        super().__init__(**kw)
+        self.media = (where,)
+
+    def write_chunk(self, key: bytes, data: memoryview) -> None:
+        raise NotImplementedError
+
+    def read_chunk(self, key: bytes, out: memoryview) -> None:
+        raise NotImplementedError
+
+    def chunk_exists(self, key: bytes) -> bool:
+        return False
+
+    def delete_chunk(self, key: bytes) -> bool:
+        return False
+
+
+def test_a_tier_of_your_own_names_its_place_by_setting_media() -> None:
+    """``media`` became a property of the built-ins: a tier that set it, as the docs say,
+    failed to construct (no setter)."""
+    rig = ChainRig()
+    placed = {"type": "PlacedTier", "module_path": __name__}
+    with pytest.raises(TierConfigError, match=r"both keep their chunks in /srv/x"):
+        rig.chain(tiers=[placed, placed])
+    assert len(rig.chain(tiers=[placed, {**placed, "where": "/srv/y"}]).members) == 2
 
 
 def test_building_a_tier_touches_no_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -197,7 +197,18 @@ class ChunkTier(Bookkeeping, Lifecycle, SecondaryTierManager):
     def media(self) -> tuple[str, ...]:
         """Where the tier keeps its chunks, as another tier on the same place names it (a
         resolved path; a server and key prefix): a chain refuses two members that share one.
-        Empty: unknown, or a place of its own. Asked by a chain's constructor only."""
+        Empty: unknown, or a place of its own. Set it in ``__init__``; asked by a chain's
+        constructor only (the built-in tiers work theirs out then: resolving a path is I/O,
+        which a constructor must not do)."""
+        given: tuple[str, ...] | None = getattr(self, "_media", None)
+        return self._places() if given is None else given
+
+    @media.setter
+    def media(self, places: tuple[str, ...]) -> None:
+        self._media = tuple(places)
+
+    def _places(self) -> tuple[str, ...]:
+        """:attr:`media` worked out when asked (the built-in tiers')."""
         return ()
 
     def stored_chunk_count(self) -> int | None:

@@ -224,8 +224,7 @@ class FsTier(BlockingChunkTier):
         """Header block plus payload, rounded up to the file system block."""
         return self._chunk_size
 
-    @property
-    def media(self) -> tuple[str, ...]:
+    def _places(self) -> tuple[str, ...]:
         """The root, resolved when asked (a chain refuses two tiers on one; no I/O at construction)."""
         return (os.path.realpath(self.root),)
 

@@ -165,8 +165,7 @@ class NvmeTier(CoalescedJobs):
         geo = self._slabs.geo
         return geo.slot_size if geo is not None else self.offloading_spec.chunk_bytes
 
-    @property
-    def media(self) -> tuple[str, ...]:
+    def _places(self) -> tuple[str, ...]:
         """The slabs, resolved when asked (a chain refuses two tiers on one; no I/O at construction)."""
         return tuple(os.path.realpath(p) for p in self.paths)
 

@@ -35,17 +35,19 @@ _URL_IN_TEXT = re.compile(
 
 
 def redact_url(url: str) -> str:
-    """``url`` without user info, query string or fragment (with or without ``//``)."""
-    head = re.split(r"[?#]", url, maxsplit=1)[0]
-    scheme, sep, rest = head.partition(":")
+    """``url`` without user info, query string or fragment (with or without ``//``). User
+    info with a ":" runs to the last "@" (a password may hold "/", "?", "#" or "@" unencoded),
+    before the query is cut: else a part of the password was shown."""
+    scheme, sep, rest = url.partition(":")
     if not sep:
-        return head
+        return re.split(r"[?#]", url, maxsplit=1)[0]
     slashes = len(rest) - len(rest.lstrip("/"))
-    authority, slash, path = rest[slashes:].partition("/")
-    if "@" not in authority and ":" in authority and "@" in path.partition("/")[0]:
-        # user:pass with an unencoded "/" in the password: the user info runs to that "@"
-        _, _, after = path.partition("@")
-        authority, slash, path = after.partition("/")
+    rest = rest[slashes:]
+    info, at, after = rest.rpartition("@")
+    if at and ":" in info.split("/", 1)[0]:  # user:password@host
+        rest = after
+    rest = re.split(r"[?#]", rest, maxsplit=1)[0]
+    authority, slash, path = rest.partition("/")
     if "@" in authority:
         authority = authority.rsplit("@", 1)[1]
     return f"{scheme}:{'/' * slashes}{authority}{slash}{path}"

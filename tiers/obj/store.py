@@ -28,6 +28,17 @@ from .url import StoreURL
 #: Store config keys that tell two stores of one bucket name apart (another server, account)
 _PLACE_HINTS = ("endpoint", "account", "bucket", "container", "url", "host")
 
+
+def _canonical(key: str) -> str:
+    """A store config key as one spelling: ``AWS_ENDPOINT``, ``aws_endpoint`` and ``endpoint``
+    alike (the environment's prefixes and case dropped)."""
+    k = key.lower()
+    for prefix in ("aws_", "google_", "azure_storage_", "azure_"):
+        if k.startswith(prefix):
+            return k[len(prefix) :]
+    return k
+
+
 if TYPE_CHECKING:
     from obstore.store import ClientConfig, ObjectStore, RetryConfig
 
@@ -177,11 +188,13 @@ class StoreOptions:
         scheme = "s3" if url.scheme == "s3a" else url.scheme
         # the user info of an Azure URL is its container (container@account); others have none to keep
         host = parts.netloc if scheme in _CONTAINER_SCHEMES else parts.netloc.rsplit("@", 1)[-1]
-        settings = [f"endpoint {redact_url(self.endpoint.rstrip('/'))}" if self.endpoint else "default endpoint"]
+        named = {_canonical(k): v for k, v in self.config.items() if isinstance(v, str) and not is_secret_name(k)}
+        endpoint = self.endpoint or next((v for k, v in named.items() if "endpoint" in k), None)
+        settings = [f"endpoint {redact_url(endpoint.rstrip('/'))}" if endpoint else "default endpoint"]
         settings += sorted(
             f"{k}={redact_url(v) if '://' in v else v}"
-            for k, v in self.config.items()
-            if isinstance(v, str) and not is_secret_name(k) and any(h in k.lower() for h in _PLACE_HINTS)
+            for k, v in named.items()
+            if "endpoint" not in k and any(h in k for h in _PLACE_HINTS)
         )
         return (f"{scheme}://{host}{urllib.parse.unquote(parts.path).rstrip('/')} ({', '.join(settings)})",)
 

@@ -157,8 +157,7 @@ class ObjTier(BlockingChunkTier):
         self._prefix = self.offloading_spec.layout_id + "/"
         EXIT.allow_for(self.deadlines.worst_request_s)
 
-    @property
-    def media(self) -> tuple[str, ...]:
+    def _places(self) -> tuple[str, ...]:
         """Where the objects live (a chain refuses two tiers on one): :meth:`.store.StoreOptions.place`."""
         return self._options.place()
 

@@ -139,8 +139,7 @@ class ValkeyTier(AsyncChunkTier):
         self._hint_logged: dict[str, float] = {}  # when a failed lookup or touch was last logged
         self._hashers: anyio.CapacityLimiter | None = None
 
-    @property
-    def media(self) -> tuple[str, ...]:
+    def _places(self) -> tuple[str, ...]:
         """Where its chunks live, one name per server it is given (a chain refuses two tiers on one)."""
         db = self._target.db
         return tuple(f"valkey {h}:{p} db {db}, key_prefix {self.key_prefix!r}" for h, p in self._target.seeds)
