@@ -831,10 +831,11 @@ def test_a_chain_members_secrets_are_hidden_in_what_bench_stores() -> None:
     assert "hunter2secret" not in json.dumps(got) and "s3cr3t-value" not in json.dumps(got), got
     assert got["tiers"][0]["url"] == "redis://***@127.0.0.1:1"
     headers = {"Authorization": "Bearer sk-live-1", "x-api-key": "k-2", "Cookie": "c-3", "accept": "text/xml"}
-    cfg = {"config": {"account_key": "a-4", "service_account_key": "s-5", "account_name": "acct"},
+    cfg = {"config": {"account_key": "a-4", "service_account_key": "s-5", "account_name": "acct",
+                      "sse_customer_key_base64": "k-6"},
            "client_options": {"default_headers": headers}, "key_prefix": "kv:"}  # fmt: skip
     shown = json.dumps(redact(cfg))
-    assert not any(s in shown for s in ("sk-live-1", "k-2", "c-3", "a-4", "s-5")), shown
+    assert not any(s in shown for s in ("sk-live-1", "k-2", "c-3", "a-4", "s-5", "k-6")), shown
     assert all(s in shown for s in ("text/xml", "acct", "kv:")), shown  # (names, not secrets)
 
 

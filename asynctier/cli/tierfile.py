@@ -246,10 +246,12 @@ def uses_dir(value: Any) -> bool:
 _URL_USERINFO = re.compile(r"(\b[A-Za-z][A-Za-z0-9+.-]*://)\S*@")
 
 
-#: Names whose values are secrets: credentials, and header names such as Authorization, Cookie
-#: and x-api-key (``key_prefix``, a name, stays shown)
+#: Names whose values are secrets: credentials, header names such as Authorization, Cookie and
+#: x-api-key, encryption keys (``sse_customer_key_base64``); a name such as ``hash_key`` is
+#: hidden too (better a name hidden than a secret shown), ``key_prefix`` (valkey's) is not
 _SECRET_NAME = re.compile(
-    r"secret|password|passwd|token|credential|access_key|key_id|sas|authorization|cookie|(^|[_-])key$|api[_-]?key",
+    r"secret|passw|pwd|(^|[_-])pass($|[_-])|token|credential|access_key|key_id|sas|authoriz|(^|[_-])auth($|[_-])|"
+    r"cookie|signature|(^|[_-])key($|[_-](?!prefix$))|api[_-]?key",
     re.IGNORECASE,
 )
 
