@@ -193,21 +193,34 @@ class SloppyAsyncTier(AsyncChunkTier):
         return _SHORT.pop(key, None) is not None
 
 
+def sloppy(kind: str, namespace: str, first: bytes, **config: Any) -> tuple[Any, bytearray]:
+    """A tier of ``kind`` (one worker thread) over a fresh buffer whose chunk 0 is ``first``
+    repeated, with the records of the sloppy tiers cleared."""
+    _SHORT.clear()
+    spec = OffloadingSpec(4096, 8, namespace=namespace)
+    buf = bytearray(spec.total_bytes)
+    buf[:4096] = first * (4096 // len(first))
+    config = {"type": kind, "module_path": __name__, "max_inflight": 1, **config}
+    return SecondaryTierFactory.create_secondary_tier(config, memoryview(buf), spec), buf
+
+
+def _truncate(key: bytes, keep: int | None = None) -> None:
+    """Cut ``key``'s stored record (to ``keep`` bytes; half of it by default) on the medium."""
+    rec = _SHORT[key]
+    _SHORT[key] = rec[: len(rec) // 2 if keep is None else keep]
+
+
 @pytest.mark.parametrize("kind", ["SloppyBlockingTier", "SloppyAsyncTier"])
 def test_a_short_copy_without_a_count_fails_with_verify_off(kind: str) -> None:
     """verify=False skips the payload checksum; with no count from read_chunk, a short copy was
     then delivered as loaded, its tail another key's record left in the reused buffer."""
-    _SHORT.clear()
-    spec = OffloadingSpec(4096, 8, namespace="integrity/short")
-    buf = bytearray(spec.total_bytes)
-    buf[:4096], buf[4096:8192] = b"A" * 4096, b"B" * 4096
-    config = {"type": kind, "module_path": __name__, "verify": False, "max_inflight": 1}
-    tier = SecondaryTierFactory.create_secondary_tier(config, memoryview(buf), spec)
+    tier, buf = sloppy(kind, "integrity/short", b"A", verify=False)
+    buf[4096:8192] = b"B" * 4096
 
     async def check() -> None:
         async with tier:
             assert (await tier.offload([b"key-a", b"key-b"], [0, 1])).ok
-            _SHORT[b"key-b"] = _SHORT[b"key-b"][:-1000]  # truncated on the medium
+            _truncate(b"key-b", len(_SHORT[b"key-b"]) - 1000)
             assert (await tier.load([b"key-a"], [4])).ok
             res = await tier.load([b"key-b"], [5])
             assert isinstance(res.failed.get(b"key-b"), IntegrityError), res
@@ -220,18 +233,13 @@ def test_a_truncated_copy_without_a_count_fails_every_check_not_every_other() ->
     """The reused record buffer's last byte was flipped before each read: two short copies
     in a row flipped it back, so every second ``verify_chunks`` found the truncated copy
     good (the buffer still held the whole record an earlier load had read)."""
-    _SHORT.clear()
-    spec = OffloadingSpec(4096, 8, namespace="integrity/short-again")
-    buf = bytearray(spec.total_bytes)
-    buf[:4096] = bytes(range(256)) * 16
-    config = {"type": "SloppyBlockingTier", "module_path": __name__, "max_inflight": 1}
-    tier = SecondaryTierFactory.create_secondary_tier(config, memoryview(buf), spec)
+    tier, _ = sloppy("SloppyBlockingTier", "integrity/short-again", bytes(range(256)))
 
     async def check() -> None:
         async with tier:
             assert (await tier.offload([b"key-a"], [0])).ok
             assert (await tier.load([b"key-a"], [1])).ok  # the thread's buffer holds the whole record
-            _SHORT[b"key-a"] = _SHORT[b"key-a"][:-100]  # truncated on the medium
+            _truncate(b"key-a", len(_SHORT[b"key-a"]) - 100)
             for _ in range(4):
                 res = await tier.verify_chunks([b"key-a"])
                 assert isinstance(res.failed.get(b"key-a"), IntegrityError), res
@@ -243,17 +251,12 @@ def test_a_truncated_copy_fails_after_a_read_that_raised_too() -> None:
     """The first fix flipped the reused buffer's last byte before each read until a read came
     back without a count: a read that raised (a miss) left it flipped, and the next short copy
     flipped it back onto the whole record the store had framed there. It passed."""
-    _SHORT.clear()
-    spec = OffloadingSpec(4096, 8, namespace="integrity/short-after-miss")
-    buf = bytearray(spec.total_bytes)
-    buf[:4096] = bytes(range(256)) * 16
-    config = {"type": "SloppyBlockingTier", "module_path": __name__, "max_inflight": 1}
-    tier = SecondaryTierFactory.create_secondary_tier(config, memoryview(buf), spec)
+    tier, _ = sloppy("SloppyBlockingTier", "integrity/short-after-miss", bytes(range(256)))
 
     async def check() -> None:
         async with tier:
             assert (await tier.offload([b"key-k"], [0])).ok  # framed in the thread's buffer
-            _SHORT[b"key-k"] = _SHORT[b"key-k"][: len(_SHORT[b"key-k"]) // 2]
+            _truncate(b"key-k")
             assert not (await tier.load([b"key-m"], [1])).ok  # read_chunk raises (a key of the same length)
             for _ in range(3):
                 res = await tier.verify_chunks([b"key-k"])
@@ -278,12 +281,7 @@ def test_a_truncated_copy_fails_after_a_read_that_copied_and_raised() -> None:
     whole record and then raised left one it did not know of, and the next short copy ended
     on it (a re-review: a stale version delivered as loaded, 5 runs of 8 on two threads). Reads
     now get a fresh buffer each."""
-    _SHORT.clear()
-    spec = OffloadingSpec(4096, 8, namespace="integrity/copy-then-raise")
-    buf = bytearray(spec.total_bytes)
-    buf[:4096] = bytes(range(256)) * 16
-    config = {"type": "CopyThenRaiseTier", "module_path": __name__, "max_inflight": 1}
-    tier = SecondaryTierFactory.create_secondary_tier(config, memoryview(buf), spec)
+    tier, _ = sloppy("CopyThenRaiseTier", "integrity/copy-then-raise", bytes(range(256)))
 
     async def check() -> None:
         async with tier:
@@ -291,7 +289,7 @@ def test_a_truncated_copy_fails_after_a_read_that_copied_and_raised() -> None:
             tier.raise_after_copy = True
             assert not (await tier.load([b"key-k"], [1])).ok  # the whole record copied, then a raise
             tier.raise_after_copy = False
-            _SHORT[b"key-k"] = _SHORT[b"key-k"][: len(_SHORT[b"key-k"]) // 2]
+            _truncate(b"key-k")
             res = await tier.verify_chunks([b"key-k"])
             assert isinstance(res.failed.get(b"key-k"), IntegrityError), res
 
@@ -301,17 +299,13 @@ def test_a_truncated_copy_fails_after_a_read_that_copied_and_raised() -> None:
 def test_a_zero_padded_chunk_cut_short_fails_its_check() -> None:
     """A fresh buffer is zeros: a record cut short in a zero-padded chunk passed (its missing
     bytes were zeros). The buffer now ends in 0xFF."""
-    _SHORT.clear()
-    spec = OffloadingSpec(4096, 8, namespace="integrity/zero-tail")
-    buf = bytearray(spec.total_bytes)
-    buf[:1024] = bytes(range(256)) * 4  # then zeros
-    config = {"type": "SloppyBlockingTier", "module_path": __name__, "max_inflight": 1}
-    tier = SecondaryTierFactory.create_secondary_tier(config, memoryview(buf), spec)
+    tier, buf = sloppy("SloppyBlockingTier", "integrity/zero-tail", bytes(range(256)))
+    buf[1024:4096] = bytes(3072)  # then zeros
 
     async def check() -> None:
         async with tier:
             assert (await tier.offload([b"key-z"], [0])).ok
-            _SHORT[b"key-z"] = _SHORT[b"key-z"][:-3000]
+            _truncate(b"key-z", len(_SHORT[b"key-z"]) - 3000)
             for _ in range(2):
                 res = await tier.verify_chunks([b"key-z"])
                 assert isinstance(res.failed.get(b"key-z"), IntegrityError), res

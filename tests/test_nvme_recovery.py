@@ -79,27 +79,44 @@ def _contents(d: Path) -> dict[str, bytes]:
     return {f.name: f.read_bytes() for f in d.iterdir()}
 
 
+async def _stored_then_killed(p: Path, keys: list[bytes], seed: int) -> list[bytes]:
+    """Each of ``keys`` stored by a call of its own (a journal record each: keys of 2 bytes),
+    then the tier left as a killed process would; the chunks stored."""
+    tier, view = make(p, checkpoint_every=1 << 20)
+    data = fill(view, CHUNK, seed)
+    await tier.open()
+    for i, k in enumerate(keys):
+        assert (await tier.offload([k], [i])).ok
+    crash(tier)
+    return data
+
+
+def _flip_in_journal(p: Path, at: int) -> None:
+    """Flip one bit at byte ``at`` of ``p``'s newest journal generation."""
+    journal = sorted(p.parent.glob(p.name + ".atidx.journal.*"))[-1]
+    raw = bytearray(journal.read_bytes())
+    raw[at] ^= 0x01
+    journal.write_bytes(raw)
+
+
+def _record_key_at(n: int) -> int:
+    """Where the key of journal record ``n`` (from 0; keys of 2 bytes) begins."""
+    from asynctier.tiers.nvme.format import JOURNAL_HEAD, RECORD
+
+    return JOURNAL_HEAD.size + 8 + n * (RECORD.size + 2 + 8) + RECORD.size
+
+
 async def test_a_damaged_record_between_valid_ones_loses_that_record_only(tmp_path: Path) -> None:
     """A flipped bit in a record in the middle of the journal was taken for a torn tail: every
     open, fsck's included (reporting clean), cut the file there, and the chunks of every later
     record were lost. Now an open that may not create (fsck) reports it and writes nothing; an
     ordinary open skips that record and serves the rest."""
     from asynctier.errors import MediumDamagedError
-    from asynctier.tiers.nvme.format import JOURNAL_HEAD, RECORD
 
     p = tmp_path / "d.slab"
-    tier, view = make(p, checkpoint_every=1 << 20)
-    data = fill(view, CHUNK, 11)
     keys = [b"d%d" % i for i in range(8)]
-    await tier.open()
-    for i, k in enumerate(keys):
-        assert (await tier.offload([k], [i])).ok
-    crash(tier)
-    journal = sorted(p.parent.glob(p.name + ".atidx.journal.*"))[-1]
-    raw = bytearray(journal.read_bytes())
-    at = JOURNAL_HEAD.size + 8 + 2 * (RECORD.size + 2 + 8)  # the third record (keys of 2 bytes)
-    raw[at + RECORD.size] ^= 0x01  # a bit of its key
-    journal.write_bytes(raw)
+    data = await _stored_then_killed(p, keys, 11)
+    _flip_in_journal(p, _record_key_at(2))
     files = _contents(tmp_path)
     tier, view = make(p, create=False)
     with pytest.raises(MediumDamagedError, match=r"1 damaged stretch\(es\) \(\d+ bytes\) between valid records"):
@@ -126,26 +143,17 @@ async def test_a_failed_checkpoint_after_damage_found_at_open_does_not_fail_the_
     """The checkpoint that records the loss (a full index_dir: ENOSPC) failed the open, which
     had served the rest before; now it is logged and the next open finds the damage again."""
     from asynctier.tiers.nvme import catalog
-    from asynctier.tiers.nvme.format import JOURNAL_HEAD, RECORD
 
     p = tmp_path / "f.slab"
-    tier, view = make(p, checkpoint_every=1 << 20)
-    fill(view, CHUNK, 13)
     keys = [b"f%d" % i for i in range(4)]
-    await tier.open()
-    for i, k in enumerate(keys):
-        assert (await tier.offload([k], [i])).ok
-    crash(tier)
-    journal = sorted(p.parent.glob(p.name + ".atidx.journal.*"))[-1]
-    raw = bytearray(journal.read_bytes())
-    raw[JOURNAL_HEAD.size + 8 + (RECORD.size + 2 + 8) + RECORD.size] ^= 0x01  # the second record's key
-    journal.write_bytes(raw)
+    await _stored_then_killed(p, keys, 13)
+    _flip_in_journal(p, _record_key_at(1))
 
     def no_room(*_: Any, **__: Any) -> None:
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(catalog, "write_checkpoint", no_room)
-    tier, view = make(p)
+    tier, _ = make(p)
     await tier.open()
     try:
         assert tier.stats().extra["journal_damaged"] == 1
@@ -160,19 +168,12 @@ async def test_a_journal_whose_header_is_damaged_is_a_loss_said_not_a_silent_one
     from asynctier.errors import MediumDamagedError
 
     p = tmp_path / "h.slab"
-    tier, view = make(p, checkpoint_every=1 << 20)
-    fill(view, CHUNK, 12)
-    await tier.open()
-    assert (await tier.offload([b"h0", b"h1"], [0, 1])).ok
-    crash(tier)
-    journal = sorted(p.parent.glob(p.name + ".atidx.journal.*"))[-1]
-    raw = bytearray(journal.read_bytes())
-    raw[20] ^= 0x01  # in the header
-    journal.write_bytes(raw)
-    tier, view = make(p, create=False)
+    await _stored_then_killed(p, [b"h0", b"h1"], 12)
+    _flip_in_journal(p, 20)  # in the header
+    tier, _ = make(p, create=False)
     with pytest.raises(MediumDamagedError, match=r"its header is damaged"):
         await tier.open()
-    tier, view = make(p)
+    tier, _ = make(p)
     async with tier:
         assert tier.stats().extra["journal_damaged"] == 1
         assert await tier.lookup([b"h0", b"h1"]) == [False, False]
