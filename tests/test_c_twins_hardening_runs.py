@@ -314,7 +314,7 @@ def _fs_writes(view_addr: int, hb_addr: int) -> list[Any]:
 
 def _fs_recycles(view_addr: int, hb_addr: int) -> list[Any]:
     return [bytearray(JOB_LAYOUT.size * 2), 0, 1, [b"a", b"b"], [b"v", b"w"], ["t1", "t2"], [0, 1], [0, 1],
-            [3] * 256, 0, 9, 0, bytearray(2 * 512), hb_addr, 512, view_addr, 65536, bytes(16)]  # fmt: skip
+            [3] * 256, 0, 9, 0, 0o600, bytearray(2 * 512), hb_addr, 512, view_addr, 65536, bytes(16)]  # fmt: skip
 
 
 def _buffers(args: list[Any]) -> list[bytes]:
