@@ -530,6 +530,30 @@ def test_fsck_checks_a_chain_member_by_member_and_skips_its_memory_tier(tmp_path
     assert r.exit_code == 2 and "no [tiers.kv.tiers[1]]" in r.output and "it has: kv" in r.output, r.output
 
 
+def test_fsck_reports_every_tier_when_one_cannot_be_checked(tmp_path: Path) -> None:
+    """A tier whose medium could not be listed (a server down) ended the run: the reports of
+    the tiers checked before it were dropped, chunks removed with --remove included."""
+    pytest.importorskip("valkey")
+    root = tmp_path / "kv"
+    root.mkdir()
+    config = _tier_config("fs", root)
+    payloads = asyncio.run(_fill(config, 3))
+    _corrupt_on_medium(root, payloads[1])
+    cfg = tmp_path / "two.toml"
+    body = "\n".join(f"{k} = {json.dumps(v)}" for k, v in config.items() if k != "type")
+    down = '[tiers.b]\ntype = "valkey"\nurl = "redis://127.0.0.1:1"\ntimeout_s = 1\nmax_retries = 0\n'
+    spec = f'[spec]\nchunk_bytes = "64K"\nnamespace = "{NAMESPACE}"\n\n'
+    cfg.write_text(f'{spec}[tiers.a]\ntype = "fs"\n{body}\n\n{down}')
+    r = invoke("fsck", "--config", str(cfg), "--remove", "--json")
+    assert r.exit_code == 4, r.output
+    a, b = json.loads(r.output)
+    assert a["tier"] == "a" and a["removed"] == 1 and a["clean"], a
+    assert b["tier"] == "b" and "unreachable" in b["cannot_check"] and not b["clean"], b
+    r = invoke("fsck", "--config", str(cfg))
+    assert r.exit_code == 4 and "a: 2 chunks checked, 2 good, 0 bad: clean" in r.output, r.output
+    assert "b: cannot check: listing the tier's keys" in r.output, r.output
+
+
 def test_fsck_checks_a_chain_inside_a_chain(tmp_path: Path) -> None:
     root = tmp_path / "disk"
     root.mkdir()

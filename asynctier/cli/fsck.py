@@ -51,6 +51,9 @@ class FsckReport:
     #: Why the tier could not be opened for checking though it is there: damage found at open
     #: that loses chunks (a damaged or truncated slab, a lost index), said and left as it is.
     damaged: str | None = None
+    #: Why the tier could not be checked (its medium could not be opened or listed: a server
+    #: down, no permission); the other tiers of the run are still checked and reported.
+    cannot_check: str | None = None
 
     @property
     def clean(self) -> bool:
@@ -60,6 +63,7 @@ class FsckReport:
             and not self.errors
             and (self.remove or not self.removed_at_open)
             and self.damaged is None
+            and self.cannot_check is None
         )
 
 
@@ -203,7 +207,11 @@ async def _check_all(targets: list[CheckTarget], spec: OffloadingSpec, remove: b
         if skipped:  # built, never opened
             report = FsckReport(tier=target.name, skipped=skipped)
         else:
-            report = await _verify_all(target.name, tier, remove=remove)
+            try:
+                report = await _verify_all(target.name, tier, remove=remove)
+            except (OSError, TierStateError, ChunkError) as e:  # no permission, a slab in use, a server down
+                # (said with the others: the tiers checked before it, chunks removed included, stay reported)
+                report = FsckReport(tier=target.name, remove=remove, cannot_check=str(e))
         report.member = target.member
         reports.append(report)
     return reports
@@ -221,6 +229,9 @@ def _print_reports(reports: list[FsckReport], remove: bool) -> None:
             continue
         if r.damaged:
             click.echo(f"{label}: NOT CLEAN, damaged (left as it is): {r.damaged}")
+            continue
+        if r.cannot_check:
+            click.echo(f"{label}: cannot check: {r.cannot_check}")
             continue
         state = "clean" if r.clean else "NOT CLEAN"
         click.echo(
@@ -289,5 +300,7 @@ def fsck(
         click.echo(json.dumps([{**asdict(r), "clean": r.clean} for r in reports], indent=2))
     else:
         _print_reports(reports, remove)
-    if not all(r.clean for r in reports):
+    if not all(r.clean or r.cannot_check for r in reports):  # (the lowest status that applies)
         raise SystemExit(int(ExitCode.NOT_VERIFIED))
+    if any(r.cannot_check for r in reports):
+        raise SystemExit(int(ExitCode.CANNOT_RUN))
