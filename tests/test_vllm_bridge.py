@@ -296,6 +296,46 @@ def test_touch_reaches_the_tier(tmp_path: Path) -> None:
         s.close()
 
 
+def test_a_stats_call_that_raises_stalls_nothing() -> None:
+    """A tier's stats() that raised inside the loop's inbox ended its polling without saying
+    so: every later job stayed in the inbox and vLLM never saw it finish."""
+    s = Scheduler(adapter_config({"type": "memory"}, stats_interval_s=0))
+    inner = s.tier.tier
+    real, failed = inner.stats, []
+
+    def flaky() -> Any:
+        if not failed:
+            failed.append(True)
+            raise OSError("stats backend hiccup")
+        return real()
+
+    inner.stats = flaky
+    try:
+        req = s.new_request()
+        s.store(req, chunks(2))
+        s.settle()  # the loop polls its inbox for a while now
+        s.mgr.get_stats()  # posts a stats refresh, which raises on the loop
+        s.store(req, chunks(2))
+        s.steps_until(lambda: not s.mgr.has_pending_work(), "the store after the failed stats refresh", 10)
+        assert failed
+        s.finish(req)
+    finally:
+        s.close()
+
+
+def test_two_tiers_of_one_type_are_two_metric_series() -> None:
+    """Both were labelled with their type: vLLM kept one tier's gauge and summed the counters."""
+    from vllm.v1.kv_offload.tiering.factory import SecondaryTierFactory as VllmFactory
+
+    from asynctier.integrations.vllm import _metric_label
+
+    assert _metric_label("fs-test", None) == "fs-test" and _metric_label("fs-test", None) == "fs-test-1"
+    assert _metric_label("fs-test", "nvme-local") == "nvme-local"
+    spec = TieringOffloadingSpec(offloading_config([adapter_config({"type": "memory"}, name="near")]))
+    with pytest.raises(TierConfigError, match=r"'name' must be a non-empty printable str"):
+        VllmFactory.create_secondary_tier(adapter_config({"type": "memory"}, name=""), memoryview(bytearray(0)), spec)
+
+
 def test_config_unchanged_through_vllm_spec(tmp_path: Path) -> None:
     """The README's snippet, as vLLM reads it from kv_connector_extra_config."""
     spec = TieringOffloadingSpec(offloading_config([adapter_config({"type": "fs", "root": str(tmp_path)})]))

@@ -109,6 +109,24 @@ def namespace_for(offloading_spec: VllmOffloadingSpec) -> str:
     return namespace
 
 
+_labels_lock = threading.Lock()
+_labels_taken: set[str] = set()
+
+
+def _metric_label(tier_type: str, name: str | None) -> str:
+    """A tier's ``asynctier_tier`` label: ``name``, else its type, then ``type-1``, ``type-2``
+    for more tiers of one type in this process (vLLM keeps the last value of a gauge per label
+    and sums counters: two tiers under one label showed one tier's figures)."""
+    with _labels_lock:
+        label = name or tier_type
+        n = 0
+        while name is None and label in _labels_taken:
+            n += 1
+            label = f"{tier_type}-{n}"
+        _labels_taken.add(label)
+        return label
+
+
 @dataclass(frozen=True)
 class _Done:
     """One finished job, as the loop thread hands it to the scheduler thread."""
@@ -146,6 +164,8 @@ class AsynctierTier(SecondaryTierManager):
       running: wait for them (default), or cancel them (chunk I/Os already started finish;
       the jobs are reported failed).
     * ``stats_interval_s`` (default 1.0): how often ``get_stats`` refreshes the tier's figures.
+    * ``name`` (str): the tier's ``asynctier_tier`` label in vLLM's metrics; default its type,
+      then ``fs-1``, ``fs-2`` for more tiers of one type in the process.
     """
 
     medium: ClassVar[Medium] = Medium.STORAGE
@@ -160,14 +180,17 @@ class AsynctierTier(SecondaryTierManager):
         locality: str | None = None,
         drain: Literal["wait", "cancel"] = "wait",
         stats_interval_s: float = 1.0,
+        name: str | None = None,
         backpressure_detector: BackpressureDetector | None = None,
         **unknown: Any,
     ) -> None:
         if unknown:  # (else a bare TypeError from the call, naming no accepted key)
             raise TierConfigError(
                 f"AsynctierTier: unknown key(s) {', '.join(map(repr, sorted(unknown)))}; accepted: 'tier', "
-                "'namespace', 'locality', 'drain', 'stats_interval_s' (and vLLM's own 'backpressure')"
+                "'namespace', 'locality', 'drain', 'stats_interval_s', 'name' (and vLLM's own 'backpressure')"
             )
+        if name is not None and (not isinstance(name, str) or not name or not name.isprintable()):
+            raise TierConfigError(f"AsynctierTier: 'name' must be a non-empty printable str; got {name!r}")
         super().__init__(offloading_spec, primary_kv_view, tier_type, backpressure_detector)
         if not isinstance(tier, Mapping) or not tier.get("type"):
             raise TierConfigError(
@@ -204,6 +227,7 @@ class AsynctierTier(SecondaryTierManager):
         )
         self._tier: AsyncTier | None = AsyncTierFactory.create_secondary_tier(dict(tier), primary_kv_view, self.spec)
         self._inner_type = str(tier["type"])
+        self._label = _metric_label(self._inner_type, name)
 
         # scheduler-thread state (vLLM calls tier methods under its manager lock)
         self._closed = False
@@ -280,17 +304,22 @@ class AsynctierTier(SecondaryTierManager):
             self._last_busy = self.loop.time()
         while self._inbox:
             fn, args = self._inbox.popleft()
-            fn(*args)
+            try:
+                fn(*args)
+            except Exception as e:  # (a tier's stats() that raised): the items after it still run
+                log.warning("asynctier %s: %s raised: %r", self._label, getattr(fn, "__name__", fn), e)
 
     def _poll_inbox(self) -> None:
-        self._take_inbox()
-        if self._jobs or self._side_tasks:
-            self._last_busy = self.loop.time()
-        if self.loop.time() - self._last_busy < _LINGER_S:
-            self.loop.call_later(_POLL_S, self._poll_inbox)
-        else:
-            self._loop_polls = False
-            self._take_inbox()  # what was posted while the scheduler thread still saw us polling
+        try:
+            self._take_inbox()
+        finally:  # polling goes on, or stops saying so: else _post never woke the loop again
+            if self._jobs or self._side_tasks:
+                self._last_busy = self.loop.time()
+            if self.loop.time() - self._last_busy < _LINGER_S:
+                self.loop.call_later(_POLL_S, self._poll_inbox)
+            else:
+                self._loop_polls = False
+                self._take_inbox()  # what was posted while the scheduler thread still saw us polling
 
     def _track(self, tasks: set[asyncio.Task[None]], coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         task = self.loop.create_task(coro)
@@ -341,7 +370,10 @@ class AsynctierTier(SecondaryTierManager):
             log.debug("asynctier touch of %d keys failed: %r", len(keys), e)
 
     def _refresh_stats(self) -> None:
-        self._snapshot = self.tier.stats()
+        try:
+            self._snapshot = self.tier.stats()
+        except Exception as e:  # (a tier's own stored_chunk_count() asking its medium): figures wait
+            log.warning("asynctier %s: stats() raised: %r", self._label, e)
 
     async def _lookup(self, keys: list[OffloadKey]) -> list[bool]:
         return await self.tier.lookup(keys)
@@ -493,11 +525,11 @@ class AsynctierTier(SecondaryTierManager):
         prev = self._reported
         self._reported = snap
         stats = OffloadingConnectorStats()
-        label = (self._inner_type,)
+        label = (self._label,)
         for kind, n in snap.failures.items():
             delta = n - (prev.failures.get(kind, 0) if prev else 0)
             if delta:
-                stats.increase_counter(CHUNK_FAILURES, delta, (self._inner_type, kind))
+                stats.increase_counter(CHUNK_FAILURES, delta, (self._label, kind))
         evicted = snap.evictions - (prev.evictions if prev else 0)
         if evicted:
             stats.increase_counter(EVICTIONS, evicted, label)
