@@ -14,11 +14,14 @@ recorded twice and the hot path pays nothing for metrics.
 A tier made of tiers (the ``chain`` tier) is exported as itself under its name, and each of
 its tiers under ``name/inner`` (``tier="kv/fs"``) with the chain's figures for that tier
 (hits, misses, promotions, demotions, drops, backlog, bytes moved) among the
-``asynctier_tier_stat`` figures; nested chains nest the names.
+``asynctier_tier_stat`` figures; nested chains nest the names. A tier whose ``stats()``
+raises is left out of that scrape (logged; ``asynctier_scrape_errors`` counts it), the others
+are exported.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator, Mapping
 
 try:
@@ -34,13 +37,19 @@ from .stats import TierStats
 
 __all__ = ["TierCollector"]
 
+log = logging.getLogger("asynctier.prometheus")
+
 
 class TierCollector(Collector):
     """A Prometheus collector for named tiers (the name becomes the ``tier`` label)."""
 
     def __init__(self, tiers: Mapping[str, SecondaryTierManager], prefix: str = "asynctier") -> None:
+        bad = [n for n in tiers if not isinstance(n, str) or not n or "/" in n]
+        if bad:  # ("/" joins a chain's name to its tiers': "kv/fs" would be exported twice)
+            raise ValueError(f"TierCollector: tier names must be non-empty strings without '/'; got {bad[0]!r}")
         self._tiers = dict(tiers)
         self._p = prefix
+        self._scrape_errors: dict[str, int] = {}
 
     def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily | SummaryMetricFamily]:
         p = self._p
@@ -69,7 +78,22 @@ class TierCollector(Collector):
             for child, cs in s.children.items():
                 yield from flattened(f"{name}/{child}", cs)
 
-        snapshots = [item for name, tier in self._tiers.items() for item in flattened(name, tier.stats())]
+        def each() -> Iterator[tuple[str, TierStats]]:
+            for name, tier in self._tiers.items():
+                try:
+                    s = tier.stats()
+                except Exception as e:  # one tier's failure must not take the others' metrics down
+                    self._scrape_errors[name] = self._scrape_errors.get(name, 0) + 1
+                    log.warning("asynctier: stats() of tier %r raised: %r (left out of this scrape)", name, e)
+                    continue
+                yield from flattened(name, s)
+
+        snapshots = list(each())
+        scrape_errors = CounterMetricFamily(
+            f"{p}_scrape_errors", "Scrapes that left the tier out: its stats() raised", labels=["tier"]
+        )
+        for name, n in sorted(self._scrape_errors.items()):
+            scrape_errors.add_metric([name], n)
         for name, s in snapshots:
             base = [name, s.tier_type]
             chunks.add_metric([*base, "offload"], s.offloaded)
@@ -99,3 +123,4 @@ class TierCollector(Collector):
                     latency.add_metric([*base, op, q], v)
         yield from (chunks, nbytes, failures, evictions, in_flight, queued, used, capacity, stored, peak, bound, extra)
         yield latency
+        yield scrape_errors

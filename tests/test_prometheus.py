@@ -113,3 +113,32 @@ async def test_collector_exports_each_tier_of_a_chain(tmp_path: Path) -> None:
     assert get("asynctier_tier_stat", "kv/memory", "memory", name="chain_misses") == 1
     assert get("asynctier_tier_stat", "kv", "chain", name="backlog") == 0
     assert get("asynctier_tier_stat", "kv/fs", "fs", name="chain_bytes_out") == 1024
+
+
+def test_a_tier_whose_stats_raise_leaves_the_others_exported() -> None:
+    """One tier's stats() that raised failed the whole scrape: every tier's metrics were lost.
+    A top-level name with a "/" could be exported twice (a chain's tiers are "name/inner")."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from asynctier.prometheus import TierCollector
+
+    spec = OffloadingSpec(1024, 4)
+
+    def memory() -> object:
+        return SecondaryTierFactory.create_secondary_tier({"type": "memory"}, memoryview(bytearray(4096)), spec)
+
+    good, bad = memory(), memory()
+
+    def broken() -> None:
+        raise RuntimeError("stats broke")
+
+    bad.stats = broken  # type: ignore[attr-defined]
+    registry = prometheus_client.CollectorRegistry()
+    registry.register(TierCollector({"good": good, "bad": bad}))  # type: ignore[dict-item]
+    for _ in range(2):
+        text = prometheus_client.generate_latest(registry).decode()
+    samples = {(s.name, s.labels.get("tier")): s.value for f in text_string_to_metric_families(text) for s in f.samples}
+    assert ("asynctier_max_inflight", "good") in samples and ("asynctier_max_inflight", "bad") not in samples
+    assert samples[("asynctier_scrape_errors_total", "bad")] == 2
+    with pytest.raises(ValueError, match=r"without '/'; got 'kv/b'"):
+        TierCollector({"kv/b": good})  # type: ignore[dict-item]
