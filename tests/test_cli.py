@@ -411,6 +411,18 @@ def test_fsck_evicts_nothing_when_the_config_holds_less_than_is_stored(tmp_path:
     assert _snapshot(root).keys() == before.keys()
 
 
+@pytest.mark.parametrize("capacity", [4 << 20, 16 << 20])
+def test_fsck_checks_an_nvme_slab_whatever_capacity_the_file_gives(tmp_path: Path, capacity: int) -> None:
+    """docs/cli.md: fsck opens every tier unbounded. An nvme tier file whose capacity_bytes was
+    not the slab's was refused as "another layout ... pass reformat=True", which fsck ignores."""
+    root = tmp_path / "kv"
+    root.mkdir()
+    config = _tier_config("nvme", root)  # an 8 MiB slab
+    asyncio.run(_fill(config, 4))
+    r = invoke("fsck", "--config", str(_fsck_config(tmp_path, {**config, "capacity_bytes": capacity})))
+    assert r.exit_code == 0 and "kv: 4 chunks checked, 4 good, 0 bad: clean" in r.output, r.output
+
+
 def test_fsck_needs_the_layout(tmp_path: Path) -> None:
     cfg = tmp_path / "tier.toml"
     cfg.write_text('[tiers.kv]\ntype = "memory"\n')

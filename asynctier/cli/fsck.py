@@ -99,8 +99,11 @@ def _build_for_check(name: str, where: str, config: Mapping[str, Any], spec: Off
     for knob, value in (("reformat", False), ("create", False), ("lru_times", False)):
         if knob in accepted:
             cfg[knob] = value
-    if "capacity_bytes" in accepted and not getattr(cls, "capacity_sizes_medium", False):
-        cfg["capacity_bytes"] = None  # (a bound smaller than what is stored evicted the rest at open)
+    if "capacity_bytes" in accepted:
+        # a bound smaller than what is stored evicted the rest at open; an nvme slab keeps the
+        # size it has (another capacity_bytes was refused as another layout, with a hint to
+        # pass reformat=True, which fsck ignores)
+        cfg["capacity_bytes"] = None
     check_exists(where, cfg)
     scratch = aligned_buffer(spec.total_bytes)  # never touched by verify_chunks; the tier wants a view
     try:
