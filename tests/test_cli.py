@@ -411,16 +411,41 @@ def test_fsck_evicts_nothing_when_the_config_holds_less_than_is_stored(tmp_path:
     assert _snapshot(root).keys() == before.keys()
 
 
-@pytest.mark.parametrize("capacity", [4 << 20, 16 << 20])
-def test_fsck_checks_an_nvme_slab_whatever_capacity_the_file_gives(tmp_path: Path, capacity: int) -> None:
-    """docs/cli.md: fsck opens every tier unbounded. An nvme tier file whose capacity_bytes was
-    not the slab's was refused as "another layout ... pass reformat=True", which fsck ignores."""
+def test_fsck_of_an_nvme_slab_of_another_capacity_says_what_to_give_not_to_reformat(tmp_path: Path) -> None:
+    """An nvme tier file whose capacity_bytes was not the slab's was refused with the tier's own
+    hint, "pass reformat=True" (fsck ignores it, and formatting loses the chunks); and the run
+    ended after the tiers before it had been checked and their bad chunks removed."""
     root = tmp_path / "kv"
     root.mkdir()
     config = _tier_config("nvme", root)  # an 8 MiB slab
     asyncio.run(_fill(config, 4))
-    r = invoke("fsck", "--config", str(_fsck_config(tmp_path, {**config, "capacity_bytes": capacity})))
+    before = _snapshot(root)
+    other = _fsck_config(tmp_path, {**config, "capacity_bytes": 16 << 20})
+    r = CliRunner().invoke(main, ["fsck", "--config", str(other)])
+    assert r.exit_code == 2 and "fsck never formats: give the tier file the capacity_bytes" in r.output, r.output
+    assert _snapshot(root) == before
+    without = {k: v for k, v in config.items() if k != "capacity_bytes"}
+    r = invoke("fsck", "--config", str(_fsck_config(tmp_path, without)))
     assert r.exit_code == 0 and "kv: 4 chunks checked, 4 good, 0 bad: clean" in r.output, r.output
+
+
+def test_fsck_refusing_one_tiers_config_at_open_checks_and_removes_nothing(tmp_path: Path) -> None:
+    """Every tier is opened before a chunk is read or removed: a tier file whose second tier the
+    open refuses (exit 2) left the first tier's bad chunk removed by a run that reported nothing."""
+    fs_root, nv_root = tmp_path / "fs", tmp_path / "nv"
+    fs_root.mkdir()
+    nv_root.mkdir()
+    fs_cfg, nv_cfg = _tier_config("fs", fs_root), _tier_config("nvme", nv_root)
+    payloads = asyncio.run(_fill(fs_cfg, 3))
+    asyncio.run(_fill(nv_cfg, 2))
+    victim = _corrupt_on_medium(fs_root, payloads[1])
+    spec = f'[spec]\nchunk_bytes = "64K"\nnamespace = "{NAMESPACE}"\n\n'
+    nv = f'[tiers.b]\ntype = "nvme"\npath = "{nv_cfg["path"]}"\ncapacity_bytes = {16 << 20}\n'
+    cfg = tmp_path / "two.toml"
+    cfg.write_text(f'{spec}[tiers.a]\ntype = "fs"\nroot = "{fs_root}"\n\n{nv}')
+    r = CliRunner().invoke(main, ["fsck", "--config", str(cfg), "--remove"])
+    assert r.exit_code == 2 and "fsck never formats" in r.output, r.output
+    assert victim.exists(), "nothing removed by a run that ended with a usage error"
 
 
 def test_fsck_needs_the_layout(tmp_path: Path) -> None:

@@ -99,11 +99,8 @@ def _build_for_check(name: str, where: str, config: Mapping[str, Any], spec: Off
     for knob, value in (("reformat", False), ("create", False), ("lru_times", False)):
         if knob in accepted:
             cfg[knob] = value
-    if "capacity_bytes" in accepted:
-        # a bound smaller than what is stored evicted the rest at open; an nvme slab keeps the
-        # size it has (another capacity_bytes was refused as another layout, with a hint to
-        # pass reformat=True, which fsck ignores)
-        cfg["capacity_bytes"] = None
+    if "capacity_bytes" in accepted and not getattr(cls, "capacity_sizes_medium", False):
+        cfg["capacity_bytes"] = None  # (a bound smaller than what is stored evicted the rest at open)
     check_exists(where, cfg)
     scratch = aligned_buffer(spec.total_bytes)  # never touched by verify_chunks; the tier wants a view
     try:
@@ -139,14 +136,40 @@ async def _verify_all(
     name: str, tier: Any, *, remove: bool, batch: int = 1024, progress: Callable[[int, int], None] | None = None
 ) -> FsckReport:
     """Open ``tier`` (built by :func:`_build_for_check`), verify every chunk it lists, close it."""
-    from ..errors import IntegrityError, MediumDamagedError, failure_kind
+    report = await _open_for_check(name, tier, remove)
+    if report.damaged:
+        return report
+    return await _verify_open(tier, report, batch=batch, progress=progress)
+
+
+async def _open_for_check(name: str, tier: Any, remove: bool) -> FsckReport:
+    """Open ``tier``; its report, ``damaged`` set where the open found damage that an open which
+    may repair would make final (the tier is then not open)."""
+    from ..errors import MediumDamagedError
 
     report = FsckReport(tier=name, remove=remove)
     try:
         await tier.open()
-    except MediumDamagedError as e:  # damage that an open which may repair would make final
+    except MediumDamagedError as e:
         report.damaged = str(e)
-        return report
+    except TierConfigError as e:
+        if "reformat" not in str(e):
+            raise
+        # (the tier's own message suggests reformat=True, which fsck ignores and would lose the chunks)
+        raise TierConfigError(
+            f"{name}: {e}. fsck never formats: give the tier file the capacity_bytes the medium was made with, "
+            "or leave capacity_bytes out"
+        ) from None
+    return report
+
+
+async def _verify_open(
+    tier: Any, report: FsckReport, *, batch: int = 1024, progress: Callable[[int, int], None] | None = None
+) -> FsckReport:
+    """Verify every chunk the open ``tier`` lists, into ``report``; close it."""
+    from ..errors import IntegrityError, failure_kind
+
+    remove = report.remove
     async with tier:
         keys = await tier.stored_keys()  # (the index complete: the open's scan is over)
         report.removed_at_open = int(tier.stats().extra.get("scan_removed_bad", 0))
@@ -203,21 +226,41 @@ async def _check_all(targets: list[CheckTarget], spec: OffloadingSpec, remove: b
     """Build every tier first, the skipped ones too (a bad parameter or a missing root is said
     before anything is read or removed), then verify them one after the other."""
     built = [(t, _build_for_check(t.name, t.where, t.config, spec)) for t in targets]
-    reports = []
-    for target, tier in built:
-        # (an instance may hold nothing across processes where its class can: obj on memory://)
-        skipped = target.skipped or (None if getattr(tier, "persistent", True) else NOT_PERSISTENT)
-        if skipped:  # built, never opened
-            report = FsckReport(tier=target.name, skipped=skipped)
-        else:
-            try:
-                report = await _verify_all(target.name, tier, remove=remove)
-            except (OSError, TierStateError, ChunkError) as e:  # no permission, a slab in use, a server down
-                # (said with the others: the tiers checked before it, chunks removed included, stay reported)
-                report = FsckReport(tier=target.name, remove=remove, cannot_check=str(e))
-        report.member = target.member
-        reports.append(report)
-    return reports
+    # then every one opened, before a chunk is read or removed: a configuration the open refuses
+    # (an nvme slab of another geometry) is a usage error with nothing checked; a medium that
+    # cannot be reached is that tier's report, the others are checked all the same
+    opened: list[tuple[CheckTarget, Any, FsckReport]] = []
+    try:
+        for target, tier in built:
+            # (an instance may hold nothing across processes where its class can: obj on memory://)
+            skipped = target.skipped or (None if getattr(tier, "persistent", True) else NOT_PERSISTENT)
+            if skipped:  # built, never opened
+                report = FsckReport(tier=target.name, skipped=skipped)
+            else:
+                try:
+                    report = await _open_for_check(target.name, tier, remove)
+                except (OSError, TierStateError, ChunkError) as e:  # no permission, a slab in use, a server down
+                    report = FsckReport(tier=target.name, remove=remove, cannot_check=str(e))
+            report.member = target.member
+            opened.append((target, tier, report))
+    except BaseException:
+        for _, tier, report in opened:
+            if not (report.skipped or report.damaged or report.cannot_check):
+                await tier.aclose()
+        raise
+    for i, (_, tier, report) in enumerate(opened):
+        if report.skipped or report.damaged or report.cannot_check:
+            continue
+        try:
+            await _verify_open(tier, report)
+        except (OSError, TierStateError, ChunkError) as e:  # a listing that failed (a server gone)
+            report.cannot_check = str(e)
+        except BaseException:
+            for _, rest, r in opened[i + 1 :]:
+                if not (r.skipped or r.damaged or r.cannot_check):
+                    await rest.aclose()
+            raise
+    return [report for _, _, report in opened]
 
 
 def _tmp_note(n: int) -> str:
