@@ -327,10 +327,16 @@ def test_two_tiers_of_one_type_are_two_metric_series() -> None:
     """Both were labelled with their type: vLLM kept one tier's gauge and summed the counters."""
     from vllm.v1.kv_offload.tiering.factory import SecondaryTierFactory as VllmFactory
 
-    from asynctier.integrations.vllm import _metric_label
+    from asynctier.integrations.vllm import _metric_label, _release_label
 
     assert _metric_label("fs-test", None) == "fs-test" and _metric_label("fs-test", None) == "fs-test-1"
     assert _metric_label("fs-test", "nvme-local") == "nvme-local"
+    with pytest.raises(TierConfigError, match=r"'name' 'fs-test' is another live tier's"):
+        _metric_label("memory", "fs-test")  # a name given, taken by a tier numbered by type
+    _release_label("fs-test")  # (shut down)
+    assert _metric_label("fs-test", None) == "fs-test"
+    for label in ("fs-test", "fs-test-1", "nvme-local"):
+        _release_label(label)
     spec = TieringOffloadingSpec(offloading_config([adapter_config({"type": "memory"}, name="near")]))
     with pytest.raises(TierConfigError, match=r"'name' must be a non-empty printable str"):
         VllmFactory.create_secondary_tier(adapter_config({"type": "memory"}, name=""), memoryview(bytearray(0)), spec)

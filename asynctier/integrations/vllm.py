@@ -114,17 +114,27 @@ _labels_taken: set[str] = set()
 
 
 def _metric_label(tier_type: str, name: str | None) -> str:
-    """A tier's ``asynctier_tier`` label: ``name``, else its type, then ``type-1``, ``type-2``
-    for more tiers of one type in this process (vLLM keeps the last value of a gauge per label
-    and sums counters: two tiers under one label showed one tier's figures)."""
+    """A tier's ``asynctier_tier`` label, unique among the live tiers of this process: ``name``
+    (refused if taken), else its type, then ``type-1``, ``type-2`` (vLLM keeps the last value of
+    a gauge per label and sums counters: two tiers under one label showed one tier's figures).
+    :func:`_release_label` gives it back when the tier shuts down or fails to start."""
     with _labels_lock:
-        label = name or tier_type
-        n = 0
-        while name is None and label in _labels_taken:
-            n += 1
-            label = f"{tier_type}-{n}"
+        if name is not None:
+            if name in _labels_taken:
+                raise TierConfigError(f"AsynctierTier: 'name' {name!r} is another live tier's; give each its own")
+            label = name
+        else:
+            label, n = tier_type, 0
+            while label in _labels_taken:
+                n += 1
+                label = f"{tier_type}-{n}"
         _labels_taken.add(label)
         return label
+
+
+def _release_label(label: str) -> None:
+    with _labels_lock:
+        _labels_taken.discard(label)
 
 
 @dataclass(frozen=True)
@@ -225,9 +235,15 @@ class AsynctierTier(SecondaryTierManager):
             primary_kv_view.nbytes // chunk_bytes,
             namespace if namespace is not None else namespace_for(offloading_spec),
         )
-        self._tier: AsyncTier | None = AsyncTierFactory.create_secondary_tier(dict(tier), primary_kv_view, self.spec)
         self._inner_type = str(tier["type"])
         self._label = _metric_label(self._inner_type, name)
+        try:
+            self._tier: AsyncTier | None = AsyncTierFactory.create_secondary_tier(
+                dict(tier), primary_kv_view, self.spec
+            )
+        except BaseException:
+            _release_label(self._label)
+            raise
 
         # scheduler-thread state (vLLM calls tier methods under its manager lock)
         self._closed = False
@@ -262,6 +278,7 @@ class AsynctierTier(SecondaryTierManager):
                 self._call(self.tier.aclose())
             self._stop_loop()
             self._tier = None
+            _release_label(self._label)
             raise
         self._lookups = _Lookups(self, tier_type)
 
@@ -482,6 +499,7 @@ class AsynctierTier(SecondaryTierManager):
         try:
             self._call(self._close())
         finally:
+            _release_label(self._label)
             self._stop_loop()
             # vLLM unmaps the primary region next: a closed tier releases its own views of it,
             # but a chunk's failure leaves a traceback in a reference cycle whose frames hold
