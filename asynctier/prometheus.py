@@ -22,6 +22,7 @@ are exported.
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Iterator, Mapping
 
 try:
@@ -33,7 +34,7 @@ except ImportError as e:  # (say which extra brings it, as the factory does for 
     ) from e
 
 from .contract import SecondaryTierManager
-from .stats import TierStats
+from .stats import STATS_FAILED, TierStats
 
 __all__ = ["TierCollector"]
 
@@ -50,6 +51,17 @@ class TierCollector(Collector):
         self._tiers = dict(tiers)
         self._p = prefix
         self._scrape_errors: dict[str, int] = {}
+        self._errors_lock = threading.Lock()  # (scrapes may run on several threads at once)
+
+    def describe(self) -> list[GaugeMetricFamily]:
+        """Nothing up front: registering must not call every tier's ``stats()`` (the registry
+        calls ``collect()`` to learn the names where a collector has no ``describe``)."""
+        return []
+
+    def _failed(self, name: str, e: BaseException) -> None:
+        with self._errors_lock:
+            self._scrape_errors[name] = self._scrape_errors.get(name, 0) + 1
+        log.warning("asynctier: stats() of tier %r raised: %r (left out of this scrape)", name, e)
 
     def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily | SummaryMetricFamily]:
         p = self._p
@@ -74,6 +86,9 @@ class TierCollector(Collector):
         )
 
         def flattened(name: str, s: TierStats) -> Iterator[tuple[str, TierStats]]:
+            if s.extra.get(STATS_FAILED):  # a chain's member whose stats() raised: zeros, not its figures
+                self._failed(name, RuntimeError("its stats() raised (logged by the chain)"))
+                return
             yield name, s
             for child, cs in s.children.items():
                 yield from flattened(f"{name}/{child}", cs)
@@ -83,8 +98,7 @@ class TierCollector(Collector):
                 try:
                     s = tier.stats()
                 except Exception as e:  # one tier's failure must not take the others' metrics down
-                    self._scrape_errors[name] = self._scrape_errors.get(name, 0) + 1
-                    log.warning("asynctier: stats() of tier %r raised: %r (left out of this scrape)", name, e)
+                    self._failed(name, e)
                     continue
                 yield from flattened(name, s)
 
@@ -92,7 +106,9 @@ class TierCollector(Collector):
         scrape_errors = CounterMetricFamily(
             f"{p}_scrape_errors", "Scrapes that left the tier out: its stats() raised", labels=["tier"]
         )
-        for name, n in sorted(self._scrape_errors.items()):
+        with self._errors_lock:
+            errors = sorted(self._scrape_errors.items())
+        for name, n in errors:
             scrape_errors.add_metric([name], n)
         for name, s in snapshots:
             base = [name, s.tier_type]

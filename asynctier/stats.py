@@ -10,9 +10,13 @@ from typing import Literal
 
 from .errors import FAILURE_KINDS, AsyncTierError, failure_kind
 
-__all__ = ["LatencySummary", "StatsRecorder", "TierStats", "TransferFailedError", "TransferResult"]
+__all__ = ["STATS_FAILED", "LatencySummary", "StatsRecorder", "TierStats", "TransferFailedError", "TransferResult"]
 
 Op = Literal["offload", "load", "remove", "verify"]
+
+#: The ``extra`` key of a :class:`TierStats` that stands in for a tier whose ``stats()`` raised
+#: (a chain's member): its figures are zeros, not the tier's (an exporter leaves it out).
+STATS_FAILED = "stats_failed"
 
 
 class TransferFailedError(AsyncTierError):

@@ -142,3 +142,32 @@ def test_a_tier_whose_stats_raise_leaves_the_others_exported() -> None:
     assert samples[("asynctier_scrape_errors_total", "bad")] == 2
     with pytest.raises(ValueError, match=r"without '/'; got 'kv/b'"):
         TierCollector({"kv/b": good})  # type: ignore[dict-item]
+
+
+def test_a_chain_member_whose_stats_raise_is_left_out_not_exported_as_zeros() -> None:
+    """The chain stands a failing member's stats in with zeros: exported, its counters dropped
+    to 0 (a reset, to Prometheus). Registering also called every tier's stats() once."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from asynctier.prometheus import TierCollector
+
+    spec = OffloadingSpec(1024, 4)
+    chain = SecondaryTierFactory.create_secondary_tier(
+        {"type": "chain", "tiers": [{"type": "memory"}, {"type": "memory"}]}, memoryview(bytearray(4096)), spec
+    )
+    member = chain.members[1].tier  # type: ignore[attr-defined]
+    calls: list[int] = []
+
+    def broken() -> None:
+        calls.append(1)
+        raise RuntimeError("stats broke")
+
+    member.stats = broken
+    registry = prometheus_client.CollectorRegistry(auto_describe=True)
+    registry.register(TierCollector({"kv": chain}))
+    assert calls == []  # registering asked no tier
+    text = prometheus_client.generate_latest(registry).decode()
+    families = text_string_to_metric_families(text)
+    tiers = {s.labels.get("tier") for f in families if f.name != "asynctier_scrape_errors" for s in f.samples}
+    assert "kv" in tiers and "kv/memory" in tiers and "kv/memory-1" not in tiers, tiers
+    assert 'asynctier_scrape_errors_total{tier="kv/memory-1"} 1.0' in text

@@ -21,7 +21,7 @@ from asynctier.contract import SecondaryTierManager
 from asynctier.core.backend import spawn_service
 from asynctier.core.breaker import Breaker
 from asynctier.errors import FAILURE_KINDS, ChunkTimeoutError, TierUnavailableError, failure_kind
-from asynctier.stats import TierStats, TransferResult
+from asynctier.stats import STATS_FAILED, TierStats, TransferResult
 
 from .admission import AdmissionPolicy, AdmitAll, CallablePolicy, FilterPolicy
 from .config import EntryConfig
@@ -266,5 +266,5 @@ def _empty(tier: SecondaryTierManager) -> TierStats:
 
     return TierStats(
         getattr(tier, "tier_type", "?"), 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, dict.fromkeys(FAILURE_KINDS, 0), 0,
-        None, None, None, LatencySummary(), LatencySummary(), {},
+        None, None, None, LatencySummary(), LatencySummary(), {STATS_FAILED: 1},
     )  # fmt: skip
