@@ -414,38 +414,43 @@ def test_fsck_evicts_nothing_when_the_config_holds_less_than_is_stored(tmp_path:
 def test_fsck_of_an_nvme_slab_of_another_capacity_says_what_to_give_not_to_reformat(tmp_path: Path) -> None:
     """An nvme tier file whose capacity_bytes was not the slab's was refused with the tier's own
     hint, "pass reformat=True" (fsck ignores it, and formatting loses the chunks); and the run
-    ended after the tiers before it had been checked and their bad chunks removed."""
-    root = tmp_path / "kv"
-    root.mkdir()
-    config = _tier_config("nvme", root)  # an 8 MiB slab
-    asyncio.run(_fill(config, 4))
-    before = _snapshot(root)
-    other = _fsck_config(tmp_path, {**config, "capacity_bytes": 16 << 20})
-    r = CliRunner().invoke(main, ["fsck", "--config", str(other)])
-    assert r.exit_code == 2 and "fsck never formats: give the tier file the capacity_bytes" in r.output, r.output
-    assert _snapshot(root) == before
-    without = {k: v for k, v in config.items() if k != "capacity_bytes"}
-    r = invoke("fsck", "--config", str(_fsck_config(tmp_path, without)))
-    assert r.exit_code == 0 and "kv: 4 chunks checked, 4 good, 0 bad: clean" in r.output, r.output
-
-
-def test_fsck_refusing_one_tiers_config_at_open_checks_and_removes_nothing(tmp_path: Path) -> None:
-    """Every tier is opened before a chunk is read or removed: a tier file whose second tier the
-    open refuses (exit 2) left the first tier's bad chunk removed by a run that reported nothing."""
+    ended there, the tiers checked before it unreported (their removals included)."""
     fs_root, nv_root = tmp_path / "fs", tmp_path / "nv"
     fs_root.mkdir()
     nv_root.mkdir()
-    fs_cfg, nv_cfg = _tier_config("fs", fs_root), _tier_config("nvme", nv_root)
+    fs_cfg, nv_cfg = _tier_config("fs", fs_root), _tier_config("nvme", nv_root)  # an 8 MiB slab
     payloads = asyncio.run(_fill(fs_cfg, 3))
-    asyncio.run(_fill(nv_cfg, 2))
+    asyncio.run(_fill(nv_cfg, 4))
     victim = _corrupt_on_medium(fs_root, payloads[1])
+    before = _snapshot(nv_root)
     spec = f'[spec]\nchunk_bytes = "64K"\nnamespace = "{NAMESPACE}"\n\n'
     nv = f'[tiers.b]\ntype = "nvme"\npath = "{nv_cfg["path"]}"\ncapacity_bytes = {16 << 20}\n'
     cfg = tmp_path / "two.toml"
     cfg.write_text(f'{spec}[tiers.a]\ntype = "fs"\nroot = "{fs_root}"\n\n{nv}')
     r = CliRunner().invoke(main, ["fsck", "--config", str(cfg), "--remove"])
-    assert r.exit_code == 2 and "fsck never formats" in r.output, r.output
-    assert victim.exists(), "nothing removed by a run that ended with a usage error"
+    assert r.exit_code == 2 and "a: 3 chunks checked, 2 good, 1 bad, 1 removed: clean" in r.output, r.output
+    assert "b: cannot check: " in r.output and "fsck never formats: give the chunk_bytes" in r.output
+    assert not victim.exists() and _snapshot(nv_root) == before
+    without = {k: v for k, v in nv_cfg.items() if k != "capacity_bytes"}
+    r = invoke("fsck", "--config", str(_fsck_config(tmp_path, without)))
+    assert r.exit_code == 0 and "kv: 4 chunks checked, 4 good, 0 bad: clean" in r.output, r.output
+
+
+def test_fsck_checks_two_tables_that_name_one_slab(tmp_path: Path) -> None:
+    """A slab named by a table of its own and by a chain's member is checked twice, one after
+    the other (opening every tier first had the second refused: the slab was in use)."""
+    root = tmp_path / "nv"
+    root.mkdir()
+    nv = _tier_config("nvme", root)
+    asyncio.run(_fill(nv, 2))
+    spec = f'[spec]\nchunk_bytes = "64K"\nnamespace = "{NAMESPACE}"\n\n'
+    slab = f'path = "{nv["path"]}", capacity_bytes = {nv["capacity_bytes"]}'
+    table = f'[tiers.a]\ntype = "nvme"\n{slab.replace(", ", chr(10))}\n\n'
+    chain = f'[tiers.kv]\ntype = "chain"\ntiers = [{{type = "memory"}}, {{type = "nvme", {slab}}}]\n'
+    cfg = tmp_path / "both.toml"
+    cfg.write_text(spec + table + chain)
+    r = invoke("fsck", "--config", str(cfg))
+    assert r.exit_code == 0 and "a: 2 chunks checked" in r.output and "kv.tiers[1] (nvme): 2 chunks checked" in r.output
 
 
 def test_fsck_needs_the_layout(tmp_path: Path) -> None:

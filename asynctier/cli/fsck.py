@@ -54,6 +54,8 @@ class FsckReport:
     #: Why the tier could not be checked (its medium could not be opened or listed: a server
     #: down, no permission); the other tiers of the run are still checked and reported.
     cannot_check: str | None = None
+    #: ``cannot_check`` is the tier refusing its config at open (a medium of another layout)
+    refused_config: bool = False
 
     @property
     def clean(self) -> bool:
@@ -157,8 +159,9 @@ async def _open_for_check(name: str, tier: Any, remove: bool) -> FsckReport:
             raise
         # (the tier's own message suggests reformat=True, which fsck ignores and would lose the chunks)
         raise TierConfigError(
-            f"{name}: {e}. fsck never formats: give the tier file the capacity_bytes the medium was made with, "
-            "or leave capacity_bytes out"
+            f"{str(e).rstrip('.')} (fsck never formats: give the chunk_bytes and namespace the chunks were written "
+            "with, and the capacity_bytes the medium was made with or none; a medium truncated or grown does not "
+            "fit its layout either)"
         ) from None
     return report
 
@@ -226,41 +229,24 @@ async def _check_all(targets: list[CheckTarget], spec: OffloadingSpec, remove: b
     """Build every tier first, the skipped ones too (a bad parameter or a missing root is said
     before anything is read or removed), then verify them one after the other."""
     built = [(t, _build_for_check(t.name, t.where, t.config, spec)) for t in targets]
-    # then every one opened, before a chunk is read or removed: a configuration the open refuses
-    # (an nvme slab of another geometry) is a usage error with nothing checked; a medium that
-    # cannot be reached is that tier's report, the others are checked all the same
-    opened: list[tuple[CheckTarget, Any, FsckReport]] = []
-    try:
-        for target, tier in built:
-            # (an instance may hold nothing across processes where its class can: obj on memory://)
-            skipped = target.skipped or (None if getattr(tier, "persistent", True) else NOT_PERSISTENT)
-            if skipped:  # built, never opened
-                report = FsckReport(tier=target.name, skipped=skipped)
-            else:
-                try:
-                    report = await _open_for_check(target.name, tier, remove)
-                except (OSError, TierStateError, ChunkError) as e:  # no permission, a slab in use, a server down
-                    report = FsckReport(tier=target.name, remove=remove, cannot_check=str(e))
-            report.member = target.member
-            opened.append((target, tier, report))
-    except BaseException:
-        for _, tier, report in opened:
-            if not (report.skipped or report.damaged or report.cannot_check):
-                await tier.aclose()
-        raise
-    for i, (_, tier, report) in enumerate(opened):
-        if report.skipped or report.damaged or report.cannot_check:
-            continue
-        try:
-            await _verify_open(tier, report)
-        except (OSError, TierStateError, ChunkError) as e:  # a listing that failed (a server gone)
-            report.cannot_check = str(e)
-        except BaseException:
-            for _, rest, r in opened[i + 1 :]:
-                if not (r.skipped or r.damaged or r.cannot_check):
-                    await rest.aclose()
-            raise
-    return [report for _, _, report in opened]
+    reports = []
+    for target, tier in built:
+        # (an instance may hold nothing across processes where its class can: obj on memory://)
+        skipped = target.skipped or (None if getattr(tier, "persistent", True) else NOT_PERSISTENT)
+        if skipped:  # built, never opened
+            report = FsckReport(tier=target.name, skipped=skipped)
+        else:
+            try:
+                report = await _verify_all(target.name, tier, remove=remove)
+            except (OSError, TierStateError, ChunkError, TierConfigError) as e:  # a server down, a slab in use,
+                # a medium the config does not fit (found at open): said with the others, which are
+                # checked all the same (one at a time: two tables may name one slab, and each open
+                # tier holds its descriptors and threads)
+                report = FsckReport(tier=target.name, remove=remove, cannot_check=str(e))
+                report.refused_config = isinstance(e, TierConfigError)
+        report.member = target.member
+        reports.append(report)
+    return reports
 
 
 def _tmp_note(n: int) -> str:
@@ -348,5 +334,7 @@ def fsck(
         _print_reports(reports, remove)
     if not all(r.clean or r.cannot_check for r in reports):  # (the lowest status that applies)
         raise SystemExit(int(ExitCode.NOT_VERIFIED))
+    if any(r.refused_config for r in reports):
+        raise SystemExit(int(ExitCode.USAGE))
     if any(r.cannot_check for r in reports):
         raise SystemExit(int(ExitCode.CANNOT_RUN))
