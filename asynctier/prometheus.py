@@ -53,10 +53,38 @@ class TierCollector(Collector):
         self._scrape_errors: dict[str, int] = {}
         self._errors_lock = threading.Lock()  # (scrapes may run on several threads at once)
 
-    def describe(self) -> list[GaugeMetricFamily]:
-        """Nothing up front: registering must not call every tier's ``stats()`` (the registry
-        calls ``collect()`` to learn the names where a collector has no ``describe``)."""
-        return []
+    def describe(self) -> list[GaugeMetricFamily | CounterMetricFamily]:
+        """The families, empty: their names never depend on the tiers, so registering calls no
+        tier's ``stats()`` (the registry calls ``collect()`` where a collector has no
+        ``describe``), and the registry still finds duplicate names and filters scrapes."""
+        return list(self._families().values())
+
+    def _families(self) -> dict[str, GaugeMetricFamily | CounterMetricFamily]:
+        p = self._p
+        labels = ["tier", "type"]
+        return {
+            "chunks": CounterMetricFamily(f"{p}_chunks", "Chunks transferred", labels=[*labels, "op"]),
+            "bytes": CounterMetricFamily(f"{p}_bytes", "Bytes transferred", labels=[*labels, "op"]),
+            "failures": CounterMetricFamily(f"{p}_failures", "Per-chunk failures by kind", labels=[*labels, "kind"]),
+            "evictions": CounterMetricFamily(f"{p}_evictions", "Chunks evicted to make room", labels=labels),
+            "in_flight": GaugeMetricFamily(f"{p}_in_flight", "Chunk I/Os running now", labels=labels),
+            "queued": GaugeMetricFamily(f"{p}_queued", "Chunk I/Os waiting for a slot", labels=labels),
+            "used": GaugeMetricFamily(f"{p}_used_bytes", "Bytes held by the tier", labels=labels),
+            "capacity": GaugeMetricFamily(f"{p}_capacity_bytes", "Capacity of the tier", labels=labels),
+            "stored": GaugeMetricFamily(f"{p}_stored_chunks", "Chunks held by the tier", labels=labels),
+            "peak": GaugeMetricFamily(f"{p}_peak_in_flight", "Most chunk I/Os seen running at once", labels=labels),
+            "bound": GaugeMetricFamily(f"{p}_max_inflight", "The tier's bound on chunk I/Os in flight", labels=labels),
+            # tier-specific figures (stats().extra): counters and levels alike, so exported as gauges
+            "extra": GaugeMetricFamily(
+                f"{p}_tier_stat", "A tier-specific figure from stats().extra", labels=[*labels, "name"]
+            ),
+            "latency": GaugeMetricFamily(
+                f"{p}_latency_seconds", "Recent per-chunk latency quantiles", labels=[*labels, "op", "quantile"]
+            ),
+            "scrape_errors": CounterMetricFamily(
+                f"{p}_scrape_errors", "Scrapes that left the tier out: its stats() raised", labels=["tier"]
+            ),
+        }
 
     def _failed(self, name: str, e: BaseException) -> None:
         with self._errors_lock:
@@ -64,26 +92,10 @@ class TierCollector(Collector):
         log.warning("asynctier: stats() of tier %r raised: %r (left out of this scrape)", name, e)
 
     def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily | SummaryMetricFamily]:
-        p = self._p
-        labels = ["tier", "type"]
-        chunks = CounterMetricFamily(f"{p}_chunks", "Chunks transferred", labels=[*labels, "op"])
-        nbytes = CounterMetricFamily(f"{p}_bytes", "Bytes transferred", labels=[*labels, "op"])
-        failures = CounterMetricFamily(f"{p}_failures", "Per-chunk failures by kind", labels=[*labels, "kind"])
-        evictions = CounterMetricFamily(f"{p}_evictions", "Chunks evicted to make room", labels=labels)
-        in_flight = GaugeMetricFamily(f"{p}_in_flight", "Chunk I/Os running now", labels=labels)
-        queued = GaugeMetricFamily(f"{p}_queued", "Chunk I/Os waiting for a slot", labels=labels)
-        used = GaugeMetricFamily(f"{p}_used_bytes", "Bytes held by the tier", labels=labels)
-        capacity = GaugeMetricFamily(f"{p}_capacity_bytes", "Capacity of the tier", labels=labels)
-        stored = GaugeMetricFamily(f"{p}_stored_chunks", "Chunks held by the tier", labels=labels)
-        peak = GaugeMetricFamily(f"{p}_peak_in_flight", "Most chunk I/Os seen running at once", labels=labels)
-        bound = GaugeMetricFamily(f"{p}_max_inflight", "The tier's bound on chunk I/Os in flight", labels=labels)
-        # tier-specific figures (stats().extra): counters and levels alike, so exported as gauges
-        extra = GaugeMetricFamily(
-            f"{p}_tier_stat", "A tier-specific figure from stats().extra", labels=[*labels, "name"]
-        )
-        latency = GaugeMetricFamily(
-            f"{p}_latency_seconds", "Recent per-chunk latency quantiles", labels=[*labels, "op", "quantile"]
-        )
+        fam = self._families()
+        chunks, nbytes, failures, evictions = fam["chunks"], fam["bytes"], fam["failures"], fam["evictions"]
+        in_flight, queued, used, capacity = fam["in_flight"], fam["queued"], fam["used"], fam["capacity"]
+        stored, peak, bound, extra, latency = fam["stored"], fam["peak"], fam["bound"], fam["extra"], fam["latency"]
 
         def flattened(name: str, s: TierStats) -> Iterator[tuple[str, TierStats]]:
             if s.extra.get(STATS_FAILED):  # a chain's member whose stats() raised: zeros, not its figures
@@ -103,9 +115,7 @@ class TierCollector(Collector):
                 yield from flattened(name, s)
 
         snapshots = list(each())
-        scrape_errors = CounterMetricFamily(
-            f"{p}_scrape_errors", "Scrapes that left the tier out: its stats() raised", labels=["tier"]
-        )
+        scrape_errors = fam["scrape_errors"]
         with self._errors_lock:
             errors = sorted(self._scrape_errors.items())
         for name, n in errors:
