@@ -74,6 +74,7 @@ class Member:
         self.deadline_s = entry.deadline_s
         self.breaker = Breaker(entry.breaker_threshold, entry.breaker_cooldown_s, what=f"chain tier {entry.name!r}")
         self.counts = dict.fromkeys(COUNTERS, 0)
+        self._last_stats: TierStats | None = None  # the tier's last good stats() (see snapshot)
         self.failures = dict.fromkeys(FAILURE_KINDS, 0)
         self.backlog = 0  # background writes queued for this tier now
         self.background_in_flight = 0
@@ -242,12 +243,17 @@ class Member:
             self.breaker.neutral(probe)
 
     def snapshot(self) -> TierStats:
-        """The tier's own stats, with the chain's figures for it added to ``extra``."""
+        """The tier's own stats, with the chain's figures for it added to ``extra``. A tier whose
+        ``stats()`` raises stands in with its last good figures (zeros before any), marked
+        :data:`~asynctier.stats.STATS_FAILED`: the chain's sums stay whole (zeros read as a
+        counter reset to an exporter), and the exporter leaves the tier itself out."""
         try:
             s = self.tier.stats()
         except Exception:  # a tier whose stats fail must not take the chain's down
             log.exception("stats() of chain tier %r failed", self.name)
-            return _empty(self.tier)
+            last = self._last_stats or _empty(self.tier)
+            return dataclasses.replace(last, extra={**last.extra, STATS_FAILED: 1})
+        self._last_stats = s
         extra = dict(s.extra)
         for k, v in self.counts.items():
             extra[f"chain_{k}"] = v
@@ -266,5 +272,5 @@ def _empty(tier: SecondaryTierManager) -> TierStats:
 
     return TierStats(
         getattr(tier, "tier_type", "?"), 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, dict.fromkeys(FAILURE_KINDS, 0), 0,
-        None, None, None, LatencySummary(), LatencySummary(), {STATS_FAILED: 1},
+        None, None, None, LatencySummary(), LatencySummary(), {},
     )  # fmt: skip
