@@ -31,6 +31,7 @@ import math
 import queue
 import threading
 import time
+import weakref
 from collections.abc import Callable, Collection, Coroutine, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal, TypeVar
@@ -237,12 +238,14 @@ class AsynctierTier(SecondaryTierManager):
         )
         self._inner_type = str(tier["type"])
         self._label = _metric_label(self._inner_type, name)
+        # given back at shutdown, or when the tier is dropped without it (a test, a notebook)
+        self._release_label = weakref.finalize(self, _release_label, self._label)
         try:
             self._tier: AsyncTier | None = AsyncTierFactory.create_secondary_tier(
                 dict(tier), primary_kv_view, self.spec
             )
         except BaseException:
-            _release_label(self._label)
+            self._release_label()
             raise
 
         # scheduler-thread state (vLLM calls tier methods under its manager lock)
@@ -278,7 +281,7 @@ class AsynctierTier(SecondaryTierManager):
                 self._call(self.tier.aclose())
             self._stop_loop()
             self._tier = None
-            _release_label(self._label)
+            self._release_label()
             raise
         self._lookups = _Lookups(self, tier_type)
 
@@ -499,7 +502,7 @@ class AsynctierTier(SecondaryTierManager):
         try:
             self._call(self._close())
         finally:
-            _release_label(self._label)
+            self._release_label()
             self._stop_loop()
             # vLLM unmaps the primary region next: a closed tier releases its own views of it,
             # but a chunk's failure leaves a traceback in a reference cycle whose frames hold
