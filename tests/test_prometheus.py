@@ -171,3 +171,40 @@ def test_a_chain_member_whose_stats_raise_is_left_out_not_exported_as_zeros() ->
     tiers = {s.labels.get("tier") for f in families if f.name != "asynctier_scrape_errors" for s in f.samples}
     assert "kv" in tiers and "kv/memory" in tiers and "kv/memory-1" not in tiers, tiers
     assert 'asynctier_scrape_errors_total{tier="kv/memory-1"} 1.0' in text
+
+
+def test_the_registry_still_sees_the_collectors_names() -> None:
+    """An empty describe() (to keep registering from calling stats()) hid the names: two
+    collectors of one prefix were both registered, and a scrape filtered by name got nothing."""
+    from asynctier.prometheus import TierCollector
+
+    spec = OffloadingSpec(1024, 4)
+    tier = SecondaryTierFactory.create_secondary_tier({"type": "memory"}, memoryview(bytearray(4096)), spec)
+    registry = prometheus_client.CollectorRegistry()
+    registry.register(TierCollector({"a": tier}))
+    with pytest.raises(ValueError, match="Duplicated timeseries"):
+        registry.register(TierCollector({"b": tier}))
+    text = prometheus_client.generate_latest(registry.restricted_registry(["asynctier_max_inflight"])).decode()
+    assert 'asynctier_max_inflight{tier="a",type="memory"}' in text
+
+
+async def test_a_chain_keeps_its_totals_when_a_member_stats_fail() -> None:
+    """The chain summed zeros in place of a member whose stats() raised: its counters dropped."""
+    spec = OffloadingSpec(1024, 4)
+    chain = SecondaryTierFactory.create_secondary_tier(
+        {"type": "chain", "tiers": [{"type": "memory", "capacity_bytes": 2048}, {"type": "memory"}]},
+        memoryview(bytearray(4096)),
+        spec,
+    )
+    async with chain:
+        assert (await chain.offload([b"a", b"b", b"c", b"d"], [0, 1, 2, 3])).ok
+        first = chain.members[0].tier  # type: ignore[attr-defined]
+        before = chain.stats().children["memory"].evictions
+        assert before >= 2
+
+        def broken() -> None:
+            raise RuntimeError("stats broke")
+
+        first.stats = broken
+        after = chain.stats().children["memory"]
+        assert after.evictions == before and after.extra.get("stats_failed") == 1
