@@ -158,10 +158,11 @@ async def _open_for_check(name: str, tier: Any, remove: bool) -> FsckReport:
         if "reformat" not in str(e):
             raise
         # (the tier's own message suggests reformat=True, which fsck ignores and would lose the chunks)
+        said = str(e).split("pass reformat=True")[0].rstrip(" :,.")  # (the tier's own advice, not fsck's)
         raise TierConfigError(
-            f"{str(e).rstrip('.')} (fsck never formats: give the chunk_bytes and namespace the chunks were written "
-            "with, and the capacity_bytes the medium was made with or none; a medium truncated or grown does not "
-            "fit its layout either)"
+            f"{said}. fsck never formats: give the chunk_bytes and namespace the chunks were written with, and the "
+            "capacity_bytes the medium was made with or none (a medium truncated or grown does not fit its layout "
+            "either)"
         ) from None
     return report
 
