@@ -208,3 +208,4 @@ async def test_a_chain_keeps_its_totals_when_a_member_stats_fail() -> None:
         first.stats = broken
         after = chain.stats().children["memory"]
         assert after.evictions == before and after.extra.get("stats_failed") == 1
+        assert after.extra["chain_stored"] >= 1 and "chain_breaker_open" in after.extra  # the chain's own, current

@@ -251,9 +251,13 @@ class Member:
             s = self.tier.stats()
         except Exception:  # a tier whose stats fail must not take the chain's down
             log.exception("stats() of chain tier %r failed", self.name)
-            last = self._last_stats or _empty(self.tier)
-            return dataclasses.replace(last, extra={**last.extra, STATS_FAILED: 1})
+            s = self._last_stats or _empty(self.tier)
+            return dataclasses.replace(s, extra={**self._with_chain_figures(s), STATS_FAILED: 1})
         self._last_stats = s
+        return dataclasses.replace(s, extra=self._with_chain_figures(s))
+
+    def _with_chain_figures(self, s: TierStats) -> dict[str, Any]:
+        """``s.extra`` and the chain's own figures for this tier (current: the chain keeps them)."""
         extra = dict(s.extra)
         for k, v in self.counts.items():
             extra[f"chain_{k}"] = v
@@ -264,7 +268,7 @@ class Member:
         extra["chain_breaker_open"] = int(self.breaker.state != "closed")
         for kind, n in self.failures.items():
             extra[f"chain_failures_{kind}"] = n
-        return dataclasses.replace(s, extra=extra)
+        return extra
 
 
 def _empty(tier: SecondaryTierManager) -> TierStats:
