@@ -31,7 +31,6 @@ import math
 import queue
 import threading
 import time
-import weakref
 from collections.abc import Callable, Collection, Coroutine, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal, TypeVar
@@ -118,7 +117,8 @@ def _metric_label(tier_type: str, name: str | None) -> str:
     """A tier's ``asynctier_tier`` label, unique among the live tiers of this process: ``name``
     (refused if taken), else its type, then ``type-1``, ``type-2`` (vLLM keeps the last value of
     a gauge per label and sums counters: two tiers under one label showed one tier's figures).
-    :func:`_release_label` gives it back when the tier shuts down or fails to start."""
+    :func:`_release_label` gives it back when the tier shuts down or fails to start (one dropped
+    without ``shutdown()`` keeps it: its loop thread, which holds it, runs on)."""
     with _labels_lock:
         if name is not None:
             if name in _labels_taken:
@@ -238,14 +238,12 @@ class AsynctierTier(SecondaryTierManager):
         )
         self._inner_type = str(tier["type"])
         self._label = _metric_label(self._inner_type, name)
-        # given back at shutdown, or when the tier is dropped without it (a test, a notebook)
-        self._release_label = weakref.finalize(self, _release_label, self._label)
         try:
             self._tier: AsyncTier | None = AsyncTierFactory.create_secondary_tier(
                 dict(tier), primary_kv_view, self.spec
             )
         except BaseException:
-            self._release_label()
+            _release_label(self._label)
             raise
 
         # scheduler-thread state (vLLM calls tier methods under its manager lock)
@@ -281,7 +279,7 @@ class AsynctierTier(SecondaryTierManager):
                 self._call(self.tier.aclose())
             self._stop_loop()
             self._tier = None
-            self._release_label()
+            _release_label(self._label)
             raise
         self._lookups = _Lookups(self, tier_type)
 
@@ -502,7 +500,7 @@ class AsynctierTier(SecondaryTierManager):
         try:
             self._call(self._close())
         finally:
-            self._release_label()
+            _release_label(self._label)
             self._stop_loop()
             # vLLM unmaps the primary region next: a closed tier releases its own views of it,
             # but a chunk's failure leaves a traceback in a reference cycle whose frames hold
