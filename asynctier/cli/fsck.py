@@ -155,15 +155,22 @@ async def _open_for_check(name: str, tier: Any, remove: bool) -> FsckReport:
     except MediumDamagedError as e:
         report.damaged = str(e)
     except TierConfigError as e:
-        if "reformat" not in str(e):
+        text = str(e)
+        if "pass reformat=True" not in text:
             raise
-        # (the tier's own message suggests reformat=True, which fsck ignores and would lose the chunks)
-        said = str(e).split("pass reformat=True")[0].rstrip(" :,.")  # (the tier's own advice, not fsck's)
-        raise TierConfigError(
-            f"{said}. fsck never formats: give the chunk_bytes and namespace the chunks were written with, and the "
+        # (the tier's own advice, which fsck ignores and which would lose the chunks, goes; the
+        # rest of its sentence stays: "or use another path")
+        head, _, tail = text.partition("pass reformat=True")
+        rest = tail.split(", or ", 1)[1].rstrip(" .") if ", or " in tail else ""
+        said = head.rstrip(" :,.") + (f"; {rest}." if rest else ".")
+        advice = (
+            " fsck never formats: give the chunk_bytes and namespace the chunks were written with, and the "
             "capacity_bytes the medium was made with or none (a medium truncated or grown does not fit its layout "
             "either)"
-        ) from None
+            if "another layout" in text and "format version" not in text
+            else " fsck never formats."
+        )
+        raise TierConfigError(said + advice) from None
     return report
 
 
