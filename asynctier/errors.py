@@ -22,6 +22,7 @@ __all__ = [
     "ChunkTimeoutError",
     "IntegrityError",
     "MediumDamagedError",
+    "MediumMismatchError",
     "TierClosedError",
     "TierConfigError",
     "TierNotOpenError",
@@ -38,6 +39,16 @@ class AsyncTierError(Exception):
 
 class TierConfigError(AsyncTierError, ValueError):
     """A tier configuration is wrong: unknown type, unknown or missing parameter, bad value."""
+
+
+class MediumMismatchError(TierConfigError):
+    """The medium holds something other than what the config describes (another layout, not a
+    slab at all), found as the tier opens; nothing was written. ``found`` says what, without
+    the message's advice (``asynctier fsck``, which formats nothing, gives its own)."""
+
+    def __init__(self, message: str, found: str) -> None:
+        super().__init__(message)
+        self.found = found
 
 
 class TierStateError(AsyncTierError, RuntimeError):

@@ -430,7 +430,7 @@ def test_fsck_of_an_nvme_slab_of_another_capacity_says_what_to_give_not_to_refor
     r = CliRunner().invoke(main, ["fsck", "--config", str(cfg), "--remove"])
     assert r.exit_code == 2 and "a: 3 chunks checked, 2 good, 1 bad, 1 removed: clean" in r.output, r.output
     assert "b: cannot check: " in r.output and "fsck never formats: give the chunk_bytes" in r.output
-    assert "reformat=True" not in r.output and "use another path" in r.output, r.output  # (the tier's own advice goes)
+    assert "reformat=True" not in r.output and "or another path" in r.output, r.output  # (the tier's own advice goes)
     assert not victim.exists() and _snapshot(nv_root) == before
     without = {k: v for k, v in nv_cfg.items() if k != "capacity_bytes"}
     r = invoke("fsck", "--config", str(_fsck_config(tmp_path, without)))

@@ -147,30 +147,22 @@ async def _verify_all(
 async def _open_for_check(name: str, tier: Any, remove: bool) -> FsckReport:
     """Open ``tier``; its report, ``damaged`` set where the open found damage that an open which
     may repair would make final (the tier is then not open)."""
-    from ..errors import MediumDamagedError
+    from ..errors import MediumDamagedError, MediumMismatchError
 
     report = FsckReport(tier=name, remove=remove)
     try:
         await tier.open()
     except MediumDamagedError as e:
         report.damaged = str(e)
-    except TierConfigError as e:
-        text = str(e)
-        if "pass reformat=True" not in text:
-            raise
-        # (the tier's own advice, which fsck ignores and which would lose the chunks, goes; the
-        # rest of its sentence stays: "or use another path")
-        head, _, tail = text.partition("pass reformat=True")
-        rest = tail.split(", or ", 1)[1].rstrip(" .") if ", or " in tail else ""
-        said = head.rstrip(" :,.") + (f"; {rest}." if rest else ".")
+    except MediumMismatchError as e:  # (its own advice, reformat=True, is not fsck's: it loses the chunks)
         advice = (
-            " fsck never formats: give the chunk_bytes and namespace the chunks were written with, and the "
-            "capacity_bytes the medium was made with or none (a medium truncated or grown does not fit its layout "
-            "either)"
-            if "another layout" in text and "format version" not in text
-            else " fsck never formats."
+            "give the chunk_bytes and namespace the chunks were written with, and the capacity_bytes the medium "
+            "was made with or none (a medium truncated or grown does not fit its layout either), or another path"
+            if "another layout" in e.found and "format version" not in e.found
+            else "give another path"
         )
-        raise TierConfigError(said + advice) from None
+        what = getattr(tier, "tier_type", type(tier).__name__)
+        raise TierConfigError(f"{what}: {e.found}. Nothing was written; fsck never formats: {advice}") from None
     return report
 
 

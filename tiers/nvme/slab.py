@@ -19,7 +19,7 @@ from asynctier import IntegrityError, TierConfigError, TierStateError
 from asynctier.core import MAX_KEY_BYTES
 from asynctier.core.backend import lock_held_by
 from asynctier.engines.speedups import speedups
-from asynctier.errors import MediumDamagedError
+from asynctier.errors import MediumDamagedError, MediumMismatchError
 from asynctier.integrity import ChunkHeader, checksum, header_matches
 from asynctier.posix_io import O_DIRECT, aligned_buffer, buffer_address, logical_block_size, memory_fs
 
@@ -280,9 +280,11 @@ class SlabSet:
         if not problems and len({sb.slab_id for sb in ours}) > 1:
             problems.append(f"{', '.join(map(str, self.paths))} are slabs of different slab sets")
         if problems and not reformat:
-            raise TierConfigError(
-                f"nvme: {'; '.join(problems)}. Nothing was written: pass reformat=True to format over it "
-                "(what it holds is lost), or use another path."
+            said = "; ".join(problems)
+            raise MediumMismatchError(
+                f"nvme: {said}. Nothing was written: pass reformat=True to format over it (what it holds is "
+                "lost), or use another path.",
+                said,
             )
         if problems:
             log.warning("nvme: reformat=True: formatting over what is there: %s", "; ".join(problems))
