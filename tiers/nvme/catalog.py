@@ -26,7 +26,7 @@ from . import bulk as _py_bulk
 from .checkpoint import Checkpoint, read_checkpoint, write_checkpoint
 from .files import TEMP_MARK, IndexDir
 from .format import EVICT, PUBLISH, pack_record, pack_records
-from .journal import Journal, damage_of, replay
+from .journal import Journal, damage_of, journal_name, replay
 from .slots import PICK_MAX, SlotIndex, release_in_steps
 
 _slot_of = operator.itemgetter(1)  # of a record (key, slot, seq, csum)
@@ -112,6 +112,28 @@ def find_index(
     return ck, gens, names, lost
 
 
+def _replay_from(
+    where: IndexDir, base: str, slab_id: bytes, gens: list[int], start: int, idx: SlotIndex
+) -> tuple[int, int | None, list[tuple[str, str, int]]]:
+    """Replay every journal generation from ``start`` on into ``idx`` (recovery, and the check
+    of an open that may not create): the last usable generation and its valid end (0, None:
+    none), and the damage found, as ``(file name, what, stretches)`` for each generation with any."""
+    last_gen, last_end = 0, None
+    damage: list[tuple[str, str, int]] = []
+    for g in gens:
+        if g < start:
+            continue
+        name = journal_name(base, g)
+        data = where.read(name)
+        done = replay(data, slab_id, idx.nslots, idx)
+        if done is not None:
+            last_gen, last_end = g, done.end
+        said = damage_of(data, done)
+        if said:
+            damage.append((name, said, done.damaged if done is not None else 1))
+    return last_gen, last_end, damage
+
+
 class Catalog:
     """The slot index and its journal, with the operations that change them together.
 
@@ -161,17 +183,14 @@ class Catalog:
         idx = SlotIndex(nslots)
         if ck is not None:
             idx.load(ck)
-        for g in gens:
-            if ck is not None and g < ck.gen:
-                continue
-            name = f"{base}.journal.{g:08d}"  # (Journal.name)
-            data = where.read(name)
-            damage = damage_of(data, replay(data, slab_id, nslots, idx))
-            if damage:
-                raise MediumDamagedError(
-                    f"nvme: the journal {str(where.path / name)!r}: {damage}. An open that may create serves the "
-                    "rest and counts the loss (journal_damaged). Nothing was written (create=False)"
-                )
+        start = ck.gen if ck is not None else (gens[0] if gens else 1)
+        damage = _replay_from(where, base, slab_id, gens, start, idx)[2]
+        if damage:
+            name, said, _ = damage[0]
+            raise MediumDamagedError(
+                f"nvme: the journal {str(where.path / name)!r}: {said}. An open that may create serves the rest and "
+                "counts the loss (journal_damaged). Nothing was written (create=False)"
+            )
 
     def recover(self, fresh: bool) -> None:
         """Rebuild the index (checkpoint, then every journal generation from its own on) and
@@ -194,20 +213,13 @@ class Catalog:
         elif not fresh and gens:
             start_gen = gens[0]
         last_gen, last_end = 0, None
-        damaged = False
+        damage: list[tuple[str, str, int]] = []
         if not fresh:
-            for g in gens:
-                if g < start_gen:
-                    continue
-                data = where.read(journal.name(g))
-                done = replay(data, self.slab_id, nslots, idx)
-                if done is not None:
-                    last_gen, last_end = g, done.end
-                damage = damage_of(data, done)
-                if damage:
-                    damaged = True
-                    log.warning("nvme: the journal %s: %s", journal.name(g), damage)
-                    self._count("journal_damaged", max(1, done.damaged if done is not None else 1))
+            last_gen, last_end, damage = _replay_from(where, self.base, self.slab_id, gens, start_gen, idx)
+        for name, said, stretches in damage:
+            log.warning("nvme: the journal %s: %s", name, said)
+            self._count("journal_damaged", stretches)
+        damaged = bool(damage)
         # drop what recovery did not use: older generations, other slab sets
         for g in gens:
             if fresh or g < start_gen or (g > last_gen and last_gen):

@@ -73,7 +73,7 @@ class Journal:
 
     def name(self, gen: int) -> str:
         """The file name of generation ``gen`` in the index directory."""
-        return f"{self.base}.journal.{gen:08d}"
+        return journal_name(self.base, gen)
 
     def path(self, gen: int) -> Path:
         return self.where.path / self.name(gen)
@@ -283,6 +283,11 @@ class Journal:
             if self.broken is None:
                 self.broken = OSError(errno.EBADF, "the journal is closed")
             self._cv.notify_all()
+
+
+def journal_name(base: str, gen: int) -> str:
+    """The file name of generation ``gen`` of the slab set whose index files start with ``base``."""
+    return f"{base}.journal.{gen:08d}"
 
 
 class Replayed(NamedTuple):
