@@ -121,6 +121,11 @@ class TierUnavailableError(ChunkError):
     kind = "unavailable"
 
 
+class Withdrawn(Exception):
+    """A chunk of a cancelled call that no worker started, as a tier's booking notes it (the
+    runtime's own: never raised to a caller, not counted as a failure)."""
+
+
 FAILURE_KINDS = ("io", "checksum", "not_found", "backpressure", "timeout", "capacity", "unavailable", "other")
 
 

@@ -293,6 +293,24 @@ class LRUIndex:
                 del self._entries[key]
                 self._used -= e.nbytes
 
+    def restore(self, victims: Iterable[bytes], nbytes: int) -> None:
+        """Undo an eviction whose deletion never started (the store that made it was
+        withdrawn): each of ``victims`` is stored again, at the least recently used end where
+        it was, unless a new entry of it was made meanwhile; the deletion is over
+        (:meth:`removed`). Call after :meth:`abort` of the store's own key, which gives the room
+        back."""
+        victims = list(victims)
+        with self._lock:
+            self._removed_locked(victims)
+            entries = self._entries
+            for key in reversed(victims):  # the oldest ends up first, as they were taken
+                if key in entries:
+                    continue
+                entries[key] = _Entry(nbytes, committed=True)
+                entries.move_to_end(key, last=False)
+                self._used += nbytes
+                self._committed += 1
+
     def add(self, key: bytes, nbytes: int) -> None:
         """Record a chunk found on the medium (recovery) as most recently used, without eviction
         (not one being removed: its file is on its way out)."""

@@ -8,7 +8,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Literal
 
-from .errors import FAILURE_KINDS, AsyncTierError, failure_kind
+from .errors import FAILURE_KINDS, AsyncTierError, Withdrawn, failure_kind
 
 __all__ = ["STATS_FAILED", "LatencySummary", "StatsRecorder", "TierStats", "TransferFailedError", "TransferResult"]
 
@@ -211,7 +211,10 @@ class StatsRecorder:
                 lat.extend(latencies)
 
     def record_failure(self, exc: BaseException) -> None:
-        """Count one chunk that failed, by :func:`~asynctier.errors.failure_kind`."""
+        """Count one chunk that failed, by :func:`~asynctier.errors.failure_kind` (not one
+        withdrawn: its call was cancelled before it started)."""
+        if type(exc) is Withdrawn:
+            return
         with self._lock:
             self.failures[failure_kind(exc)] += 1
 

@@ -136,6 +136,18 @@ def test_bench_engine_reports_each_loop(tmp_path: Path) -> None:
             assert row[name] > 0, (row["loop"], name)
 
 
+def test_bench_cancel_reports_each_tier_and_call(tmp_path: Path) -> None:
+    """What a cancelled call still moves: a row per tier, call and size, each figure there."""
+    out = tmp_path / "cancel.json"
+    _run("bench_cancel.py", "--dir", str(tmp_path / "scratch"), "--sizes-kib", "16", "--chunks", "128", "--depth", "2",
+         "--repeat", "1", "--json", str(out))  # fmt: skip
+    rows = json.loads(out.read_text())
+    assert {(r["tier"], r["op"]) for r in rows} == {(t, o) for t in ("fs", "nvme") for o in ("store", "load")}
+    for r in rows:
+        assert 0 <= r["after"] <= r["chunks"] and r["ms"] >= 0 and r["withdrawn"] >= 0, r
+    assert not (tmp_path / "scratch").exists()
+
+
 def test_bench_loop_cpu_reports_every_backend(tmp_path: Path) -> None:
     out = tmp_path / "cpu.json"
     _run("bench_loop_cpu.py", "--tier", "fs", "--engines", "native,threads", "--chunk-kib", "16", "--chunks", "64",

@@ -494,9 +494,10 @@ async def test_a_group_storing_its_own_victim_does_not_wait_behind_itself(
 @native_only
 @pytest.mark.parametrize("into", ["full", "full-aligned", "room", "room-aligned"])
 async def test_a_cancelled_call_of_store_groups_leaves_each_key_whole_or_absent(tmp_path: Path, into: str) -> None:
-    """Cancelled while its store groups run (each chunk recycling a victim's file, or making
-    a new one): the groups not started are withdrawn, the call comes back once none runs;
-    every key it stored loads the bytes it had when the call began, the others are absent."""
+    """Cancelled while its store groups run or wait (each chunk recycling a victim's file, or
+    making a new one): the groups not started are withdrawn (the first too, when no worker had
+    started it), the call comes back once none runs; every key it stored loads the bytes it
+    had when the call began, the others are absent."""
     # "room": capacity for all 128 chunks, so each store makes a new file
     tier, view, data, old, new = full_tier(tmp_path, 128 if into.startswith("room") else 64, max_inflight=1,
                                            aligned=into.endswith("aligned"))  # fmt: skip
@@ -512,12 +513,19 @@ async def test_a_cancelled_call_of_store_groups_leaves_each_key_whole_or_absent(
         assert tier.stats().in_flight == 0
         view[64 * CHUNK : 128 * CHUNK] = bytes(64 * CHUNK)  # the caller reuses its slots at once
         stored = [k for k, hit in zip(new, await tier.lookup(new)) if hit]
-        assert 0 < len(stored) < 64  # groups ran, others were withdrawn
-        assert (tier.stats().evictions > 0) == into.startswith("full")
+        assert len(stored) < 64  # groups were withdrawn
+        assert (tier.stats().evictions > 0) == (into.startswith("full") and bool(stored))
         res = await tier.load(stored, list(range(len(stored))))
         assert res.ok, res.failed
         for slot, k in enumerate(stored):
             i = 64 + new.index(k)
+            assert bytes(view[slot * CHUNK : (slot + 1) * CHUNK]) == data[i * CHUNK : (i + 1) * CHUNK]
+        # the victims of the stores withdrawn are still there (their files were never taken)
+        kept = [k for k, hit in zip(old, await tier.lookup(old)) if hit]
+        assert len(kept) == (64 - len(stored) if into.startswith("full") else 64)
+        assert (await tier.load(kept, list(range(len(kept))))).ok
+        for slot, k in enumerate(kept):
+            i = old.index(k)
             assert bytes(view[slot * CHUNK : (slot + 1) * CHUNK]) == data[i * CHUNK : (i + 1) * CHUNK]
 
 

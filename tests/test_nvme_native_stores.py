@@ -159,9 +159,10 @@ async def test_a_store_finding_the_index_busy_waits_parked_and_the_loop_never_wa
 async def test_a_cancelled_store_parked_for_the_index_lock_returns_once_its_job_is_over(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A job parked for the lock has its engine slot: it counts as running, so the caller's
-    cancellation reaches it only once the job is over (docs/cancellation.md, rule 2), and the
-    keys are stored whole."""
+    """A job parked for the lock has its engine slot: it counts as started, so the caller's
+    cancellation reaches it only once the job is over; planned only after the cancellation,
+    it writes nothing (docs/cancellation.md, rule 1): the keys are absent, and stored whole by
+    the next call."""
     tier, view = make(tmp_path / "c.slab", io_engine="native")
     async with tier:
         data = fill(view, CHUNK, 18)
@@ -186,7 +187,9 @@ async def test_a_cancelled_store_parked_for_the_index_lock_returns_once_its_job_
             assert not ended.is_set()  # waits for the parked job
             release.set()
         assert ended.is_set() and scopes[0].cancelled_caught
-        assert await tier.lookup([b"c0", b"c1"]) == [True, True]
+        assert await tier.lookup([b"c0", b"c1"]) == [False, False]
+        assert tier.stats().offloaded == 0 and not sum(tier.stats().failures.values())
+        assert (await tier.offload([b"c0", b"c1"], [0, 1])).ok
         view[:] = bytes(view.nbytes)
         assert (await tier.load([b"c0", b"c1"], [2, 3])).ok
         assert [chunk_at(view, CHUNK, 2), chunk_at(view, CHUNK, 3)] == data[:2]

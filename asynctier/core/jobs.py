@@ -58,11 +58,13 @@ class Batch:
     loop gives its own ``event`` (:func:`~asynctier.core.backend.event_class`) and ``call``
     (:meth:`~asynctier.engines.base.EngineCounters.new_batch`); else they are this loop's."""
 
-    __slots__ = ("_call", "event", "remaining")
+    __slots__ = ("_call", "cancelled", "event", "remaining")
 
     def __init__(self, size: int, event: Event | None = None, call: LoopCaller | None = None) -> None:
         self.event: Event = anyio.Event() if event is None else event
         self.remaining = size
+        #: the call was cancelled: jobs of several steps start no next one (set by Engine.withdraw)
+        self.cancelled = False
         self._call: LoopCaller = loop_caller() if call is None else call  # how a worker thread wakes its loop
 
     def one_done(self) -> bool:

@@ -50,6 +50,10 @@ class Engine(Protocol):
         ...
 
     def cancel_pending(self, jobs: Iterable[Job]) -> list[Job]: ...
+    def withdraw(self, jobs: Iterable[Job]) -> None:
+        """The call of ``jobs`` is cancelled: withdraw every job of it that no worker started."""
+        ...
+
     async def stop(self) -> None: ...
     def stop_nowait(self) -> None: ...
 
@@ -126,6 +130,11 @@ class EngineCounters:
         self._queued -= len(taken)
         return taken
 
+    def withdraw(self, jobs: Iterable[Job]) -> None:
+        """The call of ``jobs`` is cancelled: withdraw its jobs not started (here, those queued
+        on the loop thread; an engine that hands jobs to its workers ahead takes those back too)."""
+        self.cancel_pending(jobs)
+
     async def run(
         self, jobs: list[Job], *, drop_after: float | None = None, on_drop: DropHandler | None = None
     ) -> None:
@@ -150,7 +159,7 @@ class EngineCounters:
             # No new I/O of this call starts; I/O already running touches the caller's
             # buffer, so the caller hears of the cancellation only once it has finished. The
             # same for a KeyboardInterrupt (trio raises it into the task that waits here).
-            self.cancel_pending(jobs)
+            self.withdraw(jobs)
             if backend.fork_generation() == made_in:  # (forked: the I/O is the parent's, never ends here)
                 await wait_uninterrupted(done)
             raise

@@ -281,6 +281,27 @@ class NativePool:
             start += 1
         return refused
 
+    def take_back(self, which: Callable[[int, Any], bool]) -> list[tuple[int, Any]]:
+        """Take back the jobs of :meth:`submit_many` that no worker has started and whose
+        ``which(slot, owner)`` is true: they never run nor end (:attr:`on_done` is not called);
+        their slots stay the caller's. Returns their ``(slot, owner)``. Rare (a cancelled call):
+        each slot in use is asked under the workers' lock."""
+        taken: list[tuple[int, Any]] = []
+        owners = self._owners
+        for slot, owner in enumerate(owners):
+            if owner is not None and which(slot, owner) and self._lib.at_cancel(self._h, slot):
+                owners[slot] = None
+                self._running -= 1
+                taken.append((slot, owner))
+        return taken
+
+    def reap_now(self) -> None:
+        """Reap the jobs ended so far, as a wake-up by the workers does (after :meth:`take_back`:
+        the jobs taken back may have been the last of a group whose others ended without a
+        wake-up, waiting for them)."""
+        if self._watch is not None and not self._closed:
+            self._on_ready()
+
     def group(self, slot: int, prio: int, subs: list[JobFields]) -> JobFields:
         """The descriptor of one :data:`GROUP` job in ``slot``: the jobs ``subs`` (1 to
         :data:`GROUP_MAX` reads, or writes, each as if alone; the workers refuse other kinds and

@@ -49,7 +49,7 @@ from ..core.backend import (
     spawn_service,
     wait_uninterrupted,
 )
-from ..core.jobs import DONE, Batch, Job
+from ..core.jobs import CANCELLED, DONE, Batch, Job
 from ..core.ops import PRIO_LOAD, Op
 from .base import EngineCounters, abandoned, orphaned, refuse_close_elsewhere, refuse_other_loop
 from .native import JobFields, NativePool
@@ -102,6 +102,18 @@ class FastPath(Protocol):
         of ends, before any caller they woke runs."""
         ...
 
+    def withdrawable(self, job: Job, slot: int) -> bool:
+        """Whether the step of ``job`` handed to the workers in ``slot`` may be taken back
+        (its call is cancelled): not a step that is not the job's own (a journal commit)."""
+        ...
+
+    def withdraw(self, job: Job, slot: int) -> Continuation | None:
+        """``job``'s step in ``slot`` was taken back before any worker started it (its call is
+        cancelled): undo what planning it did (reservations, pins, files made ahead), as if
+        it had never started; None, or a continuation that does what cannot be done here
+        (slot still held; it is given back first). Its outcome is not read."""
+        ...
+
 
 def _queue_ahead(bound: int) -> int:
     """Jobs the pool may hold at once: the bound plus as many again (at least 8), so that a
@@ -138,6 +150,9 @@ class NativeEngine(EngineCounters):
         self.executor: concurrent.futures.ThreadPoolExecutor | None = None
         #: wake-ups of the loop by the workers (each reaps every job ended so far)
         self.wakeups = 0
+        #: chunks of cancelled calls that were handed to the workers and never started (taken
+        #: back, or a job's next steps not begun: tiers add those)
+        self.withdrawn = 0
         self._last = (0, 0, 0)
         self._free_slots: list[int] = []
         self._started = 0  # jobs started and not over
@@ -341,6 +356,58 @@ class NativeEngine(EngineCounters):
         b.remaining -= 1
         if not b.remaining:
             b.event.set()
+        if self._stopping and not self._started and not self._queued:
+            self._wake_all()
+
+    # -- a cancelled call ------------------------------------------------------------------------
+    def withdraw(self, jobs: Iterable[Job]) -> None:
+        """The call of ``jobs`` is cancelled: its jobs still queued here are withdrawn, and
+        so are its steps handed to the workers that none has started (each path undoes its
+        plan); a job of several steps starts no next one (``Batch.cancelled``). The running
+        ones end as usual (docs/cancellation.md)."""
+        jobs = list(jobs)
+        self.cancel_pending(jobs)
+        if not jobs:
+            return
+        batch = jobs[0].batch
+        batch.cancelled = True
+        pool = self.pool
+        if pool is None or not batch.remaining:
+            return
+        slot_path = self._slot_path
+
+        def ours(slot: int, owner: Any) -> bool:
+            path = slot_path[slot]
+            return type(owner) is Job and owner.batch is batch and path is not None and path.withdrawable(owner, slot)
+
+        taken = pool.take_back(ours)
+        for slot, job in taken:
+            self._taken_back(job, slot)
+        if taken:
+            pool.reap_now()  # (it pumps)
+
+    def _taken_back(self, job: Job, slot: int) -> None:
+        """``job``'s step in ``slot`` never ran: its path undoes its plan; it is over (withdrawn)."""
+        self.withdrawn += len(job.keys)
+        if job.priority != PRIO_LOAD:
+            self._stores_in_pool -= 1
+        group = self._slot_group[slot]
+        self._group_left[group] -= 1
+        if not self._group_left[group]:
+            self._groups.append(group)
+        try:
+            r = self._slot_path[slot].withdraw(job, slot)  # type: ignore[union-attr]
+        except BaseException as e:  # a bug: logged, the job is over all the same
+            log.exception("%s: undoing a withdrawn job's plan failed", self._name)
+            job.exc, r = e, None
+        self._free_slots.append(slot)  # NativePool.put_slot
+        if r is not None:
+            self._continue(job, r)
+            return
+        job.state = CANCELLED
+        self._started -= 1
+        self._in_flight -= 1
+        job.batch.one_done()
         if self._stopping and not self._started and not self._queued:
             self._wake_all()
 

@@ -96,6 +96,10 @@ class SplitEngine:
         jobs = list(jobs)
         return self._for(jobs).cancel_pending(jobs)
 
+    def withdraw(self, jobs: Iterable[Job]) -> None:
+        jobs = list(jobs)
+        self._for(jobs).withdraw(jobs)
+
     def check_stop_here(self) -> None:
         self.native.check_stop_here()  # (the threads engine serves any loop)
 

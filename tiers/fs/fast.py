@@ -22,6 +22,7 @@ from __future__ import annotations
 import errno
 import os
 import weakref
+from collections.abc import Callable
 from functools import partial
 from time import perf_counter
 from typing import TYPE_CHECKING, Any
@@ -38,6 +39,7 @@ from asynctier.posix_io import O_DIRECT
 
 from .layout import HEADER_BLOCK
 from .protocol import Outcome, SpareJob, Step, StoreJob, not_found, remove_quietly
+from .withdrawal import undo_load, undo_store
 
 if TYPE_CHECKING:
     from .native import NativeIO
@@ -67,6 +69,7 @@ class _Path:
 
     op = ""  #: the operation counted (``"offload"``, ``"load"``)
     prio = PRIO_STORE  #: the priority of its group jobs
+    _undo: Callable[[FsTier, Job, Any], None]  #: what a withdrawn job gives back (:mod:`.withdrawal`)
 
     def __init__(self, io: NativeIO) -> None:
         # the engine's workers hold the engine, and so this: not the tier (a tier dropped
@@ -168,6 +171,14 @@ class _Path:
                 later.append((i, r))
         return _group_end(job, out, later)
 
+    # -- a job taken back from the workers (its call cancelled): no file was touched ------------
+    def withdrawable(self, job: Job, slot: int) -> bool:
+        return True
+
+    def withdraw(self, job: Job, slot: int) -> None:
+        plan, self._plans[slot] = self._plans[slot], None
+        self._undo(self._live()[1], job, plan)
+
     def flush(self) -> None:
         """Count the jobs ended since the last flush (one lock, not one per chunk)."""
         booked = self._booked
@@ -215,6 +226,7 @@ class StorePath(_Path):
     :meth:`.native.NativeIO.store`."""
 
     op = "offload"
+    _undo = staticmethod(undo_store)
 
     def __init__(self, io: NativeIO) -> None:
         super().__init__(io)
@@ -475,6 +487,7 @@ class LoadPath(_Path):
 
     op = "load"
     prio = PRIO_LOAD
+    _undo = staticmethod(undo_load)
 
     def _plan_key(self, io: NativeIO, tier: FsTier, key: bytes, cid: int, t0: float, block: int) -> _KeyPlan:
         if tier.index_incomplete:  # a miss is looked up on disk: on a thread

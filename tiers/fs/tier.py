@@ -443,13 +443,16 @@ class FsTier(BlockingChunkTier):
 
     def stats(self) -> TierStats:
         """The common counters; ``extra["tmpfile_pool_ready"]``: files made ahead, not yet used;
-        ``extra["loop_wakeups"]`` (native engine): times its workers woke the event loop."""
+        ``extra["loop_wakeups"]`` (native engine): times its workers woke the event loop;
+        ``extra["withdrawn"]`` (native engine): chunks of cancelled calls taken back from the
+        workers before any started them."""
         s = super().stats()
         pool = self.protocol.pool
         if pool is not None:
             s.extra["tmpfile_pool_ready"] = pool.ready
         if self._native is not None:  # times the workers woke the event loop (each for a batch of chunks)
             s.extra["loop_wakeups"] = self._native.engine.wakeups
+            s.extra["withdrawn"] = self._native.engine.withdrawn
         return s
 
     # -- engines ---------------------------------------------------------------------------

@@ -89,7 +89,9 @@ class LoadPath:
         self._plans: list[tuple[int, int, int] | None] = [None] * engine.slots  # slot, seq, checksum
         self._booked: list[float] = []  # latencies of the loads ended, counted at the next flush
         self._unpins: list[int] = []  # slots to unpin once the index lock is free
-        self._lock_waiters = LockWaiters(engine, lambda slot, job, _: self.plan(job, slot))
+        self._lock_waiters = LockWaiters(
+            engine, lambda slot, job, _: None if job.batch.cancelled else self.plan(job, slot)
+        )
         self._hb: memoryview | None = None  # one aligned header block per engine slot
         self._hb_addr = 0
         self._view_addr = 0
@@ -101,6 +103,10 @@ class LoadPath:
         if tier is None:  # a call in progress holds its tier: only a bug gets here
             raise TierClosedError("the nvme tier was dropped")
         return tier
+
+    def _lock_freed(self, slot: int, job: Job, _: object) -> Step:
+        """A job parked for the index lock, again: planned (over if its call was cancelled)."""
+        return None if job.batch.cancelled else self.plan(job, slot)
 
     def _on_thread(self, tier: NvmeTier, key: bytes, cid: int, t0: float) -> Continuation:
         return partial(self._engine.blocking, tier._load_job, key, cid, t0)
@@ -252,6 +258,10 @@ class LoadPath:
             self._unpins += unpins
         self._booked += [perf_counter() - t0] * good
         g.next += k
+        if job.batch.cancelled:  # no next runs, no reads again: over (its outcome is not read)
+            self._engine.withdrawn += sum(map(len, g.runs[g.next :]))
+            self._drop(slot, g)
+            return None
         if g.next < len(g.runs):
             try:
                 return self._run_fields(tier, slot, job, g)
@@ -264,6 +274,21 @@ class LoadPath:
             return None
         tier._stats.incr("native_retries", len(g.bad))
         return partial(self._again, tier, keys, cids, t0, g)
+
+    # -- a step taken back from the workers (its call cancelled): nothing was read --------------
+    def withdrawable(self, job: Job, slot: int) -> bool:
+        return True
+
+    def withdraw(self, job: Job, slot: int) -> None:
+        if not job.grouped:
+            where, self._plans[slot] = self._plans[slot], None
+            if where is not None:
+                self._unpins.append(where[0])
+        elif slot in self._groups:
+            g = self._groups[slot]
+            # the engine counted the job's chunks: those read by its earlier runs are not withdrawn
+            self._engine.withdrawn -= len(job.keys) - sum(map(len, g.runs[g.next :]))
+            self._drop(slot, g)
 
     def _drop(self, slot: int, g: _Group) -> None:
         """A group that ends failed midway (an exception on the loop thread, memory only): its

@@ -38,6 +38,7 @@ from asynctier.engines import native as nativeio
 from asynctier.engines.descriptors import RESULT_LAYOUT
 from asynctier.engines.native_engine import PARKED, Continuation, NativeEngine, Parked, Step
 from asynctier.engines.speedups import speedups
+from asynctier.errors import Withdrawn
 from asynctier.posix_io import buffer_address
 
 from . import bulk as _py_bulk
@@ -148,7 +149,7 @@ class StorePath:
     def _lock_freed(self, slot: int, job: Job, st: _Store | None) -> Step:
         """A job parked for the index lock, again: planned, or published (``st``)."""
         if st is None:
-            return self.plan(job, slot)
+            return None if job.batch.cancelled else self.plan(job, slot)
         self._publishing -= 1
         r = self._publish(self._live(), slot, job, st)
         self._kick_soon_if_due()
@@ -171,6 +172,9 @@ class StorePath:
         engine = self._engine
         while self._no_room and self._room(len(self._no_room[0][1].keys)):
             slot, job = self._no_room.popleft()
+            if job.batch.cancelled:  # never planned: over, nothing of it to undo
+                engine.go_on(slot, job, None)
+                continue
             try:
                 r = self._plan(job, slot)
             except BaseException as e:  # the job's failure
@@ -262,12 +266,33 @@ class StorePath:
         if bad:
             self._runs_failed(tier, st, runs, bad, (result, csum, stage, info), res, offset)
         st.next = first + k
-        if st.next < len(st.runs):
+        if job.batch.cancelled:  # no next runs: their slots go back
+            self._withdraw_runs(st)
+        elif st.next < len(st.runs):
             try:
                 return self._run_fields(tier, slot, job, st)
             except Exception as e:  # the runs left are not written: their slots go back
                 st.bad += [([p for p, _, _, _ in r], e) for r in st.runs[st.next :]]
         return self._publish(tier, slot, job, st)
+
+    # -- a step taken back from the workers (its call cancelled): nothing was written ----------
+    def withdrawable(self, job: Job, slot: int) -> bool:
+        carrier = self._carrier
+        return carrier is None or carrier.slot != slot  # (a journal commit is not the job's)
+
+    def withdraw(self, job: Job, slot: int) -> Continuation:
+        """Its runs not written go back (on a slow-path thread, as a failed store's: their
+        EVICT records may not be in); what it wrote before is published."""
+        st = self._jobs[slot]
+        self._engine.withdrawn -= len(job.keys)  # (the engine counted the job: its runs are counted here)
+        self._withdraw_runs(st)
+        return self._settle_on_thread(self._live(), slot, job, st, None)
+
+    def _withdraw_runs(self, st: _Store) -> None:
+        runs = st.runs[st.next :]
+        st.bad += [([p for p, _, _, _ in run], Withdrawn()) for run in runs]
+        st.next = len(st.runs)
+        self._engine.withdrawn += sum(map(len, runs))
 
     @staticmethod
     def _runs_failed(

@@ -185,10 +185,13 @@ class NvmeTier(CoalescedJobs):
 
     def stats(self) -> TierStats:
         """The common counters; ``extra["loop_wakeups"]`` (native engine): times its workers
-        woke the event loop (each for a batch of ends), as the fs tier reports it."""
+        woke the event loop (each for a batch of ends), as the fs tier reports it;
+        ``extra["withdrawn"]`` (native engine): chunks of cancelled calls never read or written
+        (taken back from the workers, or runs of a job not begun)."""
         s = super().stats()
         if self._split is not None:
             s.extra["loop_wakeups"] = self._split.native.wakeups
+            s.extra["withdrawn"] = self._split.native.withdrawn
         return s
 
     # -- engines -------------------------------------------------------------------------------

@@ -1,0 +1,223 @@
+"""A cancelled call on the native engine takes back its jobs that the C workers have not
+started (docs/cancellation.md, rule 1), and each tier undoes what planning them did: pins,
+reserved room, files made ahead, the victims whose files a store was to take over."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fs_helpers import chunk_file
+
+from asynctier import OffloadingSpec, SecondaryTierFactory
+from asynctier.engines import native as nativeio
+from asynctier.posix_io import aligned_buffer
+from asynctier.tiers.fs import HEADER_BLOCK, FsTier
+from asynctier.tiers.nvme import NvmeTier
+
+pytestmark = pytest.mark.skipif(nativeio.problem() is not None, reason=f"no native workers: {nativeio.problem()}")
+
+CHUNK = 16 * 1024
+PER = HEADER_BLOCK + CHUNK  # an fs chunk's bytes on disk
+N = 256  # chunks a call: 16 group jobs of 16 at max_inflight=1, 9 of them handed to the workers ahead
+GROUP = 16
+
+
+def _view(chunks: int, aligned: bool) -> memoryview:
+    n = CHUNK * chunks
+    view = aligned_buffer(n) if aligned else memoryview(bytearray(n))
+    view[:] = os.urandom(n)
+    return view
+
+
+def _fs(root: Path, chunks: int, aligned: bool, **config: Any) -> tuple[FsTier, memoryview]:
+    view = _view(chunks, aligned)
+    spec = OffloadingSpec(CHUNK, chunks, namespace="test/withdraw")
+    config = {"type": "fs", "root": str(root), "io_engine": "native", "max_inflight": 1, **config}
+    tier = SecondaryTierFactory.create_secondary_tier(config, view, spec)
+    assert isinstance(tier, FsTier)
+    return tier, view
+
+
+async def _cancel_once_started(tier: Any, call: Any, counter: str) -> int:
+    """Let ``call`` run until its first chunk is counted, cancel it there; what was counted then."""
+    before = int(getattr(tier.stats(), counter))
+    task = asyncio.ensure_future(call)
+    for _ in range(20_000):
+        if getattr(tier.stats(), counter) > before:
+            break
+        await asyncio.sleep(0.0005)
+    at = int(getattr(tier.stats(), counter))
+    assert at > before, "the call never started"
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    s = tier.stats()
+    assert (s.in_flight, s.queued) == (0, 0)  # nothing of it runs or waits any more
+    return at
+
+
+def _files_on_disk(tier: FsTier) -> int:
+    return sum(1 for d in tier.dir.iterdir() if d.is_dir() and len(d.name) == 2 for f in d.iterdir() if f.is_file())
+
+
+async def _loads_back(tier: Any, view: memoryview, keys: list[bytes], source: dict[bytes, int], into: int) -> None:
+    """Each of ``keys`` loads the bytes of its source slot (into slots from ``into``)."""
+    data = bytes(view)
+    res = await tier.load(keys, list(range(into, into + len(keys))))
+    assert res.ok, res.failed
+    for j, k in enumerate(keys):
+        src = source[k]
+        assert bytes(view[(into + j) * CHUNK : (into + j + 1) * CHUNK]) == data[src * CHUNK : (src + 1) * CHUNK]
+
+
+@pytest.mark.parametrize("into", ["room", "full", "room-aligned", "full-aligned"])
+async def test_a_cancelled_fs_store_gives_back_what_its_withdrawn_groups_reserved(tmp_path: Path, into: str) -> None:
+    """Cancelled once its first group is stored: the groups handed to the workers that none
+    has started (nor prepared: a worker may make a group's files ahead of a token) are taken
+    back. Their room is given back, the files made ahead closed, and into a full tier each
+    victim whose file a withdrawn store was to take over is indexed again with its file
+    intact: the index counts exactly the files on disk, every indexed key loads its own bytes,
+    no chunk counts as failed, and the tier stores the keys afterwards as if never asked.
+    How far the workers prepared at that instant varies: tried until a call had groups taken
+    back (before, none ever was: up to 9 groups here ran after the cancellation)."""
+    full, aligned = into.startswith("full"), into.endswith("aligned")
+    old, new = [b"old-%d" % i for i in range(N)], [b"new-%d" % i for i in range(N)]
+    source = {k: i for i, k in enumerate(old + new)}
+    withdrawn = 0
+    for attempt in range(8):
+        tier, view = _fs(tmp_path / str(attempt), 4 * N, aligned, capacity_bytes=(N if full else 2 * N) * PER)
+        async with tier:
+            assert (await tier.offload(old, list(range(N)))).ok
+            await _cancel_once_started(tier, tier.offload(new, list(range(N, 2 * N))), "offloaded")
+            withdrawn = tier.stats().extra.get("withdrawn", 0)
+            stored = [k for k, hit in zip(new, await tier.lookup(new)) if hit]
+            assert N + len(stored) == tier.stats().offloaded
+            assert len(stored) + withdrawn <= N
+            assert not sum(tier.stats().failures.values())
+            index = tier.index
+            assert index is not None and all(e.pins == 0 and e.committed for e in index._entries.values())
+            kept = [k for k in old if k in index]
+            assert len(index) == len(kept) + len(stored) == _files_on_disk(tier)
+            assert index.used_bytes == len(index) * PER
+            assert (len(kept) < N) == (full and bool(stored))  # into a full tier, the stores that ran evicted
+            assert all(chunk_file(tier, k).exists() == (k in index) for k in old)
+            await _loads_back(tier, view, kept + stored, source, 2 * N)
+            assert (await tier.offload(new, list(range(N, 2 * N)))).ok
+            assert len(index) == _files_on_disk(tier) and index.used_bytes == len(index) * PER
+            await _loads_back(tier, view, new, source, 2 * N)
+        if withdrawn:
+            break
+    assert withdrawn, "no call had a group taken back"
+
+
+class TokenHeld:
+    """A slow path holding the pool's one I/O token (``max_inflight=1``): the workers start no
+    job's I/O until :meth:`let_go` (loads need nothing else: no job of them starts)."""
+
+    def __init__(self, tier: Any) -> None:
+        self.engine = tier._split.native
+        self._holding, self._let_go = threading.Event(), threading.Event()
+
+        def slow_path() -> None:
+            self._holding.set()
+            self._let_go.wait(60)
+
+        self._thread = threading.Thread(target=self.engine.pool.hold, args=(slow_path,))
+
+    async def __aenter__(self) -> TokenHeld:
+        self._thread.start()
+        assert await asyncio.to_thread(self._holding.wait, 60)
+        return self
+
+    def let_go(self) -> None:
+        self._let_go.set()
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.let_go()
+        await asyncio.to_thread(self._thread.join)
+
+
+async def _cancel_with_jobs_queued(tier: Any, call: Any, jobs: int) -> None:
+    """Start ``call`` while its I/O cannot start; once ``jobs`` of its jobs are in the pool,
+    cancel it: it comes back with the token still held (nothing of it runs), and with
+    nothing of it queued."""
+    async with TokenHeld(tier) as held:
+        task = asyncio.ensure_future(call)
+        for _ in range(10_000):
+            if held.engine._started >= jobs:
+                break
+            await asyncio.sleep(0.001)
+        assert held.engine._started >= jobs
+        task.cancel()
+        done, _ = await asyncio.wait({task}, timeout=30)  # (before: only once the token came back)
+        assert done, "the cancellation waited for jobs that never started"
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        s = tier.stats()
+        assert (s.in_flight, s.queued) == (1, 0)  # the token held, and nothing waiting for it
+
+
+@pytest.mark.parametrize("aligned", [True, False], ids=["aligned", "unaligned"])
+async def test_a_cancelled_fs_load_takes_back_every_group_not_started_and_unpins_it(
+    tmp_path: Path, aligned: bool
+) -> None:
+    """Loads handed to the workers but not started are taken back: nothing is read after the
+    cancellation, nothing stays pinned (a tier at capacity then evicts every chunk), and no
+    chunk counts as failed."""
+    tier, _ = _fs(tmp_path, 2 * N, aligned, capacity_bytes=N * PER)
+    keys = [b"k%d" % i for i in range(N)]
+    async with tier:
+        assert (await tier.offload(keys, list(range(N)))).ok
+        await _cancel_with_jobs_queued(tier, tier.load(keys, list(range(N, 2 * N))), tier._split.native.slots)
+        assert tier.stats().loaded == 0
+        assert tier.stats().extra.get("withdrawn", 0) == tier._split.native.slots * GROUP  # each group in the pool
+        index = tier.index
+        assert index is not None and all(e.pins == 0 for e in index._entries.values())
+        assert not sum(tier.stats().failures.values())
+        others = [b"o%d" % i for i in range(N)]
+        assert (await tier.offload(others, list(range(N)))).ok
+        assert not any(await tier.lookup(keys)) and all(await tier.lookup(others))
+
+
+@pytest.mark.parametrize("op", ["store", "load"])
+async def test_a_cancelled_nvme_call_stops_its_jobs_at_their_next_runs(tmp_path: Path, op: str) -> None:
+    """An nvme job of many runs (slots that lie apart) goes to the workers up to 16 runs at a
+    time: cancelled, it starts no next runs, and a store's slots not written go back. Keys are
+    whole or absent, and a slab filled afterwards holds every chunk."""
+    n = 1024
+    view = _view(2 * n, aligned=True)
+    spec = OffloadingSpec(CHUNK, 2 * n, namespace="test/withdraw")
+    config = {"type": "nvme", "path": str(tmp_path / "slab"), "capacity_bytes": 2 * n * (CHUNK + 4096),
+              "io_engine": "native", "max_inflight": 1}  # fmt: skip
+    tier = SecondaryTierFactory.create_secondary_tier(config, view, spec)
+    assert isinstance(tier, NvmeTier)
+    keys = [b"k%d" % i for i in range(n)]
+    source = {k: i for i, k in enumerate(keys)}
+    async with tier:
+        # every other slot taken first, so that each chunk of the call is a run of its own
+        spacers = [b"s%d" % i for i in range(n)]
+        order = [k for pair in zip(spacers, keys) for k in pair]
+        for i in range(0, 2 * n, 64):
+            part = order[i : i + 64]
+            assert (await tier.offload(part, [source.get(k, 0) for k in part])).ok
+        assert (await tier.remove(keys)) is not None
+        if op == "load":
+            assert (await tier.offload(keys, list(range(n)))).ok
+            assert (await tier.remove(spacers)) is not None
+            before = tier.stats().loaded
+            await _cancel_once_started(tier, tier.load(keys, list(range(n, 2 * n))), "loaded")
+            assert tier.stats().loaded - before < n  # not all read
+            assert tier.stats().extra.get("withdrawn", 0) > 0
+        else:
+            await _cancel_once_started(tier, tier.offload(keys, list(range(n))), "offloaded")
+            stored = [k for k, hit in zip(keys, await tier.lookup(keys)) if hit]
+            assert len(stored) < n and tier.stats().extra.get("withdrawn", 0) > 0
+            await _loads_back(tier, view, stored, source, n)
+        assert not sum(tier.stats().failures.values())
+        assert (await tier.offload(keys, list(range(n)))).ok
+        await _loads_back(tier, view, keys, source, n)
