@@ -54,6 +54,12 @@ class _Unlink:
     def flush(self) -> None:
         pass
 
+    def withdrawable(self, job: Job, slot: int) -> bool:
+        return True
+
+    def withdraw(self, job: Job, slot: int) -> None:
+        return None  # (planning did nothing to undo)
+
 
 async def measure(dfd: int, jobs: int, batch: int, callers: int, depth: int) -> dict[str, float]:
     engine = NativeEngine(depth, nice=5)
