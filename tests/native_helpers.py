@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -10,7 +12,33 @@ import pytest
 
 from asynctier.engines import native as nativeio
 
-__all__ = ["GroupSpy", "native_workers"]
+__all__ = ["GroupSpy", "HeldToken", "native_workers"]
+
+
+class HeldToken:
+    """A slow path (a thread inside ``pool.hold()``) holding one of ``pool``'s I/O tokens from
+    entry until :meth:`let_go` (or exit)."""
+
+    def __init__(self, pool: nativeio.NativePool) -> None:
+        self._holding, self._let_go = threading.Event(), threading.Event()
+
+        def slow_path() -> None:
+            self._holding.set()
+            self._let_go.wait(60)
+
+        self._thread = threading.Thread(target=pool.hold, args=(slow_path,))
+
+    async def __aenter__(self) -> HeldToken:
+        self._thread.start()
+        assert await asyncio.to_thread(self._holding.wait, 60)
+        return self
+
+    def let_go(self) -> None:
+        self._let_go.set()
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.let_go()
+        await asyncio.to_thread(self._thread.join)
 
 
 class GroupSpy:

@@ -17,6 +17,7 @@ from typing import Any
 
 import anyio
 import pytest
+from native_helpers import HeldToken
 
 from asynctier.engines import native as nativeio
 
@@ -167,25 +168,17 @@ class TokenHeld:
         self.reported = asyncio.Event()  # set at the first report
         self.pool.on_done = lambda owner, slot, *_: (self.ended.append(owner), self.reported.set())
         self.pool.attach()
-        self._holding, self._let_go = threading.Event(), threading.Event()
-
-        def slow_path() -> None:
-            self._holding.set()
-            self._let_go.wait(30)
-
-        self._held = threading.Thread(target=self.pool.hold, args=(slow_path,))
+        self._held = HeldToken(self.pool)
 
     async def __aenter__(self) -> TokenHeld:
-        self._held.start()
-        assert await asyncio.to_thread(self._holding.wait, 30)
+        await self._held.__aenter__()
         return self
 
     def let_go(self) -> None:
-        self._let_go.set()
+        self._held.let_go()
 
     async def __aexit__(self, *exc: object) -> None:
-        self.let_go()
-        await asyncio.to_thread(self._held.join)
+        await self._held.__aexit__()
         await self.pool.aclose()
         os.close(self.dfd)
 

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import os
-import threading
 from pathlib import Path
 from typing import Any
 
 import pytest
 from fs_helpers import chunk_file
+from native_helpers import HeldToken
 
 from asynctier import OffloadingSpec, SecondaryTierFactory
 from asynctier.engines import native as nativeio
@@ -115,44 +115,18 @@ async def test_a_cancelled_fs_store_gives_back_what_its_withdrawn_groups_reserve
     assert withdrawn, "no call had a group taken back"
 
 
-class TokenHeld:
-    """A slow path holding the pool's one I/O token (``max_inflight=1``): the workers start no
-    job's I/O until :meth:`let_go` (loads need nothing else: no job of them starts)."""
-
-    def __init__(self, tier: Any) -> None:
-        self.engine = tier._split.native
-        self._holding, self._let_go = threading.Event(), threading.Event()
-
-        def slow_path() -> None:
-            self._holding.set()
-            self._let_go.wait(60)
-
-        self._thread = threading.Thread(target=self.engine.pool.hold, args=(slow_path,))
-
-    async def __aenter__(self) -> TokenHeld:
-        self._thread.start()
-        assert await asyncio.to_thread(self._holding.wait, 60)
-        return self
-
-    def let_go(self) -> None:
-        self._let_go.set()
-
-    async def __aexit__(self, *exc: object) -> None:
-        self.let_go()
-        await asyncio.to_thread(self._thread.join)
-
-
 async def _cancel_with_jobs_queued(tier: Any, call: Any, jobs: int) -> None:
     """Start ``call`` while its I/O cannot start; once ``jobs`` of its jobs are in the pool,
     cancel it: it comes back with the token still held (nothing of it runs), and with
     nothing of it queued."""
-    async with TokenHeld(tier) as held:
+    engine = tier._split.native
+    async with HeldToken(engine.pool):
         task = asyncio.ensure_future(call)
         for _ in range(10_000):
-            if held.engine._started >= jobs:
+            if engine._started >= jobs:
                 break
             await asyncio.sleep(0.001)
-        assert held.engine._started >= jobs
+        assert engine._started >= jobs
         task.cancel()
         done, _ = await asyncio.wait({task}, timeout=30)  # (before: only once the token came back)
         assert done, "the cancellation waited for jobs that never started"

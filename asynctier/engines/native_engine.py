@@ -328,13 +328,17 @@ class NativeEngine(EngineCounters):
         return group
 
     # -- jobs out ------------------------------------------------------------------------------
-    def _ended_in_pool(self, job: Job, slot: int, result: int, csum: int, stage: int, info: int) -> None:
+    def _left_pool(self, job: Job, slot: int) -> None:
+        """``job``'s step in ``slot`` is out of the pool (ended, or taken back): its counts."""
         if job.priority != PRIO_LOAD:
             self._stores_in_pool -= 1
         group = self._slot_group[slot]
         self._group_left[group] -= 1
         if not self._group_left[group]:
             self._groups.append(group)
+
+    def _ended_in_pool(self, job: Job, slot: int, result: int, csum: int, stage: int, info: int) -> None:
+        self._left_pool(job, slot)
         try:
             r = self._slot_path[slot].finish(job, slot, result, csum, stage, info)  # type: ignore[union-attr]
         except BaseException as e:
@@ -389,12 +393,7 @@ class NativeEngine(EngineCounters):
     def _taken_back(self, job: Job, slot: int) -> None:
         """``job``'s step in ``slot`` never ran: its path undoes its plan; it is over (withdrawn)."""
         self.withdrawn += len(job.keys)
-        if job.priority != PRIO_LOAD:
-            self._stores_in_pool -= 1
-        group = self._slot_group[slot]
-        self._group_left[group] -= 1
-        if not self._group_left[group]:
-            self._groups.append(group)
+        self._left_pool(job, slot)
         try:
             r = self._slot_path[slot].withdraw(job, slot)  # type: ignore[union-attr]
         except BaseException as e:  # a bug: logged, the job is over all the same
@@ -403,13 +402,8 @@ class NativeEngine(EngineCounters):
         self._free_slots.append(slot)  # NativePool.put_slot
         if r is not None:
             self._continue(job, r)
-            return
-        job.state = CANCELLED
-        self._started -= 1
-        self._in_flight -= 1
-        job.batch.one_done()
-        if self._stopping and not self._started and not self._queued:
-            self._wake_all()
+        else:
+            self._over(job, CANCELLED)
 
     # -- parked jobs (on the loop thread) -------------------------------------------------------
     # (neither submits anything: call pump() once after a batch of them, so that their steps and
@@ -460,8 +454,8 @@ class NativeEngine(EngineCounters):
         if self._heap or self._next:
             self._pump()
 
-    def _over(self, job: Job) -> None:
-        job.state = DONE
+    def _over(self, job: Job, state: int = DONE) -> None:
+        job.state = state
         self._started -= 1
         self._in_flight -= 1
         job.batch.one_done()
