@@ -282,16 +282,19 @@ class LRUIndex:
             self._committed += 1
         self._entries.move_to_end(key)
 
-    def abort(self, key: bytes) -> None:
-        """The write of ``key`` failed: release its reservation."""
+    def abort(self, key: bytes) -> bool:
+        """The write of ``key`` failed: release its reservation. True if that gave its room
+        back (False: another write of ``key`` holds it, or committed it)."""
         with self._lock:
             e = self._entries.get(key)
             if e is None:
-                return
+                return False
             e.writers = max(0, e.writers - 1)
             if not e.committed and e.writers == 0:
                 del self._entries[key]
                 self._used -= e.nbytes
+                return True
+            return False
 
     def restore(self, victims: Iterable[bytes], nbytes: int) -> None:
         """Undo an eviction whose deletion never started (the store that made it was

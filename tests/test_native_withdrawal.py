@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from fs_helpers import chunk_file
 from native_helpers import HeldToken
+from nvme_helpers import slab_capacity
 
 from asynctier import OffloadingSpec, SecondaryTierFactory
 from asynctier.engines import native as nativeio
@@ -158,6 +159,107 @@ async def test_a_cancelled_fs_load_takes_back_every_group_not_started_and_unpins
         assert not any(await tier.lookup(keys)) and all(await tier.lookup(others))
 
 
+def _open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+@pytest.mark.parametrize("into", ["room", "full", "room-aligned", "full-aligned"])
+async def test_a_cancelled_fs_store_takes_back_even_the_files_prepared_ahead(tmp_path: Path, into: str) -> None:
+    """With the one I/O token held, the workers prepare store groups (checksums, new files)
+    but run none: cancelled, the call comes back at once with nothing written. Files made
+    ahead are closed, a named one removed; the victims a full tier's stores were to take
+    over stay stored; the index equals the files on disk; no descriptor is left open."""
+    full, aligned = into.startswith("full"), into.endswith("aligned")
+    tier, view = _fs(tmp_path, 3 * N, aligned, capacity_bytes=N * PER if full else 2 * N * PER)
+    old, new = [b"old-%d" % i for i in range(N)], [b"new-%d" % i for i in range(N)]
+    source = {k: i for i, k in enumerate(old + new)}
+    async with tier:
+        assert (await tier.offload(old, list(range(N)))).ok
+        fds = _open_fds()
+        jobs = tier._split.native.slots
+        await _cancel_with_jobs_queued(tier, tier.offload(new, list(range(N, 2 * N))), jobs)
+        assert tier.stats().offloaded == N and not any(await tier.lookup(new))
+        assert tier.stats().extra["withdrawn"] == jobs * GROUP and tier.stats().evictions == 0
+        assert not sum(tier.stats().failures.values())
+        index = tier.index
+        assert index is not None and len(index) == N == _files_on_disk(tier)
+        assert index.used_bytes == N * PER and all(e.pins == 0 for e in index._entries.values())
+        assert _open_fds() <= fds
+        await _loads_back(tier, view, old, source, 2 * N)
+        assert (await tier.offload(new, list(range(N, 2 * N)))).ok
+        assert len(index) == _files_on_disk(tier) and index.used_bytes == len(index) * PER
+        await _loads_back(tier, view, new, source, 2 * N)
+
+
+@pytest.mark.parametrize("aligned", [True, False], ids=["aligned", "unaligned"])
+async def test_a_withdrawn_store_of_a_key_another_call_stores_deletes_its_victims(
+    tmp_path: Path, aligned: bool
+) -> None:
+    """A store withdrawn while a second call stores the same keys: its room stays the other
+    writer's, so its victims cannot go back (the tier would hold more than its capacity):
+    they are deleted, as the store would have. The tier ends within capacity, its index equal
+    to the files on disk, the second call's chunks loading their bytes."""
+    n = 4 * GROUP  # each call 4 group jobs: both in the pool at once (9 slots at max_inflight=1)
+    tier, view = _fs(tmp_path, 3 * N, aligned, capacity_bytes=N * PER)
+    old, new = [b"old-%d" % i for i in range(N)], [b"new-%d" % i for i in range(n)]
+    source = {k: i for i, k in enumerate(old)} | {k: N + i for i, k in enumerate(new)}
+    async with tier:
+        assert (await tier.offload(old, list(range(N)))).ok
+        engine = tier._split.native
+        async with HeldToken(engine.pool) as held:
+            first = asyncio.ensure_future(tier.offload(new, list(range(N, N + n))))
+            second = asyncio.ensure_future(tier.offload(new, list(range(N, N + n))))
+            for _ in range(10_000):
+                if engine._started >= 8:
+                    break
+                await asyncio.sleep(0.001)
+            assert engine._started >= 8
+            first.cancel()
+            await asyncio.sleep(0.01)
+            held.let_go()
+            with pytest.raises(asyncio.CancelledError):
+                await first
+            assert (await second).ok
+        index = tier.index
+        assert index is not None and len(index) == N == _files_on_disk(tier)
+        assert index.used_bytes == N * PER and not sum(tier.stats().failures.values())
+        assert all(await tier.lookup(new))
+        await _loads_back(tier, view, new + [k for k in old if k in index], source, 2 * N)
+
+
+async def test_a_cancelled_calls_chunk_that_was_to_go_on_as_a_coroutine_is_given_back_not_run(
+    tmp_path: Path,
+) -> None:
+    """A store planned as a coroutine that deletes its victims first (``NotBegun``), still
+    queued when its call is cancelled, is not run: its room is given back and its victims,
+    never deleted, are indexed again at the least recently used end."""
+    from functools import partial
+    from time import perf_counter
+
+    from asynctier.core import Op
+    from asynctier.core.jobs import Batch, Job
+    from asynctier.tiers.fs import fast
+    from asynctier.tiers.fs.withdrawal import not_begun
+
+    tier, _ = _fs(tmp_path, 2 * GROUP, True, capacity_bytes=GROUP * PER)
+    old = [b"old-%d" % i for i in range(GROUP)]
+    async with tier:
+        assert (await tier.offload(old, list(range(GROUP)))).ok
+        io, index = tier._native, tier.index
+        assert io is not None and index is not None
+        victims = index.reserve(b"new", PER)  # the store's plan: room, and the oldest to delete
+        assert victims == [b"old-0"] and b"old-0" not in index
+        fn = not_begun(io, tier._async_store_reserved, b"new", perf_counter(), victims, partial(io.store, b"new", 20))
+        batch = Batch(1)
+        job = Job(Op.STORE, fn, (), (b"new",), batch, grouped=True)
+        batch.cancelled = True
+        out = await fast._run_later(job, [None], [(0, fn)])
+        assert out == [None] and tier.stats().extra["withdrawn"] == 1
+        assert b"new" not in index and next(iter(index._entries)) == b"old-0"
+        assert len(index) == GROUP == _files_on_disk(tier) and index.used_bytes == GROUP * PER
+        assert (await tier.lookup([b"old-0", b"new"])) == [True, False]
+
+
 @pytest.mark.parametrize("op", ["store", "load"])
 async def test_a_cancelled_nvme_call_stops_its_jobs_at_their_next_runs(tmp_path: Path, op: str) -> None:
     """An nvme job of many runs (slots that lie apart) goes to the workers up to 16 runs at a
@@ -195,3 +297,49 @@ async def test_a_cancelled_nvme_call_stops_its_jobs_at_their_next_runs(tmp_path:
         assert not sum(tier.stats().failures.values())
         assert (await tier.offload(keys, list(range(n)))).ok
         await _loads_back(tier, view, keys, source, n)
+
+
+async def test_an_nvme_store_parked_for_its_evict_records_writes_nothing_once_cancelled(tmp_path: Path) -> None:
+    """A store into a full slab waits (parked) until the records of the evictions it made are
+    in the journal; cancelled meanwhile, it then writes nothing: its slots go back, and the
+    slab fills afterwards with every chunk loading its bytes."""
+    from asynctier.core import Op
+
+    n = 64
+    view = _view(2 * n, aligned=True)
+    spec = OffloadingSpec(CHUNK, 2 * n, namespace="test/withdraw")
+    config = {"type": "nvme", "path": str(tmp_path / "slab"), "capacity_bytes": slab_capacity(n, CHUNK),
+              "io_engine": "native", "max_inflight": 2}  # fmt: skip
+    tier = SecondaryTierFactory.create_secondary_tier(config, view, spec)
+    assert isinstance(tier, NvmeTier)
+    old, new = [b"old-%d" % i for i in range(n)], [b"new-%d" % i for i in range(n)]
+    source = {k: i for i, k in enumerate(old)} | {k: n + i for i, k in enumerate(new)}
+    async with tier:
+        assert (await tier.offload(old, list(range(n)))).ok
+        assert tier.nslots == n  # full: each new chunk evicts an old one
+        path = tier._split.native.fast[Op.STORE]
+        parked: list[bytes] = []
+        for _ in range(20):
+            task = asyncio.ensure_future(tier.offload(new, list(range(n, 2 * n))))
+            for _ in range(100_000):
+                waiting = [job for _, _, job, st in path._parked if not st.acking and job.args[0][0] in new]
+                if task.done() or waiting:
+                    break
+                await asyncio.sleep(0)
+            if not task.done() and waiting:
+                parked = [k for job in waiting for k in job.args[0]]
+                task.cancel()
+            try:
+                await task
+            except asyncio.CancelledError:
+                pass
+            if parked:
+                break
+            assert (await tier.remove(new)) is not None
+        assert parked, "no store was ever parked for its EVICT records"
+        assert not any(await tier.lookup(parked))  # never written
+        assert not sum(tier.stats().failures.values())
+        assert (await tier.remove(old + new)) is not None
+        half = new[: n // 2]  # (a full slab evicts ahead, its own chunks too)
+        assert (await tier.offload(half, list(range(n, n + n // 2)))).ok
+        await _loads_back(tier, view, half, source, 0)

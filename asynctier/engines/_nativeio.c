@@ -379,6 +379,46 @@ static void *worker(void *arg) {
     return NULL;
 }
 
+/* Take back what no worker has begun of the job in slot `idx` (its call is cancelled):
+ * a queued job whole, as at_cancel (1: it never runs nor is reported); of a GROUP a worker
+ * has begun, the jobs after the last one begun (run, or being prepared): each is withdrawn
+ * (at_withdraw_job), and the group is reported once its jobs begun have ended (2), or now if
+ * they have (3: the caller reaps). 0: nothing was left to take. */
+int at_withdraw(struct at_pool *p, int idx) {
+    if (idx < 0 || idx >= p->nops) return 0;
+    pthread_mutex_lock(&p->mu);
+    drain(p);
+    struct at_op *op = &p->ops[idx];
+    int rc = 0, st = op_state(op);
+    if (st == AT_QUEUED) {
+        at_unqueue(p, idx);
+        if (op->job.group >= 0) p->gcount[op->job.group]--;
+        set_state(op, AT_IDLE);
+        rc = 1;
+    } else if (st == AT_RUNNING && op->job.kind == AT_GROUP && op->sub_io < (int32_t)op->job.len) {
+        int32_t len = (int32_t)op->job.len, cut = op->sub_io;
+        for (int32_t s = op->sub_io; s < op->sub_prep && s < len; s++)
+            if (op->subs[s].prep == PREP_RUNNING) cut = s + 1; /* being prepared: it runs */
+        if (cut < len) {
+            for (int32_t s = cut; s < len; s++) at_withdraw_job(&op->subs[s], &op->subres[s]);
+            op->job.len = (size_t)cut;
+            if (op->sub_prep > cut) op->sub_prep = cut;
+            if (op->sub_io == cut) at_unqueue(p, idx); /* none left to run */
+            op->sub_left -= len - cut;
+            rc = 2;
+            if (op->sub_left == 0) { /* every job begun has ended: reported here */
+                p->res[idx].result = cut;
+                int wake = report(p, idx);
+                pthread_mutex_unlock(&p->mu);
+                if (wake) wake_loop(p);
+                return 3;
+            }
+        }
+    }
+    pthread_mutex_unlock(&p->mu);
+    return rc;
+}
+
 void at_free(struct at_pool *p);
 
 /* A pool of `nthreads` workers sharing `ntokens` I/O tokens, with `nops` job slots, hashing

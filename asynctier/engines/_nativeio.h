@@ -59,6 +59,9 @@
 #define ST_RENAME 6
 #define ST_SHARED 8 /* recycling: another tier holds the namespace (its file stays at name3) */
 #define ST_UNLINK 7
+/* a job of a group whose call was cancelled before a worker began it (at_withdraw): it did no
+ * I/O, and what preparing it made (a new file) is gone, a file handed over closed */
+#define ST_WITHDRAWN 9
 
 #define NPRIO 4
 #define NAME_MAX_LEN 256
@@ -121,6 +124,9 @@ struct at_op {
 AT_HIDDEN void at_prepare_write(xxh3_fn xxh3, struct at_op *op, struct at_res *r);
 /* A job's system calls (its kind's body), holding a token; never an AT_GROUP. */
 AT_HIDDEN void at_run_job(struct at_op *op, struct at_res *r);
+/* A job of a group that no worker began, withdrawn (with the pool's lock held): what its
+ * preparation made is undone, a file handed over closed, its outcome ST_WITHDRAWN. */
+AT_HIDDEN void at_withdraw_job(struct at_op *op, struct at_res *r);
 /* Whether a read got every byte: its payloads are then hashed (at_hash_read), if asked. */
 AT_HIDDEN int at_read_whole(const struct at_op *op, const struct at_res *r);
 /* A read's payload checksums, after its I/O (no token). */

@@ -33,6 +33,7 @@ __all__ = [
     "ST_OPEN",
     "ST_RENAME",
     "ST_UNLINK",
+    "ST_WITHDRAWN",
     "UNLINK",
     "WRITE",
     "WRITEV",
@@ -54,6 +55,8 @@ COMMIT_FDS_MAX = 64
 READV_MAX = 512
 #: The step a job failed at (:attr:`Outcome.stage`); 0 when it did not fail.
 ST_OPEN, ST_IO, ST_DATASYNC, ST_LINK, ST_DIRSYNC, ST_RENAME, ST_UNLINK = 1, 2, 3, 4, 5, 6, 7
+#: A job of a group taken back after its call was cancelled (:meth:`NativePool.take_back`): no I/O.
+ST_WITHDRAWN = 9
 #: A name field of a descriptor, its terminating NUL included.
 NAME_MAX = 256
 

@@ -55,6 +55,7 @@ from .descriptors import (  # re-exported: the pool's callers name them nativeio
     ST_OPEN,
     ST_RENAME,
     ST_UNLINK,
+    ST_WITHDRAWN,
     UNLINK,
     WRITE,
     WRITEV,
@@ -88,6 +89,7 @@ __all__ = [
     "ST_OPEN",
     "ST_RENAME",
     "ST_UNLINK",
+    "ST_WITHDRAWN",
     "UNLINK",
     "WRITE",
     "WRITEV",
@@ -281,19 +283,28 @@ class NativePool:
             start += 1
         return refused
 
-    def take_back(self, which: Callable[[int, Any], bool]) -> list[tuple[int, Any]]:
-        """Take back the jobs of :meth:`submit_many` that no worker has started and whose
-        ``which(slot, owner)`` is true: they never run nor end (:attr:`on_done` is not called);
-        their slots stay the caller's. Returns their ``(slot, owner)``. Rare (a cancelled call):
-        each slot in use is asked under the workers' lock."""
+    def take_back(self, which: Callable[[int, Any], bool]) -> tuple[list[tuple[int, Any]], int]:
+        """Take back what no worker has begun of the jobs of :meth:`submit_many` whose
+        ``which(slot, owner)`` is true: a job not started, whole (it never runs nor ends:
+        :attr:`on_done` is not called; its slot stays the caller's); of a :data:`GROUP` job
+        begun, its jobs after the last begun (each then ends with stage
+        :data:`ST_WITHDRAWN`, having done no I/O; the group ends as usual). Returns the
+        ``(slot, owner)`` of those taken whole, and how many groups were cut. Rare (a
+        cancelled call): each slot in use is asked under the workers' lock."""
         taken: list[tuple[int, Any]] = []
+        cut = 0
         owners = self._owners
         for slot, owner in enumerate(owners):
-            if owner is not None and which(slot, owner) and self._lib.at_cancel(self._h, slot):
+            if owner is None or not which(slot, owner):
+                continue
+            rc = self._lib.at_withdraw(self._h, slot)
+            if rc == 1:
                 owners[slot] = None
                 self._running -= 1
                 taken.append((slot, owner))
-        return taken
+            elif rc:
+                cut += 1
+        return taken, cut
 
     def reap_now(self) -> None:
         """Reap the jobs ended so far, as a wake-up by the workers does (after :meth:`take_back`:

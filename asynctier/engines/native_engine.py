@@ -150,8 +150,7 @@ class NativeEngine(EngineCounters):
         self.executor: concurrent.futures.ThreadPoolExecutor | None = None
         #: wake-ups of the loop by the workers (each reaps every job ended so far)
         self.wakeups = 0
-        #: chunks of cancelled calls that were handed to the workers and never started (taken
-        #: back, or a job's next steps not begun: tiers add those)
+        #: chunks of cancelled calls whose I/O never began (the tiers' paths count them)
         self.withdrawn = 0
         self._last = (0, 0, 0)
         self._free_slots: list[int] = []
@@ -384,15 +383,17 @@ class NativeEngine(EngineCounters):
             path = slot_path[slot]
             return type(owner) is Job and owner.batch is batch and path is not None and path.withdrawable(owner, slot)
 
-        taken = pool.take_back(ours)
-        for slot, job in taken:
+        taken, cut = pool.take_back(ours)
+        # the latest planned first: a tier that puts what planning took back in front of its
+        # order (the fs tier's victims) then keeps the earlier ones ahead of the later ones
+        for slot, job in sorted(taken, key=lambda t: t[1].seq, reverse=True):
             self._taken_back(job, slot)
-        if taken:
+        if taken or cut:
             pool.reap_now()  # (it pumps)
 
     def _taken_back(self, job: Job, slot: int) -> None:
-        """``job``'s step in ``slot`` never ran: its path undoes its plan; it is over (withdrawn)."""
-        self.withdrawn += len(job.keys)
+        """``job``'s step in ``slot`` never ran: its path undoes its plan (and counts the chunks
+        in :attr:`withdrawn`); it is over."""
         self._left_pool(job, slot)
         try:
             r = self._slot_path[slot].withdraw(job, slot)  # type: ignore[union-attr]

@@ -31,6 +31,7 @@ def _signatures() -> dict[str, tuple[list[Any], Any]]:
         "at_submit_many": ([vp, c_int, vp, vp], c_int),
         "at_set_low_water": ([vp, c_int], None),
         "at_cancel": ([vp, c_int], c_int),
+        "at_withdraw": ([vp, c_int], c_int),
         "at_reap": ([vp, vp, c_int], c_int),
         "at_clear": ([vp], None),
         "at_acquire": ([vp, c_int], c_int),

@@ -39,7 +39,7 @@ from asynctier.posix_io import O_DIRECT
 
 from .layout import HEADER_BLOCK
 from .protocol import Outcome, SpareJob, Step, StoreJob, not_found, remove_quietly
-from .withdrawal import undo_load, undo_store
+from .withdrawal import NotBegun, Undo, not_begun, undo_load, undo_store
 
 if TYPE_CHECKING:
     from .native import NativeIO
@@ -69,7 +69,7 @@ class _Path:
 
     op = ""  #: the operation counted (``"offload"``, ``"load"``)
     prio = PRIO_STORE  #: the priority of its group jobs
-    _undo: Callable[[FsTier, Job, Any], None]  #: what a withdrawn job gives back (:mod:`.withdrawal`)
+    _undo_plan: Callable[[Undo, Job, Any], None]  #: what a withdrawn job gives back (:mod:`.withdrawal`)
 
     def __init__(self, io: NativeIO) -> None:
         # the engine's workers hold the engine, and so this: not the tier (a tier dropped
@@ -77,6 +77,9 @@ class _Path:
         self._io = weakref.ref(io)
         self._plans: list[tuple[Any, ...] | None] = []
         self._booked: list[float] = []  # latencies of the jobs ended, counted at the next flush
+        # victims of stores taken back from groups begun (their calls cancelled), in the order
+        # their ends were booked: indexed again at the next flush, in one call
+        self._restore: list[bytes] = []
 
     def _live(self) -> tuple[NativeIO, FsTier]:
         """The tier's I/O and the tier, once per job (or group job), handed down from there."""
@@ -112,7 +115,7 @@ class _Path:
             job.result = SKIPPED
             return None
         if type(r) is not tuple:
-            return r  # type: ignore[return-value]
+            return partial(_one_later, job, r) if isinstance(r, NotBegun) else r  # type: ignore[return-value]
         self._keep(slot, r[1])
         return r[0]
 
@@ -175,17 +178,26 @@ class _Path:
     def withdrawable(self, job: Job, slot: int) -> bool:
         return True
 
-    def withdraw(self, job: Job, slot: int) -> None:
+    def withdraw(self, job: Job, slot: int) -> Continuation | None:
         plan, self._plans[slot] = self._plans[slot], None
-        self._undo(self._live()[1], job, plan)
+        u = Undo(*self._live())
+        self._undo_plan(u, job, plan)
+        return u.close()
+
+    def _undo_begun(self, io: NativeIO, tier: FsTier) -> Undo:
+        """For a chunk of a group begun that the workers took back (see :mod:`.withdrawal`)."""
+        return Undo(io, tier, self._restore)
 
     def flush(self) -> None:
         """Count the jobs ended since the last flush (one lock, not one per chunk)."""
         booked = self._booked
-        io = self._io() if booked else None
-        if io is not None:
+        io = self._io() if booked or self._restore else None
+        if io is not None and booked:
             self._booked = []
             io._stats.record_each(self.op, io._n, booked)  # (_n: the chunk size)
+        if io is not None and self._restore:
+            restore, self._restore = self._restore, []
+            io.live_tier().index.restore(restore, io.live_tier()._chunk_size)
 
 
 def _group_end(job: Job, out: Outcomes, later: list[tuple[int, Continuation]]) -> Continuation | None:
@@ -193,14 +205,30 @@ def _group_end(job: Job, out: Outcomes, later: list[tuple[int, Continuation]]) -
     if not later:
         job.result = out
         return None
-    return partial(_run_later, out, later)
+    return partial(_run_later, job, out, later)
 
 
-class _AfterRemoval(partial[Any]):
+class _AfterRemoval(NotBegun):
     """A continuation that waits for the deletion of its key's old copy to be reported over."""
 
 
-async def _run_later(out: Outcomes, later: list[tuple[int, Continuation]]) -> Outcomes:
+async def _one_later(job: Job, fn: NotBegun) -> Any:
+    """A chunk planned as a coroutine: run, unless its call was cancelled meanwhile."""
+    if job.batch.cancelled:
+        await _give_back(fn)
+        return None
+    return await fn()
+
+
+async def _give_back(fn: NotBegun) -> None:
+    u = Undo(fn.io, fn.io.live_tier())
+    u.continuation(fn)
+    rest = u.close()
+    if rest is not None:
+        await rest()
+
+
+async def _run_later(job: Job, out: Outcomes, later: list[tuple[int, Continuation]]) -> Outcomes:
     """The continuations of a group job's chunks, one after another: each takes a job slot
     of its own while it runs, and the group holds the engine's place of one job. Those that
     wait for a deletion go last: the one that reports it over may be among the others (a
@@ -209,6 +237,9 @@ async def _run_later(out: Outcomes, later: list[tuple[int, Continuation]]) -> Ou
     if any(type(fn) is _AfterRemoval for _, fn in later):
         later = sorted(later, key=lambda p: type(p[1]) is _AfterRemoval)  # (stable: the others keep their order)
     for i, fn in later:
+        if job.batch.cancelled and isinstance(fn, NotBegun):  # its call cancelled: not begun, given back
+            await _give_back(fn)
+            continue
         try:
             if await fn() is SKIPPED:  # a key stored as it waited: stored already
                 out[i] = SKIPPED
@@ -226,7 +257,7 @@ class StorePath(_Path):
     :meth:`.native.NativeIO.store`."""
 
     op = "offload"
-    _undo = staticmethod(undo_store)
+    _undo_plan = staticmethod(undo_store)
 
     def __init__(self, io: NativeIO) -> None:
         super().__init__(io)
@@ -255,17 +286,17 @@ class StorePath(_Path):
         """:meth:`_plan_key` once the index said what reserving room for ``key`` gives: the
         victims to evict, None (stored already) or the exception it raised."""
         if isinstance(victims, RemovalPending):  # an old copy of the key is being deleted: wait for it there
-            return _AfterRemoval(io.store_job, key, cid, t0)
+            return not_begun(io, io.store_job, key, cid, t0, kind=_AfterRemoval)
         if isinstance(victims, Exception):
             tier._stats.record_failure(victims)
             raise victims
         if victims is None:  # stored already
             if tier.shared:  # unless another process removed it: looked for on disk, off the loop
-                return partial(io.store_job, key, cid, t0)
+                return not_begun(io, io.store_job, key, cid, t0)
             tier._end_store(key, t0, None, skipped=True)
             return SKIPPED
         if victims and not (len(victims) == 1 and tier.recycle_on and not tier.network_fs):
-            return partial(tier._async_store_reserved, key, t0, victims, partial(io.store, key, cid))
+            return not_begun(io, tier._async_store_reserved, key, t0, victims, partial(io.store, key, cid))
         proto = tier.protocol
         plan: StoreJob | None = None
         try:
@@ -422,6 +453,10 @@ class StorePath(_Path):
         csum: int, stage: int, info: int,
     ) -> Continuation | None:  # fmt: skip
         step, data, victims, plan, sj = step_
+        if stage == Step.WITHDRAWN:  # of a group begun, its call cancelled: nothing done
+            u = self._undo_begun(io, tier)
+            u.step(key, step_)
+            return u.close()
         if step == _RECYCLE:  # (its plan: flags and temporary name, see recycle_plan)
             return self._recycled(io, tier, key, cid, t0, data, victims, plan, sj, result, stage, info)
         if plan.fd >= 0:  # ChunkProtocol.release: the file made ahead or taken over is closed
@@ -439,6 +474,10 @@ class StorePath(_Path):
         flags: int, temp: str, result: int, stage: int, info: int,
     ) -> Continuation | None:  # fmt: skip
         """Book a recycling job; what did not simply succeed continues on a coroutine."""
+        if stage == Step.WITHDRAWN:  # (a bulk group's: see _finish_key)
+            u = self._undo_begun(io, tier)
+            u.store(key, victims)
+            return u.close()
         if not stage:
             self._recycles += 1  # Tier._evicted and ChunkProtocol.stored, counted at the next flush
             tier.index.commit(key, victims)  # and Tier._removed(victims), under one lock
@@ -487,11 +526,11 @@ class LoadPath(_Path):
 
     op = "load"
     prio = PRIO_LOAD
-    _undo = staticmethod(undo_load)
+    _undo_plan = staticmethod(undo_load)
 
     def _plan_key(self, io: NativeIO, tier: FsTier, key: bytes, cid: int, t0: float, block: int) -> _KeyPlan:
         if tier.index_incomplete:  # a miss is looked up on disk: on a thread
-            return partial(io.load_job, key, cid, t0)
+            return not_begun(io, io.load_job, key, cid, t0)
         entry = tier._pin_for_load(key)
         try:
             out = tier._chunk(cid)
@@ -588,6 +627,10 @@ class LoadPath(_Path):
         csum: int, stage: int, info: int,
     ) -> Continuation | None:  # fmt: skip
         entry, out, block = step
+        if stage == Step.WITHDRAWN:  # of a group begun, its call cancelled: not read
+            u = self._undo_begun(io, tier)
+            u.load(key, entry)
+            return u.close()
         try:
             if stage == Step.OPEN and result == -errno.ENOENT:
                 raise not_found(key)

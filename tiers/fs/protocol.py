@@ -112,6 +112,7 @@ class Step(enum.IntEnum):
     RENAME = 6
     UNLINK = 7
     SHARED = 8  #: recycling: another tier holds the namespace, the file was not overwritten
+    WITHDRAWN = 9  #: a group's job taken back, its call cancelled: nothing done (native engine only)
 
 
 class Source(enum.IntEnum):

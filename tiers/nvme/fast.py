@@ -64,6 +64,17 @@ class _Group:
         self.bad: list[int] = []
 
 
+def _withdrawn_runs(
+    pool: nativeio.NativePool, slot: int, runs: list[_py_bulk.Run], own: tuple[int, int, int, int]
+) -> int:
+    """Chunks of the runs that ended in ``slot`` that the workers took back (its call cancelled)."""
+    if own[2]:
+        return 0
+    res, offset = pool.sub_outcomes(slot)
+    at, size = nativeio.RESULT_LAYOUT.unpack_from, nativeio.RESULT_LAYOUT.size
+    return sum(len(r) for j, r in enumerate(runs) if at(res, offset + j * size)[2] == nativeio.ST_WITHDRAWN)
+
+
 class IoArea:
     """One engine slot's memory for READV and WRITEV jobs of up to ``slots`` slots: aligned
     header blocks, the iovecs the workers read into (write from), the payloads' checksums."""
@@ -89,9 +100,7 @@ class LoadPath:
         self._plans: list[tuple[int, int, int] | None] = [None] * engine.slots  # slot, seq, checksum
         self._booked: list[float] = []  # latencies of the loads ended, counted at the next flush
         self._unpins: list[int] = []  # slots to unpin once the index lock is free
-        self._lock_waiters = LockWaiters(
-            engine, lambda slot, job, _: None if job.batch.cancelled else self.plan(job, slot)
-        )
+        self._lock_waiters = LockWaiters(engine, self._lock_freed)
         self._hb: memoryview | None = None  # one aligned header block per engine slot
         self._hb_addr = 0
         self._view_addr = 0
@@ -167,6 +176,8 @@ class LoadPath:
             and header_matches(self._hb[slot * H :], key, n, want, tier.offloading_spec.layout_digest, seq)
         )
         self._unpins.append(nslot)  # at the next flush: one lock for the batch of ends
+        if not ok and job.batch.cancelled:  # not read again: its call is cancelled
+            return None
         if not ok:  # read again on a thread, which tells what is wrong and drops a bad copy
             tier._stats.incr("native_retries")
             return self._on_thread(tier, key, cid, t0)
@@ -259,7 +270,7 @@ class LoadPath:
         self._booked += [perf_counter() - t0] * good
         g.next += k
         if job.batch.cancelled:  # no next runs, no reads again: over (its outcome is not read)
-            self._engine.withdrawn += sum(map(len, g.runs[g.next :]))
+            self._engine.withdrawn += sum(map(len, g.runs[g.next :])) + _withdrawn_runs(pool, slot, runs, own)
             self._drop(slot, g)
             return None
         if g.next < len(g.runs):
@@ -284,10 +295,10 @@ class LoadPath:
             where, self._plans[slot] = self._plans[slot], None
             if where is not None:
                 self._unpins.append(where[0])
+                self._engine.withdrawn += 1
         elif slot in self._groups:
             g = self._groups[slot]
-            # the engine counted the job's chunks: those read by its earlier runs are not withdrawn
-            self._engine.withdrawn -= len(job.keys) - sum(map(len, g.runs[g.next :]))
+            self._engine.withdrawn += sum(map(len, g.runs[g.next :]))
             self._drop(slot, g)
 
     def _drop(self, slot: int, g: _Group) -> None:

@@ -284,7 +284,6 @@ class StorePath:
         """Its runs not written go back (on a slow-path thread, as a failed store's: their
         EVICT records may not be in); what it wrote before is published."""
         st = self._jobs[slot]
-        self._engine.withdrawn -= len(job.keys)  # (the engine counted the job: its runs are counted here)
         self._withdraw_runs(st)
         return self._settle_on_thread(self._live(), slot, job, st, None)
 
@@ -294,15 +293,18 @@ class StorePath:
         st.next = len(st.runs)
         self._engine.withdrawn += sum(map(len, runs))
 
-    @staticmethod
     def _runs_failed(
-        tier: NvmeTier, st: _Store, runs: list[Run], bad: Iterable[int], own: tuple[int, int, int, int],
+        self, tier: NvmeTier, st: _Store, runs: list[Run], bad: Iterable[int], own: tuple[int, int, int, int],
         res: Any, offset: int,
     ) -> None:  # fmt: skip
         """Note why each run in ``bad`` (positions in ``runs``) was not written."""
         for j in bad:
-            result = own[0] if own[2] else RESULT_LAYOUT.unpack_from(res, offset + j * RESULT_LAYOUT.size)[0]
+            result, _, stage, _ = own if own[2] else RESULT_LAYOUT.unpack_from(res, offset + j * RESULT_LAYOUT.size)
             run = runs[j]
+            if stage == nativeio.ST_WITHDRAWN:  # taken back, its call cancelled: nothing written
+                st.bad.append(([p for p, _, _, _ in run], Withdrawn()))
+                self._engine.withdrawn += len(run)
+                continue
             code = -result if result < 0 else errno.EIO
             what = os.strerror(code) if result < 0 else f"short write ({result} bytes)"
             where = f"{len(run)} slot(s) at offset {run[0][3]} of {tier._slabs.paths[run[0][2]]}"
@@ -523,7 +525,9 @@ class StorePath:
             engine.unpark(slot, job)
             return
         if not st.acking:  # waited for the EVICT records: write now, or give the slots back
-            if err is None:
+            if err is None and job.batch.cancelled:  # its call cancelled meanwhile: nothing written
+                self._withdraw_runs(st)
+            elif err is None:
                 try:
                     engine.resume(slot, job, self._run_fields(tier, slot, job, st))
                     return
