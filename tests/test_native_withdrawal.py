@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -343,3 +344,47 @@ async def test_an_nvme_store_parked_for_its_evict_records_writes_nothing_once_ca
         half = new[: n // 2]  # (a full slab evicts ahead, its own chunks too)
         assert (await tier.offload(half, list(range(n, n + n // 2)))).ok
         await _loads_back(tier, view, half, source, 0)
+
+
+def test_a_cancelled_call_on_trio_takes_back_what_no_worker_began(tmp_path: Path) -> None:
+    """The same on trio (a cancel scope): with the one I/O token held, a store of many groups
+    comes back without writing anything, the tier as it was."""
+    import trio
+
+    async def main() -> None:
+        tier, _ = _fs(tmp_path, 2 * N, True, capacity_bytes=N * PER)
+        old, new = [b"old-%d" % i for i in range(N)], [b"new-%d" % i for i in range(N)]
+        async with tier:
+            assert (await tier.offload(old, list(range(N)))).ok
+            engine = tier._split.native
+            holding, let_go = threading.Event(), threading.Event()
+
+            def slow_path() -> None:
+                holding.set()
+                let_go.wait(60)
+
+            holder = threading.Thread(target=engine.pool.hold, args=(slow_path,))
+            holder.start()
+            try:
+                assert await trio.to_thread.run_sync(holding.wait, 60)
+                with trio.move_on_after(30) as scope:
+                    async with trio.open_nursery() as nursery:
+
+                        async def cancel_once_queued() -> None:
+                            while engine._started < engine.slots:  # noqa: ASYNC110 (a count: no event)
+                                await trio.sleep(0.001)
+                            nursery.cancel_scope.cancel()
+
+                        nursery.start_soon(cancel_once_queued)
+                        await tier.offload(new, list(range(N, 2 * N)))
+                assert not scope.cancelled_caught  # back with the token still held
+            finally:
+                let_go.set()
+                await trio.to_thread.run_sync(holder.join)
+            s = tier.stats()
+            assert s.offloaded == N and s.extra["withdrawn"] == engine.slots * GROUP and s.evictions == 0
+            assert not any(await tier.lookup(new)) and all(await tier.lookup(old))
+            index = tier.index
+            assert index is not None and len(index) == N == _files_on_disk(tier) and index.used_bytes == N * PER
+
+    trio.run(main)
