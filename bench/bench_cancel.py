@@ -1,11 +1,12 @@
 """What a cancelled call still moves, and how long its cancellation takes (docs/cancellation.md).
 
-Per tier (fs, nvme: the native engine where it serves), operation, chunk size and depth: one
-call of ``--chunks`` chunks, cancelled as soon as its first chunks are counted. Reports the
-chunks counted after the cancellation (those running or ended then, and any started after
-it), the time from ``task.cancel()`` to the call coming back, and the chunks the tier reports
-withdrawn (``stats().extra["withdrawn"]``); medians over ``--repeat`` calls, each into a fresh
-tier. Loads read from a cold page cache.
+Per tier (fs, nvme; ``--engine``: the native engine where it serves, or threads for
+reference), operation, chunk size and depth: one call of ``--chunks`` chunks, cancelled as
+soon as its first chunks are counted. Reports the chunks counted after the cancellation
+(those running or ended then, and any started after it), the time from ``task.cancel()`` to
+the call coming back, and the chunks the tier reports withdrawn
+(``stats().extra["withdrawn"]``); medians over ``--repeat`` calls, each into a fresh tier.
+Loads read from a cold page cache.
 
 Run from the repository root: ``.venv/bin/python bench/bench_cancel.py --dir /var/tmp/bench-cancel``
 (the directory is emptied first; ``--json`` writes the rows).
@@ -31,8 +32,8 @@ from asynctier.posix_io import aligned_buffer
 NVME_HEADER = 4096  # an nvme slot's header block, beside its payload
 
 
-def _tier(kind: str, root: Path, chunk: int, n: int, depth: int, view: memoryview) -> Any:
-    config: dict[str, Any] = {"type": kind, "max_inflight": depth, "io_engine": "auto"}
+def _tier(kind: str, root: Path, chunk: int, n: int, depth: int, view: memoryview, engine: str) -> Any:
+    config: dict[str, Any] = {"type": kind, "max_inflight": depth, "io_engine": engine}
     if kind == "fs":
         config["root"] = str(root)
     else:
@@ -45,11 +46,11 @@ def _fresh(root: Path) -> None:
     root.mkdir(parents=True)
 
 
-async def one(kind: str, op: str, root: Path, chunk: int, n: int, depth: int) -> dict[str, float]:
+async def one(kind: str, op: str, root: Path, chunk: int, n: int, depth: int, engine: str) -> dict[str, float]:
     _fresh(root)
     view = aligned_buffer(2 * n * chunk)
     view[:] = os.urandom(len(view))
-    tier = _tier(kind, root, chunk, n, depth, view)
+    tier = _tier(kind, root, chunk, n, depth, view, engine)
     keys = [b"k%d" % i for i in range(n)]
     counter = "loaded" if op == "load" else "offloaded"
     async with tier:
@@ -79,8 +80,10 @@ async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     for kind in args.tiers:
         for op in ("store", "load"):
             for kib in args.sizes_kib:
-                got = [await one(kind, op, args.dir, kib * 1024, args.chunks, args.depth) for _ in range(args.repeat)]
-                row = {"tier": kind, "op": op, "chunk_kib": kib, "depth": args.depth, "chunks": args.chunks}
+                got = [await one(kind, op, args.dir, kib * 1024, args.chunks, args.depth, args.engine)
+                       for _ in range(args.repeat)]  # fmt: skip
+                row = {"tier": kind, "op": op, "chunk_kib": kib, "depth": args.depth, "chunks": args.chunks,
+                       "engine": args.engine}  # fmt: skip
                 for k in ("after", "ms", "withdrawn"):
                     row[k] = statistics.median(g[k] for g in got)
                     row[k + "_all"] = [round(g[k], 1) for g in got]
@@ -98,6 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--chunks", type=int, default=1024, help="chunks in the call")
     p.add_argument("--depth", type=int, default=16, help="max_inflight")
     p.add_argument("--repeat", type=int, default=5)
+    p.add_argument("--engine", default="auto", choices=["auto", "native", "threads"], help="the tiers' io_engine")
     p.add_argument("--json", type=Path, help="write the rows here")
     args = p.parse_args(argv)
     print("| tier | call | chunk | chunks counted after cancel: median (each) | cancel ms: median (each) | withdrawn |")
