@@ -192,6 +192,36 @@ async def test_a_cancelled_fs_store_takes_back_even_the_files_prepared_ahead(tmp
         await _loads_back(tier, view, new, source, 2 * N)
 
 
+@pytest.mark.parametrize("into", ["room", "full"])
+async def test_cancelled_one_chunk_stores_prepared_ahead_are_taken_back(tmp_path: Path, into: str) -> None:
+    """One-chunk calls go as one job each, which a spare worker prepares (checksums, a new
+    file) ahead of a token: cancelled with the one token held, each comes back at once, none
+    written, the tier as it was."""
+    tier, _ = _fs(tmp_path, 2 * N, True, capacity_bytes=(N if into == "full" else 2 * N) * PER)
+    old, new = [b"old-%d" % i for i in range(N)], [b"new-%d" % i for i in range(8)]
+    async with tier:
+        assert (await tier.offload(old, list(range(N)))).ok
+        fds = _open_fds()
+        engine = tier._split.native
+        async with HeldToken(engine.pool):
+            calls = [asyncio.ensure_future(tier.offload([k], [N + i])) for i, k in enumerate(new)]
+            for _ in range(10_000):
+                if engine._started >= len(new):
+                    break
+                await asyncio.sleep(0.001)
+            await asyncio.sleep(0.05)  # (the spare worker prepares them meanwhile)
+            for call in calls:
+                call.cancel()
+            done, _ = await asyncio.wait(calls, timeout=30)
+            assert len(done) == len(calls), "a cancellation waited for a job whose I/O never began"
+        assert all(c.cancelled() for c in calls)
+        assert not any(await tier.lookup(new)) and all(await tier.lookup(old))
+        assert tier.stats().extra["withdrawn"] == len(new) and tier.stats().evictions == 0
+        index = tier.index
+        assert index is not None and len(index) == N == _files_on_disk(tier) and index.used_bytes == N * PER
+        assert _open_fds() <= fds
+
+
 @pytest.mark.parametrize("aligned", [True, False], ids=["aligned", "unaligned"])
 async def test_a_withdrawn_store_of_a_key_another_call_stores_deletes_its_victims(
     tmp_path: Path, aligned: bool

@@ -923,10 +923,12 @@ def test_a_keyboard_interrupt_on_trio_returns_only_once_no_io_touches_the_buffer
     keys = [b"k%d" % i for i in range(64)]
     seen: dict[str, Any] = {}
 
+    timer = threading.Timer(0.002, lambda: signal.raise_signal(signal.SIGINT))
+
     async def main() -> None:
         async with tier:
             assert (await tier.offload(keys, list(range(64)))).ok
-            threading.Timer(0.002, lambda: signal.raise_signal(signal.SIGINT)).start()
+            timer.start()
             try:
                 await tier.load(keys, list(range(64)))
             except KeyboardInterrupt:
@@ -936,8 +938,18 @@ def test_a_keyboard_interrupt_on_trio_returns_only_once_no_io_touches_the_buffer
                 buf[:] = b"\xee" * len(buf)
                 await trio.sleep(0.3)
                 seen["untouched"] = buf.count(b"\xee") == len(buf)
+            # a signal that comes after the load must come while trio runs (then it is raised
+            # out of trio.run, below), never after it: that would end the whole test session
+            timer.cancel()
+            await trio.to_thread.run_sync(timer.join)
+            await trio.sleep(0.01)
 
-    trio.run(main)
+    try:
+        trio.run(main)
+    except KeyboardInterrupt:
+        if "interrupted" not in seen:
+            pytest.skip("the load ended before the interrupt")
+        raise
     if "interrupted" not in seen:  # the load ended before the signal came: nothing to see
         pytest.skip("the load ended before the interrupt")
     assert seen["at_return"] == (0, 0) and seen["untouched"], seen

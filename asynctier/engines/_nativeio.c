@@ -196,7 +196,7 @@ static void post_push(struct at_pool *p, int entry) {
 static void group_job_ended(struct at_pool *p, int idx);
 
 /* With the lock held: a group's first job taken by a worker (to prepare or to run): the
- * group is no longer taken back by at_cancel, and its own outcome starts afresh. */
+ * group is no longer taken back whole (at_withdraw cuts it), and its own outcome starts afresh. */
 static void start_group(struct at_op *op, struct at_res *r) {
     if (op_state(op) == AT_RUNNING) return;
     memset(r, 0, sizeof *r);
@@ -214,6 +214,12 @@ static void prepare_group_job(struct at_pool *p, int idx) {
     pthread_mutex_unlock(&p->mu);
     at_prepare_write(p->xxh3, sub, &op->subres[s]);
     pthread_mutex_lock(&p->mu);
+    if (sub->prep == PREP_WITHDRAW) { /* its call was cancelled meanwhile (at_withdraw) */
+        at_withdraw_job(sub, &op->subres[s]);
+        sub->prep = PREP_NONE;
+        group_job_ended(p, idx);
+        return;
+    }
     sub->prep = PREP_NONE;
     if (p->ntokens > 0) wake_workers(p, 1);
 }
@@ -340,12 +346,19 @@ static void *worker(void *arg) {
         if (what == DO_PREP) {
             /* holding no token: at depth 1 the previous chunk's I/O goes on meanwhile */
             op->prep = PREP_RUNNING;
-            set_state(op, AT_RUNNING); /* no longer taken back by at_cancel */
+            set_state(op, AT_RUNNING); /* taken back only as at_withdraw says */
             if (pick(p, &next_what) >= 0) wake_workers(p, 1); /* more to do: another worker */
             pthread_mutex_unlock(&p->mu);
             memset(r, 0, sizeof *r);
             at_prepare_write(p->xxh3, op, r);
             pthread_mutex_lock(&p->mu);
+            if (op->prep == PREP_WITHDRAW) { /* its call was cancelled meanwhile (at_withdraw) */
+                at_unqueue(p, idx);
+                at_withdraw_job(op, r);
+                op->prep = PREP_NONE;
+                report_unlocked_wake(p, idx);
+                continue;
+            }
             op->prep = PREP_NONE;
             if (p->ntokens > 0) wake_workers(p, 1);
             continue;
@@ -379,11 +392,20 @@ static void *worker(void *arg) {
     return NULL;
 }
 
-/* Take back what no worker has begun of the job in slot `idx` (its call is cancelled):
- * a queued job whole, as at_cancel (1: it never runs nor is reported); of a GROUP a worker
- * has begun, the jobs after the last one begun (run, or being prepared): each is withdrawn
- * (at_withdraw_job), and the group is reported once its jobs begun have ended (2), or now if
- * they have (3: the caller reaps). 0: nothing was left to take. */
+/* With the lock held: whether slot `idx` is in its priority queue. */
+static int in_queue(const struct at_pool *p, int idx) {
+    for (int i = p->head[p->ops[idx].job.prio]; i >= 0; i = p->ops[i].next)
+        if (i == idx) return 1;
+    return 0;
+}
+
+/* Take back what no worker has begun the I/O of, of the job in slot `idx` (its call is
+ * cancelled). A job whose I/O has not begun is withdrawn: a queued one whole, as at_cancel
+ * (1: it never runs nor is reported); one prepared already, the same once what its
+ * preparation made is undone (at_withdraw_job; 1); one being prepared, once prepared: it is
+ * then reported with stage ST_WITHDRAWN (2). Of a GROUP begun, the jobs not run are withdrawn
+ * (those being prepared once prepared), and the group is reported once its other jobs have
+ * ended (2), or now if they have (3: the caller reaps). 0: nothing was left to take. */
 int at_withdraw(struct at_pool *p, int idx) {
     if (idx < 0 || idx >= p->nops) return 0;
     pthread_mutex_lock(&p->mu);
@@ -395,24 +417,38 @@ int at_withdraw(struct at_pool *p, int idx) {
         if (op->job.group >= 0) p->gcount[op->job.group]--;
         set_state(op, AT_IDLE);
         rc = 1;
-    } else if (st == AT_RUNNING && op->job.kind == AT_GROUP && op->sub_io < (int32_t)op->job.len) {
-        int32_t len = (int32_t)op->job.len, cut = op->sub_io;
-        for (int32_t s = op->sub_io; s < op->sub_prep && s < len; s++)
-            if (op->subs[s].prep == PREP_RUNNING) cut = s + 1; /* being prepared: it runs */
-        if (cut < len) {
-            for (int32_t s = cut; s < len; s++) at_withdraw_job(&op->subs[s], &op->subres[s]);
-            op->job.len = (size_t)cut;
-            if (op->sub_prep > cut) op->sub_prep = cut;
-            if (op->sub_io == cut) at_unqueue(p, idx); /* none left to run */
-            op->sub_left -= len - cut;
+    } else if (st == AT_RUNNING && op->job.kind != AT_GROUP && op->job.kind != AT_COMMIT) {
+        if (op->prep == PREP_RUNNING) {
+            op->prep = PREP_WITHDRAW; /* (the worker preparing it ends it) */
             rc = 2;
-            if (op->sub_left == 0) { /* every job begun has ended: reported here */
-                p->res[idx].result = cut;
-                int wake = report(p, idx);
-                pthread_mutex_unlock(&p->mu);
-                if (wake) wake_loop(p);
-                return 3;
+        } else if (op->prep == PREP_NONE && in_queue(p, idx)) { /* prepared, its I/O not begun */
+            at_unqueue(p, idx);
+            at_withdraw_job(op, &p->res[idx]);
+            if (op->job.group >= 0) p->gcount[op->job.group]--;
+            set_state(op, AT_IDLE);
+            rc = 1;
+        }
+    } else if (st == AT_RUNNING && op->job.kind == AT_GROUP && op->sub_io < (int32_t)op->job.len) {
+        int32_t len = (int32_t)op->job.len, cut = op->sub_io, later = 0;
+        for (int32_t s = cut; s < len; s++) {
+            if (op->subs[s].prep == PREP_RUNNING) {
+                op->subs[s].prep = PREP_WITHDRAW; /* (the worker preparing it ends it) */
+                later++;
+            } else {
+                at_withdraw_job(&op->subs[s], &op->subres[s]);
             }
+        }
+        op->job.len = (size_t)cut;
+        if (op->sub_prep > cut) op->sub_prep = cut;
+        at_unqueue(p, idx); /* none left to run */
+        op->sub_left -= len - cut - later;
+        rc = 2;
+        if (op->sub_left == 0) { /* every job begun has ended: reported here */
+            p->res[idx].result = cut;
+            int wake = report(p, idx);
+            pthread_mutex_unlock(&p->mu);
+            if (wake) wake_loop(p);
+            return 3;
         }
     }
     pthread_mutex_unlock(&p->mu);

@@ -104,6 +104,7 @@ struct at_res {
 #define PREP_NONE 0    /* nothing to do: ready for I/O */
 #define PREP_WANTED 1  /* queued, to be hashed first */
 #define PREP_RUNNING 2 /* being hashed */
+#define PREP_WITHDRAW 3 /* being hashed, and withdrawn (at_withdraw): undone once hashed, never run */
 
 struct at_op {
     struct at_job job;

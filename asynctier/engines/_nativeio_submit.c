@@ -1,7 +1,7 @@
 /* The event loop's side of the native workers' pool (_nativeio.c): jobs go in through the
  * submission ring, their ends come back through the completion ring, and neither waits for
- * the workers' lock (only at_cancel, rare, takes it). One thread submits and reaps at a
- * time: the loop's. Why rings and not the lock: docs/benchmarks-issue-28.md, issue 28's ninth pass. */
+ * the workers' lock (only at_cancel and at_withdraw, rare, take it). One thread submits and
+ * reaps at a time: the loop's. Why rings and not the lock: docs/benchmarks-issue-28.md, issue 28's ninth pass. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <string.h>

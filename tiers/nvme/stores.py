@@ -32,6 +32,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from asynctier import TierClosedError
+from asynctier.core.backend import run_on_thread_to_end
 from asynctier.core.jobs import SKIPPED, Job, Outcomes, Skipped
 from asynctier.core.ops import PRIO_LOAD
 from asynctier.engines import native as nativeio
@@ -378,8 +379,14 @@ class StorePath:
             tier._settle_skipped(keys, t0, out, st.skipped, st.skip_ticket)
             return out
 
+        engine = self._engine
+        withdrawn = not st.written and job.batch.cancelled
+
         async def rest() -> Any:
-            out = await self._engine.blocking(settle)
+            if withdrawn:  # no I/O here (index and journal records): not behind the I/O tokens
+                out = await run_on_thread_to_end(settle, executor=engine.executor)
+            else:
+                out = await engine.blocking(settle)
             return out if job.grouped else _raise_first(out)
 
         return rest
