@@ -122,8 +122,9 @@ class TierUnavailableError(ChunkError):
 
 
 class Withdrawn(Exception):
-    """A chunk of a cancelled call that no worker started, as a tier's booking notes it (the
-    runtime's own: never raised to a caller, not counted as a failure)."""
+    """A chunk of a cancelled call left undone (its I/O never began, or it is not tried again),
+    as a tier's booking notes it (the runtime's own: the call itself raises the cancellation;
+    not counted as a failure)."""
 
 
 FAILURE_KINDS = ("io", "checksum", "not_found", "backpressure", "timeout", "capacity", "unavailable", "other")

@@ -27,8 +27,6 @@ from functools import partial
 from time import perf_counter
 from typing import TYPE_CHECKING, Any
 
-import anyio
-
 from asynctier.core.jobs import SKIPPED, Job, Outcomes, Skipped
 from asynctier.core.ops import PRIO_LOAD, PRIO_STORE
 from asynctier.engines import native as nativeio
@@ -37,6 +35,7 @@ from asynctier.errors import TierClosedError
 from asynctier.lru import RemovalPending
 from asynctier.posix_io import O_DIRECT
 
+from .later import AfterRemoval, group_end, one_later
 from .layout import HEADER_BLOCK
 from .protocol import Outcome, SpareJob, Step, StoreJob, not_found, remove_quietly
 from .withdrawal import NotBegun, Undo, not_begun, undo_load, undo_store
@@ -115,7 +114,7 @@ class _Path:
             job.result = SKIPPED
             return None
         if type(r) is not tuple:
-            return partial(_one_later, job, r) if isinstance(r, NotBegun) else r  # type: ignore[return-value]
+            return partial(one_later, job, r) if isinstance(r, NotBegun) else r  # type: ignore[return-value]
         self._keep(slot, r[1])
         return r[0]
 
@@ -153,7 +152,7 @@ class _Path:
             elif r is not None:
                 later.append((i, r))  # type: ignore[arg-type]
         if not subs:
-            return _group_end(job, out, later)
+            return group_end(job, out, later)
         self._keep(slot, (out, planned, later))
         return io._pool.one_or_group(slot, self.prio, subs)
 
@@ -172,7 +171,7 @@ class _Path:
                 continue
             if r is not None:
                 later.append((i, r))
-        return _group_end(job, out, later)
+        return group_end(job, out, later)
 
     # -- a job taken back from the workers (its call cancelled): no file was touched ------------
     def withdrawable(self, job: Job, slot: int) -> bool:
@@ -198,57 +197,6 @@ class _Path:
         if io is not None and self._restore:
             restore, self._restore = self._restore, []
             io.live_tier().index.restore(restore, io.live_tier()._chunk_size)
-
-
-def _group_end(job: Job, out: Outcomes, later: list[tuple[int, Continuation]]) -> Continuation | None:
-    """A group job over (its outcomes set), or the continuation of its chunks that go on."""
-    if not later:
-        job.result = out
-        return None
-    return partial(_run_later, job, out, later)
-
-
-class _AfterRemoval(NotBegun):
-    """A continuation that waits for the deletion of its key's old copy to be reported over."""
-
-
-async def _one_later(job: Job, fn: NotBegun) -> Any:
-    """A chunk planned as a coroutine: run, unless its call was cancelled meanwhile."""
-    if job.batch.cancelled:
-        await _give_back(fn)
-        return None
-    return await fn()
-
-
-async def _give_back(fn: NotBegun) -> None:
-    u = Undo(fn.io, fn.io.live_tier())
-    u.continuation(fn)
-    rest = u.close()
-    if rest is not None:
-        await rest()
-
-
-async def _run_later(job: Job, out: Outcomes, later: list[tuple[int, Continuation]]) -> Outcomes:
-    """The continuations of a group job's chunks, one after another: each takes a job slot
-    of its own while it runs, and the group holds the engine's place of one job. Those that
-    wait for a deletion go last: the one that reports it over may be among the others (a
-    store of the group whose victim it is, its recycling refused), and waited for behind them
-    until the 30 s limit."""
-    if any(type(fn) is _AfterRemoval for _, fn in later):
-        later = sorted(later, key=lambda p: type(p[1]) is _AfterRemoval)  # (stable: the others keep their order)
-    for i, fn in later:
-        if job.batch.cancelled and isinstance(fn, NotBegun):  # its call cancelled: not begun, given back
-            await _give_back(fn)
-            continue
-        try:
-            if await fn() is SKIPPED:  # a key stored as it waited: stored already
-                out[i] = SKIPPED
-        except anyio.get_cancelled_exc_class() as e:
-            # as the engine's own service coroutines: workers are not cancelled by callers
-            out[i] = ConnectionAbortedError(f"chunk I/O cancelled inside the tier: {e!r}")
-        except BaseException as e:  # that chunk's failure
-            out[i] = e
-    return out
 
 
 class StorePath(_Path):
@@ -286,7 +234,7 @@ class StorePath(_Path):
         """:meth:`_plan_key` once the index said what reserving room for ``key`` gives: the
         victims to evict, None (stored already) or the exception it raised."""
         if isinstance(victims, RemovalPending):  # an old copy of the key is being deleted: wait for it there
-            return not_begun(io, io.store_job, key, cid, t0, kind=_AfterRemoval)
+            return not_begun(io, io.store_job, key, cid, t0, kind=AfterRemoval)
         if isinstance(victims, Exception):
             tier._stats.record_failure(victims)
             raise victims
@@ -378,7 +326,7 @@ class StorePath(_Path):
                 new, nkeys = [], []
         if not rec and not new:
             if not subs:
-                return _group_end(job, out, later)
+                return group_end(job, out, later)
             self._keep(slot, (out, planned, later))
             return io._pool.one_or_group(slot, self.prio, subs)
         if subs:
@@ -403,7 +351,7 @@ class StorePath(_Path):
             self._recycles += len(rkeys)
             tier.index.commit_many(rkeys + nkeys, rvictims)
             self._booked.extend([perf_counter() - job.args[2]] * total)
-            return _group_end(job, out, later)
+            return group_end(job, out, later)
         keys, cids, t0 = job.args
         bad = list(range(total)) if own[2] else io.jobs_failed(slot, total)  # (own[2]: refused as a whole)
         ends = io._pool.group_outcomes(slot, total, own if own[2] else None) if planned or bad else []
@@ -446,7 +394,7 @@ class StorePath(_Path):
             self._recycles += len(rkeys)
             tier.index.commit_many(rkeys + nkeys, rvictims)
             self._booked.extend([perf_counter() - t0] * (len(rkeys) + len(nkeys)))
-        return _group_end(job, out, later)
+        return group_end(job, out, later)
 
     def _finish_key(
         self, io: NativeIO, tier: FsTier, key: bytes, cid: int, t0: float, step_: tuple[Any, ...], result: int,
@@ -456,7 +404,7 @@ class StorePath(_Path):
         if stage == Step.WITHDRAWN:  # of a group begun, its call cancelled: nothing done
             u = self._undo_begun(io, tier)
             u.step(key, step_)
-            return u.close()
+            return u.end()
         if step == _RECYCLE:  # (its plan: flags and temporary name, see recycle_plan)
             return self._recycled(io, tier, key, cid, t0, data, victims, plan, sj, result, stage, info)
         if plan.fd >= 0:  # ChunkProtocol.release: the file made ahead or taken over is closed
@@ -477,7 +425,7 @@ class StorePath(_Path):
         if stage == Step.WITHDRAWN:  # (a bulk group's: see _finish_key)
             u = self._undo_begun(io, tier)
             u.store(key, victims)
-            return u.close()
+            return u.end()
         if not stage:
             self._recycles += 1  # Tier._evicted and ChunkProtocol.stored, counted at the next flush
             tier.index.commit(key, victims)  # and Tier._removed(victims), under one lock
@@ -571,7 +519,7 @@ class LoadPath(_Path):
                     out[i] = exc = not_found(keys[i])
                     tier._stats.record_failure(exc)
             if not hits:
-                return _group_end(job, out, [])
+                return group_end(job, out, [])
             keys, cids, entries = [keys[i] for i in hits], [cids[i] for i in hits], [entries[i] for i in hits]
         else:
             hits = list(range(len(keys)))
@@ -583,7 +531,7 @@ class LoadPath(_Path):
             for i, key, entry in zip(hits, keys, entries):
                 tier._end_load(key, t0, e, entry)
                 out[i] = e
-            return _group_end(job, out, [])
+            return group_end(job, out, [])
         self._keep(slot, (out, hits, keys, entries))
         return fields
 
@@ -620,7 +568,7 @@ class LoadPath(_Path):
             tier.note_loaded(keys)
             tier.index.unpin_entries(keys, entries)
             self._booked.extend([perf_counter() - job.args[2]] * len(keys))
-        return _group_end(job, out, later)
+        return group_end(job, out, later)
 
     def _finish_key(
         self, io: NativeIO, tier: FsTier, key: bytes, cid: int, t0: float, step: tuple[Any, ...], result: int,
@@ -630,7 +578,7 @@ class LoadPath(_Path):
         if stage == Step.WITHDRAWN:  # of a group begun, its call cancelled: not read
             u = self._undo_begun(io, tier)
             u.load(key, entry)
-            return u.close()
+            return u.end()
         try:
             if stage == Step.OPEN and result == -errno.ENOENT:
                 raise not_found(key)

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from asynctier.core.jobs import Job
 from asynctier.engines.native_engine import Continuation
+from asynctier.errors import Withdrawn
 
 if TYPE_CHECKING:
     from .native import NativeIO
@@ -88,6 +89,19 @@ class Undo:
             key, _, victims = fn.args[:3]
             self.chunks -= 1
             self.store(key, victims)
+
+    def end(self) -> Continuation:
+        """:meth:`close`, for one chunk whose outcome is then :class:`Withdrawn`: raised now,
+        or by the continuation that deletes the victims that cannot go back."""
+        rest = self.close()
+        if rest is None:
+            raise Withdrawn()
+
+        async def then() -> None:
+            await rest()
+            raise Withdrawn()
+
+        return then
 
     def close(self) -> Continuation | None:
         """Count the chunks withdrawn and put the victims back; a continuation that deletes

@@ -29,6 +29,7 @@ from asynctier.core.ops import PRIO_LOAD
 from asynctier.engines import native as nativeio
 from asynctier.engines.native_engine import Continuation, NativeEngine, Step
 from asynctier.engines.speedups import speedups
+from asynctier.errors import Withdrawn
 from asynctier.integrity import header_matches as _py_header_matches
 from asynctier.posix_io import aligned_buffer, buffer_address
 
@@ -177,7 +178,7 @@ class LoadPath:
         )
         self._unpins.append(nslot)  # at the next flush: one lock for the batch of ends
         if not ok and job.batch.cancelled:  # not read again: its call is cancelled
-            return None
+            raise Withdrawn()
         if not ok:  # read again on a thread, which tells what is wrong and drops a bad copy
             tier._stats.incr("native_retries")
             return self._on_thread(tier, key, cid, t0)
@@ -269,9 +270,12 @@ class LoadPath:
             self._unpins += unpins
         self._booked += [perf_counter() - t0] * good
         g.next += k
-        if job.batch.cancelled:  # no next runs, no reads again: over (its outcome is not read)
+        if job.batch.cancelled:  # no next runs, no reads again: the chunks not read are withdrawn
             self._engine.withdrawn += sum(map(len, g.runs[g.next :])) + _withdrawn_runs(pool, slot, runs, own)
+            for p in g.bad + [p for run in g.runs[g.next :] for p, _, _, _ in run]:
+                g.outcomes[p] = Withdrawn()
             self._drop(slot, g)
+            job.result = g.outcomes
             return None
         if g.next < len(g.runs):
             try:
