@@ -419,3 +419,42 @@ def test_a_cancelled_call_on_trio_takes_back_what_no_worker_began(tmp_path: Path
             assert index is not None and len(index) == N == _files_on_disk(tier) and index.used_bytes == N * PER
 
     trio.run(main)
+
+
+async def test_a_cancelled_nvme_store_gives_its_slots_back_past_slow_paths_holding_the_tokens(tmp_path: Path) -> None:
+    """A store cancelled before any of it is written frees its slots on a thread of its own:
+    not behind the I/O tokens, nor behind the engine's threads, which slow paths holding a
+    token fill. The cancellation comes back while they still hold it."""
+    n = 64
+    view = _view(2 * n, aligned=True)
+    spec = OffloadingSpec(CHUNK, 2 * n, namespace="test/withdraw")
+    config = {"type": "nvme", "path": str(tmp_path / "slab"), "capacity_bytes": slab_capacity(2 * n, CHUNK),
+              "io_engine": "native", "max_inflight": 1}  # fmt: skip
+    tier = SecondaryTierFactory.create_secondary_tier(config, view, spec)
+    keys = [b"k%d" % i for i in range(n)]
+    async with tier:
+        engine = tier._split.native
+        let_go = threading.Event()
+        slow = asyncio.ensure_future(engine.blocking(let_go.wait, 60))  # the one token, on the engine's one thread
+        try:
+            for _ in range(10_000):
+                if engine.pool.counts()[0]:  # (tokens held)
+                    break
+                await asyncio.sleep(0.001)
+            task = asyncio.ensure_future(tier.offload(keys, list(range(n))))
+            for _ in range(10_000):
+                if engine._started:
+                    break
+                await asyncio.sleep(0.001)
+            await asyncio.sleep(0.05)
+            task.cancel()
+            done, _ = await asyncio.wait({task}, timeout=30)
+            assert done, "the cancellation waited for the slow path's token"
+            assert not slow.done()
+        finally:
+            let_go.set()
+            await slow
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert not any(await tier.lookup(keys)) and tier.stats().extra["withdrawn"] > 0
+        assert (await tier.offload(keys, list(range(n)))).ok

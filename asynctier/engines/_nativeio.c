@@ -215,7 +215,7 @@ static void prepare_group_job(struct at_pool *p, int idx) {
     at_prepare_write(p->xxh3, sub, &op->subres[s]);
     pthread_mutex_lock(&p->mu);
     if (sub->prep == PREP_WITHDRAW) { /* its call was cancelled meanwhile (at_withdraw) */
-        at_withdraw_job(sub, &op->subres[s]);
+        at_withdraw_job(sub, &op->subres[s], 1);
         sub->prep = PREP_NONE;
         group_job_ended(p, idx);
         return;
@@ -354,7 +354,7 @@ static void *worker(void *arg) {
             pthread_mutex_lock(&p->mu);
             if (op->prep == PREP_WITHDRAW) { /* its call was cancelled meanwhile (at_withdraw) */
                 at_unqueue(p, idx);
-                at_withdraw_job(op, r);
+                at_withdraw_job(op, r, 1); /* reported: a file handed over is closed, as a failed write's */
                 op->prep = PREP_NONE;
                 report_unlocked_wake(p, idx);
                 continue;
@@ -423,7 +423,7 @@ int at_withdraw(struct at_pool *p, int idx) {
             rc = 2;
         } else if (op->prep == PREP_NONE && in_queue(p, idx)) { /* prepared, its I/O not begun */
             at_unqueue(p, idx);
-            at_withdraw_job(op, &p->res[idx]);
+            at_withdraw_job(op, &p->res[idx], 0); /* never reported: a file handed over stays the caller's */
             if (op->job.group >= 0) p->gcount[op->job.group]--;
             set_state(op, AT_IDLE);
             rc = 1;
@@ -435,7 +435,7 @@ int at_withdraw(struct at_pool *p, int idx) {
                 op->subs[s].prep = PREP_WITHDRAW; /* (the worker preparing it ends it) */
                 later++;
             } else {
-                at_withdraw_job(&op->subs[s], &op->subres[s]);
+                at_withdraw_job(&op->subs[s], &op->subres[s], 1);
             }
         }
         op->job.len = (size_t)cut;

@@ -125,9 +125,10 @@ struct at_op {
 AT_HIDDEN void at_prepare_write(xxh3_fn xxh3, struct at_op *op, struct at_res *r);
 /* A job's system calls (its kind's body), holding a token; never an AT_GROUP. */
 AT_HIDDEN void at_run_job(struct at_op *op, struct at_res *r);
-/* A job of a group that no worker began, withdrawn (with the pool's lock held): what its
- * preparation made is undone, a file handed over closed, its outcome ST_WITHDRAWN. */
-AT_HIDDEN void at_withdraw_job(struct at_op *op, struct at_res *r);
+/* A job whose I/O no worker began, withdrawn (with the pool's lock held): what its
+ * preparation made is undone, with `handed` a file handed over (AT_MODE_CLOSE) closed too (a
+ * job then reported, as a failed write's is), its outcome ST_WITHDRAWN. */
+AT_HIDDEN void at_withdraw_job(struct at_op *op, struct at_res *r, int handed);
 /* Whether a read got every byte: its payloads are then hashed (at_hash_read), if asked. */
 AT_HIDDEN int at_read_whole(const struct at_op *op, const struct at_res *r);
 /* A read's payload checksums, after its I/O (no token). */

@@ -196,14 +196,14 @@ static void run_spare(struct at_op *op, struct at_res *r) {
     r->result = fd;
 }
 
-void at_withdraw_job(struct at_op *op, struct at_res *r) {
+void at_withdraw_job(struct at_op *op, struct at_res *r, int handed) {
     struct at_job *j = &op->job;
     if (op->fd >= 0) { /* a new file prepare_write made: unnamed, it goes with its descriptor */
         close(op->fd);
         op->fd = -1;
         if (j->fd < 0 && j->name2[0]) (void)unlinkat(j->dfd2, j->name2, 0);
     }
-    if (j->kind == AT_WRITE && j->fd >= 0 && (j->mode & AT_MODE_CLOSE)) close(j->fd); /* handed over: as run_write would */
+    if (handed && j->kind == AT_WRITE && j->fd >= 0 && (j->mode & AT_MODE_CLOSE)) close(j->fd); /* as run_write would */
     memset(r, 0, sizeof *r);
     r->result = -ECANCELED;
     r->stage = ST_WITHDRAWN;

@@ -285,8 +285,9 @@ class NativePool:
 
     def take_back(self, which: Callable[[int, Any], bool]) -> tuple[list[tuple[int, Any]], int]:
         """Take back what no worker has begun of the jobs of :meth:`submit_many` whose
-        ``which(slot, owner)`` is true: a job not started, whole (it never runs nor ends:
-        :attr:`on_done` is not called; its slot stays the caller's); of a :data:`GROUP` job
+        ``which(slot, owner)`` is true: a job whose I/O has not begun, whole (it never runs nor
+        ends: :attr:`on_done` is not called; its slot, and a file it was handed, stay the
+        caller's; what a worker's preparation made is undone); of a :data:`GROUP` job
         begun, its jobs after the last begun (each then ends with stage
         :data:`ST_WITHDRAWN`, having done no I/O; the group ends as usual). Returns the
         ``(slot, owner)`` of those taken whole, and how many groups were cut. Rare (a

@@ -383,8 +383,10 @@ class StorePath:
         withdrawn = not st.written and job.batch.cancelled
 
         async def rest() -> Any:
-            if withdrawn:  # no I/O here (index and journal records): not behind the I/O tokens
-                out = await run_on_thread_to_end(settle, executor=engine.executor)
+            if withdrawn:
+                # no chunk I/O (the index, journal records): neither behind the I/O tokens nor
+                # on the engine's threads, which slow paths holding or awaiting tokens may fill
+                out = await run_on_thread_to_end(settle)
             else:
                 out = await engine.blocking(settle)
             return out if job.grouped else _raise_first(out)
