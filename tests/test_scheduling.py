@@ -901,6 +901,9 @@ def test_a_threads_engine_tier_closes_while_another_loop_has_a_call_in_flight(ho
         t.start()
         await anyio.to_thread.run_sync(started.wait)
         with anyio.fail_after(20):
+            # (started is set just before the call begins: a close before it refused the call)
+            while not (tier._active or got):  # noqa: ASYNC110 (a count of the tier's)
+                await anyio.sleep(0.001)
             await tier.aclose()
         await anyio.to_thread.run_sync(t.join)
 
