@@ -194,9 +194,9 @@ class _Path:
         if io is not None and booked:
             self._booked = []
             io._stats.record_each(self.op, io._n, booked)  # (_n: the chunk size)
-        if io is not None and self._restore:
-            restore, self._restore = self._restore, []
-            io.live_tier().index.restore(restore, io.live_tier()._chunk_size)
+        if io is not None and self._restore:  # (see _undo_begun)
+            tier, (restore, self._restore) = io.live_tier(), (self._restore, [])
+            tier.index.restore(restore, tier._chunk_size)
 
 
 class StorePath(_Path):
@@ -402,9 +402,7 @@ class StorePath(_Path):
     ) -> Continuation | None:  # fmt: skip
         step, data, victims, plan, sj = step_
         if stage == Step.WITHDRAWN:  # of a group begun, its call cancelled: nothing done
-            u = self._undo_begun(io, tier)
-            u.step(key, step_)
-            return u.end()
+            return self._undo_begun(io, tier).step(key, step_).end()
         if step == _RECYCLE:  # (its plan: flags and temporary name, see recycle_plan)
             return self._recycled(io, tier, key, cid, t0, data, victims, plan, sj, result, stage, info)
         if plan.fd >= 0:  # ChunkProtocol.release: the file made ahead or taken over is closed
@@ -423,9 +421,7 @@ class StorePath(_Path):
     ) -> Continuation | None:  # fmt: skip
         """Book a recycling job; what did not simply succeed continues on a coroutine."""
         if stage == Step.WITHDRAWN:  # (a bulk group's: see _finish_key)
-            u = self._undo_begun(io, tier)
-            u.store(key, victims)
-            return u.end()
+            return self._undo_begun(io, tier).store(key, victims).end()
         if not stage:
             self._recycles += 1  # Tier._evicted and ChunkProtocol.stored, counted at the next flush
             tier.index.commit(key, victims)  # and Tier._removed(victims), under one lock
@@ -576,9 +572,7 @@ class LoadPath(_Path):
     ) -> Continuation | None:  # fmt: skip
         entry, out, block = step
         if stage == Step.WITHDRAWN:  # of a group begun, its call cancelled: not read
-            u = self._undo_begun(io, tier)
-            u.load(key, entry)
-            return u.end()
+            return self._undo_begun(io, tier).load(key, entry).end()
         try:
             if stage == Step.OPEN and result == -errno.ENOENT:
                 raise not_found(key)

@@ -62,11 +62,12 @@ class Undo:
         self._restore: list[bytes] = [] if restore is None else restore
         self._delete: list[bytes] = []
 
-    def load(self, key: bytes, entry: object) -> None:
+    def load(self, key: bytes, entry: object) -> Undo:
         self.chunks += 1
         self.tier.index.unpin(key, touch=False, entry=entry)
+        return self
 
-    def store(self, key: bytes, victims: list[bytes], plan: Any = None) -> None:
+    def store(self, key: bytes, victims: list[bytes], plan: Any = None) -> Undo:
         """``key``'s room given back (and the file made for it, ``plan``'s); its ``victims``
         indexed again, or deleted where the room stays another writer's."""
         self.chunks += 1
@@ -75,11 +76,12 @@ class Undo:
             self.tier.protocol.release(plan)
         if victims:
             (self._restore if freed else self._delete).extend(victims)
+        return self
 
-    def step(self, key: bytes, step: tuple[Any, ...]) -> None:
+    def step(self, key: bytes, step: tuple[Any, ...]) -> Undo:
         """A chunk planned for the workers (:class:`.fast.StorePath`'s step)."""
         kind, _, victims, plan, _ = step
-        self.store(key, victims, None if kind == _RECYCLE else plan)
+        return self.store(key, victims, None if kind == _RECYCLE else plan)
 
     def continuation(self, fn: Continuation) -> None:
         """A :class:`NotBegun` not run: only a store that reserved room and chose victims to
