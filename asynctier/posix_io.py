@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import logging
 import mmap
 import os
 import stat
+import struct
 import sys
 
 __all__ = [
@@ -28,7 +30,10 @@ __all__ = [
     "network_fs",
     "pread_into",
     "pwrite_all",
+    "spread_subdirs",
 ]
+
+log = logging.getLogger("asynctier")
 
 #: ``os.O_DIRECT`` where the platform has it, else 0 (direct I/O then never applies).
 O_DIRECT: int = getattr(os, "O_DIRECT", 0)
@@ -193,3 +198,31 @@ def fsync_dir(path: str | os.PathLike[str]) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+# chattr's +T ("top of directory hierarchies"), <linux/fs.h>: ext2/3/4 place the directories
+# made in one so flagged in block groups of their own, as they place the file system's top ones
+_FS_IOC_GETFLAGS, _FS_IOC_SETFLAGS, _FS_TOPDIR_FL = 0x80086601, 0x40086602, 0x00020000
+
+
+def spread_subdirs(dfd: int) -> bool:
+    """Have the file system place the directories made in ``dfd`` apart (ext2/3/4's
+    ``FS_TOPDIR_FL``, ``chattr +T``); whether it took the flag (other file systems refuse it).
+
+    Why: ext4 puts a new file in its directory's block group, and without a journal it skips
+    every inode of that group freed in the last 30 seconds or so, one by one, on each create.
+    Files spread over many groups meet few of those; all in one or two groups, right after
+    files were deleted there, each create meets them all (the fs tier's shards, and the
+    figures: docs/tiers/fs.md, "Where the shards live")."""
+    import fcntl  # (POSIX; imported here: this module is imported everywhere)
+
+    try:
+        # (the kernel reads and writes an int, whatever the ioctl's number says)
+        (flags,) = struct.unpack("i", fcntl.ioctl(dfd, _FS_IOC_GETFLAGS, struct.pack("i", 0)))
+        if not flags & _FS_TOPDIR_FL:
+            fcntl.ioctl(dfd, _FS_IOC_SETFLAGS, struct.pack("i", flags | _FS_TOPDIR_FL))
+    except OSError as e:
+        if e.errno not in (errno.ENOTTY, errno.EOPNOTSUPP, errno.EINVAL, errno.EPERM, errno.EACCES):
+            log.debug("cannot flag a directory to place the ones made in it apart: %r", e)
+        return False
+    return True

@@ -13,10 +13,12 @@ For each chunk size (256 KiB, 2 MiB) and depth (1, 4, 16), in one run and on one
 * **each engine**: the tier again with each ``io_engine`` (native, threads) that the
   default (``"auto"``: the native workers where built, worker threads otherwise) did not
   pick, where it can run;
-* **fio files**: fio over one file per block (a reference: what file-per-chunk costs here);
+* **fio files**: fio over one file per block, all in one directory (a reference: what
+  file-per-chunk costs here when the files share a directory; on ext4 the tier's shards
+  are placed apart, which fio cannot do: docs/tiers/fs.md, "Where the shards live");
 * **bare**: the thread engine's system calls from plain threads, no tier around them
-  (:func:`asynctier.benchkit.bare_file_per_chunk`); ``fs x bare`` is what the tier adds to
-  the file system's own cost of its layout;
+  (:func:`asynctier.benchkit.bare_file_per_chunk`, its shards placed as the tier's);
+  ``fs x bare`` is what the tier adds to the file system's own cost of its layout;
 * **bare C**: the same system calls from C threads (``bench/bare_c.c``, compiled with ``cc``
   at the start; left out where there is none); ``bare x bare C`` is what Python threads
   cost over C ones, and ``bare C x fio`` what the layout itself costs.
@@ -55,7 +57,7 @@ from typing import Any
 
 from asynctier import ChunkTier, OffloadingSpec, SecondaryTierFactory
 from asynctier.cli import benchkit
-from asynctier.posix_io import aligned_buffer
+from asynctier.posix_io import aligned_buffer, spread_subdirs
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -78,10 +80,18 @@ def drop_tree(path: Path) -> None:
     benchkit.drop_page_cache([str(p) for p in path.rglob("*") if p.is_file()])
 
 
-def fresh(path: Path) -> Path:
-    """An empty ``path``, after the device has finished with what was deleted (discards, journal)."""
+def fresh(path: Path, spread: bool = False) -> Path:
+    """An empty ``path``, after the device has finished with what was deleted (discards, journal).
+    ``spread``: flagged as the tier flags its namespace directory (ext4 places the directories
+    made in it apart: ``posix_io.spread_subdirs``), for bare_c's shards."""
     shutil.rmtree(path, ignore_errors=True)
     path.mkdir(parents=True)
+    if spread:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            spread_subdirs(fd)
+        finally:
+            os.close(fd)
     benchkit.settle(path)
     return path
 
@@ -368,7 +378,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                     add("bare_write", bw)
                     add("bare_read", br)
                 if bare_c is not None:
-                    cw, cr = await bare_c_point(bare_c, fresh(base / "bare"), chunk, n, depth)
+                    cw, cr = await bare_c_point(bare_c, fresh(base / "bare", spread=True), chunk, n, depth)
                     add("bare C_write", cw)
                     add("bare C_read", cr)
             point: dict[str, Any] = {"chunk_bytes": chunk, "depth": depth, "chunks": n}
@@ -437,7 +447,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             "naive": "benchkit.naive_aiofiles, sync at the end (syncfs), cold read",
             "bare": "benchkit.bare_file_per_chunk: the thread engine's system calls (O_TMPFILE, pwritev of "
             "header block + chunk, linkat, close; open, preadv, close) from depth plain threads over 256 "
-            "shards, no tier around them; synced at the end, cold read. fs x bare: what the tier adds",
+            "shards placed apart as the tier's are (FS_TOPDIR_FL on ext4), no tier around them; synced at the "
+            "end, cold read. fs x bare: what the tier adds",
             "bare C": "bench/bare_c.c: the same system calls over the same layout from depth C threads (no "
             "interpreter); bare x bare C: what Python threads cost over C ones",
         },

@@ -444,6 +444,7 @@ def bare_file_per_chunk(
     mode: str,
     shards: int = 256,
     header_bytes: int = 4096,
+    spread: bool = True,
 ) -> float:  # long: one chunk's system calls stay in one closure, no extra layers timed
     """The system calls of a file-per-chunk tier, from ``depth`` plain threads; returns bytes/s.
 
@@ -453,7 +454,9 @@ def bare_file_per_chunk(
     and the chunk, ``linkat`` under its name, ``close``; the caller syncs at the end.
     ``mode="read"``: ``open``, one ``preadv`` into a header block and the chunk's slot of
     ``view``, ``close`` (drop the files from the page cache first). What the fs tier's thread
-    engine asks of the file system, so tier / bare is what the tier itself costs.
+    engine asks of the file system, so tier / bare is what the tier itself costs. ``spread``:
+    ``directory`` is flagged as the tier flags its namespace directory, so that ext4 places the
+    shards apart (``tiers.fs.layout.spread_subdirs``; a no-op elsewhere).
     """
     if mode not in ("write", "read"):
         raise ValueError(f"mode must be 'write' or 'read'; got {mode!r}")
@@ -461,9 +464,16 @@ def bare_file_per_chunk(
         raise OSError(errno.EOPNOTSUPP, "bare_file_per_chunk needs O_TMPFILE (Linux)")
     from concurrent.futures import ThreadPoolExecutor
 
-    from ..posix_io import O_DIRECT, aligned_buffer, buffer_address
+    from ..posix_io import O_DIRECT, aligned_buffer, buffer_address, spread_subdirs
 
     directory = Path(directory)
+    if spread and mode == "write":
+        directory.mkdir(parents=True, exist_ok=True)
+        dfd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+        try:
+            spread_subdirs(dfd)
+        finally:
+            os.close(dfd)
     dirs = [directory / f"{i:03x}" for i in range(shards)]
     for d in dirs:
         d.mkdir(parents=True, exist_ok=True)

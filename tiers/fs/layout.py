@@ -18,6 +18,7 @@ from pathlib import Path
 import xxhash
 
 from asynctier.integrity import key_token
+from asynctier.posix_io import spread_subdirs
 from asynctier.spec import FORMAT_VERSION, OffloadingSpec
 
 __all__ = [
@@ -179,9 +180,11 @@ def write_layout_note(dfd: int, spec: OffloadingSpec, mode: int = 0o600, fix: bo
             pass
 
 
-def open_subdir(parent: int, name: str, mode: int, fix: bool) -> int:
+def open_subdir(parent: int, name: str, mode: int, fix: bool, *, spread: bool = False) -> int:
     """Open (made with ``mode`` if missing) the directory ``name`` in ``parent``: not through
-    a link. ``fix``: the umask strips bits of ``mode``, set it after making it."""
+    a link. ``fix``: the umask strips bits of ``mode``, set it after making it. ``spread``:
+    the directories made in it are to be placed apart (:func:`~asynctier.posix_io.spread_subdirs`), if this call
+    makes it (one made before is left as it is)."""
     flags = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | os.O_NOFOLLOW | os.O_CLOEXEC
     try:
         return os.open(name, flags, dir_fd=parent)
@@ -194,4 +197,6 @@ def open_subdir(parent: int, name: str, mode: int, fix: bool) -> int:
         fd = os.open(name, flags, dir_fd=parent)
         if made and fix:
             os.fchmod(fd, mode)
+        if made and spread:
+            spread_subdirs(fd)
         return fd

@@ -301,7 +301,7 @@ class FsTier(BlockingChunkTier):
             root_fd = os.open(self.root, os.O_RDONLY | _O_DIRECTORY | os.O_CLOEXEC)
             try:
                 check_private_dir(root_fd, self.root, "fs tier")
-                dfd = open_subdir(root_fd, self.dir.name, self.dir_mode, fix_dirs)
+                dfd = open_subdir(root_fd, self.dir.name, self.dir_mode, fix_dirs, spread=True)
             finally:
                 os.close(root_fd)
             try:

@@ -1,0 +1,103 @@
+"""Where the fs tier's shard directories are placed: a namespace directory the tier makes is
+flagged so that ext2/3/4 put each directory made in it in block groups of their own
+(``FS_TOPDIR_FL``, ``chattr +T``); one made before is left as it is; a file system without
+the flag is no error. Why it matters: docs/tiers/fs.md, "Where the shards live". These run
+on the disk's file system (``disk_tmp_path``), not the suite's tmpfs, which has no such flag."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import struct
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from asynctier import OffloadingSpec, SecondaryTierFactory
+from asynctier.posix_io import aligned_buffer, spread_subdirs
+from asynctier.tiers.fs.layout import namespace_dir
+
+SPEC = OffloadingSpec(8192, 4, namespace="test/placement")
+_FS_IOC_GETFLAGS, _FS_TOPDIR_FL = 0x80086601, 0x00020000
+
+
+def _flags(path: Path) -> int:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        return int(struct.unpack("i", fcntl.ioctl(fd, _FS_IOC_GETFLAGS, struct.pack("i", 0)))[0])
+    finally:
+        os.close(fd)
+
+
+def _topdir_here(tmp_path: Path) -> None:
+    """Skip unless this file system takes the flag (ext2/3/4 do; tmpfs, xfs, btrfs do not)."""
+    probe = tmp_path / "probe"
+    probe.mkdir()
+    fd = os.open(probe, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        if not spread_subdirs(fd):
+            pytest.skip("this file system does not take FS_TOPDIR_FL")
+    finally:
+        os.close(fd)
+        probe.rmdir()
+
+
+async def _open_close(root: Path, engine: str = "auto") -> None:
+    tier = SecondaryTierFactory.create_secondary_tier(
+        {"type": "fs", "root": str(root), "io_engine": engine}, memoryview(aligned_buffer(SPEC.total_bytes)), SPEC
+    )
+    async with tier:
+        assert (await tier.offload([b"k"], [0])).ok
+
+
+@pytest.mark.parametrize("engine", ["threads", "auto"])
+async def test_a_namespace_directory_the_tier_makes_spreads_its_shards(disk_tmp_path: Path, engine: str) -> None:
+    tmp_path = disk_tmp_path
+    _topdir_here(tmp_path)
+    await _open_close(tmp_path, engine)
+    ns = namespace_dir(tmp_path, SPEC)
+    assert _flags(ns) & _FS_TOPDIR_FL
+    # the shards themselves are not flagged (nothing is made in them but files), nor the
+    # root, which is the user's
+    assert not _flags(ns / "00") & _FS_TOPDIR_FL
+    assert not _flags(tmp_path) & _FS_TOPDIR_FL
+
+
+async def test_a_namespace_directory_made_before_is_left_as_it_is(disk_tmp_path: Path) -> None:
+    tmp_path = disk_tmp_path
+    _topdir_here(tmp_path)
+    ns = namespace_dir(tmp_path, SPEC)
+    ns.mkdir(mode=0o700)  # an earlier version's, or another tool's
+    await _open_close(tmp_path)
+    assert not _flags(ns) & _FS_TOPDIR_FL
+    await _open_close(tmp_path)  # and a tier opened on it again
+    assert not _flags(ns) & _FS_TOPDIR_FL
+
+
+@pytest.fixture
+def shm_path() -> Iterator[Path]:
+    if not os.path.isdir("/dev/shm") or not os.access("/dev/shm", os.W_OK):
+        pytest.skip("no writable /dev/shm (tmpfs) here")
+    with tempfile.TemporaryDirectory(dir="/dev/shm") as d:
+        yield Path(d)
+
+
+async def test_a_file_system_without_the_flag_serves_as_before(shm_path: Path) -> None:
+    fd = os.open(shm_path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        assert spread_subdirs(fd) is False  # refused quietly (tmpfs has no such flag)
+    finally:
+        os.close(fd)
+    await _open_close(shm_path)
+    assert (namespace_dir(shm_path, SPEC) / "ff").is_dir()
+
+
+def test_a_descriptor_that_is_not_a_directory_is_no_error(tmp_path: Path) -> None:
+    r, w = os.pipe()
+    try:
+        assert spread_subdirs(r) is False
+    finally:
+        os.close(r)
+        os.close(w)
