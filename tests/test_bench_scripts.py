@@ -148,6 +148,18 @@ def test_bench_cancel_reports_each_tier_and_call(tmp_path: Path) -> None:
     assert not (tmp_path / "scratch").exists()
 
 
+def test_bench_shard_placement_times_both_placements_and_cleans_up(tmp_path: Path) -> None:
+    out = tmp_path / "placement.json"
+    _run("bench_shard_placement.py", "--dir", str(tmp_path / "scratch"), "--files", "64", "--rounds", "2",
+         "--json", str(out))  # fmt: skip
+    rounds = json.loads(out.read_text())["rounds"]
+    assert set(rounds) == {"plain", "spread"} and all(len(r) == 2 for r in rounds.values())
+    for row in rounds["plain"] + rounds["spread"]:
+        assert row["us_per_file"] > 0 and row["system_us_per_file"] >= 0 and 1 <= row["groups"] <= 256, row
+    assert not any(r["flag_taken"] for r in rounds["plain"])
+    assert list((tmp_path / "scratch").iterdir()) == []  # every round's directory deleted
+
+
 def test_bench_loop_cpu_reports_every_backend(tmp_path: Path) -> None:
     out = tmp_path / "cpu.json"
     _run("bench_loop_cpu.py", "--tier", "fs", "--engines", "native,threads", "--chunk-kib", "16", "--chunks", "64",
