@@ -201,7 +201,7 @@ def fsync_dir(path: str | os.PathLike[str]) -> None:
 
 
 # chattr's +T ("top of directory hierarchies"), <linux/fs.h>: ext2/3/4 place the directories
-# made in one so flagged in block groups of their own, as they place the file system's top ones
+# made in one so flagged apart, over the block groups, as they place the file system's top ones
 _FS_IOC_GETFLAGS, _FS_IOC_SETFLAGS, _FS_TOPDIR_FL = 0x80086601, 0x40086602, 0x00020000
 
 
@@ -210,7 +210,8 @@ def spread_subdirs(dfd: int) -> bool:
     ``FS_TOPDIR_FL``, ``chattr +T``); whether it took the flag (other file systems refuse it).
 
     Why: ext4 puts a new file in its directory's block group, and without a journal it skips
-    every inode of that group freed in the last 30 seconds or so, one by one, on each create.
+    every inode of that group freed in the last minute (more while its inode table block is
+    not yet written back), one by one, on each create.
     Files spread over many groups meet few of those; all in one or two groups, right after
     files were deleted there, each create meets them all (the fs tier's shards, and the
     figures: docs/tiers/fs.md, "Where the shards live")."""

@@ -1,17 +1,17 @@
 """What a new file costs the kernel with the fs tier's 256 shards placed apart or not.
 
 The fs tier flags the namespace directory it makes with ``FS_TOPDIR_FL`` (``chattr +T``), so
-that ext2/3/4 put each shard in a block group of its own (docs/tiers/fs.md, "Where the shards
+that ext2/3/4 spread the shards over the block groups (docs/tiers/fs.md, "Where the shards
 live"). This measures why, with no tier around it: each round makes a directory of 256 shards,
 flagged (``spread``) or not (``plain``), creates ``--files`` files of 4 KiB round-robin in
 them, and deletes it all, so that the next round creates right after a deletion, as a
 benchmark's next run or a tier filling after a ``clear()`` does. Rounds alternate which
 placement goes first; it prints each round's wall and kernel (system) time per file, the
-block groups the shards landed in (inode number // ``--inodes-per-group``, 8192 by default
+block groups the shards landed in ((inode number - 1) // ``--inodes-per-group``, 8192 by default
 on ext4), and the medians.
 
-On ext4 without a journal every create skips the inodes of its group freed in the last 30
-seconds or so, one by one: the plain rounds pay for the previous round's deletions, the
+On ext4 without a journal every create skips the inodes of its group freed in the last
+minute or more, one by one: the plain rounds pay for the previous round's deletions, the
 spread ones meet a 256th of them. With a journal, on tmpfs or xfs, both are alike (and
 ``spread`` falls back to ``plain`` where the flag is refused: the output says so).
 
@@ -61,7 +61,7 @@ def one_round(root: Path, spread: bool, files: int, per_group: int) -> tuple[flo
         finally:
             os.close(fd)
     wall, c1 = time.perf_counter() - t0, resource.getrusage(resource.RUSAGE_SELF).ru_stime
-    groups = len({d.stat().st_ino // per_group for d in dirs})
+    groups = len({(d.stat().st_ino - 1) // per_group for d in dirs})  # (ext4 counts inodes from 1)
     shutil.rmtree(root)  # the next round creates right after these deletions
     return wall / files * 1e6, (c1 - c0) / files * 1e6, groups, took
 

@@ -1,7 +1,7 @@
-"""Where the fs tier's shard directories are placed: a namespace directory the tier makes is
-flagged so that ext2/3/4 put each directory made in it in block groups of their own
-(``FS_TOPDIR_FL``, ``chattr +T``); one made before is left as it is; a file system without
-the flag is no error. Why it matters: docs/tiers/fs.md, "Where the shards live". These run
+"""Where the fs tier's shard directories are placed: before the tier makes a shard it flags
+the namespace directory so that ext2/3/4 place the directories made in it apart
+(``FS_TOPDIR_FL``, ``chattr +T``); a namespace whose shards all exist is left as it is; a
+file system without the flag is no error. Why it matters: docs/tiers/fs.md, "Where the shards live". These run
 on the disk's file system (``disk_tmp_path``), not the suite's tmpfs, which has no such flag."""
 
 from __future__ import annotations
@@ -52,6 +52,11 @@ async def _open_close(root: Path, engine: str = "auto") -> None:
         assert (await tier.offload([b"k"], [0])).ok
 
 
+def _groups(dirs: list[Path]) -> int:
+    """How many ext4 block groups of 8192 inodes (the usual size) ``dirs`` lie in."""
+    return len({(d.stat().st_ino - 1) // 8192 for d in dirs})
+
+
 @pytest.mark.parametrize("engine", ["threads", "auto"])
 async def test_a_namespace_directory_the_tier_makes_spreads_its_shards(disk_tmp_path: Path, engine: str) -> None:
     tmp_path = disk_tmp_path
@@ -63,13 +68,31 @@ async def test_a_namespace_directory_the_tier_makes_spreads_its_shards(disk_tmp_
     # root, which is the user's
     assert not _flags(ns / "00") & _FS_TOPDIR_FL
     assert not _flags(tmp_path) & _FS_TOPDIR_FL
+    # and ext4 took the hint: unflagged, the 256 shards share one or two groups
+    assert _groups([ns / f"{i:02x}" for i in range(256)]) > 16
 
 
-async def test_a_namespace_directory_made_before_is_left_as_it_is(disk_tmp_path: Path) -> None:
+async def test_a_namespace_made_by_someone_else_a_moment_before_gets_its_shards_spread(disk_tmp_path: Path) -> None:
+    """Another tier made the namespace directory and has not made its shards yet (or died
+    before): the tier that makes a shard flags the namespace first, so a tier racing the
+    one that made it never places shards in one group."""
     tmp_path = disk_tmp_path
     _topdir_here(tmp_path)
     ns = namespace_dir(tmp_path, SPEC)
-    ns.mkdir(mode=0o700)  # an earlier version's, or another tool's
+    ns.mkdir(mode=0o700)
+    (ns / "00").mkdir(mode=0o700)  # and one shard of it
+    await _open_close(tmp_path)
+    assert _flags(ns) & _FS_TOPDIR_FL
+    assert _groups([ns / f"{i:02x}" for i in range(1, 256)]) > 16
+
+
+async def test_a_namespace_whose_shards_exist_is_left_as_it_is(disk_tmp_path: Path) -> None:
+    tmp_path = disk_tmp_path
+    _topdir_here(tmp_path)
+    ns = namespace_dir(tmp_path, SPEC)
+    ns.mkdir(mode=0o700)  # an earlier version's: every shard made, unflagged
+    for i in range(256):
+        (ns / f"{i:02x}").mkdir(mode=0o700)
     await _open_close(tmp_path)
     assert not _flags(ns) & _FS_TOPDIR_FL
     await _open_close(tmp_path)  # and a tier opened on it again

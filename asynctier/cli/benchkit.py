@@ -456,7 +456,7 @@ def bare_file_per_chunk(
     ``view``, ``close`` (drop the files from the page cache first). What the fs tier's thread
     engine asks of the file system, so tier / bare is what the tier itself costs. ``spread``:
     ``directory`` is flagged as the tier flags its namespace directory, so that ext4 places the
-    shards apart (``tiers.fs.layout.spread_subdirs``; a no-op elsewhere).
+    shards apart (:func:`asynctier.posix_io.spread_subdirs`; a no-op elsewhere).
     """
     if mode not in ("write", "read"):
         raise ValueError(f"mode must be 'write' or 'read'; got {mode!r}")

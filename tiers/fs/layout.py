@@ -180,15 +180,19 @@ def write_layout_note(dfd: int, spec: OffloadingSpec, mode: int = 0o600, fix: bo
             pass
 
 
-def open_subdir(parent: int, name: str, mode: int, fix: bool, *, spread: bool = False) -> int:
+def open_subdir(parent: int, name: str, mode: int, fix: bool, *, apart: bool = False) -> int:
     """Open (made with ``mode`` if missing) the directory ``name`` in ``parent``: not through
-    a link. ``fix``: the umask strips bits of ``mode``, set it after making it. ``spread``:
-    the directories made in it are to be placed apart (:func:`~asynctier.posix_io.spread_subdirs`), if this call
-    makes it (one made before is left as it is)."""
+    a link. ``fix``: the umask strips bits of ``mode``, set it after making it. ``apart``: if
+    it must be made, ``parent`` is first flagged so that the file system places it apart from
+    its siblings (:func:`~asynctier.posix_io.spread_subdirs`): whichever tier makes a shard
+    flags the namespace first, so two tiers making one namespace at once both place theirs
+    apart; a namespace whose shards all exist is left as it is."""
     flags = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | os.O_NOFOLLOW | os.O_CLOEXEC
     try:
         return os.open(name, flags, dir_fd=parent)
     except FileNotFoundError:
+        if apart:
+            spread_subdirs(parent)
         made = True
         try:
             os.mkdir(name, mode, dir_fd=parent)
@@ -197,6 +201,4 @@ def open_subdir(parent: int, name: str, mode: int, fix: bool, *, spread: bool = 
         fd = os.open(name, flags, dir_fd=parent)
         if made and fix:
             os.fchmod(fd, mode)
-        if made and spread:
-            spread_subdirs(fd)
         return fd

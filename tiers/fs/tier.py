@@ -301,14 +301,14 @@ class FsTier(BlockingChunkTier):
             root_fd = os.open(self.root, os.O_RDONLY | _O_DIRECTORY | os.O_CLOEXEC)
             try:
                 check_private_dir(root_fd, self.root, "fs tier")
-                dfd = open_subdir(root_fd, self.dir.name, self.dir_mode, fix_dirs, spread=True)
+                dfd = open_subdir(root_fd, self.dir.name, self.dir_mode, fix_dirs)
             finally:
                 os.close(root_fd)
             try:
                 check_private_dir(dfd, self.dir, "fs tier")
                 write_layout_note(dfd, self.offloading_spec, self.file_mode, proto.fix_mode)
                 for i in range(N_SHARDS):
-                    fds.append(open_subdir(dfd, f"{i:02x}", self.dir_mode, fix_dirs))
+                    fds.append(open_subdir(dfd, f"{i:02x}", self.dir_mode, fix_dirs, apart=True))
                     check_private_dir(fds[-1], self.dir / f"{i:02x}", "fs tier")
                 self._lock_fd = owners.hold_namespace(dfd, self.dir, self.file_mode, proto.fix_mode)
             finally:
