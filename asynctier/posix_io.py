@@ -205,9 +205,10 @@ def fsync_dir(path: str | os.PathLike[str]) -> None:
 _FS_IOC_GETFLAGS, _FS_IOC_SETFLAGS, _FS_TOPDIR_FL = 0x80086601, 0x40086602, 0x00020000
 
 
-def spread_subdirs(dfd: int) -> bool:
-    """Have the file system place the directories made in ``dfd`` apart (ext2/3/4's
-    ``FS_TOPDIR_FL``, ``chattr +T``); whether it took the flag (other file systems refuse it).
+def spread_subdirs(directory: int | str | os.PathLike[str]) -> bool:
+    """Have the file system place the directories made in ``directory`` (a descriptor, or a
+    path) apart (ext2/3/4's ``FS_TOPDIR_FL``, ``chattr +T``); whether it took the flag (other
+    file systems refuse it).
 
     Why: ext4 puts a new file in its directory's block group, and without a journal it skips
     every inode of that group freed in the last minute (more while its inode table block is
@@ -217,6 +218,17 @@ def spread_subdirs(dfd: int) -> bool:
     figures: docs/tiers/fs.md, "Where the shards live")."""
     import fcntl  # (POSIX; imported here: this module is imported everywhere)
 
+    if not isinstance(directory, int):
+        try:
+            fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | os.O_CLOEXEC)
+        except OSError as e:
+            log.debug("cannot open %s to place the directories made in it apart: %r", directory, e)
+            return False
+        try:
+            return spread_subdirs(fd)
+        finally:
+            os.close(fd)
+    dfd = directory
     try:
         # (the kernel reads and writes an int, whatever the ioctl's number says)
         (flags,) = struct.unpack("i", fcntl.ioctl(dfd, _FS_IOC_GETFLAGS, struct.pack("i", 0)))

@@ -87,11 +87,7 @@ def fresh(path: Path, spread: bool = False) -> Path:
     shutil.rmtree(path, ignore_errors=True)
     path.mkdir(parents=True)
     if spread:
-        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            spread_subdirs(fd)
-        finally:
-            os.close(fd)
+        spread_subdirs(path)
     benchkit.settle(path)
     return path
 

@@ -44,11 +44,7 @@ def one_round(root: Path, spread: bool, files: int, per_group: int) -> tuple[flo
     root.mkdir()
     took = False
     if spread:
-        fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            took = spread_subdirs(fd)
-        finally:
-            os.close(fd)
+        took = spread_subdirs(root)
     dirs = [root / f"{i:02x}" for i in range(SHARDS)]
     for d in dirs:
         d.mkdir()

@@ -469,11 +469,7 @@ def bare_file_per_chunk(
     directory = Path(directory)
     if spread and mode == "write":
         directory.mkdir(parents=True, exist_ok=True)
-        dfd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-        try:
-            spread_subdirs(dfd)
-        finally:
-            os.close(dfd)
+        spread_subdirs(directory)
     dirs = [directory / f"{i:03x}" for i in range(shards)]
     for d in dirs:
         d.mkdir(parents=True, exist_ok=True)
