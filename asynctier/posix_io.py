@@ -207,8 +207,8 @@ _FS_IOC_GETFLAGS, _FS_IOC_SETFLAGS, _FS_TOPDIR_FL = 0x80086601, 0x40086602, 0x00
 
 def spread_subdirs(directory: int | str | os.PathLike[str]) -> bool:
     """Have the file system place the directories made in ``directory`` (a descriptor, or a
-    path) apart (ext2/3/4's ``FS_TOPDIR_FL``, ``chattr +T``); whether it took the flag (other
-    file systems refuse it).
+    path, followed through symbolic links: the caller's own directory) apart (ext2/3/4's
+    ``FS_TOPDIR_FL``, ``chattr +T``); whether it took the flag (other file systems refuse it).
 
     Why: ext4 puts a new file in its directory's block group, and without a journal it skips
     every inode of that group freed in the last minute (more while its inode table block is
