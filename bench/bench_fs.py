@@ -226,20 +226,21 @@ async def bare_point(root: Path, view: memoryview, chunk: int, n: int, depth: in
     return wbps, rbps
 
 
-def build_bare_c(scratch: Path) -> Path | None:
-    """Compile ``bench/bare_c.c`` (the bare system calls from C threads) into directory
-    ``scratch``; None, with a note, where no C compiler is at hand."""
+def build_bare_c(scratch: Path, name: str = "bare_c", who: str = "bench_fs") -> Path | None:
+    """Compile ``bench/<name>.c`` (bare system calls from C threads: ``bare_c`` here,
+    ``bare_slab_c`` for bench_nvme_writes.py) into directory ``scratch``; None, with a note,
+    where no C compiler is at hand."""
     cc = shutil.which(os.environ.get("CC", "cc"))
     if cc is None:
-        print("bench_fs: no C compiler (cc): the 'bare C' column is left out", file=sys.stderr)
+        print(f"{who}: no C compiler (cc): the 'bare C' column is left out", file=sys.stderr)
         return None
     scratch.mkdir(parents=True, exist_ok=True)
-    exe = scratch / "bare_c"
+    exe = scratch / name
     r = subprocess.run(
-        [cc, "-O2", "-pthread", "-o", str(exe), str(REPO / "bench" / "bare_c.c")], capture_output=True, text=True
+        [cc, "-O2", "-pthread", "-o", str(exe), str(REPO / "bench" / f"{name}.c")], capture_output=True, text=True
     )
     if r.returncode != 0:
-        print(f"bench_fs: building bare_c failed, the 'bare C' column is left out:\n{r.stderr}", file=sys.stderr)
+        print(f"{who}: building {name} failed, the 'bare C' column is left out:\n{r.stderr}", file=sys.stderr)
         return None
     return exe
 

@@ -20,6 +20,12 @@ from ``depth`` buffers of one block, and the tier from the same few MiB wrote ab
 fio, from 16 MiB 10-25% slower (so did C threads making the same system calls,
 docs/benchmarks-nvme-writes.md). ``--views 64,depth`` measures both.
 
+**bare C** (after each tier run, from a buffer of the same size): ``bench/bare_slab_c.c``,
+compiled with ``cc`` (or ``$CC``) at the start, ``depth`` C threads writing the same slab
+layout with one ``pwritev`` of a header block and a chunk per slot, no checksum, journal or
+index, then one ``fdatasync``: the floor of synchronous writes from threads out of that
+buffer, beside fio's. ``--no-bare-c`` leaves it out (as does a machine without a compiler).
+
 Writes ``--json`` if given.
 """
 
@@ -38,6 +44,8 @@ import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypedDict
+
+from bench_fs import build_bare_c
 
 from asynctier import OffloadingSpec, SecondaryTierFactory
 from asynctier.cli import benchkit
@@ -62,6 +70,8 @@ class Rep(TypedDict):
     tiers: dict[int, dict[str, Any]]
     fio_after: dict[str, Any]
     ratios: dict[int, float]
+    bare_c: dict[int, float]  # bytes/s, by buffer size (empty without a compiler)
+    bare_ratios: dict[int, float]
 
 
 class DiskStat:
@@ -157,6 +167,16 @@ async def _tier(
     return out
 
 
+def _bare_c(exe: Path, d: Path, chunk: int, n: int, depth: int, view_chunks: int) -> float:
+    """bytes/s of ``bare_slab_c`` writing ``n`` chunks at ``depth`` from ``view_chunks`` chunks."""
+    benchkit.settle(d)
+    cmd = [str(exe), str(d / "slab-bare"), str(chunk), str(n), str(depth), str(view_chunks), "4096"]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode != 0:
+        raise RuntimeError(f"bare_slab_c failed: {r.stderr.strip()}")
+    return n * chunk / float(r.stdout)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dir", default="/var/tmp/nvme-writes")
@@ -173,6 +193,7 @@ def main() -> None:
     )
     ap.add_argument("--fio-engines", default="io_uring,psync")
     ap.add_argument("--tier-config", default="{}", help="JSON merged into the tier's config")
+    ap.add_argument("--no-bare-c", action="store_true", help="leave out the C threads' reference")
     ap.add_argument("--json", default="")
     args = ap.parse_args()
     d = Path(args.dir)
@@ -183,6 +204,7 @@ def main() -> None:
     size = args.mib << 20
     rows: list[dict[str, Any]] = []
     try:
+        bare = None if args.no_bare_c else build_bare_c(d / "bin", "bare_slab_c", "bench_nvme_writes")
         for kib in (int(x) for x in args.sizes_kib.split(",")):
             chunk = kib << 10
             for depth in (int(x) for x in args.depths.split(",")):
@@ -192,15 +214,20 @@ def main() -> None:
                 for rep in range(args.repeat):
                     before = _fio(d, chunk, depth, n * chunk, disk, engines)
                     runs: dict[int, dict[str, Any]] = {}
+                    bare_bps: dict[int, float] = {}
                     for v in views:
                         runs[v] = asyncio.run(_tier(d, chunk, depth, n, args.batch, disk, cfg, view_chunks=v))
                         for p in d.glob("slab*"):
                             p.unlink()
                         benchkit.settle(d)
+                        if bare is not None:
+                            bare_bps[v] = _bare_c(bare, d, chunk, n, depth, v)
                     after = _fio(d, chunk, depth, n * chunk, disk, engines)
                     fio_bps = (before["Bps"] + after["Bps"]) / 2
                     ratios = {v: t["Bps"] / fio_bps for v, t in runs.items()}
-                    reps.append({"fio_before": before, "tiers": runs, "fio_after": after, "ratios": ratios})
+                    bare_ratios = {v: b / fio_bps for v, b in bare_bps.items()}
+                    reps.append({"fio_before": before, "tiers": runs, "fio_after": after, "ratios": ratios,
+                                 "bare_c": bare_bps, "bare_ratios": bare_ratios})  # fmt: skip
                     fb = before[before["best"]]
                     line = (
                         f"{kib} KiB d{depth} rep {rep}: fio {before['Bps'] / 1e9:.2f}/{after['Bps'] / 1e9:.2f} GB/s "
@@ -213,12 +240,17 @@ def main() -> None:
                             f"req, {t.get('dev_inflight', 0):.1f} in flight, {t['cpu_s_per_gib']:.2f} CPU s/GiB) "
                             f"{ratios[v]:.2f}x"
                         )
+                        if v in bare_bps:
+                            line += f"; bare C: {bare_bps[v] / 1e9:.2f} GB/s {bare_ratios[v]:.2f}x"
                     print(line, flush=True)
                 rows.append(
                     {
                         "chunk": chunk,
                         "depth": depth,
                         "ratio": {v: statistics.median(r["ratios"][v] for r in reps) for v in views},
+                        "bare_ratio": {
+                            v: statistics.median(r["bare_ratios"][v] for r in reps) for v in views if bare is not None
+                        },
                         "reps": reps,
                     }
                 )
@@ -230,6 +262,10 @@ def main() -> None:
         for v, med in r["ratio"].items():
             each = ", ".join(format(x["ratios"][v], ".2f") for x in r["reps"])
             print(f"  {kib} KiB depth {r['depth']}, {v}-chunk buffer: {med:.2f}x  (per repeat: {each})")
+            if v in r["bare_ratio"]:
+                each = ", ".join(format(x["bare_ratios"][v], ".2f") for x in r["reps"])
+                print(f"  {'':>{len(str(kib)) + 15 + len(str(r['depth']))}}bare C, the same buffer: "
+                      f"{r['bare_ratio'][v]:.2f}x  (per repeat: {each})")  # fmt: skip
     if args.json:
         Path(args.json).write_text(
             json.dumps({"command": " ".join([sys.executable, *sys.argv]), "rows": rows}, indent=2) + "\n"
