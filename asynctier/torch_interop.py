@@ -41,18 +41,33 @@ def tensor_view(tensor: torch.Tensor) -> memoryview:
     return memoryview(raw).cast("B")
 
 
-def allocate_primary(spec: OffloadingSpec, *, pin_memory: bool | None = None) -> tuple[torch.Tensor, memoryview]:
+def allocate_primary(
+    spec: OffloadingSpec, *, pin_memory: bool | None = None, huge_pages: bool = True
+) -> tuple[torch.Tensor, memoryview]:
     """Allocate a primary buffer for ``spec`` as a uint8 tensor and its memoryview.
 
     ``pin_memory=None`` pins (page-locks) the buffer when CUDA is available, so GPU copies
-    to and from it run asynchronously. The buffer starts on a page boundary (torch's CPU
-    allocator only promises 64 bytes), so tiers can move chunks with O_DIRECT straight from
-    and into it, without bounce copies.
+    to and from it run asynchronously; pinned memory comes from CUDA's allocator. Unpinned,
+    the buffer is :func:`asynctier.buffers.allocate_buffer`'s: on transparent huge pages
+    where the system has them (``huge_pages=False``: ordinary pages), which lets the device
+    take a chunk in fewer, larger requests (docs/configuration.md, "Huge pages"). Either way
+    the buffer starts on a page boundary (torch's CPU allocator only promises 64 bytes), so
+    tiers can move chunks with O_DIRECT straight from and into it, without bounce copies.
     """
     import torch
 
+    if type(huge_pages) is not bool:
+        raise TypeError(f"huge_pages must be True or False, got {type(huge_pages).__name__} {huge_pages!r}")
+    if pin_memory is not None and type(pin_memory) is not bool:
+        raise TypeError(f"pin_memory must be True, False or None, got {type(pin_memory).__name__} {pin_memory!r}")
     pin = torch.cuda.is_available() if pin_memory is None else pin_memory
-    raw = torch.zeros(spec.total_bytes + _PAGE, dtype=torch.uint8, pin_memory=pin)
+    if not pin:
+        from .buffers import allocate_buffer
+
+        mv = allocate_buffer(spec.total_bytes, huge_pages=huge_pages)
+        # frombuffer shares the memory and keeps the view (and so the mapping) alive
+        return torch.frombuffer(mv, dtype=torch.uint8), mv
+    raw = torch.zeros(spec.total_bytes + _PAGE, dtype=torch.uint8, pin_memory=True)
     skip = -raw.data_ptr() % _PAGE
     t = raw[skip : skip + spec.total_bytes]  # a view: keeps the whole allocation alive
     return t, tensor_view(t)

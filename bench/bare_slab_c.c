@@ -4,8 +4,10 @@
  * the clock starts (as the tier's slab and fio's file are); chunk i comes from chunk
  * i % view of one primary buffer of `view` chunks, as the tier's do. Then one fdatasync.
  * No checksum, no journal, no index: what is left is the system calls and the buffer.
+ * With `huge`, the buffer is on transparent huge pages (2 MiB-aligned, MADV_HUGEPAGE), as
+ * asynctier.buffers.allocate_buffer makes it; else on ordinary pages.
  *
- *   bare_slab_c PATH CHUNK N DEPTH VIEW HEADER
+ *   bare_slab_c PATH CHUNK N DEPTH VIEW HEADER [huge]
  *
  * Prints the seconds from the first write to the end of the fdatasync; removes PATH. */
 #define _GNU_SOURCE
@@ -16,6 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
@@ -55,8 +58,9 @@ static void *writer(void *arg) {
 }
 
 int main(int argc, char **argv) {
-    if (argc != 7) {
-        fprintf(stderr, "usage: %s PATH CHUNK N DEPTH VIEW HEADER\n", argv[0]);
+    int huge = argc == 8 && strcmp(argv[7], "huge") == 0;
+    if (argc != 7 && !huge) {
+        fprintf(stderr, "usage: %s PATH CHUNK N DEPTH VIEW HEADER [huge]\n", argv[0]);
         return 2;
     }
     chunk = atol(argv[2]);
@@ -72,7 +76,13 @@ int main(int argc, char **argv) {
     if (fd < 0) { perror(argv[1]); return 1; }
     int rc = posix_fallocate(fd, 0, (off_t)n * (header + chunk));
     if (rc) { fprintf(stderr, "posix_fallocate: %s\n", strerror(rc)); return 1; }
-    if (posix_memalign((void **)&buf, 4096, (size_t)(view * chunk)) ||
+    const size_t HUGE = 2u << 20;
+    if (huge) { /* room to start on a 2 MiB boundary; the advice is a hint, as the library's */
+        char *m = mmap(NULL, (size_t)(view * chunk) + HUGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        buf = m == MAP_FAILED ? NULL : (char *)(((uintptr_t)m + HUGE - 1) & ~(uintptr_t)(HUGE - 1));
+        if (buf) madvise(buf, (size_t)(view * chunk), MADV_HUGEPAGE);
+    }
+    if ((huge ? buf == NULL : posix_memalign((void **)&buf, 4096, (size_t)(view * chunk)) != 0) ||
         posix_memalign((void **)&headers, 4096, (size_t)(depth * header))) {
         fprintf(stderr, "bare_slab_c: out of memory\n");
         return 1;

@@ -4,7 +4,7 @@
 
 For each chunk size and depth, each repeat runs: fio write (best of io_uring and psync,
 O_DIRECT, the same block size and depth, ``end_fsync=1``), the tier (once per primary buffer
-size in ``--views``), fio again. The tier
+size in ``--views`` and page size in ``--pages``), fio again. The tier
 writes ``--mib`` of chunks into a fresh slab (created and preallocated untimed, as fio's file
 is laid out before its clock starts), then one ``fdatasync`` (fio's ``end_fsync``), driven as
 an inference server would: calls of ``--batch`` chunks, enough of them in flight to fill the
@@ -20,6 +20,15 @@ from ``depth`` buffers of one block, and the tier from the same few MiB wrote ab
 fio, from 16 MiB 10-25% slower (so did C threads making the same system calls,
 docs/benchmarks-nvme-writes.md). ``--views 64,depth`` measures both.
 
+So do the buffer's pages: ``--pages base,huge`` runs each buffer on ordinary 4 KiB pages and
+on transparent huge pages (``asynctier.buffers.allocate_buffer``). O_DIRECT hands the device
+one segment per physically contiguous piece, and a request takes at most the device's
+``max_segments`` of them (254 on this virtual disk: about 1 MiB on 4 KiB pages, where huge
+pages allow up to ``max_sectors_kb``). fio writes from ordinary pages. Where the kernel holds
+hugetlb pages in reserve (``/proc/sys/vm/nr_hugepages``), each repeat also runs fio on them
+(``--mem=shmhuge``), "fio huge": the same limit for fio, so the tier on huge pages can be set
+beside fio on huge pages too. This script reserves none itself; ``--no-fio-huge`` skips it.
+
 **bare C** (after each tier run, from a buffer of the same size): ``bench/bare_slab_c.c``,
 compiled with ``cc`` (or ``$CC``) at the start, ``depth`` C threads writing the same slab
 layout with one ``pwritev`` of a header block and a chunk per slot, no checksum, journal or
@@ -34,7 +43,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import mmap
 import os
 import resource
 import shutil
@@ -48,6 +56,7 @@ from typing import TYPE_CHECKING, Any, TypedDict
 from bench_fs import build_bare_c
 
 from asynctier import OffloadingSpec, SecondaryTierFactory
+from asynctier.buffers import HUGE_PAGE, allocate_buffer, huge_page_bytes
 from asynctier.cli import benchkit
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -63,15 +72,16 @@ GiB = 1 << 30
 
 
 class Rep(TypedDict):
-    """One repeat of a point: fio before and after, the tier's runs by buffer size in chunks,
-    and each run's B/s over fio's mean."""
+    """One repeat of a point: fio before and after, the tier's runs by buffer ("64": 64 chunks
+    on ordinary pages, "64 huge": on huge pages), and each run's B/s over fio's mean."""
 
     fio_before: dict[str, Any]
-    tiers: dict[int, dict[str, Any]]
+    tiers: dict[str, dict[str, Any]]
     fio_after: dict[str, Any]
-    ratios: dict[int, float]
-    bare_c: dict[int, float]  # bytes/s, by buffer size (empty without a compiler)
-    bare_ratios: dict[int, float]
+    ratios: dict[str, float]
+    bare_c: dict[str, float]  # bytes/s, by buffer (empty without a compiler)
+    bare_ratios: dict[str, float]
+    fio_huge: float | None  # fio's bytes/s from hugetlb pages (None: none reserved)
 
 
 class DiskStat:
@@ -126,15 +136,16 @@ def _fio(d: Path, chunk: int, depth: int, size: int, disk: DiskStat, engines: li
 
 
 async def _tier(
-    d: Path, chunk: int, depth: int, n: int, batch: int, disk: DiskStat, cfg: dict[str, Any], view_chunks: int = 64
-) -> dict[str, Any]:
+    d: Path, chunk: int, depth: int, n: int, batch: int, disk: DiskStat, cfg: dict[str, Any], view_chunks: int = 64,
+    huge: bool = False,
+) -> dict[str, Any]:  # fmt: skip
     slots = view_chunks
     spec = OffloadingSpec(chunk, slots, namespace="bench/nvme-writes")
-    buf = mmap.mmap(-1, spec.total_bytes)  # page-aligned, as pinned memory is
+    view = allocate_buffer(spec.total_bytes, huge_pages=huge)  # page-aligned, as pinned memory is
     block = os.urandom(1 << 20)
     for off in range(0, spec.total_bytes, len(block)):
-        buf[off : off + len(block)] = block[: spec.total_bytes - off]
-    view = memoryview(buf)
+        view[off : off + len(block)] = block[: spec.total_bytes - off]
+    huge_bytes = huge_page_bytes(view)
     conf = {
         "type": "nvme",
         "path": str(d / "slab"),
@@ -163,18 +174,54 @@ async def _tier(
         dt = time.perf_counter() - t0
         out: dict[str, Any] = {"Bps": n * chunk / dt, "cpu_s_per_gib": (_cpu() - c0) / (n * chunk / GiB)}
         out.update(DiskStat.delta(a, disk.read(), dt))
+        out["huge_page_share"] = None if huge_bytes is None else huge_bytes / spec.total_bytes
         out["stats"] = {k: v for k, v in tier.stats().extra.items() if isinstance(v, (int, float))}
     return out
 
 
-def _bare_c(exe: Path, d: Path, chunk: int, n: int, depth: int, view_chunks: int) -> float:
-    """bytes/s of ``bare_slab_c`` writing ``n`` chunks at ``depth`` from ``view_chunks`` chunks."""
+def _bare_c(exe: Path, d: Path, chunk: int, n: int, depth: int, view_chunks: int, huge: bool = False) -> float:
+    """bytes/s of ``bare_slab_c`` writing ``n`` chunks at ``depth`` from ``view_chunks`` chunks
+    (on huge pages with ``huge``)."""
     benchkit.settle(d)
     cmd = [str(exe), str(d / "slab-bare"), str(chunk), str(n), str(depth), str(view_chunks), "4096"]
+    cmd += ["huge"] if huge else []
     r = subprocess.run(cmd, capture_output=True, text=True)
     if r.returncode != 0:
         raise RuntimeError(f"bare_slab_c failed: {r.stderr.strip()}")
     return n * chunk / float(r.stdout)
+
+
+def _buffer_name(label: str) -> str:
+    """ "64 huge" -> "64-chunk buffer, huge pages"."""
+    v, _, huge = label.partition(" ")
+    return f"{v}-chunk buffer{', huge pages' if huge else ''}"
+
+
+def _fio_huge(d: Path, chunk: int, depth: int, size: int) -> float | None:
+    """fio's write bytes/s from hugetlb pages (``--mem=shmhuge``, io_uring), or None where the
+    kernel holds too few in reserve for its ``depth`` buffers (or fio refuses)."""
+    free = 0
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("HugePages_Free:"):
+            free = int(line.split()[1])
+    if free * HUGE_PAGE < depth * chunk + 2 * HUGE_PAGE:  # fio's buffers, rounded up, and its alignment
+        return None
+    try:
+        r = benchkit.run_fio(d / "fio", rw="write", bs=chunk, iodepth=depth, size=size, mem="shmhuge")
+    except subprocess.CalledProcessError:
+        return None
+    benchkit.settle(d)
+    return r.bytes_per_s
+
+
+def _huge_ratios(reps: list[Rep], buffers: dict[str, tuple[int, bool]]) -> dict[str, float]:
+    """Median over the repeats of each huge-page buffer's tier run over fio's on hugetlb pages."""
+    out: dict[str, float] = {}
+    for label, (_, huge) in buffers.items():
+        each = [r["tiers"][label]["Bps"] / r["fio_huge"] for r in reps if r["fio_huge"]]
+        if huge and each:
+            out[label] = statistics.median(each)
+    return out
 
 
 def main() -> None:
@@ -191,11 +238,20 @@ def main() -> None:
         help="primary buffer sizes in chunks, each a tier run per repeat ('depth': as many as the depth, "
         "the bytes fio writes from)",
     )
+    ap.add_argument(
+        "--pages",
+        default="base,huge",
+        help="the primary buffer's pages, each a tier run per buffer size: base (4 KiB), huge (transparent huge pages)",
+    )
+    ap.add_argument("--no-fio-huge", action="store_true", help="no fio run from hugetlb pages, even where reserved")
     ap.add_argument("--fio-engines", default="io_uring,psync")
     ap.add_argument("--tier-config", default="{}", help="JSON merged into the tier's config")
     ap.add_argument("--no-bare-c", action="store_true", help="leave out the C threads' reference")
     ap.add_argument("--json", default="")
     args = ap.parse_args()
+    pages = [p.strip() for p in args.pages.split(",") if p.strip()]
+    if not pages or set(pages) - {"base", "huge"}:
+        ap.error(f"--pages takes base and/or huge, comma-separated; got {args.pages!r}")
     d = Path(args.dir)
     d.mkdir(parents=True, exist_ok=True)
     disk = DiskStat(d)
@@ -210,47 +266,55 @@ def main() -> None:
             for depth in (int(x) for x in args.depths.split(",")):
                 n = size // chunk
                 views = [depth if v == "depth" else int(v) for v in args.views.split(",")]
+                buffers = {f"{v}{' huge' if p == 'huge' else ''}": (v, p == "huge") for v in views for p in pages}
                 reps: list[Rep] = []
                 for rep in range(args.repeat):
                     before = _fio(d, chunk, depth, n * chunk, disk, engines)
-                    runs: dict[int, dict[str, Any]] = {}
-                    bare_bps: dict[int, float] = {}
-                    for v in views:
-                        runs[v] = asyncio.run(_tier(d, chunk, depth, n, args.batch, disk, cfg, view_chunks=v))
+                    runs: dict[str, dict[str, Any]] = {}
+                    bare_bps: dict[str, float] = {}
+                    for label, (v, huge) in buffers.items():
+                        runs[label] = asyncio.run(
+                            _tier(d, chunk, depth, n, args.batch, disk, cfg, view_chunks=v, huge=huge)
+                        )
                         for p in d.glob("slab*"):
                             p.unlink()
                         benchkit.settle(d)
                         if bare is not None:
-                            bare_bps[v] = _bare_c(bare, d, chunk, n, depth, v)
+                            bare_bps[label] = _bare_c(bare, d, chunk, n, depth, v, huge)
+                    fio_huge = None if args.no_fio_huge else _fio_huge(d, chunk, depth, n * chunk)
                     after = _fio(d, chunk, depth, n * chunk, disk, engines)
                     fio_bps = (before["Bps"] + after["Bps"]) / 2
                     ratios = {v: t["Bps"] / fio_bps for v, t in runs.items()}
                     bare_ratios = {v: b / fio_bps for v, b in bare_bps.items()}
                     reps.append({"fio_before": before, "tiers": runs, "fio_after": after, "ratios": ratios,
-                                 "bare_c": bare_bps, "bare_ratios": bare_ratios})  # fmt: skip
+                                 "bare_c": bare_bps, "bare_ratios": bare_ratios, "fio_huge": fio_huge})  # fmt: skip
                     fb = before[before["best"]]
                     line = (
                         f"{kib} KiB d{depth} rep {rep}: fio {before['Bps'] / 1e9:.2f}/{after['Bps'] / 1e9:.2f} GB/s "
                         f"({before['best']}, {fb.get('dev_write_kib', 0):.0f} KiB req, "
                         f"{fb.get('dev_inflight', 0):.1f} in flight)"
                     )
-                    for v, t in runs.items():
+                    for label, t in runs.items():
                         line += (
-                            f"; tier, {v}-chunk buffer: {t['Bps'] / 1e9:.2f} GB/s ({t.get('dev_write_kib', 0):.0f} KiB "
-                            f"req, {t.get('dev_inflight', 0):.1f} in flight, {t['cpu_s_per_gib']:.2f} CPU s/GiB) "
-                            f"{ratios[v]:.2f}x"
+                            f"; tier, {_buffer_name(label)}: {t['Bps'] / 1e9:.2f} GB/s "
+                            f"({t.get('dev_write_kib', 0):.0f} KiB req, {t.get('dev_inflight', 0):.1f} in flight, "
+                            f"{t['cpu_s_per_gib']:.2f} CPU s/GiB) {ratios[label]:.2f}x"
                         )
-                        if v in bare_bps:
-                            line += f"; bare C: {bare_bps[v] / 1e9:.2f} GB/s {bare_ratios[v]:.2f}x"
+                        if label in bare_bps:
+                            line += f"; bare C: {bare_bps[label] / 1e9:.2f} GB/s {bare_ratios[label]:.2f}x"
+                    if fio_huge is not None:
+                        line += f"; fio huge: {fio_huge / 1e9:.2f} GB/s {fio_huge / fio_bps:.2f}x"
                     print(line, flush=True)
                 rows.append(
                     {
                         "chunk": chunk,
                         "depth": depth,
-                        "ratio": {v: statistics.median(r["ratios"][v] for r in reps) for v in views},
+                        "ratio": {v: statistics.median(r["ratios"][v] for r in reps) for v in buffers},
                         "bare_ratio": {
-                            v: statistics.median(r["bare_ratios"][v] for r in reps) for v in views if bare is not None
+                            v: statistics.median(r["bare_ratios"][v] for r in reps) for v in buffers if bare is not None
                         },
+                        # the tier on huge pages over fio on huge pages, where fio could run on them
+                        "huge_ratio": _huge_ratios(reps, buffers),
                         "reps": reps,
                     }
                 )
@@ -261,11 +325,13 @@ def main() -> None:
         kib = r["chunk"] >> 10
         for v, med in r["ratio"].items():
             each = ", ".join(format(x["ratios"][v], ".2f") for x in r["reps"])
-            print(f"  {kib} KiB depth {r['depth']}, {v}-chunk buffer: {med:.2f}x  (per repeat: {each})")
+            print(f"  {kib} KiB depth {r['depth']}, {_buffer_name(v)}: {med:.2f}x  (per repeat: {each})")
+            pad = " " * (len(str(kib)) + 15 + len(str(r["depth"])))
             if v in r["bare_ratio"]:
                 each = ", ".join(format(x["bare_ratios"][v], ".2f") for x in r["reps"])
-                print(f"  {'':>{len(str(kib)) + 15 + len(str(r['depth']))}}bare C, the same buffer: "
-                      f"{r['bare_ratio'][v]:.2f}x  (per repeat: {each})")  # fmt: skip
+                print(f"  {pad}bare C, the same buffer: {r['bare_ratio'][v]:.2f}x  (per repeat: {each})")
+            if v in r["huge_ratio"]:
+                print(f"  {pad}over fio on huge pages: {r['huge_ratio'][v]:.2f}x")
     if args.json:
         Path(args.json).write_text(
             json.dumps({"command": " ".join([sys.executable, *sys.argv]), "rows": rows}, indent=2) + "\n"

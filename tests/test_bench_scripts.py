@@ -76,12 +76,36 @@ def test_bench_nvme_writes_sets_each_buffer_size_beside_fio(tmp_path: Path) -> N
          "--sizes-kib", "256", "--depths", "2", "--batch", "4", "--views", "8,depth", "--fio-engines", "psync,io_uring",
          "--json", str(out))  # fmt: skip
     (row,) = json.loads(out.read_text())["rows"]
-    assert set(row["ratio"]) == {"8", "2"} and all(v > 0 for v in row["ratio"].values()), row["ratio"]
+    # each buffer size on ordinary pages and on huge pages
+    buffers = {"8", "2", "8 huge", "2 huge"}
+    assert set(row["ratio"]) == buffers and all(v > 0 for v in row["ratio"].values()), row["ratio"]
     (rep,) = row["reps"]
     assert rep["fio_before"]["Bps"] > 0 and rep["fio_after"]["Bps"] > 0
-    if shutil.which("cc"):  # the C threads' reference beside each buffer size
-        assert set(row["bare_ratio"]) == {"8", "2"} and all(v > 0 for v in row["bare_ratio"].values()), row
+    assert rep["tiers"]["8"]["huge_page_share"] in (0.0, None)  # ordinary pages, even where THP is "always"
+    if _thp_mode() in ("always", "madvise"):  # the tier's buffer was on huge pages, as asked
+        assert rep["tiers"]["8 huge"]["huge_page_share"] > 0, rep["tiers"]["8 huge"]
+    # fio from hugetlb pages only where the kernel holds some in reserve, and then beside each huge buffer
+    assert (rep["fio_huge"] is None) == (not row["huge_ratio"])
+    if rep["fio_huge"] is not None:
+        assert set(row["huge_ratio"]) == {"8 huge", "2 huge"}
+    if shutil.which("cc"):  # the C threads' reference beside each buffer
+        assert set(row["bare_ratio"]) == buffers and all(v > 0 for v in row["bare_ratio"].values()), row
     assert not (tmp_path / "scratch").exists()  # its slab and fio's files are removed
+
+
+def test_bench_nvme_writes_refuses_a_page_kind_it_does_not_know(tmp_path: Path) -> None:
+    r = subprocess.run([sys.executable, str(REPO / "bench" / "bench_nvme_writes.py"), "--dir", str(tmp_path / "s"),
+                        "--pages", "base,giant"], capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert r.returncode == 2 and "--pages takes base and/or huge" in r.stderr, r.stderr
+    assert not (tmp_path / "s").exists()
+
+
+def _thp_mode() -> str | None:
+    try:
+        text = Path("/sys/kernel/mm/transparent_hugepage/enabled").read_text()
+    except OSError:
+        return None
+    return text[text.index("[") + 1 : text.index("]")]
 
 
 def _report(out: Path, name: str) -> dict[str, Any]:

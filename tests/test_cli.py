@@ -92,6 +92,26 @@ def test_bench_tiny_run_verifies_every_byte_and_writes_json(tmp_path: Path) -> N
     assert not any(p.is_file() for p in (tmp_path / "root").rglob("*"))
 
 
+def test_bench_puts_its_primary_buffer_on_huge_pages_unless_told_not_to(tmp_path: Path) -> None:
+    from asynctier.buffers import HUGE_PAGE
+
+    thp = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+    thp_on = thp.exists() and ("[always]" in thp.read_text() or "[madvise]" in thp.read_text())
+    for flag, huge in (("--huge-pages", True), ("--no-huge-pages", False)):
+        # 4 MiB of 2 MiB chunks: a buffer of whole huge pages
+        args = [*_bench_args(tmp_path, "memory"), "--chunk-sizes", "2M", "--depths", "1", "--data-size", "4M"]
+        r = invoke(*args, "--no-fio", "--no-naive", flag)
+        assert r.exit_code == 0, r.output
+        report = json.loads((tmp_path / "bench.json").read_text())
+        assert report["options"]["huge_pages"] is huge
+        share = report["machine"]["primary_buffer_huge_share"]
+        assert "on huge pages" in report["machine"]["primary_buffer"]
+        if huge and thp_on:
+            assert share * 4 * HUGE_PAGE >= HUGE_PAGE, share
+        elif not huge:
+            assert share in (0, None), share
+
+
 def test_bench_reports_a_tier_that_cannot_be_imported_as_skipped(tmp_path: Path) -> None:
     cfg = tmp_path / "asynctier.tiers.toml"
     cfg.write_text(

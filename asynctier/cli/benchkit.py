@@ -135,6 +135,7 @@ def run_fio(
     runtime_s: float | None = None,
     file_per_block: bool = False,
     overwrite: bool = False,
+    mem: str | None = None,
     started: Callable[[subprocess.Popen[str]], None] | None = None,
 ) -> FioResult:
     """Run one fio job on a file in ``directory`` and return its figures.
@@ -151,6 +152,8 @@ def run_fio(
     ``overwrite=True`` (a write job): the file is laid out first, untimed, and the job writes
     over it, as a tier at capacity writes into space it has used before (fs recycling a
     victim's file, nvme a slot); a fresh file costs the file system new blocks.
+    ``mem`` is fio's ``--mem`` (where its buffers come from; ``"shmhuge"``: hugetlb pages,
+    which the kernel must hold in reserve); default: fio's own (``malloc``).
     ``started(process)`` is told the fio process as it starts (to stop it from another thread).
     """
     directory = Path(directory).absolute()  # fio runs with this cwd: a relative path would resolve twice
@@ -162,6 +165,8 @@ def run_fio(
         args.append("--end_fsync=1")
     if overwrite:
         args.append("--overwrite=1")
+    if mem is not None:
+        args.append(f"--mem={mem}")
     if runtime_s is not None:
         args += [f"--runtime={runtime_s}", "--time_based=0"]
     # cwd: fio writes to a path named like the job ("asynctier") instead of "asynctier.0.0" when

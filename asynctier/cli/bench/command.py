@@ -259,6 +259,14 @@ def _run(opts: BenchOptions, plan: Plan, quiet: bool) -> Any:
     "timed pass sees a tier that has lived at capacity (a tier's first pass over a full tier may cost less "
     "than its later ones).",
 )
+@click.option(
+    "--huge-pages/--no-huge-pages",
+    default=True,
+    show_default=True,
+    help="Put the primary buffer on transparent huge pages where the system has them, as "
+    "asynctier.buffers.allocate_buffer does (the tiers' O_DIRECT requests then are not cut at the "
+    "device's segment limit); --no-huge-pages: ordinary 4 KiB pages.",
+)
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None, help="Write every figure as JSON.")
 @click.option(
     "--plot",
@@ -289,11 +297,12 @@ def bench(
     repeat: int,
     steady: bool,
     steady_passes: int,
+    huge_pages: bool,
     json_path: str | None,
     plot_path: str | None,
     md_path: str | None,
     quiet: bool,
-) -> None:  # long: the signature names the 16 options; the body is checks, run, files, exit status
+) -> None:  # long: the signature names the 17 options; the body is checks, run, files, exit status
     """Offload, look up, load back and verify chunks through each tier; compare with fio and a naive loop.
 
     With no arguments: an fs tier and an nvme slab in a temporary directory and an obj tier
@@ -326,6 +335,7 @@ def bench(
             repeat=repeat,
             steady=steady,
             steady_passes=steady_passes,
+            huge_pages=huge_pages,
             command=_command_line(click.get_current_context()),
         )
         from ..valkey_server import with_local_valkey

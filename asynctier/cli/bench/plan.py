@@ -57,6 +57,9 @@ class BenchOptions:
     steady: bool = False
     #: With ``steady``: untimed passes of new keys into the full tier before the timed one.
     steady_passes: int = 0
+    #: The primary buffer on transparent huge pages where the system has them (as
+    #: ``asynctier.buffers.allocate_buffer`` makes it); False: ordinary pages.
+    huge_pages: bool = True
     command: str = "asynctier bench"
 
     def points(self) -> list[tuple[int, int]]:

@@ -1,4 +1,5 @@
-"""The bench's primary buffer: page-aligned (torch when installed), with a reference copy of its bytes."""
+"""The bench's primary buffer: page-aligned, on huge pages unless asked not to (torch when
+installed), with a reference copy of its bytes."""
 
 from __future__ import annotations
 
@@ -10,17 +11,24 @@ from ..sizes import MiB
 
 __all__ = ["PrimaryBuffer"]
 
-_PAGE = 4096
-
 
 class PrimaryBuffer:
-    """A page-aligned primary buffer (torch when installed) and a reference copy of its bytes."""
+    """A page-aligned primary buffer (torch when installed) and a reference copy of its bytes;
+    on transparent huge pages where the system has them, unless ``huge_pages`` is False."""
 
-    def __init__(self, nbytes: int) -> None:
+    def __init__(self, nbytes: int, huge_pages: bool = True) -> None:
         self.nbytes = nbytes
-        self.kind = "bytearray"
+        self.kind = "mmap"
         self._keep: Any = None
-        self.view = self._allocate(nbytes)
+        self.view = self._allocate(nbytes, huge_pages)
+        from ...buffers import huge_page_bytes
+
+        huge = huge_page_bytes(self.view)
+        #: the share of the buffer on huge pages (None: the system does not say); it sets the
+        #: size of the tiers' O_DIRECT requests (docs/configuration.md, "Huge pages")
+        self.huge_share = None if huge is None else huge / max(nbytes, 1)
+        if self.huge_share is not None:
+            self.kind += f", {self.huge_share:.0%} on huge pages"
         self._np: Any = None
         try:
             import numpy as np
@@ -32,24 +40,21 @@ class PrimaryBuffer:
         self.view[:] = self.ref
         self.dirty_bytes = 0
 
-    def _allocate(self, nbytes: int) -> memoryview:
+    def _allocate(self, nbytes: int, huge_pages: bool) -> memoryview:
         try:
             import torch
 
             from ...torch_interop import allocate_primary
         except ImportError:
-            self._keep = bytearray(nbytes + _PAGE)
-            mv = memoryview(self._keep)
-        else:
-            # allocate_primary pins when CUDA is available; torch's CPU allocator aligns to 64
-            # bytes only, and O_DIRECT wants page-aligned buffers (as pinned memory is).
-            tensor, mv = allocate_primary(OffloadingSpec(nbytes + _PAGE, 1, "asynctier/bench"))
-            self._keep = tensor
-            self.kind = f"torch.uint8 tensor{' (pinned)' if tensor.is_pinned() else ''}, torch {torch.__version__}"
-        from ...posix_io import buffer_address
+            from ...buffers import allocate_buffer
 
-        off = (-buffer_address(mv)) % _PAGE
-        return mv[off : off + nbytes]
+            return allocate_buffer(max(nbytes, 1), huge_pages=huge_pages)[:nbytes]
+        # allocate_primary pins when CUDA is available, and is page-aligned either way (as
+        # O_DIRECT wants; torch's own CPU allocator aligns to 64 bytes only)
+        tensor, mv = allocate_primary(OffloadingSpec(max(nbytes, 1), 1, "asynctier/bench"), huge_pages=huge_pages)
+        self._keep = tensor
+        self.kind = f"torch.uint8 tensor{' (pinned)' if tensor.is_pinned() else ''}, torch {torch.__version__}"
+        return mv[:nbytes]
 
     def _random(self, nbytes: int) -> memoryview:
         try:

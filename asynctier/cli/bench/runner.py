@@ -88,12 +88,14 @@ def _new_report(
             **benchkit.machine_info(),
             "event_loop": _loop_name(),
             "primary_buffer": primary.kind,
+            "primary_buffer_huge_share": primary.huge_share,
             "root": str(root),
             "root_fs": _fs_type(root),
         },
         options={
             "chunk_sizes": list(opts.chunk_sizes),
             "depths": list(opts.depths),
+            "huge_pages": opts.huge_pages,
             "data_bytes_per_point": opts.data_bytes,
             "chunks_per_depth_min": CHUNKS_PER_DEPTH,
             "fio": opts.fio and benchkit.fio_available(),
@@ -167,7 +169,7 @@ async def run_bench(opts: BenchOptions, progress: Progress | None = None, plan: 
     fio = FioState(plan.fio_engines) if opts.fio else None
     try:
         prog.phase("allocating and filling the primary buffer")
-        primary = await asyncio.to_thread(PrimaryBuffer, opts.max_point_bytes())
+        primary = await asyncio.to_thread(PrimaryBuffer, opts.max_point_bytes(), opts.huge_pages)
         report = _new_report(opts, status, root, primary)
         ctx = {"fio": fio, "workdir": workdir, "run_id": run_id, "progress": prog}
         for point in opts.points():

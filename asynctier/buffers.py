@@ -1,0 +1,106 @@
+"""Primary buffers on huge pages.
+
+A tier moves a chunk with O_DIRECT straight from or into the primary buffer, and the kernel
+hands the device one segment per physically contiguous piece of it: on 4 KiB pages a 256 KiB
+chunk is 64 segments and a 2 MiB one 512, more than one request may carry (a virtio disk
+takes 254, so its requests stop near 1 MiB); on 2 MiB transparent huge pages each is one.
+Fewer segments cost the device (and a virtual disk's host) less per byte, and requests can
+grow to the device's limit: the buffer's pages set how fast any O_DIRECT writer goes, fio
+included (docs/configuration.md, "Huge pages").
+
+:func:`allocate_buffer` makes such a buffer; :func:`huge_page_bytes` says how much of any
+buffer is on huge pages. Standard library only (and ``ctypes`` for a buffer's address).
+"""
+
+from __future__ import annotations
+
+import mmap
+import sys
+
+__all__ = ["HUGE_PAGE", "allocate_buffer", "huge_page_bytes"]
+
+HUGE_PAGE = 2 << 20
+"""The transparent huge page size this module aligns to (x86-64 and arm64 with 4 KiB pages)."""
+
+_MADV_POPULATE_WRITE = 23  # Linux 5.14; not in Python 3.11's mmap module
+_SMAPS = "/proc/self/smaps"
+
+
+def allocate_buffer(nbytes: int, *, huge_pages: bool = True) -> memoryview:
+    """A zeroed, writable, page-aligned primary buffer of ``nbytes``, its memory faulted in.
+
+    With ``huge_pages`` (the default) the buffer starts on a 2 MiB boundary and asks the
+    kernel for transparent huge pages (``MADV_HUGEPAGE``), which works where
+    ``/sys/kernel/mm/transparent_hugepage/enabled`` is ``always`` or ``madvise`` (most
+    distributions); elsewhere, or where no huge page is free, it is on ordinary pages and
+    works the same, only slower. :func:`huge_page_bytes` tells which. The memory is private
+    to the process (a forked child gets a copy-on-write view, as with any heap memory) and
+    is returned to the system when the last view of it is released.
+    """
+    if type(nbytes) is bool or not isinstance(nbytes, int):
+        raise TypeError(f"nbytes must be an int, got {type(nbytes).__name__} {nbytes!r}")
+    if nbytes <= 0:
+        raise ValueError(f"nbytes must be positive, got {nbytes}")
+    if type(huge_pages) is not bool:
+        raise TypeError(f"huge_pages must be True or False, got {type(huge_pages).__name__} {huge_pages!r}")
+    flags = getattr(mmap, "MAP_PRIVATE", 0) | getattr(mmap, "MAP_ANONYMOUS", 0)
+    # False asks for ordinary pages even where the system gives huge ones unasked ("always")
+    advice = getattr(mmap, "MADV_HUGEPAGE" if huge_pages else "MADV_NOHUGEPAGE", None)
+    # room to start on a huge page boundary: the kernel aligns large anonymous mappings on
+    # its own since 6.7 (for sizes that are multiples of 2 MiB), earlier ones do not
+    slack = HUGE_PAGE if huge_pages and advice is not None else 0
+    m = mmap.mmap(-1, nbytes + slack, flags=flags) if flags else mmap.mmap(-1, nbytes + slack)
+    start = 0
+    if slack:
+        from .posix_io import buffer_address
+
+        with memoryview(m) as whole:
+            start = -buffer_address(whole) % HUGE_PAGE
+    if advice is not None:
+        try:
+            m.madvise(advice, start, nbytes)
+        except OSError:  # a kernel without transparent huge pages: ordinary pages either way
+            pass
+    view = memoryview(m)[start : start + nbytes]
+    _populate(m, view, start, nbytes)
+    return view
+
+
+def _populate(m: mmap.mmap, view: memoryview, start: int, nbytes: int) -> None:
+    """Fault the buffer in now, huge pages where advised: else the first transfers into each
+    page pay its fault inside the I/O."""
+    if sys.platform.startswith("linux"):
+        try:
+            m.madvise(_MADV_POPULATE_WRITE, start - start % mmap.PAGESIZE, nbytes)
+            return
+        except OSError:  # before Linux 5.14: touch one byte a page (the pages are zero)
+            pass
+    view[:: mmap.PAGESIZE] = bytes(len(range(0, nbytes, mmap.PAGESIZE)))
+
+
+def huge_page_bytes(view: memoryview) -> int | None:
+    """How many bytes of ``view``'s memory are on transparent huge pages, from the kernel's
+    per-mapping counts (``/proc/self/smaps``); ``None`` where the system does not say (not
+    Linux). A mapping that reaches past the view counts at most the bytes it shares with it.
+    """
+    if not isinstance(view, memoryview):
+        raise TypeError(f"view must be a memoryview, got {type(view).__name__}")
+    try:
+        with open(_SMAPS, encoding="ascii") as f:
+            smaps = f.read().splitlines()
+    except OSError:
+        return None
+    from .posix_io import buffer_address
+
+    lo = buffer_address(view)
+    hi = lo + view.nbytes
+    total = 0
+    overlap = 0
+    for line in smaps:
+        head = line.split(None, 1)[0] if line else ""
+        if "-" in head and not head.endswith(":"):  # a mapping's first line: start-end
+            a, b = (int(x, 16) for x in head.split("-"))
+            overlap = max(0, min(b, hi) - max(a, lo))
+        elif overlap and head == "AnonHugePages:":
+            total += min(int(line.split()[1]) * 1024, overlap)
+    return total

@@ -1,0 +1,166 @@
+"""asynctier.buffers: primary buffers on huge pages, and how much of a buffer is on them."""
+
+from __future__ import annotations
+
+import gc
+import mmap
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from asynctier import OffloadingSpec, SecondaryTierFactory
+from asynctier.buffers import HUGE_PAGE, allocate_buffer, huge_page_bytes
+from asynctier.posix_io import buffer_address
+
+_THP = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+
+
+def _thp_mode() -> str | None:
+    """The system's transparent huge page mode ("always", "madvise", "never"), or None."""
+    try:
+        text = _THP.read_text()
+    except OSError:
+        return None
+    return text[text.index("[") + 1 : text.index("]")]
+
+
+needs_thp = pytest.mark.skipif(
+    _thp_mode() not in ("always", "madvise"), reason="no transparent huge pages on this system"
+)
+
+
+def test_a_buffer_is_zeroed_writable_page_aligned_and_exactly_its_size() -> None:
+    for n in (1, 4096, 3 * HUGE_PAGE + 12345):
+        for huge in (True, False):
+            view = allocate_buffer(n, huge_pages=huge)
+            assert view.nbytes == n and view.format == "B" and not view.readonly
+            assert buffer_address(view) % mmap.PAGESIZE == 0
+            assert not any(view[:: max(1, n // 97)]) and view[-1] == 0
+            view[-1] = 7
+            assert view[-1] == 7
+
+
+@needs_thp
+def test_a_huge_page_buffer_starts_on_a_huge_page_and_is_on_huge_pages() -> None:
+    view = allocate_buffer(4 * HUGE_PAGE)
+    assert buffer_address(view) % HUGE_PAGE == 0
+    # faulted in at allocation: the huge pages are there before any I/O touches them (the
+    # kernel may fall back to small pages under memory pressure, so not all of them need be)
+    huge = huge_page_bytes(view)
+    assert huge is not None and huge >= HUGE_PAGE, huge
+
+
+@needs_thp
+def test_huge_pages_false_asks_for_ordinary_pages_even_where_the_system_gives_huge_ones() -> None:
+    view = allocate_buffer(4 * HUGE_PAGE, huge_pages=False)
+    assert huge_page_bytes(view) == 0
+
+
+def test_a_bytearray_or_a_shared_mapping_is_not_on_transparent_huge_pages() -> None:
+    # shared anonymous memory (mmap.mmap(-1, n), Python's default) is shmem: its huge pages
+    # follow shmem_enabled, "never" on most systems; private memory is what the kernel backs
+    assert huge_page_bytes(memoryview(bytearray(64))) == 0
+    shared = mmap.mmap(-1, 4 * HUGE_PAGE)
+    with memoryview(shared) as view:
+        view[:: mmap.PAGESIZE] = b"\1" * (4 * HUGE_PAGE // mmap.PAGESIZE)
+        assert huge_page_bytes(view) == 0 or _shmem_huge()
+
+
+def _shmem_huge() -> bool:
+    try:
+        text = Path("/sys/kernel/mm/transparent_hugepage/shmem_enabled").read_text()
+    except OSError:
+        return False
+    return "[never]" not in text and "[deny]" not in text
+
+
+def test_the_buffer_outlives_the_name_it_was_returned_under() -> None:
+    view = allocate_buffer(HUGE_PAGE + 1)
+    part = view[HUGE_PAGE:]
+    del view
+    gc.collect()
+    part[0] = 9  # the mapping is kept by any view of it
+    assert part[0] == 9
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "exc", "match"),
+    [
+        ({"nbytes": True}, TypeError, "nbytes must be an int, got bool"),
+        ({"nbytes": 4096.0}, TypeError, "nbytes must be an int, got float"),
+        ({"nbytes": "4096"}, TypeError, "nbytes must be an int, got str"),
+        ({"nbytes": 0}, ValueError, "nbytes must be positive, got 0"),
+        ({"nbytes": -1}, ValueError, "nbytes must be positive, got -1"),
+        ({"nbytes": 4096, "huge_pages": 1}, TypeError, "huge_pages must be True or False, got int 1"),
+        ({"nbytes": 4096, "huge_pages": None}, TypeError, "huge_pages must be True or False, got NoneType"),
+    ],
+)
+def test_bad_arguments_are_refused_with_what_is_accepted(kwargs: dict[str, Any], exc: type, match: str) -> None:
+    with pytest.raises(exc, match=match):
+        allocate_buffer(**kwargs)
+
+
+def test_huge_page_bytes_takes_a_memoryview_only() -> None:
+    with pytest.raises(TypeError, match="view must be a memoryview, got bytearray"):
+        huge_page_bytes(bytearray(8))  # type: ignore[arg-type]
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="/proc/self/smaps is Linux's")
+def test_huge_page_bytes_counts_only_the_part_of_a_mapping_inside_the_view() -> None:
+    view = allocate_buffer(4 * HUGE_PAGE)
+    whole = huge_page_bytes(view)
+    assert whole is not None
+    half = huge_page_bytes(view[: 2 * HUGE_PAGE])
+    assert half is not None and half <= min(whole, 2 * HUGE_PAGE)
+    assert huge_page_bytes(view[:4096]) in (0, 4096)
+
+
+async def test_a_huge_page_buffer_round_trips_through_the_nvme_tier_with_o_direct(disk_tmp_path: Path) -> None:
+    spec = OffloadingSpec(HUGE_PAGE, 4, namespace="buffers")
+    view = allocate_buffer(spec.total_bytes)
+    data = bytes(range(256)) * (spec.total_bytes // 256)
+    view[:] = data
+    cfg = {"type": "nvme", "path": str(disk_tmp_path / "slab"), "capacity_bytes": 16 * (HUGE_PAGE + 4096)}
+    async with SecondaryTierFactory.create_secondary_tier(cfg, view, spec) as tier:
+        keys = [b"b%d" % i for i in range(4)]
+        assert (await tier.offload(keys, [0, 1, 2, 3])).ok
+        view[:] = bytes(spec.total_bytes)
+        assert (await tier.load(keys, [3, 2, 1, 0])).ok
+        st = tier.stats().extra
+    assert st.get("bounce_copies", 0) == 0  # straight from and into the buffer
+    c = HUGE_PAGE
+    assert bytes(view[: 4 * c]) == data[3 * c :] + data[2 * c : 3 * c] + data[c : 2 * c] + data[:c]
+
+
+def test_torch_allocate_primary_is_on_the_buffers_huge_pages_unless_pinned_or_asked_not_to() -> None:
+    torch = pytest.importorskip("torch")
+    from asynctier.torch_interop import allocate_primary
+
+    spec = OffloadingSpec(HUGE_PAGE, 2)
+    t, view = allocate_primary(spec, pin_memory=False)
+    assert t.dtype == torch.uint8 and t.numel() == spec.total_bytes and t.data_ptr() == buffer_address(view)
+    if _thp_mode() in ("always", "madvise"):
+        assert buffer_address(view) % HUGE_PAGE == 0
+        assert (huge_page_bytes(view) or 0) >= HUGE_PAGE
+        _, base = allocate_primary(spec, pin_memory=False, huge_pages=False)
+        assert huge_page_bytes(base) == 0
+    del view
+    gc.collect()
+    t[-1] = 5  # the tensor keeps the memory alive on its own
+    assert int(t[-1]) == 5
+    with pytest.raises(TypeError, match="huge_pages must be True or False, got int"):
+        allocate_primary(spec, huge_pages=1)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="pin_memory must be True, False or None, got int"):
+        allocate_primary(spec, pin_memory=0)  # type: ignore[arg-type]
+
+
+def test_import_asynctier_buffers_stays_light() -> None:
+    code = (
+        "import sys; import asynctier.buffers\n"
+        "heavy = {'ctypes', 'torch', 'numpy'} & set(sys.modules)\n"
+        "assert not heavy, heavy\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
