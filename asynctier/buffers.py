@@ -26,8 +26,9 @@ _MADV_POPULATE_WRITE = 23  # Linux 5.14; not in Python 3.11's mmap module
 _SMAPS = "/proc/self/smaps"
 
 
-def allocate_buffer(nbytes: int, *, huge_pages: bool = True) -> memoryview:
-    """A zeroed, writable, page-aligned primary buffer of ``nbytes``, its memory faulted in.
+def allocate_buffer(nbytes: int, *, huge_pages: bool = True, populate: bool = True) -> memoryview:
+    """A zeroed, writable, page-aligned primary buffer of ``nbytes``, its memory faulted in
+    (``populate=False``: on first touch, page by page).
 
     With ``huge_pages`` (the default) the buffer starts on a 2 MiB boundary and asks the
     kernel for transparent huge pages (``MADV_HUGEPAGE``), which works where
@@ -43,6 +44,8 @@ def allocate_buffer(nbytes: int, *, huge_pages: bool = True) -> memoryview:
         raise ValueError(f"nbytes must be positive, got {nbytes}")
     if type(huge_pages) is not bool:
         raise TypeError(f"huge_pages must be True or False, got {type(huge_pages).__name__} {huge_pages!r}")
+    if type(populate) is not bool:
+        raise TypeError(f"populate must be True or False, got {type(populate).__name__} {populate!r}")
     flags = getattr(mmap, "MAP_PRIVATE", 0) | getattr(mmap, "MAP_ANONYMOUS", 0)
     # False asks for ordinary pages even where the system gives huge ones unasked ("always")
     advice = getattr(mmap, "MADV_HUGEPAGE" if huge_pages else "MADV_NOHUGEPAGE", None)
@@ -62,7 +65,8 @@ def allocate_buffer(nbytes: int, *, huge_pages: bool = True) -> memoryview:
         except OSError:  # a kernel without transparent huge pages: ordinary pages either way
             pass
     view = memoryview(m)[start : start + nbytes]
-    _populate(m, view, start, nbytes)
+    if populate:
+        _populate(m, view, start, nbytes)
     return view
 
 

@@ -54,6 +54,37 @@ def test_a_huge_page_buffer_starts_on_a_huge_page_and_is_on_huge_pages() -> None
 
 
 @needs_thp
+def test_populate_false_leaves_the_pages_to_their_first_touch_still_huge() -> None:
+    view = allocate_buffer(4 * HUGE_PAGE, populate=False)
+    assert huge_page_bytes(view) == 0  # nothing faulted in yet: an idle buffer holds no memory
+    view[HUGE_PAGE] = 1  # one byte faults in its whole huge page
+    assert huge_page_bytes(view) == HUGE_PAGE
+
+
+async def test_a_chains_staging_buffer_is_on_huge_pages_once_chunks_pass_through(disk_tmp_path: Path) -> None:
+    spec = OffloadingSpec(HUGE_PAGE, 4, namespace="buffers-chain")
+    view = allocate_buffer(spec.total_bytes)
+    view[:] = b"\x5a" * spec.total_bytes
+    cfg = {
+        "type": "chain",
+        "tiers": [
+            {"type": "memory", "capacity_bytes": 2 * HUGE_PAGE},
+            {"type": "fs", "root": str(disk_tmp_path / "fs")},
+        ],
+    }
+    tier: Any = SecondaryTierFactory.create_secondary_tier(cfg, view, spec)
+    async with tier:
+        keys = [b"c%d" % i for i in range(4)]
+        assert (await tier.offload(keys, [0, 1, 2, 3])).ok
+        view[:] = bytes(spec.total_bytes)
+        assert (await tier.load(keys, [0, 1, 2, 3])).ok
+        staged = huge_page_bytes(tier._staging)
+    assert bytes(view) == b"\x5a" * spec.total_bytes
+    if _thp_mode() in ("always", "madvise"):
+        assert staged is not None and staged > 0
+
+
+@needs_thp
 def test_huge_pages_false_asks_for_ordinary_pages_even_where_the_system_gives_huge_ones() -> None:
     view = allocate_buffer(4 * HUGE_PAGE, huge_pages=False)
     assert huge_page_bytes(view) == 0
@@ -96,6 +127,7 @@ def test_the_buffer_outlives_the_name_it_was_returned_under() -> None:
         ({"nbytes": -1}, ValueError, "nbytes must be positive, got -1"),
         ({"nbytes": 4096, "huge_pages": 1}, TypeError, "huge_pages must be True or False, got int 1"),
         ({"nbytes": 4096, "huge_pages": None}, TypeError, "huge_pages must be True or False, got NoneType"),
+        ({"nbytes": 4096, "populate": 0}, TypeError, "populate must be True or False, got int 0"),
     ],
 )
 def test_bad_arguments_are_refused_with_what_is_accepted(kwargs: dict[str, Any], exc: type, match: str) -> None:

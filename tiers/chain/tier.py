@@ -18,6 +18,7 @@ from typing import Any, Literal
 
 import anyio
 
+from asynctier.buffers import allocate_buffer
 from asynctier.contract import SecondaryTierManager
 from asynctier.core.backend import current_loop, in_this_process, loop_caller, run_to_completion
 from asynctier.core.base import release_view
@@ -30,7 +31,6 @@ from asynctier.errors import (
     failure_kind,
 )
 from asynctier.factory import SecondaryTierFactory
-from asynctier.posix_io import aligned_buffer
 from asynctier.spec import OffloadingSpec
 from asynctier.stats import StatsRecorder, TierStats, TransferResult
 
@@ -153,9 +153,11 @@ class ChainTier(ChainTransfers, Lifecycle, SecondaryTierManager):
         self.max_inflight = cfg.max_inflight
         self._pool = StagingPool(cfg.max_inflight, cfg.backlog_chunks)
         staging_spec = OffloadingSpec(offloading_spec.chunk_bytes, self._pool.size, offloading_spec.namespace)
-        # page-aligned, so tiers that use O_DIRECT move chunks straight from and into it
+        # page-aligned, so tiers that use O_DIRECT move chunks straight from and into it, and on
+        # huge pages where the system has them: fewer segments per request (asynctier.buffers);
+        # faulted in as chunks first pass through, so an idle chain holds no memory
         try:
-            self._staging = aligned_buffer(staging_spec.total_bytes)
+            self._staging = allocate_buffer(staging_spec.total_bytes, populate=False)
         except (OSError, MemoryError, OverflowError) as e:
             raise TierConfigError(
                 f"chain: its staging buffer of (max_inflight + backlog_chunks) = {self._pool.size} chunks "
