@@ -28,7 +28,8 @@ fio, ...), and the median is reported, so drift on a shared machine hits all thr
 Before each one the device is let settle (:func:`asynctier.benchkit.settle`): the files
 deleted for it are discarded on this ``discard``-mounted disk, and that work would
 otherwise land on whoever is measured next.
-The primary buffer is page-aligned (as a pinned host buffer is), so the tier uses O_DIRECT.
+The primary buffer is page-aligned (as a pinned host buffer is), so the tier uses O_DIRECT, and
+on transparent huge pages (`--pages base`: 4 KiB pages; docs/configuration.md, "Huge pages").
 
 Run (from the repository root)::
 
@@ -56,8 +57,9 @@ from pathlib import Path
 from typing import Any
 
 from asynctier import ChunkTier, OffloadingSpec, SecondaryTierFactory
+from asynctier.buffers import allocate_buffer
 from asynctier.cli import benchkit
-from asynctier.posix_io import aligned_buffer, spread_subdirs
+from asynctier.posix_io import spread_subdirs
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -307,7 +309,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     sizes = [int(s) * KiB for s in args.sizes_kib.split(",")]
     depths = [int(d) for d in args.depths.split(",")]
     total = args.mib * MiB
-    view = aligned_buffer(2 * total)  # offload from the first half, load into the second
+    # offload from the first half, load into the second; page-aligned, as pinned memory is
+    view = allocate_buffer(2 * total, huge_pages=args.pages == "huge")
     fill_random(view[:total])
     points: list[dict[str, Any]] = []
     # "fs" is the default configuration (io_engine="auto"); "fs <engine>" is each other
@@ -426,6 +429,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "machine": {**machine(base), "loadavg_at_start": load_at_start},
         "method": {
             "bytes_per_point": total,
+            "primary_buffer_pages": args.pages,
             "repeat": args.repeat,
             "statistic": "median of the repeats; ratios: median of per-repeat ratios (each figure over the "
             "fio figure measured beside it)",
@@ -539,6 +543,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--no-full", action="store_true", help="skip offloads into a full tier (evicting)")
     ap.add_argument("--no-idle", action="store_true", help="skip offloads after an idle spell (a pool made ahead)")
     ap.add_argument("--loop", choices=("asyncio", "uvloop"), default="asyncio")
+    ap.add_argument(
+        "--pages",
+        choices=("huge", "base"),
+        default="huge",
+        help="the primary buffer on transparent huge pages (asynctier.buffers.allocate_buffer) or on 4 KiB pages",
+    )
     ap.add_argument(
         "--engine",
         choices=("auto", "threads", "native"),

@@ -38,7 +38,6 @@ import argparse
 import asyncio
 import gc
 import json
-import mmap
 import os
 import resource
 import shutil
@@ -52,17 +51,23 @@ from typing import Any
 from peers_fio import SETTLE_S, Block, measure_baselines, ratio_tables
 
 from asynctier import OffloadingSpec, SecondaryTierFactory
+from asynctier.buffers import allocate_buffer
 from asynctier.cli import benchkit
 
 CONTENDERS = ("fs-native", "fs-threads", "nvme", "aiofiles", "os-threads")
 
 
+#: every contender's primary buffer on transparent huge pages (--pages huge, the default: as
+#: asynctier.buffers.allocate_buffer makes it), or on 4 KiB pages (--pages base)
+HUGE_PAGES = True
+
+
 def _view(nbytes: int) -> memoryview:
-    buf = mmap.mmap(-1, nbytes)  # page-aligned, as pinned memory is
+    view = allocate_buffer(nbytes, huge_pages=HUGE_PAGES)  # page-aligned, as pinned memory is
     block = os.urandom(min(nbytes, 1 << 20))
     for off in range(0, nbytes, len(block)):
-        buf[off : off + len(block)] = block[: nbytes - off]
-    return memoryview(buf)
+        view[off : off + len(block)] = block[: nbytes - off]
+    return view
 
 
 def _durable_and_cold(directory: Path) -> None:
@@ -255,8 +260,16 @@ def main() -> int:
         default=SETTLE_S,
         help="longest wait for the device to go quiet before each timed write (0: only sync)",
     )
+    ap.add_argument(
+        "--pages",
+        choices=("huge", "base"),
+        default="huge",
+        help="the contenders' primary buffer on transparent huge pages or on 4 KiB pages (docs/configuration.md)",
+    )
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
+    global HUGE_PAGES
+    HUGE_PAGES = args.pages == "huge"
     base = Path(args.dir)
     contenders = args.contenders.split(",")
     for spec in contenders:

@@ -93,6 +93,29 @@ def test_bench_nvme_writes_sets_each_buffer_size_beside_fio(tmp_path: Path) -> N
     assert not (tmp_path / "scratch").exists()  # its slab and fio's files are removed
 
 
+def test_bench_huge_pages_sets_each_tier_on_huge_pages_beside_itself_on_small_ones(tmp_path: Path) -> None:
+    out = tmp_path / "huge.json"
+    _run("bench_huge_pages.py", "--dir", str(tmp_path / "scratch"), "--mib", "2", "--repeat", "2", "--sizes-kib", "256",
+         "--depth", "2", "--batch", "4", "--json", str(out))  # fmt: skip
+    (row,) = json.loads(out.read_text())["rows"]
+    for name in ("fs offload", "fs load", "nvme offload", "nvme load"):
+        assert row["huge_x_base"][name] > 0, row["huge_x_base"]
+    first, second = row["reps"]
+    assert first["order"] == ["huge", "base"] and second["order"] == ["base", "huge"]  # interleaved
+    for rep in row["reps"]:
+        assert rep["nvme base"]["huge_page_share"] in (0.0, None)
+        if _thp_mode() in ("always", "madvise"):
+            assert rep["nvme huge"]["huge_page_share"] > 0
+    assert not (tmp_path / "scratch").exists()
+
+
+def test_bench_huge_pages_refuses_a_tier_without_o_direct_before_running(tmp_path: Path) -> None:
+    r = subprocess.run([sys.executable, str(REPO / "bench" / "bench_huge_pages.py"), "--dir", str(tmp_path / "s"),
+                        "--tiers", "fs,memory"], capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert r.returncode == 1 and "fs and nvme only" in r.stderr and "'memory'" in r.stderr, r.stderr
+    assert not (tmp_path / "s").exists()
+
+
 def test_bench_nvme_writes_refuses_a_page_kind_it_does_not_know(tmp_path: Path) -> None:
     r = subprocess.run([sys.executable, str(REPO / "bench" / "bench_nvme_writes.py"), "--dir", str(tmp_path / "s"),
                         "--pages", "base,giant"], capture_output=True, text=True, timeout=120)  # fmt: skip
