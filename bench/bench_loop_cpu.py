@@ -58,12 +58,19 @@ BACKENDS: dict[str, tuple[str, dict[str, Any]]] = {
 }
 
 
-def _aligned_view(nbytes: int) -> memoryview:
-    import mmap
+#: the primary buffer on transparent huge pages (--pages huge, the default, as
+#: asynctier.buffers.allocate_buffer makes it) or on 4 KiB pages (--pages base)
+HUGE_PAGES = True
 
-    buf = mmap.mmap(-1, nbytes)  # page-aligned, as pinned memory is: the tiers' O_DIRECT path
-    buf.write(os.urandom(min(nbytes, 1 << 20)) * (nbytes // min(nbytes, 1 << 20)))
-    return memoryview(buf)
+
+def _aligned_view(nbytes: int) -> memoryview:
+    from asynctier.buffers import allocate_buffer
+
+    view = allocate_buffer(nbytes, huge_pages=HUGE_PAGES)  # page-aligned, as pinned memory is: O_DIRECT
+    block = os.urandom(min(nbytes, 1 << 20))
+    for off in range(0, nbytes - len(block) + 1, len(block)):
+        view[off : off + len(block)] = block
+    return view
 
 
 class GcWatch:
@@ -270,7 +277,15 @@ def main() -> int:
         help="nvme: the slab's room in chunks (default: the chunks and 128); a server's slab is far larger than "
         "one run's chunks, and its free list with it (not with --steady)",
     )
+    ap.add_argument(
+        "--pages",
+        choices=("huge", "base"),
+        default="huge",
+        help="the primary buffer on transparent huge pages or on 4 KiB pages (docs/configuration.md, 'Huge pages')",
+    )
     args = ap.parse_args()
+    global HUGE_PAGES
+    HUGE_PAGES = args.pages == "huge"
     if args.slab_chunks and (args.steady or args.slab_chunks < args.chunks + 128):
         ap.error("--slab-chunks: at least --chunks + 128, and not with --steady (which needs the tier full)")
     engines = [None] if args.engines == "-" else args.engines.split(",")
