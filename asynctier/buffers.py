@@ -36,7 +36,11 @@ def allocate_buffer(nbytes: int, *, huge_pages: bool = True, populate: bool = Tr
     distributions); elsewhere, or where no huge page is free, it is on ordinary pages and
     works the same, only slower. :func:`huge_page_bytes` tells which. The memory is private
     to the process (a forked child gets a copy-on-write view, as with any heap memory) and
-    is returned to the system when the last view of it is released.
+    is returned to the system when the last view of it is released. Faulting it in costs what
+    the first touch of that much memory costs anyway (zeroing it; about 2 s a GiB on this
+    project's virtual machines, where the host hands the memory over then); with
+    ``populate=False`` each page is faulted in by the first transfer into or out of it.
+    Raises ``MemoryError`` where the system cannot map ``nbytes``.
     """
     if type(nbytes) is bool or not isinstance(nbytes, int):
         raise TypeError(f"nbytes must be an int, got {type(nbytes).__name__} {nbytes!r}")
@@ -52,7 +56,10 @@ def allocate_buffer(nbytes: int, *, huge_pages: bool = True, populate: bool = Tr
     # room to start on a huge page boundary: the kernel aligns large anonymous mappings on
     # its own since 6.7 (for sizes that are multiples of 2 MiB), earlier ones do not
     slack = HUGE_PAGE if huge_pages and advice is not None else 0
-    m = mmap.mmap(-1, nbytes + slack, flags=flags) if flags else mmap.mmap(-1, nbytes + slack)
+    try:
+        m = mmap.mmap(-1, nbytes + slack, flags=flags) if flags else mmap.mmap(-1, nbytes + slack)
+    except (OSError, OverflowError) as e:
+        raise MemoryError(f"allocate_buffer: cannot map {nbytes} bytes ({e})") from e
     start = 0
     if slack:
         from .posix_io import buffer_address

@@ -135,6 +135,11 @@ def test_bad_arguments_are_refused_with_what_is_accepted(kwargs: dict[str, Any],
         allocate_buffer(**kwargs)
 
 
+def test_a_size_the_system_cannot_map_is_a_memory_error_that_says_so() -> None:
+    with pytest.raises(MemoryError, match=r"allocate_buffer: cannot map 4611686018427387904 bytes"):
+        allocate_buffer(1 << 62)
+
+
 def test_huge_page_bytes_takes_a_memoryview_only() -> None:
     with pytest.raises(TypeError, match="view must be a memoryview, got bytearray"):
         huge_page_bytes(bytearray(8))  # type: ignore[arg-type]
