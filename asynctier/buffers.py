@@ -14,6 +14,7 @@ buffer is on huge pages. Standard library only (and ``ctypes`` for a buffer's ad
 
 from __future__ import annotations
 
+import errno
 import mmap
 import sys
 
@@ -31,7 +32,7 @@ def allocate_buffer(nbytes: int, *, huge_pages: bool = True, populate: bool = Tr
     (``populate=False``: on first touch, page by page).
 
     With ``huge_pages`` (the default) the buffer starts on a 2 MiB boundary and asks the
-    kernel for transparent huge pages (``MADV_HUGEPAGE``), which works where
+    kernel for transparent huge pages (``MADV_HUGEPAGE``, where the platform has it), which works where
     ``/sys/kernel/mm/transparent_hugepage/enabled`` is ``always`` or ``madvise`` (most
     distributions); elsewhere, or where no huge page is free, it is on ordinary pages and
     works the same, only slower. :func:`huge_page_bytes` tells which. The memory is private
@@ -79,25 +80,32 @@ def allocate_buffer(nbytes: int, *, huge_pages: bool = True, populate: bool = Tr
 
 def _populate(m: mmap.mmap, view: memoryview, start: int, nbytes: int) -> None:
     """Fault the buffer in now, huge pages where advised: else the first transfers into each
-    page pay its fault inside the I/O."""
+    page pay its fault inside the I/O. Memory the system cannot give is a ``MemoryError``."""
     if sys.platform.startswith("linux"):
         try:
-            m.madvise(_MADV_POPULATE_WRITE, start - start % mmap.PAGESIZE, nbytes)
+            m.madvise(_MADV_POPULATE_WRITE, start, nbytes)  # (start: a multiple of the page size)
             return
-        except OSError:  # before Linux 5.14: touch one byte a page (the pages are zero)
-            pass
+        except OSError as e:
+            if e.errno != errno.EINVAL:  # out of memory (not "unknown advice"): no touching on
+                view.release()
+                m.close()
+                raise MemoryError(f"allocate_buffer: cannot fault in {nbytes} bytes ({e})") from e
+            # before Linux 5.14: touch one byte a page (the pages are zero)
     view[:: mmap.PAGESIZE] = bytes(len(range(0, nbytes, mmap.PAGESIZE)))
 
 
 def huge_page_bytes(view: memoryview) -> int | None:
-    """How many bytes of ``view``'s memory are on transparent huge pages, from the kernel's
-    per-mapping counts (``/proc/self/smaps``); ``None`` where the system does not say (not
-    Linux). A mapping that reaches past the view counts at most the bytes it shares with it.
+    """How many bytes of ``view``'s memory are on transparent huge pages at least, from the
+    kernel's per-mapping counts (``/proc/self/smaps``); ``None`` where the system does not say
+    (not Linux). Exact for :func:`allocate_buffer`'s buffers (the advice gives them a kernel
+    mapping of their own). A view that shares its mapping with other memory (a torch tensor
+    inside the allocator's heap, where THP is ``always``) is counted the mapping's huge pages
+    less the part of it outside the view: a lower bound, never another buffer's pages.
     """
     if not isinstance(view, memoryview):
         raise TypeError(f"view must be a memoryview, got {type(view).__name__}")
     try:
-        with open(_SMAPS, encoding="ascii") as f:
+        with open(_SMAPS, "rb") as f:  # bytes: a mapped file's name may be in any encoding
             smaps = f.read().splitlines()
     except OSError:
         return None
@@ -106,12 +114,18 @@ def huge_page_bytes(view: memoryview) -> int | None:
     lo = buffer_address(view)
     hi = lo + view.nbytes
     total = 0
-    overlap = 0
+    overlap = outside = 0
     for line in smaps:
-        head = line.split(None, 1)[0] if line else ""
-        if "-" in head and not head.endswith(":"):  # a mapping's first line: start-end
-            a, b = (int(x, 16) for x in head.split("-"))
-            overlap = max(0, min(b, hi) - max(a, lo))
-        elif overlap and head == "AnonHugePages:":
-            total += min(int(line.split()[1]) * 1024, overlap)
+        head = line.split(None, 1)[0] if line.strip() else b""
+        if head.endswith(b":"):  # a field of the current mapping
+            if overlap and head == b"AnonHugePages:":
+                total += max(0, min(int(line.split()[1]) * 1024, overlap) - outside)
+            continue
+        try:  # a mapping's first line: start-end perms offset dev inode [path]
+            a, b = (int(x, 16) for x in head.split(b"-"))
+        except ValueError:
+            overlap = 0
+            continue
+        overlap = max(0, min(b, hi) - max(a, lo))
+        outside = (b - a) - overlap
     return total

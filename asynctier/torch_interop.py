@@ -64,9 +64,10 @@ def allocate_primary(
     if not pin:
         from .buffers import allocate_buffer
 
-        mv = allocate_buffer(spec.total_bytes, huge_pages=huge_pages)
-        # frombuffer shares the memory and keeps the view (and so the mapping) alive
-        return torch.frombuffer(mv, dtype=torch.uint8), mv
+        # frombuffer shares the memory and keeps this view (and so the mapping) alive; the
+        # caller gets a view of the tensor instead, whose release() cannot unmap it
+        t = torch.frombuffer(allocate_buffer(spec.total_bytes, huge_pages=huge_pages), dtype=torch.uint8)
+        return t, tensor_view(t)
     raw = torch.zeros(spec.total_bytes + _PAGE, dtype=torch.uint8, pin_memory=True)
     skip = -raw.data_ptr() % _PAGE
     t = raw[skip : skip + spec.total_bytes]  # a view: keeps the whole allocation alive

@@ -5,7 +5,8 @@
  * i % view of one primary buffer of `view` chunks, as the tier's do. Then one fdatasync.
  * No checksum, no journal, no index: what is left is the system calls and the buffer.
  * With `huge`, the buffer is on transparent huge pages (2 MiB-aligned, MADV_HUGEPAGE), as
- * asynctier.buffers.allocate_buffer makes it; else on ordinary pages.
+ * asynctier.buffers.allocate_buffer makes it; else on 4 KiB pages (MADV_NOHUGEPAGE, as
+ * allocate_buffer(huge_pages=False)).
  *
  *   bare_slab_c PATH CHUNK N DEPTH VIEW HEADER [huge]
  *
@@ -87,6 +88,7 @@ int main(int argc, char **argv) {
         fprintf(stderr, "bare_slab_c: out of memory\n");
         return 1;
     }
+    if (!huge) madvise(buf, (size_t)(view * chunk), MADV_NOHUGEPAGE); /* 4 KiB pages even where THP is "always" */
     for (long i = 0; i < view * chunk; i++) buf[i] = (char)(i * 2654435761u >> 13); /* not all equal */
     memset(headers, 0, (size_t)(depth * header));
     pthread_t *threads = calloc((size_t)depth, sizeof *threads);

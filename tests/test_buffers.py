@@ -90,6 +90,7 @@ def test_huge_pages_false_asks_for_ordinary_pages_even_where_the_system_gives_hu
     assert huge_page_bytes(view) == 0
 
 
+@pytest.mark.skipif(_thp_mode() != "madvise", reason="what is on huge pages unasked depends on the THP mode")
 def test_a_bytearray_or_a_shared_mapping_is_not_on_transparent_huge_pages() -> None:
     # shared anonymous memory (mmap.mmap(-1, n), Python's default) is shmem: its huge pages
     # follow shmem_enabled, "never" on most systems; private memory is what the kernel backs
@@ -140,6 +141,16 @@ def test_a_size_the_system_cannot_map_is_a_memory_error_that_says_so() -> None:
         allocate_buffer(1 << 62)
 
 
+@pytest.mark.skipif(sys.platform != "linux", reason="/proc/self/smaps is Linux's")
+def test_huge_page_bytes_reads_past_a_mapped_file_whose_name_is_not_ascii(tmp_path: Path) -> None:
+    f = tmp_path / "caf\u00e9-\udcff.bin"  # not even valid UTF-8: file names are bytes
+    f.write_bytes(b"\0" * 4096)
+    with open(f, "r+b") as fh, mmap.mmap(fh.fileno(), 4096) as mapped:
+        view = allocate_buffer(HUGE_PAGE)
+        assert huge_page_bytes(view) is not None
+        assert mapped[0] == 0
+
+
 def test_huge_page_bytes_takes_a_memoryview_only() -> None:
     with pytest.raises(TypeError, match="view must be a memoryview, got bytearray"):
         huge_page_bytes(bytearray(8))  # type: ignore[arg-type]
@@ -184,6 +195,7 @@ def test_torch_allocate_primary_is_on_the_buffers_huge_pages_unless_pinned_or_as
         assert (huge_page_bytes(view) or 0) >= HUGE_PAGE
         _, base = allocate_primary(spec, pin_memory=False, huge_pages=False)
         assert huge_page_bytes(base) == 0
+    view.release()  # the caller's view released: the tensor's memory stays mapped
     del view
     gc.collect()
     t[-1] = 5  # the tensor keeps the memory alive on its own

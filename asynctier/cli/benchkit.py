@@ -202,6 +202,22 @@ def run_fio(
     )
 
 
+def hugetlb_free_bytes() -> int:
+    """Bytes of hugetlb pages the kernel holds free and unreserved (``/proc/meminfo``): what
+    fio's ``--mem=shmhuge`` can take; 0 where none are kept (the default) or not Linux."""
+    fields: dict[str, int] = {}
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                name, _, rest = line.partition(":")
+                if name in ("HugePages_Free", "HugePages_Rsvd", "Hugepagesize"):
+                    fields[name] = int(rest.split()[0])
+    except (OSError, ValueError, IndexError):
+        return 0
+    pages = fields.get("HugePages_Free", 0) - fields.get("HugePages_Rsvd", 0)
+    return max(0, pages) * fields.get("Hugepagesize", 0) * 1024
+
+
 def drop_page_cache(paths: Iterable[str | os.PathLike[str]]) -> None:
     """Evict files from the page cache (POSIX_FADV_DONTNEED) so the next read hits the medium."""
     for p in paths:

@@ -49,9 +49,10 @@ class PrimaryBuffer:
             from ...buffers import allocate_buffer
 
             return allocate_buffer(max(nbytes, 1), huge_pages=huge_pages)[:nbytes]
-        # allocate_primary pins when CUDA is available, and is page-aligned either way (as
-        # O_DIRECT wants; torch's own CPU allocator aligns to 64 bytes only)
-        tensor, mv = allocate_primary(OffloadingSpec(max(nbytes, 1), 1, "asynctier/bench"), huge_pages=huge_pages)
+        # unpinned: the bench copies nothing to a GPU, and pinned memory comes from CUDA's
+        # allocator, on pages this bench cannot choose; page-aligned, as O_DIRECT wants
+        spec = OffloadingSpec(max(nbytes, 1), 1, "asynctier/bench")
+        tensor, mv = allocate_primary(spec, pin_memory=False, huge_pages=huge_pages)
         self._keep = tensor
         self.kind = f"torch.uint8 tensor{' (pinned)' if tensor.is_pinned() else ''}, torch {torch.__version__}"
         return mv[:nbytes]
