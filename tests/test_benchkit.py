@@ -129,3 +129,13 @@ def test_the_full_tier_and_repeated_points_are_divided_by_their_own_references()
     assert r["fio_write"] == pytest.approx(1.0) and r["fio_steady"] == pytest.approx(0.5)
     pairs = [(point(1.0), ref(3.0, 3.0)), (point(2.0), ref(1.0, 1.0)), (point(3.0), ref(2.0, 2.0))]
     assert median_ratios(pairs)["fio_write"] == pytest.approx(1.5)  # 1/3, 2, 1.5 (medians: 2/2 = 1)
+
+
+def test_hugetlb_free_bytes_is_free_less_reserved_pages_at_the_kernels_page_size() -> None:
+    meminfo = Path("/proc/meminfo")
+    if not meminfo.exists():
+        assert benchkit.hugetlb_free_bytes() == 0
+        return
+    f = {ln.split(":")[0]: int(ln.split()[1]) for ln in meminfo.read_text().splitlines() if ln.startswith("Huge")}
+    want = max(0, f.get("HugePages_Free", 0) - f.get("HugePages_Rsvd", 0)) * f.get("Hugepagesize", 0) * 1024
+    assert benchkit.hugetlb_free_bytes() == want
