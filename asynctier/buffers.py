@@ -18,13 +18,26 @@ import errno
 import mmap
 import sys
 
-__all__ = ["HUGE_PAGE", "allocate_buffer", "huge_page_bytes"]
+__all__ = ["HUGE_PAGE", "allocate_buffer", "huge_page_bytes", "transparent_huge_pages"]
 
 HUGE_PAGE = 2 << 20
 """The transparent huge page size this module aligns to (x86-64 and arm64 with 4 KiB pages)."""
 
 _MADV_POPULATE_WRITE = 23  # Linux 5.14; not in Python 3.11's mmap module
 _SMAPS = "/proc/self/smaps"
+_THP_MODE = "/sys/kernel/mm/transparent_hugepage/enabled"
+
+
+def transparent_huge_pages() -> str | None:
+    """The system's transparent huge page mode: ``"always"`` (large anonymous memory gets them
+    unasked), ``"madvise"`` (only memory that asks, as :func:`allocate_buffer`'s does),
+    ``"never"``; ``None`` where the system does not say (not Linux)."""
+    try:
+        with open(_THP_MODE, encoding="ascii") as f:
+            text = f.read()
+        return text[text.index("[") + 1 : text.index("]")]
+    except (OSError, ValueError):
+        return None
 
 
 def allocate_buffer(nbytes: int, *, huge_pages: bool = True, populate: bool = True) -> memoryview:

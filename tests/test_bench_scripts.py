@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from asynctier.buffers import transparent_huge_pages
 from asynctier.cli import benchkit
 from asynctier.posix_io import spread_subdirs
 
@@ -82,7 +83,7 @@ def test_bench_nvme_writes_sets_each_buffer_size_beside_fio(tmp_path: Path) -> N
     (rep,) = row["reps"]
     assert rep["fio_before"]["Bps"] > 0 and rep["fio_after"]["Bps"] > 0
     assert rep["tiers"]["8"]["huge_page_share"] in (0.0, None)  # ordinary pages, even where THP is "always"
-    if _thp_mode() in ("always", "madvise"):  # the tier's buffer was on huge pages, as asked
+    if transparent_huge_pages() in ("always", "madvise"):  # the tier's buffer was on huge pages, as asked
         assert rep["tiers"]["8 huge"]["huge_page_share"] > 0, rep["tiers"]["8 huge"]
     # fio from hugetlb pages only where the kernel holds some in reserve, and then beside each huge buffer
     assert (rep["fio_huge"] is None) == (not row["huge_ratio"])
@@ -104,7 +105,7 @@ def test_bench_huge_pages_sets_each_tier_on_huge_pages_beside_itself_on_small_on
     assert first["order"] == ["huge", "base"] and second["order"] == ["base", "huge"]  # interleaved
     for rep in row["reps"]:
         assert rep["nvme base"]["huge_page_share"] in (0.0, None)
-        if _thp_mode() in ("always", "madvise"):
+        if transparent_huge_pages() in ("always", "madvise"):
             assert rep["nvme huge"]["huge_page_share"] > 0
     assert not (tmp_path / "scratch").exists()
 
@@ -121,14 +122,6 @@ def test_bench_nvme_writes_refuses_a_page_kind_it_does_not_know(tmp_path: Path) 
                         "--pages", "base,giant"], capture_output=True, text=True, timeout=120)  # fmt: skip
     assert r.returncode == 2 and "--pages takes base and/or huge" in r.stderr, r.stderr
     assert not (tmp_path / "s").exists()
-
-
-def _thp_mode() -> str | None:
-    try:
-        text = Path("/sys/kernel/mm/transparent_hugepage/enabled").read_text()
-    except OSError:
-        return None
-    return text[text.index("[") + 1 : text.index("]")]
 
 
 def _report(out: Path, name: str) -> dict[str, Any]:

@@ -12,23 +12,11 @@ from typing import Any
 import pytest
 
 from asynctier import OffloadingSpec, SecondaryTierFactory
-from asynctier.buffers import HUGE_PAGE, allocate_buffer, huge_page_bytes
+from asynctier.buffers import HUGE_PAGE, allocate_buffer, huge_page_bytes, transparent_huge_pages
 from asynctier.posix_io import buffer_address
 
-_THP = Path("/sys/kernel/mm/transparent_hugepage/enabled")
-
-
-def _thp_mode() -> str | None:
-    """The system's transparent huge page mode ("always", "madvise", "never"), or None."""
-    try:
-        text = _THP.read_text()
-    except OSError:
-        return None
-    return text[text.index("[") + 1 : text.index("]")]
-
-
 needs_thp = pytest.mark.skipif(
-    _thp_mode() not in ("always", "madvise"), reason="no transparent huge pages on this system"
+    transparent_huge_pages() not in ("always", "madvise"), reason="no transparent huge pages on this system"
 )
 
 
@@ -80,7 +68,7 @@ async def test_a_chains_staging_buffer_is_on_huge_pages_once_chunks_pass_through
         assert (await tier.load(keys, [0, 1, 2, 3])).ok
         staged = huge_page_bytes(tier._staging)
     assert bytes(view) == b"\x5a" * spec.total_bytes
-    if _thp_mode() in ("always", "madvise"):
+    if transparent_huge_pages() in ("always", "madvise"):
         assert staged is not None and staged > 0
 
 
@@ -90,7 +78,9 @@ def test_huge_pages_false_asks_for_ordinary_pages_even_where_the_system_gives_hu
     assert huge_page_bytes(view) == 0
 
 
-@pytest.mark.skipif(_thp_mode() != "madvise", reason="what is on huge pages unasked depends on the THP mode")
+@pytest.mark.skipif(
+    transparent_huge_pages() != "madvise", reason="what is on huge pages unasked depends on the THP mode"
+)
 def test_a_bytearray_or_a_shared_mapping_is_not_on_transparent_huge_pages() -> None:
     # shared anonymous memory (mmap.mmap(-1, n), Python's default) is shmem: its huge pages
     # follow shmem_enabled, "never" on most systems; private memory is what the kernel backs
@@ -190,7 +180,7 @@ def test_torch_allocate_primary_is_on_the_buffers_huge_pages_unless_pinned_or_as
     spec = OffloadingSpec(HUGE_PAGE, 2)
     t, view = allocate_primary(spec, pin_memory=False)
     assert t.dtype == torch.uint8 and t.numel() == spec.total_bytes and t.data_ptr() == buffer_address(view)
-    if _thp_mode() in ("always", "madvise"):
+    if transparent_huge_pages() in ("always", "madvise"):
         assert buffer_address(view) % HUGE_PAGE == 0
         assert (huge_page_bytes(view) or 0) >= HUGE_PAGE
         _, base = allocate_primary(spec, pin_memory=False, huge_pages=False)
@@ -213,3 +203,12 @@ def test_import_asynctier_buffers_stays_light() -> None:
         "assert not heavy, heavy\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+def test_transparent_huge_pages_reads_the_systems_mode() -> None:
+    mode = transparent_huge_pages()
+    path = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+    if not path.exists():
+        assert mode is None
+    else:
+        assert mode in ("always", "madvise", "never") and f"[{mode}]" in path.read_text()

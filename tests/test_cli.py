@@ -51,6 +51,10 @@ def test_info_says_whether_the_c_parts_serve() -> None:
         assert "C twins of per-chunk helpers: built" in r.output
     else:
         assert "native I/O workers: not available" in r.output
+    from asynctier.buffers import transparent_huge_pages
+
+    mode = transparent_huge_pages()
+    assert f"transparent huge pages: {mode or 'not reported'}" in r.output
 
 
 def _bench_args(tmp_path: Path, *tiers: str) -> list[str]:

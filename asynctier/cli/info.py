@@ -54,6 +54,22 @@ def native_parts() -> list[tuple[str, str]]:
     return [("native I/O workers", workers), ("C twins of per-chunk helpers", twins)]
 
 
+_THP = {
+    "always": "always: large buffers get them unasked",
+    "madvise": "madvise: buffers from asynctier.buffers.allocate_buffer get them, others not",
+    "never": "never: primary buffers stay on 4 KiB pages, and O_DIRECT requests in smaller pieces",
+}
+
+
+def huge_pages_line() -> tuple[str, str]:
+    """Whether primary buffers can be on transparent huge pages here (docs/configuration.md)."""
+    from ..buffers import transparent_huge_pages
+
+    mode = transparent_huge_pages()
+    state = "not reported by this system" if mode is None else _THP.get(mode, mode)
+    return "transparent huge pages", f'{state} (docs/configuration.md, "Huge pages")'
+
+
 @click.command()
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
 def info(as_json: bool) -> None:
@@ -81,5 +97,5 @@ def info(as_json: bool) -> None:
     console.print(table)
     for kind, eps in shadowed.items():
         console.print(Text(f"entry point {kind!r} never used (the registered tier wins): {', '.join(eps)}"))
-    for part, state in native_parts():
+    for part, state in [*native_parts(), huge_pages_line()]:
         console.print(f"{part}: {state}", highlight=False)
