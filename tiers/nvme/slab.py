@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from asynctier import IntegrityError, TierConfigError, TierStateError
+from asynctier.buffers import HUGE_PAGE, allocate_buffer
 from asynctier.core import MAX_KEY_BYTES
 from asynctier.core.backend import lock_held_by
 from asynctier.engines.speedups import speedups
@@ -386,7 +387,10 @@ class SlabSet:
         need = slots * self.geo.slot_size
         b = self._bufs.mem
         if b is None or b.nbytes < need:
-            b = self._bufs.mem = aligned_buffer(need)
+            # on huge pages where it spans one and the system has them: a bounce copy goes to
+            # the device in as few segments as from a primary buffer on huge pages
+            # (asynctier.buffers); a smaller one would hold a whole huge page per thread
+            b = self._bufs.mem = allocate_buffer(need, huge_pages=need >= HUGE_PAGE, populate=False)
         return b
 
     def zero_copy_ok(self, view: memoryview) -> bool:
