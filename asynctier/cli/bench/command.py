@@ -264,8 +264,8 @@ def _run(opts: BenchOptions, plan: Plan, quiet: bool) -> Any:
     default=True,
     show_default=True,
     help="Put the primary buffer on transparent huge pages where the system has them, as "
-    "asynctier.buffers.allocate_buffer does (the tiers' O_DIRECT requests then are not cut at the "
-    "device's segment limit); --no-huge-pages: ordinary 4 KiB pages.",
+    "asynctier.buffers.allocate_buffer does (an O_DIRECT transfer then hands the device one segment "
+    "per chunk, not one per 4 KiB page); --no-huge-pages: ordinary 4 KiB pages.",
 )
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None, help="Write every figure as JSON.")
 @click.option(
