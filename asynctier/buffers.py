@@ -26,6 +26,9 @@ HUGE_PAGE = 2 << 20
 _MADV_POPULATE_WRITE = 23  # Linux 5.14; not in Python 3.11's mmap module
 _SMAPS = "/proc/self/smaps"
 _THP_MODE = "/sys/kernel/mm/transparent_hugepage/enabled"
+# a mapping's memory on huge pages, by kind (one kind per mapping): transparent ones of private
+# memory, of shared memory and tmpfs (vLLM's region in /dev/shm), of other files; hugetlbfs
+_HUGE_FIELDS = (b"AnonHugePages:", b"ShmemPmdMapped:", b"FilePmdMapped:", b"Shared_Hugetlb:", b"Private_Hugetlb:")
 
 
 def transparent_huge_pages() -> str | None:
@@ -108,12 +111,14 @@ def _populate(m: mmap.mmap, view: memoryview, start: int, nbytes: int) -> None:
 
 
 def huge_page_bytes(view: memoryview) -> int | None:
-    """How many bytes of ``view``'s memory are on transparent huge pages at least, from the
-    kernel's per-mapping counts (``/proc/self/smaps``); ``None`` where the system does not say
-    (not Linux). Exact for :func:`allocate_buffer`'s buffers (the advice gives them a kernel
-    mapping of their own). A view that shares its mapping with other memory (a torch tensor
-    inside the allocator's heap, where THP is ``always``) is counted the mapping's huge pages
-    less the part of it outside the view: a lower bound, never another buffer's pages.
+    """How many bytes of ``view``'s memory are on huge pages at least, from the kernel's
+    per-mapping counts (``/proc/self/smaps``): transparent huge pages of private memory, of
+    shared memory and tmpfs files (a region in ``/dev/shm``, as vLLM's), or hugetlb pages;
+    ``None`` where the system does not say (not Linux). Exact for :func:`allocate_buffer`'s
+    buffers (the advice gives them a kernel mapping of their own). A view that shares its
+    mapping with other memory (a torch tensor inside the allocator's heap, where THP is
+    ``always``) is counted the mapping's huge pages less the part of it outside the view: a
+    lower bound, never another buffer's pages.
     """
     if not isinstance(view, memoryview):
         raise TypeError(f"view must be a memoryview, got {type(view).__name__}")
@@ -131,8 +136,9 @@ def huge_page_bytes(view: memoryview) -> int | None:
     for line in smaps:
         head = line.split(None, 1)[0] if line.strip() else b""
         if head.endswith(b":"):  # a field of the current mapping
-            if overlap and head == b"AnonHugePages:":
-                total += max(0, min(int(line.split()[1]) * 1024, overlap) - outside)
+            if overlap and head in _HUGE_FIELDS:
+                # at least what cannot all lie outside the view, and no more than its share
+                total += max(0, min(overlap, int(line.split()[1]) * 1024 - outside))
             continue
         try:  # a mapping's first line: start-end perms offset dev inode [path]
             a, b = (int(x, 16) for x in head.split(b"-"))

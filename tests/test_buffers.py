@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import mmap
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -139,6 +140,34 @@ def test_huge_page_bytes_reads_past_a_mapped_file_whose_name_is_not_ascii(tmp_pa
         view = allocate_buffer(HUGE_PAGE)
         assert huge_page_bytes(view) is not None
         assert mapped[0] == 0
+
+
+@pytest.mark.skipif(sys.platform != "linux" or os.geteuid() != 0, reason="mounts a tmpfs (Linux, root)")
+def test_huge_page_bytes_counts_a_shared_file_mapping_on_huge_pages(tmp_path: Path) -> None:
+    """vLLM's region is a file in /dev/shm mapped shared: where that tmpfs gives huge pages,
+    smaps counts them as ShmemPmdMapped, not AnonHugePages (they read as 0 before)."""
+    mnt = tmp_path / "huge-tmpfs"
+    mnt.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "huge=always,size=16M", "tmpfs", str(mnt)],
+                             capture_output=True)  # fmt: skip
+    if mounted.returncode:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
+    try:
+        fd = os.open(mnt / "region", os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            os.ftruncate(fd, 2 * HUGE_PAGE)
+            m = mmap.mmap(fd, 2 * HUGE_PAGE, flags=mmap.MAP_SHARED)
+            view = memoryview(m)
+            view[:: mmap.PAGESIZE] = b"\1" * (2 * HUGE_PAGE // mmap.PAGESIZE)
+            whole, half = huge_page_bytes(view), huge_page_bytes(view[:HUGE_PAGE])
+            view.release()
+            m.close()
+        finally:
+            os.close(fd)
+    finally:
+        subprocess.run(["umount", "--lazy", str(mnt)], check=True)  # (lazy: whatever still maps it)
+    assert whole == 2 * HUGE_PAGE
+    assert half == HUGE_PAGE  # the mapping's huge pages less what lies outside the view
 
 
 def test_huge_page_bytes_takes_a_memoryview_only() -> None:
