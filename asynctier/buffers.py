@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import errno
 import mmap
+import os
 import sys
 
-__all__ = ["HUGE_PAGE", "allocate_buffer", "huge_page_bytes", "transparent_huge_pages"]
+__all__ = ["HUGE_PAGE", "allocate_buffer", "fault_in", "huge_page_bytes", "transparent_huge_pages"]
 
 HUGE_PAGE = 2 << 20
 """The transparent huge page size this module aligns to (x86-64 and arm64 with 4 KiB pages)."""
@@ -90,24 +91,54 @@ def allocate_buffer(nbytes: int, *, huge_pages: bool = True, populate: bool = Tr
             pass
     view = memoryview(m)[start : start + nbytes]
     if populate:
-        _populate(m, view, start, nbytes)
+        _populate(m, view)
     return view
 
 
-def _populate(m: mmap.mmap, view: memoryview, start: int, nbytes: int) -> None:
-    """Fault the buffer in now, huge pages where advised: else the first transfers into each
-    page pay its fault inside the I/O. Memory the system cannot give is a ``MemoryError``."""
+def _populate(m: mmap.mmap, view: memoryview) -> None:
+    """Fault the fresh buffer in now; memory the system cannot give is a ``MemoryError``."""
+    try:
+        fault_in(view)
+    except MemoryError:
+        view.release()
+        m.close()
+        raise
+
+
+def fault_in(view: memoryview) -> None:
+    """Fault ``view``'s memory in now, for writing, keeping its contents: huge pages where
+    they were asked for, and with Python's lock released (a call into the C library, on
+    Linux 5.14 and later), so that on a worker thread (``anyio.to_thread``) the faults, and
+    the kernel's compaction for huge pages, leave the event loop alone. Without that, each
+    page is written back with its own byte, holding the lock. ``MemoryError`` where the
+    system cannot give the memory."""
+    if not isinstance(view, memoryview):
+        raise TypeError(f"view must be a memoryview, got {type(view).__name__}")
+    if view.readonly:
+        raise TypeError("view must be writable: its pages are faulted in for writing")
+    if view.nbytes == 0:
+        return
     if sys.platform.startswith("linux"):
-        try:
-            m.madvise(_MADV_POPULATE_WRITE, start, nbytes)  # (start: a multiple of the page size)
+        import ctypes
+
+        from .posix_io import buffer_address
+
+        addr = buffer_address(view)
+        lo = addr - addr % mmap.PAGESIZE
+        length = addr + view.nbytes - lo
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+        libc.madvise.restype = ctypes.c_int
+        if libc.madvise(lo, length, _MADV_POPULATE_WRITE) == 0:
             return
-        except OSError as e:
-            if e.errno != errno.EINVAL:  # out of memory (not "unknown advice"): no touching on
-                view.release()
-                m.close()
-                raise MemoryError(f"allocate_buffer: cannot fault in {nbytes} bytes ({e})") from e
-            # before Linux 5.14: touch one byte a page (the pages are zero)
-    view[:: mmap.PAGESIZE] = bytes(len(range(0, nbytes, mmap.PAGESIZE)))
+        err = ctypes.get_errno()
+        if err != errno.EINVAL:  # out of memory (not "unknown advice"): no touching on
+            raise MemoryError(f"cannot fault in {view.nbytes} bytes ({os.strerror(err)})")
+        # before Linux 5.14: below
+    flat = view.cast("B") if view.format != "B" or view.ndim != 1 else view
+    for off in range(0, flat.nbytes, mmap.PAGESIZE):
+        flat[off] = flat[off]
+    flat[-1] = flat[-1]  # (the last page, where the view starts inside its first one)
 
 
 def huge_page_bytes(view: memoryview) -> int | None:

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from asynctier import OffloadingSpec, SecondaryTierFactory
-from asynctier.buffers import HUGE_PAGE, allocate_buffer, huge_page_bytes, transparent_huge_pages
+from asynctier.buffers import HUGE_PAGE, allocate_buffer, fault_in, huge_page_bytes, transparent_huge_pages
 from asynctier.posix_io import buffer_address
 
 needs_thp = pytest.mark.skipif(
@@ -50,7 +50,7 @@ def test_populate_false_leaves_the_pages_to_their_first_touch_still_huge() -> No
     assert huge_page_bytes(view) == HUGE_PAGE
 
 
-async def test_a_chains_staging_buffer_is_on_huge_pages_once_chunks_pass_through(disk_tmp_path: Path) -> None:
+async def test_a_chains_call_slots_are_faulted_in_at_open_on_huge_pages(disk_tmp_path: Path) -> None:
     spec = OffloadingSpec(HUGE_PAGE, 4, namespace="buffers-chain")
     view = allocate_buffer(spec.total_bytes)
     view[:] = b"\x5a" * spec.total_bytes
@@ -62,7 +62,9 @@ async def test_a_chains_staging_buffer_is_on_huge_pages_once_chunks_pass_through
         ],
     }
     tier: Any = SecondaryTierFactory.create_secondary_tier(cfg, view, spec)
+    assert huge_page_bytes(tier._staging) == 0  # built: no memory held yet
     async with tier:
+        at_open = huge_page_bytes(tier._staging)
         keys = [b"c%d" % i for i in range(4)]
         assert (await tier.offload(keys, [0, 1, 2, 3])).ok
         view[:] = bytes(spec.total_bytes)
@@ -70,7 +72,39 @@ async def test_a_chains_staging_buffer_is_on_huge_pages_once_chunks_pass_through
         staged = huge_page_bytes(tier._staging)
     assert bytes(view) == b"\x5a" * spec.total_bytes
     if transparent_huge_pages() in ("always", "madvise"):
+        # the calls' slots faulted in by open (on a worker thread), not by the first chunks on
+        # the event loop; the background's 1024 slots left untouched until used
+        calls = tier.max_inflight * spec.chunk_bytes
+        assert at_open is not None and calls - HUGE_PAGE <= at_open <= calls + HUGE_PAGE, (at_open, calls)
+        assert tier._staging.nbytes > 8 * calls
         assert staged is not None and staged > 0
+
+
+def test_fault_in_keeps_the_contents_and_refuses_what_it_cannot_fault_in() -> None:
+    view = allocate_buffer(3 * HUGE_PAGE, populate=False)
+    view[12345:12350] = b"kept!"
+    fault_in(view[7:])  # a view that starts inside a page
+    assert bytes(view[12345:12350]) == b"kept!" and not any(view[:12345])
+    if transparent_huge_pages() in ("always", "madvise"):
+        assert (huge_page_bytes(view) or 0) >= 2 * HUGE_PAGE  # faulted in as the huge pages asked for
+    with pytest.raises(TypeError, match="view must be writable"):
+        fault_in(memoryview(b"read-only"))
+    with pytest.raises(TypeError, match="view must be a memoryview, got bytearray"):
+        fault_in(bytearray(8))  # type: ignore[arg-type]
+
+
+def test_fault_in_touches_each_page_where_the_kernel_does_not_know_the_advice(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import asynctier.buffers as buffers
+
+    monkeypatch.setattr(buffers, "_MADV_POPULATE_WRITE", 0x7FFF)  # EINVAL, as before Linux 5.14
+    view = allocate_buffer(2 * HUGE_PAGE, populate=False)
+    view[-3:] = b"end"
+    buffers.fault_in(view[1:])
+    assert bytes(view[-3:]) == b"end" and not any(view[:-3])
+    if transparent_huge_pages() in ("always", "madvise"):
+        assert huge_page_bytes(view) == 2 * HUGE_PAGE  # every page touched
 
 
 @needs_thp
