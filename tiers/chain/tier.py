@@ -20,7 +20,7 @@ import anyio
 
 from asynctier.buffers import allocate_buffer, fault_in
 from asynctier.contract import SecondaryTierManager
-from asynctier.core.backend import current_loop, in_this_process, loop_caller, run_to_completion
+from asynctier.core.backend import current_loop, in_this_process, loop_caller, run_on_thread_to_end, run_to_completion
 from asynctier.core.base import release_view
 from asynctier.core.lifecycle import Lifecycle
 from asynctier.core.validation import check_keys, check_pairs
@@ -204,7 +204,9 @@ class ChainTier(ChainTransfers, Lifecycle, SecondaryTierManager):
     async def _opening(self) -> None:
         # the slots calls take first (the pool hands out the lowest free ones, last freed first)
         calls = self._staging[: self.max_inflight * self.offloading_spec.chunk_bytes]
-        await anyio.to_thread.run_sync(fault_in, calls)  # MemoryError: the open fails
+        # on a slow-path thread (whatever the event loop; it leaves once idle), once started
+        # run to its end
+        await run_on_thread_to_end(fault_in, calls)
         opened: list[Member] = []
         try:
             for m in self.members:
