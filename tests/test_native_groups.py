@@ -209,9 +209,9 @@ async def test_a_group_writes_and_recycles_each_file_as_if_alone(tmp_path: Path)
 def test_a_group_out_of_bounds_is_refused() -> None:
     pool = nativeio.NativePool(threads=1, bound=1, slots=1)
     try:
-        with pytest.raises(ValueError, match="1 to 16"):
+        with pytest.raises(ValueError, match=f"1 to {nativeio.GROUP_MAX}"):
             pool.group(0, 0, [])
-        with pytest.raises(ValueError, match="1 to 16"):
+        with pytest.raises(ValueError, match=f"1 to {nativeio.GROUP_MAX}"):
             pool.group(0, 0, [nativeio.fields(nativeio.READ, 0, -1, b"x")] * (nativeio.GROUP_MAX + 1))
     finally:
         pool.abandon()
@@ -283,29 +283,29 @@ def fs_tier(
 
 @native_only
 async def test_a_call_runs_as_group_jobs_of_up_to_group_chunks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """20 chunks at max_inflight=2: stores and loads in two jobs of 10 files (evened out, each
+    """40 chunks at max_inflight=2: stores and loads in two jobs of 20 files (evened out, each
     up to GROUP_CHUNKS; each store a new file), each chunk its own bytes (in the order asked),
-    the stats counting each; 16 chunks go as one job, whatever the depth."""
+    the stats counting each; 32 chunks go as one job, whatever the depth."""
     spy = GroupSpy(monkeypatch)
-    tier, view = fs_tier(tmp_path, chunks=20, max_inflight=2)
-    data = os.urandom(20 * CHUNK)
+    tier, view = fs_tier(tmp_path, chunks=40, max_inflight=2)
+    data = os.urandom(40 * CHUNK)
     view[:] = data
-    keys = [b"key-%d" % i for i in range(20)]
+    keys = [b"key-%d" % i for i in range(40)]
     async with tier:
-        assert GROUP_CHUNKS == nativeio.GROUP_MAX == 16
-        assert [tier.group_size(op, n) for op in (Op.LOAD, Op.STORE) for n in (2, 16, 17, 20)] == [2, 16, 9, 10] * 2
-        assert (await tier.offload(keys, list(range(20)))).ok
-        assert spy.sizes == [10, 10]
+        assert GROUP_CHUNKS == nativeio.GROUP_MAX == 32
+        assert [tier.group_size(op, n) for op in (Op.LOAD, Op.STORE) for n in (2, 32, 33, 40)] == [2, 32, 17, 20] * 2
+        assert (await tier.offload(keys, list(range(40)))).ok
+        assert spy.sizes == [20, 20]
         spy.sizes.clear()
         view[:] = bytes(len(view))
-        res = await tier.load(keys[::-1], list(range(20)))
-        assert res.ok and res.bytes_transferred == 20 * CHUNK
-        assert spy.sizes == [10, 10]
+        res = await tier.load(keys[::-1], list(range(40)))
+        assert res.ok and res.bytes_transferred == 40 * CHUNK
+        assert spy.sizes == [20, 20]
         for i, k in enumerate(keys[::-1]):
             j = keys.index(k)
             assert bytes(view[i * CHUNK : (i + 1) * CHUNK]) == data[j * CHUNK : (j + 1) * CHUNK]
         s = tier.stats()
-        assert (s.offloaded, s.loaded, s.stored_chunks) == (20, 20, 20)
+        assert (s.offloaded, s.loaded, s.stored_chunks) == (40, 40, 40)
 
 
 @native_only
@@ -346,15 +346,15 @@ async def test_a_cancelled_call_of_group_jobs_waits_for_those_running(tmp_path: 
     """Cancelled while its group jobs run: jobs not started are withdrawn, those running end
     before the cancellation comes back (nothing stays pinned); afterwards every chunk loads its
     own bytes and the tier closes."""
-    tier, view = fs_tier(tmp_path, chunks=64, max_inflight=1, aligned=aligned)
+    tier, view = fs_tier(tmp_path, chunks=128, max_inflight=1, aligned=aligned)
     view[:] = os.urandom(len(view))
     expect = bytes(view)
-    keys = [b"c%d" % i for i in range(64)]
+    keys = [b"c%d" % i for i in range(128)]
     async with tier:
-        assert (await tier.offload(keys, list(range(64)))).ok
-        assert tier.group_size(Op.LOAD, 64) == 16
+        assert (await tier.offload(keys, list(range(128)))).ok
+        assert tier.group_size(Op.LOAD, 128) == 32  # four jobs
         view[:] = bytes(len(view))
-        task = asyncio.ensure_future(tier.load(keys, list(range(64))))
+        task = asyncio.ensure_future(tier.load(keys, list(range(128))))
         await asyncio.sleep(0)  # it submits its jobs and waits for them
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
@@ -362,7 +362,7 @@ async def test_a_cancelled_call_of_group_jobs_waits_for_those_running(tmp_path: 
         assert tier.stats().in_flight == 0  # nothing runs on the buffer any more
         assert tier.index is not None and all(e.pins == 0 for e in tier.index._entries.values())
         view[:] = bytes(len(view))
-        assert (await tier.load(keys, list(range(64)))).ok
+        assert (await tier.load(keys, list(range(128)))).ok
         assert bytes(view) == expect
 
 
@@ -379,7 +379,7 @@ async def test_group_sizes(tmp_path: Path) -> None:
     unrecycled, _ = fs_tier(tmp_path / "u", max_inflight=4, capacity_bytes=64 * PER, recycle=False)
     assert GROUP_CHUNKS <= nativeio.GROUP_MAX  # a group the fs tier plans always fits the pool's
     async with tier, threads, big, bounded, unrecycled:
-        assert [tier.group_size(Op.LOAD, n) for n in (1, 2, 7, 16, 17, 40, 64)] == [1, 2, 7, 16, 9, 14, GROUP_CHUNKS]
+        assert [tier.group_size(Op.LOAD, n) for n in (1, 2, 7, 32, 33, 40, 80)] == [1, 2, 7, 32, 17, 20, 27]
         assert tier.group_size(Op.STORE, 64) == GROUP_CHUNKS  # no capacity: every chunk a new file
         assert tier.group_size(Op.REMOVE, 64) == 1
         assert bounded.group_size(Op.STORE, 64) == GROUP_CHUNKS  # room left: new files
@@ -389,7 +389,7 @@ async def test_group_sizes(tmp_path: Path) -> None:
         assert unrecycled.group_size(Op.STORE, 65) == 1  # it would evict, deleting files first
         assert threads.group_size(Op.LOAD, 64) == 1
         tier._active = 3  # other calls in progress change nothing
-        assert tier.group_size(Op.LOAD, 16) == 16
+        assert tier.group_size(Op.LOAD, 32) == 32
         assert big.group_size(Op.LOAD, 64) == GROUP_CHUNKS  # nor does a large chunk
         tier._active = 0  # (no call was in progress: the close waits for those)
 
@@ -504,9 +504,9 @@ async def test_a_cancelled_call_of_store_groups_leaves_each_key_whole_or_absent(
     old, new = old[:64], new[:64]
     async with tier:
         assert (await tier.offload(old, list(range(64)))).ok
-        assert tier.group_size(Op.STORE, 64) == 16
+        assert tier.group_size(Op.STORE, 64) == 32  # two groups
         task = asyncio.ensure_future(tier.offload(new, list(range(64, 128))))
-        await asyncio.sleep(0)  # it plans its first group (16 chunks a turn) and waits for it
+        await asyncio.sleep(0)  # it plans its first group (32 chunks a turn) and waits for it
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task

@@ -20,14 +20,15 @@ from asynctier import OffloadingSpec, SecondaryTierFactory
 from asynctier.engines import native as nativeio
 from asynctier.posix_io import aligned_buffer
 from asynctier.tiers.fs import HEADER_BLOCK, FsTier
+from asynctier.tiers.fs.native import GROUP_CHUNKS
 from asynctier.tiers.nvme import NvmeTier
 
 pytestmark = pytest.mark.skipif(nativeio.problem() is not None, reason=f"no native workers: {nativeio.problem()}")
 
 CHUNK = 16 * 1024
 PER = HEADER_BLOCK + CHUNK  # an fs chunk's bytes on disk
-N = 256  # chunks a call: 16 group jobs of 16 at max_inflight=1, 9 of them handed to the workers ahead
-GROUP = 16
+GROUP = GROUP_CHUNKS  # chunks of a group job (32)
+N = 16 * GROUP  # chunks a call: 16 group jobs at max_inflight=1, 9 of them handed to the workers ahead
 
 
 def _view(chunks: int, aligned: bool) -> memoryview:

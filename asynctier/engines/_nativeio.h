@@ -40,7 +40,7 @@
  * run, and the device still sees one request per run (tiers/fs/fast.py, tiers/nvme/stores.py
  * and fast.py) */
 #define AT_GROUP 9
-#define GROUP_MAX 16
+#define GROUP_MAX 32
 
 #define AT_MODE_FIX 0x10000 /* the umask would strip bits of the mode: set it after creation */
 #define AT_MODE_CLOSE 0x20000 /* AT_WRITE of a file fd the caller hands over: closed once done, as a new file is */

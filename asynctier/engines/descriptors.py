@@ -47,8 +47,10 @@ __all__ = [
 
 #: Job kinds (:attr:`Job.kind`).
 READ, WRITE, SPARE, UNLINK, RECYCLE, READV, WRITEV, COMMIT, GROUP = 1, 2, 3, 4, 5, 6, 7, 8, 9
-#: Jobs of one :data:`GROUP` at most (:meth:`NativePool.group`).
-GROUP_MAX = 16
+#: Jobs of one :data:`GROUP` at most (:meth:`NativePool.group`). 32, not 16: a call of 32 fs
+#: chunks is then one job, not two, and each job costs the loop thread some 850 bytecodes of
+#: planning and booking (docs/benchmarks-issue-28.md, thirty-second pass). Equal to _nativeio.h's.
+GROUP_MAX = 32
 #: Descriptors one :data:`COMMIT` job syncs at most.
 COMMIT_FDS_MAX = 64
 #: Slots of one :data:`READV` or :data:`WRITEV` job at most (two ``iovec`` each, within the kernel's IOV_MAX).
