@@ -218,6 +218,26 @@ def test_a_group_out_of_bounds_is_refused() -> None:
 
 
 @native_only
+def test_a_library_built_for_another_layout_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The library's tables are read and written with descriptors.py's layout: a library
+    built with another GROUP_MAX or job size (left from another version) is refused with the
+    reason and how to rebuild, and so is one that lacks a call this source makes."""
+    from asynctier.engines import native_lib
+
+    lib, _, why = native_lib.find_library()
+    assert why is None and lib is not None and lib.at_group_max() == nativeio.GROUP_MAX
+    monkeypatch.setattr(native_lib, "GROUP_MAX", nativeio.GROUP_MAX // 2)
+    lib, gil_lib, why = native_lib.find_library()
+    assert lib is None and gil_lib is None and why is not None
+    assert f"groups of {nativeio.GROUP_MAX}" in why and "rebuild" in why
+    monkeypatch.undo()
+    sigs = native_lib._signatures()
+    monkeypatch.setattr(native_lib, "_signatures", lambda: {**sigs, "at_not_there": ([], ctypes.c_int)})
+    lib, _, why = native_lib.find_library()
+    assert lib is None and why is not None and "another version" in why and "at_not_there" in why
+
+
+@native_only
 async def test_one_job_goes_alone_and_a_refused_group_gives_each_job_its_own_failure(tmp_path: Path) -> None:
     """``one_or_group``: a lone job is submitted as itself (its outcome is the job's own), more
     as a GROUP; ``group_outcomes`` of a group the pool refused is that failure for each job."""

@@ -277,7 +277,7 @@ async def test_on_the_native_engine_a_call_is_one_job_of_up_to_the_depths_worth(
         tier.coalesce_bytes = slot  # max_inflight slots a job
         assert tier.group_size("offload", 32) == 16 and tier.group_size("offload", 40) == 14
         tier.coalesce_bytes, tier._run_limit = 1 << 20, 1  # runs of one slot: GROUP_MAX of them a job
-        assert tier.group_size("offload", 32) == 32  # (GROUP_MAX is half the slab's share here too)
+        assert tier.group_size("offload", 32) == 16
         tier._run_limit = tier._native_run_slots()
         tier.coalesce_bytes = 0  # one job a chunk, as documented
         assert tier.group_size("offload", 32) == 1
@@ -398,13 +398,12 @@ async def test_a_group_whose_check_or_next_runs_fail_fails_whole_and_leaves_no_p
 
     from asynctier.tiers.nvme import fast
 
-    # (coalesce_bytes: the call's 40 chunks go as one group job)
-    tier, view = make(tmp_path / "gf.slab", io_engine="native", max_inflight=1, nchunks=128, slots=128,
-                      coalesce_bytes=4 << 20)  # fmt: skip
+    # (coalesce_bytes: the call's 20 chunks go as one group job)
+    tier, view = make(tmp_path / "gf.slab", io_engine="native", max_inflight=1, nchunks=64, coalesce_bytes=4 << 20)
     async with tier:
-        data, keys = await stored(tier, view, 11, b"f", 80)
-        # every other slot freed: the group's 40 slots lie in 40 runs, more than one GROUP job
-        # takes (GROUP_MAX, 32): it has next runs
+        data, keys = await stored(tier, view, 11, b"f", 40)
+        # every other slot freed: the group's 20 slots lie in 20 runs, more than one GROUP job
+        # takes (16): it has next runs
         assert (await tier.remove(keys[1::2])).ok
         keys = keys[::2]
         real = fast._ops
@@ -417,14 +416,14 @@ async def test_a_group_whose_check_or_next_runs_fail_fails_whole_and_leaves_no_p
             return getattr(real, step)(*args)
 
         monkeypatch.setattr(fast, "_ops", SimpleNamespace(**{n: getattr(real, n) for n in dir(real)} | {step: failing}))
-        res = await tier.load(keys, list(range(80, 120)))
+        res = await tier.load(keys, list(range(40, 60)))
         assert calls["n"] >= (1 if step == "runs_loaded" else 2)
         assert res.failed and not res.succeeded
         assert all(isinstance(e, MemoryError) for e in res.failed.values())
         monkeypatch.setattr(fast, "_ops", real)
         view[:] = bytes(view.nbytes)
-        assert (await tier.load(keys, list(range(80, 120)))).ok  # (its flush unpins what the failure left)
-        assert [chunk_at(view, CHUNK, 80 + i) for i in range(40)] == data[:80:2]
+        assert (await tier.load(keys, list(range(40, 60)))).ok  # (its flush unpins what the failure left)
+        assert [chunk_at(view, CHUNK, 40 + i) for i in range(20)] == data[:40:2]
         assert not pinned(tier)
 
 

@@ -106,7 +106,7 @@ async def test_a_store_and_a_load_of_slots_apart_run_as_groups_of_their_runs(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Every other slot of a full slab freed: one job of 40 chunks gets 40 slots apart, and
-    its runs go to the workers as groups of at most GROUP_MAX (32, 8), for the store and
+    its runs go to the workers as groups of at most GROUP_MAX (16, 16, 8), for the store and
     the load; every byte comes back, and the keys around them are untouched."""
     chunk = 4096
     tier, view = make(tmp_path / "r.slab", chunk=chunk, nchunks=64, slots=128, io_engine="native", max_inflight=1,
@@ -123,12 +123,12 @@ async def test_a_store_and_a_load_of_slots_apart_run_as_groups_of_their_runs(
         spy = GroupSpy(monkeypatch)
         new = [b"n%d" % i for i in range(40)]
         assert (await tier.offload(new, list(range(40)))).ok
-        assert spy.sizes == [32, 8]  # runs of one slot each: GROUP_MAX a turn
+        assert spy.sizes == [16, 16, 8]
         view[:] = bytes(view.nbytes)
         spy.sizes.clear()
         res = await tier.load(new, list(range(24, 64)))
         assert res.ok, res.failed
-        assert spy.sizes == [32, 8]  # runs of one slot each: GROUP_MAX a turn
+        assert spy.sizes == [16, 16, 8]
         assert [chunk_at(view, chunk, 24 + i) for i in range(40)] == data[:40]
         res = await tier.load(old[1:33:2], list(range(16)))
         assert res.ok and [chunk_at(view, chunk, i) for i in range(16)] == [data[i % 64] for i in range(1, 33, 2)]

@@ -515,6 +515,12 @@ struct at_res *at_results(struct at_pool *p) { return p->res; }
 struct at_res *at_group_results(struct at_pool *p) { return p->subres; }
 uint64_t at_hash(struct at_pool *p, const void *buf, size_t len) { return p->xxh3(buf, len); }
 
+/* What this build was compiled with, checked by asynctier/engines/native_lib.py against
+ * descriptors.py: a library left from another version would read and write its tables with
+ * another layout. */
+int at_group_max(void) { return GROUP_MAX; }
+size_t at_job_size(void) { return sizeof(struct at_job); }
+
 /* at_acquire without waiting: 0 when a token is free for `prio` now (no waiter of the same or
  * a higher priority and no queued job of a higher one is owed it), else -EAGAIN (also while
  * a worker holds the pool's lock); -EINVAL, -ESHUTDOWN. Never blocks: the caller holds the

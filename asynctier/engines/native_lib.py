@@ -10,7 +10,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from .descriptors import Job
+from .descriptors import GROUP_MAX, JOB_LAYOUT, Job
 
 __all__ = ["XXHASH_LIBS", "find_library", "find_xxh3"]
 
@@ -41,6 +41,8 @@ def _signatures() -> dict[str, tuple[list[Any], Any]]:
         "at_counts": ([vp, vp], None),
         "at_shutdown": ([vp], None),
         "at_free": ([vp], None),
+        "at_group_max": ([], c_int),
+        "at_job_size": ([], c_size),
     }
 
 
@@ -87,11 +89,25 @@ def find_library() -> tuple[ctypes.CDLL | None, ctypes.PyDLL | None, str | None]
                 "pip install -e . or pip install .)"
             ),
         )
+    rebuild = "rebuild it from this source (pip install -e . or pip install .)"
     try:
         lib = _typed(ctypes.CDLL(str(path), use_errno=True), _signatures())  # at_new reports through errno
         gil_lib = _typed(ctypes.PyDLL(str(path)), _KEEP_GIL)
     except OSError as e:
         return None, None, f"cannot load {path.name}: {e}"
+    except AttributeError as e:  # a call this source makes is missing: a library from an older version
+        return None, None, f"{path.name} is from another version of asynctier ({e}): {rebuild}"
+    built = (lib.at_group_max(), lib.at_job_size())
+    if built != (GROUP_MAX, JOB_LAYOUT.size):
+        # its tables' layout is not the one this source reads and writes: refused, not corrupted
+        return (
+            None,
+            None,
+            (
+                f"{path.name} was built for another layout (groups of {built[0]}, {built[1]}-byte jobs; this source: "
+                f"{GROUP_MAX}, {JOB_LAYOUT.size}): {rebuild}"
+            ),
+        )
     return lib, gil_lib, None
 
 
