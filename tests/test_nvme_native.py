@@ -276,7 +276,7 @@ async def test_on_the_native_engine_a_call_is_one_job_of_up_to_the_depths_worth(
             tier._active -= 3
         tier.coalesce_bytes = slot  # max_inflight slots a job
         assert tier.group_size("offload", 32) == 16 and tier.group_size("offload", 40) == 14
-        tier.coalesce_bytes, tier._run_limit = 1 << 20, 1  # runs of one slot: GROUP_MAX of them a job
+        tier.coalesce_bytes, tier._run_limit = 1 << 20, 1  # runs of one slot: RUNS_A_TURN of them a job
         assert tier.group_size("offload", 32) == 16
         tier._run_limit = tier._native_run_slots()
         tier.coalesce_bytes = 0  # one job a chunk, as documented
@@ -403,7 +403,7 @@ async def test_a_group_whose_check_or_next_runs_fail_fails_whole_and_leaves_no_p
     async with tier:
         data, keys = await stored(tier, view, 11, b"f", 40)
         # every other slot freed: the group's 20 slots lie in 20 runs, more than one GROUP job
-        # takes (16): it has next runs
+        # takes (RUNS_A_TURN, 16): it has next runs
         assert (await tier.remove(keys[1::2])).ok
         keys = keys[::2]
         real = fast._ops

@@ -106,7 +106,7 @@ async def test_a_store_and_a_load_of_slots_apart_run_as_groups_of_their_runs(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Every other slot of a full slab freed: one job of 40 chunks gets 40 slots apart, and
-    its runs go to the workers as groups of at most GROUP_MAX (16, 16, 8), for the store and
+    its runs go to the workers as groups of at most RUNS_A_TURN (16, 16, 8), for the store and
     the load; every byte comes back, and the keys around them are untouched."""
     chunk = 4096
     tier, view = make(tmp_path / "r.slab", chunk=chunk, nchunks=64, slots=128, io_engine="native", max_inflight=1,

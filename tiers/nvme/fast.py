@@ -34,6 +34,7 @@ from asynctier.integrity import header_matches as _py_header_matches
 from asynctier.posix_io import aligned_buffer, buffer_address
 
 from . import bulk as _py_bulk
+from .groups import RUNS_A_TURN
 from .lockwait import LockWaiters
 
 if TYPE_CHECKING:
@@ -185,7 +186,7 @@ class LoadPath:
         self._booked.append(perf_counter() - t0)
         return None
 
-    # -- group jobs: runs of adjacent slots, one READV each, in one GROUP job (GROUP_MAX a turn) --
+    # -- group jobs: runs of adjacent slots, one READV each, in one GROUP job (RUNS_A_TURN a turn) --
     def _plan_group(self, job: Job, slot: int) -> Step:
         keys, cids, t0 = job.args
         tier = self._live()
@@ -218,12 +219,12 @@ class LoadPath:
             raise
 
     def _run_fields(self, tier: NvmeTier, slot: int, job: Job, g: _Group) -> nativeio.JobFields:
-        """The descriptor of ``g``'s next runs: one GROUP job of up to ``GROUP_MAX`` READV jobs,
+        """The descriptor of ``g``'s next runs: one GROUP job of up to ``RUNS_A_TURN`` READV jobs,
         one a run (slots that lie apart cost one round trip through the loop, not one a run),
         their iovecs and checksums in ``slot``'s arrays, each run at its own place
         (:func:`.bulk.pack_slot_reads`)."""
         slabs = tier._slabs
-        runs = g.runs[g.next : g.next + nativeio.GROUP_MAX]
+        runs = g.runs[g.next : g.next + RUNS_A_TURN]
         g.batch = len(runs)
         need = sum(map(len, runs))
         if self._hb is None:

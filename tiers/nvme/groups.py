@@ -19,7 +19,14 @@ from asynctier.integrity import checksum, pack_header
 from .catalog import Catalog, Slots
 from .slab import SlabSet, slot_error
 
-__all__ = ["CoalescedJobs"]
+__all__ = ["RUNS_A_TURN", "CoalescedJobs"]
+
+#: Runs of one job handed to the native workers in one pool ``GROUP`` job (a turn of the loop),
+#: which with the run limit also bounds a job's slots: 16, the pool's limit when the nvme
+#: tier's group jobs were measured (docs/tiers/nvme.md). The pool takes up to ``GROUP_MAX``
+#: (32, so that an fs call of 32 files is one job); more runs a turn here would make jobs, and
+#: each engine slot's header blocks, larger at depths above 16, unmeasured.
+RUNS_A_TURN = min(16, GROUP_MAX)
 
 
 class CoalescedJobs(BlockingChunkTier):
@@ -64,7 +71,7 @@ class CoalescedJobs(BlockingChunkTier):
             # Each job costs the loop thread its planning and booking, some 1,700 bytecodes
             # (docs/benchmarks-issue-28.md, nineteenth pass); the jobs running at once hold at most half
             # the slab, as below
-            most = min(self.coalesce_bytes * workers // geo.slot_size, GROUP_MAX * self._run_limit)
+            most = min(self.coalesce_bytes * workers // geo.slot_size, RUNS_A_TURN * self._run_limit)
             size = min(n, geo.nslots // (2 * workers), most)
             return 1 if size < 2 else evened(n, size)
         # up to max_inflight jobs at once, from all the calls in progress: this call's share

@@ -45,6 +45,7 @@ from asynctier.posix_io import buffer_address
 from . import bulk as _py_bulk
 from .catalog import Slots
 from .fast import IoArea
+from .groups import RUNS_A_TURN
 from .lockwait import LockWaiters
 
 if TYPE_CHECKING:
@@ -228,13 +229,13 @@ class StorePath:
         return partial(self._engine.blocking, tier._store_job, *job.args)
 
     def _run_fields(self, tier: NvmeTier, slot: int, job: Job, st: _Store) -> nativeio.JobFields:
-        """The descriptor of ``st``'s next runs: one GROUP job of up to ``GROUP_MAX`` WRITEV
+        """The descriptor of ``st``'s next runs: one GROUP job of up to ``RUNS_A_TURN`` WRITEV
         jobs, one a run (a store whose slots lie apart makes one round trip through the loop,
         not one a run: a full slab's stores averaged 3.9 runs of 10.7 chunks). Each header
         (checksums left to the worker) in ``slot``'s header blocks, the iovecs, the checksums'
         array, each run at its own place in them (:func:`.bulk.pack_slot_writes`)."""
         slabs, spec = tier._slabs, tier.offloading_spec
-        runs = st.runs[st.next : st.next + nativeio.GROUP_MAX]
+        runs = st.runs[st.next : st.next + RUNS_A_TURN]
         st.batch = len(runs)
         H = slabs.hdr_area
         need = sum(map(len, runs))
