@@ -467,8 +467,9 @@ class FsTier(BlockingChunkTier):
         if not runs_native(self.io_engine):
             return super().make_engine()
         name = f"asynctier-{self.tier_type}"
-        # a turn of the loop plans at most 16 chunks (each 10-40 us of Python here): a load of
-        # group jobs (group_size) would otherwise be planned whole in one callback (p99 lag of
+        # a turn of the loop plans at most 16 chunks (each 10-40 us of Python here), or one group
+        # job (up to GROUP_CHUNKS, planned in bulk): a load of many group jobs would otherwise be
+        # planned whole in one callback (p99 lag of
         # grouped loads 0.87-1.33 ms against 1.10-1.50 unbounded; docs/benchmarks-issue-28.md, eighth pass).
         # Stores and loads on the C workers; removals, lookups and verification on threads, as
         # the nvme tier's: on the native engine each was a coroutine and two thread hand-offs
