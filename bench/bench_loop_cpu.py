@@ -24,6 +24,11 @@ preemption: compare checkouts in one sitting, run after run. Each timed phase st
 collected heap, so the garbage collector's runs inside it (``gc_us_per_chunk``, part of the
 figure) are those its own allocations make due, in the same place every run.
 
+``CPU`` is the loop thread's share of one CPU while the stream ran (its CPU time over the
+wall time). The same calls cost the loop more CPU a chunk when the stream runs slower, at the
+same bytecodes and wake-ups, while this share stays nearly flat: each burst of work after the
+loop slept runs slower the longer it slept (docs/benchmarks-issue-28.md, thirty-second pass).
+
 ``sleeps`` is how often the loop thread gave up its CPU of its own accord per chunk (waiting
 for the workers, or for the GIL). Where the CPUs are virtual, a CPU left idle may be halted and handed to the
 host, and the thread it wakes for runs slower for a while (cold caches): ``--awake both`` runs
@@ -147,6 +152,9 @@ async def measure(
         wakes1 = st1.extra.get("loop_wakeups")
         out[name] = {
             "us_per_chunk": cpu / chunks * 1e6,
+            # the share of one CPU the loop thread took while streaming: where it stays flat as
+            # the stream slows, the work a chunk is not what sets us_per_chunk
+            "loop_share": cpu / wall,
             "gbps": chunks * chunk / wall / 1e9,
             "wakeups_per_chunk": None if wakes0 is None or wakes1 is None else (wakes1 - wakes0) / chunks,
             "sleeps_per_chunk": sleeps / chunks,
@@ -208,13 +216,14 @@ def _config(
 def _cell(row: dict[str, Any], op: str) -> str:
     r = row.get(op)
     if r is None:
-        return f"{'-':>7} {'-':>6} {'-':>6} {'-':>6}"
+        return f"{'-':>7} {'-':>6} {'-':>6} {'-':>5} {'-':>6}"
     w = "-" if r["wakeups_per_chunk"] is None else f"{r['wakeups_per_chunk']:.2f}"
-    return f"{r['us_per_chunk']:7.1f} {w:>6} {r.get('sleeps_per_chunk', 0):6.2f} {r['gbps']:6.2f}"
+    share = f"{100 * r['loop_share']:4.0f}%" if "loop_share" in r else "-"
+    return f"{r['us_per_chunk']:7.1f} {w:>6} {r.get('sleeps_per_chunk', 0):6.2f} {share:>5} {r['gbps']:6.2f}"
 
 
 def _head(name: str) -> str:
-    return f" | {name:>10} {'wakes':>6} {'sleeps':>6} {'GB/s':>6}"
+    return f" | {name:>10} {'wakes':>6} {'sleeps':>6} {'CPU':>5} {'GB/s':>6}"
 
 
 def print_table(rows: list[dict[str, Any]]) -> None:
@@ -222,7 +231,7 @@ def print_table(rows: list[dict[str, Any]]) -> None:
     steady = any("steady" in row for row in rows)
     settled = any("steady_load" in row for row in rows)
     print("loop-thread CPU per chunk (us), loop wake-ups by the workers and sleeps of the loop thread per chunk, "
-          "GB/s (median of repeats)")  # fmt: skip
+          "the loop thread's share of one CPU while streaming, GB/s (median of repeats)")  # fmt: skip
     head = f"{'tier':5} {'engine':8} {'KiB':>5} {'loop':8} {'CPUs':6}" + _head("offload us") + _head("load us")
     head += _head("full tier") if steady else ""
     print(head + (_head("full load") if settled else ""))

@@ -222,6 +222,11 @@ def test_bench_loop_cpu_reports_every_backend(tmp_path: Path) -> None:
             continue
         assert r["error"] is None, r
         assert r["offload"]["us_per_chunk"] > 0 and r["load"]["gbps"] > 0
+        # the loop's share of a CPU is its CPU time over the wall time: us a chunk times chunks a second
+        for op in ("offload", "load"):
+            v = r[op]
+            chunks_per_s = v["gbps"] * 1e9 / (16 << 10)
+            assert 0 < v["loop_share"] == pytest.approx(v["us_per_chunk"] * 1e-6 * chunks_per_s, rel=1e-6), v
 
 
 def test_bench_loop_cpu_steady_stores_evict(tmp_path: Path) -> None:
