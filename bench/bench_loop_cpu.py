@@ -26,8 +26,9 @@ figure) are those its own allocations make due, in the same place every run.
 
 ``CPU`` is the loop thread's share of one CPU while the stream ran (its CPU time over the
 wall time). The same calls cost the loop more CPU a chunk when the stream runs slower, at the
-same bytecodes and wake-ups, while this share stays nearly flat: each burst of work after the
-loop slept runs slower the longer it slept (docs/benchmarks-issue-28.md, thirty-second pass).
+same bytecodes and wake-ups, while this share falls far less than the chunks a second: each
+burst of work after the loop slept runs slower the longer it slept
+(docs/benchmarks-issue-28.md, thirty-second pass).
 
 ``sleeps`` is how often the loop thread gave up its CPU of its own accord per chunk (waiting
 for the workers, or for the GIL). Where the CPUs are virtual, a CPU left idle may be halted and handed to the
@@ -152,8 +153,8 @@ async def measure(
         wakes1 = st1.extra.get("loop_wakeups")
         out[name] = {
             "us_per_chunk": cpu / chunks * 1e6,
-            # the share of one CPU the loop thread took while streaming: where it stays flat as
-            # the stream slows, the work a chunk is not what sets us_per_chunk
+            # the share of one CPU the loop thread took while streaming: where it falls less than
+            # the chunks a second as the stream slows, the work a chunk is not all of us_per_chunk
             "loop_share": cpu / wall,
             "gbps": chunks * chunk / wall / 1e9,
             "wakeups_per_chunk": None if wakes0 is None or wakes1 is None else (wakes1 - wakes0) / chunks,
