@@ -152,7 +152,12 @@ async def test_a_cancelled_fs_load_takes_back_every_group_not_started_and_unpins
         assert (await tier.offload(keys, list(range(N)))).ok
         await _cancel_with_jobs_queued(tier, tier.load(keys, list(range(N, 2 * N))), tier._split.native.slots)
         assert tier.stats().loaded == 0
-        assert tier.stats().extra.get("withdrawn", 0) == tier._split.native.slots * GROUP  # each group in the pool
+        # each group handed to the workers; loads pin at most half the tier ahead of the I/O
+        # (tiers/fs/ahead.py): a job past that waited, parked, and ended unplanned
+        started = tier._split.native.slots * GROUP
+        in_pool = min(started, N // 2)
+        assert tier.stats().extra.get("withdrawn", 0) == in_pool
+        assert tier.stats().extra.get("loads_held_back", 0) == started - in_pool > 0
         index = tier.index
         assert index is not None and all(e.pins == 0 for e in index._entries.values())
         assert not sum(tier.stats().failures.values())

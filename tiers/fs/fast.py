@@ -1,5 +1,6 @@
-"""The fs tier's fast paths on the native engine: a store or a load planned and booked on the
-loop thread with no coroutine of its own (:mod:`asynctier.engines.native_engine`).
+"""The fs tier's fast paths on the native engine: a store (here) or a load (:mod:`.loads`)
+planned and booked on the loop thread with no coroutine of its own
+(:mod:`asynctier.engines.native_engine`); what both keep (:class:`Path`).
 
 The plain cases only: a store with no victim to evict, or with one whose file it recycles
 (a full tier's steady state: a spare job, then the write, in one slot), a load with the
@@ -19,7 +20,6 @@ unaligned view, chunk by chunk as a lone job is.
 
 from __future__ import annotations
 
-import errno
 import os
 import weakref
 from collections.abc import Callable
@@ -28,23 +28,23 @@ from time import perf_counter
 from typing import TYPE_CHECKING, Any
 
 from asynctier.core.jobs import SKIPPED, Job, Outcomes, Skipped
-from asynctier.core.ops import PRIO_LOAD, PRIO_STORE
+from asynctier.core.ops import PRIO_STORE
 from asynctier.engines import native as nativeio
 from asynctier.engines.native_engine import Continuation
+from asynctier.engines.native_engine import Step as EngineStep
 from asynctier.errors import TierClosedError
 from asynctier.lru import RemovalPending
-from asynctier.posix_io import O_DIRECT
 
+from .ahead import LoadsAhead
 from .later import AfterRemoval, group_end, one_later
-from .layout import HEADER_BLOCK
-from .protocol import Outcome, SpareJob, Step, StoreJob, not_found, remove_quietly
-from .withdrawal import NotBegun, Undo, not_begun, undo_load, undo_store
+from .protocol import Outcome, SpareJob, Step, StoreJob, remove_quietly
+from .withdrawal import NotBegun, Undo, not_begun, undo_store
 
 if TYPE_CHECKING:
     from .native import NativeIO
     from .tier import FsTier
 
-__all__ = ["LoadPath", "StorePath"]
+__all__ = ["KeyPlan", "Path", "StorePath"]
 
 
 def _outcome(result: int, stage: int, info: int, csum: int) -> Outcome:
@@ -57,23 +57,24 @@ _RECYCLE, _WRITE = 1, 2  # the job a store's slot runs
 
 #: One chunk's plan: its descriptor and what its booking needs; or a continuation; or None
 #: (over, its outcome booked); or SKIPPED (a store of a key stored already, booked).
-_KeyPlan = tuple[nativeio.JobFields, tuple[Any, ...]] | Continuation | Skipped | None
+KeyPlan = tuple[nativeio.JobFields, tuple[Any, ...]] | Continuation | Skipped | None
 #: A group job's chunks: their outcomes so far, the planned ones (index, what their booking
 #: needs), the continuations left (index, continuation).
 _GroupState = tuple[Outcomes, list[tuple[int, tuple[Any, ...]]], list[tuple[int, Continuation]]]
 
 
-class _Path:
+class Path:
     """What both paths keep: the tier's I/O, each slot's plan, the successes to count."""
 
     op = ""  #: the operation counted (``"offload"``, ``"load"``)
     prio = PRIO_STORE  #: the priority of its group jobs
     _undo_plan: Callable[[Undo, Job, Any], None]  #: what a withdrawn job gives back (:mod:`.withdrawal`)
 
-    def __init__(self, io: NativeIO) -> None:
+    def __init__(self, io: NativeIO, ahead: LoadsAhead) -> None:
         # the engine's workers hold the engine, and so this: not the tier (a tier dropped
         # without aclose() must be collected, its finalizer stops them)
         self._io = weakref.ref(io)
+        self._ahead = ahead  # the loads planned ahead and the jobs parked behind them (.ahead)
         self._plans: list[tuple[Any, ...] | None] = []
         self._booked: list[float] = []  # latencies of the jobs ended, counted at the next flush
         # victims of stores taken back from groups begun (their calls cancelled), in the order
@@ -95,7 +96,7 @@ class _Path:
         plans[slot] = plan
 
     # -- one chunk's plan and booking (the kinds of path say what) --------------------------
-    def _plan_key(self, io: NativeIO, tier: FsTier, key: bytes, cid: int, t0: float, block: int) -> _KeyPlan:
+    def _plan_key(self, io: NativeIO, tier: FsTier, key: bytes, cid: int, t0: float, block: int) -> KeyPlan:
         raise NotImplementedError
 
     def _finish_key(
@@ -105,7 +106,7 @@ class _Path:
         raise NotImplementedError
 
     # -- one chunk per job -------------------------------------------------------------------
-    def plan(self, job: Job, slot: int) -> nativeio.JobFields | Continuation | None:
+    def plan(self, job: Job, slot: int) -> EngineStep:  # (never PARKED: the paths below park)
         if job.grouped:
             return self._plan_group(job, slot)
         key, cid, t0 = job.args
@@ -199,7 +200,7 @@ class _Path:
             tier.index.restore(restore, tier._chunk_size)
 
 
-class StorePath(_Path):
+class StorePath(Path):
     """Stores: reserve room; the write, or, into a full tier, the write into the one victim's
     file (one recycling job); commit when it ends. Any other case continues as
     :meth:`.native.NativeIO.store`."""
@@ -207,9 +208,14 @@ class StorePath(_Path):
     op = "offload"
     _undo_plan = staticmethod(undo_store)
 
-    def __init__(self, io: NativeIO) -> None:
-        super().__init__(io)
+    def __init__(self, io: NativeIO, ahead: LoadsAhead) -> None:
+        super().__init__(io, ahead)
         self._recycles = 0  # stores into a victim's file (each an eviction), counted at the next flush
+
+    def plan(self, job: Job, slot: int) -> EngineStep:
+        if self._ahead.waiting:  # loads parked before it are planned first (.ahead)
+            return self._ahead.park(slot, job, super().plan, 0)
+        return super().plan(job, slot)
 
     def flush(self) -> None:
         super().flush()
@@ -219,7 +225,7 @@ class StorePath(_Path):
             io._stats.incr("evictions", n)
             io._stats.incr("recycled", n)
 
-    def _plan_key(self, io: NativeIO, tier: FsTier, key: bytes, cid: int, t0: float, block: int) -> _KeyPlan:
+    def _plan_key(self, io: NativeIO, tier: FsTier, key: bytes, cid: int, t0: float, block: int) -> KeyPlan:
         # Tier._reserve_store and ChunkProtocol.write_flags written out: this runs per chunk
         try:
             victims = tier.index.reserve(key, tier._chunk_size)
@@ -230,7 +236,7 @@ class StorePath(_Path):
     def _plan_reserved(
         self, io: NativeIO, tier: FsTier, key: bytes, cid: int, t0: float, block: int,
         victims: list[bytes] | Exception | None,
-    ) -> _KeyPlan:  # fmt: skip
+    ) -> KeyPlan:  # fmt: skip
         """:meth:`_plan_key` once the index said what reserving room for ``key`` gives: the
         victims to evict, None (stored already) or the exception it raised."""
         if isinstance(victims, RemovalPending):  # an old copy of the key is being deleted: wait for it there
@@ -463,136 +469,3 @@ class StorePath(_Path):
         finally:
             tier._removed(victims)
         tier._end_store(key, t0, None)
-
-
-class LoadPath(_Path):
-    """Loads: pin the entry, one descriptor; the header and checksum checked when it ends."""
-
-    op = "load"
-    prio = PRIO_LOAD
-    _undo_plan = staticmethod(undo_load)
-
-    def _plan_key(self, io: NativeIO, tier: FsTier, key: bytes, cid: int, t0: float, block: int) -> _KeyPlan:
-        if tier.index_incomplete:  # a miss is looked up on disk: on a thread
-            return not_begun(io, io.load_job, key, cid, t0)
-        entry = tier._pin_for_load(key)
-        try:
-            out = tier._chunk(cid)
-            n = out.nbytes
-            addr = io._view_addr + cid * n
-            proto = tier.protocol
-            if io.aligned:  # ChunkProtocol.load written out, the name by NativeIO's namer
-                shard, name = io.name_of(key)
-                dfd = proto.shard_fds[shard]
-                flags = proto.read_flags | (O_DIRECT if proto.use_direct else 0)
-            else:
-                plan = proto.load(key, out, addr)  # counts the chunks that cannot have O_DIRECT
-                dfd, name, flags = plan.dfd, plan.name.encode(), plan.flags
-            io._hb_used[block] = HEADER_BLOCK  # NativeIO.hb_read_into
-            # nativeio.fields written out (names are short: a key's token)
-            hb = io._hb_addr + block * HEADER_BLOCK
-            fields = (nativeio.READ, PRIO_LOAD, dfd, flags, -1, -1, 0, int(tier.verify), 0, 0, hb, HEADER_BLOCK, addr,
-                      n, 0, name, b"", b"")  # fmt: skip
-        except BaseException as e:
-            tier._end_load(key, t0, e, entry)
-            raise
-        return fields, (entry, out, block)
-
-    def _plan_group(self, job: Job, slot: int) -> nativeio.JobFields | Continuation | None:
-        """With the index complete, a group's chunks planned in bulk (as :meth:`_plan_key`
-        plans each): their entries pinned under one lock, their descriptors packed by
-        :meth:`.native.NativeIO.pack_reads`."""
-        io, tier = self._live()
-        if tier.index_incomplete or not io.aligned:
-            return super()._plan_group(job, slot)
-        keys, cids, t0 = job.args
-        out: Outcomes = [None] * len(keys)
-        entries = tier.index.pin_entries(keys)
-        if None in entries:  # misses fail as planned; the others go on
-            hits = [i for i, e in enumerate(entries) if e is not None]
-            for i, e in enumerate(entries):
-                if e is None:
-                    out[i] = exc = not_found(keys[i])
-                    tier._stats.record_failure(exc)
-            if not hits:
-                return group_end(job, out, [])
-            keys, cids, entries = [keys[i] for i in hits], [cids[i] for i in hits], [entries[i] for i in hits]
-        else:
-            hits = list(range(len(keys)))
-        proto = tier.protocol
-        try:
-            fields = io.pack_reads(slot, keys, cids, proto.read_flags | (O_DIRECT if proto.use_direct else 0),
-                                   int(tier.verify))  # fmt: skip
-        except BaseException as e:  # nothing went to the workers: each chunk fails with it
-            for i, key, entry in zip(hits, keys, entries):
-                tier._end_load(key, t0, e, entry)
-                out[i] = e
-            return group_end(job, out, [])
-        self._keep(slot, (out, hits, keys, entries))
-        return fields
-
-    def _finish_group(self, job: Job, slot: int, own: tuple[int, int, int, int]) -> Continuation | None:
-        """Each chunk read whole with the header expected, booked together (one lock, one clock
-        read); the others one by one by :meth:`_finish_key`."""
-        state = self._plans[slot]
-        if state is None or len(state) == 3:  # planned chunk by chunk (_Path._plan_group)
-            return super()._finish_group(job, slot, own)
-        self._plans[slot] = None
-        out, hits, keys, entries = state
-        io, tier = self._live()
-        # refused as a whole; or (verify=False) each header parsed field by field
-        bad = list(range(len(keys))) if own[2] or not tier.verify else io.reads_failed(slot, keys)
-        later: list[tuple[int, Continuation]] = []
-        if bad:
-            ends = io._pool.group_outcomes(slot, len(keys), own if own[2] else None)
-            _, cids, t0 = job.args
-            for j in bad:
-                i, entry = hits[j], entries[j]
-                result, csum, stage, info = ends[j]
-                step = (entry, tier._chunk(cids[i]), io.block(slot, j))
-                try:
-                    r = self._finish_key(io, tier, keys[j], cids[i], t0, step, result, csum, stage, info)
-                except BaseException as e:
-                    out[i] = e
-                    continue
-                if r is not None:
-                    later.append((i, r))
-            done = set(bad)
-            keys = [k for j, k in enumerate(keys) if j not in done]
-            entries = [e for j, e in enumerate(entries) if j not in done]
-        if keys:  # Tier.check_read's and _end_load's bookkeeping, for all at once
-            tier.note_loaded(keys)
-            tier.index.unpin_entries(keys, entries)
-            self._booked.extend([perf_counter() - job.args[2]] * len(keys))
-        return group_end(job, out, later)
-
-    def _finish_key(
-        self, io: NativeIO, tier: FsTier, key: bytes, cid: int, t0: float, step: tuple[Any, ...], result: int,
-        csum: int, stage: int, info: int,
-    ) -> Continuation | None:  # fmt: skip
-        entry, out, block = step
-        if stage == Step.WITHDRAWN:  # of a group begun, its call cancelled: not read
-            return self._undo_begun(io, tier).load(key, entry).end()
-        try:
-            if stage == Step.OPEN and result == -errno.ENOENT:
-                raise not_found(key)
-            if stage:  # the threads engine mends what can be (O_DIRECT, O_NOATIME refused)
-                read = partial(io._fall_back, tier.threads.load, key, out)
-                return partial(
-                    tier._async_load, key, t0, read, partial(io.engine.blocking, tier.delete_chunk, key), entry
-                )
-            # the header is still in this slot's block: the slot is held until checked
-            tier.check_read(key, io.slot_hb[block], out, result, csum if tier.verify else None)
-        except BaseException as e:
-            if tier._end_load(key, t0, e, entry):
-                return partial(self._drop_bad, io, key, e)
-            raise
-        tier.index.unpin(key, entry=entry)  # Tier._end_load, its count at the next flush
-        self._booked.append(perf_counter() - t0)
-        return None
-
-    @staticmethod
-    async def _drop_bad(io: NativeIO, key: bytes, exc: BaseException) -> None:
-        tier = io.live_tier()
-        await tier._drop_bad_copy_async(key, partial(io.engine.blocking, tier.delete_chunk, key))
-        raise exc

@@ -24,8 +24,10 @@ from asynctier.posix_io import O_DIRECT, logical_block_size, network_fs
 from asynctier.stats import TierStats
 
 from . import owners
-from .fast import LoadPath, StorePath
+from .ahead import LoadsAhead
+from .fast import StorePath
 from .layout import HEADER_BLOCK, N_SHARDS, TempNames, current_umask, namespace_dir, open_subdir, write_layout_note
+from .loads import LoadPath
 from .native import GROUP_CHUNKS, NativeIO
 from .pool import POOL_TARGET, TmpfilePool, close_tier_fds
 from .protocol import ChunkProtocol, not_found
@@ -477,8 +479,9 @@ class FsTier(BlockingChunkTier):
         split = SplitEngine(self.max_inflight or 1, name, self.worker_nice, plan_chunks=16)
         self._native = NativeIO(self, split.native)
         # the plain store and load run without a coroutine per chunk (.fast)
-        split.fast[Op.STORE] = StorePath(self._native)
-        split.fast[Op.LOAD] = LoadPath(self._native)
+        ahead = LoadsAhead()  # shared: stores wait behind the loads it parks
+        split.fast[Op.STORE] = StorePath(self._native, ahead)
+        split.fast[Op.LOAD] = LoadPath(self._native, ahead)
         self._split = split
         return split
 

@@ -130,7 +130,7 @@ def _delete(tier: FsTier, victims: list[bytes]) -> None:
 
 
 def undo_load(u: Undo, job: Job, plan: Any) -> None:
-    """Unpin what a load job planned (``plan``: :class:`.fast.LoadPath`'s for ``job``)."""
+    """Unpin what a load job planned (``plan``: :class:`.loads.LoadPath`'s for ``job``)."""
     if not job.grouped:
         u.load(job.args[0], plan[0])
         return
