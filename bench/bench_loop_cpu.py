@@ -25,10 +25,11 @@ collected heap, so the garbage collector's runs inside it (``gc_us_per_chunk``, 
 figure) are those its own allocations make due, in the same place every run.
 
 ``CPU`` is the loop thread's share of one CPU while the stream ran (its CPU time over the
-wall time). The same calls cost the loop more CPU a chunk when the stream runs slower, at the
-same bytecodes and wake-ups, while this share falls far less than the chunks a second: each
-burst of work after the loop slept runs slower the longer it slept
-(docs/benchmarks-issue-28.md, thirty-second pass).
+wall time), and ``nap`` how long each of its sleeps lasted on average (ms). The same calls
+cost the loop more CPU a chunk when the stream runs slower, at the same bytecodes and
+wake-ups, while this share falls far less than the chunks a second: each burst of work after
+the loop slept runs slower the longer it slept (docs/benchmarks-issue-28.md, thirty-second
+pass); ``bench_wake_cost.py`` measures that on its own, with none of the library.
 
 ``sleeps`` is how often the loop thread gave up its CPU of its own accord per chunk (waiting
 for the workers, or for the GIL). Where the CPUs are virtual, a CPU left idle may be halted and handed to the
@@ -159,6 +160,9 @@ async def measure(
             "gbps": chunks * chunk / wall / 1e9,
             "wakeups_per_chunk": None if wakes0 is None or wakes1 is None else (wakes1 - wakes0) / chunks,
             "sleeps_per_chunk": sleeps / chunks,
+            # how long the loop thread slept each time, on average: the longer, the more its
+            # next burst costs on some machines (bench_wake_cost.py)
+            "ms_per_sleep": (wall - cpu) / sleeps * 1e3 if sleeps else 0.0,
             "evictions_per_chunk": (st1.evictions - st0.evictions) / chunks,
             # (part of us_per_chunk) the garbage collector's runs on the loop thread: a full
             # collection walks every object of the process, and lands in one phase or another
@@ -217,14 +221,15 @@ def _config(
 def _cell(row: dict[str, Any], op: str) -> str:
     r = row.get(op)
     if r is None:
-        return f"{'-':>7} {'-':>6} {'-':>6} {'-':>5} {'-':>6}"
+        return f"{'-':>7} {'-':>6} {'-':>6} {'-':>5} {'-':>5} {'-':>6}"
     w = "-" if r["wakeups_per_chunk"] is None else f"{r['wakeups_per_chunk']:.2f}"
     share = f"{100 * r['loop_share']:4.0f}%" if "loop_share" in r else "-"
-    return f"{r['us_per_chunk']:7.1f} {w:>6} {r.get('sleeps_per_chunk', 0):6.2f} {share:>5} {r['gbps']:6.2f}"
+    nap = f"{r['ms_per_sleep']:5.1f}" if "ms_per_sleep" in r else "-"
+    return f"{r['us_per_chunk']:7.1f} {w:>6} {r.get('sleeps_per_chunk', 0):6.2f} {nap:>5} {share:>5} {r['gbps']:6.2f}"
 
 
 def _head(name: str) -> str:
-    return f" | {name:>10} {'wakes':>6} {'sleeps':>6} {'CPU':>5} {'GB/s':>6}"
+    return f" | {name:>10} {'wakes':>6} {'sleeps':>6} {'nap':>5} {'CPU':>5} {'GB/s':>6}"
 
 
 def print_table(rows: list[dict[str, Any]]) -> None:
@@ -232,7 +237,8 @@ def print_table(rows: list[dict[str, Any]]) -> None:
     steady = any("steady" in row for row in rows)
     settled = any("steady_load" in row for row in rows)
     print("loop-thread CPU per chunk (us), loop wake-ups by the workers and sleeps of the loop thread per chunk, "
-          "the loop thread's share of one CPU while streaming, GB/s (median of repeats)")  # fmt: skip
+          "the ms each sleep lasted (nap), the loop thread's share of one CPU while streaming, GB/s "
+          "(median of repeats)")  # fmt: skip
     head = f"{'tier':5} {'engine':8} {'KiB':>5} {'loop':8} {'CPUs':6}" + _head("offload us") + _head("load us")
     head += _head("full tier") if steady else ""
     print(head + (_head("full load") if settled else ""))

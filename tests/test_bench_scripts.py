@@ -227,6 +227,29 @@ def test_bench_loop_cpu_reports_every_backend(tmp_path: Path) -> None:
             v = r[op]
             chunks_per_s = v["gbps"] * 1e9 / (16 << 10)
             assert 0 < v["loop_share"] == pytest.approx(v["us_per_chunk"] * 1e-6 * chunks_per_s, rel=1e-6), v
+            # each sleep's length: the wall time the loop thread was not running, over its sleeps
+            if v["sleeps_per_chunk"]:
+                idle_s = (1 - v["loop_share"]) * 64 / chunks_per_s
+                assert v["ms_per_sleep"] == pytest.approx(idle_s / (v["sleeps_per_chunk"] * 64) * 1e3, rel=1e-6), v
+
+
+def test_bench_wake_cost_times_the_same_python_after_each_sleep(tmp_path: Path) -> None:
+    """The piece's CPU after each sleep, on each loop, and its ratio to no sleep (1 there); a
+    list of sleeps without the reference is refused before anything runs."""
+    out = tmp_path / "wake.json"
+    _run("bench_wake_cost.py", "--sleeps-ms", "0,0.5,2", "--rounds", "3", "--backends", "asyncio,trio",
+         "--json", str(out))  # fmt: skip
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["backend"], r["sleep_ms"]) for r in rows] == [
+        (b, ms) for b in ("asyncio", "trio") for ms in (0.0, 0.5, 2.0)
+    ]
+    for r in rows:
+        assert r["cpu_us"] > 0 and r["p90_us"] > 0 and r["ratio"] > 0, r
+        if r["sleep_ms"] == 0:
+            assert r["ratio"] == 1.0
+    r = subprocess.run([sys.executable, str(REPO / "bench" / "bench_wake_cost.py"), "--sleeps-ms", "1,5"],
+                       capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert r.returncode == 2 and "include 0" in r.stderr
 
 
 def test_bench_loop_cpu_steady_stores_evict(tmp_path: Path) -> None:
