@@ -21,9 +21,9 @@ CHUNK = 64 * 1024
 SLOTS = 160
 
 
-def _tier(root: Path, room: int, engine: str = "native"):  # type: ignore[no-untyped-def]
+def _tier(root: Path, room: int, depth: int = 16):  # type: ignore[no-untyped-def]
     spec = OffloadingSpec(CHUNK, SLOTS, namespace="ahead")
-    config = {"type": "fs", "root": str(root), "io_engine": engine, "max_inflight": 16,
+    config = {"type": "fs", "root": str(root), "io_engine": "native", "max_inflight": depth,
               "capacity_bytes": room * (CHUNK + HEADER_BLOCK)}  # fmt: skip
     return SecondaryTierFactory.create_secondary_tier(config, aligned_buffer(spec.total_bytes), spec)
 
@@ -87,3 +87,34 @@ async def test_a_tier_without_capacity_holds_no_load_back(tmp_path: Path) -> Non
             for j in range(0, SLOTS, 32):
                 tg.start_soon(tier.load, keys[j : j + 32], list(range(32)))
         assert tier.stats().extra.get("loads_held_back", 0) == 0
+
+
+@native_only
+async def test_a_load_cancelled_while_held_back_returns_before_the_loads_ahead_end(tmp_path: Path) -> None:
+    """A load whose jobs all wait behind another call's loads, which cannot start (their I/O
+    token held), is cancelled: it returns at once, not once those loads end; they then end
+    as usual, every chunk read."""
+    import asyncio
+
+    from native_helpers import HeldToken
+
+    room = 64
+    async with _tier(tmp_path, room, depth=1) as tier:  # (one I/O token: held, no load starts)
+        keys = [b"k%d" % i for i in range(room)]
+        assert not (await tier.offload(keys, [i % 128 for i in range(room)])).failed
+        engine = tier._split.native
+        async with HeldToken(engine.pool) as held:
+            first = asyncio.ensure_future(tier.load(keys[:32], list(range(32))))
+            second = asyncio.ensure_future(tier.load(keys[32:], list(range(32, 64))))
+            for _ in range(10_000):
+                if tier.stats().extra.get("loads_held_back", 0) >= 32:
+                    break
+                await asyncio.sleep(0.001)
+            assert tier.stats().extra["loads_held_back"] == 32 and not first.done()
+            second.cancel()
+            done, _ = await asyncio.wait({second}, timeout=30)
+            assert done and second.cancelled() and not first.done()
+            held.let_go()
+            assert (await first).ok
+        assert not tier.stats().extra.get("withdrawn", 0)  # (it never reached the workers)
+        assert (await tier.load(keys[32:], list(range(32, 64)))).ok

@@ -495,3 +495,41 @@ async def test_the_tier_reports_how_often_its_workers_woke_the_loop(tmp_path: Pa
         assert 1 <= tier.stats().extra["loop_wakeups"] - stored <= 32
         assert [chunk_at(view, CHUNK, 64 + i) for i in range(64)] == data[:64]
         assert "loop_wakeups" not in threads.stats().extra
+
+
+async def test_a_store_cancelled_while_waiting_for_room_returns_before_the_stores_ahead_end(tmp_path: Path) -> None:
+    """At most half the slab is being written at once: a store past that waits (parked) for
+    room. Cancelled there, it returns at once, not once the stores ahead end (their I/O
+    token held here); nothing of it is stored, and the store ahead ends as usual."""
+    import asyncio
+
+    from native_helpers import HeldToken
+
+    from asynctier.core import Op
+
+    tier, view = make(tmp_path / "n.slab", io_engine="native", max_inflight=1, nchunks=64, slots=64)
+    fill(view, CHUNK, 3)
+    async with tier:
+        assert tier._split is not None
+        engine, path = tier._split.native, tier._split.fast[Op.STORE]
+        first_keys, second_keys = [b"a%d" % i for i in range(32)], [b"b%d" % i for i in range(32)]
+        async with HeldToken(engine.pool) as held:
+            first = asyncio.ensure_future(tier.offload(first_keys, list(range(32))))
+            second = asyncio.ensure_future(tier.offload(second_keys, list(range(32, 64))))
+
+            def waiting() -> list[bytes]:
+                return [k for _, job in path._no_room for k in job.keys]  # type: ignore[attr-defined]
+
+            for _ in range(10_000):
+                if set(second_keys) <= set(waiting()):
+                    break
+                await asyncio.sleep(0.001)
+            assert set(second_keys) <= set(waiting()) and not first.done()
+            second.cancel()
+            done, _ = await asyncio.wait({second}, timeout=30)
+            assert done and second.cancelled() and not first.done()
+            assert not set(second_keys) & set(waiting())
+            held.let_go()
+            assert (await first).ok
+        assert await tier.lookup(first_keys) == [True] * 32 and not any(await tier.lookup(second_keys))
+        assert (await tier.offload(second_keys, list(range(32, 64)))).ok

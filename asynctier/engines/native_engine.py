@@ -99,7 +99,9 @@ class FastPath(Protocol):
 
     def flush(self) -> None:
         """Book what :meth:`finish` left to do in bulk (counters): called after each batch
-        of ends, before any caller they woke runs."""
+        of ends, before any caller they woke runs, and after a call's jobs were withdrawn:
+        a job parked while waiting for room (not for its own I/O) whose call is cancelled
+        ends here (:meth:`NativeEngine.go_on` with None)."""
         ...
 
     def withdrawable(self, job: Job, slot: int) -> bool:
@@ -390,6 +392,10 @@ class NativeEngine(EngineCounters):
             self._taken_back(job, slot)
         if taken or cut:
             pool.reap_now()  # (it pumps)
+        if batch.remaining:  # its jobs a path parked (waiting for room) end at the path's flush
+            for path in self._paths:
+                path.flush()
+            self.pump()
 
     def _taken_back(self, job: Job, slot: int) -> None:
         """``job``'s step in ``slot`` never ran: its path undoes its plan (and counts the chunks

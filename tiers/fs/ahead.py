@@ -50,11 +50,15 @@ class LoadsAhead:
         """Plan the jobs parked, in order, while there is room (on the loop thread, outside
         the engine's own steps: the caller then has the engine pump, or is the engine's flush)."""
         waiting = self.waiting
+        if any(w[1].batch.cancelled for w in waiting):
+            # never planned: nothing pinned or reserved, nothing to undo; over now, wherever
+            # they wait (a cancelled call does not wait for other calls' loads to end)
+            for slot, job, _, _ in waiting:
+                if job.batch.cancelled:
+                    engine.go_on(slot, job, None)
+            self.waiting = waiting = deque(w for w in waiting if not w[1].batch.cancelled)
         while waiting and (not waiting[0][3] or self.room(waiting[0][3])):
             slot, job, plan, _ = waiting.popleft()
-            if job.batch.cancelled:  # never planned: nothing pinned or reserved, nothing to undo
-                engine.go_on(slot, job, None)
-                continue
             try:
                 r = plan(job, slot)
             except BaseException as e:  # the job's failure, as the engine's own planning books it

@@ -172,11 +172,15 @@ class StorePath:
         """Plan the jobs parked for room while there is some (on the loop thread, outside the
         engine's own steps; the caller then has the engine pump)."""
         engine = self._engine
+        if any(job.batch.cancelled for _, job in self._no_room):
+            # never planned: over, nothing of it to undo, wherever it waits (a cancelled call
+            # does not wait for other calls' stores to end)
+            for slot, job in self._no_room:
+                if job.batch.cancelled:
+                    engine.go_on(slot, job, None)
+            self._no_room = deque(w for w in self._no_room if not w[1].batch.cancelled)
         while self._no_room and self._room(len(self._no_room[0][1].keys)):
             slot, job = self._no_room.popleft()
-            if job.batch.cancelled:  # never planned: over, nothing of it to undo
-                engine.go_on(slot, job, None)
-                continue
             try:
                 r = self._plan(job, slot)
             except BaseException as e:  # the job's failure
