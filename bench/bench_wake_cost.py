@@ -73,6 +73,9 @@ def main() -> int:
     sleeps = [float(x) / 1e3 for x in args.sleeps_ms.split(",")]
     if args.rounds < 1 or any(s < 0 for s in sleeps) or 0.0 not in sleeps:
         ap.error("--rounds must be at least 1, and --sleeps-ms non-negative and include 0 (the reference)")
+    unknown = set(args.backends.split(",")) - set(BACKENDS)
+    if unknown:
+        ap.error(f"--backends: {', '.join(sorted(unknown))} unknown; accepted: {', '.join(BACKENDS)}")
     rows = []
     for backend in args.backends.split(","):
         name, options = BACKENDS[backend]

@@ -250,6 +250,9 @@ def test_bench_wake_cost_times_the_same_python_after_each_sleep(tmp_path: Path) 
     r = subprocess.run([sys.executable, str(REPO / "bench" / "bench_wake_cost.py"), "--sleeps-ms", "1,5"],
                        capture_output=True, text=True, timeout=60)  # fmt: skip
     assert r.returncode == 2 and "include 0" in r.stderr
+    r = subprocess.run([sys.executable, str(REPO / "bench" / "bench_wake_cost.py"), "--backends", "asyncio,curio"],
+                       capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert r.returncode == 2 and "curio unknown; accepted: asyncio, uvloop, trio" in r.stderr
 
 
 def test_bench_loop_cpu_steady_stores_evict(tmp_path: Path) -> None:

@@ -17,6 +17,7 @@ from native_helpers import HeldToken
 from nvme_helpers import slab_capacity
 
 from asynctier import OffloadingSpec, SecondaryTierFactory
+from asynctier.core import Op
 from asynctier.engines import native as nativeio
 from asynctier.posix_io import aligned_buffer
 from asynctier.tiers.fs import HEADER_BLOCK, FsTier
@@ -158,6 +159,8 @@ async def test_a_cancelled_fs_load_takes_back_every_group_not_started_and_unpins
         in_pool = min(started, N // 2)
         assert tier.stats().extra.get("withdrawn", 0) == in_pool
         assert tier.stats().extra.get("loads_held_back", 0) == started - in_pool > 0
+        ahead = tier._split.fast[Op.LOAD]._ahead  # nothing counted as pinning, nothing parked
+        assert ahead.chunks == 0 and not ahead.waiting
         index = tier.index
         assert index is not None and all(e.pins == 0 for e in index._entries.values())
         assert not sum(tier.stats().failures.values())

@@ -293,6 +293,9 @@ class NativeEngine(EngineCounters):
                     refused = [(slot, job, errno.EINVAL) for slot, _, job, _ in batch]
                 for slot, job, err in refused:
                     self._ended_in_pool(job, slot, -err, 0, 1, 0)
+                if refused:  # ends with no wake-up of their own: what their paths parked for room goes on
+                    for path in self._paths:
+                        path.flush()
         if planned >= self.plan_chunks and self._heap and self._started < self.slots and not self._pump_soon:
             self._pump_soon = True
             assert self._soon is not None
@@ -393,9 +396,12 @@ class NativeEngine(EngineCounters):
         if taken or cut:
             pool.reap_now()  # (it pumps)
         if batch.remaining:  # its jobs a path parked (waiting for room) end at the path's flush
-            for path in self._paths:
-                path.flush()
-            self.pump()
+            try:
+                for path in self._paths:
+                    path.flush()
+                self.pump()
+            except Exception:  # a bug: logged; the caller still waits for its jobs running
+                log.exception("%s: ending a cancelled call's parked jobs failed", self._name)
 
     def _taken_back(self, job: Job, slot: int) -> None:
         """``job``'s step in ``slot`` never ran: its path undoes its plan (and counts the chunks

@@ -346,7 +346,7 @@ class StorePath(Path):
         """The chunks that simply succeeded booked together (one lock, one clock read); the
         others one by one (:meth:`_finish_key`, :meth:`_recycled`)."""
         state = self._plans[slot]
-        if state is None or len(state) == 3:  # planned chunk by chunk (_Path._plan_group)
+        if state is None or len(state) == 3:  # planned chunk by chunk (Path._plan_group)
             return super()._finish_group(job, slot, own)
         self._plans[slot] = None
         out, planned, later, rec, rkeys, rvictims, temps, flags, new, nkeys, fds = state

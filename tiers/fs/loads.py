@@ -156,7 +156,7 @@ class LoadPath(Path):
         """Each chunk read whole with the header expected, booked together (one lock, one clock
         read); the others one by one by :meth:`_finish_key`."""
         state = self._plans[slot]
-        if state is None or len(state) == 3:  # planned chunk by chunk (_Path._plan_group)
+        if state is None or len(state) == 3:  # planned chunk by chunk (Path._plan_group)
             return super()._finish_group(job, slot, own)
         self._plans[slot] = None
         out, hits, keys, entries = state
