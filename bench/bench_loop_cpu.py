@@ -25,7 +25,8 @@ collected heap, so the garbage collector's runs inside it (``gc_us_per_chunk``, 
 figure) are those its own allocations make due, in the same place every run.
 
 ``CPU`` is the loop thread's share of one CPU while the stream ran (its CPU time over the
-wall time), and ``nap`` how long each of its sleeps lasted on average (ms). The same calls
+wall time), and ``nap`` how long each of its sleeps lasted on average (ms: the wall time it
+was not running over its voluntary sleeps, so time it was preempted counts too). The same calls
 cost the loop more CPU a chunk when the stream runs slower, at the same bytecodes and
 wake-ups, while this share falls far less than the chunks a second: each burst of work after
 the loop slept runs slower the longer it slept (docs/benchmarks-issue-28.md, thirty-second
