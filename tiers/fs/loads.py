@@ -20,7 +20,7 @@ from asynctier.engines.native_engine import Step as EngineStep
 from asynctier.posix_io import O_DIRECT
 
 from .ahead import LoadsAhead
-from .fast import KeyPlan, Path
+from .fast import KeyPlan, Path, StorePath
 from .later import group_end
 from .layout import HEADER_BLOCK
 from .protocol import Step, not_found
@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from .native import NativeIO
     from .tier import FsTier
 
-__all__ = ["LoadPath"]
+__all__ = ["LoadPath", "fast_paths"]
 
 
 class LoadPath(Path):
@@ -217,3 +217,10 @@ class LoadPath(Path):
         tier = io.live_tier()
         await tier._drop_bad_copy_async(key, partial(io.engine.blocking, tier.delete_chunk, key))
         raise exc
+
+
+def fast_paths(io: NativeIO) -> tuple[StorePath, LoadPath]:
+    """The tier's store and load paths on ``io``, sharing one :class:`.ahead.LoadsAhead`: a
+    store waits behind the loads it holds back."""
+    ahead = LoadsAhead()
+    return StorePath(io, ahead), LoadPath(io, ahead)

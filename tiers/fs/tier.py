@@ -24,10 +24,8 @@ from asynctier.posix_io import O_DIRECT, logical_block_size, network_fs
 from asynctier.stats import TierStats
 
 from . import owners
-from .ahead import LoadsAhead
-from .fast import StorePath
 from .layout import HEADER_BLOCK, N_SHARDS, TempNames, current_umask, namespace_dir, open_subdir, write_layout_note
-from .loads import LoadPath
+from .loads import fast_paths
 from .native import GROUP_CHUNKS, NativeIO
 from .pool import POOL_TARGET, TmpfilePool, close_tier_fds
 from .protocol import ChunkProtocol, not_found
@@ -478,10 +476,8 @@ class FsTier(BlockingChunkTier):
         # per chunk (29-44 us of the loop's CPU a chunk; docs/benchmarks-issue-28.md, twenty-second pass)
         split = SplitEngine(self.max_inflight or 1, name, self.worker_nice, plan_chunks=16)
         self._native = NativeIO(self, split.native)
-        # the plain store and load run without a coroutine per chunk (.fast)
-        ahead = LoadsAhead()  # shared: stores wait behind the loads it parks
-        split.fast[Op.STORE] = StorePath(self._native, ahead)
-        split.fast[Op.LOAD] = LoadPath(self._native, ahead)
+        # the plain store and load run without a coroutine per chunk (.fast, .loads)
+        split.fast[Op.STORE], split.fast[Op.LOAD] = fast_paths(self._native)
         self._split = split
         return split
 
