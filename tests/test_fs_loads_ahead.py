@@ -1,5 +1,5 @@
 """The fs tier's loads on the native engine pin their chunks when planned, ahead of the I/O:
-at most half the tier's capacity at once (tiers/fs/ahead.py). A burst of loads then leaves
+at most half the tier's capacity at once (tiers/fs/loads.py, asynctier/engines/room.py). A burst of loads then leaves
 stores a victim to evict, and a store called after loads that wait does not evict their
 chunks first."""
 
@@ -33,7 +33,7 @@ def _nothing_held(tier) -> None:  # type: ignore[no-untyped-def]
     """No load counted as pinning ahead, none parked: a count left over would hold back every
     later load for ever."""
     ahead = tier._split.fast[Op.LOAD]._ahead
-    assert ahead.chunks == 0 and not ahead.waiting
+    assert ahead.used == 0 and not ahead.waiting
 
 
 @native_only

@@ -154,13 +154,13 @@ async def test_a_cancelled_fs_load_takes_back_every_group_not_started_and_unpins
         await _cancel_with_jobs_queued(tier, tier.load(keys, list(range(N, 2 * N))), tier._split.native.slots)
         assert tier.stats().loaded == 0
         # each group handed to the workers; loads pin at most half the tier ahead of the I/O
-        # (tiers/fs/ahead.py): a job past that waited, parked, and ended unplanned
+        # (tiers/fs/loads.py): a job past that waited, parked, and ended unplanned
         started = tier._split.native.slots * GROUP
         in_pool = min(started, N // 2)
         assert tier.stats().extra.get("withdrawn", 0) == in_pool
         assert tier.stats().extra.get("loads_held_back", 0) == started - in_pool > 0
         ahead = tier._split.fast[Op.LOAD]._ahead  # nothing counted as pinning, nothing parked
-        assert ahead.chunks == 0 and not ahead.waiting
+        assert ahead.used == 0 and not ahead.waiting
         index = tier.index
         assert index is not None and all(e.pins == 0 for e in index._entries.values())
         assert not sum(tier.stats().failures.values())

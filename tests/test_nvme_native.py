@@ -518,7 +518,7 @@ async def test_a_store_cancelled_while_waiting_for_room_returns_before_the_store
             second = asyncio.ensure_future(tier.offload(second_keys, list(range(32, 64))))
 
             def waiting() -> list[bytes]:
-                return [k for _, job in path._no_room for k in job.keys]  # type: ignore[attr-defined]
+                return [k for _, job, _, _ in path._writing.waiting for k in job.keys]  # type: ignore[attr-defined]
 
             for _ in range(10_000):
                 if set(second_keys) <= set(waiting()):

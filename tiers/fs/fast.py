@@ -32,10 +32,10 @@ from asynctier.core.ops import PRIO_STORE
 from asynctier.engines import native as nativeio
 from asynctier.engines.native_engine import Continuation
 from asynctier.engines.native_engine import Step as EngineStep
+from asynctier.engines.room import RoomQueue
 from asynctier.errors import TierClosedError
 from asynctier.lru import RemovalPending
 
-from .ahead import LoadsAhead
 from .later import AfterRemoval, group_end, one_later
 from .protocol import Outcome, SpareJob, Step, StoreJob, remove_quietly
 from .withdrawal import NotBegun, Undo, not_begun, undo_store
@@ -70,11 +70,11 @@ class Path:
     prio = PRIO_STORE  #: the priority of its group jobs
     _undo_plan: Callable[[Undo, Job, Any], None]  #: what a withdrawn job gives back (:mod:`.withdrawal`)
 
-    def __init__(self, io: NativeIO, ahead: LoadsAhead) -> None:
+    def __init__(self, io: NativeIO, ahead: RoomQueue) -> None:
         # the engine's workers hold the engine, and so this: not the tier (a tier dropped
         # without aclose() must be collected, its finalizer stops them)
         self._io = weakref.ref(io)
-        self._ahead = ahead  # the loads planned ahead and the jobs parked behind them (.ahead)
+        self._ahead = ahead  # the chunks loads pin ahead of the I/O, the jobs parked behind them (.loads)
         self._plans: list[tuple[Any, ...] | None] = []
         self._booked: list[float] = []  # latencies of the jobs ended, counted at the next flush
         # victims of stores taken back from groups begun (their calls cancelled), in the order
@@ -208,12 +208,12 @@ class StorePath(Path):
     op = "offload"
     _undo_plan = staticmethod(undo_store)
 
-    def __init__(self, io: NativeIO, ahead: LoadsAhead) -> None:
+    def __init__(self, io: NativeIO, ahead: RoomQueue) -> None:
         super().__init__(io, ahead)
         self._recycles = 0  # stores into a victim's file (each an eviction), counted at the next flush
 
     def plan(self, job: Job, slot: int) -> EngineStep:
-        if self._ahead.waiting:  # loads parked before it are planned first (.ahead)
+        if self._ahead.waiting:  # loads parked before it are planned first (.loads)
             return self._ahead.park(slot, job, super().plan, 0)
         return super().plan(job, slot)
 

@@ -1,8 +1,16 @@
 """The fs tier's loads on the native engine (a fast path, :mod:`.fast`): a load planned and
 booked on the loop thread with no coroutine of its own: its entry pinned, one descriptor; the
 header and checksum checked when it ends. A load of many chunks is one group job, planned and
-booked in bulk where the view is aligned. The loads planned ahead of the I/O pin at most half
-the tier (:mod:`.ahead`).
+booked in bulk where the view is aligned.
+
+A load pins its chunks when the engine plans it, so that no store evicts them before they are
+read, and the engine plans jobs ahead of the workers: up to ``max_inflight + max(max_inflight,
+8)`` jobs of up to :data:`.native.GROUP_CHUNKS` chunks, 1024 chunks at the default depth. A
+store into a full tier evicts a chunk that is not pinned, and fails with ``CapacityError``
+when none is. So the load jobs planned and not yet ended pin at most half the tier's capacity
+(a :class:`~asynctier.engines.room.RoomQueue` shared with the stores): a job past that waits,
+parked, and a store called meanwhile waits behind it, so that it cannot evict the chunks of a
+load called before it.
 """
 
 from __future__ import annotations
@@ -17,9 +25,9 @@ from asynctier.core.ops import PRIO_LOAD
 from asynctier.engines import native as nativeio
 from asynctier.engines.native_engine import Continuation
 from asynctier.engines.native_engine import Step as EngineStep
+from asynctier.engines.room import RoomQueue
 from asynctier.posix_io import O_DIRECT
 
-from .ahead import LoadsAhead
 from .fast import KeyPlan, Path, StorePath
 from .later import group_end
 from .layout import HEADER_BLOCK
@@ -42,7 +50,7 @@ class LoadPath(Path):
     prio = PRIO_LOAD
     _undo_plan = staticmethod(undo_load)
 
-    def __init__(self, io: NativeIO, ahead: LoadsAhead) -> None:
+    def __init__(self, io: NativeIO, ahead: RoomQueue) -> None:
         super().__init__(io, ahead)
         tier = self._live()[1]  # (its capacity is set when it is made)
         cap = tier.capacity_bytes
@@ -50,32 +58,32 @@ class LoadPath(Path):
 
     def plan(self, job: Job, slot: int) -> EngineStep:
         ahead, n = self._ahead, len(job.keys)
-        # (LoadsAhead.room written out: this runs per job)
-        if ahead.waiting or (ahead.chunks and ahead.most is not None and ahead.chunks + n > ahead.most):
+        # (RoomQueue.room written out: this runs per job)
+        if ahead.waiting or (ahead.used and ahead.most is not None and ahead.used + n > ahead.most):
             self._live()[1]._stats.incr("loads_held_back", n)
             return ahead.park(slot, job, self._plan_counted, n)
         r = Path.plan(self, job, slot)
         if type(r) is tuple:  # to the workers, its chunks pinned until it ends
-            ahead.chunks += n
+            ahead.used += n
         return r
 
     def _plan_counted(self, job: Job, slot: int) -> EngineStep:
-        """:meth:`plan` of a job that waited (:meth:`.ahead.LoadsAhead.admit`)."""
+        """:meth:`plan` of a job that waited (:meth:`~asynctier.engines.room.RoomQueue.admit`)."""
         r = Path.plan(self, job, slot)
         if type(r) is tuple:
-            self._ahead.chunks += len(job.keys)
+            self._ahead.used += len(job.keys)
         return r
 
     def finish(
         self, job: Job, slot: int, result: int, csum: int, stage: int, info: int
     ) -> nativeio.JobFields | Continuation | None:
-        self._ahead.chunks -= len(job.keys)
+        self._ahead.used -= len(job.keys)
         if job.grouped:  # (Path.finish written out: this runs per job)
             return self._finish_group(job, slot, (result, csum, stage, info))
         return Path.finish(self, job, slot, result, csum, stage, info)
 
     def withdraw(self, job: Job, slot: int) -> Continuation | None:
-        self._ahead.chunks -= len(job.keys)
+        self._ahead.used -= len(job.keys)
         r = super().withdraw(job, slot)
         io = self._io()
         if self._ahead.waiting and io is not None:  # (the engine's flush admits them too, if it runs)
@@ -220,7 +228,7 @@ class LoadPath(Path):
 
 
 def fast_paths(io: NativeIO) -> tuple[StorePath, LoadPath]:
-    """The tier's store and load paths on ``io``, sharing one :class:`.ahead.LoadsAhead`: a
-    store waits behind the loads it holds back."""
-    ahead = LoadsAhead()
+    """The tier's store and load paths on ``io``, sharing one
+    :class:`~asynctier.engines.room.RoomQueue`: a store waits behind the loads it holds back."""
+    ahead = RoomQueue()
     return StorePath(io, ahead), LoadPath(io, ahead)

@@ -24,7 +24,6 @@ import errno
 import os
 import sys
 import weakref
-from collections import deque
 from collections.abc import Iterable
 from functools import partial
 from time import perf_counter
@@ -38,6 +37,7 @@ from asynctier.core.ops import PRIO_LOAD
 from asynctier.engines import native as nativeio
 from asynctier.engines.descriptors import RESULT_LAYOUT
 from asynctier.engines.native_engine import PARKED, Continuation, NativeEngine, Parked, Step
+from asynctier.engines.room import RoomQueue
 from asynctier.engines.speedups import speedups
 from asynctier.errors import Withdrawn
 from asynctier.posix_io import buffer_address
@@ -113,10 +113,9 @@ class StorePath:
         self._kick_soon = False  # a commit is scheduled for the next turn of the loop
         self._carrier: _Carrier | None = None  # the parked job whose slot runs the commit
         # slots allocated by this path's jobs and not yet published (or handed to a thread),
-        # and the jobs parked until fewer are (see plan)
-        self._writing = 0
-        self._most_writing = 0  # half the slots (0: not read yet)
-        self._no_room: deque[tuple[int, Job]] = deque()
+        # and the jobs parked until fewer are (see plan); at most half the slab's, once read
+        self._writing = RoomQueue()
+        self._most_read = False
         # latencies of the stores acknowledged (written; found stored), booked after each batch
         self._booked: list[float] = []
         self._skipped: list[float] = []
@@ -134,9 +133,9 @@ class StorePath:
         # The engine starts more jobs than its I/O bound (a queue ahead of the workers), and a
         # store allocates its slots when planned: at most half the slab is being written at
         # once, as group_size keeps it on threads, so that eviction always finds a victim.
-        if self._no_room or not self._room(len(job.keys)):
-            self._no_room.append((slot, job))
-            return PARKED
+        self._read_most()
+        if self._writing.waiting or not self._writing.room(len(job.keys)):
+            return self._writing.park(slot, job, self._plan, len(job.keys))
         r = self._plan(job, slot)
         self._kick_soon_if_due()
         return r
@@ -157,35 +156,19 @@ class StorePath:
         self._kick_soon_if_due()
         return r
 
-    def _room(self, n: int) -> bool:
-        most = self._most_writing
-        if not most:  # (the slab's size is set once open: read it once)
+    def _read_most(self) -> None:
+        """Half the slab's slots, the most being written at once (set once open: read once)."""
+        if not self._most_read:
             tier = self._tier()
-            if tier is None:
-                return True
-            most = max(1, tier.nslots // 2)
-            if tier.nslots:
-                self._most_writing = most
-        return not self._writing or self._writing + n <= most
+            if tier is not None:
+                self._writing.most = max(1, tier.nslots // 2)
+                self._most_read = bool(tier.nslots)
 
     def _admit(self) -> None:
-        """Plan the jobs parked for room while there is some (on the loop thread, outside the
-        engine's own steps; the caller then has the engine pump)."""
-        engine = self._engine
-        if any(job.batch.cancelled for _, job in self._no_room):
-            # never planned: over, nothing of it to undo, wherever it waits (a cancelled call
-            # does not wait for other calls' stores to end)
-            for slot, job in self._no_room:
-                if job.batch.cancelled:
-                    engine.go_on(slot, job, None)
-            self._no_room = deque(w for w in self._no_room if not w[1].batch.cancelled)
-        while self._no_room and self._room(len(self._no_room[0][1].keys)):
-            slot, job = self._no_room.popleft()
-            try:
-                r = self._plan(job, slot)
-            except BaseException as e:  # the job's failure
-                job.exc, r = e, None
-            engine.go_on(slot, job, r)
+        """Plan the jobs parked for room while there is some, end those of cancelled calls (on
+        the loop thread, outside the engine's own steps; the caller then has the engine pump)."""
+        self._read_most()
+        self._writing.admit(self._engine)
 
     def _admit_now(self) -> None:
         self._admit()
@@ -215,7 +198,7 @@ class StorePath:
         for p, e in failed.items():
             st.out[p] = e
             tier._end_store(keys[p], t0, e)
-        self._writing += len(st.slots)
+        self._writing.used += len(st.slots)
         self._jobs[slot] = st
         if not st.slots:
             return self._acknowledge(tier, slot, job, st)
@@ -330,7 +313,7 @@ class StorePath:
             last = cat.publish_many_locked(st.keys, st.written, st.slots, st.csums)
         finally:
             lock.release_quiet()
-        self._writing -= len(st.slots)
+        self._writing.used -= len(st.slots)
         st.ticket = last  # (_acknowledge adds the keys found stored)
         return self._acknowledge(tier, slot, job, st)
 
@@ -369,8 +352,8 @@ class StorePath:
         not written (all of them with ``err``: their EVICT records may not be in), publish and
         wait for the others, the keys found stored."""
         del self._jobs[slot]
-        self._writing -= len(st.slots)
-        if self._no_room:  # room freed here may be all there is: admit after this step
+        self._writing.used -= len(st.slots)
+        if self._writing.waiting:  # room freed here may be all there is: admit after this step
             self._engine.call_soon(self._admit_now)
 
         def settle() -> Outcomes:
@@ -563,7 +546,7 @@ class StorePath:
         tier = self._tier()
         if tier is not None:
             self._book(tier)
-        if self._no_room:
+        if self._writing.waiting:
             self._admit()
         if self._kick_due:
             self._kick()
