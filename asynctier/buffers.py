@@ -121,15 +121,15 @@ def fault_in(view: memoryview) -> None:
     if sys.platform.startswith("linux"):
         import ctypes
 
-        from .posix_io import buffer_address
+        from .posix_io import buffer_address, libc
 
         addr = buffer_address(view)
         lo = addr - addr % mmap.PAGESIZE
         length = addr + view.nbytes - lo
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-        libc.madvise.restype = ctypes.c_int
-        if libc.madvise(lo, length, _MADV_POPULATE_WRITE) == 0:
+        madvise = libc().madvise
+        madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+        madvise.restype = ctypes.c_int
+        if madvise(lo, length, _MADV_POPULATE_WRITE) == 0:
             return
         err = ctypes.get_errno()
         if err != errno.EINVAL:  # out of memory (not "unknown advice"): no touching on

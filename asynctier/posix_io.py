@@ -25,6 +25,7 @@ __all__ = [
     "buffer_address",
     "direct_io_ok",
     "fsync_dir",
+    "libc",
     "logical_block_size",
     "memory_fs",
     "network_fs",
@@ -135,14 +136,25 @@ _NETWORK_FS_MAGIC = {
 _MEMORY_FS_MAGIC = {0x01021994: "tmpfs", 0x858458F6: "ramfs", 0x958458F6: "hugetlbfs"}
 
 
+_LIBC: ctypes.CDLL | None = None
+
+
+def libc() -> ctypes.CDLL:
+    """The C library this process runs on (errno kept for :func:`ctypes.get_errno`), loaded
+    once: for the system calls :mod:`os` does not wrap (statfs, madvise with new advice)."""
+    global _LIBC
+    if _LIBC is None:
+        _LIBC = ctypes.CDLL(None, use_errno=True)
+    return _LIBC
+
+
 def _fs_magic(path: str | os.PathLike[str]) -> int | None:
     """statfs(2) ``f_type`` of the file system holding ``path``; None where it cannot be told
     (64-bit Linux only)."""
     if not sys.platform.startswith("linux") or ctypes.sizeof(ctypes.c_long) != 8:
         return None
     buf = ctypes.create_string_buffer(256)  # struct statfs is 120 bytes; f_type comes first
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.statfs(os.fsencode(path), buf) != 0:
+    if libc().statfs(os.fsencode(path), buf) != 0:
         return None
     return ctypes.c_long.from_buffer(buf).value & 0xFFFFFFFF
 

@@ -242,25 +242,17 @@ def files_under(directory: str | os.PathLike[str]) -> list[str]:
 
 def _syncfs(path: str | os.PathLike[str]) -> bool:
     """syncfs(2) on the file system holding ``path``; False where it is not available."""
-    import ctypes
-    import ctypes.util
+    from asynctier.posix_io import libc
 
-    global _libc
-    if _libc is None:
-        try:
-            _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-        except OSError:
-            _libc = False
-    if _libc is False or not hasattr(_libc, "syncfs"):
+    try:
+        syncfs = libc().syncfs
+    except (OSError, AttributeError):  # no C library to load, or one without syncfs
         return False
     fd = os.open(path, os.O_RDONLY)
     try:
-        return int(_libc.syncfs(fd)) == 0
+        return int(syncfs(fd)) == 0
     finally:
         os.close(fd)
-
-
-_libc: Any = None
 
 
 def _device_stat(path: str | os.PathLike[str]) -> Path | None:
