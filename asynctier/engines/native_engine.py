@@ -433,6 +433,12 @@ class NativeEngine(EngineCounters):
         else:
             self._over(job)
 
+    def withdraw_parked(self, slot: int, job: Job) -> None:
+        """``job``, parked in ``slot`` and never planned, is over as withdrawn: its call is
+        cancelled (its outcome, if read, is the cancellation, never a success)."""
+        self._free_slots.append(slot)
+        self._over(job, CANCELLED)
+
     def go_on(self, slot: int, job: Job, step: Step) -> None:
         """``job``, parked in ``slot``, goes on with ``step`` as a path's ``plan`` or
         ``finish`` returns it: :meth:`resume` or :meth:`unpark`, or nothing while parked."""

@@ -51,10 +51,10 @@ class RoomQueue:
         the engine pump, or is the engine's flush)."""
         waiting = self.waiting
         if any(w[1].batch.cancelled for w in waiting):
-            # never planned: nothing taken, nothing to undo; over now, wherever they wait
+            # never planned: nothing taken, nothing to undo; withdrawn now, wherever they wait
             for slot, job, _, _ in waiting:
                 if job.batch.cancelled:
-                    engine.go_on(slot, job, None)
+                    engine.withdraw_parked(slot, job)
             self.waiting = waiting = deque(w for w in waiting if not w[1].batch.cancelled)
         while waiting and (not waiting[0][3] or self.room(waiting[0][3])):
             slot, job, plan, _ = waiting.popleft()

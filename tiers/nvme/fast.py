@@ -116,8 +116,9 @@ class LoadPath:
         return tier
 
     def _lock_freed(self, slot: int, job: Job, _: object) -> Step:
-        """A job parked for the index lock, again: planned (over if its call was cancelled)."""
-        return None if job.batch.cancelled else self.plan(job, slot)
+        """A job parked for the index lock, again: planned (:class:`.lockwait.LockWaiters`
+        withdraws it if its call was cancelled)."""
+        return self.plan(job, slot)
 
     def _on_thread(self, tier: NvmeTier, key: bytes, cid: int, t0: float) -> Continuation:
         return partial(self._engine.blocking, tier._load_job, key, cid, t0)

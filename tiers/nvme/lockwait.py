@@ -24,7 +24,8 @@ __all__ = ["LockWaiters"]
 
 class LockWaiters:
     """One native path's jobs parked for the index lock. ``again(slot, job, state)`` plans
-    each again once it is released (on the loop thread), returning the job's next step."""
+    each again once it is released (on the loop thread), returning the job's next step; one
+    parked with no state (not planned yet) whose call is cancelled is withdrawn instead."""
 
     def __init__(self, engine: NativeEngine, again: Callable[[int, Job, Any], Step]) -> None:
         self._engine = engine
@@ -49,6 +50,9 @@ class LockWaiters:
         jobs, self._jobs = self._jobs, []
         again, engine = self._again, self._engine
         for slot, job, state in jobs:
+            if state is None and job.batch.cancelled:  # parked before it was planned: withdrawn
+                engine.withdraw_parked(slot, job)
+                continue
             try:
                 step = again(slot, job, state)
             except BaseException as e:  # the job's failure, as from a plan

@@ -149,8 +149,8 @@ class StorePath:
 
     def _lock_freed(self, slot: int, job: Job, st: _Store | None) -> Step:
         """A job parked for the index lock, again: planned, or published (``st``)."""
-        if st is None:
-            return None if job.batch.cancelled else self.plan(job, slot)
+        if st is None:  # (withdrawn by LockWaiters instead if its call was cancelled)
+            return self.plan(job, slot)
         self._publishing -= 1
         r = self._publish(self._live(), slot, job, st)
         self._kick_soon_if_due()
