@@ -376,6 +376,41 @@ async def test_the_journal_is_written_by_a_worker_job_and_a_failed_one_is_mended
         assert res.ok and [chunk_at(view, CHUNK, i) for i in range(4)] == data[:4]
 
 
+@pytest.mark.parametrize("durability", ["none", "fsync"])
+async def test_commits_of_every_size_write_their_records_from_the_claim_itself(tmp_path: Path, durability: str) -> None:
+    """A COMMIT job reads the claim's records in place and the descriptors to sync from one
+    array the path reuses: commits of 1 to 12 records, over two stripes (two descriptors
+    synced first when durable), write each record, each store in its own commit. A wrong
+    address or length loses records (the reopened tier misses keys); a wrong descriptor fails
+    the durable commits (EBADF)."""
+    paths = [tmp_path / "a.slab", tmp_path / "b.slab"]
+    tier, view = make(paths, io_engine="native", max_inflight=1, durability=durability)
+    data = fill(view, CHUNK, 23)
+    keys = [b"r%d" % i for i in range(16)]
+    async with tier:
+        cat = tier._catalog
+        assert cat is not None
+        journal = cat.journal
+        assert len(journal.data_fds) == 2 and journal.durable == (durability == "fsync")
+
+        def no_flush(*args: Any) -> None:
+            raise AssertionError("the journal's own flush ran")
+
+        journal._flush = no_flush  # type: ignore[method-assign]
+        flushes, start = journal.flushes, 0
+        for n in (1, 3, 12):  # one call at a time: a commit of n PUBLISH records each
+            res = await tier.offload(keys[start : start + n], list(range(start, start + n)))
+            assert res.ok, res.failed
+            start += n
+        assert journal.flushes - flushes == 3 and journaled(tier)
+        crash(tier)  # what the journal file holds, not the index in memory
+    tier, view = make(paths, io_engine="native")
+    async with tier:
+        assert await tier.lookup(keys) == [True] * 16
+        assert (await tier.load(keys, list(range(16)))).ok
+        assert [chunk_at(view, CHUNK, i) for i in range(16)] == data
+
+
 async def test_the_last_flushed_ticket_answers_as_flushed_does_for_every_ticket(tmp_path: Path) -> None:
     """A commit's parked stores are let go against Journal.flushed_upto, read once: it must
     agree with flushed() for every ticket, records queued and not yet written included, and

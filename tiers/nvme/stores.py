@@ -89,13 +89,12 @@ class _Store:
 
 
 class _Carrier(NamedTuple):
-    """A commit running as a worker job in a parked job's slot, and the memory it writes from."""
+    """A commit running as a worker job in a parked job's slot; its claim holds the records
+    the worker writes from (``claim.data``, read in place)."""
 
     slot: int
     journal: Journal
     claim: Claim
-    data: Any  # ctypes array: the records
-    fds: Any  # ctypes array: the data descriptors synced first
 
 
 class StorePath:
@@ -112,6 +111,9 @@ class StorePath:
         self._kick_due = False  # jobs were parked since the last commit began
         self._kick_soon = False  # a commit is scheduled for the next turn of the loop
         self._carrier: _Carrier | None = None  # the parked job whose slot runs the commit
+        # the data descriptors a durable commit syncs first, filled in per commit: made once,
+        # since one commit runs at a time (a ctypes array type is built per length)
+        self._commit_fds = (ctypes.c_int32 * nativeio.COMMIT_FDS_MAX)()
         # slots allocated by this path's jobs and not yet published (or handed to a thread),
         # and the jobs parked until fewer are (see plan); at most half the slab's, once read
         self._writing = RoomQueue()
@@ -431,12 +433,17 @@ class StorePath:
         self._committing = True
         if claim is not None:
             _, slot, job, _ = self._parked[-1]
-            data = (ctypes.c_char * len(claim.data)).from_buffer_copy(claim.data)
-            fd_array = (ctypes.c_int32 * max(1, len(fds)))(*fds)
-            self._carrier = _Carrier(slot, journal, claim, data, fd_array)
+            fd_array = self._commit_fds
+            for i, fd in enumerate(fds):
+                fd_array[i] = fd
+            # the records read in place (a bytes object does not move; the carrier holds it),
+            # not copied into a ctypes array of their length: a new array type per commit
+            data = ctypes.cast(ctypes.c_char_p(claim.data), ctypes.c_void_p).value
+            assert data is not None  # (a bytes object's own buffer)
+            self._carrier = _Carrier(slot, journal, claim)
             # nativeio.fields written out: the records at their offset, the data synced first when durable
             self._engine.resume(slot, job, (nativeio.COMMIT, PRIO_LOAD, -1, 0, journal.fd, -1, int(journal.durable),
-                                            0, 0, 0, ctypes.addressof(fd_array), len(fds), ctypes.addressof(data),
+                                            0, 0, 0, ctypes.addressof(fd_array), len(fds), data,
                                             len(claim.data), claim.start, b"", b"", b""))  # fmt: skip
             return
         try:
