@@ -322,6 +322,18 @@ SP_HIDDEN int addr_at(uint64_t base, uint64_t i, uint64_t stride, uint64_t *out,
     return -1;
 }
 
+SP_HIDDEN PyObject *tuple_of(int n, PyObject **items) {
+    PyObject *t = NULL;
+    for (int i = 0; i < n; i++)
+        if (items[i] == NULL) goto fail;
+    if ((t = PyTuple_New(n)) == NULL) goto fail;
+    for (int i = 0; i < n; i++) PyTuple_SET_ITEM(t, i, items[i]);
+    return t;
+fail:
+    for (int i = 0; i < n; i++) Py_XDECREF(items[i]);
+    return NULL;
+}
+
 SP_HIDDEN PyObject *own_tuple(PyObject *seq, const char *msg) {
     PyObject *fast = PySequence_Fast(seq, msg);
     if (fast == NULL || PyTuple_CheckExact(fast)) return fast;

@@ -52,6 +52,10 @@ SP_HIDDEN int addr_at(uint64_t base, uint64_t i, uint64_t stride, uint64_t *out,
  * PySequence_Fast hands a list back as it is, and Python code that runs midway may change
  * it; NULL with an error. */
 SP_HIDDEN PyObject *own_tuple(PyObject *seq, const char *msg);
+/* A tuple of the n new references in items, which it steals (NULL items: all are dropped and
+ * NULL returned, the error theirs): what Py_BuildValue builds, without parsing a format for
+ * each record or run of a call (its parsing was about as costly as the objects). */
+SP_HIDDEN PyObject *tuple_of(int n, PyObject **items);
 
 /* _speedups_groups.c */
 SP_HIDDEN PyObject *pack_reads(PyObject *self, PyObject *const *args, Py_ssize_t nargs);

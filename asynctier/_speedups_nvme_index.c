@@ -274,7 +274,9 @@ done:
 }
 
 SP_HIDDEN PyObject *ix_record(PyObject *key, long slot, uint64_t seq, uint64_t csum) {
-    return Py_BuildValue("(OlKK)", key, slot, (unsigned long long)seq, (unsigned long long)csum);
+    Py_INCREF(key);
+    PyObject *items[4] = {key, PyLong_FromLong(slot), PyLong_FromUnsignedLongLong(seq), PyLong_FromUnsignedLongLong(csum)};
+    return tuple_of(4, items);
 }
 
 /* writing[key] += by (by: 1 or -1; at 0 the key leaves `writing`, and `killed` with it). */

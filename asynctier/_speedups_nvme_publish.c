@@ -227,7 +227,8 @@ SP_HIDDEN PyObject *pin_many(PyObject *self, PyObject *const *args, Py_ssize_t n
         }
         PyObject *cnt = PyLong_FromLong(n + 1);
         if (cnt == NULL || PyDict_SetItem(x.pins, so, cnt) < 0 || !(pos = PyLong_FromSsize_t(i)) ||
-            !(v = Py_BuildValue("(OKK)", so, (unsigned long long)x.seq[s], (unsigned long long)x.csum[s])) ||
+            !(v = tuple_of(3, (PyObject *[]){Py_NewRef(so), PyLong_FromUnsignedLongLong(x.seq[s]),
+                                               PyLong_FromUnsignedLongLong(x.csum[s])})) ||
             PyDict_SetItem(found, pos, v) < 0)
             rc = -1;
         Py_XDECREF(cnt);

@@ -406,7 +406,8 @@ SP_HIDDEN PyObject *slot_runs(PyObject *self, PyObject *const *args, Py_ssize_t 
     qsort(pl, (size_t)m, sizeof *pl, cmp_placed);
     if ((out = PyList_New(0)) == NULL) goto done;
     for (i = 0; i < m; i++) {
-        PyObject *item = Py_BuildValue("(LLLL)", pl[i].pos, pl[i].slot, (long long)pl[i].stripe, (long long)pl[i].off);
+        PyObject *item = tuple_of(4, (PyObject *[]){PyLong_FromLongLong(pl[i].pos), PyLong_FromLongLong(pl[i].slot),
+                                                    PyLong_FromLongLong(pl[i].stripe), PyLong_FromLongLong(pl[i].off)});
         if (item == NULL) goto fail;
         /* (offsets are >= 0: the difference does not overflow where off + size could) */
         if (run == NULL || pl[i].stripe != pl[i - 1].stripe || pl[i].off - pl[i - 1].off != size ||
