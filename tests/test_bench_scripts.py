@@ -346,6 +346,25 @@ def test_bench_loop_opcodes_counts_the_tiers_own_steps(tmp_path: Path, tier: str
     assert functions.get("engines/native_engine.py:_pump", 0) > 0
 
 
+@pytest.mark.skipif(nativeio_problem() is not None, reason="no native workers")
+@pytest.mark.parametrize(("tier", "op", "stage"), [("nvme", "steady", "store: published, records queued (C twins)"),
+                                                   ("fs", "load", "load: checked, booked")])  # fmt: skip
+def test_bench_call_stages_times_each_stage_and_native_calls(tmp_path: Path, tier: str, op: str, stage: str) -> None:
+    """A small stream's stages, each seen in the calls it ran in (the script wraps the
+    library's own methods: a renamed one fails it here), and the native calls of each wake
+    and submission timed in CPU."""
+    out = tmp_path / "stages.json"
+    _run("bench_call_stages.py", "--tier", tier, "--op", op, "--chunk-kib", "16", "--chunks", "256",
+         "--root", str(tmp_path / "d"), "--json", str(out))  # fmt: skip
+    report = json.loads(out.read_text())
+    rows = {r["stage"]: r for r in report["stages"]}
+    assert report["loop_cpu_us_per_call"] > 0 and rows[stage]["per_call"] > 0
+    for name in ("C call: at_reap", "C call: at_clear", "C call: at_submit_many"):
+        assert rows[name]["per_call"] > 0 and rows[name]["clock"] == "cpu"
+    assert rows["engine: a wake (reap, ends, what they start)"]["clock"] == "wall"
+    assert not list((tmp_path / "d").iterdir())  # the tier's files removed
+
+
 def test_bench_gc_times_the_collector_beside_each_index(tmp_path: Path) -> None:
     """Each index is built and held while the collector's passes are timed; the tiers' own
     indexes leave no tracked container of more than 10,000 items (the C speedups built)."""
