@@ -164,7 +164,8 @@ async def run(args: argparse.Namespace, stages: Stages) -> dict[str, Any]:
             if engine != "native":
                 raise SystemExit(f"the {args.tier} tier runs on {engine!r} here, not the native engine")
             keys = [b"stages-%08d" % i for i in range(args.chunks)]
-            await stream(tier, "offload", keys, slots, args.batch, args.streams)  # filled (or, for steady, full)
+            if args.op != "fill":  # the keys to load, or a full tier to store new keys into
+                await stream(tier, "offload", keys, slots, args.batch, args.streams)
             if args.op == "steady":
                 keys = [b"stages-new-%08d" % i for i in range(args.chunks)]
             op = "load" if args.op == "load" else "offload"
