@@ -10,7 +10,7 @@ from typing import Any
 
 from asynctier.core import Op
 from asynctier.core.jobs import Batch, Job
-from asynctier.engines.native_engine import PARKED
+from asynctier.engines.fastpath import PARKED
 from asynctier.engines.room import RoomQueue
 
 

@@ -3,7 +3,7 @@ back in batches.
 
 Why: a coroutine, an event, a task wake-up and a round of bookkeeping per chunk cost the event
 loop's thread 40-100 us per chunk (bench/bench_loop_cpu.py), CPU taken from the server the
-library lives in. Here a tier gives, per operation, a :class:`FastPath`: ``plan`` turns a
+library lives in. Here a tier gives, per operation, a :class:`~.fastpath.FastPath`: ``plan`` turns a
 job into one worker descriptor on the loop thread, synchronously; ``finish`` books its
 outcome, synchronously, when the workers report it. The engine plans every job it may start
 (up to :attr:`NativeEngine.slots` at once) and hands them to the pool in one call
@@ -33,7 +33,7 @@ import os
 import sys
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable
-from typing import Any, Protocol, TypeVar
+from typing import Any, TypeVar
 
 import anyio
 
@@ -52,69 +52,15 @@ from ..core.backend import (
 from ..core.jobs import CANCELLED, DONE, Batch, Job
 from ..core.ops import PRIO_LOAD, Op
 from .base import EngineCounters, abandoned, orphaned, refuse_close_elsewhere, refuse_other_loop
+from .fastpath import PARKED, Continuation, FastPath, Parked, Step
 from .native import JobFields, NativePool
 from .threads import EngineStoppedError
 
-__all__ = ["PARKED", "Continuation", "FastPath", "NativeEngine", "Parked", "Step"]
+__all__ = ["NativeEngine"]
 
 T = TypeVar("T")
 
 log = logging.getLogger(__name__)
-
-#: What is left of a job when it leaves the fast path: a coroutine function whose outcome is the job's.
-Continuation = Callable[[], Awaitable[Any]]
-
-
-class Parked:
-    """The type of :data:`PARKED`."""
-
-    __slots__ = ()
-
-    def __repr__(self) -> str:
-        return "PARKED"
-
-
-#: A job that waits for something other than the workers (the nvme journal) keeping its slot:
-#: its path later calls :meth:`NativeEngine.resume` or :meth:`NativeEngine.unpark`.
-PARKED = Parked()
-
-#: What ``plan`` and ``finish`` return (see :class:`FastPath`).
-Step = JobFields | Continuation | Parked | None
-
-
-class FastPath(Protocol):
-    """How a tier runs one operation's jobs on the loop thread, without a coroutine per chunk."""
-
-    def plan(self, job: Job, slot: int) -> Step:
-        """Begin ``job`` holding pool slot ``slot``: the descriptor to run in it; or a
-        continuation (the slot is given back first); or None when the job is over (its
-        outcome set); or :data:`PARKED` (it keeps the slot). An exception is the job's failure."""
-        ...
-
-    def finish(self, job: Job, slot: int, result: int, csum: int, stage: int, info: int) -> Step:
-        """Book what the workers reported for ``job`` (slot still held): None when it is
-        over; the descriptor of its next step (run in the same slot); a continuation (the
-        slot is given back first); or :data:`PARKED`. An exception is the job's failure."""
-        ...
-
-    def flush(self) -> None:
-        """Book what :meth:`finish` left to do in bulk (counters): called after each batch
-        of ends, before any caller they woke runs, and after a call's jobs were withdrawn:
-        a job parked while waiting for room (not for its own I/O) whose call is cancelled
-        ends here (:meth:`NativeEngine.go_on` with None)."""
-        ...
-
-    def withdrawable(self, job: Job, slot: int) -> bool:
-        """Whether the step of ``job`` handed to the workers in ``slot`` may be taken back
-        (its call is cancelled): not a step that is not the job's own (a journal commit)."""
-        ...
-
-    def withdraw(self, job: Job, slot: int) -> Continuation | None:
-        """``job``'s step in ``slot`` was taken back before any worker started it (its call is
-        cancelled): undo what planning it did (reservations, pins, files made ahead), as if
-        it had never started; None, or a continuation that does what cannot be done here
-        (slot still held; it is given back first). Its outcome is not read."""
-        ...
 
 
 def _queue_ahead(bound: int) -> int:

@@ -3,7 +3,7 @@
 A path plans a job ahead of the I/O, and some of what planning takes is bounded: the chunks an
 fs load pins (so that a store always finds a chunk to evict), the slots an nvme store
 allocates (so that eviction always finds a victim). A job past the bound is parked in its
-engine slot (:data:`~.native_engine.PARKED`) here, and planned, in order, once the jobs ahead
+engine slot (:data:`~.fastpath.PARKED`) here, and planned, in order, once the jobs ahead
 give back enough. A job of a cancelled call ends wherever it waits, at the path's next flush
 (:meth:`.native_engine.NativeEngine.withdraw` flushes): it never waits for other calls' I/O.
 """
@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from asynctier.core.jobs import Job
 
-from .native_engine import PARKED, Parked, Step
+from .fastpath import PARKED, Parked, Step
 
 if TYPE_CHECKING:
     from .native_engine import NativeEngine

@@ -30,8 +30,8 @@ from typing import TYPE_CHECKING, Any
 from asynctier.core.jobs import SKIPPED, Job, Outcomes, Skipped
 from asynctier.core.ops import PRIO_STORE
 from asynctier.engines import native as nativeio
-from asynctier.engines.native_engine import Continuation
-from asynctier.engines.native_engine import Step as EngineStep
+from asynctier.engines.fastpath import Continuation
+from asynctier.engines.fastpath import Step as EngineStep
 from asynctier.engines.room import RoomQueue
 from asynctier.errors import TierClosedError
 from asynctier.lru import RemovalPending

@@ -10,7 +10,7 @@ from typing import Any
 import anyio
 
 from asynctier.core.jobs import SKIPPED, Job, Outcomes
-from asynctier.engines.native_engine import Continuation
+from asynctier.engines.fastpath import Continuation
 from asynctier.errors import Withdrawn
 
 from .withdrawal import NotBegun, Undo

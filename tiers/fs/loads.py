@@ -23,8 +23,8 @@ from typing import TYPE_CHECKING, Any
 from asynctier.core.jobs import Job, Outcomes
 from asynctier.core.ops import PRIO_LOAD
 from asynctier.engines import native as nativeio
-from asynctier.engines.native_engine import Continuation
-from asynctier.engines.native_engine import Step as EngineStep
+from asynctier.engines.fastpath import Continuation
+from asynctier.engines.fastpath import Step as EngineStep
 from asynctier.engines.room import RoomQueue
 from asynctier.posix_io import O_DIRECT
 

@@ -24,7 +24,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from asynctier.core.jobs import Job
-from asynctier.engines.native_engine import Continuation
+from asynctier.engines.fastpath import Continuation
 from asynctier.errors import Withdrawn
 
 if TYPE_CHECKING:

@@ -27,7 +27,8 @@ from asynctier import ChunkNotFoundError, TierClosedError
 from asynctier.core.jobs import Job, Outcomes
 from asynctier.core.ops import PRIO_LOAD
 from asynctier.engines import native as nativeio
-from asynctier.engines.native_engine import Continuation, NativeEngine, Step
+from asynctier.engines.fastpath import Continuation, Step
+from asynctier.engines.native_engine import NativeEngine
 from asynctier.engines.speedups import speedups
 from asynctier.errors import Withdrawn
 from asynctier.integrity import header_matches as _py_header_matches
@@ -92,7 +93,7 @@ class IoArea:
 
 
 class LoadPath:
-    """Loads of an nvme tier on its native engine (a :class:`~asynctier.engines.native_engine.FastPath`)."""
+    """Loads of an nvme tier on its native engine (a :class:`~asynctier.engines.fastpath.FastPath`)."""
 
     def __init__(self, tier: NvmeTier, engine: NativeEngine) -> None:
         # the engine's workers hold the engine, and so this: not the tier (a tier dropped

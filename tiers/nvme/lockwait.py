@@ -15,7 +15,8 @@ from collections.abc import Callable
 from typing import Any
 
 from asynctier.core.jobs import Job
-from asynctier.engines.native_engine import PARKED, NativeEngine, Parked, Step
+from asynctier.engines.fastpath import PARKED, Parked, Step
+from asynctier.engines.native_engine import NativeEngine
 
 from .slots import IndexLock
 

@@ -36,7 +36,8 @@ from asynctier.core.jobs import SKIPPED, Job, Outcomes, Skipped
 from asynctier.core.ops import PRIO_LOAD
 from asynctier.engines import native as nativeio
 from asynctier.engines.descriptors import RESULT_LAYOUT
-from asynctier.engines.native_engine import PARKED, Continuation, NativeEngine, Parked, Step
+from asynctier.engines.fastpath import PARKED, Continuation, Parked, Step
+from asynctier.engines.native_engine import NativeEngine
 from asynctier.engines.room import RoomQueue
 from asynctier.engines.speedups import speedups
 from asynctier.errors import Withdrawn
@@ -98,7 +99,7 @@ class _Carrier(NamedTuple):
 
 
 class StorePath:
-    """Stores of an nvme tier on its native engine (a :class:`~asynctier.engines.native_engine.FastPath`)."""
+    """Stores of an nvme tier on its native engine (a :class:`~asynctier.engines.fastpath.FastPath`)."""
 
     def __init__(self, tier: NvmeTier, engine: NativeEngine) -> None:
         self._tier = weakref.ref(tier)  # as LoadPath's: the engine must not keep the tier alive
