@@ -145,12 +145,13 @@ async def measure(
         # from a collected heap: a collection the phase before made due (the collector
         # counts allocations across phases) is not this phase's; its own are
         gc.collect()
-        sleeps0 = resource.getrusage(resource.RUSAGE_THREAD).ru_nvcsw
+        ru0 = resource.getrusage(resource.RUSAGE_THREAD)
         cpu0, t0 = time.thread_time(), time.perf_counter()
         with gc_watch:
             await stream(tier, op, ks, slots, batch, streams)
         cpu, wall = time.thread_time() - cpu0, time.perf_counter() - t0
-        sleeps = resource.getrusage(resource.RUSAGE_THREAD).ru_nvcsw - sleeps0
+        ru1 = resource.getrusage(resource.RUSAGE_THREAD)
+        sleeps = ru1.ru_nvcsw - ru0.ru_nvcsw
         st1 = tier.stats()
         wakes1 = st1.extra.get("loop_wakeups")
         out[name] = {
@@ -161,6 +162,9 @@ async def measure(
             "gbps": chunks * chunk / wall / 1e9,
             "wakeups_per_chunk": None if wakes0 is None or wakes1 is None else (wakes1 - wakes0) / chunks,
             "sleeps_per_chunk": sleeps / chunks,
+            # the times the loop thread was descheduled while it could run (another thread
+            # took its CPU): counted in ms_per_sleep's wall time, not in its CPU
+            "preempted_per_chunk": (ru1.ru_nivcsw - ru0.ru_nivcsw) / chunks,
             # how long the loop thread slept each time, on average: the longer, the more its
             # next burst costs on some machines (bench_wake_cost.py)
             "ms_per_sleep": (wall - cpu) / sleeps * 1e3 if sleeps else 0.0,
