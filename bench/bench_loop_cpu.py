@@ -32,6 +32,11 @@ wake-ups, while this share falls far less than the chunks a second: each burst o
 the loop slept runs slower the longer it slept (docs/benchmarks-issue-28.md, thirty-second
 pass); ``bench_wake_cost.py`` measures that on its own, with none of the library.
 
+Each run first times ``bench_wake_cost.py``'s fixed piece of Python on its loop thread, right
+after other work and after 5 ms asleep (``machine_ref`` in the JSON, its median printed under
+the table): the machine's state when the run was made, which moves the figures by up to 2x
+from one hour to the next (docs/benchmarks-issue-28.md, thirty-fourth pass).
+
 ``sleeps`` is how often the loop thread gave up its CPU of its own accord per chunk (waiting
 for the workers, or for the GIL). Where the CPUs are virtual, a CPU left idle may be halted and handed to the
 host, and the thread it wakes for runs slower for a while (cold caches): ``--awake both`` runs
@@ -48,6 +53,7 @@ import json
 import os
 import resource
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -56,6 +62,9 @@ import time
 from typing import Any
 
 import anyio
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bench_wake_cost as wake_cost
 
 from asynctier import OffloadingSpec, SecondaryTierFactory
 
@@ -175,6 +184,10 @@ async def measure(
             "gc_collections": gc_watch.collections,
         }
 
+    # the machine's state at this run: a fixed piece of Python with none of the library, right
+    # after other work and after 5 ms asleep (bench_wake_cost.py); it moves from hour to hour
+    ref = await wake_cost.measure([0.0, 0.005], 15)
+    out["machine_ref"] = {"cpu_us": statistics.median(ref[0.0]), "after_5ms_us": statistics.median(ref[0.005])}
     async with tier:
         keys = [b"loop-cpu-%d" % i for i in range(chunks)]
         await timed("offload", "offload", keys)
@@ -363,10 +376,16 @@ def main() -> int:
                 if op in done[0]:
                     row[op] = sorted(done, key=lambda r: r[op]["us_per_chunk"])[len(done) // 2][op]
             row["active_io_engine"] = done[0]["io_engine"]
+            row["machine_ref"] = [r["machine_ref"] for r in done]  # each run's, in order
             if "passes" in done[0]:
                 row["passes"] = done[0]["passes"]
         rows.append(row)
     print_table(rows)
+    refs = [m for r in rows for m in r.get("machine_ref", [])]
+    if refs:
+        print(f"machine reference (bench_wake_cost.py's piece on the loop thread before each run, median of runs): "
+              f"{statistics.median(m['cpu_us'] for m in refs):.1f} us right after other work, "
+              f"{statistics.median(m['after_5ms_us'] for m in refs):.1f} us after 5 ms asleep")  # fmt: skip
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"args": vars(args), "rows": rows, "python": sys.version.split()[0]}, f, indent=1)

@@ -223,6 +223,9 @@ def test_bench_loop_cpu_reports_every_backend(tmp_path: Path) -> None:
         assert r["error"] is None, r
         assert r["offload"]["us_per_chunk"] > 0 and r["load"]["gbps"] > 0
         assert r["offload"]["preempted_per_chunk"] >= 0 and r["load"]["preempted_per_chunk"] >= 0
+        # the machine's state at each run: the same piece of Python, timed before it
+        assert len(r["machine_ref"]) == 1 and r["machine_ref"][0]["cpu_us"] > 0
+        assert r["machine_ref"][0]["after_5ms_us"] > 0
         # the loop's share of a CPU is its CPU time over the wall time: us a chunk times chunks a second
         for op in ("offload", "load"):
             v = r[op]
