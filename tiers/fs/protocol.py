@@ -91,11 +91,11 @@ def describe(mode: int) -> str:
     return "not a regular file"
 
 
-def not_regular(fd: int) -> Outcome | None:
-    """The failed open's outcome if ``fd`` is not a regular file (closing it), else None."""
+def regular_mode(fd: int) -> int | Outcome:
+    """``fd``'s mode if it is a regular file, else the failed open's outcome (closing it)."""
     mode = os.fstat(fd).st_mode
     if stat.S_ISREG(mode):
-        return None
+        return mode
     os.close(fd)
     return Outcome(Step.OPEN, errno.EISDIR if stat.S_ISDIR(mode) else errno.ENXIO, what=describe(mode))
 

@@ -33,7 +33,7 @@ from .protocol import (
     TierHandle,
     UnlinkJob,
     not_found,
-    not_regular,
+    regular_mode,
 )
 
 if TYPE_CHECKING:
@@ -116,22 +116,23 @@ def run_store(job: StoreJob, hb: memoryview, data: memoryview, mode: tuple[int, 
     return Outcome(result=moved, name_taken=taken)
 
 
-def _open_regular(name: str, flags: int, dfd: int) -> int | Outcome:
-    """An open descriptor of the regular file ``name``, or the failed open's outcome."""
+def _open_regular(name: str, flags: int, dfd: int) -> tuple[int, int] | Outcome:
+    """An open descriptor of the regular file ``name`` and its mode, or the failed open's outcome."""
     try:
         fd = os.open(name, flags, dir_fd=dfd)
     except OSError as e:
         return Outcome(Step.OPEN, e.errno or errno.EIO)
-    bad = not_regular(fd)
-    return fd if bad is None else bad
+    mode = regular_mode(fd)
+    return mode if isinstance(mode, Outcome) else (fd, mode)
 
 
 def run_load(job: LoadJob, hb: memoryview, out: memoryview) -> Outcome:
     """Run a load job: open (a regular file only), read header block and payload (looped;
     end of file ends it short), close."""
-    fd = _open_regular(job.name, job.flags, job.dfd)
-    if isinstance(fd, Outcome):
-        return fd
+    opened = _open_regular(job.name, job.flags, job.dfd)
+    if isinstance(opened, Outcome):
+        return opened
+    fd = opened[0]
     try:
         got = _all_io(os.preadv, fd, [hb, out], 0)
     except OSError as e:
@@ -145,11 +146,12 @@ def run_spare(job: SpareJob) -> Outcome:
     """Run a spare job: open the victim's file (a regular file only), set its permission bits,
     rename it away; the result is its descriptor. A file whose mode cannot be set (another
     user's) fails the open step: it is not taken over."""
-    fd = _open_regular(job.name, job.flags, job.dfd)
-    if isinstance(fd, Outcome):
-        return fd
+    opened = _open_regular(job.name, job.flags, job.dfd)
+    if isinstance(opened, Outcome):
+        return opened
+    fd, mode = opened
     try:
-        if stat.S_IMODE(os.fstat(fd).st_mode) != job.mode:
+        if stat.S_IMODE(mode) != job.mode:  # (the mode read when the file was checked)
             os.fchmod(fd, job.mode)
     except OSError as e:
         os.close(fd)
