@@ -25,7 +25,6 @@ run after run in one sitting.
 from __future__ import annotations
 
 import argparse
-import json
 import mmap
 import os
 import shutil
@@ -37,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 from bench_loop_cpu import stream
+from rows_json import write_rows
 
 from asynctier import OffloadingSpec, SecondaryTierFactory
 
@@ -186,6 +186,8 @@ def main() -> int:
     ap.add_argument("--profile", default=None, metavar="POINT", help="profile one point (e.g. back) once and print it")
     ap.add_argument("--json", default=None, help="write the figures here")
     args = ap.parse_args()
+    if args.root is not None:
+        os.makedirs(args.root, exist_ok=True)
     name, options = BACKENDS[args.backend]
     chain_depth = args.chain_depth or args.depth
     global BACKGROUND_BATCH
@@ -237,9 +239,7 @@ def main() -> int:
         print(f"{row['point']:12} {row['chunk_kib']:4} {row['copy_us']:6.1f} | {row['offload_loop_us']:10.1f} "
               f"{row['offload_cpu_us']:7.1f} {row['offload_gbps']:6.2f} | {row['load_loop_us']:9.1f} "
               f"{row['load_cpu_us']:7.1f} {row['load_gbps']:6.2f}")  # fmt: skip
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"args": vars(args), "rows": rows, "python": sys.version.split()[0]}, f, indent=1)
+    write_rows(args.json, args, rows)
     return 0
 
 

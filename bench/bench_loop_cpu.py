@@ -49,7 +49,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import os
 import resource
 import shutil
@@ -65,6 +64,7 @@ import anyio
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_wake_cost as wake_cost
+from rows_json import write_rows
 
 from asynctier import OffloadingSpec, SecondaryTierFactory
 
@@ -386,9 +386,7 @@ def main() -> int:
         print(f"machine reference (bench_wake_cost.py's piece on the loop thread before each run, median of runs): "
               f"{statistics.median(m['cpu_us'] for m in refs):.1f} us right after other work, "
               f"{statistics.median(m['after_5ms_us'] for m in refs):.1f} us after 5 ms asleep")  # fmt: skip
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"args": vars(args), "rows": rows, "python": sys.version.split()[0]}, f, indent=1)
+    write_rows(args.json, args, rows)
     return 0
 
 

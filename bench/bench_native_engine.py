@@ -17,7 +17,6 @@ prints a table and, with ``--json``, writes the figures. Needs the native librar
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -26,6 +25,7 @@ import time
 from typing import Any
 
 import anyio
+from rows_json import write_rows
 
 from asynctier.core.jobs import Batch, Job
 from asynctier.core.ops import PRIO_LOAD, Op
@@ -124,9 +124,7 @@ def main() -> int:
     for row in rows:
         print(f"{row['backend']:8} | {row['us_per_job']:11.2f} | {row['wall_us_per_job']:11.2f} | "
               f"{row['wakeups_per_job']:9.3f}")  # fmt: skip
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"args": vars(args), "rows": rows, "python": sys.version.split()[0]}, f, indent=1)
+    write_rows(args.json, args, rows)
     return 0
 
 

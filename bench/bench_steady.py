@@ -26,7 +26,6 @@ ratio in one run is the figure to compare.
 from __future__ import annotations
 
 import argparse
-import json
 import mmap
 import os
 import shutil
@@ -37,6 +36,7 @@ import time
 from typing import Any
 
 import anyio
+from rows_json import write_rows
 
 from asynctier import OffloadingSpec, SecondaryTierFactory
 
@@ -132,6 +132,8 @@ def main() -> int:
     runs: dict[tuple[str, str | None, int], list[dict[str, Any]]] = {p: [] for p in points}
     errors: dict[tuple[str, str | None, int], str] = {}
     name, options = BACKENDS[args.backend]
+    if args.root is not None:
+        os.makedirs(args.root, exist_ok=True)
     for rep in range(args.repeat):
         for point in points:
             if point in errors:
@@ -178,9 +180,7 @@ def main() -> int:
         else:
             print(f"{tier:5} {engine or '-':8} {kib:5} | did not run: {errors.get(point)}")
         rows.append(row)
-    if args.json:
-        with open(args.json, "w") as fh:
-            json.dump({"args": vars(args), "rows": rows, "python": sys.version.split()[0]}, fh, indent=1)
+    write_rows(args.json, args, rows)
     return 0
 
 

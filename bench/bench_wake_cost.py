@@ -20,13 +20,13 @@ On a machine whose ratio at 20 ms is well above 1, the loop's CPU a chunk of a s
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
 from typing import Any
 
 import anyio
+from rows_json import write_rows
 
 BACKENDS: dict[str, tuple[str, dict[str, Any]]] = {
     "asyncio": ("asyncio", {}),
@@ -96,9 +96,7 @@ def main() -> int:
             print(f"{r['backend']:8} did not run: {r['error']}")
             continue
         print(f"{r['backend']:8} {r['sleep_ms']:8.1f} {r['cpu_us']:8.1f} {r['p90_us']:8.1f} {r['ratio']:6.2f}")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"args": vars(args), "rows": rows, "python": sys.version.split()[0]}, f, indent=1)
+    write_rows(args.json, args, rows)
     return 0
 
 
