@@ -105,6 +105,21 @@ class Path:
     ) -> Continuation | None:  # fmt: skip
         raise NotImplementedError
 
+    def _end_key(
+        self, io: NativeIO, tier: FsTier, out: Outcomes, later: list[tuple[int, Continuation]], i: int, key: bytes,
+        cid: int, t0: float, step: tuple[Any, ...], end: tuple[int, int, int, int],
+    ) -> None:  # fmt: skip
+        """A group's chunk at position ``i`` ended as ``end`` (result, csum, stage, info) says:
+        :meth:`_finish_key` books it; its failure is that chunk's outcome, what is left of it
+        goes to ``later``."""
+        try:
+            r = self._finish_key(io, tier, key, cid, t0, step, *end)
+        except BaseException as e:
+            out[i] = e
+            return
+        if r is not None:
+            later.append((i, r))
+
     # -- one chunk per job -------------------------------------------------------------------
     def plan(self, job: Job, slot: int) -> EngineStep:  # (never PARKED: the paths below park)
         if job.grouped:
@@ -164,14 +179,8 @@ class Path:
         out, planned, later = state
         io, tier = self._live()
         ends = io._pool.group_outcomes(slot, len(planned), own)
-        for (i, step), (result, csum, stage, info) in zip(planned, ends):
-            try:
-                r = self._finish_key(io, tier, keys[i], cids[i], t0, step, result, csum, stage, info)
-            except BaseException as e:
-                out[i] = e
-                continue
-            if r is not None:
-                later.append((i, r))
+        for (i, step), end in zip(planned, ends):
+            self._end_key(io, tier, out, later, i, keys[i], cids[i], t0, step, end)
         return group_end(job, out, later)
 
     # -- a job taken back from the workers (its call cancelled): no file was touched ------------
@@ -361,14 +370,8 @@ class StorePath(Path):
         keys, cids, t0 = job.args
         bad = list(range(total)) if own[2] else io.jobs_failed(slot, total)  # (own[2]: refused as a whole)
         ends = io._pool.group_outcomes(slot, total, own if own[2] else None) if planned or bad else []
-        for (i, step), (result, csum, stage, info) in zip(planned, ends):
-            try:
-                r = self._finish_key(io, tier, keys[i], cids[i], t0, step, result, csum, stage, info)
-            except BaseException as e:
-                out[i] = e
-                continue
-            if r is not None:
-                later.append((i, r))
+        for (i, step), end in zip(planned, ends):
+            self._end_key(io, tier, out, later, i, keys[i], cids[i], t0, step, end)
         written = first + len(rec)
         if own[2]:  # never ran: the files made ahead are still ours (else their workers closed them)
             for fd in fds:

@@ -176,16 +176,9 @@ class LoadPath(Path):
             ends = io._pool.group_outcomes(slot, len(keys), own if own[2] else None)
             _, cids, t0 = job.args
             for j in bad:
-                i, entry = hits[j], entries[j]
-                result, csum, stage, info = ends[j]
-                step = (entry, tier._chunk(cids[i]), io.block(slot, j))
-                try:
-                    r = self._finish_key(io, tier, keys[j], cids[i], t0, step, result, csum, stage, info)
-                except BaseException as e:
-                    out[i] = e
-                    continue
-                if r is not None:
-                    later.append((i, r))
+                i = hits[j]
+                step = (entries[j], tier._chunk(cids[i]), io.block(slot, j))
+                self._end_key(io, tier, out, later, i, keys[j], cids[i], t0, step, ends[j])
             done = set(bad)
             keys = [k for j, k in enumerate(keys) if j not in done]
             entries = [e for j, e in enumerate(entries) if j not in done]
