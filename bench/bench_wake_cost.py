@@ -13,16 +13,28 @@ piece run right after another (``0`` ms: no sleep).
 
 On a machine whose ratio at 20 ms is well above 1, the loop's CPU a chunk of a slow stream
 (a disk) is larger than that of a fast one (tmpfs) for the same code by about that much
-(docs/benchmarks-issue-28.md, thirty-third pass). Run from the repository root:
+(docs/benchmarks-issue-28.md, thirty-third pass).
+
+``--beside`` times the same pieces beside a stream of another process: ``fio`` writing 256 KiB
+blocks with O_DIRECT at depth 16 into a directory (the disk, tmpfs), conditions interleaved
+``--repeat`` times. Where the piece costs the same beside a disk's stream as beside none, the
+disk's I/O does not slow the loop's Python by itself: what it changes is how long the loop
+sleeps (thirty-fifth pass). Run from the repository root:
 ``.venv/bin/python bench/bench_wake_cost.py`` (``--help`` for options).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import shutil
+import signal
 import statistics
+import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import anyio
@@ -63,11 +75,50 @@ async def measure(sleeps: list[float], rounds: int) -> dict[float, list[float]]:
     return cpu
 
 
+@contextmanager
+def beside(where: str) -> Iterator[None]:
+    """A stream of another process while the pieces are timed: none, or fio writing into the
+    directory ``where`` (256 KiB blocks, O_DIRECT, depth 16, looping over a 1 GiB file)."""
+    if where == "none":
+        yield
+        return
+    target = os.path.join(where, "bench_wake_cost.fio")
+    fio = subprocess.Popen(
+        ["fio", "--name=beside", f"--filename={target}", "--size=1g", "--bs=256k", "--iodepth=16",
+         "--ioengine=io_uring", "--rw=write", "--direct=1", "--time_based", "--runtime=3600",
+         "--output=/dev/null"],
+        stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        time.sleep(1.5)  # its file laid out and the stream at speed
+        if fio.poll() is not None:
+            raise RuntimeError(
+                f"fio writing into {where} ended at once: {(fio.stderr.read() if fio.stderr else '')[-300:]}"
+            )
+        yield
+    finally:
+        if fio.poll() is None:
+            fio.send_signal(signal.SIGINT)
+            try:
+                fio.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                fio.kill()
+                fio.wait()
+        if os.path.exists(target):
+            os.unlink(target)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sleeps-ms", default="0,1,5,20", help="sleeps before the piece, in ms, comma-separated")
     ap.add_argument("--rounds", type=int, default=60, help="pieces timed after each sleep, per loop")
     ap.add_argument("--backends", default="asyncio,uvloop,trio")
+    ap.add_argument(
+        "--beside",
+        default="none",
+        help="comma-separated: none, or a directory fio streams into meanwhile (O_DIRECT writes)",
+    )
+    ap.add_argument("--repeat", type=int, default=1, help="times the --beside conditions are interleaved")
     ap.add_argument("--json", default=None, help="write the figures here")
     args = ap.parse_args()
     sleeps = [float(x) / 1e3 for x in args.sleeps_ms.split(",")]
@@ -76,26 +127,53 @@ def main() -> int:
     unknown = set(args.backends.split(",")) - set(BACKENDS)
     if unknown:
         ap.error(f"--backends: {', '.join(sorted(unknown))} unknown; accepted: {', '.join(BACKENDS)}")
-    rows = []
-    for backend in args.backends.split(","):
-        name, options = BACKENDS[backend]
-        try:
-            cpu = anyio.run(measure, sleeps, args.rounds, backend=name, backend_options=options)
-        except Exception as e:  # uvloop not installed, say
-            rows.append({"backend": backend, "error": f"{type(e).__name__}: {e}"[:120]})
-            continue
-        ref = statistics.median(cpu[0.0])
-        for s in sleeps:
-            med = statistics.median(cpu[s])
-            rows.append({"backend": backend, "sleep_ms": s * 1e3, "cpu_us": med, "ratio": med / ref,
-                         "p90_us": sorted(cpu[s])[int(0.9 * (len(cpu[s]) - 1))]})  # fmt: skip
+    conditions = args.beside.split(",")
+    for c in conditions:
+        if c != "none" and not os.path.isdir(c):
+            ap.error(f"--beside: {c!r} is neither 'none' nor a directory")
+    if conditions != ["none"] and shutil.which("fio") is None:
+        ap.error("--beside with a directory needs fio on the PATH (apt-get install fio)")
+    if args.repeat < 1:
+        ap.error("--repeat must be at least 1")
+    # every piece's CPU, by (condition, loop, sleep): the conditions interleaved, medians over all
+    cpu: dict[tuple[str, str, float], list[float]] = {}
+    errors: dict[str, str] = {}
+    for _ in range(args.repeat):
+        for c in conditions:
+            with beside(c):
+                for backend in args.backends.split(","):
+                    if backend in errors:
+                        continue
+                    name, options = BACKENDS[backend]
+                    try:
+                        got = anyio.run(measure, sleeps, args.rounds, backend=name, backend_options=options)
+                    except Exception as e:  # uvloop not installed, say
+                        errors[backend] = f"{type(e).__name__}: {e}"[:120]
+                        continue
+                    for s, xs in got.items():
+                        cpu.setdefault((c, backend, s), []).extend(xs)
+    rows: list[dict[str, Any]] = []
+    for c in conditions:
+        for backend in args.backends.split(","):
+            if backend in errors:
+                rows.append({"beside": c, "backend": backend, "error": errors[backend]})
+                continue
+            ref = statistics.median(cpu[(c, backend, 0.0)])
+            for s in sleeps:
+                xs = sorted(cpu[(c, backend, s)])
+                med = statistics.median(xs)
+                rows.append({"beside": c, "backend": backend, "sleep_ms": s * 1e3, "cpu_us": med,
+                             "ratio": med / ref, "p90_us": xs[int(0.9 * (len(xs) - 1))]})  # fmt: skip
     print("CPU of the same piece of Python on the loop thread after it slept (median, µs; ratio to no sleep)")
-    print(f"{'loop':8} {'slept ms':>8} {'cpu us':>8} {'p90 us':>8} {'ratio':>6}")
+    print(f"{'beside':16} {'loop':8} {'slept ms':>8} {'cpu us':>8} {'p90 us':>8} {'ratio':>6}")
     for r in rows:
+        where = r["beside"] if len(r["beside"]) <= 16 else "…" + r["beside"][-15:]
         if "error" in r:
-            print(f"{r['backend']:8} did not run: {r['error']}")
+            print(f"{where:16} {r['backend']:8} did not run: {r['error']}")
             continue
-        print(f"{r['backend']:8} {r['sleep_ms']:8.1f} {r['cpu_us']:8.1f} {r['p90_us']:8.1f} {r['ratio']:6.2f}")
+        print(
+            f"{where:16} {r['backend']:8} {r['sleep_ms']:8.1f} {r['cpu_us']:8.1f} {r['p90_us']:8.1f} {r['ratio']:6.2f}"
+        )
     write_rows(args.json, args, rows)
     return 0
 

@@ -244,19 +244,41 @@ def test_bench_wake_cost_times_the_same_python_after_each_sleep(tmp_path: Path) 
     _run("bench_wake_cost.py", "--sleeps-ms", "0,0.5,2", "--rounds", "3", "--backends", "asyncio,trio",
          "--json", str(out))  # fmt: skip
     rows = json.loads(out.read_text())["rows"]
-    assert [(r["backend"], r["sleep_ms"]) for r in rows] == [
-        (b, ms) for b in ("asyncio", "trio") for ms in (0.0, 0.5, 2.0)
+    assert [(r["beside"], r["backend"], r["sleep_ms"]) for r in rows] == [
+        ("none", b, ms) for b in ("asyncio", "trio") for ms in (0.0, 0.5, 2.0)
     ]
     for r in rows:
         assert r["cpu_us"] > 0 and r["p90_us"] > 0 and r["ratio"] > 0, r
         if r["sleep_ms"] == 0:
             assert r["ratio"] == 1.0
+    r = subprocess.run([sys.executable, str(REPO / "bench" / "bench_wake_cost.py"), "--beside", f"none,{tmp_path}/no"],
+                       capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert r.returncode == 2 and "neither 'none' nor a directory" in r.stderr
     r = subprocess.run([sys.executable, str(REPO / "bench" / "bench_wake_cost.py"), "--sleeps-ms", "1,5"],
                        capture_output=True, text=True, timeout=60)  # fmt: skip
     assert r.returncode == 2 and "include 0" in r.stderr
     r = subprocess.run([sys.executable, str(REPO / "bench" / "bench_wake_cost.py"), "--backends", "asyncio,curio"],
                        capture_output=True, text=True, timeout=60)  # fmt: skip
     assert r.returncode == 2 and "curio unknown; accepted: asyncio, uvloop, trio" in r.stderr
+
+
+@pytest.mark.skipif(shutil.which("fio") is None, reason="fio is not installed")
+def test_bench_wake_cost_beside_a_stream_of_fio(tmp_path: Path) -> None:
+    """The pieces timed beside no stream and beside fio writing into a directory, each
+    condition interleaved ``--repeat`` times; fio's file is gone after."""
+    out = tmp_path / "beside.json"
+    where = tmp_path / "stream"
+    where.mkdir()
+    _run("bench_wake_cost.py", "--sleeps-ms", "0,1", "--rounds", "3", "--backends", "asyncio",
+         "--beside", f"none,{where}", "--repeat", "2", "--json", str(out))  # fmt: skip
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["beside"], r["sleep_ms"]) for r in rows] == [
+        ("none", 0.0),
+        ("none", 1.0),
+        (str(where), 0.0),
+        (str(where), 1.0),
+    ]
+    assert all(r["cpu_us"] > 0 for r in rows) and list(where.iterdir()) == []
 
 
 def test_bench_loop_cpu_steady_stores_evict(tmp_path: Path) -> None:
