@@ -15,12 +15,12 @@ from typing import Protocol
 import anyio
 
 from ..core import backend
-from ..core.backend import current_loop, loop_running, wait_uninterrupted
+from ..core.backend import Event, LoopCaller, current_loop, event_class, loop_caller, loop_running, wait_uninterrupted
 from ..core.jobs import CANCELLED, DONE, PENDING, RUNNING, Batch, Job
 from ..core.ops import Op
 from ..errors import TierStateError
 
-__all__ = ["DropHandler", "Engine", "EngineCounters", "new_batch_of", "refuse_other_loop"]
+__all__ = ["DropHandler", "Engine", "EngineCounters", "LoopEngine", "new_batch_of", "refuse_other_loop"]
 
 #: Called with the store jobs withdrawn because no I/O slot came in time (``store_backpressure="drop"``).
 DropHandler = Callable[[list[Job]], None]
@@ -163,6 +163,32 @@ class EngineCounters:
             if backend.fork_generation() == made_in:  # (forked: the I/O is the parent's, never ends here)
                 await wait_uninterrupted(done)
             raise
+
+
+class LoopEngine(EngineCounters):
+    """An engine whose workers serve the event loop it started on (:meth:`_bind_loop`, from
+    ``start``): its calls' batches carry that loop's own event and caller."""
+
+    def __init__(self, workers: int, name: str) -> None:
+        super().__init__(workers, name)
+        self._loop: object = None
+        self._call: LoopCaller | None = None
+        self._new_event: Callable[[], Event] | None = None
+        self._ended: anyio.Event | None = None  # set once the workers have ended (stop waits on it)
+
+    def _bind_loop(self) -> None:
+        """(``start``, on the loop served) That loop, its caller and its event class."""
+        self._loop = current_loop()
+        self._call = loop_caller()
+        self._new_event = event_class()
+        self._ended = anyio.Event()
+
+    def new_batch(self, size: int, op: Op) -> Batch:
+        """A call's batch with this loop's own event and caller, made once at start (the loop
+        its workers serve: another loop's call is refused at submit)."""
+        if self._new_event is None or self._call is None:
+            return Batch(size)
+        return Batch(size, self._new_event(), self._call)
 
 
 def new_batch_of(engine: Engine) -> Callable[[int, Op], Batch]:

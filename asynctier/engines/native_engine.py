@@ -38,11 +38,8 @@ from typing import Any, TypeVar
 import anyio
 
 from ..core.backend import (
-    Event,
     LoopCaller,
     current_loop,
-    event_class,
-    loop_caller,
     loop_soon,
     own_cancellation,
     run_on_thread_to_end,
@@ -51,7 +48,7 @@ from ..core.backend import (
 )
 from ..core.jobs import CANCELLED, DONE, Batch, Job
 from ..core.ops import PRIO_LOAD, Op
-from .base import EngineCounters, abandoned, orphaned, refuse_close_elsewhere, refuse_other_loop
+from .base import LoopEngine, abandoned, orphaned, refuse_close_elsewhere, refuse_other_loop
 from .fastpath import PARKED, Continuation, FastPath, Parked, Step
 from .native import JobFields, NativePool
 from .threads import EngineStoppedError
@@ -69,7 +66,7 @@ def _queue_ahead(bound: int) -> int:
     return bound + max(bound, 8)
 
 
-class NativeEngine(EngineCounters):
+class NativeEngine(LoopEngine):
     """The runtime's engine for a :class:`NativePool`: jobs of the operations in :attr:`fast`
     are planned and booked on the loop thread around one pool call per batch; the others, and
     continuations, run on :attr:`slots` service coroutines. Slow paths run on
@@ -116,11 +113,7 @@ class NativeEngine(EngineCounters):
         self._next: list[tuple[int, Job, JobFields]] = []  # jobs' next steps, to submit with the next batch
         self._idle: list[anyio.Event] = []
         self._running_workers = 0
-        self._ended: anyio.Event | None = None
-        self._call: LoopCaller | None = None
-        self._new_event: Callable[[], Event] | None = None
         self._soon: LoopCaller | None = None
-        self._loop: object = None
 
     def start(self) -> None:
         # more threads than tokens: those beyond the bound hash while the others do I/O
@@ -133,11 +126,8 @@ class NativeEngine(EngineCounters):
         self._free_slots = pool.free_slots
         self._paths = list(dict.fromkeys(self.fast.values()))
         self.executor = concurrent.futures.ThreadPoolExecutor(self.bound, thread_name_prefix=f"{self._name}-slow")
-        self._loop = current_loop()
-        self._call = loop_caller()
-        self._new_event = event_class()
+        self._bind_loop()
         self._soon = loop_soon()
-        self._ended = anyio.Event()
         for i in range(self.slots):
             self._running_workers += 1
             spawn_service(self._work, name=f"{self._name}-io-{i}")
@@ -149,13 +139,6 @@ class NativeEngine(EngineCounters):
         return await run_on_thread_to_end(self.pool.hold, fn, *args, executor=self.executor)
 
     # -- jobs in -------------------------------------------------------------------------------
-    def new_batch(self, size: int, op: Op) -> Batch:
-        """A call's batch with this loop's own event and caller, made once at start (the loop
-        its workers serve: another loop's call is refused at submit)."""
-        if self._new_event is None or self._call is None:
-            return Batch(size)
-        return Batch(size, self._new_event(), self._call)
-
     def submit(self, jobs: Iterable[Job]) -> None:
         if self._stopping or self._ended is None:
             raise EngineStoppedError("engine is not running")

@@ -12,56 +12,37 @@ cancelled by a caller, so a body that started always runs to its end.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Iterable
 from typing import Any
 
 import anyio
 
 from ..core.backend import (
-    Event,
-    LoopCaller,
     current_loop,
-    event_class,
-    loop_caller,
     own_cancellation,
     spawn_service,
     wait_uninterrupted,
 )
-from ..core.jobs import DONE, Batch, Job
-from ..core.ops import Op
-from .base import EngineCounters, orphaned, refuse_close_elsewhere, refuse_other_loop
+from ..core.jobs import DONE, Job
+from .base import LoopEngine, orphaned, refuse_close_elsewhere, refuse_other_loop
 from .threads import EngineStoppedError
 
 __all__ = ["TaskEngine"]
 
 
-class TaskEngine(EngineCounters):
+class TaskEngine(LoopEngine):
     """``workers`` coroutines running coroutine callables, lowest priority first."""
 
     def __init__(self, workers: int, name: str = "asynctier") -> None:
         super().__init__(workers, name)
         self._idle: list[anyio.Event] = []  # one per worker waiting for work
         self._running_workers = 0
-        self._ended: anyio.Event | None = None
-        self._call: LoopCaller | None = None
-        self._new_event: Callable[[], Event] | None = None
-        self._loop: object = None
 
     def start(self) -> None:
-        self._loop = current_loop()
-        self._call = loop_caller()
-        self._new_event = event_class()
-        self._ended = anyio.Event()
+        self._bind_loop()
         for i in range(self._workers):
             self._running_workers += 1
             spawn_service(self._work, name=f"{self._name}-io-{i}")
-
-    def new_batch(self, size: int, op: Op) -> Batch:
-        """A call's batch with this loop's own event and caller, made once at start (the loop
-        its workers serve: another loop's call is refused at submit)."""
-        if self._new_event is None or self._call is None:
-            return Batch(size)
-        return Batch(size, self._new_event(), self._call)
 
     def submit(self, jobs: Iterable[Job]) -> None:
         if self._stopping or self._ended is None:
