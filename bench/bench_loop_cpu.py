@@ -8,7 +8,8 @@ asyncio, uvloop and trio (anyio), and reports the loop thread's CPU time (``time
 on the thread running the loop) divided by the chunks moved, beside the wall-clock GB/s and,
 where the tier reports it (``stats().extra["loop_wakeups"]``), the times its workers woke the
 loop per chunk. Worker threads are not counted: that is the point. Points run interleaved
-(each repeat goes over every point once), and the median of the repeats is reported. With
+(each repeat goes over every point once), and the median of the repeats is reported (for an
+even count, the higher of the middle two: one run's figures, whole). With
 ``--steady``, as many new keys are then offloaded into the tier it filled (each store
 evicts: a cache's steady state), reported as "full tier". ``--steady-passes N`` first streams N
 untimed passes of new keys into the full tier, so that "full tier" is a tier that has lived
