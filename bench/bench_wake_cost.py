@@ -26,15 +26,18 @@ sleeps (thirty-fifth pass). Run from the repository root:
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import signal
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -76,36 +79,42 @@ async def measure(sleeps: list[float], rounds: int) -> dict[float, list[float]]:
 
 
 @contextmanager
-def beside(where: str) -> Iterator[None]:
+def beside(where: str, seen: dict[str, list[float]]) -> Iterator[None]:
     """A stream of another process while the pieces are timed: none, or fio writing into the
-    directory ``where`` (256 KiB blocks, O_DIRECT, depth 16, looping over a 1 GiB file)."""
+    directory ``where`` (256 KiB blocks, O_DIRECT, depth 16, looping over a 1 GiB file); the
+    GB/s fio reports it wrote are added to ``seen[where]``."""
     if where == "none":
         yield
         return
     target = os.path.join(where, "bench_wake_cost.fio")
-    fio = subprocess.Popen(
-        ["fio", "--name=beside", f"--filename={target}", "--size=1g", "--bs=256k", "--iodepth=16",
-         "--ioengine=io_uring", "--rw=write", "--direct=1", "--time_based", "--runtime=3600",
-         "--output=/dev/null"],
-        stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    try:
-        time.sleep(1.5)  # its file laid out and the stream at speed
-        if fio.poll() is not None:
-            raise RuntimeError(
-                f"fio writing into {where} ended at once: {(fio.stderr.read() if fio.stderr else '')[-300:]}"
-            )
-        yield
-    finally:
-        if fio.poll() is None:
-            fio.send_signal(signal.SIGINT)
-            try:
-                fio.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                fio.kill()
-                fio.wait()
-        if os.path.exists(target):
-            os.unlink(target)
+    with tempfile.NamedTemporaryFile(suffix=".json") as report:
+        fio = subprocess.Popen(
+            ["fio", "--name=beside", f"--filename={target}", "--size=1g", "--bs=256k", "--iodepth=16",
+             "--ioengine=io_uring", "--rw=write", "--direct=1", "--time_based", "--runtime=3600",
+             "--output-format=json", f"--output={report.name}"],
+            stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        try:
+            time.sleep(1.5)  # its file laid out and the stream at speed
+            if fio.poll() is not None:
+                raise RuntimeError(
+                    f"fio writing into {where} ended at once: {(fio.stderr.read() if fio.stderr else '')[-300:]}"
+                )
+            yield
+        finally:
+            if fio.poll() is None:
+                fio.send_signal(signal.SIGINT)  # fio then ends its jobs and writes its report
+                try:
+                    fio.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    fio.kill()
+                    fio.wait()
+            if os.path.exists(target):
+                os.unlink(target)
+        text = Path(report.name).read_text()
+    # (the report follows a line saying fio ended on the signal)
+    job = json.loads(text[text.index("{") :])["jobs"][0]
+    seen.setdefault(where, []).append(job["write"]["bw_bytes"] / 1e9)
 
 
 def main() -> int:
@@ -138,9 +147,10 @@ def main() -> int:
     # every piece's CPU, by (condition, loop, sleep): the conditions interleaved, medians over all
     cpu: dict[tuple[str, str, float], list[float]] = {}
     errors: dict[str, str] = {}
+    streamed: dict[str, list[float]] = {}  # the GB/s fio wrote beside the pieces, by condition
     for _ in range(args.repeat):
         for c in conditions:
-            with beside(c):
+            with beside(c, streamed):
                 for backend in args.backends.split(","):
                     if backend in errors:
                         continue
@@ -163,7 +173,8 @@ def main() -> int:
                 xs = sorted(cpu[(c, backend, s)])
                 med = statistics.median(xs)
                 rows.append({"beside": c, "backend": backend, "sleep_ms": s * 1e3, "cpu_us": med,
-                             "ratio": med / ref, "p90_us": xs[int(0.9 * (len(xs) - 1))]})  # fmt: skip
+                             "ratio": med / ref, "p90_us": xs[int(0.9 * (len(xs) - 1))],
+                             "stream_gbps": statistics.median(streamed[c]) if c in streamed else None})  # fmt: skip
     print("CPU of the same piece of Python on the loop thread after it slept (median, µs; ratio to no sleep)")
     print(f"{'beside':16} {'loop':8} {'slept ms':>8} {'cpu us':>8} {'p90 us':>8} {'ratio':>6}")
     for r in rows:
@@ -174,6 +185,8 @@ def main() -> int:
         print(
             f"{where:16} {r['backend']:8} {r['sleep_ms']:8.1f} {r['cpu_us']:8.1f} {r['p90_us']:8.1f} {r['ratio']:6.2f}"
         )
+    for c, gbps in streamed.items():
+        print(f"beside {c}: fio wrote {statistics.median(gbps):.2f} GB/s (median of {len(gbps)})")
     write_rows(args.json, args, rows)
     return 0
 

@@ -279,6 +279,9 @@ def test_bench_wake_cost_beside_a_stream_of_fio(tmp_path: Path) -> None:
         (str(where), 1.0),
     ]
     assert all(r["cpu_us"] > 0 for r in rows) and list(where.iterdir()) == []
+    # the stream ran beside the pieces of its condition only (fio's own report of what it wrote)
+    assert [r["stream_gbps"] is None for r in rows] == [True, True, False, False]
+    assert all(r["stream_gbps"] > 0 for r in rows[2:]), rows
 
 
 def test_bench_loop_cpu_steady_stores_evict(tmp_path: Path) -> None:
