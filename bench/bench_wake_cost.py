@@ -26,22 +26,21 @@ sleeps (thirty-fifth pass). Run from the repository root:
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import shutil
 import signal
 import statistics
 import subprocess
 import sys
-import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any
 
 import anyio
 from rows_json import write_rows
+
+from asynctier.cli import benchkit
 
 BACKENDS: dict[str, tuple[str, dict[str, Any]]] = {
     "asyncio": ("asyncio", {}),
@@ -81,40 +80,36 @@ async def measure(sleeps: list[float], rounds: int) -> dict[float, list[float]]:
 @contextmanager
 def beside(where: str, seen: dict[str, list[float]]) -> Iterator[None]:
     """A stream of another process while the pieces are timed: none, or fio writing into the
-    directory ``where`` (256 KiB blocks, O_DIRECT, depth 16, looping over a 1 GiB file); the
-    GB/s fio reports it wrote are added to ``seen[where]``."""
+    directory ``where`` (256 KiB blocks, O_DIRECT, depth 16, over a 1 GiB file until stopped);
+    the GB/s fio reports it wrote are added to ``seen[where]``."""
     if where == "none":
         yield
         return
-    target = os.path.join(where, "bench_wake_cost.fio")
-    with tempfile.NamedTemporaryFile(suffix=".json") as report:
-        fio = subprocess.Popen(
-            ["fio", "--name=beside", f"--filename={target}", "--size=1g", "--bs=256k", "--iodepth=16",
-             "--ioengine=io_uring", "--rw=write", "--direct=1", "--time_based", "--runtime=3600",
-             "--output-format=json", f"--output={report.name}"],
-            stderr=subprocess.PIPE, text=True,
-        )  # fmt: skip
+    procs: list[subprocess.Popen[str]] = []
+    got: list[benchkit.FioResult | BaseException] = []
+
+    def stream() -> None:
         try:
-            time.sleep(1.5)  # its file laid out and the stream at speed
-            if fio.poll() is not None:
-                raise RuntimeError(
-                    f"fio writing into {where} ended at once: {(fio.stderr.read() if fio.stderr else '')[-300:]}"
-                )
-            yield
-        finally:
-            if fio.poll() is None:
-                fio.send_signal(signal.SIGINT)  # fio then ends its jobs and writes its report
-                try:
-                    fio.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    fio.kill()
-                    fio.wait()
-            if os.path.exists(target):
-                os.unlink(target)
-        text = Path(report.name).read_text()
-    # (the report follows a line saying fio ended on the signal)
-    job = json.loads(text[text.index("{") :])["jobs"][0]
-    seen.setdefault(where, []).append(job["write"]["bw_bytes"] / 1e9)
+            got.append(benchkit.run_fio(where, rw="write", bs=256 << 10, iodepth=16, size=1 << 30,
+                                        fsync_at_end=False, until_stopped=True, started=procs.append))  # fmt: skip
+        except BaseException as e:  # told to the measuring thread
+            got.append(e)
+
+    t = threading.Thread(target=stream, name="beside-fio")
+    t.start()
+    try:
+        time.sleep(1.5)  # its file laid out and the stream at speed
+        if not t.is_alive():
+            raise RuntimeError(f"fio writing into {where} ended at once: {got[0]!r:.300}")
+        yield
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGINT)
+        t.join()
+    if isinstance(got[0], BaseException):
+        raise got[0]
+    seen.setdefault(where, []).append(got[0].bytes_per_s / 1e9)
 
 
 def main() -> int:
@@ -140,7 +135,7 @@ def main() -> int:
     for c in conditions:
         if c != "none" and not os.path.isdir(c):
             ap.error(f"--beside: {c!r} is neither 'none' nor a directory")
-    if conditions != ["none"] and shutil.which("fio") is None:
+    if conditions != ["none"] and not benchkit.fio_available():
         ap.error("--beside with a directory needs fio on the PATH (apt-get install fio)")
     if args.repeat < 1:
         ap.error("--repeat must be at least 1")

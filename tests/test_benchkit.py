@@ -68,6 +68,29 @@ def test_run_fio_writes_its_own_files_whatever_the_cwd_holds(tmp_path: Path, mon
     assert sorted(os.listdir(tmp_path)) == ["asynctier", "fio"]
 
 
+@pytest.mark.skipif(not benchkit.fio_available(), reason="fio is not installed")
+def test_run_fio_until_stopped_streams_until_its_sigint_then_reports(tmp_path: Path) -> None:
+    """A stream beside another measurement: fio goes over its file until told to stop, then
+    its report comes back as any run's (not as a failure), and its file is removed."""
+    import signal
+    import threading
+
+    procs: list[subprocess.Popen[str]] = []
+    got: list[benchkit.FioResult] = []
+    t = threading.Thread(target=lambda: got.append(benchkit.run_fio(
+        tmp_path, rw="write", bs=65536, iodepth=4, size=1 << 20, direct=False, fsync_at_end=False,
+        until_stopped=True, started=procs.append)))  # fmt: skip
+    t.start()
+    time.sleep(1.0)
+    assert t.is_alive(), "a 1 MiB job that was not told to stop ended by itself"
+    procs[0].send_signal(signal.SIGINT)
+    t.join(30)
+    assert got and got[0].bytes_per_s > 0, got
+    assert os.listdir(tmp_path) == []
+    with pytest.raises(ValueError, match="exclude each other"):
+        benchkit.run_fio(tmp_path, rw="write", bs=65536, iodepth=1, size=1 << 20, runtime_s=1, until_stopped=True)
+
+
 def test_interference_counts_this_threads_involuntary_switches_and_the_hosts_steal() -> None:
     """A thread kept busy beside more busy processes than CPUs is switched out while it could
     run; the steal share is a fraction of the machine's CPU time."""

@@ -137,6 +137,7 @@ def run_fio(
     overwrite: bool = False,
     mem: str | None = None,
     started: Callable[[subprocess.Popen[str]], None] | None = None,
+    until_stopped: bool = False,
 ) -> FioResult:
     """Run one fio job on a file in ``directory`` and return its figures.
 
@@ -155,6 +156,9 @@ def run_fio(
     ``mem`` is fio's ``--mem`` (where its buffers come from; ``"shmhuge"``: hugetlb pages,
     which the kernel must hold in reserve); default: fio's own (``malloc``).
     ``started(process)`` is told the fio process as it starts (to stop it from another thread).
+    ``until_stopped=True``: the job goes over its file again and again until the process gets
+    ``SIGINT`` (from ``started``'s side), then reports what it moved meanwhile: a stream beside
+    another measurement, for as long as that one lasts.
     """
     directory = Path(directory).absolute()  # fio runs with this cwd: a relative path would resolve twice
     directory.mkdir(parents=True, exist_ok=True)
@@ -167,8 +171,12 @@ def run_fio(
         args.append("--overwrite=1")
     if mem is not None:
         args.append(f"--mem={mem}")
+    if runtime_s is not None and until_stopped:
+        raise ValueError("run_fio: runtime_s and until_stopped exclude each other")
     if runtime_s is not None:
         args += [f"--runtime={runtime_s}", "--time_based=0"]
+    if until_stopped:
+        args += ["--runtime=86400", "--time_based=1"]
     # cwd: fio writes to a path named like the job ("asynctier") instead of "asynctier.0.0" when
     # one exists in its cwd and is not a regular file (the package directory, run from the
     # repository root): every job then overwrote one file that was never deleted
@@ -176,11 +184,12 @@ def run_fio(
         if started is not None:
             started(proc)
         try:
-            stdout, stderr = proc.communicate(timeout=600)
+            stdout, stderr = proc.communicate(timeout=None if until_stopped else 600)
         except BaseException:
             proc.kill()
             raise
-    if proc.returncode:
+    # (fio ends with 128 on SIGINT, its report written whole)
+    if proc.returncode and not (until_stopped and proc.returncode == 128):
         raise subprocess.CalledProcessError(proc.returncode, args, stdout, stderr)
     data = json.loads(stdout[stdout.index("{") :])
     job = data["jobs"][0]
